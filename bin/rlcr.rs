@@ -1,0 +1,7 @@
+//! The `rlcr` binary: a thin main over [`rlcr::cli`]. Exit codes: 0 success, 1 error (bad input,
+//! I/O), 2 usage.
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    rlcr::cli::main()
+}

@@ -1,0 +1,1 @@
+//! advantage (to be built).

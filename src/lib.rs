@@ -1,0 +1,30 @@
+//! rlcr: reinforcement learning with calibration rewards for Hugging Face language models.
+//!
+//! The toolkit is a set of independent stages over Parquet trajectory tables (see `README.md`):
+//! `prepare` → `generate-answers` → `generate-confidence` → `score` → `advantage` → `update`, with
+//! `probe`, `report` and `logprobs` beside them. Every stage is a subcommand of the `rlcr` binary;
+//! this library holds everything they do, and knows nothing about the command line except the
+//! `cli` module, which parses flags, reads tables, calls the library and writes tables.
+//!
+//! Module map:
+//! - [`table`]: schemas, Parquet I/O, metadata, validation, atomic writes.
+//! - [`model`]: Llama/Qwen2 decoder in burn, weights, tokenizer, chat template, GGUF import.
+//! - [`sample`]: batched sampling with a KV cache and per-sample seeded RNG.
+//! - [`reward`]: verifiers, parsers, Brier, structured rewards.
+//! - [`advantage`]: advantage estimators (pure math).
+//! - [`train`]: log-probs, losses, optimizer, checkpoints.
+//! - [`probe`], [`report`]: faithfulness probe; calibration metrics and plots.
+
+pub mod advantage;
+pub mod cli;
+pub mod model;
+pub mod probe;
+pub mod progress;
+pub mod report;
+pub mod reward;
+pub mod sample;
+pub mod table;
+pub mod train;
+
+/// The crate version, written into every output's `rlcr.version` metadata key.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,1 @@
+//! probe (to be built).

@@ -1,0 +1,1 @@
+//! report (to be built).

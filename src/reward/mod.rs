@@ -1,0 +1,1 @@
+//! reward (to be built).

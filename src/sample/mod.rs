@@ -1,0 +1,1 @@
+//! sample (to be built).
