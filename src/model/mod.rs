@@ -1,1 +1,2 @@
 //! model (to be built).
+pub mod gguf;

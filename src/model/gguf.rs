@@ -1,0 +1,1 @@
+//! GGUF import (to be built).
