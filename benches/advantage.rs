@@ -8,13 +8,14 @@
 //! G_a = 4 answers (32–95 response tokens, spans inside) and G_c = 2 confidences per answer (8–23
 //! tokens), Brier rewards, every tenth confidence span null. Then runs the real binary on it once per
 //! estimator (default `rlcr`) and prints wall time, rows/s, tokens/s and peak RSS (polled from
-//! `/proc/PID/status` VmHWM).
+//! `/proc/PID/status` VmHWM). `RLCR_BENCH_DIR=DIR` keeps (and reuses) the generated table;
+//! `RLCR_BIN=PATH` runs another build of the binary.
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray};
+use arrow::array::{Array, ArrayRef, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray};
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, Schema};
 use parquet::arrow::ArrowWriter;
@@ -167,6 +168,21 @@ fn generate(path: &Path, rows: usize) -> u64 {
     tokens
 }
 
+/// Response tokens of an existing table (from the `response_ids` offsets).
+fn count_tokens(path: &Path) -> u64 {
+    let f = std::fs::File::open(path).expect("open bench table");
+    let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
+    let idx = b.schema().index_of("response_ids").expect("response_ids");
+    let mask = parquet::arrow::ProjectionMask::roots(b.parquet_schema(), [idx]);
+    let mut n = 0u64;
+    for batch in b.with_projection(mask).build().expect("reader") {
+        let batch = batch.expect("batch");
+        let l = arrow::array::AsArray::as_list::<i32>(batch.column(0));
+        n += (l.value_offsets()[l.len()] - l.value_offsets()[0]) as u64;
+    }
+    n
+}
+
 fn peak_rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -180,10 +196,17 @@ fn main() {
     if estimators.is_empty() {
         estimators.push("rlcr".into());
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("scored.parquet");
+    // RLCR_BENCH_DIR keeps the generated table (and reuses it on the next run).
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let keep = std::env::var_os("RLCR_BENCH_DIR").map(std::path::PathBuf::from);
+    let dir = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    let input = dir.join(format!("scored-{rows}.parquet"));
     let t = Instant::now();
-    let tokens = generate(&input, rows);
+    let tokens = if keep.is_some() && input.exists() {
+        count_tokens(&input)
+    } else {
+        generate(&input, rows)
+    };
     let size = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
     println!(
         "generated {rows} rows, {tokens} response tokens ({:.1} per row), {:.0} MiB, in {:.1} s",
@@ -192,9 +215,11 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
     for est in &estimators {
-        let out = dir.path().join(format!("train-{est}.parquet"));
+        let out = dir.join(format!("train-{est}.parquet"));
         let t = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rlcr"))
+        // RLCR_BIN runs another build of the binary (e.g. an optimised copy).
+        let bin = std::env::var_os("RLCR_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rlcr").into());
+        let mut child = Command::new(bin)
             .args(["-q", "advantage", "--input"])
             .arg(&input)
             .arg("-o")

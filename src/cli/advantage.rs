@@ -23,8 +23,8 @@ use arrow::array::{
     Array, ArrayRef, BooleanArray, Float32Array, ListArray, RecordBatch, StringArray,
 };
 use arrow::buffer::{BooleanBuffer, OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use arrow::datatypes::{DataType, Field, Schema};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 use serde_json::json;
 
@@ -36,6 +36,7 @@ use crate::advantage::{
 };
 
 mod cols;
+mod splice;
 use cols::{Component, Flat};
 
 pub const ABOUT: &str =
@@ -350,10 +351,24 @@ fn read_kl_state(p: &Path) -> Result<f64> {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::new(&a)?;
     let input = a.input.clone();
+    if same_file(&input, &a.out) {
+        bail!(
+            "the output {} is the input file; write to a new file (stages never modify an input)",
+            a.out.display()
+        );
+    }
     let schema = open(&input)?.schema().clone();
     check_columns(&plan, &schema).with_context(|| format!("{}", input.display()))?;
     let prep = pass1(&plan, &input).with_context(|| format!("{}", input.display()))?;
     pass2(g, &plan, &a, prep)
+}
+
+/// Do two paths name the same file (through links too)? False when either does not exist.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
 }
 
 fn open(p: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
@@ -970,80 +985,114 @@ fn new_fields(plan: &Plan) -> Vec<Field> {
     f
 }
 
-fn out_schema(input: &Schema, plan: &Plan) -> (SchemaRef, Vec<usize>) {
-    let new = new_fields(plan);
-    let keep: Vec<usize> = (0..input.fields().len())
-        .filter(|&i| !new.iter().any(|f| f.name() == input.field(i).name()))
-        .collect();
-    let mut fields: Vec<Field> = keep.iter().map(|&i| input.field(i).clone()).collect();
-    fields.extend(new);
-    (
-        Arc::new(Schema::new_with_metadata(fields, input.metadata().clone())),
-        keep,
-    )
-}
-
 struct Built {
-    batch: RecordBatch,
+    /// The new columns, in the order of [`new_fields`].
+    columns: Vec<ArrayRef>,
+    rows: usize,
     stats: [TypeStats; 2],
     /// Per row: (is confidence, reward if any, scalar advantage).
     values: Vec<(bool, Option<f64>, f64)>,
 }
 
-fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
-    let b = open(&a.input)?;
-    let in_schema = b.schema().clone();
-    let (schema, keep) = out_schema(&in_schema, plan);
-    let reader = b
-        .with_batch_size(plan.batch_size)
-        .build()
-        .with_context(|| format!("reading {}", a.input.display()))?;
-    let mut progress = crate::progress::Progress::new("advantage", prep.rows as u64, "rows");
+/// Messages from the decoding thread to the encoding thread.
+enum Msg {
+    Batch(usize, Built),
+    EndRowGroup(usize),
+}
 
+fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
+    let file = File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
+    let meta = ArrowReaderMetadata::load(&file, Default::default())
+        .with_context(|| format!("{}: not a readable Parquet file", a.input.display()))?;
+    let fields = new_fields(plan);
+    let new_schema = Arc::new(Schema::new(fields.clone()));
+    let proj = pass2_projection(plan, meta.schema());
+    let n_rg = meta.metadata().num_row_groups();
+    let mut splice = splice::Splice::create(&a.input, &meta, &fields, &a.out)?;
+    let mut progress = crate::progress::Progress::new("advantage", prep.rows as u64, "rows");
     let mut config = json!({
         "estimator": plan.estimator,
         "plan": plan,
         "argv": g.argv,
     });
-    let mut writer = Output::create(&a.out, schema.clone(), &a.input)?;
     let mut stats = [TypeStats::default(), TypeStats::default()];
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Built>>(2);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Msg>>(2);
     let input = a.input.clone();
     std::thread::scope(|s| -> Result<()> {
         let prep = &prep;
-        let keep = &keep;
-        let schema = schema.clone();
+        let meta = &meta;
+        let file = &file;
         s.spawn(move || {
             let mut base = 0usize;
-            for batch in reader {
-                let r = batch
-                    .context("decoding a record batch")
-                    .and_then(|batch| {
+            for rg in 0..n_rg {
+                let r = (|| -> Result<()> {
+                    let f = file.try_clone().context("reopening the input")?;
+                    let mask = ProjectionMask::roots(meta.metadata().file_metadata().schema_descr(), proj.clone());
+                    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta.clone())
+                        .with_projection(mask)
+                        .with_row_groups(vec![rg])
+                        .with_batch_size(plan.batch_size)
+                        .build()?;
+                    for batch in reader {
+                        let batch = batch.context("decoding a record batch")?;
                         let n = batch.num_rows();
-                        let built = build_batch(plan, prep, &batch, base, keep, &schema);
+                        let built = build_batch(plan, prep, &batch, base)?;
                         base += n;
-                        built
-                    })
-                    .with_context(|| format!("{}", input.display()));
-                let stop = r.is_err();
-                if tx.send(r).is_err() || stop {
+                        if tx.send(Ok(Msg::Batch(rg, built))).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    let _ = tx.send(Ok(Msg::EndRowGroup(rg)));
+                    Ok(())
+                })()
+                .with_context(|| format!("{}", input.display()));
+                if let Err(e) = r {
+                    let _ = tx.send(Err(e));
                     return;
                 }
             }
         });
-        for built in rx {
-            let built = built?;
-            progress.inc(built.batch.num_rows() as u64);
-            writer.write(&built.batch)?;
-            for (acc, b) in stats.iter_mut().zip(&built.stats) {
-                acc.merge_counts(b);
-            }
-            for &(conf, r, a) in &built.values {
-                let t = &mut stats[conf as usize];
-                if let Some(r) = r {
-                    t.reward.push(r);
+        let mut writers: Option<Vec<parquet::arrow::arrow_writer::ArrowColumnWriter>> = None;
+        for msg in rx {
+            match msg? {
+                Msg::Batch(rg, built) => {
+                    if writers.is_none() {
+                        writers = Some(splice.column_writers(rg)?);
+                    }
+                    let ws = writers.as_mut().ok_or_else(|| anyhow!("internal: no column writers"))?;
+                    let mut wi = ws.iter_mut();
+                    for (field, col) in new_schema.fields().iter().zip(&built.columns) {
+                        for leaf in parquet::arrow::arrow_writer::compute_leaves(field, col)? {
+                            wi.next()
+                                .ok_or_else(|| anyhow!("internal: too few column writers"))?
+                                .write(&leaf)
+                                .with_context(|| format!("encoding `{}`", field.name()))?;
+                        }
+                    }
+                    progress.inc(built.rows as u64);
+                    for (acc, b) in stats.iter_mut().zip(&built.stats) {
+                        acc.merge_counts(b);
+                    }
+                    for &(conf, r, a) in &built.values {
+                        let t = &mut stats[conf as usize];
+                        if let Some(r) = r {
+                            t.reward.push(r);
+                        }
+                        t.adv.push(a);
+                    }
                 }
-                t.adv.push(a);
+                Msg::EndRowGroup(rg) => {
+                    let ws = match writers.take() {
+                        Some(ws) => ws,
+                        None => splice.column_writers(rg)?,
+                    };
+                    let chunks = ws
+                        .into_iter()
+                        .map(|w| w.close())
+                        .collect::<parquet::errors::Result<Vec<_>>>()
+                        .context("encoding the new columns")?;
+                    splice.write_row_group(rg, chunks)?;
+                }
             }
         }
         Ok(())
@@ -1060,7 +1109,34 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
     });
     print_stats(&statistics);
     config["statistics"] = statistics;
-    writer.finish(&config)
+    splice.finish(vec![
+        ("rlcr.schema".into(), "rlcr.trajectory".into()),
+        ("rlcr.schema_version".into(), "1".into()),
+        ("rlcr.stage".into(), "advantage".into()),
+        ("rlcr.config".into(), config.to_string()),
+        ("rlcr.inputs".into(), json!([a.input.display().to_string()]).to_string()),
+        ("rlcr.version".into(), crate::VERSION.to_string()),
+    ])
+}
+
+/// Columns pass 2 decodes (everything else is copied without decoding).
+fn pass2_projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
+    let mut names = vec![
+        "sample_type",
+        "reward",
+        "response_ids",
+        "answer_span",
+        "confidence_span",
+        "info_mask",
+        "token_turn_ids",
+    ];
+    if plan.estimator == Estimator::Gae {
+        names.extend(["values", "reward_components"]);
+    }
+    if plan.kl.is_some() {
+        names.extend(["response_logprobs", "ref_logprobs"]);
+    }
+    names.iter().filter_map(|n| schema.index_of(n).ok()).collect()
 }
 
 fn print_stats(s: &serde_json::Value) {
@@ -1103,14 +1179,7 @@ fn print_stats(s: &serde_json::Value) {
     }
 }
 
-fn build_batch(
-    plan: &Plan,
-    prep: &Prepared,
-    batch: &RecordBatch,
-    base: usize,
-    keep: &[usize],
-    schema: &SchemaRef,
-) -> Result<Built> {
+fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -> Result<Built> {
     let n = batch.num_rows();
     let st = cols::strings(batch, "sample_type")?;
     let rew = match batch.column_by_name("reward") {
@@ -1242,94 +1311,25 @@ fn build_batch(
             None,
         ))
     };
-    let mut columns: Vec<ArrayRef> = keep.iter().map(|&c| batch.column(c).clone()).collect();
-    columns.push(Arc::new(Float32Array::from(scalar)));
-    columns.push(list_f(tadv));
-    columns.push(Arc::new(ListArray::new(
-        Arc::new(Field::new("item", DataType::Boolean, true)),
-        offs.clone(),
-        Arc::new(BooleanArray::new(BooleanBuffer::from(lmask), None)),
-        None,
-    )));
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(Float32Array::from(scalar)),
+        list_f(tadv),
+        Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Boolean, true)),
+            offs.clone(),
+            Arc::new(BooleanArray::new(BooleanBuffer::from(lmask), None)),
+            None,
+        )),
+    ];
     if gae {
         columns.push(list_f(rets));
         columns.push(Arc::new(Float32Array::from(traj)));
     }
-    let batch = RecordBatch::try_new(schema.clone(), columns).context("assembling the output batch")?;
     Ok(Built {
-        batch,
+        columns,
+        rows: n,
         stats,
         values,
     })
 }
 
-// ------------------------------------------------------------------------------------------------
-// Output (atomic Parquet write with rlcr metadata).
-
-struct Output {
-    tmp: PathBuf,
-    out: PathBuf,
-    input: PathBuf,
-    writer: Option<parquet::arrow::ArrowWriter<File>>,
-}
-
-impl Output {
-    fn create(out: &Path, schema: SchemaRef, input: &Path) -> Result<Output> {
-        let dir = match out.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = out
-            .file_name()
-            .ok_or_else(|| anyhow!("{}: not a file path", out.display()))?
-            .to_string_lossy()
-            .to_string();
-        let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let props = parquet::file::properties::WriterProperties::builder()
-            .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
-            .build();
-        let writer = parquet::arrow::ArrowWriter::try_new(f, schema, Some(props))
-            .with_context(|| format!("writing {}", out.display()))?;
-        Ok(Output {
-            tmp,
-            out: out.to_path_buf(),
-            input: input.to_path_buf(),
-            writer: Some(writer),
-        })
-    }
-
-    fn write(&mut self, b: &RecordBatch) -> Result<()> {
-        let w = self.writer.as_mut().ok_or_else(|| anyhow!("internal: writer closed"))?;
-        w.write(b).with_context(|| format!("writing {}", self.out.display()))
-    }
-
-    fn finish(mut self, config: &serde_json::Value) -> Result<()> {
-        use parquet::file::metadata::KeyValue;
-        let mut w = self.writer.take().ok_or_else(|| anyhow!("internal: writer closed"))?;
-        for (k, v) in [
-            ("rlcr.schema", "rlcr.trajectory".to_string()),
-            ("rlcr.schema_version", "1".to_string()),
-            ("rlcr.stage", "advantage".to_string()),
-            ("rlcr.config", config.to_string()),
-            ("rlcr.inputs", json!([self.input.display().to_string()]).to_string()),
-            ("rlcr.version", crate::VERSION.to_string()),
-        ] {
-            w.append_key_value_metadata(KeyValue::new(k.to_string(), v));
-        }
-        let f = w.into_inner().with_context(|| format!("writing {}", self.out.display()))?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&self.tmp, &self.out)
-            .with_context(|| format!("renaming {} to {}", self.tmp.display(), self.out.display()))?;
-        Ok(())
-    }
-}
-
-impl Drop for Output {
-    fn drop(&mut self) {
-        if self.writer.is_some() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}

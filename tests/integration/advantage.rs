@@ -62,6 +62,11 @@ fn span_col(spans: Vec<Option<(i32, i32)>>) -> ArrayRef {
 }
 
 fn write_table(path: &Path, rows: &[Row]) {
+    write_table_with(path, rows, vec![]);
+}
+
+/// Like [`write_table`], with extra columns appended.
+fn write_table_with(path: &Path, rows: &[Row], extra: Vec<(Field, ArrayRef)>) {
     let mut fields = vec![
         Field::new("prompt_id", DataType::Utf8, false),
         Field::new("sample_type", DataType::Utf8, false),
@@ -121,6 +126,10 @@ fn write_table(path: &Path, rows: &[Row]) {
             Arc::new(BooleanArray::from(infos)),
             None,
         )));
+    }
+    for (f, c) in extra {
+        fields.push(f);
+        cols.push(c);
     }
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), cols).expect("test table");
@@ -374,4 +383,173 @@ fn advantage_is_independent_of_batch_size() {
     assert_eq!(a.advantage, b.advantage);
     assert_eq!(a.token_advantages, b.token_advantages);
     assert_eq!(a.config["statistics"], b.config["statistics"]);
+}
+
+fn list_field(name: &str, item: DataType) -> Field {
+    Field::new(name, DataType::List(Arc::new(Field::new("item", item, true))), false)
+}
+
+fn i32_list(rows: &[Vec<i32>]) -> ArrayRef {
+    Arc::new(ListArray::new(
+        Arc::new(Field::new("item", DataType::Int32, true)),
+        OffsetBuffer::from_lengths(rows.iter().map(|r| r.len())),
+        Arc::new(Int32Array::from(rows.iter().flatten().copied().collect::<Vec<_>>())),
+        None,
+    ))
+}
+
+/// `reward_components` rows of (name, turn or None for global, value, weight).
+fn components(rows: &[Vec<(&str, Option<i32>, f32, f32)>]) -> (Field, ArrayRef) {
+    let fields = Fields::from(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("turn", DataType::Int32, true),
+        Field::new("value", DataType::Float32, false),
+        Field::new("weight", DataType::Float32, false),
+    ]);
+    let all: Vec<_> = rows.iter().flatten().collect();
+    let st = StructArray::new(
+        fields.clone(),
+        vec![
+            Arc::new(StringArray::from(all.iter().map(|c| c.0).collect::<Vec<_>>())),
+            Arc::new(Int32Array::from(all.iter().map(|c| c.1).collect::<Vec<_>>())),
+            Arc::new(Float32Array::from(all.iter().map(|c| c.2).collect::<Vec<_>>())),
+            Arc::new(Float32Array::from(all.iter().map(|c| c.3).collect::<Vec<_>>())),
+        ],
+        None,
+    );
+    let item = Arc::new(Field::new("item", DataType::Struct(fields), true));
+    (
+        Field::new("reward_components", DataType::List(item.clone()), false),
+        Arc::new(ListArray::new(item, OffsetBuffer::from_lengths(rows.iter().map(|r| r.len())), Arc::new(st), None)),
+    )
+}
+
+/// Seed 001 / KG-R1 multi-turn GRPO, by hand (same numbers as the unit test `hand_example`, with
+/// the default weights 1.0 / 1.0): turn group {0.25, 0.15, 0.05}, global group {0.7, 0.3}.
+#[test]
+fn advantage_grpo_multiturn_by_hand() {
+    let (_d, i, o) = dir();
+    let rows = vec![row("p0", "answer", 0, 6, None, 0.9), row("p0", "answer", 1, 3, None, 0.35)];
+    let comps = components(&[
+        vec![
+            ("kg_query_validity", Some(1), 1.0, 0.1),
+            ("format_score", Some(1), 1.0, 0.15),
+            ("format_score", Some(2), 1.0, 0.15),
+            ("exact_match", None, 1.0, 0.3),
+            ("retrieval_quality", None, 1.0, 0.4),
+            ("_raw_exact_match", None, 1.0, 1.0),
+        ],
+        vec![("is_answer_score", Some(1), 0.5, 0.1), ("exact_match", None, 1.0, 0.3)],
+    ]);
+    let turns = (
+        list_field("token_turn_ids", DataType::Int32),
+        i32_list(&[vec![-1, 1, 1, -1, 2, 2], vec![1, 1, 1]]),
+    );
+    write_table_with(&i, &rows, vec![comps, turns]);
+    ok(&["advantage", "--input", i.to_str().unwrap(), "-o", o.to_str().unwrap(), "--estimator", "grpo-multiturn"]);
+    let out = read_out(&o);
+    let a1 = 0.1 / (0.1 + 1e-6);
+    let g = 0.2 / (0.08f64.sqrt() + 1e-6);
+    let t0 = &out.token_advantages[0];
+    let want0 = [0.0, a1 + g, a1 + g, 0.0, g, g];
+    for t in 0..6 {
+        assert!(close(t0[t], want0[t], 1e-5), "row 0 token {t}: {} vs {}", t0[t], want0[t]);
+    }
+    assert_eq!(out.loss_mask[0], vec![false, true, true, false, true, true]);
+    for t in 0..3 {
+        assert!(close(out.token_advantages[1][t], -a1 - g, 1e-5), "row 1 token {t}");
+    }
+    assert!(close(out.advantage[0], a1 / 2.0 + g, 1e-5));
+    assert!(close(out.advantage[1], -a1 - g, 1e-5));
+    assert_eq!(out.config["statistics"]["groups"]["turn"]["groups"], 1);
+
+    // KG-R1 preset: 0.5 · A_turn + A_global.
+    ok(&["advantage", "--input", i.to_str().unwrap(), "-o", o.to_str().unwrap(), "--estimator", "grpo-multiturn", "--preset", "kg-r1"]);
+    let out = read_out(&o);
+    assert!(close(out.token_advantages[0][1], 0.5 * a1 + g, 1e-5));
+}
+
+/// KL in the reward with GRPO (`--norm mean` so the numbers are plain differences), then the
+/// adaptive controller and its resumption from the output's metadata.
+#[test]
+fn advantage_kl_in_reward_and_adaptive_state() {
+    let (d, i, o) = dir();
+    let rows = vec![row("p0", "answer", 0, 2, Some((0, 2)), 1.0), row("p0", "answer", 1, 2, Some((0, 1)), 0.0)];
+    // Row 0: k1 = [0.5, -1] (sum -0.5); row 1: k1 = [0.1, (outside the mask) 7].
+    let lp = (list_field("response_logprobs", DataType::Float32), f32_list(&[vec![-1.0, -2.0], vec![-0.5, 0.0]]));
+    let rf = (list_field("ref_logprobs", DataType::Float32), f32_list(&[vec![-1.5, -1.0], vec![-0.6, -7.0]]));
+    write_table_with(&i, &rows, vec![lp, rf]);
+    let base = ["advantage", "--input", i.to_str().unwrap(), "-o", o.to_str().unwrap(), "--estimator", "grpo", "--norm", "mean"];
+    ok(&[&base[..], &["--kl-coef", "0.1"]].concat());
+    let out = read_out(&o);
+    // scores 1 + 0.05 = 1.05 and 0 − 0.01 = −0.01; mean 0.52.
+    assert!(close(out.advantage[0], 0.53, 1e-6) && close(out.advantage[1], -0.53, 1e-6), "{:?}", out.advantage);
+    let kl = &out.config["statistics"]["kl"];
+    assert!((kl["current_kl"].as_f64().unwrap() - (-0.075)).abs() < 1e-6, "{kl}");
+    assert_eq!(kl["next_coef"].as_f64(), Some(0.1));
+
+    // Adaptive: err = clip(−0.075/0.1 − 1, ±0.2) = −0.2; β' = 0.1·(1 − 0.2·2/100) = 0.0996.
+    ok(&[&base[..], &["--kl-coef", "0.1", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-horizon", "100"]].concat());
+    let next = read_out(&o).config["statistics"]["kl"]["next_coef"].as_f64().unwrap();
+    assert!((next - 0.0996).abs() < 1e-12, "{next}");
+    let o2 = d.path().join("next.parquet");
+    ok(&[
+        "advantage", "--input", i.to_str().unwrap(), "-o", o2.to_str().unwrap(), "--estimator", "grpo", "--norm", "mean",
+        "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-horizon", "100", "--kl-state", o.to_str().unwrap(),
+    ]);
+    let out = read_out(&o2);
+    assert_eq!(out.config["statistics"]["kl"]["coef"].as_f64(), Some(0.0996));
+    let half = (1.0 + 0.0996 * 0.5 + 0.00996) / 2.0;
+    assert!(close(out.advantage[0], half, 1e-6), "{:?}", out.advantage);
+
+    // KL without a ref_logprobs column: exit 1 naming it.
+    write_table(&i, &rows);
+    let r = rlcr(&[&base[..], &["--kl-coef", "0.1"]].concat());
+    assert_eq!(r.status.code(), Some(1));
+    assert!(r.stderr.contains("ref_logprobs"), "{}", r.stderr);
+}
+
+/// Tables written by polars/pyarrow use LargeUtf8, LargeList and 64-bit numbers: read them, copy
+/// them through unchanged.
+#[test]
+fn advantage_reads_large_types() {
+    use arrow::array::{Float64Array, Int64Array, LargeListArray, LargeStringArray};
+    let (_d, i, o) = dir();
+    let item = Arc::new(Field::new("item", DataType::Int64, true));
+    let fields = vec![
+        Field::new("prompt_id", DataType::LargeUtf8, false),
+        Field::new("sample_type", DataType::LargeUtf8, false),
+        Field::new("answer_idx", DataType::Int64, false),
+        Field::new("response_ids", DataType::LargeList(item.clone()), false),
+        Field::new("reward", DataType::Float64, false),
+    ];
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(LargeStringArray::from(vec!["p", "p", "p"])),
+        Arc::new(LargeStringArray::from(vec!["answer"; 3])),
+        Arc::new(Int64Array::from(vec![0, 1, 2])),
+        Arc::new(LargeListArray::new(
+            item,
+            OffsetBuffer::from_lengths([2, 1, 3]),
+            Arc::new(Int64Array::from(vec![5, 6, 7, 8, 9, 10])),
+            None,
+        )),
+        Arc::new(Float64Array::from(vec![0.2, 0.9, 0.5])),
+    ];
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), cols).unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&i).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    ok(&["advantage", "--input", i.to_str().unwrap(), "-o", o.to_str().unwrap()]);
+    let out = read_out(&o);
+    // ANCHORS §3.1 [0.2, 0.9, 0.5], verl column (unbiased, eps 1e-6).
+    for (k, w) in [-0.949155, 1.044071, -0.094916].iter().enumerate() {
+        assert!(close(out.advantage[k], *w, 1e-6));
+    }
+    assert_eq!(out.loss_mask[2], vec![true; 3]);
+    let f = std::fs::File::open(&o).unwrap();
+    let b = ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
+    assert_eq!(b.schema().field_with_name("response_ids").unwrap().data_type(), &DataType::LargeList(Arc::new(Field::new("item", DataType::Int64, true))));
+    let got = b.build().unwrap().next().unwrap().unwrap();
+    assert_eq!(got.column_by_name("response_ids").unwrap().as_list::<i64>().values().as_primitive::<arrow::datatypes::Int64Type>().values().to_vec(), vec![5, 6, 7, 8, 9, 10]);
 }
