@@ -6,10 +6,11 @@
 //! distribution over the tokens that survive. Temperature 0 means greedy decoding (argmax).
 //!
 //! Design decisions and edge-case policy:
-//! - **Only ids below `allowed` can be drawn.** Real checkpoints pad the LM head beyond the
-//!   tokenizer (Qwen2.5's 151936 rows against ~151665 tokens, the fixtures' 384 against 360); the
-//!   padded rows have no text. The recorded log-prob (below) still normalises over every row, as
-//!   the model does.
+//! - **Only ids below `allowed` can be drawn.** The stages pass the LM head's full width, as
+//!   transformers and vLLM do (so temperature 0 is exactly HF's greedy decoding, padded rows
+//!   included: real checkpoints pad the head beyond the tokenizer, e.g. Qwen2.5's 151936 rows
+//!   against ~151665 tokens; trained models give those rows negligible mass, and an id without
+//!   text decodes to nothing). The bound exists for callers that want to exclude such rows.
 //! - **Ties** are broken towards the lower token id everywhere (argmax, top-k, top-p ordering), so
 //!   the result is a function of the logits alone, never of a sort's internal order.
 //! - **The draw** is an inverse CDF: given `u` in [0, 1), walk the kept tokens in ascending id

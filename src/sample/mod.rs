@@ -16,10 +16,12 @@
 //! - [`fingerprint`]: the model fingerprint recorded in the tables' metadata.
 pub mod fingerprint;
 pub mod logits;
+pub mod policy;
 pub mod prompts;
 pub mod rng;
 pub mod sampler;
 pub mod spans;
+pub mod stage;
 pub mod stop;
 
 pub use logits::{logprob_of, Processor, SamplingParams};

@@ -13,7 +13,6 @@
 //! - the default **confidence query** is the turn-2 user message: analyse, then a number between
 //!   0 and 1 inclusive, without changing the answer (the nearest public precedent is RLCR's
 //!   eval-time `confidence_at_end` re-prompt, ANCHORS.md §1.2).
-use serde::Serialize;
 
 /// Default system prompt (both turns), TABC-style.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "\
@@ -34,21 +33,7 @@ First analyze your confidence and the sources of uncertainty in your solution wi
 <analysis> </analysis> tags, then give the probability that your final answer is correct, a \
 number between 0 and 1 (inclusive), within <confidence> </confidence> tags.";
 
-/// One chat message (`{"role", "content"}`, the Hugging Face chat-template input).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
-
-impl Message {
-    pub fn new(role: &str, content: impl Into<String>) -> Self {
-        Message {
-            role: role.to_string(),
-            content: content.into(),
-        }
-    }
-}
+pub use crate::model::Message;
 
 /// Turn 1: `[system?, user]`. An empty system prompt is left out (the template's own default
 /// system message, if any, then applies).

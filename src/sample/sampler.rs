@@ -246,6 +246,61 @@ pub fn generate<M: StepModel>(
         .collect()
 }
 
+/// The model always runs on at least this many rows. On the CPU backend a matrix product with
+/// one to four rows takes other kernels (matrix-vector, narrow tiles) whose rounding differs from
+/// the batched ones, so without this a sample's log-probs would depend on how many rows happened
+/// to share its step (measured on the fixtures: 1–4 rows differ by ~1e-6, 5 to 128 rows agree
+/// bit for bit). A short batch is topped up with copies of its first row, whose logits are
+/// ignored; decode steps are bound by reading the weights, so the copies cost little.
+pub const MIN_ROWS: usize = 8;
+
+/// Prefill chunks are never narrower than this many slots (a narrow last chunk is merged into
+/// the previous one): like row counts, chunks of 1–3 slots round differently.
+const MIN_CHUNK: usize = 8;
+
+/// Column chunks `[start, end)` covering `0..len`: width `chunk`, the last one merged into the
+/// previous when it would be narrower than [`MIN_CHUNK`].
+pub fn prefill_chunks(len: usize, chunk: usize) -> Vec<(usize, usize)> {
+    let chunk = chunk.max(MIN_CHUNK);
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    let mut s = 0;
+    while s < len {
+        let e = (s + chunk).min(len);
+        out.push((s, e));
+        s = e;
+    }
+    if out.len() >= 2 {
+        let (ls, le) = out[out.len() - 1];
+        if le - ls < MIN_CHUNK {
+            out.pop();
+            if let Some(last) = out.last_mut() {
+                last.1 = le;
+            }
+        }
+    }
+    out
+}
+
+/// Make the cache hold `rows` (indices into its `current` rows), padded with copies of the first
+/// to [`MIN_ROWS`]; skips the copy when nothing changes. Returns the new row count.
+fn reselect<M: StepModel>(
+    model: &M,
+    cache: &mut M::Cache,
+    current: usize,
+    mut rows: Vec<usize>,
+) -> Result<usize> {
+    if let Some(&first) = rows.first() {
+        while rows.len() < MIN_ROWS {
+            rows.push(first);
+        }
+    }
+    let identity = rows.len() == current && rows.iter().enumerate().all(|(i, &r)| i == r);
+    if !identity {
+        model.select_rows(cache, &rows)?;
+    }
+    Ok(rows.len())
+}
+
 /// One wave: prefill the parts' contexts, expand, decode until all rows finish. Results in the
 /// order of the wave's samples.
 fn run_wave<M: StepModel>(
@@ -258,10 +313,15 @@ fn run_wave<M: StepModel>(
 ) -> Result<Vec<Generated>> {
     let vocab = model.vocab();
     let max_pos = model.max_positions();
-    let contexts: Vec<&[u32]> = wave
+    let mut contexts: Vec<&[u32]> = wave
         .iter()
         .map(|p| groups[p.group].context.as_slice())
         .collect();
+    // Never run the model on fewer than two rows (see MIN_ROWS): prefill is wide enough with
+    // two (rows × chunk slots), a lone context gets a copy.
+    if contexts.len() < 2 {
+        contexts.push(contexts[0]);
+    }
     let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
     let n_ctx = contexts.len();
     let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens)?;
@@ -274,11 +334,8 @@ fn run_wave<M: StepModel>(
         ids[r * longest + pad..(r + 1) * longest].copy_from_slice(c);
         valid[r * longest + pad..(r + 1) * longest].fill(true);
     }
-    let chunk = cfg.prefill_chunk.max(1);
     let mut logits = Vec::new();
-    let mut s = 0;
-    while s < longest {
-        let e = (s + chunk).min(longest);
+    for (s, e) in prefill_chunks(longest, cfg.prefill_chunk) {
         let w = e - s;
         let mut cid = Vec::with_capacity(n_ctx * w);
         let mut cv = Vec::with_capacity(n_ctx * w);
@@ -287,7 +344,6 @@ fn run_wave<M: StepModel>(
             cv.extend_from_slice(&valid[r * longest + s..r * longest + e]);
         }
         logits = model.step(&mut cache, n_ctx, w, &cid, &cv)?;
-        s = e;
     }
     ensure!(
         logits.len() == n_ctx * vocab,
@@ -316,11 +372,11 @@ fn run_wave<M: StepModel>(
         }
     }
     let n_rows = rows.len();
-    if expand.iter().enumerate().any(|(i, &p)| i != p) {
-        model.select_rows(&mut cache, &expand)?;
-    }
     // Row r reads logits row `src[r]` of the last model output.
-    let mut src: Vec<usize> = expand;
+    let src_prefill = expand.clone();
+    let mut model_rows = n_ctx;
+    model_rows = reselect(model, &mut cache, model_rows, expand)?;
+    let mut src: Vec<usize> = src_prefill;
     let mut results: Vec<Option<Generated>> = vec![None; n_rows];
 
     // 3. Decode.
@@ -359,10 +415,11 @@ fn run_wave<M: StepModel>(
         if rows.is_empty() {
             break;
         }
-        if keep.len() != before {
-            model.select_rows(&mut cache, &keep)?;
+        model_rows = reselect(model, &mut cache, model_rows, keep)?;
+        let mut next: Vec<u32> = rows.iter().map(|r| *r.ids.last().unwrap_or(&0)).collect();
+        while next.len() < model_rows {
+            next.push(next[0]);
         }
-        let next: Vec<u32> = rows.iter().map(|r| *r.ids.last().unwrap_or(&0)).collect();
         let valid = vec![true; next.len()];
         logits = model.step(&mut cache, next.len(), 1, &next, &valid)?;
         src = (0..rows.len()).collect();
@@ -526,6 +583,18 @@ pub(crate) mod tests {
             logprobs: lps,
             finish,
         }
+    }
+
+    #[test]
+    fn prefill_chunks_are_never_narrow() {
+        assert_eq!(prefill_chunks(10, 4), vec![(0, 10)]);
+        assert_eq!(prefill_chunks(20, 8), vec![(0, 8), (8, 20)]);
+        assert_eq!(prefill_chunks(24, 8), vec![(0, 8), (8, 16), (16, 24)]);
+        assert_eq!(prefill_chunks(530, 512), vec![(0, 512), (512, 530)]);
+        assert_eq!(prefill_chunks(517, 512), vec![(0, 517)]);
+        assert_eq!(prefill_chunks(600, 512), vec![(0, 512), (512, 600)]);
+        assert_eq!(prefill_chunks(3, 512), vec![(0, 3)]);
+        assert_eq!(prefill_chunks(0, 512), vec![]);
     }
 
     #[test]

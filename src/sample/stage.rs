@@ -16,9 +16,10 @@ use crate::model::Message;
 use crate::progress::Progress;
 use crate::table::cols;
 
-/// Slots prefilled per forward call (bounds the attention scores' memory to
-/// `rows · heads · chunk · context`).
-pub const PREFILL_CHUNK: usize = 512;
+/// Slots prefilled per forward call. Bounds the attention scores' memory to
+/// `rows · heads · chunk · context`, and keeps the CPU backend on its plain (not tiled) attention
+/// for contexts up to ~1300 tokens, whose results do not depend on how the batch is padded.
+pub const PREFILL_CHUNK: usize = 64;
 
 /// `--shard I/N`: keep the prompts whose `fnv1a64(prompt_id) mod N == I`. Sharding by prompt id
 /// keeps all samples of a prompt (and all confidences of an answer) in one shard.
@@ -33,8 +34,14 @@ impl Shard {
         let (i, n) = s
             .split_once('/')
             .with_context(|| format!("--shard {s}: expected I/N, e.g. 0/4"))?;
-        let index: u64 = i.trim().parse().with_context(|| format!("--shard {s}: I is not a number"))?;
-        let count: u64 = n.trim().parse().with_context(|| format!("--shard {s}: N is not a number"))?;
+        let index: u64 = i
+            .trim()
+            .parse()
+            .with_context(|| format!("--shard {s}: I is not a number"))?;
+        let count: u64 = n
+            .trim()
+            .parse()
+            .with_context(|| format!("--shard {s}: N is not a number"))?;
         if count == 0 || index >= count {
             bail!("--shard {s}: need 0 <= I < N");
         }
@@ -105,7 +112,11 @@ impl Summary {
 
     /// `STAGE: N rows, T tokens in S s (R tokens/s); finish: stop A, length B; spans: F of N`.
     pub fn line(&self, stage: &str, span_name: &str) -> String {
-        let fin: Vec<String> = self.finish.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let fin: Vec<String> = self
+            .finish
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         format!(
             "{stage}: {} rows, {} tokens in {:.1} s ({:.1} tokens/s); finish: {}; {span_name} found in {} of {} rows",
             self.rows,
@@ -136,7 +147,10 @@ pub fn run_groups(
         tokens += r.tokens;
         progress.inc(r.finished as u64);
         let secs = base_secs + start.elapsed().as_secs_f64();
-        progress.message(&format!("{:.1} tok/s", (base_tokens + tokens) as f64 / secs.max(1e-9)));
+        progress.message(&format!(
+            "{:.1} tok/s",
+            (base_tokens + tokens) as f64 / secs.max(1e-9)
+        ));
     })?;
     summary.tokens += tokens;
     summary.seconds += start.elapsed().as_secs_f64();
@@ -219,13 +233,22 @@ impl SampledColumns {
         vec![
             ("sample_type", s(self.sample_type)),
             ("answer_idx", Arc::new(Int32Array::from(self.answer_idx))),
-            ("confidence_idx", Arc::new(Int32Array::from(self.confidence_idx))),
+            (
+                "confidence_idx",
+                Arc::new(Int32Array::from(self.confidence_idx)),
+            ),
             ("sample_id", Arc::new(StringArray::from(self.sample_id))),
             ("messages", Arc::new(StringArray::from(self.messages))),
             ("context_ids", cols::build_list_i32(self.context_ids)),
             ("response_ids", cols::build_list_i32(self.response_ids)),
-            ("response_text", Arc::new(StringArray::from(self.response_text))),
-            ("response_logprobs", cols::build_list_f32(self.response_logprobs)),
+            (
+                "response_text",
+                Arc::new(StringArray::from(self.response_text)),
+            ),
+            (
+                "response_logprobs",
+                cols::build_list_f32(self.response_logprobs),
+            ),
             ("finish_reason", s(self.finish_reason)),
             ("answer_span", cols::build_spans(&self.answer_span)),
             ("confidence_span", cols::build_spans(&self.confidence_span)),
@@ -235,9 +258,12 @@ impl SampledColumns {
 
 /// Parse a `messages` JSON value (list of {role, content}) into messages.
 pub fn parse_messages(v: &serde_json::Value, loc: &dyn Fn() -> String) -> Result<Vec<Message>> {
-    let list = v
-        .as_array()
-        .with_context(|| format!("{}, column `messages`: expected a JSON list of {{role, content}}", loc()))?;
+    let list = v.as_array().with_context(|| {
+        format!(
+            "{}, column `messages`: expected a JSON list of {{role, content}}",
+            loc()
+        )
+    })?;
     list.iter()
         .enumerate()
         .map(|(i, m)| {
@@ -258,7 +284,11 @@ pub fn parse_messages(v: &serde_json::Value, loc: &dyn Fn() -> String) -> Result
 }
 
 /// The sampling settings recorded in the output's metadata (`rlcr.config`).
-pub fn sampling_meta(cfg: &GenConfig, policy: &Policy, model_dir: &std::path::Path) -> serde_json::Value {
+pub fn sampling_meta(
+    cfg: &GenConfig,
+    policy: &Policy,
+    model_dir: &std::path::Path,
+) -> serde_json::Value {
     serde_json::json!({
         "model": model_dir.display().to_string(),
         "model_fingerprint": policy.fingerprint,
@@ -283,7 +313,9 @@ mod tests {
 
     #[test]
     fn shards_partition_prompts() {
-        let shards: Vec<Shard> = (0..3).map(|i| Shard::parse(&format!("{i}/3")).unwrap()).collect();
+        let shards: Vec<Shard> = (0..3)
+            .map(|i| Shard::parse(&format!("{i}/3")).unwrap())
+            .collect();
         for k in 0..200 {
             let id = format!("p{k}");
             assert_eq!(shards.iter().filter(|s| s.keeps(&id)).count(), 1);
@@ -300,7 +332,8 @@ mod tests {
 
     #[test]
     fn messages_parse_with_locations() {
-        let v: serde_json::Value = serde_json::from_str(r#"[{"role":"user","content":"hi"}]"#).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(r#"[{"role":"user","content":"hi"}]"#).unwrap();
         let m = parse_messages(&v, &|| "t.parquet, row 3".into()).unwrap();
         assert_eq!(m, vec![Message::new("user", "hi")]);
         let bad: serde_json::Value = serde_json::from_str(r#"[{"role":"user"}]"#).unwrap();
