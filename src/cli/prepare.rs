@@ -52,10 +52,43 @@ pub struct Args {
     /// Number of prompts (countdown-synth: required; other sources: keep the first N).
     #[arg(long)]
     pub count: Option<usize>,
+    /// countdown-synth: fewest numbers per task.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=6))]
+    pub min_numbers: u32,
+    /// countdown-synth: most numbers per task.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=6))]
+    pub max_numbers: u32,
+    /// countdown-synth: largest number drawn (numbers are in 1..=N).
+    #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(i64).range(2..=9999))]
+    pub max_number: i64,
+    /// countdown-synth: largest target (targets are in 1..=N).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100000))]
+    pub max_target: i64,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+}
+
+/// The shape of synthetic countdown tasks.
+#[derive(Clone, Copy, Debug)]
+pub struct SynthShape {
+    pub min_numbers: u32,
+    pub max_numbers: u32,
+    pub max_number: i64,
+    pub max_target: i64,
+}
+
+impl Default for SynthShape {
+    /// TinyZero's Countdown-Tasks-3to4 shape: 3–4 numbers in 1..=99, targets in 1..=100.
+    fn default() -> Self {
+        SynthShape {
+            min_numbers: 3,
+            max_numbers: 4,
+            max_number: 99,
+            max_target: 100,
+        }
+    }
 }
 
 /// Prompt sources.
@@ -87,7 +120,20 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             let n = a
                 .count
                 .ok_or_else(|| UsageError("--from countdown-synth needs --count N".into()))?;
-            countdown_synth(g.seed, n)
+            if a.min_numbers > a.max_numbers {
+                return Err(UsageError(format!(
+                    "--min-numbers {} is larger than --max-numbers {}",
+                    a.min_numbers, a.max_numbers
+                ))
+                .into());
+            }
+            let shape = SynthShape {
+                min_numbers: a.min_numbers,
+                max_numbers: a.max_numbers,
+                max_number: a.max_number,
+                max_target: a.max_target,
+            };
+            countdown_synth(g.seed, n, shape)?
         }
         src => {
             let input = a.input.as_deref().ok_or_else(|| {
@@ -184,17 +230,31 @@ fn countdown_row(id: String, nums: Vec<i64>, target: i64, extra: Option<Value>) 
     }
 }
 
-/// `count` synthetic countdown tasks from `seed`: 3–4 numbers in 1..=99, combined in a random
-/// order with random operations (− only when the result stays positive, ÷ only when exact, products
-/// capped at 10 000) into a target in 1..=100. Every task is solvable by construction; the
-/// construction is recorded in `extra_info.solution`.
-pub fn countdown_synth(seed: u64, count: usize) -> Vec<PromptRow> {
+/// `count` synthetic countdown tasks from `seed`: by default 3–4 numbers in 1..=99 (see
+/// [`SynthShape`]), combined in a random order with random operations (− only when the result stays
+/// positive, ÷ only when exact, products capped at 10 000) into a target in 1..=100. Every task is
+/// solvable by construction; the construction is recorded in `extra_info.solution`. A small shape
+/// (`--max-numbers 2 --max-number 9`) gives a task a tiny model can learn.
+pub fn countdown_synth(seed: u64, count: usize, shape: SynthShape) -> Result<Vec<PromptRow>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x636f_756e_7464_6f77);
     let mut rows = Vec::with_capacity(count);
     let width = count.max(1).to_string().len().max(6);
+    let mut attempts = 0u64;
     while rows.len() < count {
-        let n = if rng.random_bool(0.5) { 3 } else { 4 };
-        let nums: Vec<i64> = (0..n).map(|_| rng.random_range(1..=99)).collect();
+        attempts += 1;
+        if attempts > 10_000 + 10_000 * count as u64 {
+            bail!(
+                "countdown-synth: cannot make tasks with {}..={} numbers in 1..={} and targets in 1..={}",
+                shape.min_numbers,
+                shape.max_numbers,
+                shape.max_number,
+                shape.max_target
+            );
+        }
+        let n = rng.random_range(shape.min_numbers..=shape.max_numbers);
+        let nums: Vec<i64> = (0..n)
+            .map(|_| rng.random_range(1..=shape.max_number))
+            .collect();
         let mut items: Vec<(i64, String, bool)> =
             nums.iter().map(|&v| (v, v.to_string(), true)).collect();
         let mut ok = true;
@@ -235,7 +295,7 @@ pub fn countdown_synth(seed: u64, count: usize) -> Vec<PromptRow> {
             continue;
         }
         let (target, expr, _) = items.remove(0);
-        if !(1..=100).contains(&target) {
+        if !(1..=shape.max_target).contains(&target) {
             continue;
         }
         let id = format!("countdown-synth-{:0width$}", rows.len());
@@ -246,7 +306,7 @@ pub fn countdown_synth(seed: u64, count: usize) -> Vec<PromptRow> {
             Some(json!({"solution": expr})),
         ));
     }
-    rows
+    Ok(rows)
 }
 
 fn read_jsonl_values(path: &Path) -> Result<Vec<(usize, Value)>> {
@@ -578,7 +638,7 @@ mod tests {
 
     #[test]
     fn synthetic_tasks_are_solvable_and_seeded() {
-        let a = countdown_synth(7, 200);
+        let a = countdown_synth(7, 200, SynthShape::default()).unwrap();
         assert_eq!(a.len(), 200);
         for r in &a {
             let target = r.ground_truth["target"].as_i64().unwrap();
@@ -602,10 +662,26 @@ mod tests {
             nums.sort();
             assert_eq!(used, nums, "{sol}");
         }
-        let b = countdown_synth(7, 50);
+        let b = countdown_synth(7, 50, SynthShape::default()).unwrap();
         assert_eq!(&a[..50], &b[..]);
-        let c = countdown_synth(8, 50);
+        let c = countdown_synth(8, 50, SynthShape::default()).unwrap();
         assert_ne!(a[..50], c[..]);
+        let small = SynthShape {
+            min_numbers: 2,
+            max_numbers: 2,
+            max_number: 9,
+            max_target: 81,
+        };
+        for r in countdown_synth(1, 100, small).unwrap() {
+            let nums = r.ground_truth["numbers"].as_array().unwrap().clone();
+            assert_eq!(nums.len(), 2);
+            assert!(nums.iter().all(|n| (1..=9).contains(&n.as_i64().unwrap())));
+            let sol = r.extra_info.as_ref().unwrap()["solution"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert_eq!(eval(&sol), r.ground_truth["target"].as_i64().unwrap());
+        }
     }
 
     #[test]
