@@ -17,8 +17,8 @@ use crate::sample::policy::Policy;
 use crate::sample::prompts::DEFAULT_SYSTEM_PROMPT;
 use crate::sample::sampler::{Group, SampleId};
 use crate::sample::spans::{answer_span, context_opens};
-use crate::sample::stage::{self, Shard, Summary};
-use crate::table::{self, cols, Meta, Reader, Writer, PROMPTS, TRAJECTORY};
+use crate::sample::stage::{self, Summary};
+use crate::table::{self, cols, Meta, Reader, Shard, Writer, PROMPTS, TRAJECTORY};
 
 pub const ABOUT: &str = "Sample G_a answers per prompt with the policy (turn 1)";
 pub const LONG_ABOUT: &str = "\
@@ -162,7 +162,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.num_answers == 0 {
         bail!("--num-answers must be at least 1");
     }
-    let shard = a.shard.as_deref().map(Shard::parse).transpose()?;
+    let shard = a.shard.as_deref().map(str::parse::<Shard>).transpose()?;
     let system = system_prompt(&a)?;
     let device = crate::model::device_from_str(&g.device)?;
     let reader = Reader::open(&a.input)?;
@@ -224,7 +224,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             if !seen.insert(id.clone()) {
                 bail!("{}: duplicate prompt_id {id:?}", loc());
             }
-            if shard.is_some_and(|s| !s.keeps(&id)) {
+            if shard.is_some_and(|s| !s.contains(&id)) {
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(msg.value(i))

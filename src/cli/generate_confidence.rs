@@ -19,8 +19,8 @@ use crate::sample::policy::Policy;
 use crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT;
 use crate::sample::sampler::{Group, SampleId};
 use crate::sample::spans::{confidence_span, context_opens_confidence};
-use crate::sample::stage::{self, Shard, Summary};
-use crate::table::{self, cols, Meta, Reader, Writer, TRAJECTORY};
+use crate::sample::stage::{self, Summary};
+use crate::table::{self, cols, Meta, Reader, Shard, Writer, TRAJECTORY};
 
 pub const ABOUT: &str =
     "Sample G_c confidences per answer, each for exactly one fixed answer (turn 2)";
@@ -108,7 +108,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.num_confidences == 0 {
         bail!("--num-confidences must be at least 1");
     }
-    let shard = a.shard.as_deref().map(Shard::parse).transpose()?;
+    let shard = a.shard.as_deref().map(str::parse::<Shard>).transpose()?;
     let query = a
         .confidence_prompt
         .clone()
@@ -218,7 +218,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             if !seen.insert((id.clone(), answer_idx)) {
                 bail!("{}: duplicate answer ({id:?}, answer_idx {k})", loc());
             }
-            if shard.is_some_and(|s| !s.keeps(&id)) {
+            if shard.is_some_and(|s| !s.contains(&id)) {
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(msg.value(i))

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use arrow::array::{ArrayRef, Int32Array, StringArray};
 
-use super::fingerprint::Fnv64;
 use super::logits::SamplingParams;
 use super::policy::Policy;
 use super::sampler::{generate, GenConfig, Generated, Group};
@@ -20,40 +19,6 @@ use crate::table::cols;
 /// `rows · heads · chunk · context`, and keeps the CPU backend on its plain (not tiled) attention
 /// for contexts up to ~1300 tokens, whose results do not depend on how the batch is padded.
 pub const PREFILL_CHUNK: usize = 64;
-
-/// `--shard I/N`: keep the prompts whose `fnv1a64(prompt_id) mod N == I`. Sharding by prompt id
-/// keeps all samples of a prompt (and all confidences of an answer) in one shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Shard {
-    pub index: u64,
-    pub count: u64,
-}
-
-impl Shard {
-    pub fn parse(s: &str) -> Result<Self> {
-        let (i, n) = s
-            .split_once('/')
-            .with_context(|| format!("--shard {s}: expected I/N, e.g. 0/4"))?;
-        let index: u64 = i
-            .trim()
-            .parse()
-            .with_context(|| format!("--shard {s}: I is not a number"))?;
-        let count: u64 = n
-            .trim()
-            .parse()
-            .with_context(|| format!("--shard {s}: N is not a number"))?;
-        if count == 0 || index >= count {
-            bail!("--shard {s}: need 0 <= I < N");
-        }
-        Ok(Shard { index, count })
-    }
-
-    pub fn keeps(&self, prompt_id: &str) -> bool {
-        let mut h = Fnv64::default();
-        h.update(prompt_id.as_bytes());
-        h.finish() % self.count == self.index
-    }
-}
 
 /// The sampling configuration of a stage, built from its flags and the policy.
 pub fn gen_config(
@@ -310,25 +275,6 @@ pub fn sampling_meta(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shards_partition_prompts() {
-        let shards: Vec<Shard> = (0..3)
-            .map(|i| Shard::parse(&format!("{i}/3")).unwrap())
-            .collect();
-        for k in 0..200 {
-            let id = format!("p{k}");
-            assert_eq!(shards.iter().filter(|s| s.keeps(&id)).count(), 1);
-        }
-        // each shard gets some
-        for s in &shards {
-            assert!((0..200).filter(|k| s.keeps(&format!("p{k}"))).count() > 30);
-        }
-        assert!(Shard::parse("3/3").is_err());
-        assert!(Shard::parse("1").is_err());
-        assert!(Shard::parse("a/2").is_err());
-        assert!(Shard::parse("0/0").is_err());
-    }
 
     #[test]
     fn messages_parse_with_locations() {
