@@ -135,8 +135,8 @@ impl Detokenizer {
     /// the following token), the differing tail of the text is replaced, and earlier token ends
     /// are clamped so offsets stay monotone.
     fn replace_tail(&mut self, prefix: &str, full: &str) {
-        if full.starts_with(prefix) {
-            self.text.push_str(&full[prefix.len()..]);
+        if let Some(new) = full.strip_prefix(prefix) {
+            self.text.push_str(new);
             return;
         }
         let common = common_prefix(prefix, full);
