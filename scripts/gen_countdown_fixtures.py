@@ -40,23 +40,29 @@ signal.signal(signal.SIGALRM, _alarm)
 
 
 def py_eval(expr):
-    """(kind, value) of CPython's eval, or None when it is too slow to be a fair case."""
+    """(kind, printed value, value) of CPython's eval, or None when it is too slow to be a fair
+    case."""
     signal.setitimer(signal.ITIMER_REAL, 0.5)
+    sys.set_int_max_str_digits(4300)
     try:
         v = eval(expr, {"__builtins__": None}, {})
         if isinstance(v, bool) or not isinstance(v, (int, float, complex)):
-            return ("error", type(v).__name__)
+            return ("error", type(v).__name__, None)
         if isinstance(v, int):
             if v.bit_length() > 60000:
                 return None
-            return ("int", str(v))
+            sys.set_int_max_str_digits(0)  # printing only; eval above ran with the default limit
+            try:
+                return ("int", str(v), v)
+            finally:
+                sys.set_int_max_str_digits(4300)
         if isinstance(v, float):
-            return ("float", repr(v))
-        return ("complex", [repr(v.real), repr(v.imag)])
+            return ("float", repr(v), v)
+        return ("complex", [repr(v.real), repr(v.imag)], v)
     except Slow:
         return None
     except BaseException as e:  # every exception is "no value" for TinyZero
-        return ("error", type(e).__name__)
+        return ("error", type(e).__name__, None)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -83,7 +89,7 @@ def validate(eq, nums):
 
 def evaluate(eq):
     if not re.match(r"^[\d+\-*/().\s]+$", eq):
-        return ("error", "chars")
+        return ("error", "chars", None)
     return py_eval(eq)
 
 
@@ -96,13 +102,9 @@ def compute_score(s, target, nums):
     r = evaluate(eq)
     if r is None:
         return None
-    kind, val = r
+    kind, _, v = r
     if kind == "error":
         return 0.1
-    try:
-        v = eval(f"{kind}({val!r})" if kind != "complex" else f"complex(float({val[0]!r}), float({val[1]!r}))")
-    except Exception:
-        v = int(val) if kind == "int" else None
     try:
         return 1.0 if abs(v - target) < 1e-5 else 0.1
     except Exception:
@@ -166,10 +168,12 @@ def main():
     with open(out / "pyexpr_cases.jsonl", "w") as f:
         exprs = fixed + [rand_expr(rng) for _ in range(a.n)] + [noisy(rng, rand_expr(rng)) for _ in range(a.n // 2)]
         for e in exprs:
+            if not re.match(r"^[\d+\-*/().\s]+$", e):
+                continue  # outside TinyZero's character set (e.g. `0x7` after noise): never evaluated
             r = py_eval(e)
             if r is None:
                 continue
-            f.write(json.dumps({"expr": e, "kind": r[0], "value": r[1]}) + "\n")
+            f.write(json.dumps({"expr": e, "kind": r[0], "value": r[1] if r[0] != "error" else r[1]}) + "\n")
             n_expr += 1
 
     prefixes = [
@@ -193,10 +197,12 @@ def main():
             val = py_eval(eq)
             if val is None:
                 continue
-            if val[0] == "int":
-                target = int(val[1])
-            elif val[0] == "float" and math.isfinite(float(val[1])):
-                target = round(float(val[1])) if rng.random() < 0.7 else float(val[1])
+            if val[0] == "int" and abs(val[2]) < 2**62:
+                target = val[2]
+            elif val[0] == "float" and abs(val[2]) < 2**53:
+                # rounded, or the float itself (integral or not); kept within 2**53 so that
+                # JSON readers need no correctly-rounded big-number parsing
+                target = round(val[2]) if rng.random() < 0.7 else val[2]
             else:
                 target = rng.randint(1, 100)
             if rng.random() < 0.3:

@@ -754,8 +754,9 @@ mod tests {
             if b != 0 {
                 let (q, r) = ba.divmod_floor(&bb);
                 let eq = a.div_euclid(b);
-                // floor division from euclid: adjust when b < 0 and remainder != 0
-                let fq = if b < 0 && a.rem_euclid(b) != 0 { eq + 1 } else { eq };
+                // floor from euclid: a = b*eq + r with 0 <= r < |b|; for b < 0 and r != 0 the
+                // floor quotient is one less (remainder r + b, with the sign of b)
+                let fq = if b < 0 && a.rem_euclid(b) != 0 { eq - 1 } else { eq };
                 let fr = a - fq * b;
                 prop_assert_eq!(q.to_i128(), Some(fq));
                 prop_assert_eq!(r.to_i128(), Some(fr));

@@ -76,7 +76,15 @@ impl Task {
     pub fn from_json(text: &str) -> Result<Task> {
         let v: serde_json::Value = serde_json::from_str(text)
             .with_context(|| format!("countdown ground truth is not JSON: {}", preview(text)))?;
-        Task::from_value(&v).with_context(|| format!("countdown ground truth {}", preview(text)))
+        let mut t = Task::from_value(&v).with_context(|| format!("countdown ground truth {}", preview(text)))?;
+        if let Number::Float(_) = t.target {
+            // serde_json (without `float_roundtrip`) may be one ulp off on long decimals; read the
+            // literal again with Rust's correctly rounded parser
+            if let Some(f) = precise_target(text) {
+                t.target = Number::Float(f);
+            }
+        }
+        Ok(t)
     }
 
     pub fn from_value(v: &serde_json::Value) -> Result<Task> {
@@ -101,6 +109,21 @@ impl Task {
             .collect::<Result<Vec<_>>>()?;
         Ok(Task { target, numbers })
     }
+}
+
+/// The `"target"` number literal of a ground-truth text, correctly rounded (only when the key
+/// occurs once).
+fn precise_target(text: &str) -> Option<f64> {
+    static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    let re = RE
+        .get_or_init(|| regex::Regex::new(r#""target"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"#).ok())
+        .as_ref()?;
+    let mut it = re.captures_iter(text);
+    let m = it.next()?;
+    if it.next().is_some() {
+        return None;
+    }
+    m.get(1)?.as_str().parse().ok()
 }
 
 fn preview(s: &str) -> String {
@@ -651,6 +674,9 @@ mod tests {
         assert!(Task::from_json("[1,2]").is_err());
         assert!(Task::from_json(r#"{"target": "x", "numbers": [1]}"#).is_err());
         assert!(Task::from_json("not json").is_err());
+        // a long decimal read exactly (serde_json alone gives -4383261019652501.0)
+        let t = Task::from_json(r#"{"target": -4383261019652500.5, "numbers": [1]}"#).unwrap();
+        assert_eq!(t.target, Number::Float(-4383261019652500.5));
     }
 
     #[test]

@@ -382,7 +382,7 @@ enum Tok<'a> {
 fn tokenize(s: &str) -> R<Vec<Tok<'_>>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(16);
-    let mut i = 0;
+    let mut i = leading_blank(b)?;
     let mut level: i64 = 0;
     while i < b.len() {
         let c = b[i];
@@ -392,6 +392,10 @@ fn tokenize(s: &str) -> R<Vec<Tok<'_>>> {
                 if level > 0 {
                     i += 1
                 } else {
+                    // a top-level newline ends the expression: only blank lines may follow
+                    if trailing_lines_blank(&s[i..]) {
+                        break;
+                    }
                     return Err(PyError::Syntax);
                 }
             }
@@ -463,6 +467,54 @@ fn tokenize(s: &str) -> R<Vec<Tok<'_>>> {
         }
     }
     Ok(out)
+}
+
+/// Where the first token may start: `eval` strips leading spaces and tabs, then blank lines are
+/// skipped, and the first real line must not be indented (a form feed resets the column:
+/// `"\r25"` and `" \x0c25"` are 25, `"\n 25"` and `"\x0c 25"` are `IndentationError`s).
+fn leading_blank(b: &[u8]) -> R<usize> {
+    let mut i = 0;
+    while i < b.len() && (b[i] == b' ' || b[i] == b'\t') {
+        i += 1;
+    }
+    loop {
+        let mut col = 0usize;
+        let mut j = i;
+        while j < b.len() {
+            match b[j] {
+                b' ' => col += 1,
+                b'\t' => col = (col / 8 + 1) * 8,
+                0x0c => col = 0,
+                _ => break,
+            }
+            j += 1;
+        }
+        if j < b.len() && (b[j] == b'\r' || b[j] == b'\n') {
+            i = j + 1;
+            continue;
+        }
+        if col != 0 {
+            return Err(PyError::Syntax);
+        }
+        return Ok(j);
+    }
+}
+
+/// After a top-level newline: CPython accepts only blank lines, and a last line (with no newline
+/// after it) whose indentation comes back to column 0 (a form feed resets the column; `"1\n  "` is
+/// an `IndentationError`, `"1\n\t\n"` and `"1\r\x0c"` are fine).
+fn trailing_lines_blank(rest: &str) -> bool {
+    let mut col = 0usize;
+    for c in rest.bytes() {
+        match c {
+            b'\r' | b'\n' => col = 0,
+            b' ' => col += 1,
+            b'\t' => col = (col / 8 + 1) * 8,
+            0x0c => col = 0,
+            _ => return false,
+        }
+    }
+    col == 0
 }
 
 struct Parser<'a> {
@@ -634,6 +686,15 @@ mod tests {
         assert_eq!(f("(1+\r2)"), int(3));
         assert_eq!(f("1+\r2"), Err(PyError::Syntax));
         assert_eq!(f("(1\r+2)"), int(3));
+        assert_eq!(f("0\r"), int(0));
+        assert_eq!(f("1\n\t\n"), int(1));
+        assert_eq!(f("1\r\x0c"), int(1));
+        assert_eq!(f("1\n  "), Err(PyError::Syntax)); // IndentationError
+        assert_eq!(f("1\n2"), Err(PyError::Syntax));
+        assert_eq!(f("\r25"), int(25));
+        assert_eq!(f(" \x0c25"), int(25));
+        assert_eq!(f("\n 25"), Err(PyError::Syntax));
+        assert_eq!(f("\x0c 25"), Err(PyError::Syntax));
         assert_eq!(f("007"), Err(PyError::Syntax));
         assert_eq!(f("00"), int(0));
         assert_eq!(f("007."), fl(7.0));
