@@ -54,7 +54,8 @@ use crate::reward::text::last_answer;
 use crate::reward::{auto_verifier, VerifierKind};
 use crate::table::{self, Meta, TRAJECTORY};
 
-pub const ABOUT: &str = "Score a trajectory table: accuracy, format, confidence, Brier, structured rewards";
+pub const ABOUT: &str =
+    "Score a trajectory table: accuracy, format, confidence, Brier, structured rewards";
 pub const LONG_ABOUT: &str = "\
 Score every row of a trajectory table without a model.
 
