@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, BooleanBuilder, Float32Builder, Int32Array, Int32Builder,
+    Array, ArrayRef, BooleanBuilder, Float32Builder, Int32Array, Int32Builder,
     ListArray, RecordBatch, StringArray, StringBuilder, StructArray,
 };
 use arrow::buffer::OffsetBuffer;

@@ -87,19 +87,23 @@ fn list_f32(rows: &[Vec<f32>]) -> ArrayRef {
     ))
 }
 
-fn spans(n: usize) -> ArrayRef {
+/// `answer_span`: the whole response on answers, null on confidences.
+fn spans(rows: &[Row]) -> ArrayRef {
     let fields = Fields::from(vec![Field::new("start", DataType::Int32, false), Field::new("end", DataType::Int32, false)]);
+    let n = rows.len();
     Arc::new(StructArray::new(
         fields,
-        vec![Arc::new(Int32Array::from(vec![0; n])), Arc::new(Int32Array::from(vec![3; n]))],
-        Some(vec![true; n].into()),
+        vec![
+            Arc::new(Int32Array::from(vec![0; n])),
+            Arc::new(Int32Array::from(rows.iter().map(|r| r.tokens.len() as i32).collect::<Vec<_>>())),
+        ],
+        Some(rows.iter().map(|r| r.sample_type == "answer").collect::<Vec<_>>().into()),
     ))
 }
 
 /// Write `rows` as a trajectory table with row groups of `rg` rows, plus optional extra columns.
 fn write_table(path: &Path, rows: &[Row], rg: usize, extra: Vec<(&str, ArrayRef)>) {
     let s = |f: &dyn Fn(&Row) -> String| -> ArrayRef { Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>())) };
-    let n = rows.len();
     let mut cols: Vec<(&str, ArrayRef)> = vec![
         ("prompt_id", s(&|r| r.prompt_id.clone())),
         ("sample_type", s(&|r| r.sample_type.to_string())),
@@ -117,7 +121,7 @@ fn write_table(path: &Path, rows: &[Row], rg: usize, extra: Vec<(&str, ArrayRef)
             list_f32(&rows.iter().map(|r| r.tokens.iter().map(|&t| -(t as f32) / 100.0).collect()).collect::<Vec<_>>()),
         ),
         ("finish_reason", s(&|_| "stop".to_string())),
-        ("answer_span", spans(n)),
+        ("answer_span", spans(rows)),
     ];
     cols.extend(extra);
     let schema = Arc::new(Schema::new(
@@ -290,6 +294,17 @@ fn scores_countdown_two_turn_table() {
     assert_eq!(summary["rows"], 480);
     assert_eq!(summary["answers"], 160);
     assert_eq!(summary["verifiers"]["countdown"], "countdown");
+    // the table layer's validator and the polars / DuckDB checker accept the output
+    let batches: Vec<RecordBatch> = rlcr::table::Reader::open(&out).unwrap().map(|b| b.unwrap()).collect();
+    rlcr::table::validate::validate_batches(
+        out.to_str().unwrap(),
+        &rlcr::table::TRAJECTORY,
+        &["reward", "reward_components", "acc_reward", "format_ok"],
+        &batches,
+        &batches[0].schema(),
+    )
+    .unwrap();
+    crate::ecosystem::check_tables(&[&out]);
     // logprobs survive the column-chunk copy bit for bit
     let lp_in = read_all(&input);
     let a = col::<ListArray>(&lp_in, "response_logprobs");
