@@ -308,8 +308,8 @@ impl Part {
         self.first_row + (0..rg).map(|i| self.rg_rows(i) as u64).sum::<u64>()
     }
 
-    /// Read `columns` (those present) of one row group as one batch.
-    fn read(&self, rg: usize, columns: &[&str]) -> Result<RecordBatch> {
+    /// Read `columns` (those present) of one row group, in batches of [`BATCH_ROWS`].
+    fn batches(&self, rg: usize, columns: &[&str]) -> Result<impl Iterator<Item = Result<RecordBatch>> + '_> {
         let schema = self.meta.schema();
         let idx: Vec<usize> = schema
             .fields()
@@ -321,27 +321,20 @@ impl Part {
         let file = self.file.try_clone().with_context(|| format!("{}: reopen", self.path.display()))?;
         let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone());
         let mask = ProjectionMask::roots(b.parquet_schema(), idx);
-        let rows = self.rg_rows(rg).max(1);
-        let mut r = b
+        let r = b
             .with_projection(mask)
             .with_row_groups(vec![rg])
-            .with_batch_size(rows)
+            .with_batch_size(BATCH_ROWS)
             .build()
             .with_context(|| format!("{}: cannot read row group {rg}", self.path.display()))?;
-        let mut batches = Vec::new();
-        for b in &mut r {
-            batches.push(b.with_context(|| format!("{}: corrupt or truncated Parquet data in row group {rg}", self.path.display()))?);
-        }
-        let schema = match batches.first() {
-            Some(b) => b.schema(),
-            None => Arc::new(Schema::empty()),
-        };
-        if batches.len() == 1 {
-            return Ok(batches.swap_remove(0));
-        }
-        Ok(arrow::compute::concat_batches(&schema, &batches)?)
+        Ok(r.map(move |b| {
+            b.with_context(|| format!("{}: corrupt or truncated Parquet data in row group {rg}", self.path.display()))
+        }))
     }
 }
+
+/// Rows decoded at a time.
+const BATCH_ROWS: usize = 8192;
 
 fn open_parts(input: &Path) -> Result<Vec<Part>> {
     let files = table::io::input_files(input)?;
@@ -432,80 +425,131 @@ fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
 /// The first pass: which rows link to which answers.
 struct Links {
     confidences: u64,
-    /// Some confidence row precedes its answer's row group.
+    /// Some confidence row comes before its answer row.
     forward: bool,
 }
 
 fn link_pass(parts: &[Part]) -> Result<Links> {
-    let cols = ["sample_type", "prompt_id", "answer_idx"];
-    let mut answers: HashMap<u128, (u64, usize)> = HashMap::new(); // key -> (row, global row group)
-    let mut pending: Vec<(u128, u64, usize, String, i32)> = Vec::new(); // confidence rows
-    let mut rg_global = 0usize;
-    let mut confidences = 0u64;
+    let mut answers: HashMap<u128, u64> = HashMap::new(); // key -> row
+    let mut pending: Vec<(u128, u64, String, i32)> = Vec::new(); // confidence rows
+    // Answers are only remembered once a confidence row shows they are needed; until then only
+    // `sample_type` is read (a table of answers alone costs one small column).
+    let mut linking = false;
+    let mut seen_answers_before_linking = false;
     for p in parts {
         for rg in 0..p.row_groups() {
-            let b = p.read(rg, &cols)?;
-            let st = utf8(&b, &p.path, "sample_type")?;
-            let first = p.rg_first_row(rg);
-            let has_conf = (0..st.len()).any(|i| !st.is_null(i) && st.value(i) == "confidence");
-            if has_conf || !pending.is_empty() || confidences > 0 || !answers.is_empty() {
-                let pid = utf8(&b, &p.path, "prompt_id")?;
-                let aidx = int32(&b, &p.path, "answer_idx")?;
+            let cols: &[&str] =
+                if linking { &["sample_type", "prompt_id", "answer_idx"] } else { &["sample_type"] };
+            let mut row = p.rg_first_row(rg);
+            for b in p.batches(rg, cols)? {
+                let b = b?;
+                let st = utf8(&b, &p.path, "sample_type")?;
+                let mut kinds = Vec::with_capacity(st.len());
                 for i in 0..st.len() {
-                    let row = first + i as u64;
-                    let kind = kind_of(str_at(&st, i, &p.path, "sample_type", row)?, &p.path, row)?;
-                    let pr = str_at(&pid, i, &p.path, "prompt_id", row)?;
-                    if aidx.is_null(i) {
-                        bail!("{}, row {row}: column `answer_idx` is null", p.path.display());
-                    }
-                    let k = answer_key(pr, aidx.value(i));
-                    match kind {
-                        Kind::Answer => {
-                            if let Some((other, _)) = answers.insert(k, (row, rg_global)) {
-                                bail!(
-                                    "{}, row {row}: a second answer row for prompt_id {pr:?}, answer_idx {} (first at row {other})",
-                                    p.path.display(),
-                                    aidx.value(i)
-                                );
-                            }
-                        }
-                        Kind::Confidence => {
-                            confidences += 1;
-                            pending.push((k, row, rg_global, pr.to_string(), aidx.value(i)));
-                        }
-                    }
+                    kinds.push(kind_of(str_at(&st, i, &p.path, "sample_type", row + i as u64)?, &p.path, row + i as u64)?);
                 }
-            } else {
-                for i in 0..st.len() {
-                    let row = first + i as u64;
-                    kind_of(str_at(&st, i, &p.path, "sample_type", row)?, &p.path, row)?;
+                if !linking && kinds.contains(&Kind::Confidence) {
+                    if seen_answers_before_linking {
+                        // answers read before the first confidence row: start again, linking all
+                        return link_all(parts);
+                    }
+                    linking = true;
                 }
+                if linking {
+                    let b = if b.column_by_name("prompt_id").is_some() {
+                        b
+                    } else {
+                        return link_all(parts);
+                    };
+                    link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
+                } else {
+                    seen_answers_before_linking |= !kinds.is_empty();
+                }
+                row += st.len() as u64;
             }
-            rg_global += 1;
         }
     }
+    finish_links(parts, &answers, &pending)
+}
+
+/// The link pass reading the key columns everywhere.
+fn link_all(parts: &[Part]) -> Result<Links> {
+    let mut answers: HashMap<u128, u64> = HashMap::new();
+    let mut pending: Vec<(u128, u64, String, i32)> = Vec::new();
+    for p in parts {
+        for rg in 0..p.row_groups() {
+            let mut row = p.rg_first_row(rg);
+            for b in p.batches(rg, &["sample_type", "prompt_id", "answer_idx"])? {
+                let b = b?;
+                let st = utf8(&b, &p.path, "sample_type")?;
+                let mut kinds = Vec::with_capacity(st.len());
+                for i in 0..st.len() {
+                    kinds.push(kind_of(str_at(&st, i, &p.path, "sample_type", row + i as u64)?, &p.path, row + i as u64)?);
+                }
+                link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
+                row += st.len() as u64;
+            }
+        }
+    }
+    finish_links(parts, &answers, &pending)
+}
+
+fn link_batch(
+    b: &RecordBatch,
+    path: &Path,
+    first: u64,
+    kinds: &[Kind],
+    answers: &mut HashMap<u128, u64>,
+    pending: &mut Vec<(u128, u64, String, i32)>,
+) -> Result<()> {
+    let pid = utf8(b, path, "prompt_id")?;
+    let aidx = int32(b, path, "answer_idx")?;
+    for (i, kind) in kinds.iter().enumerate() {
+        let row = first + i as u64;
+        let pr = str_at(&pid, i, path, "prompt_id", row)?;
+        if aidx.is_null(i) {
+            bail!("{}, row {row}: column `answer_idx` is null", path.display());
+        }
+        let k = answer_key(pr, aidx.value(i));
+        match kind {
+            Kind::Answer => {
+                if let Some(other) = answers.insert(k, row) {
+                    bail!(
+                        "{}, row {row}: a second answer row for prompt_id {pr:?}, answer_idx {} (first at row {other})",
+                        path.display(),
+                        aidx.value(i)
+                    );
+                }
+            }
+            Kind::Confidence => pending.push((k, row, pr.to_string(), aidx.value(i))),
+        }
+    }
+    Ok(())
+}
+
+fn finish_links(parts: &[Part], answers: &HashMap<u128, u64>, pending: &[(u128, u64, String, i32)]) -> Result<Links> {
     let mut forward = false;
-    for (k, row, rg, pr, ai) in &pending {
+    for (k, row, pr, ai) in pending {
         match answers.get(k) {
             None => bail!(
                 "{}, row {row}: confidence row without an answer row (prompt_id {pr:?}, answer_idx {ai})",
                 parts[0].path.display()
             ),
-            Some((_, arg)) => forward |= arg > rg,
+            Some(arow) => forward |= arow > row,
         }
     }
-    Ok(Links { confidences, forward })
+    Ok(Links { confidences: pending.len() as u64, forward })
 }
 
 // ---------------------------------------------------------------------------------------------
 // scoring one row group
 
-/// The columns a row group is scored from.
+/// The columns a batch is scored from (the optional ones only when some setting needs them).
 struct RgCols {
     sample_type: StringArray,
-    prompt_id: StringArray,
-    answer_idx: Int32Array,
-    sample_id: StringArray,
+    prompt_id: Option<StringArray>,
+    answer_idx: Option<Int32Array>,
+    sample_id: Option<StringArray>,
     data_source: StringArray,
     ground_truth: StringArray,
     response: StringArray,
@@ -513,34 +557,58 @@ struct RgCols {
     extra: HashMap<String, ArrayRef>,
 }
 
-fn rg_cols(p: &Part, rg: usize, need_messages: bool, spec_cols: &[String]) -> Result<RgCols> {
-    let mut names: Vec<&str> =
-        vec!["sample_type", "prompt_id", "answer_idx", "sample_id", "data_source", "ground_truth", "response_text"];
-    if need_messages {
+/// Which optional columns to read.
+#[derive(Clone, Copy)]
+struct Needs {
+    ids: bool,
+    sample_id: bool,
+    messages: bool,
+}
+
+fn column_names<'a>(needs: Needs, spec_cols: &'a [String]) -> Vec<&'a str> {
+    let mut names: Vec<&str> = vec!["sample_type", "data_source", "ground_truth", "response_text"];
+    if needs.ids {
+        names.extend(["prompt_id", "answer_idx"]);
+    }
+    if needs.sample_id {
+        names.push("sample_id");
+    }
+    if needs.messages {
         names.push("messages");
     }
-    for c in spec_cols {
-        names.push(c);
+    names.extend(spec_cols.iter().map(String::as_str));
+    names
+}
+
+impl RgCols {
+    fn from_batch(b: &RecordBatch, path: &Path, needs: Needs, spec_cols: &[String]) -> Result<RgCols> {
+        let mut extra = HashMap::new();
+        for c in spec_cols {
+            let a = b.column_by_name(c).ok_or_else(|| {
+                anyhow!("{}: column `{c}` (read by the rewards TOML) is missing", path.display())
+            })?;
+            extra.insert(c.clone(), a.clone());
+        }
+        Ok(RgCols {
+            sample_type: utf8(b, path, "sample_type")?,
+            prompt_id: if needs.ids { Some(utf8(b, path, "prompt_id")?) } else { None },
+            answer_idx: if needs.ids { Some(int32(b, path, "answer_idx")?) } else { None },
+            sample_id: if needs.sample_id { Some(utf8(b, path, "sample_id")?) } else { None },
+            data_source: utf8(b, path, "data_source")?,
+            ground_truth: utf8(b, path, "ground_truth")?,
+            response: utf8(b, path, "response_text")?,
+            messages: if needs.messages { Some(utf8(b, path, "messages")?) } else { None },
+            extra,
+        })
     }
-    let b = p.read(rg, &names)?;
-    let mut extra = HashMap::new();
-    for c in spec_cols {
-        let a = b.column_by_name(c).ok_or_else(|| {
-            anyhow!("{}: column `{c}` (read by the rewards TOML) is missing", p.path.display())
-        })?;
-        extra.insert(c.clone(), a.clone());
+
+    /// The answer key of row `i` (only when the ids were read).
+    fn key(&self, i: usize) -> Result<u128> {
+        match (&self.prompt_id, &self.answer_idx) {
+            (Some(p), Some(a)) => Ok(answer_key(p.value(i), a.value(i))),
+            _ => bail!("internal: answer ids not read"),
+        }
     }
-    Ok(RgCols {
-        sample_type: utf8(&b, &p.path, "sample_type")?,
-        prompt_id: utf8(&b, &p.path, "prompt_id")?,
-        answer_idx: int32(&b, &p.path, "answer_idx")?,
-        sample_id: utf8(&b, &p.path, "sample_id")?,
-        data_source: utf8(&b, &p.path, "data_source")?,
-        ground_truth: utf8(&b, &p.path, "ground_truth")?,
-        response: utf8(&b, &p.path, "response_text")?,
-        messages: if need_messages { Some(utf8(&b, &p.path, "messages")?) } else { None },
-        extra,
-    })
 }
 
 /// A verifier's verdict on one answer row.
@@ -660,7 +728,7 @@ fn verify_external_rows(
         let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
         reqs.push(Request {
             id: row,
-            sample_id: str_at(&c.sample_id, i, ctx.path, "sample_id", row)?,
+            sample_id: str_at(c.sample_id.as_ref().context("internal: sample_id not read")?, i, ctx.path, "sample_id", row)?,
             data_source: str_at(&c.data_source, i, ctx.path, "data_source", row)?,
             prompt: prompts[n].as_deref(),
             response,
@@ -727,8 +795,8 @@ struct Scored {
     reward: f64,
 }
 
-fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: &AnswerScore) -> Result<Scored> {
-    let row = RowScore::Answer(a);
+fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: AnswerScore) -> Result<Scored> {
+    let row = RowScore::Answer(&a);
     let mut err = None;
     let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
         column_value(&c.extra[name], i).unwrap_or_else(|e| {
@@ -744,7 +812,7 @@ fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: &AnswerScore) -> Result
         a.confidence.map(|cf| if a.format_ok { rlcr::brier_reward(a.accuracy, Some(cf)) } else { 0.0 })
     });
     Ok(Scored {
-        answer: a.answer.clone(),
+        answer: a.answer,
         format_ok: a.format_ok,
         acc: a.accuracy,
         confidence: a.confidence,
@@ -937,6 +1005,236 @@ fn layout(part: &Part) -> Result<Layout> {
     })
 }
 
+/// The scoring side of the pipeline: state carried from batch to batch.
+struct Scorer<'a> {
+    settings: &'a Settings,
+    links: Links,
+    needs: Needs,
+    spec_cols: Vec<String>,
+    /// Accuracy of every answer seen (only when the table has confidence rows).
+    parents: HashMap<u128, ParentAnswer>,
+    /// Verdicts from the pre-pass (only when a confidence precedes its answer).
+    pre: HashMap<u64, Verdict>,
+    ext: Option<ExternalVerifier>,
+    summary: Summary,
+}
+
+impl Scorer<'_> {
+    fn verify(&mut self, path: &Path, c: &RgCols, first: u64, ans: &[usize]) -> Result<Vec<Verdict>> {
+        let ctx = Ctx { settings: self.settings, path };
+        match self.ext.as_mut() {
+            Some(e) => {
+                for &i in ans {
+                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
+                        self.summary.verifiers.insert(c.data_source.value(i).to_string(), "external".into());
+                    }
+                }
+                verify_external_rows(e, &ctx, c, first, ans)
+            }
+            None => {
+                let vk = verify_builtin_rows(&ctx, c, first, ans)?;
+                for (&i, (_, k)) in ans.iter().zip(&vk) {
+                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
+                        self.summary.verifiers.insert(c.data_source.value(i).to_string(), k.name().to_string());
+                    }
+                }
+                Ok(vk.into_iter().map(|(v, _)| v).collect())
+            }
+        }
+    }
+
+    /// Pre-pass: verify every answer and remember its accuracy (when a confidence row comes
+    /// before its answer).
+    fn pre_pass(&mut self, parts: &[Part]) -> Result<()> {
+        let spec_cols = self.spec_cols.clone();
+        let names = column_names(self.needs, &spec_cols);
+        for p in parts {
+            for rg in 0..p.row_groups() {
+                let mut first = p.rg_first_row(rg);
+                for b in p.batches(rg, &names)? {
+                    let b = b?;
+                    let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
+                    let ans: Vec<usize> =
+                        (0..c.sample_type.len()).filter(|&i| c.sample_type.value(i) == "answer").collect();
+                    let verdicts = self.verify(&p.path, &c, first, &ans)?;
+                    for (&i, v) in ans.iter().zip(verdicts) {
+                        let a = rows::score_answer(
+                            self.settings,
+                            c.response.value(i),
+                            v.answer.clone(),
+                            v.correct,
+                            v.countdown,
+                            v.extra.clone(),
+                        );
+                        self.parents.insert(c.key(i)?, ParentAnswer { correct: a.correct, accuracy: a.accuracy });
+                        self.pre.insert(first + i as u64, v);
+                    }
+                    first += b.num_rows() as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Score one batch, appending its rows to `out`.
+    fn batch(&mut self, path: &Path, c: &RgCols, first: u64, out: &mut Vec<Scored>) -> Result<()> {
+        let settings = self.settings;
+        let ctx = Ctx { settings, path };
+        let n = c.sample_type.len();
+        let mut kinds = Vec::with_capacity(n);
+        for i in 0..n {
+            let row = first + i as u64;
+            kinds.push(kind_of(str_at(&c.sample_type, i, path, "sample_type", row)?, path, row)?);
+        }
+        let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
+        let verdicts: Vec<Verdict> = if self.links.forward {
+            ans.iter()
+                .map(|&i| self.pre.remove(&(first + i as u64)).context("internal: pre-pass verdict missing"))
+                .collect::<Result<_>>()?
+        } else {
+            self.verify(path, c, first, &ans)?
+        };
+        let answer_scores: Vec<AnswerScore> = ans
+            .par_iter()
+            .zip(verdicts.into_par_iter())
+            .map(|(&i, v)| rows::score_answer(settings, c.response.value(i), v.answer, v.correct, v.countdown, v.extra))
+            .collect();
+        if self.links.confidences > 0 && !self.links.forward {
+            for (&i, a) in ans.iter().zip(&answer_scores) {
+                self.parents.insert(c.key(i)?, ParentAnswer { correct: a.correct, accuracy: a.accuracy });
+            }
+        }
+        for a in &answer_scores {
+            if let Some(s) = a.countdown {
+                *self.summary.countdown_scores.entry(format!("{s}")).or_insert(0) += 1;
+            }
+        }
+        // every row, in order: answers take their score, confidences look up their answer
+        let mut answer_iter = answer_scores.into_iter();
+        let mut jobs: Vec<(usize, Option<AnswerScore>)> = Vec::with_capacity(n);
+        for (i, k) in kinds.iter().enumerate() {
+            if *k == Kind::Answer {
+                jobs.push((i, Some(answer_iter.next().context("internal: answer count")?)));
+            } else {
+                jobs.push((i, None));
+            }
+        }
+        let parents = &self.parents;
+        let scored: Vec<Scored> = jobs
+            .into_par_iter()
+            .map(|(i, a)| -> Result<Scored> {
+                let row = first + i as u64;
+                match a {
+                    Some(a) => scored_answer(&ctx, c, i, a),
+                    None => {
+                        let resp = str_at(&c.response, i, path, "response_text", row)?;
+                        let parent = *parents.get(&c.key(i)?).context("internal: answer of a confidence row not scored")?;
+                        let s = rows::score_confidence(settings, resp, parent.accuracy);
+                        scored_confidence(&ctx, c, i, &s, parent)
+                    }
+                }
+                .with_context(|| format!("{}, row {row}", path.display()))
+            })
+            .collect::<Result<_>>()?;
+        let sm = &mut self.summary;
+        for (i, s) in scored.iter().enumerate() {
+            sm.rows += 1;
+            match kinds[i] {
+                Kind::Answer => {
+                    sm.answers += 1;
+                    sm.sum_accuracy += s.acc;
+                    sm.answer_format_ok += s.format_ok as u64;
+                }
+                Kind::Confidence => {
+                    sm.confidences += 1;
+                    sm.confidence_format_ok += s.format_ok as u64;
+                    sm.confidence_parse_strict += s.confidence.is_some() as u64;
+                    sm.confidence_parse_lenient += rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
+                }
+            }
+        }
+        out.extend(scored);
+        Ok(())
+    }
+
+    /// Score one row group; returns its score columns.
+    fn row_group(&mut self, p: &Part, rg: usize, fields: &[Field]) -> Result<Vec<ArrayRef>> {
+        let spec_cols = self.spec_cols.clone();
+        let names = column_names(self.needs, &spec_cols);
+        let mut scored: Vec<Scored> = Vec::with_capacity(p.rg_rows(rg));
+        let mut first = p.rg_first_row(rg);
+        for b in p.batches(rg, &names)? {
+            let b = b?;
+            let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
+            self.batch(&p.path, &c, first, &mut scored)?;
+            first += b.num_rows() as u64;
+        }
+        if scored.len() != p.rg_rows(rg) {
+            bail!("{}: row group {rg} read {} rows, its metadata says {}", p.path.display(), scored.len(), p.rg_rows(rg));
+        }
+        score_arrays(&scored, fields)
+    }
+}
+
+/// Where one row group goes: the input part and row group, and its index in the output.
+struct RowGroupOut<'a> {
+    part: &'a Part,
+    rg: usize,
+    index: usize,
+}
+
+/// Write one row group: score columns encoded, every other column copied as encoded chunks.
+fn write_row_group<W: std::io::Write + Send>(
+    fw: &mut parquet::file::writer::SerializedFileWriter<W>,
+    factory: &parquet::arrow::arrow_writer::ArrowRowGroupWriterFactory,
+    lay: &Layout,
+    fields: &[Field],
+    at: RowGroupOut<'_>,
+    arrays: &[ArrayRef],
+) -> Result<()> {
+    let p = at.part;
+    let mut writers: Vec<Option<_>> = factory.create_column_writers(at.index)?.into_iter().map(Some).collect();
+    let mut rgw = fw.next_row_group()?;
+    let rg_meta = p.meta.metadata().row_group(at.rg);
+    for (k, src) in lay.sources.iter().enumerate() {
+        match src {
+            Source::Copy(ri) => {
+                for &leaf in &lay.input_leaves[*ri] {
+                    let cm = rg_meta.column(leaf);
+                    let close = ColumnCloseResult {
+                        bytes_written: cm.compressed_size() as u64,
+                        rows_written: rg_meta.num_rows() as u64,
+                        metadata: cm.clone(),
+                        bloom_filter: None,
+                        column_index: None,
+                        offset_index: None,
+                    };
+                    rgw.append_column(&p.file, close)
+                        .with_context(|| format!("{}: copying column `{}`", p.path.display(), cm.column_path()))?;
+                }
+            }
+            Source::Score(j) => {
+                let field = &fields[*j];
+                let leaves = compute_leaves(field, &arrays[*j])?;
+                let out_leaves = &lay.output_leaves[k];
+                if leaves.len() != out_leaves.len() {
+                    bail!("internal: column `{}` has {} leaves, schema {}", field.name(), leaves.len(), out_leaves.len());
+                }
+                for (leaf, &li) in leaves.iter().zip(out_leaves) {
+                    let mut w = writers
+                        .get_mut(li)
+                        .and_then(Option::take)
+                        .context("internal: no writer for an output leaf")?;
+                    w.write(leaf)?;
+                    w.close()?.append_to_row_group(&mut rgw)?;
+                }
+            }
+        }
+    }
+    rgw.close()?;
+    Ok(())
+}
+
 /// Score `input` into `out`; returns the summary.
 pub fn score_table(
     input: &Path,
@@ -953,8 +1251,12 @@ pub fn score_table(
     let fields = score_fields()?;
     let spec_cols: Vec<String> =
         settings.structured.as_ref().map(|s| s.columns().into_iter().map(str::to_string).collect()).unwrap_or_default();
-    let need_messages = settings.countdown_compat == CountdownCompat::Tinyzero || external.is_some();
-    let mut ext = match &external {
+    let needs = Needs {
+        ids: links.confidences > 0,
+        sample_id: external.is_some(),
+        messages: settings.countdown_compat == CountdownCompat::Tinyzero || external.is_some(),
+    };
+    let ext = match &external {
         Some((cmd, t)) => Some(ExternalVerifier::spawn(cmd, *t)?),
         None => None,
     };
@@ -975,202 +1277,67 @@ pub fn score_table(
     )
     .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;
     let (mut fw, factory) = aw.into_serialized_writer()?;
-
-    let mut summary = Summary { dropped_columns: lay.dropped.clone(), ..Summary::default() };
     if !lay.dropped.is_empty() {
         crate::info!("dropping stale columns derived from the old rewards: {}", lay.dropped.join(", "));
     }
-    let mut parents: HashMap<u128, ParentAnswer> = HashMap::new();
-    let mut pre: HashMap<u64, Verdict> = HashMap::new();
     let mut progress = crate::progress::Progress::new("score", total_rows, "rows");
 
-    // pre-pass when some confidence precedes its answer's row group
-    if links.forward {
-        for p in &parts {
-            for rg in 0..p.row_groups() {
-                let c = rg_cols(p, rg, need_messages, &spec_cols)?;
-                let first = p.rg_first_row(rg);
-                let ctx = Ctx { settings, path: &p.path };
-                let ans: Vec<usize> = (0..c.sample_type.len())
-                    .filter(|&i| !c.sample_type.is_null(i) && c.sample_type.value(i) == "answer")
-                    .collect();
-                let verdicts: Vec<Verdict> = match ext.as_mut() {
-                    Some(e) => verify_external_rows(e, &ctx, &c, first, &ans)?,
-                    None => verify_builtin_rows(&ctx, &c, first, &ans)?.into_iter().map(|(v, _)| v).collect(),
-                };
-                for (&i, v) in ans.iter().zip(verdicts) {
-                    let resp = c.response.value(i);
-                    let a = rows::score_answer(settings, resp, v.answer.clone(), v.correct, v.countdown, v.extra.clone());
-                    parents.insert(
-                        answer_key(c.prompt_id.value(i), c.answer_idx.value(i)),
-                        ParentAnswer { correct: a.correct, accuracy: a.accuracy },
-                    );
-                    pre.insert(first + i as u64, v);
+    // Two threads: one scores row group i + 1 while the other writes row group i.
+    let mut scorer = Scorer {
+        settings,
+        links,
+        needs,
+        spec_cols,
+        parents: HashMap::new(),
+        pre: HashMap::new(),
+        ext,
+        summary: Summary { dropped_columns: lay.dropped.clone(), ..Summary::default() },
+    };
+    let parts_ref = &parts;
+    let fields_ref = &fields;
+    let mut summary = std::thread::scope(|scope| -> Result<Summary> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrayRef>)>>(2);
+        let producer = scope.spawn(move || -> Result<Summary> {
+            let mut run = || -> Result<()> {
+                if scorer.links.forward {
+                    scorer.pre_pass(parts_ref)?;
+                }
+                for (pi, p) in parts_ref.iter().enumerate() {
+                    for rg in 0..p.row_groups() {
+                        let arrays = scorer.row_group(p, rg, fields_ref)?;
+                        if tx.send(Ok((pi, rg, arrays))).is_err() {
+                            return Ok(()); // the writer stopped; it reports why
+                        }
+                    }
+                }
+                Ok(())
+            };
+            let r = run();
+            let r = match (r, scorer.ext.take()) {
+                (Ok(()), Some(e)) => e.finish(),
+                (r, _) => r,
+            };
+            match r {
+                Ok(()) => Ok(scorer.summary),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    let _ = tx.send(Err(e));
+                    Err(anyhow!(msg))
                 }
             }
+        });
+        let mut index = 0usize;
+        for msg in rx {
+            let (pi, rg, arrays) = msg?;
+            let part = &parts_ref[pi];
+            write_row_group(&mut fw, &factory, &lay, fields_ref, RowGroupOut { part, rg, index }, &arrays)?;
+            index += 1;
+            progress.inc(part.rg_rows(rg) as u64);
         }
-    }
-
-    let mut rg_out = 0usize;
-    for p in &parts {
-        for rg in 0..p.row_groups() {
-            let c = rg_cols(p, rg, need_messages, &spec_cols)?;
-            let first = p.rg_first_row(rg);
-            let n = c.sample_type.len();
-            let ctx = Ctx { settings, path: &p.path };
-            let mut kinds = Vec::with_capacity(n);
-            for i in 0..n {
-                let row = first + i as u64;
-                kinds.push(kind_of(str_at(&c.sample_type, i, &p.path, "sample_type", row)?, &p.path, row)?);
-            }
-            let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
-            // verdicts of this row group's answers
-            let mut verdicts: Vec<Verdict> = Vec::with_capacity(ans.len());
-            if links.forward {
-                for &i in &ans {
-                    let v = pre.remove(&(first + i as u64)).context("internal: pre-pass verdict missing")?;
-                    verdicts.push(v);
-                }
-            } else {
-                match ext.as_mut() {
-                    Some(e) => verdicts = verify_external_rows(e, &ctx, &c, first, &ans)?,
-                    None => {
-                        let vk = verify_builtin_rows(&ctx, &c, first, &ans)?;
-                        for (&i, (_, k)) in ans.iter().zip(&vk) {
-                            if !summary.verifiers.contains_key(c.data_source.value(i)) {
-                                summary.verifiers.insert(c.data_source.value(i).to_string(), k.name().to_string());
-                            }
-                        }
-                        verdicts = vk.into_iter().map(|(v, _)| v).collect();
-                    }
-                }
-            }
-            if ext.is_some() {
-                for &i in &ans {
-                    summary.verifiers.entry(c.data_source.value(i).to_string()).or_insert_with(|| "external".into());
-                }
-            } else if links.forward {
-                for &i in &ans {
-                    let ds = c.data_source.value(i);
-                    if !summary.verifiers.contains_key(ds) {
-                        let k = settings.verifier.unwrap_or_else(|| auto_verifier(ds));
-                        summary.verifiers.insert(ds.to_string(), k.name().to_string());
-                    }
-                }
-            }
-            // answers
-            let answer_scores: Vec<AnswerScore> = ans
-                .par_iter()
-                .zip(verdicts.into_par_iter())
-                .map(|(&i, v)| rows::score_answer(settings, c.response.value(i), v.answer, v.correct, v.countdown, v.extra))
-                .collect();
-            if links.confidences > 0 && !links.forward {
-                for (&i, a) in ans.iter().zip(&answer_scores) {
-                    parents.insert(
-                        answer_key(c.prompt_id.value(i), c.answer_idx.value(i)),
-                        ParentAnswer { correct: a.correct, accuracy: a.accuracy },
-                    );
-                }
-            }
-            let mut slot: Vec<Option<usize>> = vec![None; n];
-            for (j, &i) in ans.iter().enumerate() {
-                slot[i] = Some(j);
-            }
-            let scored: Vec<Scored> = (0..n)
-                .into_par_iter()
-                .map(|i| -> Result<Scored> {
-                    let row = first + i as u64;
-                    match slot[i] {
-                        Some(j) => scored_answer(&ctx, &c, i, &answer_scores[j]),
-                        None => {
-                            let resp = str_at(&c.response, i, &p.path, "response_text", row)?;
-                            let parent = *parents
-                                .get(&answer_key(c.prompt_id.value(i), c.answer_idx.value(i)))
-                                .context("internal: answer of a confidence row not scored")?;
-                            let s = rows::score_confidence(settings, resp, parent.accuracy);
-                            scored_confidence(&ctx, &c, i, &s, parent)
-                        }
-                    }
-                    .with_context(|| format!("{}, row {row}", p.path.display()))
-                })
-                .collect::<Result<_>>()?;
-            // summary
-            for (i, s) in scored.iter().enumerate() {
-                summary.rows += 1;
-                match kinds[i] {
-                    Kind::Answer => {
-                        summary.answers += 1;
-                        summary.sum_accuracy += s.acc;
-                        summary.answer_format_ok += s.format_ok as u64;
-                    }
-                    Kind::Confidence => {
-                        summary.confidences += 1;
-                        summary.confidence_format_ok += s.format_ok as u64;
-                        summary.confidence_parse_strict += s.confidence.is_some() as u64;
-                        summary.confidence_parse_lenient +=
-                            rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
-                    }
-                }
-            }
-            for a in &answer_scores {
-                if let Some(s) = a.countdown {
-                    *summary.countdown_scores.entry(format!("{s}")).or_insert(0) += 1;
-                }
-            }
-            let arrays = score_arrays(&scored, &fields)?;
-            drop(scored);
-            // write the row group
-            let mut writers: Vec<Option<_>> = factory.create_column_writers(rg_out)?.into_iter().map(Some).collect();
-            let mut rgw = fw.next_row_group()?;
-            let rg_meta = p.meta.metadata().row_group(rg);
-            for (k, src) in lay.sources.iter().enumerate() {
-                match src {
-                    Source::Copy(ri) => {
-                        for &leaf in &lay.input_leaves[*ri] {
-                            let cm = rg_meta.column(leaf);
-                            let close = ColumnCloseResult {
-                                bytes_written: cm.compressed_size() as u64,
-                                rows_written: rg_meta.num_rows() as u64,
-                                metadata: cm.clone(),
-                                bloom_filter: None,
-                                column_index: None,
-                                offset_index: None,
-                            };
-                            rgw.append_column(&p.file, close)
-                                .with_context(|| format!("{}: copying column `{}`", p.path.display(), cm.column_path()))?;
-                        }
-                    }
-                    Source::Score(j) => {
-                        let field = &fields[*j];
-                        let leaves = compute_leaves(field, &arrays[*j])?;
-                        let out_leaves = &lay.output_leaves[k];
-                        if leaves.len() != out_leaves.len() {
-                            bail!("internal: column `{}` has {} leaves, schema {}", field.name(), leaves.len(), out_leaves.len());
-                        }
-                        for (leaf, &li) in leaves.iter().zip(out_leaves) {
-                            let mut w = writers
-                                .get_mut(li)
-                                .and_then(Option::take)
-                                .context("internal: no writer for an output leaf")?;
-                            w.write(leaf)?;
-                            w.close()?.append_to_row_group(&mut rgw)?;
-                        }
-                    }
-                }
-            }
-            rgw.close()?;
-            rg_out += 1;
-            progress.inc(n as u64);
-        }
-    }
-    if let Some(e) = ext.take() {
-        e.finish()?;
-    }
+        producer.join().map_err(|_| anyhow!("internal: the scoring thread panicked"))?
+    })?;
     summary.seconds = start.elapsed().as_secs_f64();
-    fw.append_key_value_metadata(KeyValue::new(
-        "rlcr.score_summary".to_string(),
-        serde_json::to_string(&summary)?,
-    ));
+    fw.append_key_value_metadata(KeyValue::new("rlcr.score_summary".to_string(), serde_json::to_string(&summary)?));
     let file = fw.into_inner().with_context(|| format!("{}: finishing Parquet file", out.display()))?;
     atomic.commit_file(file)?;
     progress.finish();

@@ -22,7 +22,7 @@
 //! whitespace, `<answer>`) separated by `.*?`; taking each chunk's earliest occurrence after the
 //! previous one is optimal because no chunk can overlap itself, and the last tag must end the
 //! string up to whitespace. A regex reference implementation checks the scan in the tests.
-use super::text::{last_tag, py_isspace, py_rstrip, py_strip};
+use super::text::{find_at, last_tag, py_isspace, py_rstrip, py_strip};
 
 /// RLCR's `format_pattern` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -104,14 +104,14 @@ impl FormatPattern {
 /// whitespace.
 fn find_chunk(s: &str, from: usize, lits: &[&str]) -> Option<usize> {
     let mut start = from;
-    'outer: while let Some(i) = s[start..].find(lits[0]) {
-        let mut pos = start + i + lits[0].len();
+    'outer: while let Some(i) = find_at(s, start, lits[0]) {
+        let mut pos = i + lits[0].len();
         for lit in &lits[1..] {
             let rest = &s[pos..];
             let ws = rest.len() - rest.trim_start_matches(py_isspace).len();
             pos += ws;
             if !s[pos..].starts_with(lit) {
-                start = start + i + 1;
+                start = i + 1;
                 continue 'outer;
             }
             pos += lit.len();

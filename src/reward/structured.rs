@@ -37,6 +37,7 @@
 //! Turns: a scalar value belongs to the row's own turn (0 for answers, 1 for confidences, as in the
 //! `token_turn_ids` convention); a list column gives turn `i` to its `i`-th element. A row with no
 //! turn component has a turn mean of 0 (KG-R1 would divide by zero).
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -46,14 +47,15 @@ use serde::{Deserialize, Serialize};
 /// One entry of `reward_components`: `turn` is -1 for global components.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Component {
-    pub name: String,
+    /// Static for the presets' names (no allocation per row).
+    pub name: Cow<'static, str>,
     pub turn: i32,
     pub value: f32,
     pub weight: f32,
 }
 
 impl Component {
-    pub fn new(name: impl Into<String>, turn: i32, value: f64, weight: f64) -> Component {
+    pub fn new(name: impl Into<Cow<'static, str>>, turn: i32, value: f64, weight: f64) -> Component {
         Component { name: name.into(), turn, value: value as f32, weight: weight as f32 }
     }
 
@@ -255,19 +257,19 @@ pub fn row_components(
         match value(c) {
             Value::Missing => {}
             Value::Scalar(v) => {
-                out.push(Component::new(&c.name, if c.global { -1 } else { row_turn }, v, c.weight))
+                out.push(Component::new(c.name.clone(), if c.global { -1 } else { row_turn }, v, c.weight))
             }
             Value::PerTurn(vs) => {
                 if c.global {
                     // a list for a global component: its sum
                     let s: f64 = vs.iter().flatten().sum();
                     if vs.iter().any(Option::is_some) {
-                        out.push(Component::new(&c.name, -1, s, c.weight));
+                        out.push(Component::new(c.name.clone(), -1, s, c.weight));
                     }
                 } else {
                     for (i, v) in vs.iter().enumerate() {
                         if let Some(v) = v {
-                            out.push(Component::new(&c.name, i as i32, *v, c.weight));
+                            out.push(Component::new(c.name.clone(), i as i32, *v, c.weight));
                         }
                     }
                 }

@@ -22,17 +22,44 @@ pub fn py_rstrip(s: &str) -> &str {
     s.trim_end_matches(py_isspace)
 }
 
+/// Byte offset of the first occurrence of `pat` in `s` at or after `from` (a plain scan: the
+/// patterns are short tags and the texts a few hundred bytes, where `str::find`'s two-way
+/// searcher costs more to set up than the scan itself).
+#[inline]
+pub fn find_at(s: &str, from: usize, pat: &str) -> Option<usize> {
+    let (h, p) = (s.as_bytes(), pat.as_bytes());
+    let (&first, rest) = p.split_first()?;
+    if h.len() < p.len() {
+        return None;
+    }
+    let last_start = h.len() - p.len();
+    let mut i = from;
+    while i <= last_start {
+        match h[i..=last_start].iter().position(|&b| b == first) {
+            None => return None,
+            Some(k) => {
+                let at = i + k;
+                if &h[at + 1..at + p.len()] == rest {
+                    return Some(at);
+                }
+                i = at + 1;
+            }
+        }
+    }
+    None
+}
+
 /// Byte ranges `(start, end)` of the contents of every non-overlapping, non-greedy
 /// `open(.*?)close` match, left to right (DOTALL).
 pub fn tag_matches(s: &str, open: &str, close: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut pos = 0;
-    while let Some(i) = s[pos..].find(open) {
-        let cstart = pos + i + open.len();
-        match s[cstart..].find(close) {
+    while let Some(i) = find_at(s, pos, open) {
+        let cstart = i + open.len();
+        match find_at(s, cstart, close) {
             Some(j) => {
-                out.push((cstart, cstart + j));
-                pos = cstart + j + close.len();
+                out.push((cstart, j));
+                pos = j + close.len();
             }
             None => break,
         }
@@ -46,12 +73,12 @@ pub fn last_tag<'a>(s: &'a str, open: &str, close: &str) -> Option<&'a str> {
     // `<a>x<a>y</a>` has the single match `x<a>y`), but without collecting them.
     let mut pos = 0;
     let mut last = None;
-    while let Some(i) = s[pos..].find(open) {
-        let cstart = pos + i + open.len();
-        match s[cstart..].find(close) {
+    while let Some(i) = find_at(s, pos, open) {
+        let cstart = i + open.len();
+        match find_at(s, cstart, close) {
             Some(j) => {
-                last = Some((cstart, cstart + j));
-                pos = cstart + j + close.len();
+                last = Some((cstart, j));
+                pos = j + close.len();
             }
             None => break,
         }
@@ -147,6 +174,12 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn find_at_equals_str_find(s in "[ab<>/]{0,20}", pat in "[ab<>/]{1,4}", from in 0usize..22) {
+            let from = from.min(s.len());
+            prop_assert_eq!(find_at(&s, from, &pat), s[from..].find(pat.as_str()).map(|i| i + from));
+        }
+
         // The scan equals Python's `re.findall(r"<a>(.*?)</a>", s, re.DOTALL)`.
         #[test]
         fn scan_equals_regex(s in "(<a>|</a>|x|\n|<|a|>){0,24}") {
