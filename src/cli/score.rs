@@ -32,7 +32,7 @@ use arrow::array::{
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
-use parquet::arrow::arrow_writer::{compute_leaves, ArrowWriterOptions};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowWriterOptions};
 use parquet::arrow::{ArrowSchemaConverter, ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::column::writer::ColumnCloseResult;
@@ -291,6 +291,7 @@ impl Summary {
 /// One input part file with its Parquet metadata.
 struct Part {
     path: PathBuf,
+    /// Used only by the writer thread (column-chunk copies); readers open their own.
     file: File,
     meta: ArrowReaderMetadata,
     /// Global row index of the part's first row.
@@ -318,7 +319,9 @@ impl Part {
             .filter(|(_, f)| columns.contains(&f.name().as_str()))
             .map(|(i, _)| i)
             .collect();
-        let file = self.file.try_clone().with_context(|| format!("{}: reopen", self.path.display()))?;
+        // a fresh open file description: `try_clone` would share the file offset with the writer
+        // thread, which copies column chunks from `self.file` at the same time
+        let file = File::open(&self.path).with_context(|| format!("{}: cannot reopen", self.path.display()))?;
         let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone());
         let mask = ProjectionMask::roots(b.parquet_schema(), idx);
         let r = b
@@ -1017,6 +1020,8 @@ struct Scorer<'a> {
     pre: HashMap<u64, Verdict>,
     ext: Option<ExternalVerifier>,
     summary: Summary,
+    /// Countdown scores 0, 0.1 and 1 seen.
+    countdown_levels: [u64; 3],
 }
 
 impl Scorer<'_> {
@@ -1105,8 +1110,11 @@ impl Scorer<'_> {
             }
         }
         for a in &answer_scores {
-            if let Some(s) = a.countdown {
-                *self.summary.countdown_scores.entry(format!("{s}")).or_insert(0) += 1;
+            match a.countdown {
+                Some(s) if s == 0.0 => self.countdown_levels[0] += 1,
+                Some(s) if s == 1.0 => self.countdown_levels[2] += 1,
+                Some(_) => self.countdown_levels[1] += 1,
+                None => {}
             }
         }
         // every row, in order: answers take their score, confidences look up their answer
@@ -1176,26 +1184,67 @@ impl Scorer<'_> {
     }
 }
 
+/// The score columns of one row group encoded as Parquet column chunks, one per output leaf in
+/// output order (encoded on the scoring side, in parallel, so the writer thread only splices).
+fn encode_scores(
+    factory: &parquet::arrow::arrow_writer::ArrowRowGroupWriterFactory,
+    lay: &Layout,
+    fields: &[Field],
+    index: usize,
+    arrays: &[ArrayRef],
+) -> Result<Vec<ArrowColumnChunk>> {
+    let writers = factory.create_column_writers(index)?;
+    // (output leaf, writer, field index) for every leaf of a score column
+    let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> = writers.into_iter().map(Some).collect();
+    let mut jobs = Vec::new();
+    for (k, src) in lay.sources.iter().enumerate() {
+        if let Source::Score(j) = src {
+            let leaves: Vec<_> = lay.output_leaves[k]
+                .iter()
+                .map(|&li| writers.get_mut(li).and_then(Option::take).context("internal: no writer for an output leaf"))
+                .collect::<Result<_>>()?;
+            jobs.push((*j, leaves));
+        }
+    }
+    let encoded: Vec<Vec<ArrowColumnChunk>> = jobs
+        .into_par_iter()
+        .map(|(j, ws)| -> Result<Vec<ArrowColumnChunk>> {
+            let field = &fields[j];
+            let leaves = compute_leaves(field, &arrays[j])?;
+            if leaves.len() != ws.len() {
+                bail!("internal: column `{}` has {} leaves, schema {}", field.name(), leaves.len(), ws.len());
+            }
+            leaves
+                .iter()
+                .zip(ws)
+                .map(|(leaf, mut w)| {
+                    w.write(leaf)?;
+                    Ok(w.close()?)
+                })
+                .collect()
+        })
+        .collect::<Result<_>>()?;
+    Ok(encoded.into_iter().flatten().collect())
+}
+
 /// Where one row group goes: the input part and row group, and its index in the output.
 struct RowGroupOut<'a> {
     part: &'a Part,
     rg: usize,
-    index: usize,
 }
 
-/// Write one row group: score columns encoded, every other column copied as encoded chunks.
+/// Write one row group: the encoded score chunks spliced in, every other column copied as
+/// encoded chunks from the input.
 fn write_row_group<W: std::io::Write + Send>(
     fw: &mut parquet::file::writer::SerializedFileWriter<W>,
-    factory: &parquet::arrow::arrow_writer::ArrowRowGroupWriterFactory,
     lay: &Layout,
-    fields: &[Field],
     at: RowGroupOut<'_>,
-    arrays: &[ArrayRef],
+    chunks: Vec<ArrowColumnChunk>,
 ) -> Result<()> {
     let p = at.part;
-    let mut writers: Vec<Option<_>> = factory.create_column_writers(at.index)?.into_iter().map(Some).collect();
     let mut rgw = fw.next_row_group()?;
     let rg_meta = p.meta.metadata().row_group(at.rg);
+    let mut chunks = chunks.into_iter();
     for (k, src) in lay.sources.iter().enumerate() {
         match src {
             Source::Copy(ri) => {
@@ -1213,20 +1262,9 @@ fn write_row_group<W: std::io::Write + Send>(
                         .with_context(|| format!("{}: copying column `{}`", p.path.display(), cm.column_path()))?;
                 }
             }
-            Source::Score(j) => {
-                let field = &fields[*j];
-                let leaves = compute_leaves(field, &arrays[*j])?;
-                let out_leaves = &lay.output_leaves[k];
-                if leaves.len() != out_leaves.len() {
-                    bail!("internal: column `{}` has {} leaves, schema {}", field.name(), leaves.len(), out_leaves.len());
-                }
-                for (leaf, &li) in leaves.iter().zip(out_leaves) {
-                    let mut w = writers
-                        .get_mut(li)
-                        .and_then(Option::take)
-                        .context("internal: no writer for an output leaf")?;
-                    w.write(leaf)?;
-                    w.close()?.append_to_row_group(&mut rgw)?;
+            Source::Score(_) => {
+                for _ in &lay.output_leaves[k] {
+                    chunks.next().context("internal: missing score chunk")?.append_to_row_group(&mut rgw)?;
                 }
             }
         }
@@ -1266,6 +1304,9 @@ pub fn score_table(
     let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        // only the score columns are encoded here; plain + zstd compresses them as well as a
+        // dictionary would, without hashing every value
+        .set_dictionary_enabled(false)
         .set_key_value_metadata(Some(meta.key_values()))
         .build();
     let mut atomic = table::io::AtomicFile::create(out)?;
@@ -1292,20 +1333,26 @@ pub fn score_table(
         pre: HashMap::new(),
         ext,
         summary: Summary { dropped_columns: lay.dropped.clone(), ..Summary::default() },
+        countdown_levels: [0; 3],
     };
     let parts_ref = &parts;
     let fields_ref = &fields;
     let mut summary = std::thread::scope(|scope| -> Result<Summary> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrayRef>)>>(2);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrowColumnChunk>)>>(2);
+        let factory_ref = &factory;
+        let lay_ref = &lay;
         let producer = scope.spawn(move || -> Result<Summary> {
             let mut run = || -> Result<()> {
                 if scorer.links.forward {
                     scorer.pre_pass(parts_ref)?;
                 }
+                let mut index = 0usize;
                 for (pi, p) in parts_ref.iter().enumerate() {
                     for rg in 0..p.row_groups() {
                         let arrays = scorer.row_group(p, rg, fields_ref)?;
-                        if tx.send(Ok((pi, rg, arrays))).is_err() {
+                        let chunks = encode_scores(factory_ref, lay_ref, fields_ref, index, &arrays)?;
+                        index += 1;
+                        if tx.send(Ok((pi, rg, chunks))).is_err() {
                             return Ok(()); // the writer stopped; it reports why
                         }
                     }
@@ -1317,6 +1364,11 @@ pub fn score_table(
                 (Ok(()), Some(e)) => e.finish(),
                 (r, _) => r,
             };
+            for (level, n) in ["0", "0.1", "1"].iter().zip(scorer.countdown_levels) {
+                if n > 0 {
+                    scorer.summary.countdown_scores.insert(level.to_string(), n);
+                }
+            }
             match r {
                 Ok(()) => Ok(scorer.summary),
                 Err(e) => {
@@ -1326,12 +1378,10 @@ pub fn score_table(
                 }
             }
         });
-        let mut index = 0usize;
         for msg in rx {
-            let (pi, rg, arrays) = msg?;
+            let (pi, rg, chunks) = msg?;
             let part = &parts_ref[pi];
-            write_row_group(&mut fw, &factory, &lay, fields_ref, RowGroupOut { part, rg, index }, &arrays)?;
-            index += 1;
+            write_row_group(&mut fw, lay_ref, RowGroupOut { part, rg }, chunks)?;
             progress.inc(part.rg_rows(rg) as u64);
         }
         producer.join().map_err(|_| anyhow!("internal: the scoring thread panicked"))?

@@ -69,6 +69,45 @@ impl Component {
 /// f64 from the f32 values and weights stored in the table, so that the `reward` column can be
 /// recomputed exactly from `reward_components`.
 pub fn total(components: &[Component]) -> f64 {
+    // turns are few (one for the presets): a linear list beats a map and allocates nothing
+    // for up to eight of them
+    let mut small: [(i32, f64); 8] = [(0, 0.0); 8];
+    let mut n_small = 0usize;
+    let mut more: Vec<(i32, f64)> = Vec::new();
+    let mut global = 0.0;
+    for c in components.iter().filter(|c| c.counts()) {
+        let wv = c.weight as f64 * c.value as f64;
+        if c.turn < 0 {
+            global += wv;
+            continue;
+        }
+        if let Some(t) = small[..n_small].iter_mut().find(|t| t.0 == c.turn) {
+            t.1 += wv;
+        } else if let Some(t) = more.iter_mut().find(|t| t.0 == c.turn) {
+            t.1 += wv;
+        } else if n_small < small.len() {
+            small[n_small] = (c.turn, wv);
+            n_small += 1;
+        } else {
+            more.push((c.turn, wv));
+        }
+    }
+    let count = n_small + more.len();
+    let turn_mean = if count == 0 {
+        0.0
+    } else {
+        // sum in turn order, as the reference does, so the result does not depend on the order
+        // of the components
+        let mut all: Vec<(i32, f64)> = small[..n_small].to_vec();
+        all.extend(more);
+        all.sort_by_key(|t| t.0);
+        all.iter().map(|t| t.1).sum::<f64>() / count as f64
+    };
+    turn_mean + global
+}
+
+/// Reference implementation of [`total`] (a map of turns), for the tests.
+pub fn total_reference(components: &[Component]) -> f64 {
     let mut turns: BTreeMap<i32, f64> = BTreeMap::new();
     let mut global = 0.0;
     for c in components.iter().filter(|c| c.counts()) {
@@ -300,6 +339,18 @@ mod tests {
         assert_eq!(total(&[]), 0.0);
         // only globals: the turn mean is 0
         assert!((total(&cs[3..5]) - 0.7).abs() < 1e-6);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn total_equals_reference(cs in proptest::collection::vec((0usize..3, -1i32..12, -2.0f32..2.0, -1.0f32..1.0), 0..30)) {
+            let names = ["a", "_raw_b", "c"];
+            let comps: Vec<Component> = cs
+                .iter()
+                .map(|&(n, t, v, w)| Component { name: names[n].into(), turn: t, value: v, weight: w })
+                .collect();
+            proptest::prop_assert_eq!(total(&comps).to_bits(), total_reference(&comps).to_bits());
+        }
     }
 
     #[test]

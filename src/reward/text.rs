@@ -22,9 +22,9 @@ pub fn py_rstrip(s: &str) -> &str {
     s.trim_end_matches(py_isspace)
 }
 
-/// Byte offset of the first occurrence of `pat` in `s` at or after `from` (a plain scan: the
-/// patterns are short tags and the texts a few hundred bytes, where `str::find`'s two-way
-/// searcher costs more to set up than the scan itself).
+/// Byte offset of the first occurrence of `pat` in `s` at or after `from`: `memchr` for the
+/// first byte, then a direct comparison (the patterns are short tags and the texts a few hundred
+/// bytes, where `str::find`'s two-way searcher costs more to set up than the search itself).
 #[inline]
 pub fn find_at(s: &str, from: usize, pat: &str) -> Option<usize> {
     let (h, p) = (s.as_bytes(), pat.as_bytes());
@@ -35,16 +35,11 @@ pub fn find_at(s: &str, from: usize, pat: &str) -> Option<usize> {
     let last_start = h.len() - p.len();
     let mut i = from;
     while i <= last_start {
-        match h[i..=last_start].iter().position(|&b| b == first) {
-            None => return None,
-            Some(k) => {
-                let at = i + k;
-                if &h[at + 1..at + p.len()] == rest {
-                    return Some(at);
-                }
-                i = at + 1;
-            }
+        let at = i + memchr::memchr(first, &h[i..=last_start])?;
+        if h[at + 1..at + p.len()].iter().zip(rest).all(|(a, b)| a == b) {
+            return Some(at);
         }
+        i = at + 1;
     }
     None
 }
