@@ -9,6 +9,7 @@ mod cli;
 mod ecosystem;
 mod model;
 mod sample;
+mod score;
 
 /// A fresh folder for one test plus helpers to run the binary in it.
 pub struct Workdir {
