@@ -10,6 +10,7 @@ mod ecosystem;
 mod model;
 mod sample;
 mod score;
+mod advantage;
 
 /// A fresh folder for one test plus helpers to run the binary in it.
 pub struct Workdir {
