@@ -93,7 +93,9 @@ fn q8_0(rows: usize, cols: usize, d: f32, q: impl Fn(usize, usize) -> i8) -> Vec
 
 /// Q4_0 blocks all equal: scale `d`, the 16 bytes `qs`.
 fn q4_0(n: usize, d: f32, qs: [u8; 16]) -> Vec<u8> {
-    (0..n / 32).flat_map(|_| h16(d).into_iter().chain(qs)).collect()
+    (0..n / 32)
+        .flat_map(|_| h16(d).into_iter().chain(qs))
+        .collect()
 }
 
 /// Q4_1 blocks all equal: scale `d`, min `m`, the 16 bytes `qs`.
@@ -209,9 +211,24 @@ fn tiny_llama(tied: bool) -> Writer {
         );
         // down: F32, value = 0.001 · flat index.
         let down: Vec<f32> = (0..HIDDEN * FFN).map(|i| i as f32 * 0.001).collect();
-        w.tensor(&n("ffn_down.weight"), &[FFN as u64, hd], 0, f32_bytes(&down));
-        w.tensor(&n("attn_norm.weight"), &[hd], 0, f32_bytes(&vec![0.5; HIDDEN]));
-        w.tensor(&n("ffn_norm.weight"), &[hd], 0, f32_bytes(&vec![2.0; HIDDEN]));
+        w.tensor(
+            &n("ffn_down.weight"),
+            &[FFN as u64, hd],
+            0,
+            f32_bytes(&down),
+        );
+        w.tensor(
+            &n("attn_norm.weight"),
+            &[hd],
+            0,
+            f32_bytes(&vec![0.5; HIDDEN]),
+        );
+        w.tensor(
+            &n("ffn_norm.weight"),
+            &[hd],
+            0,
+            f32_bytes(&vec![2.0; HIDDEN]),
+        );
     }
     w
 }
@@ -265,7 +282,14 @@ fn synthetic_llama_imports_with_hand_checked_values() {
     assert_eq!(c["bos_token_id"], 1);
     assert_eq!(c["eos_token_id"], 2);
     let gc = read_json(&out.join("generation_config.json"));
-    assert_eq!((gc["bos_token_id"].clone(), gc["eos_token_id"].clone(), gc["pad_token_id"].clone()), (1.into(), 2.into(), 2.into()));
+    assert_eq!(
+        (
+            gc["bos_token_id"].clone(),
+            gc["eos_token_id"].clone(),
+            gc["pad_token_id"].clone()
+        ),
+        (1.into(), 2.into(), 2.into())
+    );
 
     // Weights.
     let t = read_safetensors(&out.join("model.safetensors"));
@@ -287,14 +311,18 @@ fn synthetic_llama_imports_with_hand_checked_values() {
         (0..shape[0]).map(|r| v[r * shape[1]]).collect()
     };
     let head = [0., 2., 4., 6., 1., 3., 5., 7.];
-    let want_q: Vec<f32> = (0..4).flat_map(|h| head.map(|x| x + 8.0 * h as f32)).collect();
+    let want_q: Vec<f32> = (0..4)
+        .flat_map(|h| head.map(|x| x + 8.0 * h as f32))
+        .collect();
     assert_eq!(rows("model.layers.0.self_attn.q_proj.weight"), want_q);
     assert_eq!(
         rows("model.layers.1.self_attn.q_proj.weight"),
         want_q.iter().map(|x| x + 50.0).collect::<Vec<_>>()
     );
     // k_proj is permuted per KV head (2 heads of 8 rows), not per attention head.
-    let want_k: Vec<f32> = (0..2).flat_map(|h| head.map(|x| x + 8.0 * h as f32)).collect();
+    let want_k: Vec<f32> = (0..2)
+        .flat_map(|h| head.map(|x| x + 8.0 * h as f32))
+        .collect();
     assert_eq!(rows("model.layers.0.self_attn.k_proj.weight"), want_k);
     // Whole rows move together.
     let (_, q) = &t["model.layers.0.self_attn.q_proj.weight"];
@@ -324,8 +352,14 @@ fn synthetic_llama_imports_with_hand_checked_values() {
     let (shape, d) = &t["model.layers.1.mlp.down_proj.weight"];
     assert_eq!(shape, &vec![HIDDEN, FFN]);
     assert_eq!(d[FFN + 3], (FFN + 3) as f32 * 0.001);
-    assert_eq!(t["model.layers.1.input_layernorm.weight"].1, vec![0.5; HIDDEN]);
-    assert_eq!(t["model.layers.1.post_attention_layernorm.weight"].1, vec![2.0; HIDDEN]);
+    assert_eq!(
+        t["model.layers.1.input_layernorm.weight"].1,
+        vec![0.5; HIDDEN]
+    );
+    assert_eq!(
+        t["model.layers.1.post_attention_layernorm.weight"].1,
+        vec![2.0; HIDDEN]
+    );
 
     // Tokenizer: loads, splits digits, knows the special and user-defined tokens.
     let tk = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
@@ -338,7 +372,10 @@ fn synthetic_llama_imports_with_hand_checked_values() {
     let tc = read_json(&out.join("tokenizer_config.json"));
     assert_eq!(tc["eos_token"], "<|im_end|>");
     assert_eq!(tc["bos_token"], "<|im_start|>");
-    assert!(tc["chat_template"].as_str().unwrap().starts_with("{% for m in messages %}"));
+    assert!(tc["chat_template"]
+        .as_str()
+        .unwrap()
+        .starts_with("{% for m in messages %}"));
     assert_eq!(
         std::fs::read_to_string(out.join("chat_template.jinja")).unwrap(),
         tc["chat_template"].as_str().unwrap()
@@ -356,8 +393,17 @@ fn synthetic_untied_llama_has_lm_head() {
     let tmp = tempfile::tempdir().unwrap();
     let input = write_gguf(tmp.path(), "tiny.gguf", &tiny_llama(false));
     let out = tmp.path().join("out");
-    run_ok(&["import-gguf", "--input", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    assert_eq!(read_json(&out.join("config.json"))["tie_word_embeddings"], false);
+    run_ok(&[
+        "import-gguf",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        read_json(&out.join("config.json"))["tie_word_embeddings"],
+        false
+    );
     let t = read_safetensors(&out.join("model.safetensors"));
     let (shape, lm) = &t["lm_head.weight"];
     assert_eq!(shape, &vec![VOCAB, HIDDEN]);
@@ -378,7 +424,12 @@ fn qwen2_keeps_row_order_and_biases() {
     for l in 0..2 {
         for (n, rows) in [("attn_q", 32usize), ("attn_k", 16), ("attn_v", 16)] {
             let b: Vec<f32> = (0..rows).map(|i| i as f32).collect();
-            w.tensor(&format!("blk.{l}.{n}.bias"), &[rows as u64], 0, f32_bytes(&b));
+            w.tensor(
+                &format!("blk.{l}.{n}.bias"),
+                &[rows as u64],
+                0,
+                f32_bytes(&b),
+            );
         }
     }
     let g = GgufFile::from_bytes(w.to_bytes()).unwrap();
@@ -398,16 +449,29 @@ fn qwen2_keeps_row_order_and_biases() {
         .iter()
         .find(|t| t.hf_name == "model.layers.1.self_attn.k_proj.bias")
         .unwrap();
-    assert_eq!(rlcr::model::gguf::materialize(&g, kb).unwrap(), (0..16).map(|i| i as f32).collect::<Vec<_>>());
+    assert_eq!(
+        rlcr::model::gguf::materialize(&g, kb).unwrap(),
+        (0..16).map(|i| i as f32).collect::<Vec<_>>()
+    );
 }
 
 #[test]
 fn llama_biases_are_unpermuted_too() {
     let mut w = tiny_llama(true);
     for l in 0..2 {
-        for (n, rows) in [("attn_q", 32usize), ("attn_k", 16), ("attn_v", 16), ("attn_output", 32)] {
+        for (n, rows) in [
+            ("attn_q", 32usize),
+            ("attn_k", 16),
+            ("attn_v", 16),
+            ("attn_output", 32),
+        ] {
             let b: Vec<f32> = (0..rows).map(|i| i as f32).collect();
-            w.tensor(&format!("blk.{l}.{n}.bias"), &[rows as u64], 0, f32_bytes(&b));
+            w.tensor(
+                &format!("blk.{l}.{n}.bias"),
+                &[rows as u64],
+                0,
+                f32_bytes(&b),
+            );
         }
     }
     let g = GgufFile::from_bytes(w.to_bytes()).unwrap();
@@ -441,23 +505,43 @@ fn tensor_set_errors_list_every_problem() {
     w.tensor("blk.0.ffn_gate_exps.weight", &[32], 0, vec![0; 128]);
     w.tensor("blk.0.attn_output.bias", &[32], 0, vec![0; 128]);
     let e = plan_err(&w);
-    assert!(e.contains("2 unexpected tensor(s): blk.0.ffn_gate_exps.weight, blk.0.attn_output.bias"), "{e}");
-    assert!(e.contains("1 missing tensor(s): blk.1.ffn_up.weight"), "{e}");
+    assert!(
+        e.contains("2 unexpected tensor(s): blk.0.ffn_gate_exps.weight, blk.0.attn_output.bias"),
+        "{e}"
+    );
+    assert!(
+        e.contains("1 missing tensor(s): blk.1.ffn_up.weight"),
+        "{e}"
+    );
 
     let mut w = tiny_llama(true);
-    let t = w.tensors.iter_mut().find(|t| t.name == "blk.0.attn_norm.weight").unwrap();
+    let t = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.attn_norm.weight")
+        .unwrap();
     t.dims = vec![16];
     t.data.truncate(64);
     let e = plan_err(&w);
-    assert!(e.contains("blk.0.attn_norm.weight [16] (expected [32])"), "{e}");
+    assert!(
+        e.contains("blk.0.attn_norm.weight [16] (expected [32])"),
+        "{e}"
+    );
 
     // Q5_0 (block 32, 22 bytes) is a real ggml type we do not dequantize.
     let mut w = tiny_llama(true);
-    let t = w.tensors.iter_mut().find(|t| t.name == "blk.0.ffn_down.weight").unwrap();
+    let t = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_down.weight")
+        .unwrap();
     t.type_id = 6;
     t.data = vec![0; HIDDEN * FFN / 32 * 22];
     let e = plan_err(&w);
-    assert!(e.contains("unsupported quantization Q5_0 in tensor `blk.0.ffn_down.weight`"), "{e}");
+    assert!(
+        e.contains("unsupported quantization Q5_0 in tensor `blk.0.ffn_down.weight`"),
+        "{e}"
+    );
 
     let mut w = tiny_llama(true);
     w.kv[0].1 = s("gpt2");
@@ -503,13 +587,34 @@ fn cli_refuses_existing_output_and_bad_files() {
     let cut = tmp.path().join("cut.gguf");
     std::fs::write(&cut, &full[..full.len() - 100]).unwrap();
     let out2 = tmp.path().join("out2");
-    let e = run_err(&["import-gguf", "--input", cut.to_str().unwrap(), "-o", out2.to_str().unwrap()]);
-    assert!(e.contains("truncated GGUF") && e.contains("blk.1.ffn_norm.weight"), "{e}");
+    let e = run_err(&[
+        "import-gguf",
+        "--input",
+        cut.to_str().unwrap(),
+        "-o",
+        out2.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("truncated GGUF") && e.contains("blk.1.ffn_norm.weight"),
+        "{e}"
+    );
     assert!(!out2.exists());
     std::fs::write(&cut, &full[..1000]).unwrap();
-    let e = run_err(&["import-gguf", "--input", cut.to_str().unwrap(), "-o", out2.to_str().unwrap()]);
+    let e = run_err(&[
+        "import-gguf",
+        "--input",
+        cut.to_str().unwrap(),
+        "-o",
+        out2.to_str().unwrap(),
+    ]);
     assert!(e.contains("truncated GGUF") && e.contains("offset"), "{e}");
-    let e = run_err(&["import-gguf", "--input", tmp.path().join("nope.gguf").to_str().unwrap(), "-o", out2.to_str().unwrap()]);
+    let e = run_err(&[
+        "import-gguf",
+        "--input",
+        tmp.path().join("nope.gguf").to_str().unwrap(),
+        "-o",
+        out2.to_str().unwrap(),
+    ]);
     assert!(e.contains("nope.gguf"), "{e}");
     // Nothing left behind: no temporary folders.
     let mut names: Vec<String> = std::fs::read_dir(tmp.path())
@@ -566,7 +671,13 @@ fn smollm2_import_and_tokenizer_match_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("smollm2");
     let t0 = std::time::Instant::now();
-    run_ok(&["import-gguf", "--input", gguf.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    run_ok(&[
+        "import-gguf",
+        "--input",
+        gguf.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     eprintln!("SmolLM2 import: {:.1} s", t0.elapsed().as_secs_f64());
 
     let c = read_json(&out.join("config.json"));
@@ -584,9 +695,22 @@ fn smollm2_import_and_tokenizer_match_reference() {
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     assert_eq!(st.len(), 272);
-    assert_eq!(st.tensor("model.embed_tokens.weight").unwrap().shape(), &[49152, 576]);
-    assert_eq!(st.tensor("model.layers.29.self_attn.k_proj.weight").unwrap().shape(), &[192, 576]);
-    assert_eq!(st.tensor("model.layers.0.mlp.down_proj.weight").unwrap().shape(), &[576, 1536]);
+    assert_eq!(
+        st.tensor("model.embed_tokens.weight").unwrap().shape(),
+        &[49152, 576]
+    );
+    assert_eq!(
+        st.tensor("model.layers.29.self_attn.k_proj.weight")
+            .unwrap()
+            .shape(),
+        &[192, 576]
+    );
+    assert_eq!(
+        st.tensor("model.layers.0.mlp.down_proj.weight")
+            .unwrap()
+            .shape(),
+        &[576, 1536]
+    );
     drop(bytes);
 
     let tc = read_json(&out.join("tokenizer_config.json"));
@@ -598,7 +722,8 @@ fn smollm2_import_and_tokenizer_match_reference() {
     assert_eq!(tk.get_vocab_size(true), 49152);
 
     let refs = read_json(&manifest().join("fixtures/refs/smollm2.chat.f64.json"));
-    let prompts = std::fs::read_to_string(manifest().join("fixtures/refs/prompts_smol.txt")).unwrap();
+    let prompts =
+        std::fs::read_to_string(manifest().join("fixtures/refs/prompts_smol.txt")).unwrap();
     let prompts: Vec<&str> = prompts.lines().filter(|l| !l.is_empty()).collect();
     let seqs = refs["sequences"].as_array().unwrap();
     assert_eq!(prompts.len(), seqs.len());
@@ -617,7 +742,11 @@ fn smollm2_import_and_tokenizer_match_reference() {
             })
             .unwrap();
         assert_eq!(rendered, seq["rendered"].as_str().unwrap(), "{prompt}");
-        let ids: Vec<u32> = tk.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();
+        let ids: Vec<u32> = tk
+            .encode(rendered.as_str(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         let want: Vec<u32> = seq["input_ids"]
             .as_array()
             .unwrap()
@@ -626,6 +755,9 @@ fn smollm2_import_and_tokenizer_match_reference() {
             .collect();
         assert_eq!(ids, want, "{prompt}");
         // Also with add_special_tokens: SmolLM2 adds no BOS of its own.
-        assert_eq!(tk.encode(rendered.as_str(), true).unwrap().get_ids(), &want[..]);
+        assert_eq!(
+            tk.encode(rendered.as_str(), true).unwrap().get_ids(),
+            &want[..]
+        );
     }
 }

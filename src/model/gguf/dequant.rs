@@ -219,8 +219,7 @@ mod tests {
     /// Bitwise equality, NaN equal to NaN.
     fn same(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len()
-            && a
-                .iter()
+            && a.iter()
                 .zip(b)
                 .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
     }
@@ -301,7 +300,10 @@ mod tests {
         let y = dequantize(GgmlType::BF16, &b, 3).unwrap();
         assert_eq!(y[..2], [1.0, 3.140625]);
         assert!(y[2] == 0.0 && y[2].is_sign_negative());
-        let b: Vec<u8> = [1.5f32, -3.25].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let b: Vec<u8> = [1.5f32, -3.25]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         assert_eq!(dequantize(GgmlType::F32, &b, 2).unwrap(), vec![1.5, -3.25]);
     }
 
@@ -311,7 +313,10 @@ mod tests {
         assert!(dequantize(GgmlType::Q8_0, &[0; 34], 31).is_err());
         assert!(dequantize(GgmlType::F32, &[0; 7], 2).is_err());
         let e = dequantize(GgmlType::Q4_K, &[0; 144], 256).unwrap_err();
-        assert!(format!("{e}").contains("unsupported quantization Q4_K"), "{e}");
+        assert!(
+            format!("{e}").contains("unsupported quantization Q4_K"),
+            "{e}"
+        );
         let e = unsupported(GgmlType::Q6_K, "blk.0.ffn_down.weight");
         assert!(format!("{e}").contains("Q6_K in tensor `blk.0.ffn_down.weight`"));
     }

@@ -186,7 +186,12 @@ impl Hparams {
         let rope_theta = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0);
         let rms_norm_eps = g
             .get_f64(&key("attention.layer_norm_rms_epsilon"))?
-            .ok_or_else(|| anyhow!("missing metadata `{}`", key("attention.layer_norm_rms_epsilon")))?;
+            .ok_or_else(|| {
+                anyhow!(
+                    "missing metadata `{}`",
+                    key("attention.layer_norm_rms_epsilon")
+                )
+            })?;
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
             bail!("{p}.rope.freq_base = {rope_theta} is not a positive number");
         }
@@ -643,7 +648,8 @@ pub fn import(input: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportSu
         fs::rename(out, &old).with_context(|| format!("moving {} aside", out.display()))?;
         if let Err(e) = fs::rename(&tmp, out) {
             let _ = fs::rename(&old, out);
-            return Err(e).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()));
+            return Err(e)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()));
         }
         fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
     } else {

@@ -1013,7 +1013,10 @@ mod tests {
             ("t.a_i64".into(), Value::Array(Array::I64(vec![-5]))),
             ("t.a_f32".into(), Value::Array(Array::F32(vec![0.5, -0.25]))),
             ("t.a_f64".into(), Value::Array(Array::F64(vec![1e-300]))),
-            ("t.a_bool".into(), Value::Array(Array::Bool(vec![true, false]))),
+            (
+                "t.a_bool".into(),
+                Value::Array(Array::Bool(vec![true, false])),
+            ),
             ("t.a_str".into(), strs(&["Ġ t", "", "<|im_end|>"])),
             ("t.a_empty".into(), Value::Array(Array::I32(vec![]))),
             (
@@ -1085,7 +1088,10 @@ mod tests {
             assert_eq!((m.n_elements, m.n_bytes, m.offset), (6, 24, 0));
             let v = g.tensor("v").unwrap();
             assert_eq!(v.offset, 24u64.div_ceil(alignment) * alignment);
-            assert_eq!(g.tensor_bytes(v).unwrap(), &f32_bytes(&[7., 8., 9., 10., 11.])[..]);
+            assert_eq!(
+                g.tensor_bytes(v).unwrap(),
+                &f32_bytes(&[7., 8., 9., 10., 11.])[..]
+            );
             let h = g.tensor("h").unwrap();
             assert_eq!(h.ggml_type, GgmlType::F16);
             assert_eq!(g.tensor_bytes(h).unwrap(), &[0x00, 0x3C, 0x00, 0xC0]);
@@ -1151,7 +1157,9 @@ mod tests {
 
     #[test]
     fn metadata_errors() {
-        assert!(err(one_kv("k", 13, &[0; 8])).contains("unknown metadata value type 13 at offset 33"));
+        assert!(
+            err(one_kv("k", 13, &[0; 8])).contains("unknown metadata value type 13 at offset 33")
+        );
         assert!(err(one_kv("k", 7, &[2])).contains("invalid bool byte 2 at offset 33"));
         // A string claiming 2^40 bytes.
         let e = err(one_kv("k", 8, &(1u64 << 40).to_le_bytes()));
@@ -1200,7 +1208,9 @@ mod tests {
         assert!(err(one(&[], 0, vec![])).contains("0 dimensions"));
         assert!(err(one(&[1, 1, 1, 1, 1], 0, vec![0; 4])).contains("5 dimensions"));
         assert!(err(one(&[4], 4, vec![0; 16])).contains("unknown or removed ggml type id 4"));
-        assert!(err(one(&[16], 8, vec![0; 34])).contains("not a multiple of the Q8_0 block size 32"));
+        assert!(
+            err(one(&[16], 8, vec![0; 34])).contains("not a multiple of the Q8_0 block size 32")
+        );
         assert!(err(one(&[1 << 32, 1 << 32], 0, vec![])).contains("overflows"));
         // Data shorter than the tensor needs.
         let mut b = one(&[8], 0, vec![0; 32]);
@@ -1214,7 +1224,8 @@ mod tests {
         b[info_end - 8..info_end].copy_from_slice(&4u64.to_le_bytes());
         assert!(err(b).contains("not a multiple of the alignment 32"));
         let mut w = Writer::default();
-        w.tensor("t", &[1], 0, vec![0; 4]).tensor("t", &[1], 0, vec![0; 4]);
+        w.tensor("t", &[1], 0, vec![0; 4])
+            .tensor("t", &[1], 0, vec![0; 4]);
         assert!(err(w.to_bytes()).contains("duplicate tensor name `t`"));
     }
 

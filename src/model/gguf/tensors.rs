@@ -109,16 +109,37 @@ mod tests {
             ("token_embd.weight", "model.embed_tokens.weight"),
             ("output_norm.weight", "model.norm.weight"),
             ("output.weight", "lm_head.weight"),
-            ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
-            ("blk.29.ffn_norm.weight", "model.layers.29.post_attention_layernorm.weight"),
-            ("blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight"),
+            (
+                "blk.0.attn_norm.weight",
+                "model.layers.0.input_layernorm.weight",
+            ),
+            (
+                "blk.29.ffn_norm.weight",
+                "model.layers.29.post_attention_layernorm.weight",
+            ),
+            (
+                "blk.3.attn_q.weight",
+                "model.layers.3.self_attn.q_proj.weight",
+            ),
             ("blk.3.attn_q.bias", "model.layers.3.self_attn.q_proj.bias"),
-            ("blk.3.attn_k.weight", "model.layers.3.self_attn.k_proj.weight"),
+            (
+                "blk.3.attn_k.weight",
+                "model.layers.3.self_attn.k_proj.weight",
+            ),
             ("blk.3.attn_v.bias", "model.layers.3.self_attn.v_proj.bias"),
-            ("blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight"),
-            ("blk.12.ffn_gate.weight", "model.layers.12.mlp.gate_proj.weight"),
+            (
+                "blk.3.attn_output.weight",
+                "model.layers.3.self_attn.o_proj.weight",
+            ),
+            (
+                "blk.12.ffn_gate.weight",
+                "model.layers.12.mlp.gate_proj.weight",
+            ),
             ("blk.12.ffn_up.weight", "model.layers.12.mlp.up_proj.weight"),
-            ("blk.12.ffn_down.weight", "model.layers.12.mlp.down_proj.weight"),
+            (
+                "blk.12.ffn_down.weight",
+                "model.layers.12.mlp.down_proj.weight",
+            ),
         ];
         for (g, h) in cases {
             assert_eq!(hf_name(g).as_deref(), Some(h), "{g}");
@@ -153,10 +174,7 @@ mod tests {
         // Two heads of 6 rows (d = 3), a bias (cols = 1): per head a0 a1 a2 b0 b1 b2 → a0 b0 a1 b1 a2 b2.
         let hf: Vec<f32> = (0..12).map(|x| x as f32).collect();
         let gg = permute_rows(&hf, 12, 1, 2).unwrap();
-        assert_eq!(
-            gg,
-            vec![0., 3., 1., 4., 2., 5., 6., 9., 7., 10., 8., 11.]
-        );
+        assert_eq!(gg, vec![0., 3., 1., 4., 2., 5., 6., 9., 7., 10., 8., 11.]);
         assert_eq!(unpermute_rows(&gg, 12, 1, 2).unwrap(), hf);
     }
 

@@ -49,8 +49,7 @@ pub const SUPPORTED_PRE: [&str; 7] = [
 /// Face tokenizer behind a llama.cpp pre-tokenizer preset (`None`: GPT-2's).
 pub fn pre_tokenizer(pre: Option<&str>) -> Result<(Json, Json, Json, bool)> {
     // GPT-2's decoder, as HF's GPT-2-derived tokenizer.json files (SmolLM2, Llama 3) have it.
-    let gpt2_decoder =
-        json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
+    let gpt2_decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
     Ok(match pre.unwrap_or("default") {
         // GPT-2 itself: the byte-level pre-tokenizer's built-in regex.
         "default" | "gpt-2" | "gpt2" => (Json::Null, byte_level(true, true), gpt2_decoder, false),
@@ -251,19 +250,20 @@ impl HfTokenizer {
 
     /// The token string of an id.
     fn token(&self, id: Option<u32>) -> Option<&str> {
-        id.and_then(|i| self.tokens.get(i as usize)).map(String::as_str)
+        id.and_then(|i| self.tokens.get(i as usize))
+            .map(String::as_str)
     }
 
     /// Byte-level offsets handling, plus BOS/EOS insertion when the GGUF asks for it.
     fn build_post_processor(&self) -> Json {
-        let byte_level =
-            json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
+        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
         let bos = self.token(self.bos_token_id).filter(|_| self.add_bos_token);
         let eos = self.token(self.eos_token_id).filter(|_| self.add_eos_token);
         if bos.is_none() && eos.is_none() {
             return byte_level;
         }
-        let special = |s: &str, type_id: u32| json!({"SpecialToken": {"id": s, "type_id": type_id}});
+        let special =
+            |s: &str, type_id: u32| json!({"SpecialToken": {"id": s, "type_id": type_id}});
         let seq = |s: &str, type_id: u32| json!({"Sequence": {"id": s, "type_id": type_id}});
         let mut single = Vec::new();
         let mut pair = Vec::new();
@@ -449,7 +449,10 @@ mod tests {
         w.kv("tokenizer.ggml.model", s("gpt2"))
             .kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
             .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
-            .kv("tokenizer.ggml.merges", strs(&["Ġ t", "h e", "Ġt he", "1 2"]))
+            .kv(
+                "tokenizer.ggml.merges",
+                strs(&["Ġ t", "h e", "Ġt he", "1 2"]),
+            )
             .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
             .kv("tokenizer.ggml.eos_token_id", Value::U32(2))
             .kv("tokenizer.ggml.padding_token_id", Value::U32(2))
@@ -479,7 +482,10 @@ mod tests {
     fn smollm_splits_digits_gpt2_does_not() {
         let (_, tk) = build(&tiny(Some("smollm"))).unwrap();
         // "ab 12 the" → Digits: "ab ", "1", "2", " the" → a b Ġ | 1 | 2 | Ġthe.
-        assert_eq!(ids(&tk, "ab 12 the", false), vec![101, 102, 36, 53, 54, 262]);
+        assert_eq!(
+            ids(&tk, "ab 12 the", false),
+            vec![101, 102, 36, 53, 54, 262]
+        );
         let (_, tk) = build(&tiny(Some("gpt-2"))).unwrap();
         // GPT-2's regex keeps " 12" together, so the `1 2` merge applies.
         assert_eq!(ids(&tk, "ab 12 the", false), vec![101, 102, 36, 263, 262]);

@@ -195,7 +195,8 @@ pub fn strs(v: &[&str]) -> Value {
 /// vocabularies. Printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onwards
 /// in byte order (so the space 0x20 becomes `Ġ`, U+0120).
 pub fn byte_level_alphabet() -> Vec<char> {
-    let keep = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let keep =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut next = 256u32;
     (0u32..256)
         .map(|b| {
