@@ -221,13 +221,13 @@ fn tiny_llama(tied: bool) -> Writer {
             &n("attn_norm.weight"),
             &[hd],
             0,
-            f32_bytes(&vec![0.5; HIDDEN]),
+            f32_bytes(&[0.5; HIDDEN]),
         );
         w.tensor(
             &n("ffn_norm.weight"),
             &[hd],
             0,
-            f32_bytes(&vec![2.0; HIDDEN]),
+            f32_bytes(&[2.0; HIDDEN]),
         );
     }
     w
@@ -607,7 +607,10 @@ fn cli_refuses_existing_output_and_bad_files() {
         "-o",
         out2.to_str().unwrap(),
     ]);
-    assert!(e.contains("truncated GGUF") && e.contains("offset"), "{e}");
+    assert!(
+        e.contains("truncated or corrupt GGUF") && e.contains("offset 670"),
+        "{e}"
+    );
     let e = run_err(&[
         "import-gguf",
         "--input",

@@ -68,7 +68,7 @@ pub fn dequantize_into(t: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> 
     }
     let (block, bytes) = t.block_layout();
     let (block, bytes) = (block as usize, bytes as usize);
-    if out.len() % block != 0 {
+    if !out.len().is_multiple_of(block) {
         bail!(
             "{} elements are not a whole number of {t} blocks of {block}",
             out.len()
@@ -173,7 +173,7 @@ pub fn dequantize_reference(t: GgmlType, data: &[u8], n: usize) -> Result<Vec<f3
     }
     let (block, bytes) = t.block_layout();
     let (block, bytes) = (block as usize, bytes as usize);
-    if n % block != 0 || data.len() != n / block * bytes {
+    if !n.is_multiple_of(block) || data.len() != n / block * bytes {
         bail!("{t}: {n} elements do not match {} bytes", data.len());
     }
     let half = |off: usize| f16::from_bits(data[off] as u16 | (data[off + 1] as u16) << 8).to_f32();
@@ -274,12 +274,12 @@ mod tests {
         // exact in f32; 4096 + 20475/4096 lies on f32's 2^-11 grid at that magnitude only to the
         // half step (8398845.5 / 2048), so it rounds to even: 8398846 / 2048 = 4100.9990234375.
         let d = f16::from_bits(0x3555);
-        assert_eq!(d.to_f32(), 0.333_251_953_125);
+        assert_eq!(d.to_f64(), 0.333_251_953_125);
         let mut b = d.to_bits().to_le_bytes().to_vec();
         b.extend(h(4096.0));
         b.extend([0x0Fu8; 16]);
         let y = dequantize(GgmlType::Q4_1, &b, 32).unwrap();
-        assert_eq!(y[0], 4100.999_023_437_5_f32);
+        assert_eq!(f64::from(y[0]), 4_100.999_023_437_5);
         assert_eq!(y[16], 4096.0);
     }
 

@@ -152,7 +152,7 @@ impl Hparams {
         };
         let n_head = req("attention.head_count")?;
         let n_head_kv = opt("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_head % n_head_kv != 0 {
+        if !n_head.is_multiple_of(n_head_kv) {
             bail!("{n_head} attention heads are not a multiple of {n_head_kv} KV heads");
         }
         let head_dim = match (opt("attention.key_length")?, opt("attention.value_length")?) {
@@ -161,13 +161,13 @@ impl Hparams {
             }
             (Some(k), _) | (None, Some(k)) => k,
             (None, None) => {
-                if hidden % n_head != 0 {
+                if !hidden.is_multiple_of(n_head) {
                     bail!("hidden size {hidden} is not a multiple of {n_head} heads");
                 }
                 hidden / n_head
             }
         };
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             bail!("head size {head_dim} is odd; RoPE needs an even head size");
         }
         if let Some(r) = opt("rope.dimension_count")? {
@@ -620,6 +620,15 @@ pub fn import(input: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportSu
     check_destination(out, opts.force)?;
     let g = GgufFile::open(input)?;
     let plan = Plan::new(&g).with_context(|| format!("importing {}", input.display()))?;
+    let dups = &plan.tokenizer.duplicate_ids;
+    if !dups.is_empty() {
+        crate::info!(
+            "{} token(s) repeat an earlier token string (ids {}); tokenizer.json maps each string \
+             to its first id",
+            dups.len(),
+            list(dups)
+        );
+    }
 
     let name = out
         .file_name()

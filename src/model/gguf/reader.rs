@@ -642,7 +642,7 @@ impl GgufFile {
                 .filter(|&n| n <= (1u64 << 40))
                 .ok_or_else(|| anyhow!("{}: the element count overflows", ctx()))?;
             let (block, type_size) = r.ggml_type.block_layout();
-            if r.dims[0] % block != 0 {
+            if !r.dims[0].is_multiple_of(block) {
                 bail!(
                     "{}: the row length {} is not a multiple of the {} block size {block}",
                     ctx(),
@@ -651,7 +651,7 @@ impl GgufFile {
                 );
             }
             let n_bytes = n_elements / block * type_size;
-            if r.offset % alignment != 0 {
+            if !r.offset.is_multiple_of(alignment) {
                 bail!(
                     "{}: data offset {} is not a multiple of the alignment {alignment}",
                     ctx(),
@@ -998,7 +998,7 @@ mod tests {
             ("t.i32".into(), Value::I32(-2_000_000_000)),
             ("t.u64".into(), Value::U64(u64::MAX)),
             ("t.i64".into(), Value::I64(i64::MIN)),
-            ("t.f32".into(), Value::F32(9.999_999_747_378_752e-6)),
+            ("t.f32".into(), Value::F32(1e-5)),
             ("t.f64".into(), Value::F64(-1.5e300)),
             ("t.bool".into(), Value::Bool(true)),
             ("t.str".into(), s("héllo\n{{ x }}")),
@@ -1053,6 +1053,7 @@ mod tests {
         assert!(g.get_u64("t.str").is_err()); // wrong type
         assert_eq!(g.get_u64("absent").unwrap(), None);
         // f32 metadata converts through its shortest decimal: 1e-5, not 9.99999974737875e-6.
+        assert_ne!(1e-5f32 as f64, 1e-5);
         assert_eq!(g.get_f64("t.f32").unwrap(), Some(1e-5));
         assert_eq!(g.get_f64("t.i32").unwrap(), Some(-2e9));
         assert_eq!(g.get_str("t.str").unwrap(), Some("héllo\n{{ x }}"));
@@ -1137,8 +1138,10 @@ mod tests {
         let mut b = good;
         b[8..16].copy_from_slice(&(1u64 << 60).to_le_bytes()); // tensor count
         assert!(err(b).contains("tensor infos"));
-        let mut w = Writer::default();
-        w.version = 2;
+        let w = Writer {
+            version: 2,
+            ..Writer::default()
+        };
         assert_eq!(GgufFile::from_bytes(w.to_bytes()).unwrap().version, 2);
     }
 
@@ -1160,7 +1163,7 @@ mod tests {
         assert!(
             err(one_kv("k", 13, &[0; 8])).contains("unknown metadata value type 13 at offset 33")
         );
-        assert!(err(one_kv("k", 7, &[2])).contains("invalid bool byte 2 at offset 33"));
+        assert!(err(one_kv("k", 7, &[2])).contains("invalid bool byte 2 at offset 37"));
         // A string claiming 2^40 bytes.
         let e = err(one_kv("k", 8, &(1u64 << 40).to_le_bytes()));
         assert!(e.contains("claims 1099511627776 bytes"), "{e}");

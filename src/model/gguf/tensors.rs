@@ -57,7 +57,7 @@ fn check(len: usize, rows: usize, cols: usize, n_head: usize) -> Result<usize> {
     if rows.checked_mul(cols) != Some(len) {
         bail!("{len} values are not {rows} rows of {cols}");
     }
-    if n_head == 0 || rows % (2 * n_head) != 0 {
+    if n_head == 0 || !rows.is_multiple_of(2 * n_head) {
         bail!("{rows} rows cannot be split into {n_head} heads of an even size");
     }
     Ok(rows / n_head / 2)

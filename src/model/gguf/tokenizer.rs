@@ -551,6 +551,21 @@ mod tests {
     }
 
     #[test]
+    fn repeated_token_strings_keep_their_first_id() {
+        let mut w = tiny(Some("smollm"));
+        if let Value::Array(Array::String(t)) = &mut w.kv[1].1 {
+            t.push("he".into()); // id 264 repeats 261
+        }
+        if let Value::Array(Array::I32(t)) = &mut w.kv[2].1 {
+            t.push(1);
+        }
+        let (t, tk) = build(&w).unwrap();
+        assert_eq!(t.duplicate_ids, vec![264]);
+        assert_eq!(tk.token_to_id("he"), Some(261));
+        assert_eq!(ids(&tk, "the", false), vec![4 + b't' as u32, 261]);
+    }
+
+    #[test]
     fn errors() {
         let e = |w: Writer| format!("{:#}", build(&w).unwrap_err());
         let mut w = tiny(None);
