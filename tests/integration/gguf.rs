@@ -685,3 +685,35 @@ fn smollm2_import_and_tokenizer_match_reference() {
         );
     }
 }
+
+mod corruption {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Corrupting any byte of a valid model (header, metadata values such as head counts,
+        /// tensor infos, data) never panics anywhere in the pipeline: parse, plan, dequantize,
+        /// un-permute and tokenizer construction either succeed or return an error.
+        #[test]
+        fn corrupted_models_never_panic(
+            pos in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+            in_header in any::<bool>(),
+        ) {
+            let mut b = tiny_llama(true).to_bytes();
+            // Half the cases hit the first 4 KB (header, hyper-parameters, tokenizer metadata).
+            let i = if in_header { pos.index(4096) } else { pos.index(b.len()) };
+            b[i] = byte;
+            if let Ok(g) = GgufFile::from_bytes(b) {
+                if let Ok(plan) = Plan::new(&g) {
+                    for t in &plan.tensors {
+                        let _ = rlcr::model::gguf::materialize(&g, t);
+                    }
+                    let mut buf = Vec::new();
+                    let _ = plan.tokenizer.write_tokenizer_json(&mut buf);
+                }
+            }
+        }
+    }
+}

@@ -106,9 +106,12 @@ pub struct ImportSummary {
     pub out: PathBuf,
 }
 
+/// Largest accepted size (layers, widths, heads): 2^24, so products of two never overflow.
+const MAX_DIM: u64 = 1 << 24;
+
 fn usize_of(v: u64, key: &str) -> Result<usize> {
-    if v == 0 || v > 1 << 32 {
-        bail!("metadata `{key}` = {v} is out of range");
+    if v == 0 || v > MAX_DIM {
+        bail!("metadata `{key}` = {v} is out of range (1 to {MAX_DIM})");
     }
     Ok(v as usize)
 }
@@ -142,6 +145,14 @@ impl Hparams {
             bail!("mixture-of-experts models are not supported ({p}.expert_count = {e})");
         }
         let n_layer = req("block_count")?;
+        // Every layer has at least 9 tensors; refuse a layer count the file cannot hold before
+        // building the expected-tensor table.
+        if n_layer.saturating_mul(9) > g.tensors().len() {
+            bail!(
+                "{p}.block_count = {n_layer} but the file has only {} tensors",
+                g.tensors().len()
+            );
+        }
         let hidden = req("embedding_length")?;
         let ffn = match g.get(&key("feed_forward_length")) {
             Some(v) if v.as_array().is_some() => bail!(
@@ -198,7 +209,10 @@ impl Hparams {
         if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
             bail!("{p}.attention.layer_norm_rms_epsilon = {rms_norm_eps} is not a positive number");
         }
-        let context_length = req("context_length")? as u64;
+        let context_length = g
+            .get_u64(&key("context_length"))?
+            .filter(|&n| n > 0)
+            .ok_or_else(|| anyhow!("missing or zero metadata `{}`", key("context_length")))?;
         let embd = g
             .tensor("token_embd.weight")
             .ok_or_else(|| anyhow!("missing tensor `token_embd.weight`"))?;
