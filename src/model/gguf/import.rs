@@ -18,6 +18,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use rayon::prelude::*;
 use serde_json::{json, Value as Json};
 
 use super::dequant::{dequantize, is_supported, unsupported};
@@ -472,6 +473,20 @@ pub fn materialize(g: &GgufFile, t: &PlannedTensor) -> Result<Vec<f32>> {
     }
 }
 
+/// Little-endian bytes of `v`, converted in parallel chunks.
+fn le_bytes(v: &[f32]) -> Vec<u8> {
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![0u8; v.len() * 4];
+    out.par_chunks_mut(4 * CHUNK)
+        .zip(v.par_chunks(CHUNK))
+        .for_each(|(o, x)| {
+            for (c, f) in o.chunks_exact_mut(4).zip(x) {
+                c.copy_from_slice(&f.to_le_bytes());
+            }
+        });
+    out
+}
+
 /// Shared state of the lazy tensors while safetensors writes them.
 struct WriteState {
     error: Option<anyhow::Error>,
@@ -496,13 +511,7 @@ impl safetensors::View for LazyTensor<'_> {
         let mut st = self.state.borrow_mut();
         st.progress.inc(1);
         match materialize(self.g, self.t) {
-            Ok(v) => {
-                let mut out = Vec::with_capacity(v.len() * 4);
-                for x in v {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                Cow::Owned(out)
-            }
+            Ok(v) => Cow::Owned(le_bytes(&v)),
             Err(e) => {
                 // The writer cannot take an error; keep the first and fail after it returns.
                 st.error.get_or_insert(e);
