@@ -8,6 +8,8 @@ use std::process::{Command, Output};
 mod cli;
 mod ecosystem;
 mod gguf;
+mod model;
+mod sample;
 
 /// A fresh folder for one test plus helpers to run the binary in it.
 pub struct Workdir {
