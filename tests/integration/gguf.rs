@@ -1,6 +1,6 @@
 //! `rlcr import-gguf` end to end: a synthetic GGUF file written here (every supported type, hand
 //! values, the q/k permutation) through the real binary; error cases; and the real SmolLM2 file
-//! (fetched with `scripts/fetch_smollm2.sh`; see [`smollm2_import_and_tokenizer_match_reference`]).
+//! (fetched with `scripts/fetch_smollm2.sh`; see [`smollm2_import_matches_transformers`]).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -587,11 +587,16 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
     }
 }
 
-/// Real-file test (network on first run; runs in CI): import SmolLM2, check the config and the
-/// tensors, render the chat template of every prompt of `prompts_smol.txt` and check the imported
-/// tokenizer's ids against `fixtures/refs/smollm2.chat.f64.json` (computed by transformers).
+/// Real-file test (network on first run; runs in CI): import SmolLM2 once, then check
+/// - the config and the tensor set;
+/// - the chat template rendering and the imported tokenizer's ids of every prompt of
+///   `prompts_smol.txt` against `fixtures/refs/smollm2.chat.f64.json` (computed by transformers),
+///   both with the bare tokenizers/minijinja crates and through [`rlcr::model::Model`];
+/// - log-prob parity: the imported weights through rlcr's burn forward (f32) reproduce
+///   transformers' float64 log-probs, computed on the weights its own GGUF loader produces, within
+///   1e-4, with the same entropies and log-sum-exps and the same greedy tokens (up to near ties).
 #[test]
-fn smollm2_import_and_tokenizer_match_reference() {
+fn smollm2_import_matches_transformers() {
     let Some(gguf) = smollm2_gguf() else { return };
     let wd = Workdir::new();
     let out = wd.path("smollm2");
@@ -684,6 +689,83 @@ fn smollm2_import_and_tokenizer_match_reference() {
             &want[..]
         );
     }
+
+    // Through the model: the same rendering and ids, then the forward pass.
+    use rlcr::model::{self, Message, Model, TokenBatch};
+    let t0 = std::time::Instant::now();
+    let m = Model::load(&out, &model::device_from_str("cpu").unwrap()).unwrap();
+    let vocab = m.config.vocab_size;
+    assert_eq!(vocab, 49152);
+    let (mut worst_lp, mut worst_other) = (0f64, 0f64);
+    for (k, seq) in seqs.iter().enumerate() {
+        let nums = |key: &str| -> Vec<f64> {
+            seq[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        };
+        let ints = |key: &str| -> Vec<u32> {
+            seq[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let (rendered, ids) = m
+            .encode_chat(&[Message::new("user", seq["text"].as_str().unwrap())], true)
+            .unwrap();
+        assert_eq!(rendered, seq["rendered"].as_str().unwrap());
+        assert_eq!(ids, ints("input_ids"), "sequence {k}");
+        let (lp_ref, ent_ref, lse_ref, greedy) = (
+            nums("logprobs"),
+            nums("entropy"),
+            nums("logsumexp"),
+            ints("greedy_next"),
+        );
+        let logits = m
+            .transformer
+            .forward(&TokenBatch::left_padded(&[ids.clone()]))
+            .unwrap();
+        let logits = model::read_f32(logits).unwrap();
+        let n = ids.len();
+        assert_eq!(logits.len(), n * vocab);
+        for t in 0..n {
+            let row: Vec<f64> = logits[t * vocab..(t + 1) * vocab]
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            let ent = -row.iter().map(|x| (x - lse).exp() * (x - lse)).sum::<f64>();
+            worst_other = worst_other
+                .max((lse - lse_ref[t]).abs())
+                .max((ent - ent_ref[t]).abs());
+            let argmax = (0..vocab)
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap();
+            if argmax as u32 != greedy[t] {
+                let gap = row[argmax] - row[greedy[t] as usize];
+                assert!(
+                    gap < 1e-4,
+                    "seq {k} pos {t}: greedy {argmax} vs {} (gap {gap})",
+                    greedy[t]
+                );
+            }
+            if t + 1 < n {
+                worst_lp = worst_lp.max((row[ids[t + 1] as usize] - lse - lp_ref[t]).abs());
+            }
+        }
+    }
+    eprintln!(
+        "SmolLM2 parity ({:.1} s): max |logprob - transformers f64| = {worst_lp:.2e}, \
+         max |logsumexp|, |entropy| difference = {worst_other:.2e}",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(worst_lp < 1e-4, "log-probs off by {worst_lp}");
+    assert!(worst_other < 1e-4, "entropy/logsumexp off by {worst_other}");
 }
 
 mod corruption {
