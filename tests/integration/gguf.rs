@@ -727,7 +727,7 @@ fn smollm2_import_matches_transformers() {
         );
         let logits = m
             .transformer
-            .forward(&TokenBatch::left_padded(&[ids.clone()]))
+            .forward(&TokenBatch::left_padded(std::slice::from_ref(&ids)))
             .unwrap();
         let logits = model::read_f32(logits).unwrap();
         let n = ids.len();
