@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 mod cli;
 mod ecosystem;
+mod gguf;
 mod model;
 mod sample;
 mod score;
