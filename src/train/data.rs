@@ -7,7 +7,7 @@
 //! column in the message, so the training loop itself never meets a malformed row.
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use arrow::array::{Array, RecordBatch};
 
 use crate::table::{cols, Reader};
@@ -221,15 +221,6 @@ pub fn rows_from_batch(
     Ok(())
 }
 
-/// Drop rows that cannot contribute (no learnable token or an empty response); returns how many
-/// were dropped. Their weights would be 0 anyway, except for `seq-mean-token-sum-norm`, whose B
-/// counts every row of the update batch: callers decide before aggregation (see `update`).
-pub fn drop_unlearnable(rows: &mut Vec<TrainRow>) -> usize {
-    let before = rows.len();
-    rows.retain(|r| !r.response.is_empty() && r.n_learnable() > 0);
-    before - rows.len()
-}
-
 /// Check token ids against a vocabulary size, naming the first offending row.
 pub fn check_vocab(rows: &[TrainRow], vocab: usize, table: &str) -> Result<()> {
     for (i, r) in rows.iter().enumerate() {
@@ -245,8 +236,153 @@ pub fn check_vocab(rows: &[TrainRow], vocab: usize, table: &str) -> Result<()> {
     Ok(())
 }
 
-/// Read `ref_logprobs`-free rows' context for messages, used by [`super::sft`].
-pub fn table_has(path: &Path, col: &str) -> Result<bool> {
-    let r = Reader::open(path).with_context(|| format!("opening {}", path.display()))?;
-    Ok(r.has_column(col))
+/// The training-table columns of `rows` as one record batch (`sample_type`, `context_ids`,
+/// `response_ids`, `response_logprobs`, `token_advantages`, `loss_mask`, and `ref_logprobs`
+/// when every row has them): the inverse of [`rows_from_batch`], for tests and tools.
+pub fn rows_to_batch(rows: &[TrainRow]) -> Result<RecordBatch> {
+    use std::sync::Arc;
+    let ids = |f: &dyn Fn(&TrainRow) -> &Vec<u32>| -> Result<Vec<Vec<i32>>> {
+        rows.iter()
+            .map(|r| {
+                f(r).iter()
+                    .map(|&x| {
+                        i32::try_from(x).map_err(|_| anyhow::anyhow!("token id {x} too large"))
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let mut cols_out: Vec<(&str, arrow::array::ArrayRef)> = vec![
+        (
+            "sample_type",
+            Arc::new(arrow::array::StringArray::from_iter_values(
+                rows.iter().map(|r| {
+                    if r.is_confidence {
+                        "confidence"
+                    } else {
+                        "answer"
+                    }
+                }),
+            )),
+        ),
+        ("context_ids", cols::build_list_i32(ids(&|r| &r.context)?)),
+        ("response_ids", cols::build_list_i32(ids(&|r| &r.response)?)),
+        (
+            "response_logprobs",
+            cols::build_list_f32(rows.iter().map(|r| r.old_logp.clone())),
+        ),
+        (
+            "token_advantages",
+            cols::build_list_f32(rows.iter().map(|r| r.adv.clone())),
+        ),
+        (
+            "loss_mask",
+            cols::build_list_bool(rows.iter().map(|r| r.mask.clone())),
+        ),
+    ];
+    if rows.iter().all(|r| r.ref_logp.is_some()) {
+        cols_out.push((
+            "ref_logprobs",
+            cols::build_list_f32(rows.iter().map(|r| r.ref_logp.clone().unwrap_or_default())),
+        ));
+    }
+    Ok(RecordBatch::try_from_iter(cols_out)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{write_table, Meta, TRAJECTORY};
+
+    fn row(i: u32) -> TrainRow {
+        TrainRow {
+            context: vec![1, 2, i],
+            response: vec![3, 4, 5],
+            old_logp: vec![-0.5, -1.0, -2.0],
+            adv: vec![0.5, 0.5, 0.0],
+            mask: vec![true, true, false],
+            ref_logp: Some(vec![-0.4, -1.1, -2.5]),
+            is_confidence: i % 2 == 1,
+        }
+    }
+
+    fn write(dir: &Path, rows: &[TrainRow]) -> std::path::PathBuf {
+        let b = rows_to_batch(rows).expect("batch");
+        let p = dir.join("train.parquet");
+        let meta = Meta::new(&TRAJECTORY, "advantage", serde_json::json!({}), &[]);
+        write_table(&p, b.schema(), &[b], &meta).expect("write");
+        p
+    }
+
+    #[test]
+    fn table_round_trip() {
+        let d = tempfile::tempdir().expect("tmp");
+        let rows: Vec<TrainRow> = (0..5).map(row).collect();
+        let p = write(d.path(), &rows);
+        assert_eq!(read_update_rows(&p, true).expect("read"), rows);
+        let no_ref: Vec<TrainRow> = read_update_rows(&p, false).expect("read");
+        assert!(no_ref.iter().all(|r| r.ref_logp.is_none()));
+    }
+
+    #[test]
+    fn bad_rows_are_errors_naming_row_and_column() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut rows: Vec<TrainRow> = (0..3).map(row).collect();
+        rows[2].adv = vec![0.5];
+        let p = write(d.path(), &rows);
+        let e = format!("{:#}", read_update_rows(&p, false).expect_err("length"));
+        assert!(e.contains("row 2") && e.contains("token_advantages"), "{e}");
+
+        let mut rows: Vec<TrainRow> = (0..3).map(row).collect();
+        rows[1].old_logp[1] = 0.5;
+        let p = write(d.path(), &rows);
+        let e = format!("{:#}", read_update_rows(&p, false).expect_err("logprob"));
+        assert!(
+            e.contains("row 1") && e.contains("response_logprobs"),
+            "{e}"
+        );
+        // ... but a positive value under a masked token is ignored.
+        let mut rows: Vec<TrainRow> = (0..3).map(row).collect();
+        rows[1].old_logp[2] = f32::NAN;
+        let p = write(d.path(), &rows);
+        assert!(read_update_rows(&p, false).is_ok());
+
+        let mut rows: Vec<TrainRow> = (0..3).map(row).collect();
+        rows[0].adv[0] = f32::INFINITY;
+        let p = write(d.path(), &rows);
+        let e = format!("{:#}", read_update_rows(&p, false).expect_err("adv"));
+        assert!(e.contains("row 0") && e.contains("not finite"), "{e}");
+
+        let mut rows: Vec<TrainRow> = (0..3).map(row).collect();
+        for r in &mut rows {
+            r.ref_logp = None;
+        }
+        let p = write(d.path(), &rows);
+        let e = format!("{:#}", read_update_rows(&p, true).expect_err("ref"));
+        assert!(e.contains("--ref-model"), "{e}");
+    }
+
+    #[test]
+    fn missing_column_is_an_error() {
+        let d = tempfile::tempdir().expect("tmp");
+        let rows: Vec<TrainRow> = (0..2).map(row).collect();
+        let b = rows_to_batch(&rows).expect("batch");
+        let b = crate::table::cols::drop_columns(&b, &["loss_mask"]).expect("drop");
+        let p = d.path().join("t.parquet");
+        let meta = Meta::new(&TRAJECTORY, "advantage", serde_json::json!({}), &[]);
+        write_table(&p, b.schema(), &[b], &meta).expect("write");
+        let e = format!("{:#}", read_update_rows(&p, false).expect_err("missing"));
+        assert!(
+            e.contains("loss_mask") && e.contains("rlcr advantage"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn vocab_check() {
+        let rows = vec![row(7)];
+        assert!(check_vocab(&rows, 8, "t").is_ok());
+        let e = check_vocab(&rows, 7, "t").expect_err("oov").to_string();
+        assert!(e.contains("row 0") && e.contains("token id 7"), "{e}");
+    }
 }

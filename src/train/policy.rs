@@ -70,6 +70,7 @@ pub fn response_logprobs<C: AsRef<[u32]>, R: AsRef<[u32]>>(
         logits = logits.div_scalar(temperature);
     }
     let lp_all = log_softmax(logits, 1);
+    let vocab = lp_all.dims()[1];
     let mut targets = vec![0i32; b * r];
     for (i, (_, resp)) in rows.iter().enumerate() {
         let resp = resp.as_ref();
@@ -81,11 +82,11 @@ pub fn response_logprobs<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [b * r, 1]), &device);
     let ent = match entropy {
         EntropyMode::Off => None,
-        EntropyMode::Detached => {
-            Some(entropy_from_log_probs(lp_all.clone().detach().reshape([b, r, 0])).reshape([b, r]))
-        }
+        EntropyMode::Detached => Some(
+            entropy_from_log_probs(lp_all.clone().detach().reshape([b, r, vocab])).reshape([b, r]),
+        ),
         EntropyMode::Differentiable => {
-            Some(entropy_from_log_probs(lp_all.clone().reshape([b, r, 0])).reshape([b, r]))
+            Some(entropy_from_log_probs(lp_all.clone().reshape([b, r, vocab])).reshape([b, r]))
         }
     };
     let logp = lp_all.gather(1, targets).reshape([b, r]);
