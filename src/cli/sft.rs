@@ -62,6 +62,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.batch_size == 0 {
         return Err(super::UsageError("--batch-size must be at least 1".into()).into());
     }
+    // Check every flag before reading anything (usage errors, exit code 2).
+    a.optim
+        .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
     let device = crate::model::device_from_str(&g.device)?;
     let model = Model::load(&a.model, &device.autodiff())
         .with_context(|| format!("loading {}", a.model.display()))?;

@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use burn::module::Module;
 use serde_json::json;
 
-use super::common::Global;
+use super::common::{Global, UsageError};
 use crate::model::Model;
 use crate::train::data::{check_vocab, read_update_rows, TrainRow};
 use crate::train::loss::{ClipConfig, KlEstimator, LossAgg};
@@ -96,7 +96,8 @@ impl OptimArgs {
         }
     }
 
-    /// The resolved loop configuration.
+    /// The resolved loop configuration; `rows` gives the default `--agg-len` (the longest
+    /// response) when there are any. Flag errors are usage errors (exit code 2).
     pub fn train_config(
         &self,
         objective: Objective,
@@ -106,6 +107,7 @@ impl OptimArgs {
         rows: &[TrainRow],
         seed: u64,
     ) -> Result<TrainConfig> {
+        let usage = |e: anyhow::Error| -> anyhow::Error { UsageError(format!("{e:#}")).into() };
         let agg_len = self.agg_len.unwrap_or_else(|| {
             rows.iter()
                 .map(|r| r.response.len())
@@ -117,7 +119,8 @@ impl OptimArgs {
             objective,
             loss_agg: self.loss_agg,
             agg_len,
-            schedule: Schedule::new(lr, self.warmup, self.schedule, self.total_steps)?,
+            schedule: Schedule::new(lr, self.warmup, self.schedule, self.total_steps)
+                .map_err(usage)?,
             grad_clip: self.grad_clip,
             micro_batch: self.micro_batch,
             mini_batches,
@@ -126,8 +129,8 @@ impl OptimArgs {
             shuffle: self.shuffle,
             seed,
         };
-        cfg.validate()?;
-        self.adamw().validate()?;
+        cfg.validate().map_err(usage)?;
+        self.adamw().validate().map_err(usage)?;
         Ok(cfg)
     }
 }
@@ -191,7 +194,15 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         clip_high: a.clip_high,
         clip_dual: a.clip_dual,
     };
-    clip.validate()?;
+    let objective = Objective::Policy {
+        clip,
+        kl_coef: a.kl_coef,
+        kl_kind: a.kl_estimator,
+        entropy_coef: a.entropy_coef,
+    };
+    // Check every flag before reading anything (usage errors, exit code 2).
+    a.optim
+        .train_config(objective, a.lr, a.mini_batches, a.temperature, &[], g.seed)?;
     let use_kl = a.kl_coef > 0.0;
     if !use_kl && a.ref_model.is_some() {
         crate::info!("--kl-coef is 0: the reference model is not loaded");
@@ -233,12 +244,6 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             r.old_logp = lp;
         }
     }
-    let objective = Objective::Policy {
-        clip,
-        kl_coef: a.kl_coef,
-        kl_kind: a.kl_estimator,
-        entropy_coef: a.entropy_coef,
-    };
     let train = a.optim.train_config(
         objective,
         a.lr,
