@@ -1,15 +1,19 @@
 //! Training speed and memory of rlcr's update step on the CPU (Flex) backend.
 //!
 //! ```text
-//! cargo run --release --example bench_train -- [qwen39m | smollm2 | MODEL_DIR] [BATCH] [LEN] [MICRO] [REPS]
+//! cargo run --example bench_train -- [qwen39m | smollm2 | MODEL_DIR] [BATCH] [LEN] [MICRO] [REPS]
 //! ```
 //! Measures forward + backward (the PPO loss over every response token, gradients accumulated
 //! over micro-batches of MICRO rows) and the AdamW step separately, and prints the peak resident
-//! memory. Each row is 1 context token + (LEN − 1) response tokens, so the LM head and the loss cover (almost) every position, as a causal-LM loss does.
+//! memory, wall time and CPU time (the machine is shared: tokens per CPU-second is the figure that
+//! does not depend on the load). Each row is 1 context token + (LEN − 1) response tokens, so the
+//! LM head and the loss cover (almost) every position, as a causal-LM loss does.
+//!
 //! - `qwen39m`: a 38.9M-parameter Qwen2 config (hidden 512, 8 layers, 8 heads, 2 KV heads, FFN
 //!   1408, vocab 32000), random weights. Reference: transformers does forward+backward on it at
 //!   711 tokens/s on this machine (2 threads, fp32), batch 8 × 256.
 //! - `smollm2`: SmolLM2-135M's shape, random weights (the memory check: micro-batch 4 × 512).
+//!
 //! Defaults: qwen39m, 8 rows, 256 tokens, micro-batch 8, 3 repetitions.
 use std::path::Path;
 use std::time::Instant;
@@ -43,6 +47,25 @@ fn peak_rss_mib() -> f64 {
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(f64::NAN)
+}
+
+/// CPU seconds used by this process so far (user + system), from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = s
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (tick(11) + tick(12)) / 100.0
 }
 
 fn main() -> anyhow::Result<()> {
@@ -120,15 +143,18 @@ fn main() -> anyhow::Result<()> {
     let mut st = Vec::new();
     for rep in 0..reps {
         let t0 = Instant::now();
+        let c0 = cpu_seconds();
         let (grads, sums) = batch_gradients(&model, &refs, &cfg)?;
         let t_fb = t0.elapsed().as_secs_f64();
+        let c_fb = cpu_seconds() - c0;
         let t1 = Instant::now();
         let norm = global_grad_norm(&model, &grads);
         model = opt.step(model, grads, 1e-6, clip_coef(norm, 1.0));
         let t_step = t1.elapsed().as_secs_f64();
         println!(
-            "rep {rep}: forward+backward {t_fb:.2} s ({:.0} tok/s), clip+AdamW {t_step:.2} s, loss {:.4}, grad norm {norm:.3}, peak rss {:.0} MiB",
+            "rep {rep}: forward+backward {t_fb:.2} s wall, {c_fb:.2} s cpu ({:.0} tok/s, {:.0} tok per cpu-s), clip+AdamW {t_step:.2} s, loss {:.4}, grad norm {norm:.3}, peak rss {:.0} MiB",
             tokens as f64 / t_fb,
+            tokens as f64 / c_fb,
             sums.loss,
             peak_rss_mib()
         );

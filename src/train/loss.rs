@@ -61,7 +61,7 @@ impl ClipConfig {
                 self.clip_high
             );
         }
-        if !(self.clip_dual > 1.0) {
+        if self.clip_dual.is_nan() || self.clip_dual <= 1.0 {
             anyhow::bail!(
                 "--clip-dual must be > 1 (or inf to turn it off), got {}",
                 self.clip_dual

@@ -256,7 +256,7 @@ pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
 /// PyTorch's clip coefficient: `min(1, max_norm / (norm + 1e-6))`; 1 when clipping is off
 /// (`max_norm` ≤ 0 or infinite).
 pub fn clip_coef(norm: f64, max_norm: f64) -> f64 {
-    if !(max_norm > 0.0) || !max_norm.is_finite() {
+    if max_norm.is_nan() || max_norm <= 0.0 || max_norm.is_infinite() {
         return 1.0;
     }
     (max_norm / (norm + 1e-6)).min(1.0)

@@ -151,8 +151,11 @@ mod tests {
     use crate::model::weights::weight_files;
     use std::collections::BTreeMap;
 
-    /// Every tensor of a folder as (dtype, shape, raw bytes), straight from the files.
-    fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, (String, Vec<usize>, Vec<u8>)>> {
+    /// dtype, shape and raw bytes of one tensor.
+    type Raw = (String, Vec<usize>, Vec<u8>);
+
+    /// Every tensor of a folder, straight from the files.
+    fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, Raw>> {
         let mut out = BTreeMap::new();
         for f in weight_files(dir)? {
             let bytes = std::fs::read(&f)?;
