@@ -31,7 +31,8 @@ does not change it), plus --kl-coef × KL(policy‖--ref-model) (k3 by default) 
 Each epoch splits the table into --mini-batches update batches, one optimizer step each.
 
 Costs: one forward and backward pass per row per epoch, activations of one micro-batch at a time.
-Use --temperature equal to the sampling temperature, or the ratios will be off from the start.
+rlcr's samplers record response_logprobs at temperature 1, which is what update compares against by
+default; for tables from samplers that record tempered log-probs (verl, TRL), pass --temperature.
 
 Reads: a training table (`rlcr advantage`) and a model folder. Writes: NEW_DIR.
 Example:
@@ -173,7 +174,9 @@ pub struct Args {
     /// Update batches (optimizer steps) per epoch.
     #[arg(long, default_value_t = 1)]
     pub mini_batches: usize,
-    /// Sampling temperature of the rollouts: logits are divided by it.
+    /// Divide the logits by this before the log-softmax. Keep 1 for rlcr's own rollouts (their
+    /// response_logprobs are at temperature 1); set the sampling temperature for tables whose
+    /// log-probs were recorded at it (verl, TRL).
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f64,
     /// Recompute the behaviour log-probs with the input model before training, instead of using

@@ -280,20 +280,10 @@ pub fn batch_gradients(
         let loss_t = match cfg.objective {
             Objective::Policy { clip, .. } => {
                 let ref_logp = if cfg.needs_ref() {
-                    let mut missing = None;
-                    let t = col(&|row| match &row.ref_logp {
-                        Some(v) => v.clone(),
-                        None => {
-                            vec![0.0; row.response.len()]
-                        }
-                    });
                     if let Some(&i) = chunk.iter().find(|&&i| rows[i].ref_logp.is_none()) {
-                        missing = Some(i);
-                    }
-                    if let Some(i) = missing {
                         bail!("row {i} has no reference log-probs (needed by --kl-coef > 0)");
                     }
-                    Some(t)
+                    Some(col(&|row| row.ref_logp.clone().unwrap_or_default()))
                 } else {
                     None
                 };
