@@ -12,6 +12,7 @@ mod model;
 mod sample;
 mod score;
 mod advantage;
+mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.
 pub struct Workdir {
