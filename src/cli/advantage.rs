@@ -223,7 +223,9 @@ impl Plan {
         };
         let eps = a.eps.unwrap_or(p_eps);
         if !(eps.is_finite() && eps >= 0.0) {
-            return Err(usage(format!("--eps must be a finite number >= 0, got {eps}")));
+            return Err(usage(format!(
+                "--eps must be a finite number >= 0, got {eps}"
+            )));
         }
         let ans = GroupNorm {
             norm: a.norm.unwrap_or(p_norm),
@@ -258,11 +260,15 @@ impl Plan {
             return Err(usage("--batch-size must be at least 1"));
         }
         if a.drop_zero_std && a.estimator == Estimator::Gae {
-            return Err(usage("--drop-zero-std applies to grouped estimators, not gae"));
+            return Err(usage(
+                "--drop-zero-std applies to grouped estimators, not gae",
+            ));
         }
         let turn_weight = a.turn_weight.unwrap_or(p_turn);
         if !turn_weight.is_finite() {
-            return Err(usage(format!("--turn-weight must be finite, got {turn_weight}")));
+            return Err(usage(format!(
+                "--turn-weight must be finite, got {turn_weight}"
+            )));
         }
         let kl = if a.kl_coef > 0.0 || a.kl_ctrl == KlCtrl::Adaptive {
             if a.estimator == Estimator::GrpoMultiturn {
@@ -400,7 +406,9 @@ fn check_columns(plan: &Plan, schema: &Schema) -> Result<()> {
         if !has(c) {
             let hint = match c {
                 "values" => " (gae needs critic values per response token)",
-                "ref_logprobs" => " (KL in the reward needs it: run `rlcr logprobs --column ref_logprobs`)",
+                "ref_logprobs" => {
+                    " (KL in the reward needs it: run `rlcr logprobs --column ref_logprobs`)"
+                }
                 "reward" => " (run `rlcr score` first)",
                 _ => "",
             };
@@ -436,14 +444,32 @@ impl TokCols {
             conf_span: cols::spans(b, "confidence_span")?,
             info: cols::bool_lists(b, "info_mask")?,
             turns: cols::int_lists(b, "token_turn_ids")?,
-            logp: if kl { cols::float_lists(b, "response_logprobs")? } else { None },
-            refp: if kl { cols::float_lists(b, "ref_logprobs")? } else { None },
-            values: if gae { cols::float_lists(b, "values")? } else { None },
+            logp: if kl {
+                cols::float_lists(b, "response_logprobs")?
+            } else {
+                None
+            },
+            refp: if kl {
+                cols::float_lists(b, "ref_logprobs")?
+            } else {
+                None
+            },
+            values: if gae {
+                cols::float_lists(b, "values")?
+            } else {
+                None
+            },
         })
     }
 
     /// Fill row i's loss mask; returns whether its span was null.
-    fn mask(&self, i: usize, kind: SampleKind, missing: MissingSpan, out: &mut Vec<bool>) -> Result<bool> {
+    fn mask(
+        &self,
+        i: usize,
+        kind: SampleKind,
+        missing: MissingSpan,
+        out: &mut Vec<bool>,
+    ) -> Result<bool> {
         let len = self.response_len(i)?;
         out.clear();
         out.resize(len, false);
@@ -457,7 +483,8 @@ impl TokCols {
         };
         let info = opt_row(&self.info, i, "info_mask")?;
         let turns = opt_row(&self.turns, i, "token_turn_ids")?;
-        adv::fill_loss_mask(out, span, missing, info, turns).with_context(|| format!("column `{col}`"))?;
+        adv::fill_loss_mask(out, span, missing, info, turns)
+            .with_context(|| format!("column `{col}`"))?;
         Ok(span.is_none())
     }
 
@@ -471,7 +498,13 @@ impl TokCols {
     }
 
     /// Row i's per-token KL `kl_t · m_t` into `out`; returns `(Σ, masked count)`.
-    fn kl(&self, i: usize, plan: &KlPlan, mask: &[bool], out: &mut Vec<f64>) -> Result<(f64, usize)> {
+    fn kl(
+        &self,
+        i: usize,
+        plan: &KlPlan,
+        mask: &[bool],
+        out: &mut Vec<f64>,
+    ) -> Result<(f64, usize)> {
         let lp = req_row(&self.logp, i, "response_logprobs", mask.len())?;
         let rf = req_row(&self.refp, i, "ref_logprobs", mask.len())?;
         out.clear();
@@ -480,7 +513,11 @@ impl TokCols {
             let k = if mask[t] {
                 let k = adv::kl_value(lp[t], rf[t], plan.estimator);
                 if !k.is_finite() {
-                    bail!("token {t}: KL is not finite (log-probs {} and {})", lp[t], rf[t]);
+                    bail!(
+                        "token {t}: KL is not finite (log-probs {} and {})",
+                        lp[t],
+                        rf[t]
+                    );
                 }
                 s += k;
                 n += 1;
@@ -507,7 +544,10 @@ fn opt_row<'a, T>(f: &'a Option<Flat<T>>, i: usize, name: &str) -> Result<Option
 fn req_row<'a>(f: &'a Option<Flat<f64>>, i: usize, name: &str, len: usize) -> Result<&'a [f64]> {
     let r = opt_row(f, i, name)?.ok_or_else(|| anyhow!("missing column `{name}`"))?;
     if r.len() != len {
-        bail!("column `{name}` has {} entries for a response of {len} tokens", r.len());
+        bail!(
+            "column `{name}` has {} entries for a response of {len} tokens",
+            r.len()
+        );
     }
     Ok(r)
 }
@@ -607,7 +647,13 @@ struct Prepared {
 }
 
 fn projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
-    let mut names = vec!["prompt_id", "sample_type", "answer_idx", "reward", "reward_components"];
+    let mut names = vec![
+        "prompt_id",
+        "sample_type",
+        "answer_idx",
+        "reward",
+        "reward_components",
+    ];
     if plan.tokens_in_pass1() {
         names.extend([
             "response_ids",
@@ -620,7 +666,10 @@ fn projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
             "values",
         ]);
     }
-    names.iter().filter_map(|n| schema.index_of(n).ok()).collect()
+    names
+        .iter()
+        .filter_map(|n| schema.index_of(n).ok())
+        .collect()
 }
 
 fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
@@ -662,7 +711,11 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         let n = batch.num_rows();
         let pid = cols::strings(&batch, "prompt_id")?;
         let st = cols::strings(&batch, "sample_type")?;
-        let aidx = if est == Estimator::Rlcr { Some(cols::ints(&batch, "answer_idx")?) } else { None };
+        let aidx = if est == Estimator::Rlcr {
+            Some(cols::ints(&batch, "answer_idx")?)
+        } else {
+            None
+        };
         let rew = if batch.column_by_name("reward").is_some() {
             Some(cols::floats(&batch, "reward")?)
         } else {
@@ -673,7 +726,11 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         } else {
             None
         };
-        let tok = if plan.tokens_in_pass1() { Some(TokCols::read(&batch, plan)?) } else { None };
+        let tok = if plan.tokens_in_pass1() {
+            Some(TokCols::read(&batch, plan)?)
+        } else {
+            None
+        };
         for i in 0..n {
             let row = base + i;
             (|| -> Result<()> {
@@ -746,11 +803,26 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                         prompt.push(p);
                     }
                     Estimator::Gae => {
-                        let tok = tok.as_ref().ok_or_else(|| anyhow!("internal: no token columns"))?;
+                        let tok = tok
+                            .as_ref()
+                            .ok_or_else(|| anyhow!("internal: no token columns"))?;
                         if plan.kl.is_none() {
                             tok.mask(i, kind, plan.on_missing_span, &mut m)?;
                         }
-                        gae_raw(plan, tok, comp.as_ref(), i, score, &m, &klbuf, &mut comps, &mut row_turns, &mut tokr, &mut gadv, &mut gret)?;
+                        gae_raw(
+                            plan,
+                            tok,
+                            comp.as_ref(),
+                            i,
+                            score,
+                            &m,
+                            &klbuf,
+                            &mut comps,
+                            &mut row_turns,
+                            &mut tokr,
+                            &mut gadv,
+                            &mut gret,
+                        )?;
                         moments.extend(&gadv, &m);
                     }
                 }
@@ -772,7 +844,15 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let n_prompts = prompts.len();
     match est {
         Estimator::Rlcr => {
-            let out = adv::rlcr_tree(&rewards, &kinds, &prompt, &answer, n_prompts, answers.len(), &plan.tree);
+            let out = adv::rlcr_tree(
+                &rewards,
+                &kinds,
+                &prompt,
+                &answer,
+                n_prompts,
+                answers.len(),
+                &plan.tree,
+            );
             prep.adv = out.advantages.iter().map(|&x| x as f32).collect();
             prep.zero_std = out.zero_std;
             prep.groups = json!({
@@ -817,7 +897,8 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
             });
         }
         Estimator::GrpoMultiturn => {
-            let out = adv::grpo_multiturn(&turn_rewards, &globals, &prompt, n_prompts, &plan.multiturn);
+            let out =
+                adv::grpo_multiturn(&turn_rewards, &globals, &prompt, n_prompts, &plan.multiturn);
             prep.adv = out.row_adv.iter().map(|&x| x as f32).collect();
             prep.zero_std = out.zero_std;
             prep.turn_start = Vec::with_capacity(rows + 1);
@@ -843,7 +924,11 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         }
     }
     if let Some(kl) = &plan.kl {
-        let current = if rows > 0 { kl_rows_mean / rows as f64 } else { 0.0 };
+        let current = if rows > 0 {
+            kl_rows_mean / rows as f64
+        } else {
+            0.0
+        };
         let mut next = kl.controller;
         next.update(current, rows as u64);
         prep.kl = json!({
@@ -1027,12 +1112,16 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
             for rg in 0..n_rg {
                 let r = (|| -> Result<()> {
                     let f = file.try_clone().context("reopening the input")?;
-                    let mask = ProjectionMask::roots(meta.metadata().file_metadata().schema_descr(), proj.clone());
-                    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta.clone())
-                        .with_projection(mask)
-                        .with_row_groups(vec![rg])
-                        .with_batch_size(plan.batch_size)
-                        .build()?;
+                    let mask = ProjectionMask::roots(
+                        meta.metadata().file_metadata().schema_descr(),
+                        proj.clone(),
+                    );
+                    let reader =
+                        ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta.clone())
+                            .with_projection(mask)
+                            .with_row_groups(vec![rg])
+                            .with_batch_size(plan.batch_size)
+                            .build()?;
                     for batch in reader {
                         let batch = batch.context("decoding a record batch")?;
                         let n = batch.num_rows();
@@ -1059,7 +1148,9 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
                     if writers.is_none() {
                         writers = Some(splice.column_writers(rg)?);
                     }
-                    let ws = writers.as_mut().ok_or_else(|| anyhow!("internal: no column writers"))?;
+                    let ws = writers
+                        .as_mut()
+                        .ok_or_else(|| anyhow!("internal: no column writers"))?;
                     let mut wi = ws.iter_mut();
                     for (field, col) in new_schema.fields().iter().zip(&built.columns) {
                         for leaf in parquet::arrow::arrow_writer::compute_leaves(field, col)? {
@@ -1114,7 +1205,10 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
         ("rlcr.schema_version".into(), "1".into()),
         ("rlcr.stage".into(), "advantage".into()),
         ("rlcr.config".into(), config.to_string()),
-        ("rlcr.inputs".into(), json!([a.input.display().to_string()]).to_string()),
+        (
+            "rlcr.inputs".into(),
+            json!([a.input.display().to_string()]).to_string(),
+        ),
         ("rlcr.version".into(), crate::VERSION.to_string()),
     ])
 }
@@ -1136,7 +1230,10 @@ fn pass2_projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
     if plan.kl.is_some() {
         names.extend(["response_logprobs", "ref_logprobs"]);
     }
-    names.iter().filter_map(|n| schema.index_of(n).ok()).collect()
+    names
+        .iter()
+        .filter_map(|n| schema.index_of(n).ok())
+        .collect()
 }
 
 fn print_stats(s: &serde_json::Value) {
@@ -1200,7 +1297,11 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
     offsets.push(0);
     let mut tadv: Vec<f32> = Vec::with_capacity(total);
     let mut lmask: Vec<bool> = Vec::with_capacity(total);
-    let mut rets: Vec<f32> = if gae { Vec::with_capacity(total) } else { Vec::new() };
+    let mut rets: Vec<f32> = if gae {
+        Vec::with_capacity(total)
+    } else {
+        Vec::new()
+    };
     let mut scalar: Vec<f32> = Vec::with_capacity(n);
     let mut traj: Vec<f32> = Vec::new();
     let mut stats = [TypeStats::default(), TypeStats::default()];
@@ -1332,4 +1433,3 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
         values,
     })
 }
-

@@ -19,7 +19,9 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
-use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory};
+use parquet::arrow::arrow_writer::{
+    ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
+};
 use parquet::arrow::{encode_arrow_schema, ArrowSchemaConverter};
 use parquet::basic::Compression;
 use parquet::column::writer::ColumnCloseResult;
@@ -42,13 +44,21 @@ pub struct Splice {
 
 impl Splice {
     /// Prepare `out` = the input (without the columns named in `new`) + the `new` fields.
-    pub fn create(input: &Path, in_meta: &ArrowReaderMetadata, new: &[Field], out: &Path) -> Result<Splice> {
+    pub fn create(
+        input: &Path,
+        in_meta: &ArrowReaderMetadata,
+        new: &[Field],
+        out: &Path,
+    ) -> Result<Splice> {
         let in_schema = in_meta.schema();
         let descr = in_meta.metadata().file_metadata().schema_descr();
         let root = descr.root_schema();
         let roots = root.get_fields();
         if roots.len() != in_schema.fields().len() {
-            bail!("the Parquet and Arrow schemas of {} disagree", input.display());
+            bail!(
+                "the Parquet and Arrow schemas of {} disagree",
+                input.display()
+            );
         }
         let keep: Vec<bool> = in_schema
             .fields()
@@ -84,7 +94,10 @@ impl Splice {
             .map(|(f, _)| f.as_ref().clone())
             .collect();
         arrow_fields.extend(new.iter().cloned());
-        let out_arrow: SchemaRef = Arc::new(Schema::new_with_metadata(arrow_fields, in_schema.metadata().clone()));
+        let out_arrow: SchemaRef = Arc::new(Schema::new_with_metadata(
+            arrow_fields,
+            in_schema.metadata().clone(),
+        ));
 
         let props = Arc::new(
             WriterProperties::builder()
@@ -100,8 +113,9 @@ impl Splice {
                 .build(),
         );
         // Column writers for the new columns only, from a throw-away file writer over them.
-        let probe = SerializedFileWriter::new(std::io::sink(), new_descr.root_schema_ptr(), props.clone())
-            .context("preparing column writers")?;
+        let probe =
+            SerializedFileWriter::new(std::io::sink(), new_descr.root_schema_ptr(), props.clone())
+                .context("preparing column writers")?;
         let factory = ArrowRowGroupWriterFactory::new(&probe, new_schema);
         drop(probe);
 
@@ -116,7 +130,8 @@ impl Splice {
             .to_string();
         let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
         let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let writer = SerializedFileWriter::new(f, out_root, props).with_context(|| format!("writing {}", out.display()));
+        let writer = SerializedFileWriter::new(f, out_root, props)
+            .with_context(|| format!("writing {}", out.display()));
         let writer = match writer {
             Ok(w) => w,
             Err(e) => {
@@ -145,9 +160,14 @@ impl Splice {
     /// Write row group `rg`: the input's kept chunks copied, then the new `chunks`.
     pub fn write_row_group(&mut self, rg: usize, chunks: Vec<ArrowColumnChunk>) -> Result<()> {
         let out = self.out.display().to_string();
-        let w = self.writer.as_mut().ok_or_else(|| anyhow!("internal: writer closed"))?;
+        let w = self
+            .writer
+            .as_mut()
+            .ok_or_else(|| anyhow!("internal: writer closed"))?;
         let meta = self.in_meta.metadata().row_group(rg);
-        let mut g = w.next_row_group().with_context(|| format!("writing {out}"))?;
+        let mut g = w
+            .next_row_group()
+            .with_context(|| format!("writing {out}"))?;
         for &c in &self.copy_leaves {
             let m = meta.column(c).clone();
             let close = ColumnCloseResult {
@@ -162,7 +182,8 @@ impl Splice {
                 .with_context(|| format!("copying column {c} of row group {rg} into {out}"))?;
         }
         for ch in chunks {
-            ch.append_to_row_group(&mut g).with_context(|| format!("writing {out}"))?;
+            ch.append_to_row_group(&mut g)
+                .with_context(|| format!("writing {out}"))?;
         }
         g.close().with_context(|| format!("writing {out}"))?;
         Ok(())
@@ -170,16 +191,23 @@ impl Splice {
 
     /// Close the file with the given key-value metadata, fsync and rename it into place.
     pub fn finish(mut self, kv: Vec<(String, String)>) -> Result<()> {
-        let mut w = self.writer.take().ok_or_else(|| anyhow!("internal: writer closed"))?;
+        let mut w = self
+            .writer
+            .take()
+            .ok_or_else(|| anyhow!("internal: writer closed"))?;
         for (k, v) in kv {
             w.append_key_value_metadata(KeyValue::new(k, v));
         }
-        let f = w.into_inner().with_context(|| format!("writing {}", self.out.display()))?;
-        f.sync_all().with_context(|| format!("writing {}", self.out.display()))?;
+        let f = w
+            .into_inner()
+            .with_context(|| format!("writing {}", self.out.display()))?;
+        f.sync_all()
+            .with_context(|| format!("writing {}", self.out.display()))?;
         set_mode_644(&f);
         drop(f);
-        std::fs::rename(&self.tmp, &self.out)
-            .with_context(|| format!("renaming {} to {}", self.tmp.display(), self.out.display()))?;
+        std::fs::rename(&self.tmp, &self.out).with_context(|| {
+            format!("renaming {} to {}", self.tmp.display(), self.out.display())
+        })?;
         Ok(())
     }
 }
