@@ -25,7 +25,11 @@ fn cpu_secs() -> f64 {
     if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
         for e in dir.flatten() {
             if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
-                ns += s.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0);
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0);
             }
         }
     }
@@ -49,7 +53,11 @@ fn main() -> anyhow::Result<()> {
     };
     let vocab = m.dims.vocab.min(32000);
     let rows: Vec<Vec<u32>> = (0..batch)
-        .map(|b| (0..prompt).map(|t| ((b * 7919 + t * 104729) % vocab) as u32).collect())
+        .map(|b| {
+            (0..prompt)
+                .map(|t| ((b * 7919 + t * 104729) % vocab) as u32)
+                .collect()
+        })
         .collect();
     let input = TokenBatch::left_padded(&rows);
 
@@ -85,7 +93,9 @@ fn main() -> anyhow::Result<()> {
         let next: Vec<u32> = (0..batch)
             .map(|b| {
                 let row = &logits[b * v..(b + 1) * v];
-                (0..v).max_by(|&i, &j| row[i].total_cmp(&row[j])).unwrap_or(0) as u32
+                (0..v)
+                    .max_by(|&i, &j| row[i].total_cmp(&row[j]))
+                    .unwrap_or(0) as u32
             })
             .collect();
         logits = model::read_f32(m.step(&mut cache, &TokenBatch::step(&next))?)?;

@@ -10,7 +10,11 @@ fn cpu_secs() -> f64 {
     if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
         for e in dir.flatten() {
             if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
-                ns += s.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0);
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0);
             }
         }
     }
@@ -42,22 +46,38 @@ fn main() {
         let w_hf = rand([o, i], &dev); // [out, in]
         let w_t = rand([i, o], &dev); // [in, out]
         let xi = rand([8, i], &dev);
-        time(&format!("x[8,{i}] @ W[{o},{i}]^T (HF layout view)"), 200, || {
-            let y = xi.clone().matmul(w_hf.clone().transpose());
-            let _ = y.into_data();
-        });
+        time(
+            &format!("x[8,{i}] @ W[{o},{i}]^T (HF layout view)"),
+            200,
+            || {
+                let y = xi.clone().matmul(w_hf.clone().transpose());
+                let _ = y.into_data();
+            },
+        );
         time(&format!("x[8,{i}] @ W[{i},{o}] (row-major)"), 200, || {
             let y = xi.clone().matmul(w_t.clone());
             let _ = y.into_data();
         });
-        time(&format!("rlcr small_matmul x[8,{i}] W[{i},{o}]"), 200, || {
-            let y = rlcr::model::cpu::small_matmul(&xi, &w_t).unwrap();
-            let _ = y.into_data();
-        });
-        time(&format!("(W[{i},{o}]^T x^T)^T (row-major, transposed product)"), 200, || {
-            let y = w_t.clone().transpose().matmul(xi.clone().transpose()).transpose();
-            let _ = y.into_data();
-        });
+        time(
+            &format!("rlcr small_matmul x[8,{i}] W[{i},{o}]"),
+            200,
+            || {
+                let y = rlcr::model::cpu::small_matmul(&xi, &w_t).unwrap();
+                let _ = y.into_data();
+            },
+        );
+        time(
+            &format!("(W[{i},{o}]^T x^T)^T (row-major, transposed product)"),
+            200,
+            || {
+                let y = w_t
+                    .clone()
+                    .transpose()
+                    .matmul(xi.clone().transpose())
+                    .transpose();
+                let _ = y.into_data();
+            },
+        );
     }
     let xb = rand([1024, 576], &dev);
     let w = rand([3072, 576], &dev);
@@ -98,5 +118,9 @@ pub fn bandwidth() {
     }
     let c = cpu_secs() - c0;
     let w = w0.elapsed().as_secs_f64();
-    println!("stream-read 113MB x10 (1 thread): {total} cpu {:.1} GB/s wall {:.1} GB/s", 1.185 / c * 10.0 / 10.0, 1.185 / w);
+    println!(
+        "stream-read 113MB x10 (1 thread): {total} cpu {:.1} GB/s wall {:.1} GB/s",
+        1.185 / c * 10.0 / 10.0,
+        1.185 / w
+    );
 }

@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Compute advantages, token advantages and loss masks (RLCR tree, GRPO, RLOO, GAE)";
+pub const ABOUT: &str =
+    "Compute advantages, token advantages and loss masks (RLCR tree, GRPO, RLOO, GAE)";
 pub const LONG_ABOUT: &str = "\
 Compute per-row advantages from the rewards of a scored table. The default estimator `rlcr` (seed
 000) normalises answer rewards per prompt over its G_a answers and confidence rewards per answer over

@@ -6,7 +6,8 @@ use anyhow::Result;
 use super::common::{not_built, Global};
 use super::generate_answers::SamplingArgs;
 
-pub const ABOUT: &str = "Sample G_c confidences per answer, each for exactly one fixed answer (turn 2)";
+pub const ABOUT: &str =
+    "Sample G_c confidences per answer, each for exactly one fixed answer (turn 2)";
 pub const LONG_ABOUT: &str = "\
 For every answer row (j,k), build the conversation system + user prompt + assistant(answer k) +
 user(confidence query) and sample G_c (--num-confidences) responses

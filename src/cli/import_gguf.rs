@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Convert a llama.cpp GGUF model (F32/F16/Q8_0/Q4_0/Q4_1) into a Hugging Face folder";
+pub const ABOUT: &str =
+    "Convert a llama.cpp GGUF model (F32/F16/Q8_0/Q4_0/Q4_1) into a Hugging Face folder";
 pub const LONG_ABOUT: &str = "\
 Read a GGUF v3 file, dequantize its tensors to float32, undo llama.cpp's q/k row permutation, build
 tokenizer.json and tokenizer_config.json (with the chat template) from its metadata, and write an

@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Build a prompts table (countdown-synth, TinyZero countdown, verl Parquet, JSONL)";
+pub const ABOUT: &str =
+    "Build a prompts table (countdown-synth, TinyZero countdown, verl Parquet, JSONL)";
 pub const LONG_ABOUT: &str = "\
 Build a prompts table: one row per prompt with `prompt_id`, `messages` (JSON list of {role, content}),
 `data_source` and `ground_truth` (JSON text). This is the input of `generate-answers`.

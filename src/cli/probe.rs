@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Faithfulness probe: cut the thinking, force an answer, Monte-Carlo its accuracy";
+pub const ABOUT: &str =
+    "Faithfulness probe: cut the thinking, force an answer, Monte-Carlo its accuracy";
 pub const LONG_ABOUT: &str = "\
 For each answer rollout, cut its <think> at several points, force `</think><answer>`, sample N
 continuations (default 50), verify each with the training verifier (correct iff score == 1.0) and

@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Calibration report: accuracy, Brier, ECE, AUROC, reliability diagram, curves";
+pub const ABOUT: &str =
+    "Calibration report: accuracy, Brier, ECE, AUROC, reliability diagram, curves";
 pub const LONG_ABOUT: &str = "\
 Compute calibration metrics (accuracy, format rate, parse rate, mean confidence, Brier, ECE, AUROC,
 lengths, per data_source) and draw a reliability diagram; with several --input files (iterations),

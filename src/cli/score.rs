@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Score a trajectory table: accuracy, format, confidence, Brier, structured rewards";
+pub const ABOUT: &str =
+    "Score a trajectory table: accuracy, format, confidence, Brier, structured rewards";
 pub const LONG_ABOUT: &str = "\
 Score every row of a trajectory table without a model. Answers: acc_reward = 1 iff the verifier
 accepts the extracted answer. Confidence rows: the last <confidence> parsed as a finite float in

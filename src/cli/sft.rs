@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Supervised warm start (cross-entropy on response tokens), as RLCR's SFT+RLCR";
+pub const ABOUT: &str =
+    "Supervised warm start (cross-entropy on response tokens), as RLCR's SFT+RLCR";
 pub const LONG_ABOUT: &str = "\
 Fine-tune a model with cross-entropy on the response tokens of a table whose `messages` end with the
 assistant target (or a trajectory table filtered to correct rows). Same optimizer, checkpoint and

@@ -5,7 +5,8 @@ use anyhow::Result;
 
 use super::common::{not_built, Global};
 
-pub const ABOUT: &str = "Train the policy on a training table (PPO/GRPO clipped loss); write a new HF checkpoint";
+pub const ABOUT: &str =
+    "Train the policy on a training table (PPO/GRPO clipped loss); write a new HF checkpoint";
 pub const LONG_ABOUT: &str = "\
 Recompute the log-probs of the response tokens, take the PPO/GRPO clipped token loss weighted by
 token_advantages and masked by loss_mask (answer and confidence rows in one batch), and step AdamW.

@@ -99,7 +99,16 @@ fn matmul_rows(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
             // SAFETY: columns g0*8..g1*8 of rows r0..r0+r are inside `out` and written only by
             // this job; `w` holds k*n floats; avx2+fma were detected by the caller.
             unsafe {
-                kernel_dispatch(*r, xt, k, w.as_ptr().add(g0 * 8), n, out.0.add(r0 * n + g0 * 8), n, g1 - g0);
+                kernel_dispatch(
+                    *r,
+                    xt,
+                    k,
+                    w.as_ptr().add(g0 * 8),
+                    n,
+                    out.0.add(r0 * n + g0 * 8),
+                    n,
+                    g1 - g0,
+                );
             }
         }
         if g1 == groups {
@@ -231,7 +240,9 @@ mod tests {
         let mut out = vec![0f64; m * n];
         for i in 0..m {
             for j in 0..n {
-                out[i * n + j] = (0..k).map(|t| x[i * k + t] as f64 * w[t * n + j] as f64).sum();
+                out[i * n + j] = (0..k)
+                    .map(|t| x[i * k + t] as f64 * w[t * n + j] as f64)
+                    .sum();
             }
         }
         out
@@ -243,16 +254,29 @@ mod tests {
             return;
         }
         let dev = Device::flex();
-        for &(m, k, n) in &[(1, 1, 16), (8, 64, 384), (7, 33, 50), (16, 576, 1000), (13, 5, 31)] {
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-            let w: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 40.0).collect();
+        for &(m, k, n) in &[
+            (1, 1, 16),
+            (8, 64, 384),
+            (7, 33, 50),
+            (16, 576, 1000),
+            (13, 5, 31),
+        ] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let w: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 40.0)
+                .collect();
             let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
             let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
             let got = small_matmul(&xt, &wt).expect("fast path applies");
             let got = crate::model::read_f32(got).unwrap();
             let want = naive(&x, m, k, &w, n);
             for (g, w) in got.iter().zip(&want) {
-                assert!((*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()), "{m}x{k}x{n}: {g} vs {w}");
+                assert!(
+                    (*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()),
+                    "{m}x{k}x{n}: {g} vs {w}"
+                );
             }
         }
     }
@@ -264,8 +288,11 @@ mod tests {
         }
         let dev = Device::flex();
         // x as a transposed view (non-contiguous).
-        let xs = Tensor::<2>::from_data(TensorData::new((0..40).map(|i| i as f32).collect::<Vec<_>>(), [5, 8]), &dev)
-            .transpose();
+        let xs = Tensor::<2>::from_data(
+            TensorData::new((0..40).map(|i| i as f32).collect::<Vec<_>>(), [5, 8]),
+            &dev,
+        )
+        .transpose();
         let w = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 5 * 32], [5, 32]), &dev);
         let fast = crate::model::read_f32(small_matmul(&xs, &w).unwrap()).unwrap();
         let slow = crate::model::read_f32(xs.clone().matmul(w.clone())).unwrap();
