@@ -1,12 +1,15 @@
 //! `rlcr schema`: print a table schema.
+use std::io::Write;
+
 use anyhow::Result;
 
-use super::common::{not_built, Global};
+use super::common::{Global, UsageError};
+use crate::table::schema;
 
 pub const ABOUT: &str = "Print a table schema (trajectory, prompts, probe) as JSON";
 pub const LONG_ABOUT: &str = "\
 Print the machine-readable schema of a table kind: columns, types, nullability and which stage writes
-them. Without a name, list the table kinds.
+them (the same JSON as the files in schemas/). Without a name, list the table kinds.
 
 Example:
   rlcr schema trajectory";
@@ -17,6 +20,26 @@ pub struct Args {
     pub name: Option<String>,
 }
 
-pub fn run(_g: &Global, _a: Args) -> Result<()> {
-    Err(not_built("schema"))
+pub fn run(_g: &Global, a: Args) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match a.name {
+        None => {
+            for (short, spec) in schema::all() {
+                writeln!(
+                    out,
+                    "{short:<12} {} v{}: {}",
+                    spec.name, spec.version, spec.doc
+                )?;
+            }
+        }
+        Some(n) => {
+            let spec = schema::by_name(&n).ok_or_else(|| {
+                UsageError(format!(
+                    "unknown table kind {n:?}; expected one of: trajectory, prompts, probe"
+                ))
+            })?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&spec.to_json())?)?;
+        }
+    }
+    Ok(())
 }

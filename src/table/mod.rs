@@ -1,1 +1,23 @@
-//! table (to be built).
+//! Tables: schemas, Parquet I/O, metadata, validation, atomic writes.
+//!
+//! - [`schema`]: the column lists of the trajectory, prompts and probe tables (the contract).
+//! - [`io`]: streaming [`Reader`] (file or folder of parts; LargeList/LargeUtf8 normalised) and
+//!   atomic [`Writer`] (zstd, rlcr key-value metadata, refuses to overwrite an input).
+//! - [`cols`]: typed column getters and builders.
+//! - [`validate`]: schema and row checks with file/row/column in every message.
+pub mod cols;
+pub mod io;
+pub mod json;
+pub mod schema;
+pub mod shard;
+pub mod validate;
+
+pub use io::{check_distinct, write_atomic, write_table, AtomicFile, Meta, Reader, Writer};
+pub use schema::{ColType, ColumnSpec, TableSpec, PROBE, PROMPTS, TRAJECTORY};
+pub use shard::Shard;
+pub use validate::{check_schema, Validator};
+
+/// The full trajectory schema.
+pub fn trajectory_schema() -> arrow::datatypes::SchemaRef {
+    TRAJECTORY.arrow_schema()
+}

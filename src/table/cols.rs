@@ -1,0 +1,430 @@
+//! Typed access to columns of a record batch, and builders for rlcr's column types.
+//!
+//! Getters return the concrete Arrow array or an error naming the table and column; list getters
+//! give the flat values plus offsets so hot loops slice without allocating. Builders turn plain Rust
+//! vectors into the exact Arrow types of [`super::schema`].
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, BooleanBuilder, Float32Array, Int32Array, ListArray,
+    RecordBatch, StringArray, StructArray,
+};
+use arrow::buffer::{OffsetBuffer, ScalarBuffer};
+use arrow::datatypes::{DataType, Field, Schema};
+
+use super::schema::{component_fields, span_fields, TableSpec};
+
+/// Find a column by name.
+pub fn column<'a>(b: &'a RecordBatch, table: &str, name: &str) -> Result<&'a ArrayRef> {
+    b.column_by_name(name)
+        .ok_or_else(|| anyhow!("{table}: column `{name}` is missing"))
+}
+
+macro_rules! getter {
+    ($fn:ident, $ty:ty, $tname:literal) => {
+        /// Typed column getter; errors name the table and column.
+        pub fn $fn<'a>(b: &'a RecordBatch, table: &str, name: &str) -> Result<&'a $ty> {
+            let c = column(b, table, name)?;
+            c.as_any().downcast_ref::<$ty>().ok_or_else(|| {
+                anyhow!(
+                    "{table}: column `{name}` has type {}, expected {}",
+                    c.data_type(),
+                    $tname
+                )
+            })
+        }
+    };
+}
+
+getter!(str_col, StringArray, "utf8");
+getter!(i32_col, Int32Array, "int32");
+getter!(f32_col, Float32Array, "float32");
+getter!(bool_col, BooleanArray, "bool");
+getter!(list_col, ListArray, "a list");
+getter!(struct_col, StructArray, "a struct");
+
+/// A list column viewed as flat values + offsets.
+pub struct ListView<'a, T: ?Sized> {
+    pub list: &'a ListArray,
+    pub values: &'a T,
+}
+
+impl<'a, T: ?Sized> ListView<'a, T> {
+    /// The value range of row `i`.
+    pub fn range(&self, i: usize) -> std::ops::Range<usize> {
+        let o = self.list.value_offsets();
+        o[i] as usize..o[i + 1] as usize
+    }
+    /// Number of items in row `i`.
+    pub fn len_of(&self, i: usize) -> usize {
+        let o = self.list.value_offsets();
+        (o[i + 1] - o[i]) as usize
+    }
+    /// Whether row `i` is null.
+    pub fn is_null(&self, i: usize) -> bool {
+        self.list.is_null(i)
+    }
+}
+
+fn list_values<'a, T: 'static>(
+    b: &'a RecordBatch,
+    table: &str,
+    name: &str,
+    tname: &str,
+) -> Result<ListView<'a, T>> {
+    let list = list_col(b, table, name)?;
+    let values = list.values().as_any().downcast_ref::<T>().ok_or_else(|| {
+        anyhow!(
+            "{table}: column `{name}` has type {}, expected list<{tname}>",
+            list.data_type()
+        )
+    })?;
+    Ok(ListView { list, values })
+}
+
+/// `list<int32>` column.
+pub fn list_i32<'a>(
+    b: &'a RecordBatch,
+    table: &str,
+    name: &str,
+) -> Result<ListView<'a, Int32Array>> {
+    list_values(b, table, name, "int32")
+}
+
+/// `list<float32>` column.
+pub fn list_f32<'a>(
+    b: &'a RecordBatch,
+    table: &str,
+    name: &str,
+) -> Result<ListView<'a, Float32Array>> {
+    list_values(b, table, name, "float32")
+}
+
+/// `list<bool>` column.
+pub fn list_bool<'a>(
+    b: &'a RecordBatch,
+    table: &str,
+    name: &str,
+) -> Result<ListView<'a, BooleanArray>> {
+    list_values(b, table, name, "bool")
+}
+
+/// A span column: per row `Some((start, end))` or `None`.
+pub fn spans(b: &RecordBatch, table: &str, name: &str) -> Result<Vec<Option<(i32, i32)>>> {
+    let s = struct_col(b, table, name)?;
+    let start = s
+        .column_by_name("start")
+        .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+        .ok_or_else(|| anyhow!("{table}: column `{name}` has no int32 field `start`"))?;
+    let end = s
+        .column_by_name("end")
+        .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+        .ok_or_else(|| anyhow!("{table}: column `{name}` has no int32 field `end`"))?;
+    Ok((0..s.len())
+        .map(|i| {
+            if s.is_null(i) || start.is_null(i) || end.is_null(i) {
+                None
+            } else {
+                Some((start.value(i), end.value(i)))
+            }
+        })
+        .collect())
+}
+
+/// Build a `list<int32>` array.
+pub fn build_list_i32<I, R>(rows: I) -> ArrayRef
+where
+    I: IntoIterator<Item = R>,
+    R: AsRef<[i32]>,
+{
+    let mut offsets: Vec<i32> = vec![0];
+    let mut values: Vec<i32> = Vec::new();
+    for r in rows {
+        values.extend_from_slice(r.as_ref());
+        offsets.push(values.len() as i32);
+    }
+    list_array(DataType::Int32, Arc::new(Int32Array::from(values)), offsets)
+}
+
+/// Build a `list<float32>` array.
+pub fn build_list_f32<I, R>(rows: I) -> ArrayRef
+where
+    I: IntoIterator<Item = R>,
+    R: AsRef<[f32]>,
+{
+    let mut offsets: Vec<i32> = vec![0];
+    let mut values: Vec<f32> = Vec::new();
+    for r in rows {
+        values.extend_from_slice(r.as_ref());
+        offsets.push(values.len() as i32);
+    }
+    list_array(
+        DataType::Float32,
+        Arc::new(Float32Array::from(values)),
+        offsets,
+    )
+}
+
+/// Build a nullable `list<float32>` array.
+pub fn build_list_f32_opt<I, R>(rows: I) -> ArrayRef
+where
+    I: IntoIterator<Item = Option<R>>,
+    R: AsRef<[f32]>,
+{
+    let mut offsets: Vec<i32> = vec![0];
+    let mut values: Vec<f32> = Vec::new();
+    let mut valid: Vec<bool> = Vec::new();
+    for r in rows {
+        if let Some(r) = &r {
+            values.extend_from_slice(r.as_ref());
+        }
+        valid.push(r.is_some());
+        offsets.push(values.len() as i32);
+    }
+    let field = Arc::new(Field::new("item", DataType::Float32, true));
+    Arc::new(ListArray::new(
+        field,
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        Arc::new(Float32Array::from(values)),
+        Some(valid.into()),
+    ))
+}
+
+/// Build a `list<bool>` array.
+pub fn build_list_bool<I, R>(rows: I) -> ArrayRef
+where
+    I: IntoIterator<Item = R>,
+    R: AsRef<[bool]>,
+{
+    let mut offsets: Vec<i32> = vec![0];
+    let mut values = BooleanBuilder::new();
+    let mut n = 0i32;
+    for r in rows {
+        values.append_slice(r.as_ref());
+        n += r.as_ref().len() as i32;
+        offsets.push(n);
+    }
+    list_array(DataType::Boolean, Arc::new(values.finish()), offsets)
+}
+
+fn list_array(item: DataType, values: ArrayRef, offsets: Vec<i32>) -> ArrayRef {
+    let field = Arc::new(Field::new("item", item, true));
+    Arc::new(ListArray::new(
+        field,
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        values,
+        None,
+    ))
+}
+
+/// Build a span column from `Option<(start, end)>` per row.
+pub fn build_spans(rows: &[Option<(i32, i32)>]) -> ArrayRef {
+    let start = Int32Array::from(
+        rows.iter()
+            .map(|r| r.map_or(0, |x| x.0))
+            .collect::<Vec<_>>(),
+    );
+    let end = Int32Array::from(
+        rows.iter()
+            .map(|r| r.map_or(0, |x| x.1))
+            .collect::<Vec<_>>(),
+    );
+    let valid: Vec<bool> = rows.iter().map(|r| r.is_some()).collect();
+    Arc::new(StructArray::new(
+        span_fields(),
+        vec![Arc::new(start), Arc::new(end)],
+        Some(valid.into()),
+    ))
+}
+
+/// One structured reward component.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Component {
+    pub name: String,
+    pub turn: i32,
+    pub value: f32,
+    pub weight: f32,
+}
+
+/// Build a `reward_components` column.
+pub fn build_components(rows: &[Vec<Component>]) -> ArrayRef {
+    let mut offsets = vec![0i32];
+    let (mut names, mut turns, mut values, mut weights) = (vec![], vec![], vec![], vec![]);
+    for r in rows {
+        for c in r {
+            names.push(c.name.as_str());
+            turns.push(c.turn);
+            values.push(c.value);
+            weights.push(c.weight);
+        }
+        offsets.push(names.len() as i32);
+    }
+    let st = StructArray::new(
+        component_fields(),
+        vec![
+            Arc::new(StringArray::from(names)),
+            Arc::new(Int32Array::from(turns)),
+            Arc::new(Float32Array::from(values)),
+            Arc::new(Float32Array::from(weights)),
+        ],
+        None,
+    );
+    list_array(DataType::Struct(component_fields()), Arc::new(st), offsets)
+}
+
+/// Replace or add columns of a batch. Existing columns keep their place; new columns are inserted
+/// before the first known column that follows them in `spec`'s canonical order (at the end when
+/// none does); unknown extra columns keep their place.
+/// Fields of known columns take the spec's type and nullability.
+pub fn set_columns(
+    b: &RecordBatch,
+    spec: &TableSpec,
+    new: Vec<(&str, ArrayRef)>,
+) -> Result<RecordBatch> {
+    let mut cols: Vec<(Field, ArrayRef)> = b
+        .schema()
+        .fields()
+        .iter()
+        .zip(b.columns())
+        .map(|(f, c)| (f.as_ref().clone(), c.clone()))
+        .collect();
+    for (name, arr) in new {
+        if arr.len() != b.num_rows() {
+            bail!(
+                "internal error: column `{name}` has {} rows, batch has {}",
+                arr.len(),
+                b.num_rows()
+            );
+        }
+        let field = match spec.column(name) {
+            Some(c) => {
+                let mut f = c.field();
+                if !c.nullable && arr.null_count() > 0 {
+                    bail!("internal error: nulls written to non-nullable column `{name}`");
+                }
+                if f.data_type() != arr.data_type() {
+                    // Keep what the array is (e.g. a nested field's nullability differs) but
+                    // require the same logical type.
+                    if !c.ty.accepts(arr.data_type()) {
+                        bail!(
+                            "internal error: column `{name}` built as {}, schema says {}",
+                            arr.data_type(),
+                            c.ty.name()
+                        );
+                    }
+                    f = Field::new(name, arr.data_type().clone(), c.nullable);
+                }
+                f
+            }
+            None => Field::new(name, arr.data_type().clone(), arr.null_count() > 0),
+        };
+        if let Some(pos) = cols.iter().position(|(f, _)| f.name() == name) {
+            cols[pos] = (field, arr);
+        } else {
+            let order = spec.order(name);
+            let pos = cols
+                .iter()
+                .position(|(f, _)| {
+                    let o = spec.order(f.name());
+                    o != usize::MAX && o > order
+                })
+                .unwrap_or(cols.len());
+            cols.insert(pos, (field, arr));
+        }
+    }
+    let schema = Arc::new(Schema::new(
+        cols.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>(),
+    ));
+    Ok(RecordBatch::try_new(
+        schema,
+        cols.into_iter().map(|(_, a)| a).collect(),
+    )?)
+}
+
+/// Drop columns by name (missing names are ignored).
+pub fn drop_columns(b: &RecordBatch, names: &[&str]) -> Result<RecordBatch> {
+    let keep: Vec<usize> = b
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !names.contains(&f.name().as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    Ok(b.project(&keep)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::schema::TRAJECTORY;
+
+    #[test]
+    fn builders_have_schema_types() {
+        assert_eq!(
+            build_list_i32([vec![1, 2], vec![]]).data_type(),
+            &crate::table::schema::ColType::ListInt32.arrow()
+        );
+        assert_eq!(
+            build_spans(&[Some((1, 2)), None]).data_type(),
+            &crate::table::schema::ColType::Span.arrow()
+        );
+        assert_eq!(
+            build_components(&[vec![]]).data_type(),
+            &crate::table::schema::ColType::RewardComponents.arrow()
+        );
+        assert_eq!(
+            build_list_bool([vec![true], vec![false, true]]).data_type(),
+            &crate::table::schema::ColType::ListBool.arrow()
+        );
+    }
+
+    #[test]
+    fn set_columns_orders_canonically() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("prompt_id", DataType::Utf8, false),
+            Field::new("zzz_extra", DataType::Int32, false),
+            Field::new("reward", DataType::Float32, false),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(vec!["p"])),
+                Arc::new(Int32Array::from(vec![7])),
+                Arc::new(Float32Array::from(vec![1.0])),
+            ],
+        )
+        .unwrap();
+        let out = set_columns(
+            &b,
+            &TRAJECTORY,
+            vec![
+                (
+                    "acc_reward",
+                    Arc::new(Float32Array::from(vec![0.5])) as ArrayRef,
+                ),
+                (
+                    "reward",
+                    Arc::new(Float32Array::from(vec![2.0])) as ArrayRef,
+                ),
+            ],
+        )
+        .unwrap();
+        let names: Vec<_> = out
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["prompt_id", "zzz_extra", "acc_reward", "reward"]);
+        assert_eq!(f32_col(&out, "t", "reward").unwrap().value(0), 2.0);
+        let sp = build_spans(&[Some((3, 9))]);
+        let out = set_columns(&out, &TRAJECTORY, vec![("answer_span", sp)]).unwrap();
+        assert_eq!(spans(&out, "t", "answer_span").unwrap(), vec![Some((3, 9))]);
+        let e = f32_col(&out, "t.parquet", "prompt_id").unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("t.parquet: column `prompt_id` has type Utf8"));
+    }
+}

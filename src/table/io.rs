@@ -1,0 +1,828 @@
+//! Parquet reading and writing: streaming record batches, file metadata, atomic output.
+//!
+//! Reading normalises what other tools write (polars: `LargeList`, `LargeUtf8`; DuckDB/pyarrow:
+//! `Utf8View`, dictionaries) into the plain types rlcr's code expects, so stages never see them. An
+//! input may be a file or a folder of part files (`*.parquet`, read in name order).
+//!
+//! Writing is atomic: rows go to a temp file in the output's folder (permissions 0644 set first,
+//! since temp files start 0600), which is `fsync`ed and renamed over the output only when the stage
+//! has succeeded. A stage that fails, panics or is killed leaves the previous output intact; a
+//! stale temp file from a killed run is removed by the next run that writes the same output.
+//! Provenance goes into the file's key-value metadata through the Parquet writer properties (keys
+//! on the Arrow schema would never reach DuckDB's `parquet_kv_metadata()` or polars'
+//! `read_parquet_metadata()`), in a fixed order and without timestamps, so the same inputs give
+//! byte-identical files.
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+
+use super::schema::TableSpec;
+
+/// Rows per record batch when reading.
+pub const READ_BATCH_ROWS: usize = 8192;
+/// Rows per Parquet row group when writing.
+pub const ROW_GROUP_ROWS: usize = 65536;
+
+/// Provenance written into every output's key-value metadata.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Table kind, e.g. `rlcr.trajectory`.
+    pub schema_name: String,
+    /// Schema version.
+    pub schema_version: u32,
+    /// The stage that wrote the file (`score`, ...).
+    pub stage: String,
+    /// The resolved configuration (flags + config file), JSON.
+    pub config: serde_json::Value,
+    /// Input files, as given.
+    pub inputs: Vec<PathBuf>,
+    /// Extra keys (`rlcr.<key>`), e.g. statistics.
+    pub extra: BTreeMap<String, String>,
+}
+
+impl Meta {
+    /// Metadata for a table of kind `spec` written by `stage`.
+    pub fn new(spec: &TableSpec, stage: &str, config: serde_json::Value, inputs: &[&Path]) -> Self {
+        Meta {
+            schema_name: spec.name.to_string(),
+            schema_version: spec.version,
+            stage: stage.to_string(),
+            config,
+            inputs: inputs.iter().map(|p| p.to_path_buf()).collect(),
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// The key-value pairs, in a fixed order.
+    pub fn key_values(&self) -> Vec<KeyValue> {
+        let inputs: Vec<String> = self
+            .inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let mut kv = vec![
+            KeyValue::new("rlcr.schema".into(), self.schema_name.clone()),
+            KeyValue::new(
+                "rlcr.schema_version".into(),
+                self.schema_version.to_string(),
+            ),
+            KeyValue::new("rlcr.stage".into(), self.stage.clone()),
+            KeyValue::new("rlcr.config".into(), self.config.to_string()),
+            KeyValue::new(
+                "rlcr.inputs".into(),
+                serde_json::Value::from(inputs).to_string(),
+            ),
+            KeyValue::new("rlcr.version".into(), crate::VERSION.to_string()),
+        ];
+        for (k, v) in &self.extra {
+            kv.push(KeyValue::new(format!("rlcr.{k}"), v.clone()));
+        }
+        kv
+    }
+}
+
+/// A streaming reader over one Parquet file or a folder of part files.
+pub struct Reader {
+    files: Vec<PathBuf>,
+    next_file: usize,
+    current: Option<ParquetRecordBatchReader>,
+    schema: SchemaRef,
+    file_schema: SchemaRef,
+    metadata: BTreeMap<String, String>,
+    num_rows: usize,
+    columns: Option<Vec<String>>,
+    /// Display name for errors.
+    pub display: String,
+}
+
+impl Reader {
+    /// Open a table for reading every column.
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::open_inner(path, None)
+    }
+
+    /// Open a table reading only the named columns (those present; check with [`Reader::schema`]).
+    pub fn open_columns(path: &Path, columns: &[&str]) -> Result<Self> {
+        Self::open_inner(path, Some(columns.iter().map(|s| s.to_string()).collect()))
+    }
+
+    fn open_inner(path: &Path, columns: Option<Vec<String>>) -> Result<Self> {
+        let files = input_files(path)?;
+        let mut num_rows = 0usize;
+        let mut first: Option<(SchemaRef, BTreeMap<String, String>)> = None;
+        for f in &files {
+            let b = builder(f)?;
+            num_rows += b.metadata().file_metadata().num_rows().max(0) as usize;
+            let schema = normalized_schema(b.schema());
+            match &first {
+                None => {
+                    let mut md = BTreeMap::new();
+                    if let Some(kvs) = b.metadata().file_metadata().key_value_metadata() {
+                        for kv in kvs {
+                            md.insert(kv.key.clone(), kv.value.clone().unwrap_or_default());
+                        }
+                    }
+                    first = Some((schema, md));
+                }
+                Some((s0, _)) => {
+                    if s0.fields() != schema.fields() {
+                        bail!(
+                            "{}: part file {} has a different schema from {}",
+                            path.display(),
+                            f.display(),
+                            files[0].display()
+                        );
+                    }
+                }
+            }
+        }
+        let Some((file_schema, metadata)) = first else {
+            bail!("{}: no Parquet files found", path.display());
+        };
+        let schema = match &columns {
+            None => file_schema.clone(),
+            Some(cols) => Arc::new(Schema::new(
+                file_schema
+                    .fields()
+                    .iter()
+                    .filter(|f| cols.iter().any(|c| c == f.name()))
+                    .map(|f| f.as_ref().clone())
+                    .collect::<Vec<Field>>(),
+            )),
+        };
+        Ok(Reader {
+            files,
+            next_file: 0,
+            current: None,
+            schema,
+            file_schema,
+            metadata,
+            num_rows,
+            columns,
+            display: path.display().to_string(),
+        })
+    }
+
+    /// The (normalised) schema of the batches this reader yields.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// The (normalised) schema of the whole file, every column.
+    pub fn file_schema(&self) -> SchemaRef {
+        self.file_schema.clone()
+    }
+
+    /// The file's key-value metadata (of the first part file).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// Total rows over all part files.
+    pub fn num_rows(&self) -> usize {
+        self.num_rows
+    }
+
+    /// Whether the file has a column.
+    pub fn has_column(&self, name: &str) -> bool {
+        self.file_schema.field_with_name(name).is_ok()
+    }
+
+    /// The files read, in order.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// Read every remaining batch into memory (for small tables: prompts, model-stage inputs).
+    pub fn read_all(self) -> Result<Vec<RecordBatch>> {
+        self.collect()
+    }
+
+    fn open_next(&mut self) -> Result<bool> {
+        let Some(f) = self.files.get(self.next_file).cloned() else {
+            return Ok(false);
+        };
+        self.next_file += 1;
+        let b = builder(&f)?;
+        let b = match &self.columns {
+            None => b,
+            Some(cols) => {
+                let idx: Vec<usize> = b
+                    .schema()
+                    .fields()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, fld)| cols.iter().any(|c| c == fld.name()))
+                    .map(|(i, _)| i)
+                    .collect();
+                let mask = ProjectionMask::roots(b.parquet_schema(), idx);
+                b.with_projection(mask)
+            }
+        };
+        let r = b
+            .with_batch_size(READ_BATCH_ROWS)
+            .build()
+            .with_context(|| format!("{}: cannot read Parquet data", f.display()))?;
+        self.current = Some(r);
+        Ok(true)
+    }
+}
+
+impl Iterator for Reader {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = &mut self.current {
+                match r.next() {
+                    Some(Ok(b)) => return Some(normalize_batch(&b)),
+                    Some(Err(e)) => {
+                        let f = self
+                            .files
+                            .get(self.next_file.saturating_sub(1))
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default();
+                        return Some(Err(anyhow::Error::new(e)
+                            .context(format!("{f}: corrupt or truncated Parquet data"))));
+                    }
+                    None => self.current = None,
+                }
+            }
+            match self.open_next() {
+                Ok(true) => continue,
+                Ok(false) => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
+/// The files behind an input path: the file itself, or a folder's `*.parquet` in name order.
+pub fn input_files(path: &Path) -> Result<Vec<PathBuf>> {
+    let md = std::fs::metadata(path)
+        .with_context(|| format!("{}: cannot open input", path.display()))?;
+    if md.is_dir() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("{}: cannot list folder", path.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+            .filter(|p| {
+                !p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        v.sort();
+        if v.is_empty() {
+            bail!("{}: folder holds no *.parquet files", path.display());
+        }
+        Ok(v)
+    } else {
+        Ok(vec![path.to_path_buf()])
+    }
+}
+
+fn builder(f: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let file = File::open(f).with_context(|| format!("{}: cannot open", f.display()))?;
+    let len = file
+        .metadata()
+        .with_context(|| format!("{}: cannot stat", f.display()))?
+        .len();
+    if len == 0 {
+        bail!(
+            "{}: the file is empty (0 bytes), not a Parquet file",
+            f.display()
+        );
+    }
+    let mut magic = [0u8; 4];
+    let mut head = File::open(f).with_context(|| format!("{}: cannot open", f.display()))?;
+    if len < 12 || head.read_exact(&mut magic).is_err() || &magic != b"PAR1" {
+        bail!(
+            "{}: not a Parquet file (it does not start with the PAR1 magic bytes)",
+            f.display()
+        );
+    }
+    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a readable Parquet file (truncated or corrupt footer?): {e}",
+            f.display()
+        )
+    })
+}
+
+/// The normalised form of a type: `LargeList`→`List`, `LargeUtf8`/`Utf8View`→`Utf8`, dictionaries
+/// of strings → `Utf8`, recursively.
+pub fn normalized_type(dt: &DataType) -> DataType {
+    match dt {
+        DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
+        DataType::Dictionary(_, v) => normalized_type(v),
+        DataType::LargeList(f) | DataType::List(f) | DataType::ListView(f) => {
+            DataType::List(Arc::new(normalized_field(f)))
+        }
+        DataType::Struct(fs) => DataType::Struct(
+            fs.iter()
+                .map(|f| normalized_field(f))
+                .collect::<Vec<Field>>()
+                .into(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn normalized_field(f: &Field) -> Field {
+    Field::new(f.name(), normalized_type(f.data_type()), f.is_nullable())
+}
+
+fn normalized_schema(s: &SchemaRef) -> SchemaRef {
+    Arc::new(Schema::new(
+        s.fields()
+            .iter()
+            .map(|f| normalized_field(f))
+            .collect::<Vec<Field>>(),
+    ))
+}
+
+fn normalize_batch(b: &RecordBatch) -> Result<RecordBatch> {
+    let schema = b.schema();
+    if schema
+        .fields()
+        .iter()
+        .all(|f| normalized_type(f.data_type()) == *f.data_type())
+    {
+        return Ok(b.clone());
+    }
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(b.num_columns());
+    for (f, c) in schema.fields().iter().zip(b.columns()) {
+        let want = normalized_type(f.data_type());
+        if want == *f.data_type() {
+            cols.push(c.clone());
+        } else {
+            cols.push(
+                arrow::compute::cast(c.as_ref(), &want)
+                    .with_context(|| format!("column `{}`: cannot convert type", f.name()))?,
+            );
+        }
+    }
+    let out_schema = normalized_schema(&schema);
+    Ok(RecordBatch::try_new(out_schema, cols)?)
+}
+
+/// Refuse to write `out` when it is the same file as one of `inputs` (also through links).
+pub fn check_distinct(inputs: &[&Path], out: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(om) = std::fs::metadata(out) else {
+        // A new output can alias an input only through a not-yet-existing path: compare names.
+        for i in inputs {
+            if let (Ok(a), Some(b)) = (std::fs::canonicalize(i), canonical_new(out)) {
+                if a == b {
+                    bail!(
+                        "the output {} is the input {}: rlcr never modifies an input",
+                        out.display(),
+                        i.display()
+                    );
+                }
+            }
+        }
+        return Ok(());
+    };
+    for i in inputs {
+        if let Ok(im) = std::fs::metadata(i) {
+            if im.dev() == om.dev() && im.ino() == om.ino() {
+                bail!(
+                    "the output {} is the same file as the input {}: rlcr never modifies an input",
+                    out.display(),
+                    i.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn canonical_new(p: &Path) -> Option<PathBuf> {
+    let parent = p.parent().filter(|x| !x.as_os_str().is_empty());
+    let dir = std::fs::canonicalize(parent.unwrap_or(Path::new("."))).ok()?;
+    Some(dir.join(p.file_name()?))
+}
+
+/// An atomically written file: a temp file beside the target, renamed into place on `commit`,
+/// removed on drop otherwise.
+pub struct AtomicFile {
+    target: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+}
+
+impl AtomicFile {
+    /// Create the temp file for `target` (creating the target's folder if needed).
+    pub fn create(target: &Path) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let name = target
+            .file_name()
+            .with_context(|| format!("{}: not a file path", target.display()))?
+            .to_string_lossy()
+            .to_string();
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("{}: cannot create folder", dir.display()))?;
+        if target.is_dir() {
+            bail!(
+                "{}: the output is a folder, expected a file",
+                target.display()
+            );
+        }
+        remove_stale_temps(&dir, &name);
+        let tmp = dir.join(format!(".{name}.rlcr-tmp-{}", std::process::id()));
+        let file = File::create(&tmp)
+            .with_context(|| format!("{}: cannot create temp file", tmp.display()))?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .with_context(|| format!("{}: cannot set permissions", tmp.display()))?;
+        Ok(AtomicFile {
+            target: target.to_path_buf(),
+            tmp,
+            file: Some(file),
+        })
+    }
+
+    /// The open temp file.
+    pub fn file(&mut self) -> Result<&mut File> {
+        self.file
+            .as_mut()
+            .context("internal error: atomic file already committed")
+    }
+
+    /// Take the file out (to hand it to a writer that owns it); give it back with `commit_file`.
+    pub fn take(&mut self) -> Result<File> {
+        self.file
+            .take()
+            .context("internal error: atomic file already taken")
+    }
+
+    /// fsync the file and rename it over the target.
+    pub fn commit_file(mut self, file: File) -> Result<()> {
+        file.sync_all()
+            .with_context(|| format!("{}: fsync failed", self.tmp.display()))?;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.target).with_context(|| {
+            format!(
+                "cannot rename {} to {}",
+                self.tmp.display(),
+                self.target.display()
+            )
+        })?;
+        if let Some(dir) = self.target.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        self.tmp = PathBuf::new();
+        Ok(())
+    }
+
+    /// Commit the file held inside.
+    pub fn commit(mut self) -> Result<()> {
+        let f = self.take()?;
+        self.commit_file(f)
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Remove temp files left by killed runs writing the same output (their process is gone).
+fn remove_stale_temps(dir: &Path, name: &str) {
+    let prefix = format!(".{name}.rlcr-tmp-");
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let fname = e.file_name().to_string_lossy().to_string();
+        if let Some(pid) = fname.strip_prefix(&prefix) {
+            let alive = pid
+                .parse::<u32>()
+                .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if !alive {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Write a small text/JSON file atomically.
+pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut a = AtomicFile::create(target)?;
+    a.file()?
+        .write_all(bytes)
+        .with_context(|| format!("{}: write failed", target.display()))?;
+    a.commit()
+}
+
+/// A Parquet table writer: zstd, row groups of [`ROW_GROUP_ROWS`], rlcr metadata, atomic.
+pub struct Writer {
+    atomic: AtomicFile,
+    writer: Option<ArrowWriter<File>>,
+    schema: SchemaRef,
+    rows: usize,
+}
+
+impl Writer {
+    /// Start writing `out` with `schema`. Refuses an `out` that is one of `meta.inputs`.
+    pub fn create(out: &Path, schema: SchemaRef, meta: &Meta) -> Result<Self> {
+        let inputs: Vec<&Path> = meta.inputs.iter().map(|p| p.as_path()).collect();
+        check_distinct(&inputs, out)?;
+        for i in &inputs {
+            if let Ok(files) = input_files(i) {
+                let fs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+                check_distinct(&fs, out)?;
+            }
+        }
+        let mut atomic = AtomicFile::create(out)?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_key_value_metadata(Some(meta.key_values()))
+            .build();
+        let file = atomic.take()?;
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
+            .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;
+        Ok(Writer {
+            atomic,
+            writer: Some(writer),
+            schema,
+            rows: 0,
+        })
+    }
+
+    /// The schema being written.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// Append a batch (its schema must equal the writer's).
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let w = self
+            .writer
+            .as_mut()
+            .context("internal error: writer already finished")?;
+        if batch.schema().fields() != self.schema.fields() {
+            bail!(
+                "internal error: batch schema {:?} differs from the table schema {:?}",
+                batch.schema(),
+                self.schema
+            );
+        }
+        w.write(batch).context("writing Parquet batch")?;
+        self.rows += batch.num_rows();
+        Ok(())
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Close the Parquet file, fsync, and rename it into place.
+    pub fn finish(mut self) -> Result<usize> {
+        let w = self
+            .writer
+            .take()
+            .context("internal error: writer already finished")?;
+        let file = w.into_inner().context("finishing Parquet file")?;
+        let rows = self.rows;
+        self.atomic.commit_file(file)?;
+        Ok(rows)
+    }
+}
+
+/// Write a whole table in one go.
+pub fn write_table(
+    out: &Path,
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+    meta: &Meta,
+) -> Result<usize> {
+    let mut w = Writer::create(out, schema, meta)?;
+    for b in batches {
+        w.write(b)?;
+    }
+    w.finish()
+}
+
+/// Concatenate batches into one (empty schema-shaped batch when none).
+pub fn concat(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    Ok(arrow::compute::concat_batches(schema, batches)?)
+}
+
+/// Length of an array as a helper for generic code.
+pub fn len(a: &dyn Array) -> usize {
+    a.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int32Array, StringArray};
+
+    fn batch() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int32, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int32Array::from(vec![1, 2, 3])),
+                Arc::new(StringArray::from(vec!["x", "y", "z"])),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn meta() -> Meta {
+        Meta {
+            schema_name: "rlcr.test".into(),
+            schema_version: 1,
+            stage: "test".into(),
+            config: serde_json::json!({"b": 2, "a": 1}),
+            inputs: vec![PathBuf::from("in.parquet")],
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn metadata_round_trip_and_permissions() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("t.parquet");
+        let b = batch();
+        write_table(&out, b.schema(), std::slice::from_ref(&b), &meta()).unwrap();
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        let r = Reader::open(&out).unwrap();
+        let md = r.metadata().clone();
+        assert_eq!(md["rlcr.schema"], "rlcr.test");
+        assert_eq!(md["rlcr.schema_version"], "1");
+        assert_eq!(md["rlcr.stage"], "test");
+        assert_eq!(md["rlcr.config"], r#"{"a":1,"b":2}"#);
+        assert_eq!(md["rlcr.inputs"], r#"["in.parquet"]"#);
+        assert_eq!(md["rlcr.version"], crate::VERSION);
+        assert_eq!(r.num_rows(), 3);
+        let got = r.read_all().unwrap();
+        assert_eq!(got, vec![b]);
+        // No temp file remains.
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn same_bytes_twice() {
+        let d = tempfile::tempdir().unwrap();
+        let b = batch();
+        let (p1, p2) = (d.path().join("1.parquet"), d.path().join("2.parquet"));
+        write_table(&p1, b.schema(), std::slice::from_ref(&b), &meta()).unwrap();
+        write_table(&p2, b.schema(), std::slice::from_ref(&b), &meta()).unwrap();
+        assert_eq!(std::fs::read(p1).unwrap(), std::fs::read(p2).unwrap());
+    }
+
+    #[test]
+    fn failed_write_leaves_previous_output() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("t.parquet");
+        std::fs::write(&out, b"previous").unwrap();
+        {
+            let b = batch();
+            let mut w = Writer::create(&out, b.schema(), &meta()).unwrap();
+            w.write(&b).unwrap();
+            // dropped without finish: an error path
+        }
+        assert_eq!(std::fs::read(&out).unwrap(), b"previous");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn stale_temp_is_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let stale = d.path().join(".t.parquet.rlcr-tmp-4000000000");
+        std::fs::write(&stale, b"junk").unwrap();
+        let out = d.path().join("t.parquet");
+        let b = batch();
+        write_table(&out, b.schema(), &[b], &meta()).unwrap();
+        assert!(!stale.exists());
+    }
+
+    #[test]
+    fn refuses_output_equal_to_input_even_through_links() {
+        let d = tempfile::tempdir().unwrap();
+        let input = d.path().join("in.parquet");
+        let b = batch();
+        let mut m = meta();
+        m.inputs = vec![];
+        write_table(&input, b.schema(), std::slice::from_ref(&b), &m).unwrap();
+        let link = d.path().join("link.parquet");
+        std::os::unix::fs::symlink(&input, &link).unwrap();
+        let hard = d.path().join("hard.parquet");
+        std::fs::hard_link(&input, &hard).unwrap();
+        m.inputs = vec![input.clone()];
+        for out in [&input, &link, &hard] {
+            let e = write_table(out, b.schema(), std::slice::from_ref(&b), &m).unwrap_err();
+            assert!(
+                format!("{e:#}").contains("never modifies an input"),
+                "{e:#}"
+            );
+        }
+        let rel = d.path().join(".").join("in.parquet");
+        assert!(write_table(&rel, b.schema(), std::slice::from_ref(&b), &m).is_err());
+    }
+
+    #[test]
+    fn not_parquet_empty_truncated() {
+        let d = tempfile::tempdir().unwrap();
+        let empty = d.path().join("e.parquet");
+        std::fs::write(&empty, b"").unwrap();
+        let e = Reader::open(&empty).err().unwrap();
+        assert!(format!("{e:#}").contains("empty"), "{e:#}");
+        let text = d.path().join("t.parquet");
+        std::fs::write(&text, b"hello, world, this is csv\n").unwrap();
+        let e = Reader::open(&text).err().unwrap();
+        assert!(format!("{e:#}").contains("not a Parquet file"), "{e:#}");
+        let good = d.path().join("g.parquet");
+        let b = batch();
+        write_table(&good, b.schema(), &[b], &meta()).unwrap();
+        let bytes = std::fs::read(&good).unwrap();
+        let trunc = d.path().join("tr.parquet");
+        std::fs::write(&trunc, &bytes[..bytes.len() / 2]).unwrap();
+        let e = Reader::open(&trunc).err().unwrap();
+        assert!(format!("{e:#}").contains("tr.parquet"), "{e:#}");
+    }
+
+    #[test]
+    fn large_types_are_normalised() {
+        use arrow::array::{LargeListArray, LargeStringArray};
+        use arrow::datatypes::Int32Type;
+        let d = tempfile::tempdir().unwrap();
+        let ll = LargeListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+            Some(vec![Some(1), Some(2)]),
+            Some(vec![]),
+        ]);
+        let ls = LargeStringArray::from(vec!["a", "b"]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("ids", ll.data_type().clone(), false),
+            Field::new("s", DataType::LargeUtf8, false),
+        ]));
+        let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(ll), Arc::new(ls)]).unwrap();
+        let p = d.path().join("l.parquet");
+        write_table(&p, schema, &[b], &meta()).unwrap();
+        let r = Reader::open(&p).unwrap();
+        assert!(matches!(r.schema().field(0).data_type(), DataType::List(_)));
+        assert_eq!(r.schema().field(1).data_type(), &DataType::Utf8);
+        let want = r.schema();
+        let got = r.read_all().unwrap();
+        assert_eq!(got[0].column(0).data_type(), want.field(0).data_type());
+    }
+
+    #[test]
+    fn folder_of_parts() {
+        let d = tempfile::tempdir().unwrap();
+        let parts = d.path().join("parts");
+        let b = batch();
+        write_table(
+            &parts.join("p1.parquet"),
+            b.schema(),
+            std::slice::from_ref(&b),
+            &meta(),
+        )
+        .unwrap();
+        write_table(
+            &parts.join("p0.parquet"),
+            b.schema(),
+            std::slice::from_ref(&b),
+            &meta(),
+        )
+        .unwrap();
+        let r = Reader::open(&parts).unwrap();
+        assert_eq!(r.num_rows(), 6);
+        assert_eq!(r.read_all().unwrap().len(), 2);
+        let r = Reader::open_columns(&parts, &["s"]).unwrap();
+        let got = r.read_all().unwrap();
+        assert_eq!(got[0].num_columns(), 1);
+    }
+}

@@ -1,0 +1,105 @@
+//! Arrow values as JSON (for reading foreign datasets whose cells are nested: verl's
+//! `reward_model.ground_truth`, `extra_info`, `prompt` lists).
+use anyhow::{bail, Result};
+use arrow::array::{
+    Array, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array,
+    LargeListArray, LargeStringArray, ListArray, StringArray, StructArray, UInt16Array,
+    UInt32Array, UInt64Array, UInt8Array,
+};
+use serde_json::{Map, Value};
+
+/// The value of row `i` of `a` as JSON (null for a null cell).
+pub fn value(a: &dyn Array, i: usize) -> Result<Value> {
+    if a.is_null(i) {
+        return Ok(Value::Null);
+    }
+    let any = a.as_any();
+    macro_rules! try_num {
+        ($($t:ty),*) => {$(
+            if let Some(x) = any.downcast_ref::<$t>() {
+                return Ok(serde_json::json!(x.value(i)));
+            }
+        )*};
+    }
+    try_num!(
+        Int8Array,
+        Int16Array,
+        Int32Array,
+        Int64Array,
+        UInt8Array,
+        UInt16Array,
+        UInt32Array,
+        UInt64Array
+    );
+    if let Some(x) = any.downcast_ref::<Float32Array>() {
+        return Ok(float(x.value(i) as f64));
+    }
+    if let Some(x) = any.downcast_ref::<Float64Array>() {
+        return Ok(float(x.value(i)));
+    }
+    if let Some(x) = any.downcast_ref::<BooleanArray>() {
+        return Ok(Value::Bool(x.value(i)));
+    }
+    if let Some(x) = any.downcast_ref::<StringArray>() {
+        return Ok(Value::String(x.value(i).to_string()));
+    }
+    if let Some(x) = any.downcast_ref::<LargeStringArray>() {
+        return Ok(Value::String(x.value(i).to_string()));
+    }
+    if let Some(x) = any.downcast_ref::<ListArray>() {
+        let v = x.value(i);
+        return (0..v.len())
+            .map(|j| value(v.as_ref(), j))
+            .collect::<Result<Vec<_>>>()
+            .map(Value::Array);
+    }
+    if let Some(x) = any.downcast_ref::<LargeListArray>() {
+        let v = x.value(i);
+        return (0..v.len())
+            .map(|j| value(v.as_ref(), j))
+            .collect::<Result<Vec<_>>>()
+            .map(Value::Array);
+    }
+    if let Some(x) = any.downcast_ref::<StructArray>() {
+        let mut m = Map::new();
+        for (f, c) in x.fields().iter().zip(x.columns()) {
+            m.insert(f.name().clone(), value(c.as_ref(), i)?);
+        }
+        return Ok(Value::Object(m));
+    }
+    if let Some(d) =
+        any.downcast_ref::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>()
+    {
+        let k = d.keys().value(i) as usize;
+        return value(d.values().as_ref(), k);
+    }
+    bail!(
+        "unsupported Arrow type {} for JSON conversion",
+        a.data_type()
+    )
+}
+
+fn float(f: f64) -> Value {
+    if f.fract() == 0.0 && f.abs() < 9e15 {
+        // Integral floats (pandas turns int columns with nulls into floats) read back as integers.
+        serde_json::json!(f as i64)
+    } else {
+        serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::Int64Type;
+
+    #[test]
+    fn nested_values() {
+        let l =
+            ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(3), Some(4)])]);
+        assert_eq!(value(&l, 0).unwrap(), serde_json::json!([3, 4]));
+        let f = Float64Array::from(vec![2.0, 2.5]);
+        assert_eq!(value(&f, 0).unwrap(), serde_json::json!(2));
+        assert_eq!(value(&f, 1).unwrap(), serde_json::json!(2.5));
+    }
+}

@@ -1,0 +1,360 @@
+//! The command line, `prepare`, `schema`, `inspect`, and bad-input behaviour of the foundation.
+use crate::Workdir;
+
+#[test]
+fn every_subcommand_has_help() {
+    let wd = Workdir::new();
+    for sub in [
+        "prepare",
+        "generate-answers",
+        "generate-confidence",
+        "score",
+        "advantage",
+        "update",
+        "sft",
+        "probe",
+        "report",
+        "logprobs",
+        "import-gguf",
+        "schema",
+        "inspect",
+    ] {
+        let out = wd.run(&[sub, "--help"]);
+        assert!(
+            out.contains("Example:"),
+            "`rlcr {sub} --help` has no example:\n{out}"
+        );
+        assert!(out.len() > 300, "`rlcr {sub} --help` is too short:\n{out}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let wd = Workdir::new();
+    wd.fail(&["no-such-command"], 2);
+    wd.fail(
+        &["prepare", "--from", "countdown-synth", "-o", "x.parquet"],
+        2,
+    );
+    assert!(wd.listing().is_empty());
+}
+
+#[test]
+fn prepare_countdown_synth_and_inspect() {
+    let wd = Workdir::new();
+    wd.run(&[
+        "--seed",
+        "3",
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "25",
+        "-o",
+        "p.parquet",
+    ]);
+    let out = wd.run(&["inspect", "p.parquet"]);
+    assert!(out.contains("rows: 25"), "{out}");
+    assert!(out.contains("rlcr.schema: rlcr.prompts"), "{out}");
+    assert!(out.contains("rlcr.stage: prepare"), "{out}");
+    assert!(out.contains("\"seed\":3"), "{out}");
+    // Same seed, same bytes (the output path is part of the recorded config: same name).
+    let wd2 = Workdir::new();
+    wd2.run(&[
+        "--seed",
+        "3",
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "25",
+        "-o",
+        "p.parquet",
+    ]);
+    assert!(
+        std::fs::read(wd.path("p.parquet")).unwrap()
+            == std::fs::read(wd2.path("p.parquet")).unwrap(),
+        "same seed gave different bytes"
+    );
+    // Refuses to overwrite its own input (verl source reading p.parquet).
+    let e = wd.fail(
+        &[
+            "prepare",
+            "--from",
+            "verl",
+            "--input",
+            "p.parquet",
+            "-o",
+            "p.parquet",
+        ],
+        1,
+    );
+    assert!(
+        e.contains("never modifies an input") || e.contains("prompt"),
+        "{e}"
+    );
+}
+
+#[test]
+fn prepare_jsonl_and_errors_name_the_line() {
+    let wd = Workdir::new();
+    wd.write(
+        "in.jsonl",
+        "{\"prompt\": \"What is 2+2?\", \"ground_truth\": \"4\", \"data_source\": \"math\", \"id\": \"q1\"}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"Capital of France?\"}], \"ground_truth\": \"Paris\"}\n",
+    );
+    wd.run(&[
+        "prepare",
+        "--from",
+        "jsonl",
+        "--input",
+        "in.jsonl",
+        "-o",
+        "p.parquet",
+    ]);
+    let out = wd.run(&["inspect", "p.parquet"]);
+    assert!(out.contains("rows: 2"), "{out}");
+    wd.write(
+        "bad.jsonl",
+        "{\"prompt\": \"x\", \"ground_truth\": 1}\n{\"prompt\": \"y\"}\n",
+    );
+    let e = wd.fail(
+        &[
+            "prepare",
+            "--from",
+            "jsonl",
+            "--input",
+            "bad.jsonl",
+            "-o",
+            "b.parquet",
+        ],
+        1,
+    );
+    assert!(e.contains("bad.jsonl, line 2, field `ground_truth`"), "{e}");
+    assert!(!wd.path("b.parquet").exists());
+}
+
+#[test]
+fn bad_parquet_inputs_exit_1_and_write_nothing() {
+    let wd = Workdir::new();
+    wd.write("empty.parquet", "");
+    wd.write("text.parquet", "not parquet at all, just text\n");
+    for (f, needle) in [
+        ("empty.parquet", "empty"),
+        ("text.parquet", "not a Parquet file"),
+        ("missing.parquet", "cannot open"),
+    ] {
+        let e = wd.fail(&["inspect", f], 1);
+        assert!(e.contains(f) && e.contains(needle), "{e}");
+    }
+    let e = wd.fail(
+        &[
+            "prepare",
+            "--from",
+            "verl",
+            "--input",
+            "text.parquet",
+            "-o",
+            "o.parquet",
+        ],
+        1,
+    );
+    assert!(e.contains("text.parquet"), "{e}");
+    assert!(!wd.path("o.parquet").exists());
+}
+
+#[test]
+fn schema_prints_json_matching_schemas_folder() {
+    let wd = Workdir::new();
+    for kind in ["trajectory", "prompts", "probe"] {
+        let out = wd.run(&["schema", kind]);
+        let got: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let file = crate::fixtures()
+            .join("..")
+            .join("schemas")
+            .join(format!("{kind}.json"));
+        let want: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        assert_eq!(got, want);
+    }
+    wd.fail(&["schema", "nope"], 2);
+}
+
+#[test]
+fn config_file_values_are_overridden_by_flags() {
+    let wd = Workdir::new();
+    wd.write("c.toml", "from = \"countdown-synth\"\ncount = 5\n");
+    wd.run(&["prepare", "--config", "c.toml", "-o", "a.parquet"]);
+    assert!(wd.run(&["inspect", "a.parquet"]).contains("rows: 5"));
+    wd.run(&[
+        "prepare",
+        "--config",
+        "c.toml",
+        "--count",
+        "7",
+        "-o",
+        "b.parquet",
+    ]);
+    assert!(wd.run(&["inspect", "b.parquet"]).contains("rows: 7"));
+}
+
+#[test]
+fn broken_pipe_is_quiet() {
+    use std::process::Stdio;
+    let wd = Workdir::new();
+    wd.run(&[
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "3",
+        "-o",
+        "p.parquet",
+    ]);
+    let mut child = wd
+        .cmd(&["schema", "trajectory"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.code() == Some(0), "status {:?}", o.status);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
+}
+
+#[test]
+fn prepare_countdown_jsonl_and_verl_parquet() {
+    use arrow::array::{
+        Array, ArrayRef, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
+    };
+    use arrow::datatypes::{DataType, Field, Fields, Int64Type, Schema};
+    use std::sync::Arc;
+
+    let wd = Workdir::new();
+    wd.write(
+        "cd.jsonl",
+        "{\"target\": 23, \"nums\": [2, 3, 7]}\n{\"target\": 98, \"nums\": [44, 19, 35]}\n",
+    );
+    wd.run(&[
+        "prepare",
+        "--from",
+        "countdown",
+        "--input",
+        "cd.jsonl",
+        "-o",
+        "c.parquet",
+    ]);
+    let batches = rlcr::table::Reader::open(&wd.path("c.parquet"))
+        .unwrap()
+        .read_all()
+        .unwrap();
+    let gt = rlcr::table::cols::str_col(&batches[0], "c", "ground_truth").unwrap();
+    assert_eq!(gt.value(1), r#"{"numbers":[44,19,35],"target":98}"#);
+    let msg = rlcr::table::cols::str_col(&batches[0], "c", "messages").unwrap();
+    assert!(msg
+        .value(1)
+        .contains("Using the numbers [44, 19, 35], create an equation that equals 98."));
+
+    // A verl dataset Parquet: prompt list<struct<role, content>>, reward_model struct, extra_info.
+    let msg_fields = Fields::from(vec![
+        Field::new("role", DataType::Utf8, true),
+        Field::new("content", DataType::Utf8, true),
+    ]);
+    let msgs = StructArray::new(
+        msg_fields.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["user", "user"])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["What is 2+2?", "What is 3*3?"])),
+        ],
+        None,
+    );
+    let prompt = ListArray::new(
+        Arc::new(Field::new("item", DataType::Struct(msg_fields), true)),
+        arrow::buffer::OffsetBuffer::new(vec![0i32, 1, 2].into()),
+        Arc::new(msgs),
+        None,
+    );
+    let rm_fields = Fields::from(vec![
+        Field::new("style", DataType::Utf8, true),
+        Field::new("ground_truth", DataType::Utf8, true),
+    ]);
+    let rm = StructArray::new(
+        rm_fields,
+        vec![
+            Arc::new(StringArray::from(vec!["rule", "rule"])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["4", "9"])),
+        ],
+        None,
+    );
+    let ei_fields = Fields::from(vec![
+        Field::new("split", DataType::Utf8, true),
+        Field::new("index", DataType::Int64, true),
+    ]);
+    let ei = StructArray::new(
+        ei_fields,
+        vec![
+            Arc::new(StringArray::from(vec!["train", "train"])) as ArrayRef,
+            Arc::new(Int64Array::from(vec![10, 11])),
+        ],
+        None,
+    );
+    let _ = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1)])]);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("data_source", DataType::Utf8, true),
+        Field::new("prompt", prompt.data_type().clone(), true),
+        Field::new("reward_model", rm.data_type().clone(), true),
+        Field::new("extra_info", ei.data_type().clone(), true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["gsm8k", "gsm8k"])),
+            Arc::new(prompt),
+            Arc::new(rm),
+            Arc::new(ei),
+        ],
+    )
+    .unwrap();
+    let meta = rlcr::table::Meta::new(&rlcr::table::PROMPTS, "test", serde_json::json!({}), &[]);
+    rlcr::table::write_table(&wd.path("verl.parquet"), schema, &[batch], &meta).unwrap();
+    wd.run(&[
+        "prepare",
+        "--from",
+        "verl",
+        "--input",
+        "verl.parquet",
+        "-o",
+        "v.parquet",
+    ]);
+    let b = rlcr::table::Reader::open(&wd.path("v.parquet"))
+        .unwrap()
+        .read_all()
+        .unwrap();
+    let ids = rlcr::table::cols::str_col(&b[0], "v", "prompt_id").unwrap();
+    assert_eq!(ids.value(0), "gsm8k-train-10");
+    let gt = rlcr::table::cols::str_col(&b[0], "v", "ground_truth").unwrap();
+    assert_eq!(gt.value(1), "\"9\"");
+    let m = rlcr::table::cols::str_col(&b[0], "v", "messages").unwrap();
+    assert_eq!(m.value(1), r#"[{"content":"What is 3*3?","role":"user"}]"#);
+
+    // Missing field: file, line and column named; nothing written.
+    wd.write(
+        "bad.jsonl",
+        "{\"target\": 23, \"nums\": [2, 3, 7]}\n{\"nums\": [1]}\n",
+    );
+    let e = wd.fail(
+        &[
+            "prepare",
+            "--from",
+            "countdown",
+            "--input",
+            "bad.jsonl",
+            "-o",
+            "b.parquet",
+        ],
+        1,
+    );
+    assert!(e.contains("bad.jsonl, line 2, column `target`"), "{e}");
+    assert!(!wd.path("b.parquet").exists());
+}
