@@ -266,6 +266,9 @@ pub fn generate<M: StepModel>(
 /// ignored; decode steps are bound by reading the weights, so the copies cost little.
 pub const MIN_ROWS: usize = 8;
 
+/// Response slots allocated with a wave's cache; it grows as responses get longer.
+const INITIAL_ROOM: usize = 64;
+
 /// Prefill chunks are never narrower than this many slots (a narrow last chunk is merged into
 /// the previous one): like row counts, chunks of 1–3 slots round differently.
 const MIN_CHUNK: usize = 8;
@@ -336,7 +339,9 @@ fn run_wave<M: StepModel>(
     }
     let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
     let n_ctx = contexts.len();
-    let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens)?;
+    // Attention reads the whole cache buffer each step, so start small and let it grow (the
+    // model grows it in chunks) rather than paying for max_new_tokens empty slots from step one.
+    let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens.min(INITIAL_ROOM))?;
 
     // 1. Prefill (left-padded), in column chunks.
     let mut ids = vec![0u32; n_ctx * longest];
