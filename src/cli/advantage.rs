@@ -365,8 +365,38 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     }
     let schema = open(&input)?.schema().clone();
     check_columns(&plan, &schema).with_context(|| format!("{}", input.display()))?;
+    let (t, c) = (std::time::Instant::now(), cpu_seconds());
     let prep = pass1(&plan, &input).with_context(|| format!("{}", input.display()))?;
-    pass2(g, &plan, &a, prep)
+    let (t2, c2) = (std::time::Instant::now(), cpu_seconds());
+    crate::debug!(
+        "keys pass: {} rows in {:.2} s ({:.2} s CPU)",
+        prep.rows,
+        (t2 - t).as_secs_f64(),
+        c2 - c
+    );
+    pass2(g, &plan, &a, prep)?;
+    crate::debug!(
+        "write pass: {:.2} s ({:.2} s CPU)",
+        t2.elapsed().as_secs_f64(),
+        cpu_seconds() - c2
+    );
+    Ok(())
+}
+
+/// CPU time (user + system) of this process so far, for `-v` timing lines; 0 where
+/// `/proc/self/stat` is not available.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let Some(rest) = stat.rsplit_once(')').map(|x| x.1) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Do two paths name the same file (through links too)? False when either does not exist.
@@ -601,11 +631,57 @@ fn structured(comps: &[Component], turns: &mut Vec<(i32, f64)>) -> Result<Option
     Ok(any.then_some(global))
 }
 
+/// FxHash (rustc's hasher): a multiply-rotate per word, several times faster than SipHash on the
+/// short keys used here. Keys come from the user's own table, so hash flooding is not a concern.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    fn write_i32(&mut self, i: i32) {
+        self.add(i as u32 as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+
 /// Dense ids for string keys, with a fast path for runs of equal keys (rows of a prompt are
 /// usually contiguous).
 #[derive(Default)]
 struct Interner {
-    map: HashMap<String, u32>,
+    map: FastMap<String, u32>,
     last: Option<(String, u32)>,
 }
 
@@ -647,13 +723,12 @@ struct Prepared {
 }
 
 fn projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
-    let mut names = vec![
-        "prompt_id",
-        "sample_type",
-        "answer_idx",
-        "reward",
-        "reward_components",
-    ];
+    let mut names = vec!["prompt_id", "sample_type", "reward"];
+    match plan.estimator {
+        Estimator::Rlcr => names.push("answer_idx"),
+        Estimator::GrpoMultiturn | Estimator::Gae => names.push("reward_components"),
+        Estimator::Grpo | Estimator::Rloo => {}
+    }
     if plan.tokens_in_pass1() {
         names.extend([
             "response_ids",
@@ -683,8 +758,7 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         .context("reading")?;
 
     let mut prompts = Interner::default();
-    let mut answers: HashMap<(u32, i32), u32> = HashMap::new();
-    let mut last_answer: Option<((u32, i32), u32)> = None;
+    let mut max_answer: Vec<i32> = Vec::new(); // per prompt: largest answer_idx of a confidence row
     let mut rewards: Vec<f64> = Vec::new();
     let mut kinds: Vec<SampleKind> = Vec::new();
     let mut prompt: Vec<u32> = Vec::new();
@@ -759,24 +833,25 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                         kinds.push(kind);
                         prompt.push(p);
                         if let Some(a) = &aidx {
-                            let key = if kind == SampleKind::Confidence {
-                                if a.is_null(i) {
-                                    bail!("column `answer_idx`: null");
-                                }
-                                (p, a.value(i))
-                            } else {
-                                (p, -1)
-                            };
-                            let id = match last_answer {
-                                Some((k, v)) if k == key => v,
-                                _ => {
-                                    let next = answers.len() as u32;
-                                    let v = *answers.entry(key).or_insert(next);
-                                    last_answer = Some((key, v));
-                                    v
-                                }
-                            };
-                            answer.push(id);
+                            // Only confidence rows have an answer group (answer rows: unused 0).
+                            if kind == SampleKind::Answer {
+                                answer.push(0);
+                                return Ok(());
+                            }
+                            if a.is_null(i) {
+                                bail!("column `answer_idx`: null");
+                            }
+                            let k = a.value(i);
+                            if k < 0 {
+                                bail!("column `answer_idx`: {k} is negative");
+                            }
+                            // Raw index for now; made dense after the pass (see `dense_answers`).
+                            let pi = p as usize;
+                            if max_answer.len() <= pi {
+                                max_answer.resize(pi + 1, -1);
+                            }
+                            max_answer[pi] = max_answer[pi].max(k);
+                            answer.push(k as u32);
                         }
                     }
                     Estimator::GrpoMultiturn => {
@@ -844,14 +919,9 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let n_prompts = prompts.len();
     match est {
         Estimator::Rlcr => {
+            let n_answers = dense_answers(&kinds, &prompt, &mut answer, &max_answer);
             let out = adv::rlcr_tree(
-                &rewards,
-                &kinds,
-                &prompt,
-                &answer,
-                n_prompts,
-                answers.len(),
-                &plan.tree,
+                &rewards, &kinds, &prompt, &answer, n_prompts, n_answers, &plan.tree,
             );
             prep.adv = out.advantages.iter().map(|&x| x as f32).collect();
             prep.zero_std = out.zero_std;
@@ -941,6 +1011,41 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         });
     }
     Ok(prep)
+}
+
+/// Turn the raw `answer_idx` of confidence rows into dense ids of `(prompt, answer_idx)`:
+/// `base[prompt] + answer_idx`, with `base` the prefix sums of `max_answer + 1` per prompt (no
+/// hashing; answer indices are small). When the indices are so sparse that this space would be much
+/// larger than the number of rows, fall back to numbering the distinct pairs with a hash map.
+/// Returns the number of ids.
+fn dense_answers(
+    kinds: &[SampleKind],
+    prompt: &[u32],
+    answer: &mut [u32],
+    max_answer: &[i32],
+) -> usize {
+    let mut base = Vec::with_capacity(max_answer.len());
+    let mut total = 0usize;
+    for &m in max_answer {
+        base.push(total);
+        total += (m + 1) as usize;
+    }
+    if total <= 2 * answer.len() + 1024 {
+        for i in 0..answer.len() {
+            if kinds[i] == SampleKind::Confidence {
+                answer[i] = (base[prompt[i] as usize] + answer[i] as usize) as u32;
+            }
+        }
+        return total;
+    }
+    let mut ids: FastMap<(u32, u32), u32> = FastMap::default();
+    for i in 0..answer.len() {
+        if kinds[i] == SampleKind::Confidence {
+            let n = ids.len() as u32;
+            answer[i] = *ids.entry((prompt[i], answer[i])).or_insert(n);
+        }
+    }
+    ids.len()
 }
 
 fn summary_json(s: &GroupSummary) -> serde_json::Value {
@@ -1081,7 +1186,7 @@ struct Built {
 
 /// Messages from the decoding thread to the encoding thread.
 enum Msg {
-    Batch(usize, Built),
+    Batch(usize, Box<Built>),
     EndRowGroup(usize),
 }
 
@@ -1090,7 +1195,6 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
     let meta = ArrowReaderMetadata::load(&file, Default::default())
         .with_context(|| format!("{}: not a readable Parquet file", a.input.display()))?;
     let fields = new_fields(plan);
-    let new_schema = Arc::new(Schema::new(fields.clone()));
     let proj = pass2_projection(plan, meta.schema());
     let n_rg = meta.metadata().num_row_groups();
     let mut splice = splice::Splice::create(&a.input, &meta, &fields, &a.out)?;
@@ -1127,7 +1231,7 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
                         let n = batch.num_rows();
                         let built = build_batch(plan, prep, &batch, base)?;
                         base += n;
-                        if tx.send(Ok(Msg::Batch(rg, built))).is_err() {
+                        if tx.send(Ok(Msg::Batch(rg, Box::new(built)))).is_err() {
                             return Ok(());
                         }
                     }
@@ -1151,15 +1255,27 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
                     let ws = writers
                         .as_mut()
                         .ok_or_else(|| anyhow!("internal: no column writers"))?;
-                    let mut wi = ws.iter_mut();
-                    for (field, col) in new_schema.fields().iter().zip(&built.columns) {
-                        for leaf in parquet::arrow::arrow_writer::compute_leaves(field, col)? {
-                            wi.next()
-                                .ok_or_else(|| anyhow!("internal: too few column writers"))?
-                                .write(&leaf)
-                                .with_context(|| format!("encoding `{}`", field.name()))?;
-                        }
+                    if ws.len() != built.columns.len() {
+                        bail!(
+                            "internal: {} column writers for {} new columns",
+                            ws.len(),
+                            built.columns.len()
+                        );
                     }
+                    // Every new column is a single leaf; encode them in parallel (each writer still
+                    // sees its batches in order, so the bytes do not depend on the thread count).
+                    use rayon::prelude::*;
+                    ws.par_iter_mut()
+                        .zip(built.columns.par_iter())
+                        .zip(fields.par_iter())
+                        .map(|((w, col), field)| -> Result<()> {
+                            for leaf in parquet::arrow::arrow_writer::compute_leaves(field, col)? {
+                                w.write(&leaf)
+                                    .with_context(|| format!("encoding `{}`", field.name()))?;
+                            }
+                            Ok(())
+                        })
+                        .collect::<Result<Vec<()>>>()?;
                     progress.inc(built.rows as u64);
                     for (acc, b) in stats.iter_mut().zip(&built.stats) {
                         acc.merge_counts(b);

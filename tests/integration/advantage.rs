@@ -1,5 +1,6 @@
 //! `rlcr advantage` end to end: tables built here, the real binary, values checked against
 //! ANCHORS §3.2 (confidence tree) and §3.3 (GAE) and against hand calculations.
+#![allow(clippy::needless_range_loop)] // index loops read better against the anchors' tables
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -180,7 +181,11 @@ fn write_table_with(path: &Path, rows: &[Row], extra: Vec<(Field, ArrayRef)>) {
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), cols).expect("test table");
     let f = std::fs::File::create(path).expect("create test table");
-    let mut w = ArrowWriter::try_new(f, schema, None).expect("writer");
+    // Small row groups, so that every test also covers the row-group-by-row-group splicing.
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(5))
+        .build();
+    let mut w = ArrowWriter::try_new(f, schema, Some(props)).expect("writer");
     w.write(&batch).expect("write");
     w.close().expect("close");
 }
@@ -272,6 +277,27 @@ fn read_out(path: &Path) -> Out {
         }
     }
     out
+}
+
+/// Every input column comes out unchanged (same type, same values), in the same order.
+fn assert_passthrough(input: &Path, output: &Path) {
+    let read = |p: &Path| -> RecordBatch {
+        let b = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(p).unwrap()).unwrap();
+        let schema = b.schema().clone();
+        let batches: Vec<RecordBatch> = b.build().unwrap().map(|r| r.unwrap()).collect();
+        arrow::compute::concat_batches(&schema, &batches).unwrap()
+    };
+    let (i, o) = (read(input), read(output));
+    assert_eq!(i.num_rows(), o.num_rows());
+    for (k, f) in i.schema().fields().iter().enumerate() {
+        assert_eq!(o.schema().field(k), f.as_ref(), "column {k}");
+        assert_eq!(
+            o.column(k).as_ref(),
+            i.column(k).as_ref(),
+            "column `{}`",
+            f.name()
+        );
+    }
 }
 
 struct Run {
@@ -387,6 +413,7 @@ fn advantage_rlcr_tree_matches_anchors_3_2() {
     assert!((st["answer"]["reward_mean"].as_f64().unwrap() - 0.75).abs() < 1e-9);
     assert!(r.stderr.contains("zero-std fraction"), "{}", r.stderr);
     assert!(out.columns.contains(&"sample_id".to_string()));
+    assert_passthrough(&i, &o);
 }
 
 #[test]
@@ -548,6 +575,16 @@ fn advantage_bad_input_exits_1_and_writes_nothing() {
     assert_eq!(r.status.code(), Some(1), "{}", r.stderr);
     assert!(r.stderr.contains("values"), "{}", r.stderr);
     assert!(!o.exists());
+    // The output may not be the input (also through a link).
+    let r = rlcr(&[
+        "advantage",
+        "--input",
+        i.to_str().unwrap(),
+        "-o",
+        i.to_str().unwrap(),
+    ]);
+    assert_eq!(r.status.code(), Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("is the input file"), "{}", r.stderr);
     // A usage error: exit 2.
     let r = rlcr(&[
         "advantage",
@@ -591,6 +628,7 @@ fn advantage_is_independent_of_batch_size() {
         "5",
     ]);
     let (a, b) = (read_out(&o), read_out(&o2));
+    assert_eq!(a.advantage.len(), 12);
     assert_eq!(a.advantage, b.advantage);
     assert_eq!(a.token_advantages, b.token_advantages);
     assert_eq!(a.config["statistics"], b.config["statistics"]);
@@ -616,7 +654,10 @@ fn i32_list(rows: &[Vec<i32>]) -> ArrayRef {
 }
 
 /// `reward_components` rows of (name, turn or None for global, value, weight).
-fn components(rows: &[Vec<(&str, Option<i32>, f32, f32)>]) -> (Field, ArrayRef) {
+/// One reward component: (name, turn or None for global, value, weight).
+type Comp<'a> = (&'a str, Option<i32>, f32, f32);
+
+fn components(rows: &[Vec<Comp<'_>>]) -> (Field, ArrayRef) {
     let fields = Fields::from(vec![
         Field::new("name", DataType::Utf8, false),
         Field::new("turn", DataType::Int32, true),
@@ -714,6 +755,7 @@ fn advantage_grpo_multiturn_by_hand() {
     assert!(close(out.advantage[0], a1 / 2.0 + g, 1e-5));
     assert!(close(out.advantage[1], -a1 - g, 1e-5));
     assert_eq!(out.config["statistics"]["groups"]["turn"]["groups"], 1);
+    assert_passthrough(&i, &o);
 
     // KG-R1 preset: 0.5 · A_turn + A_global.
     ok(&[

@@ -106,6 +106,7 @@ impl Splice {
                 // well with zstd, and dictionary interning would cost more than the rest together.
                 .set_dictionary_enabled(false)
                 .set_statistics_enabled(EnabledStatistics::None)
+                .set_write_batch_size(32 * 1024)
                 .set_key_value_metadata(Some(vec![KeyValue::new(
                     "ARROW:schema".to_string(),
                     encode_arrow_schema(&out_arrow),
