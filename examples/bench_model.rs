@@ -35,7 +35,11 @@ fn main() -> anyhow::Result<()> {
     };
     let vocab = m.dims.vocab.min(32000);
     let rows: Vec<Vec<u32>> = (0..batch)
-        .map(|b| (0..prompt).map(|t| ((b * 7919 + t * 104729) % vocab) as u32).collect())
+        .map(|b| {
+            (0..prompt)
+                .map(|t| ((b * 7919 + t * 104729) % vocab) as u32)
+                .collect()
+        })
         .collect();
     let input = TokenBatch::left_padded(&rows);
 
@@ -68,7 +72,9 @@ fn main() -> anyhow::Result<()> {
         let next: Vec<u32> = (0..batch)
             .map(|b| {
                 let row = &logits[b * v..(b + 1) * v];
-                (0..v).max_by(|&i, &j| row[i].total_cmp(&row[j])).unwrap_or(0) as u32
+                (0..v)
+                    .max_by(|&i, &j| row[i].total_cmp(&row[j]))
+                    .unwrap_or(0) as u32
             })
             .collect();
         logits = model::read_f32(m.step(&mut cache, &TokenBatch::step(&next))?)?;

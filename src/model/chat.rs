@@ -98,7 +98,10 @@ impl ChatTemplate {
                         .iter()
                         .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                         .or_else(|| list.first());
-                    match pick.and_then(|t| t.get("template")).and_then(|t| t.as_str()) {
+                    match pick
+                        .and_then(|t| t.get("template"))
+                        .and_then(|t| t.as_str())
+                    {
                         Some(s) => Some(s.to_string()),
                         None => bail!(
                             "{}: chat_template list has no `default` template",

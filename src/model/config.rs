@@ -158,11 +158,15 @@ fn parse_rope(obj: &serde_json::Value, ctx: &str) -> Result<RopeScaling> {
             factor: get_f64(obj, "factor", ctx)?,
             low_freq_factor: get_f64(obj, "low_freq_factor", ctx)?,
             high_freq_factor: get_f64(obj, "high_freq_factor", ctx)?,
-            original_max_position_embeddings: get_f64(obj, "original_max_position_embeddings", ctx)?,
+            original_max_position_embeddings: get_f64(
+                obj,
+                "original_max_position_embeddings",
+                ctx,
+            )?,
         },
-        other => bail!(
-            "{ctx}: unsupported rope_type `{other}` (supported: default, linear, llama3)"
-        ),
+        other => {
+            bail!("{ctx}: unsupported rope_type `{other}` (supported: default, linear, llama3)")
+        }
     })
 }
 
@@ -300,11 +304,15 @@ impl ModelConfig {
                     let low_wavelen = old / low_freq_factor;
                     let high_wavelen = old / high_freq_factor;
                     let wavelen = 2.0 * std::f64::consts::PI / f64v;
-                    let scaled = if wavelen > low_wavelen { f64v / factor } else { f64v };
+                    let scaled = if wavelen > low_wavelen {
+                        f64v / factor
+                    } else {
+                        f64v
+                    };
                     let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
                     let out = if medium {
-                        let smooth =
-                            (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * scaled / factor + smooth * scaled
                     } else {
                         scaled

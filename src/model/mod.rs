@@ -107,7 +107,13 @@ impl Model {
                 );
             }
         }
-        weights::save(&self.transformer, &self.config, &self.dtypes, &self.dir, out)
+        weights::save(
+            &self.transformer,
+            &self.config,
+            &self.dtypes,
+            &self.dir,
+            out,
+        )
     }
 
     /// The chat template, or an error naming the folder.

@@ -62,7 +62,8 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(Some(
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?,
     ))
@@ -106,7 +107,10 @@ impl Tokenizer {
         tok.bos = bos;
         tok.eos = eos;
         tok.pad = pad;
-        let gen_eos = token_ids(&gc.get("eos_token_id").cloned(), "generation_config eos_token_id")?;
+        let gen_eos = token_ids(
+            &gc.get("eos_token_id").cloned(),
+            "generation_config eos_token_id",
+        )?;
         let mut stop = gen_eos;
         if let Some(c) = config {
             stop.extend(c.eos_token_ids.iter().copied());
@@ -118,10 +122,13 @@ impl Tokenizer {
         stop.retain(|id| seen.insert(*id));
         tok.stop_ids = stop;
         if tok.pad.is_none() {
-            let pad_id = token_ids(&gc.get("pad_token_id").cloned(), "generation_config pad_token_id")?
-                .first()
-                .copied()
-                .or(config.and_then(|c| c.pad_token_id));
+            let pad_id = token_ids(
+                &gc.get("pad_token_id").cloned(),
+                "generation_config pad_token_id",
+            )?
+            .first()
+            .copied()
+            .or(config.and_then(|c| c.pad_token_id));
             if let Some(id) = pad_id {
                 let text = tok.inner.id_to_token(id).unwrap_or_default();
                 tok.pad = Some((text, id));

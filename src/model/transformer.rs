@@ -96,7 +96,13 @@ struct Rope {
 impl Rope {
     /// `positions` is `[B·T]` row-major. Angles are `f32(position) · inv_freq` rounded to f32, as
     /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once.
-    fn new(inv_freq: &[f32], positions: &[usize], batch: usize, len: usize, device: &Device) -> Self {
+    fn new(
+        inv_freq: &[f32],
+        positions: &[usize],
+        batch: usize,
+        len: usize,
+        device: &Device,
+    ) -> Self {
         let half = inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
@@ -222,7 +228,10 @@ impl Attention {
         let qk = rope.apply(qkv.clone().slice([0..b, 0..h + k, 0..t, 0..d]));
         let v = qkv.slice([0..b, h + k..h + 2 * k, 0..t, 0..d]);
         // Query heads sharing a KV head stacked along the query axis: [B, K, g·T, d].
-        let q = qk.clone().slice([0..b, 0..h, 0..t, 0..d]).reshape([b, k, g * t, d]);
+        let q = qk
+            .clone()
+            .slice([0..b, 0..h, 0..t, 0..d])
+            .reshape([b, k, g * t, d]);
         let k_new = qk.slice([0..b, h..h + k, 0..t, 0..d]);
         let options = AttentionModuleOptions {
             scale: Some(1.0 / (d as f64).sqrt()),
@@ -243,7 +252,10 @@ impl Attention {
             }
         };
         // [B, K, g·T, d] = [B, H, T, d] → [B, T, H, d] → [B·T, H·d].
-        let out = out.reshape([b, h, t, d]).swap_dims(1, 2).reshape([b * t, h * d]);
+        let out = out
+            .reshape([b, h, t, d])
+            .swap_dims(1, 2)
+            .reshape([b * t, h * d]);
         linear(out, &self.o, &self.o_bias)
     }
 }
@@ -280,7 +292,9 @@ impl Layer {
             kv,
         );
         let x = x + a;
-        let m = self.mlp.forward(rms_norm(x.clone(), &self.post_norm, dims.eps));
+        let m = self
+            .mlp
+            .forward(rms_norm(x.clone(), &self.post_norm, dims.eps));
         x + m
     }
 }
@@ -582,7 +596,9 @@ impl Transformer {
         ensure!(t > r, "every row needs at least one context token");
         // Slot s predicts slot s+1: the R response slots (right-aligned) are predicted by the
         // hidden states at t-r-1 .. t-1.
-        let hs = h.slice([0..b, t - r - 1..t - 1, 0..hd]).reshape([b * r, hd]);
+        let hs = h
+            .slice([0..b, t - r - 1..t - 1, 0..hd])
+            .reshape([b * r, hd]);
         let targets: Vec<i32> = batch.targets_right.iter().map(|&x| x as i32).collect();
         let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [b * r]), &device);
         let n = b * r;
@@ -601,10 +617,8 @@ impl Transformer {
             }
             s = e;
         }
-        let left = Tensor::<2, Int>::from_data(
-            TensorData::new(batch.left_align_index(), [b, r]),
-            &device,
-        );
+        let left =
+            Tensor::<2, Int>::from_data(TensorData::new(batch.left_align_index(), [b, r]), &device);
         let lp = Tensor::cat(lps, 0).reshape([b, r]).gather(1, left.clone());
         let ent = if entropy {
             Some(Tensor::cat(ents, 0).reshape([b, r]).gather(1, left))
@@ -738,12 +752,7 @@ impl KvCache {
         let cap = capacity.max(1).div_ceil(Self::CHUNK) * Self::CHUNK;
         let shape = [batch, d.kv_heads, cap, d.head_dim];
         let layers = (0..d.layers)
-            .map(|_| {
-                (
-                    Tensor::zeros(shape, &device),
-                    Tensor::zeros(shape, &device),
-                )
-            })
+            .map(|_| (Tensor::zeros(shape, &device), Tensor::zeros(shape, &device)))
             .collect();
         KvCache {
             layers,
@@ -804,7 +813,11 @@ impl KvCache {
     /// duplicate a shared prefix (`[0; n]` expands a batch of one to n rows).
     pub fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
         for &r in rows {
-            ensure!(r < self.batch, "row {r} out of range for a cache of {}", self.batch);
+            ensure!(
+                r < self.batch,
+                "row {r} out of range for a cache of {}",
+                self.batch
+            );
         }
         if rows.is_empty() {
             self.layers.iter_mut().for_each(|(k, v)| {
@@ -858,10 +871,14 @@ mod tests {
 
     /// Deterministic pseudo-random ids in 0..vocab.
     fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 33) % vocab as u64) as u32
             })
             .collect()
@@ -869,7 +886,10 @@ mod tests {
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
     }
 
     /// Logits of one row alone: `[T·V]`.
@@ -910,8 +930,11 @@ mod tests {
             // Capacity 8 rounds to one chunk of 64: decoding past it forces a growth.
             let mut cache = KvCache::new(&m, 2, 8);
             let mut seqs = prompts.clone();
-            let mut logits = read_f32(m.step(&mut cache, &TokenBatch::left_padded(&prompts)).unwrap())
-                .unwrap();
+            let mut logits = read_f32(
+                m.step(&mut cache, &TokenBatch::left_padded(&prompts))
+                    .unwrap(),
+            )
+            .unwrap();
             let mut worst = 0f32;
             for step in 0..10 {
                 for (b, s) in seqs.iter().enumerate() {
@@ -938,7 +961,8 @@ mod tests {
         let v = m.dims.vocab;
         let prompts: Vec<Vec<u32>> = vec![ids(1, 5, 360), ids(2, 12, 360), ids(3, 8, 360)];
         let mut cache = KvCache::new(&m, 3, 32);
-        m.step(&mut cache, &TokenBatch::left_padded(&prompts)).unwrap();
+        m.step(&mut cache, &TokenBatch::left_padded(&prompts))
+            .unwrap();
         // Drop row 1, duplicate row 2 three times, keep row 0 last.
         cache.select_rows(&[2, 2, 2, 0]).unwrap();
         let next = [10u32, 11, 12, 13];
@@ -975,9 +999,16 @@ mod tests {
     fn gradients_match_finite_differences() {
         let dev = cpu().autodiff();
         let m = load("tiny-llama", &dev);
-        let rows = vec![(ids(4, 6, 360), ids(5, 5, 360)), (ids(6, 3, 360), ids(9, 7, 360))];
+        let rows = vec![
+            (ids(4, 6, 360), ids(5, 5, 360)),
+            (ids(6, 3, 360), ids(9, 7, 360)),
+        ];
         let batch = ResponseBatch::new(&rows).unwrap();
-        let mask: Vec<f32> = batch.mask().iter().map(|&b| f32::from(u8::from(b))).collect();
+        let mask: Vec<f32> = batch
+            .mask()
+            .iter()
+            .map(|&b| f32::from(u8::from(b)))
+            .collect();
         let mask = Tensor::<2>::from_data(TensorData::new(mask, [2, 7]), &dev);
         let loss_of = |m: &Transformer| {
             let (lp, ent) = m.response_logprobs(&batch, true, 4).unwrap();

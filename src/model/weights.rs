@@ -85,7 +85,9 @@ pub fn decode_to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
 pub fn encode_from_f32(dtype: Dtype, data: &[f32]) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(data.len() * dtype.bitsize() / 8);
     match dtype {
-        Dtype::F32 => data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        Dtype::F32 => data
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
         Dtype::BF16 => data
             .iter()
             .for_each(|&v| out.extend_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes())),
@@ -104,8 +106,8 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if index.exists() {
         let text =
             fs::read_to_string(&index).with_context(|| format!("reading {}", index.display()))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("parsing {}", index.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", index.display()))?;
         let map = v
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -297,7 +299,11 @@ pub fn build(
         } else {
             None
         };
-        let o = param2(take(&format!("{p}self_attn.o_proj.weight"))?, [h, qd], device);
+        let o = param2(
+            take(&format!("{p}self_attn.o_proj.weight"))?,
+            [h, qd],
+            device,
+        );
         let o_bias = if c.o_bias {
             Some(param1(take(&format!("{p}self_attn.o_proj.bias"))?, device))
         } else {
@@ -323,7 +329,10 @@ pub fn build(
                 o,
                 o_bias,
             },
-            post_norm: param1(take(&format!("{p}post_attention_layernorm.weight"))?, device),
+            post_norm: param1(
+                take(&format!("{p}post_attention_layernorm.weight"))?,
+                device,
+            ),
             mlp: Mlp {
                 gate_up: param2(gate_up, [2 * i, h], device),
                 gate_up_bias,
@@ -416,10 +425,16 @@ pub fn export(
     let qd = c.num_attention_heads * c.head_dim;
     let kd = c.num_key_value_heads * c.head_dim;
     let mut out: Vec<(String, Vec<f32>)> = Vec::new();
-    out.push(("model.embed_tokens.weight".into(), to_host(model.embed.val())?));
+    out.push((
+        "model.embed_tokens.weight".into(),
+        to_host(model.embed.val())?,
+    ));
     for (l, layer) in model.layers.iter().enumerate() {
         let p = format!("model.layers.{l}.");
-        out.push((format!("{p}input_layernorm.weight"), to_host(layer.input_norm.val())?));
+        out.push((
+            format!("{p}input_layernorm.weight"),
+            to_host(layer.input_norm.val())?,
+        ));
         let qkv = split_rows(to_host(layer.attn.qkv.val())?, h, &[qd, kd, kd]);
         for (n, d) in ["q", "k", "v"].iter().zip(qkv) {
             out.push((format!("{p}self_attn.{n}_proj.weight"), d));
@@ -430,7 +445,10 @@ pub fn export(
                 out.push((format!("{p}self_attn.{n}_proj.bias"), d));
             }
         }
-        out.push((format!("{p}self_attn.o_proj.weight"), to_host(layer.attn.o.val())?));
+        out.push((
+            format!("{p}self_attn.o_proj.weight"),
+            to_host(layer.attn.o.val())?,
+        ));
         if let Some(b) = &layer.attn.o_bias {
             out.push((format!("{p}self_attn.o_proj.bias"), to_host(b.val())?));
         }
@@ -442,7 +460,10 @@ pub fn export(
         for (n, d) in ["gate", "up"].iter().zip(gu) {
             out.push((format!("{p}mlp.{n}_proj.weight"), d));
         }
-        out.push((format!("{p}mlp.down_proj.weight"), to_host(layer.mlp.down.val())?));
+        out.push((
+            format!("{p}mlp.down_proj.weight"),
+            to_host(layer.mlp.down.val())?,
+        ));
         if let Some(b) = &layer.mlp.gate_up_bias {
             let parts = split_rows(to_host(b.val())?, 1, &[i, i]);
             for (n, d) in ["gate", "up"].iter().zip(parts) {
@@ -656,8 +677,14 @@ mod tests {
             );
         }
         // Hand check: 1.0 in bf16 is 0x3F80, in f16 0x3C00.
-        assert_eq!(encode_from_f32(Dtype::BF16, &[1.0]).unwrap(), vec![0x80, 0x3F]);
-        assert_eq!(encode_from_f32(Dtype::F16, &[1.0]).unwrap(), vec![0x00, 0x3C]);
+        assert_eq!(
+            encode_from_f32(Dtype::BF16, &[1.0]).unwrap(),
+            vec![0x80, 0x3F]
+        );
+        assert_eq!(
+            encode_from_f32(Dtype::F16, &[1.0]).unwrap(),
+            vec![0x00, 0x3C]
+        );
     }
 
     #[test]

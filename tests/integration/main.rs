@@ -7,8 +7,11 @@ use std::process::{Command, Output};
 
 mod cli;
 mod ecosystem;
+mod gguf;
 mod model;
 mod sample;
+mod score;
+mod advantage;
 mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.

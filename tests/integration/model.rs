@@ -55,7 +55,10 @@ fn load_refs(name: &str) -> Vec<RefSeq> {
             logsumexp: nums(&s["logsumexp"]),
             last_logits_head: nums(&s["last_logits_head"]),
             text: s.get("text").and_then(|t| t.as_str()).map(str::to_string),
-            rendered: s.get("rendered").and_then(|t| t.as_str()).map(str::to_string),
+            rendered: s
+                .get("rendered")
+                .and_then(|t| t.as_str())
+                .map(str::to_string),
         })
         .collect()
 }
@@ -87,8 +90,14 @@ fn check_refs(m: &Model, file: &str) -> f64 {
             let ent: f64 = -row.iter().map(|x| (x - lse).exp() * (x - lse)).sum::<f64>();
             let d_lse = (lse - r.logsumexp[t]).abs();
             let d_ent = (ent - r.entropy[t]).abs();
-            assert!(d_lse < 1e-4, "{file} seq {k} pos {t}: logsumexp off by {d_lse}");
-            assert!(d_ent < 1e-4, "{file} seq {k} pos {t}: entropy off by {d_ent}");
+            assert!(
+                d_lse < 1e-4,
+                "{file} seq {k} pos {t}: logsumexp off by {d_lse}"
+            );
+            assert!(
+                d_ent < 1e-4,
+                "{file} seq {k} pos {t}: entropy off by {d_ent}"
+            );
             let argmax = (0..vocab)
                 .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
                 .unwrap() as u32;
@@ -110,7 +119,10 @@ fn check_refs(m: &Model, file: &str) -> f64 {
         }
         for (i, want) in r.last_logits_head.iter().enumerate() {
             let got = logits[(n - 1) * vocab + i] as f64;
-            assert!((got - want).abs() < 1e-4, "{file} seq {k}: logit {i} {got} vs {want}");
+            assert!(
+                (got - want).abs() < 1e-4,
+                "{file} seq {k}: logit {i} {got} vs {want}"
+            );
         }
     }
     worst
@@ -134,9 +146,7 @@ fn chat_template_and_ids_match_transformers() {
         let m = Model::load(&fixtures().join(name), &cpu()).unwrap();
         for r in load_refs(&format!("{name}.chat.f32.json")) {
             let text = r.text.clone().unwrap();
-            let (rendered, ids) = m
-                .encode_chat(&[Message::new("user", &text)], true)
-                .unwrap();
+            let (rendered, ids) = m.encode_chat(&[Message::new("user", &text)], true).unwrap();
             assert_eq!(Some(rendered), r.rendered, "{name}: rendering of {text:?}");
             assert_eq!(ids, r.ids, "{name}: ids of {text:?}");
         }
@@ -168,7 +178,10 @@ fn library_logprobs_match_references_in_any_batching() {
             assert_eq!(out.logprobs[k].len(), r.ids.len() - cut);
             for (i, &lp) in out.logprobs[k].iter().enumerate() {
                 let want = r.logprobs[cut - 1 + i];
-                assert!((lp as f64 - want).abs() < 1e-4, "batch {batch} row {k} tok {i}");
+                assert!(
+                    (lp as f64 - want).abs() < 1e-4,
+                    "batch {batch} row {k} tok {i}"
+                );
                 let want_e = r.entropy[cut - 1 + i];
                 assert!((ent[k][i] as f64 - want_e).abs() < 1e-4);
             }
@@ -178,7 +191,10 @@ fn library_logprobs_match_references_in_any_batching() {
 
 #[test]
 fn response_logprobs_layout_is_left_aligned_with_mask() {
-    let rows = vec![(vec![1u32, 2, 3], vec![4u32]), (vec![5u32], vec![6u32, 7, 8])];
+    let rows = vec![
+        (vec![1u32, 2, 3], vec![4u32]),
+        (vec![5u32], vec![6u32, 7, 8]),
+    ];
     let b = ResponseBatch::new(&rows).unwrap();
     assert_eq!(b.max_resp, 3);
     assert_eq!(b.mask(), vec![true, false, false, true, true, true]);
@@ -201,7 +217,12 @@ fn save_load_round_trip_is_bit_identical_f32_and_bf16() {
         let a = model::weights::read_checkpoint(&src).unwrap();
         let b = model::weights::read_checkpoint(&out).unwrap();
         assert_same(&a, &b);
-        for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        for f in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+        ] {
             assert_eq!(
                 std::fs::read(src.join(f)).unwrap(),
                 std::fs::read(out.join(f)).unwrap(),
@@ -228,7 +249,10 @@ fn save_load_round_trip_is_bit_identical_f32_and_bf16() {
         // Saving over an existing folder replaces it atomically.
         m16.save(&out16).unwrap();
         assert_same(&c, &model::weights::read_checkpoint(&out16).unwrap());
-        assert!(m16.save(&bf).is_err(), "refuses to overwrite its own source");
+        assert!(
+            m16.save(&bf).is_err(),
+            "refuses to overwrite its own source"
+        );
     }
 }
 
@@ -252,19 +276,23 @@ fn broken_checkpoints_name_the_tensor() {
     let tmp = tempfile::tempdir().unwrap();
     let src = fixtures().join("tiny-qwen2");
     let all = model::weights::read_checkpoint(&src).unwrap();
-    let write = |dir: &Path, tensors: std::collections::BTreeMap<String, model::weights::HostTensor>| {
-        std::fs::create_dir_all(dir).unwrap();
-        let list: Vec<_> = tensors.into_iter().collect();
-        model::weights::write_safetensors(dir, &list, usize::MAX).unwrap();
-        model::weights::copy_side_files(&src, dir).unwrap();
-    };
+    let write =
+        |dir: &Path, tensors: std::collections::BTreeMap<String, model::weights::HostTensor>| {
+            std::fs::create_dir_all(dir).unwrap();
+            let list: Vec<_> = tensors.into_iter().collect();
+            model::weights::write_safetensors(dir, &list, usize::MAX).unwrap();
+            model::weights::copy_side_files(&src, dir).unwrap();
+        };
     // Missing.
     let mut t = all.clone();
     t.remove("model.layers.1.mlp.up_proj.weight");
     let d = tmp.path().join("missing");
     write(&d, t);
     let e = format!("{:#}", Model::load(&d, &dev).unwrap_err());
-    assert!(e.contains("missing tensors: model.layers.1.mlp.up_proj.weight"), "{e}");
+    assert!(
+        e.contains("missing tensors: model.layers.1.mlp.up_proj.weight"),
+        "{e}"
+    );
     // Wrong shape.
     let mut t = all.clone();
     let x = t.get_mut("model.layers.0.self_attn.k_proj.bias").unwrap();
@@ -284,7 +312,10 @@ fn broken_checkpoints_name_the_tensor() {
     let d = tmp.path().join("unknown");
     write(&d, t);
     let e = format!("{:#}", Model::load(&d, &dev).unwrap_err());
-    assert!(e.contains("unknown tensors: model.layers.0.self_attn.q_norm.weight"), "{e}");
+    assert!(
+        e.contains("unknown tensors: model.layers.0.self_attn.q_norm.weight"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -295,7 +326,13 @@ fn out_of_vocab_ids_are_an_error_not_a_panic() {
         .forward(&TokenBatch::left_padded(&[vec![1u32, 384]]))
         .unwrap_err();
     assert!(format!("{e}").contains("token id 384"), "{e}");
-    let e = model::logprobs(&m.transformer, &[(&[1u32][..], &[999u32][..])], 4, false, None)
-        .unwrap_err();
+    let e = model::logprobs(
+        &m.transformer,
+        &[(&[1u32][..], &[999u32][..])],
+        4,
+        false,
+        None,
+    )
+    .unwrap_err();
     assert!(format!("{e}").contains("999"), "{e}");
 }
