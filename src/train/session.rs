@@ -87,6 +87,15 @@ pub fn start_optimizer(
 pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepMetrics>> {
     s.train.validate()?;
     s.adamw.validate()?;
+    if let (Ok(a), Ok(b)) = (model.dir.canonicalize(), s.out.canonicalize()) {
+        if a == b {
+            bail!(
+                "-o {}: the output folder is the input model folder; write a new folder (inputs are \
+                 never modified in place)",
+                s.out.display()
+            );
+        }
+    }
     let (mut opt, resumed) = start_optimizer(&model.dir, s.resume, s.adamw, &model.transformer)?;
     let total = (s.train.epochs * s.train.mini_batches) as u64;
     let mut progress = Progress::new(&s.stage, total, "steps");
@@ -258,6 +267,14 @@ mod tests {
         let m1 = Model::load(&one, &burn::tensor::Device::flex().autodiff()).expect("load one");
         run(m1, &rows, &session(&two, 1e-3, ResumeMode::Yes, 1)).expect("second");
         run(tiny(), &rows, &session(&both, 1e-3, ResumeMode::No, 2)).expect("both");
+        // Writing over the input folder is refused.
+        let e = run(
+            Model::load(&one, &burn::tensor::Device::flex().autodiff()).expect("load"),
+            &rows,
+            &session(&one, 1e-3, ResumeMode::No, 1),
+        )
+        .expect_err("in place");
+        assert!(format!("{e:#}").contains("input model folder"), "{e:#}");
         let a = read_checkpoint(&two).expect("two");
         let b = read_checkpoint(&both).expect("both");
         let c = read_checkpoint(&tiny_dir()).expect("input");
