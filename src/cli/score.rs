@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -663,11 +664,19 @@ struct Ctx<'a> {
 fn verify_builtin_rows(ctx: &Ctx<'_>, c: &RgCols, first_row: u64, rows: &[usize]) -> Result<Vec<(Verdict, VerifierKind)>> {
     rows.par_iter()
         .map_init(
-            || (String::new(), None::<(VerifierKind, GroundTruth)>, String::new(), String::new()),
-            |(gt_text, gt_cache, msg_text, prefix), &i| -> Result<(Verdict, VerifierKind)> {
+            || (String::new(), None::<(VerifierKind, GroundTruth)>, String::new(), String::new(), None::<(String, VerifierKind)>),
+            |(gt_text, gt_cache, msg_text, prefix, ds_cache), &i| -> Result<(Verdict, VerifierKind)> {
                 let row = first_row + i as u64;
                 let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
-                let kind = ctx.settings.verifier.unwrap_or_else(|| auto_verifier(ds));
+                let kind = match (ctx.settings.verifier, ds_cache.as_ref()) {
+                    (Some(k), _) => k,
+                    (None, Some((d, k))) if d == ds => *k,
+                    (None, _) => {
+                        let k = auto_verifier(ds);
+                        *ds_cache = Some((ds.to_string(), k));
+                        k
+                    }
+                };
                 if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
                     bail!(
                         "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
@@ -1165,14 +1174,19 @@ impl Scorer<'_> {
         Ok(())
     }
 
-    /// Score one row group; returns its score columns.
-    fn row_group(&mut self, p: &Part, rg: usize, fields: &[Field]) -> Result<Vec<ArrayRef>> {
+    /// Score one row group from the reader thread's batches (ending with `None`); returns its
+    /// score columns.
+    fn row_group(&mut self, p: &Part, rg: usize, fields: &[Field], batches: &Receiver<Result<Option<RecordBatch>>>) -> Result<Vec<ArrayRef>> {
         let spec_cols = self.spec_cols.clone();
-        let names = column_names(self.needs, &spec_cols);
         let mut scored: Vec<Scored> = Vec::with_capacity(p.rg_rows(rg));
         let mut first = p.rg_first_row(rg);
-        for b in p.batches(rg, &names)? {
-            let b = b?;
+        loop {
+            let b = match batches.recv() {
+                Ok(Ok(Some(b))) => b,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => bail!("internal: the reader thread stopped"),
+            };
             let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
             self.batch(&p.path, &c, first, &mut scored)?;
             first += b.num_rows() as u64;
@@ -1302,13 +1316,19 @@ pub fn score_table(
     // output
     table::io::check_distinct(&[input], out)?;
     let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        // only the score columns are encoded here; plain + zstd compresses them as well as a
-        // dictionary would, without hashing every value
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
+        // Only the score columns are encoded here. The component names, turns and weights repeat
+        // on every row: a dictionary turns them into runs of small indices; the other columns
+        // (answers, rewards) compress as well with plain + zstd without hashing every value.
         .set_dictionary_enabled(false)
-        .set_key_value_metadata(Some(meta.key_values()))
-        .build();
+        .set_key_value_metadata(Some(meta.key_values()));
+    for leaf in lay.descr.columns() {
+        if leaf.path().parts().first().map(String::as_str) == Some("reward_components") {
+            props = props.set_column_dictionary_enabled(leaf.path().clone(), true);
+        }
+    }
+    let props = props.build();
     let mut atomic = table::io::AtomicFile::create(out)?;
     let file = atomic.take()?;
     let aw = ArrowWriter::try_new_with_options(
@@ -1337,7 +1357,34 @@ pub fn score_table(
     };
     let parts_ref = &parts;
     let fields_ref = &fields;
+    let names: Vec<String> = column_names(needs, &scorer.spec_cols).into_iter().map(str::to_string).collect();
     let mut summary = std::thread::scope(|scope| -> Result<Summary> {
+        // three stages: decode (reader) -> score and encode (scorer, with rayon) -> write (here)
+        let (btx, brx) = std::sync::mpsc::sync_channel::<Result<Option<RecordBatch>>>(4);
+        scope.spawn(move || {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            for p in parts_ref {
+                for rg in 0..p.row_groups() {
+                    match p.batches(rg, &names) {
+                        Err(e) => {
+                            let _ = btx.send(Err(e));
+                            return;
+                        }
+                        Ok(it) => {
+                            for b in it {
+                                let stop = b.is_err();
+                                if btx.send(b.map(Some)).is_err() || stop {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    if btx.send(Ok(None)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrowColumnChunk>)>>(2);
         let factory_ref = &factory;
         let lay_ref = &lay;
@@ -1349,7 +1396,7 @@ pub fn score_table(
                 let mut index = 0usize;
                 for (pi, p) in parts_ref.iter().enumerate() {
                     for rg in 0..p.row_groups() {
-                        let arrays = scorer.row_group(p, rg, fields_ref)?;
+                        let arrays = scorer.row_group(p, rg, fields_ref, &brx)?;
                         let chunks = encode_scores(factory_ref, lay_ref, fields_ref, index, &arrays)?;
                         index += 1;
                         if tx.send(Ok((pi, rg, chunks))).is_err() {

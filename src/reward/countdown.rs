@@ -239,6 +239,11 @@ impl Q {
 
     fn add(self, o: Q, sign: i128) -> Q {
         match (self, o) {
+            // integers (the common case): no gcd
+            (Q::Exact(a, 1), Q::Exact(c, 1)) => match c.checked_mul(sign).and_then(|c| a.checked_add(c)) {
+                Some(n) => Q::Exact(n, 1),
+                None => Q::Approx(a as f64 + sign as f64 * c as f64),
+            },
             (Q::Exact(a, b), Q::Exact(c, d)) => {
                 let c = c.checked_mul(sign);
                 let n = c.and_then(|c| a.checked_mul(d)?.checked_add(c.checked_mul(b)?));
@@ -250,6 +255,10 @@ impl Q {
 
     fn mul(self, o: Q) -> Q {
         match (self, o) {
+            (Q::Exact(a, 1), Q::Exact(c, 1)) => match a.checked_mul(c) {
+                Some(n) => Q::Exact(n, 1),
+                None => Q::Approx(a as f64 * c as f64),
+            },
             (Q::Exact(a, b), Q::Exact(c, d)) => {
                 // cross-reduce first to keep the numbers small
                 let g1 = gcd(a, d).max(1);
@@ -311,66 +320,139 @@ enum Tk {
     Div,
     LPar,
     RPar,
+    /// A character outside the language.
+    Bad,
+    End,
 }
 
-fn tokenize_default(s: &str) -> Option<Vec<Tk>> {
-    let mut out = Vec::with_capacity(16);
-    let mut chars = s.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let t = match c {
-            '0'..='9' => {
-                let mut end = i + 1;
-                while let Some(&(j, d)) = chars.peek() {
-                    if d.is_ascii_digit() {
-                        end = j + 1;
-                        chars.next();
+/// Tokens of the default mode, read on the fly (no token vector).
+struct Lexer<'a> {
+    s: &'a str,
+    pos: usize,
+}
+
+impl Lexer<'_> {
+    fn next_token(&mut self) -> Tk {
+        let b = self.s.as_bytes();
+        loop {
+            let Some(&c) = b.get(self.pos) else {
+                return Tk::End;
+            };
+            match c {
+                b'0'..=b'9' => {
+                    let start = self.pos;
+                    while self.pos < b.len() && b[self.pos].is_ascii_digit() {
+                        self.pos += 1;
+                    }
+                    let lit = self.s[start..self.pos].trim_start_matches('0');
+                    return if lit.len() > 38 {
+                        Tk::Huge
+                    } else if lit.is_empty() {
+                        Tk::Num(0)
                     } else {
-                        break;
+                        // at most 38 ASCII digits always fit an i128
+                        lit.bytes().fold(0i128, |v, d| v * 10 + (d - b'0') as i128).into_tk()
+                    };
+                }
+                b'+' => {
+                    self.pos += 1;
+                    return Tk::Plus;
+                }
+                b'-' => {
+                    self.pos += 1;
+                    return Tk::Minus;
+                }
+                b'*' => {
+                    self.pos += 1;
+                    return Tk::Times;
+                }
+                b'/' => {
+                    self.pos += 1;
+                    return Tk::Div;
+                }
+                b'(' => {
+                    self.pos += 1;
+                    return Tk::LPar;
+                }
+                b')' => {
+                    self.pos += 1;
+                    return Tk::RPar;
+                }
+                b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => self.pos += 1,
+                c if c < 0x80 => return Tk::Bad,
+                _ => {
+                    // ok: `pos` is always on a char boundary (ASCII steps, or whole chars below)
+                    let ch = self.s[self.pos..].chars().next().unwrap_or('\u{0}');
+                    self.pos += ch.len_utf8();
+                    match ch {
+                        '\u{2212}' => return Tk::Minus,
+                        '\u{d7}' => return Tk::Times,
+                        '\u{f7}' => return Tk::Div,
+                        c if c.is_whitespace() => {}
+                        _ => return Tk::Bad,
                     }
                 }
-                let lit = s[i..end].trim_start_matches('0');
-                if lit.len() > 38 {
-                    Tk::Huge
-                } else if lit.is_empty() {
-                    Tk::Num(0)
-                } else {
-                    // ok-free: at most 38 ASCII digits always fit an i128
-                    Tk::Num(lit.parse().ok()?)
-                }
             }
-            '+' => Tk::Plus,
-            '-' | '\u{2212}' => Tk::Minus,
-            '*' | '\u{d7}' => Tk::Times,
-            '/' | '\u{f7}' => Tk::Div,
-            '(' => Tk::LPar,
-            ')' => Tk::RPar,
-            c if c.is_whitespace() => continue,
-            _ => return None,
-        };
-        out.push(t);
+        }
     }
-    Some(out)
+}
+
+trait IntoTk {
+    fn into_tk(self) -> Tk;
+}
+
+impl IntoTk for i128 {
+    fn into_tk(self) -> Tk {
+        Tk::Num(self)
+    }
+}
+
+/// Integer literals met while parsing: a few inline, the count of the rest.
+struct Literals {
+    vals: [i128; 8],
+    len: usize,
+    /// A literal no number can equal, or more than fit inline.
+    unmatched: bool,
+}
+
+impl Literals {
+    fn push(&mut self, v: Option<i128>) {
+        match v {
+            Some(v) if self.len < self.vals.len() => {
+                self.vals[self.len] = v;
+                self.len += 1;
+            }
+            _ => {
+                self.len += 1;
+                self.unmatched = true;
+            }
+        }
+    }
 }
 
 /// Parser for the default mode; a `None` value is "undefined" (division by zero), kept separate
 /// from syntax errors (`Err`).
-struct DefaultParser {
-    toks: Vec<Tk>,
-    pos: usize,
-    literals: Vec<Option<i128>>,
+struct DefaultParser<'a> {
+    lex: Lexer<'a>,
+    tok: Tk,
+    literals: Literals,
 }
 
 type Val = Option<Q>;
 
-impl DefaultParser {
-    fn peek(&self) -> Option<Tk> {
-        self.toks.get(self.pos).copied()
+impl DefaultParser<'_> {
+    fn peek(&self) -> Tk {
+        self.tok
+    }
+
+    fn bump(&mut self) {
+        self.tok = self.lex.next_token();
     }
 
     fn expr(&mut self, depth: usize) -> Result<Val, ()> {
         let mut v = self.term(depth)?;
-        while let Some(t @ (Tk::Plus | Tk::Minus)) = self.peek() {
-            self.pos += 1;
+        while let t @ (Tk::Plus | Tk::Minus) = self.peek() {
+            self.bump();
             let r = self.term(depth)?;
             let sign = if t == Tk::Plus { 1 } else { -1 };
             v = match (v, r) {
@@ -383,8 +465,8 @@ impl DefaultParser {
 
     fn term(&mut self, depth: usize) -> Result<Val, ()> {
         let mut v = self.unary(depth)?;
-        while let Some(t @ (Tk::Times | Tk::Div)) = self.peek() {
-            self.pos += 1;
+        while let t @ (Tk::Times | Tk::Div) = self.peek() {
+            self.bump();
             let r = self.unary(depth)?;
             v = match (v, r) {
                 (Some(a), Some(b)) => {
@@ -402,8 +484,8 @@ impl DefaultParser {
 
     fn unary(&mut self, depth: usize) -> Result<Val, ()> {
         let mut negate = false;
-        while let Some(t @ (Tk::Plus | Tk::Minus)) = self.peek() {
-            self.pos += 1;
+        while let t @ (Tk::Plus | Tk::Minus) = self.peek() {
+            self.bump();
             negate ^= t == Tk::Minus;
         }
         let v = self.primary(depth)?;
@@ -412,26 +494,26 @@ impl DefaultParser {
 
     fn primary(&mut self, depth: usize) -> Result<Val, ()> {
         let v = match self.peek() {
-            Some(Tk::Num(n)) => {
-                self.pos += 1;
+            Tk::Num(n) => {
+                self.bump();
                 self.literals.push(Some(n));
                 Some(Q::int(n))
             }
-            Some(Tk::Huge) => {
-                self.pos += 1;
+            Tk::Huge => {
+                self.bump();
                 self.literals.push(None);
                 Some(Q::Approx(f64::INFINITY))
             }
-            Some(Tk::LPar) => {
+            Tk::LPar => {
                 if depth >= MAX_PARENS {
                     return Err(());
                 }
-                self.pos += 1;
+                self.bump();
                 let v = self.expr(depth + 1)?;
-                if self.peek() != Some(Tk::RPar) {
+                if self.peek() != Tk::RPar {
                     return Err(());
                 }
-                self.pos += 1;
+                self.bump();
                 v
             }
             _ => return Err(()),
@@ -445,15 +527,18 @@ pub fn judge_equation(eq: &str, task: &Task) -> Verdict {
     if eq.len() > MAX_EQUATION_BYTES {
         return Verdict::Invalid;
     }
-    let Some(toks) = tokenize_default(eq) else {
-        return Verdict::Invalid;
+    let mut p = DefaultParser {
+        lex: Lexer { s: eq, pos: 0 },
+        tok: Tk::End,
+        literals: Literals { vals: [0; 8], len: 0, unmatched: false },
     };
-    let mut p = DefaultParser { toks, pos: 0, literals: Vec::with_capacity(6) };
+    p.bump();
     let value = match p.expr(0) {
-        Ok(v) if p.pos == p.toks.len() => v,
+        Ok(v) if p.tok == Tk::End => v,
         _ => return Verdict::Invalid,
     };
-    if !same_multiset(&mut p.literals, &task.numbers) {
+    let lits = &mut p.literals;
+    if lits.unmatched || !same_multiset_ints(&mut lits.vals[..lits.len], &task.numbers) {
         return Verdict::Numbers;
     }
     match value {
@@ -461,6 +546,29 @@ pub fn judge_equation(eq: &str, task: &Task) -> Verdict {
         Some(q) if q.close_to(task.target) => Verdict::Correct,
         Some(_) => Verdict::Wrong,
     }
+}
+
+/// Multiset equality of integer literals and the given numbers (sorting both in place / on the
+/// stack).
+fn same_multiset_ints(lits: &mut [i128], numbers: &[Number]) -> bool {
+    if lits.len() != numbers.len() {
+        return false;
+    }
+    let mut nums = [0i128; 8];
+    if numbers.len() > nums.len() {
+        let mut owned: Vec<Option<i128>> = lits.iter().map(|&v| Some(v)).collect();
+        return same_multiset(&mut owned, numbers);
+    }
+    for (slot, n) in nums.iter_mut().zip(numbers) {
+        match n.as_integer() {
+            Some(v) => *slot = v,
+            None => return false,
+        }
+    }
+    let nums = &mut nums[..numbers.len()];
+    lits.sort_unstable();
+    nums.sort_unstable();
+    lits == nums
 }
 
 /// Multiset equality of integer literals (`None`: a literal no number can equal) and numbers.
