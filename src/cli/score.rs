@@ -660,59 +660,70 @@ struct Ctx<'a> {
     path: &'a Path,
 }
 
-/// Verify the answer rows `rows` (indices into the row group) with the built-in verifiers.
+/// Per-thread caches of [`verify_one`]: the last ground truth parsed, the last prompt rendered,
+/// the last data_source resolved (rows of one prompt are adjacent and share them).
+#[derive(Default)]
+struct VerifyCache {
+    gt_text: String,
+    gt: Option<(VerifierKind, GroundTruth)>,
+    msg_text: String,
+    prefix: String,
+    ds: Option<(String, VerifierKind)>,
+}
+
+/// Verify answer row `i` with the built-in verifiers.
+fn verify_one(ctx: &Ctx<'_>, c: &RgCols, first_row: u64, i: usize, cache: &mut VerifyCache) -> Result<(Verdict, VerifierKind)> {
+    let row = first_row + i as u64;
+    let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
+    let kind = match (ctx.settings.verifier, cache.ds.as_ref()) {
+        (Some(k), _) => k,
+        (None, Some((d, k))) if d == ds => *k,
+        (None, _) => {
+            let k = auto_verifier(ds);
+            cache.ds = Some((ds.to_string(), k));
+            k
+        }
+    };
+    if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
+        bail!(
+            "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
+            ctx.path.display(),
+            kind.name()
+        );
+    }
+    let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+    let cached = matches!(&cache.gt, Some((k, _)) if *k == kind) && cache.gt_text.as_str() == gts;
+    if !cached {
+        let gt = GroundTruth::parse(kind, gts)
+            .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
+        cache.gt = Some((kind, gt));
+        cache.gt_text.clear();
+        cache.gt_text.push_str(gts);
+    }
+    let (_, gt) = cache.gt.as_ref().context("internal: ground-truth cache")?;
+    let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
+    let pre = if kind == VerifierKind::Countdown && ctx.settings.countdown_compat == CountdownCompat::Tinyzero {
+        let m = c.messages.as_ref().context("internal: messages not read")?;
+        let mt = str_at(m, i, ctx.path, "messages", row)?;
+        if cache.msg_text.as_str() != mt {
+            cache.prefix =
+                chatml_prefix(mt).with_context(|| format!("{}, row {row}, column `messages`", ctx.path.display()))?;
+            cache.msg_text.clear();
+            cache.msg_text.push_str(mt);
+        }
+        Some(cache.prefix.as_str())
+    } else {
+        None
+    };
+    let (answer, correct, countdown) = rows::verify_builtin(kind, ctx.settings, response, pre, gt);
+    Ok((Verdict { answer, correct, countdown, extra: Vec::new() }, kind))
+}
+
+/// Verify the answer rows `rows` (indices into the batch) with the built-in verifiers.
 fn verify_builtin_rows(ctx: &Ctx<'_>, c: &RgCols, first_row: u64, rows: &[usize]) -> Result<Vec<(Verdict, VerifierKind)>> {
-    rows.par_iter()
-        .map_init(
-            || (String::new(), None::<(VerifierKind, GroundTruth)>, String::new(), String::new(), None::<(String, VerifierKind)>),
-            |(gt_text, gt_cache, msg_text, prefix, ds_cache), &i| -> Result<(Verdict, VerifierKind)> {
-                let row = first_row + i as u64;
-                let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
-                let kind = match (ctx.settings.verifier, ds_cache.as_ref()) {
-                    (Some(k), _) => k,
-                    (None, Some((d, k))) if d == ds => *k,
-                    (None, _) => {
-                        let k = auto_verifier(ds);
-                        *ds_cache = Some((ds.to_string(), k));
-                        k
-                    }
-                };
-                if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
-                    bail!(
-                        "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
-                        ctx.path.display(),
-                        kind.name()
-                    );
-                }
-                let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
-                let cached = matches!(gt_cache, Some((k, _)) if *k == kind) && gt_text.as_str() == gts;
-                if !cached {
-                    let gt = GroundTruth::parse(kind, gts)
-                        .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
-                    *gt_cache = Some((kind, gt));
-                    gt_text.clear();
-                    gt_text.push_str(gts);
-                }
-                // ok: the cache was filled just above
-                let (_, gt) = gt_cache.as_ref().context("internal: ground-truth cache")?;
-                let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
-                let pre = if kind == VerifierKind::Countdown && ctx.settings.countdown_compat == CountdownCompat::Tinyzero {
-                    let m = c.messages.as_ref().context("internal: messages not read")?;
-                    let mt = str_at(m, i, ctx.path, "messages", row)?;
-                    if msg_text.as_str() != mt {
-                        *prefix = chatml_prefix(mt).with_context(|| format!("{}, row {row}, column `messages`", ctx.path.display()))?;
-                        msg_text.clear();
-                        msg_text.push_str(mt);
-                    }
-                    Some(prefix.as_str())
-                } else {
-                    None
-                };
-                let (answer, correct, countdown) = rows::verify_builtin(kind, ctx.settings, response, pre, gt);
-                Ok((Verdict { answer, correct, countdown, extra: Vec::new() }, kind))
-            },
-        )
-        .collect()
+    let out: Vec<Result<(Verdict, VerifierKind)>> =
+        rows.par_iter().map_init(VerifyCache::default, |cache, &i| verify_one(ctx, c, first_row, i, cache)).collect();
+    out.into_iter().collect()
 }
 
 /// Verify answer rows with the external verifier.
@@ -799,12 +810,12 @@ fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
 /// One scored row.
 struct Scored {
     answer: Option<String>,
-    format_ok: bool,
-    acc: f64,
-    confidence: Option<f64>,
-    conf_reward: Option<f64>,
     components: Vec<Component>,
-    reward: f64,
+    acc: f32,
+    reward: f32,
+    confidence: Option<f32>,
+    conf_reward: Option<f32>,
+    format_ok: bool,
 }
 
 fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: AnswerScore) -> Result<Scored> {
@@ -826,11 +837,11 @@ fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: AnswerScore) -> Result<
     Ok(Scored {
         answer: a.answer,
         format_ok: a.format_ok,
-        acc: a.accuracy,
-        confidence: a.confidence,
-        conf_reward,
+        acc: a.accuracy as f32,
+        confidence: a.confidence.map(|x| x as f32),
+        conf_reward: conf_reward.map(|x| x as f32),
         components,
-        reward,
+        reward: reward as f32,
     })
 }
 
@@ -850,11 +861,11 @@ fn scored_confidence(ctx: &Ctx<'_>, c: &RgCols, i: usize, s: &ConfidenceScore, p
     Ok(Scored {
         answer: None,
         format_ok: s.format_ok,
-        acc: parent.accuracy,
-        confidence: s.confidence,
-        conf_reward: Some(s.conf_reward),
+        acc: parent.accuracy as f32,
+        confidence: s.confidence.map(|x| x as f32),
+        conf_reward: Some(s.conf_reward as f32),
         components,
-        reward,
+        reward: reward as f32,
     })
 }
 
@@ -922,10 +933,10 @@ fn score_arrays(rows: &[Scored], fields: &[Field]) -> Result<Vec<ArrayRef>> {
     for r in rows {
         answer.append_option(r.answer.as_deref());
         format_ok.append_value(r.format_ok);
-        acc.append_value(r.acc as f32);
-        conf.append_option(r.confidence.map(|x| x as f32));
-        conf_r.append_option(r.conf_reward.map(|x| x as f32));
-        reward.append_value(r.reward as f32);
+        acc.append_value(r.acc);
+        conf.append_option(r.confidence);
+        conf_r.append_option(r.conf_reward);
+        reward.append_value(r.reward);
     }
     Ok(vec![
         Arc::new(answer.finish()),
@@ -1101,76 +1112,95 @@ impl Scorer<'_> {
             kinds.push(kind_of(str_at(&c.sample_type, i, path, "sample_type", row)?, path, row)?);
         }
         let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
-        let verdicts: Vec<Verdict> = if self.links.forward {
-            ans.iter()
-                .map(|&i| self.pre.remove(&(first + i as u64)).context("internal: pre-pass verdict missing"))
-                .collect::<Result<_>>()?
-        } else {
-            self.verify(path, c, first, &ans)?
+        // answers: verdict, then every score, in one parallel pass (indexed collects, so the
+        // results land in place)
+        let finish = |i: usize, v: Verdict, kind: Option<VerifierKind>| -> Result<AnswerOut> {
+            let countdown = v.countdown;
+            let a = rows::score_answer(settings, c.response.value(i), v.answer, v.correct, v.countdown, v.extra);
+            let parent = ParentAnswer { correct: a.correct, accuracy: a.accuracy };
+            let scored = scored_answer(&ctx, c, i, a).with_context(|| format!("{}, row {}", path.display(), first + i as u64))?;
+            Ok(AnswerOut { scored, parent, countdown, kind })
         };
-        let answer_scores: Vec<AnswerScore> = ans
-            .par_iter()
-            .zip(verdicts.into_par_iter())
-            .map(|(&i, v)| rows::score_answer(settings, c.response.value(i), v.answer, v.correct, v.countdown, v.extra))
-            .collect();
-        if self.links.confidences > 0 && !self.links.forward {
-            for (&i, a) in ans.iter().zip(&answer_scores) {
-                self.parents.insert(c.key(i)?, ParentAnswer { correct: a.correct, accuracy: a.accuracy });
+        let answers: Vec<Result<AnswerOut>> = if self.links.forward || self.ext.is_some() {
+            let verdicts: Vec<Verdict> = if self.links.forward {
+                ans.iter()
+                    .map(|&i| self.pre.remove(&(first + i as u64)).context("internal: pre-pass verdict missing"))
+                    .collect::<Result<_>>()?
+            } else {
+                self.verify(path, c, first, &ans)?
+            };
+            ans.par_iter().zip(verdicts.into_par_iter()).map(|(&i, v)| finish(i, v, None)).collect()
+        } else {
+            ans.par_iter()
+                .map_init(VerifyCache::default, |cache, &i| {
+                    let (v, kind) = verify_one(&ctx, c, first, i, cache)?;
+                    finish(i, v, Some(kind))
+                })
+                .collect()
+        };
+        let has_conf = ans.len() < n;
+        let mut answer_scored: Vec<Scored> = Vec::with_capacity(if has_conf { ans.len() } else { 0 });
+        for (&i, r) in ans.iter().zip(answers) {
+            let a = r?;
+            if let Some(k) = a.kind {
+                let ds = c.data_source.value(i);
+                if !self.summary.verifiers.contains_key(ds) {
+                    self.summary.verifiers.insert(ds.to_string(), k.name().to_string());
+                }
             }
-        }
-        for a in &answer_scores {
             match a.countdown {
                 Some(s) if s == 0.0 => self.countdown_levels[0] += 1,
                 Some(s) if s == 1.0 => self.countdown_levels[2] += 1,
                 Some(_) => self.countdown_levels[1] += 1,
                 None => {}
             }
-        }
-        // every row, in order: answers take their score, confidences look up their answer
-        let mut answer_iter = answer_scores.into_iter();
-        let mut jobs: Vec<(usize, Option<AnswerScore>)> = Vec::with_capacity(n);
-        for (i, k) in kinds.iter().enumerate() {
-            if *k == Kind::Answer {
-                jobs.push((i, Some(answer_iter.next().context("internal: answer count")?)));
+            if self.links.confidences > 0 && !self.links.forward {
+                self.parents.insert(c.key(i)?, a.parent);
+            }
+            self.summary.rows += 1;
+            self.summary.answers += 1;
+            self.summary.sum_accuracy += a.scored.acc as f64;
+            self.summary.answer_format_ok += a.scored.format_ok as u64;
+            if has_conf {
+                answer_scored.push(a.scored);
             } else {
-                jobs.push((i, None));
+                out.push(a.scored);
             }
         }
+        if !has_conf {
+            return Ok(());
+        }
+        // confidences: their answer's accuracy is known by now
+        let confs: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Confidence).collect();
         let parents = &self.parents;
-        let scored: Vec<Scored> = jobs
-            .into_par_iter()
-            .map(|(i, a)| -> Result<Scored> {
+        let conf_scored: Vec<Result<Scored>> = confs
+            .par_iter()
+            .map(|&i| -> Result<Scored> {
                 let row = first + i as u64;
-                match a {
-                    Some(a) => scored_answer(&ctx, c, i, a),
-                    None => {
-                        let resp = str_at(&c.response, i, path, "response_text", row)?;
-                        let parent = *parents.get(&c.key(i)?).context("internal: answer of a confidence row not scored")?;
-                        let s = rows::score_confidence(settings, resp, parent.accuracy);
-                        scored_confidence(&ctx, c, i, &s, parent)
-                    }
-                }
-                .with_context(|| format!("{}, row {row}", path.display()))
+                let resp = str_at(&c.response, i, path, "response_text", row)?;
+                let parent = *parents.get(&c.key(i)?).context("internal: answer of a confidence row not scored")?;
+                let s = rows::score_confidence(settings, resp, parent.accuracy);
+                scored_confidence(&ctx, c, i, &s, parent).with_context(|| format!("{}, row {row}", path.display()))
             })
-            .collect::<Result<_>>()?;
-        let sm = &mut self.summary;
-        for (i, s) in scored.iter().enumerate() {
-            sm.rows += 1;
-            match kinds[i] {
-                Kind::Answer => {
-                    sm.answers += 1;
-                    sm.sum_accuracy += s.acc;
-                    sm.answer_format_ok += s.format_ok as u64;
-                }
+            .collect();
+        let mut answer_it = answer_scored.into_iter();
+        let mut conf_it = confs.iter().zip(conf_scored);
+        for k in &kinds {
+            match k {
+                Kind::Answer => out.push(answer_it.next().context("internal: answer count")?),
                 Kind::Confidence => {
+                    let (&i, r) = conf_it.next().context("internal: confidence count")?;
+                    let s = r?;
+                    let sm = &mut self.summary;
+                    sm.rows += 1;
                     sm.confidences += 1;
                     sm.confidence_format_ok += s.format_ok as u64;
                     sm.confidence_parse_strict += s.confidence.is_some() as u64;
                     sm.confidence_parse_lenient += rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
+                    out.push(s);
                 }
             }
         }
-        out.extend(scored);
         Ok(())
     }
 
@@ -1196,6 +1226,15 @@ impl Scorer<'_> {
         }
         score_arrays(&scored, fields)
     }
+}
+
+/// An answer row scored: its output, what its confidences need, and what the summary counts.
+struct AnswerOut {
+    scored: Scored,
+    parent: ParentAnswer,
+    countdown: Option<f32>,
+    /// The built-in verifier used (None for the external one and pre-pass verdicts).
+    kind: Option<VerifierKind>,
 }
 
 /// The score columns of one row group encoded as Parquet column chunks, one per output leaf in
@@ -1316,19 +1355,13 @@ pub fn score_table(
     // output
     table::io::check_distinct(&[input], out)?;
     let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
-    let mut props = WriterProperties::builder()
+    let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
-        // Only the score columns are encoded here. The component names, turns and weights repeat
-        // on every row: a dictionary turns them into runs of small indices; the other columns
-        // (answers, rewards) compress as well with plain + zstd without hashing every value.
+        // Only the score columns are encoded here: plain + zstd compresses them about as well as
+        // dictionaries would, without hashing every value (measured: dictionaries cost more CPU).
         .set_dictionary_enabled(false)
-        .set_key_value_metadata(Some(meta.key_values()));
-    for leaf in lay.descr.columns() {
-        if leaf.path().parts().first().map(String::as_str) == Some("reward_components") {
-            props = props.set_column_dictionary_enabled(leaf.path().clone(), true);
-        }
-    }
-    let props = props.build();
+        .set_key_value_metadata(Some(meta.key_values()))
+        .build();
     let mut atomic = table::io::AtomicFile::create(out)?;
     let file = atomic.take()?;
     let aw = ArrowWriter::try_new_with_options(
