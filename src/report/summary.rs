@@ -225,8 +225,8 @@ pub fn turn_stats(rows: &Rows, kind: SampleType, keep: &dyn Fn(usize) -> bool) -
     let mut rewards = Vec::new();
     let mut lengths: Vec<u32> = Vec::new();
     let mut n = 0u64;
-    // group → (first reward, differs, size); BTreeMap keeps the count deterministic to read.
-    let mut groups: BTreeMap<(u32, i32), (Option<f64>, bool, u64)> = BTreeMap::new();
+    // group → (first reward, differs, size); only counts leave this map, so order is irrelevant.
+    let mut groups: HashMap<(u32, i32), (Option<f64>, bool, u64)> = HashMap::new();
     for i in 0..rows.len() {
         if rows.kind[i] != kind || !keep(i) {
             continue;

@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 mod cli;
 mod ecosystem;
+mod report;
 
 /// A fresh folder for one test plus helpers to run the binary in it.
 pub struct Workdir {
