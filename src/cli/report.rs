@@ -83,6 +83,20 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         ))
         .into());
     }
+    // The folder must not be (or hold) an input: calibration.parquet would become a part file.
+    if let Ok(out) = std::fs::canonicalize(&a.out) {
+        for p in a.input.iter().chain(a.probe.iter()) {
+            let p = std::fs::canonicalize(p)
+                .with_context(|| format!("{}: cannot open input", p.display()))?;
+            if p == out {
+                return Err(UsageError(format!(
+                    "-o {}: is an input folder; write the report somewhere else",
+                    a.out.display()
+                ))
+                .into());
+            }
+        }
+    }
     let opts = Options {
         bins: a.bins as usize,
         ece_rule: a.ece_rule,

@@ -791,6 +791,33 @@ mod tests {
     }
 
     #[test]
+    fn unscored_table_gives_nulls_not_panics() {
+        use arrow::array::{ArrayRef, RecordBatch, StringArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        use std::sync::Arc;
+        let schema = Schema::new(vec![Field::new("sample_type", DataType::Utf8, false)]);
+        let col: ArrayRef = Arc::new(StringArray::from(vec!["answer", "confidence"]));
+        let b = RecordBatch::try_new(Arc::new(schema), vec![col]).expect("batch");
+        let rows = Rows::from_batches([&b]).expect("rows");
+        let r = build("t", &rows, &Options::default());
+        let m = &r.overall;
+        assert_eq!((m.answers, m.confidences, m.calibration_rows), (1, 1, 0));
+        assert_eq!(
+            (m.accuracy, m.brier, m.ece, m.auroc),
+            (None, None, None, None)
+        );
+        assert_eq!((m.parse_rate_strict, m.parse_rate_lenient), (None, None));
+        assert_eq!(m.answer_turn.groups, 1);
+        assert_eq!(m.answer_turn.groups_with_signal, 0);
+        assert!(r
+            .diagnostics
+            .missing_columns
+            .contains(&"acc_reward".to_string()));
+        let md = crate::report::markdown::render(&[r], None, None, &Default::default());
+        assert!(md.contains("| Brier score | – |"), "{md}");
+    }
+
+    #[test]
     fn single_turn_tables_use_answer_rows() {
         let t = vec![
             (

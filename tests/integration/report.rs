@@ -396,6 +396,11 @@ fn report_errors() {
         err.contains("probe row 0") && err.contains("num_correct"),
         "{err}"
     );
+    // The output folder may not be an input folder.
+    std::fs::create_dir_all(wd.path("parts")).expect("mkdir");
+    std::fs::copy(wd.path("ok.parquet"), wd.path("parts/part-0.parquet")).expect("copy");
+    let err = wd.fail(&["report", "--input", "parts", "-o", "parts"], 2);
+    assert!(err.contains("input folder"), "{err}");
     // Zero bins is a usage error.
     wd.fail(
         &[
