@@ -1,45 +1,1498 @@
-//! `rlcr score`: verifiers, Brier, format checks and structured rewards (no model).
-use std::path::PathBuf;
+//! `rlcr score`: verifiers, Brier, format checks and structured rewards over a trajectory table
+//! (no model).
+//!
+//! Streaming design. The output has the input's row groups, row for row. Columns the stage does
+//! not compute are copied from the input as encoded Parquet column chunks (no decoding, no
+//! re-compression: token lists and log-probs never reach memory as Arrow arrays); only the
+//! columns the verifiers read are decoded, one row group at a time, and only the seven score
+//! columns are encoded. Old score columns are replaced, and the columns the `advantage` stage
+//! derives from rewards (`advantage`, `token_advantages`, `loss_mask`, `returns`,
+//! `trajectory_score`) are dropped, so a re-scored table never carries stale values.
+//!
+//! Confidence rows need their own answer's accuracy. A first pass reads only `sample_type`,
+//! `prompt_id` and `answer_idx` to link each confidence row to its answer row (by
+//! `(prompt_id, answer_idx)`), rejecting duplicate answers and orphans. When every answer sits in
+//! the same or an earlier row group than its confidences (tables written by generate-confidence),
+//! the scoring pass handles each row group's answers before its confidences and remembers the
+//! accuracies; otherwise a pre-pass verifies all answers first. Rows are scored in parallel with
+//! rayon inside a row group; results are collected in row order, so the output does not depend on
+//! the thread count. The verifier settings and a summary go into the output's metadata.
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Context, Result};
+use arrow::array::{
+    Array, ArrayRef, BooleanBuilder, Float32Builder, Int32Array, Int32Builder,
+    ListArray, RecordBatch, StringArray, StringBuilder, StructArray,
+};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowWriterOptions};
+use parquet::arrow::{ArrowSchemaConverter, ArrowWriter, ProjectionMask};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::{SchemaDescriptor, Type};
+use rayon::prelude::*;
+use serde::Serialize;
 
-use super::common::{not_built, Global};
+use super::common::{Global, UsageError};
+use crate::reward::external::{ExternalVerifier, Reply, Request};
+use crate::reward::rlcr::{self, FormatPattern};
+use crate::reward::rows::{
+    self, AnswerScore, ConfidenceScore, CountdownCompat, GroundTruth, ParentAnswer, Preset, RowScore,
+    Settings,
+};
+use crate::reward::structured::{Component, ComponentSpec, RewardSpec, Value};
+use crate::reward::text::last_answer;
+use crate::reward::{auto_verifier, VerifierKind};
+use crate::table::{self, Meta, TRAJECTORY};
 
 pub const ABOUT: &str =
     "Score a trajectory table: accuracy, format, confidence, Brier, structured rewards";
 pub const LONG_ABOUT: &str = "\
-Score every row of a trajectory table without a model. Answers: acc_reward = 1 iff the verifier
-accepts the extracted answer. Confidence rows: the last <confidence> parsed as a finite float in
-[0,1]; conf_reward = 1 - (acc - c)^2 with acc taken from the row's own answer; 0 on a parse failure.
-Re-scoring an already scored table replaces every score column.
+Score every row of a trajectory table without a model.
+
+Answers: acc_reward = the verifier's verdict on the extracted answer (1/0; the F1 value for f1),
+0 when the format check fails and gating is on. Confidence rows: the last <confidence> parsed
+strictly (a finite number in [0,1]; nan, inf, 80%, 1.2 are failures), conf_reward =
+1 - (acc - c)^2 with acc taken from the row's own answer, 0 on a format or parse failure.
+reward = the total of reward_components: `mean over turns + sum of globals` (seed 001), which for
+the presets is: rlcr (answers: acc + format-weight * format; confidences: Brier), rlcr-single
+(RLCR's single-completion 0.5*(format + acc + brier) + 1e-6 * (mean conf + 0/1 conf), for
+--answer-format tabc), tinyzero (answers: the countdown score 0 / 0.1 / 1). --rewards FILE.toml
+defines named per-turn and global components instead (see the README).
+
+Verifiers (--verifier auto picks by data_source: countdown; hotpot/squad/trivia/... -> exact;
+mmlu/gpqa/... -> choice; otherwise math): countdown (last <answer> anywhere, + - * / x ÷ and
+parentheses, each number once, |value - target| < 1e-5; --countdown-compat tinyzero reproduces
+TinyZero's compute_score on prompt + response, quirks included), math, exact, f1, choice, or an
+external program (--verifier-cmd, JSON lines; see the README for the protocol).
+
+Re-scoring an already scored table replaces every score column and drops the advantage columns.
+Columns the stage does not compute are copied as encoded Parquet chunks, so it streams millions of
+rows and never loads token lists.
 
 Reads: a trajectory table. Writes: the same rows with answer, format_ok, acc_reward, confidence,
 conf_reward, reward, reward_components.
 Example:
   rlcr score --input trajectory.parquet -o scored.parquet --verifier countdown";
 
-#[derive(clap::Args, Debug)]
+/// `--verifier` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifierChoice {
+    Auto,
+    Countdown,
+    Math,
+    Exact,
+    F1,
+    Choice,
+}
+
+/// `--answer-format` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnswerFormat {
+    Ta,
+    Tac,
+    Tabc,
+    Tbac,
+    /// Only require an extractable answer.
+    None,
+}
+
+/// `--format-gate` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(clap::Args, Debug, Serialize)]
 pub struct Args {
-    /// Trajectory table.
+    /// Trajectory table (a Parquet file or a folder of part files).
     #[arg(long)]
     pub input: PathBuf,
     /// Output scored table.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
-    /// Verifier (auto picks by data_source).
-    #[arg(long, default_value = "auto")]
-    pub verifier: String,
-    /// External verifier command speaking JSON lines on stdin/stdout.
+    /// Verifier; auto picks by data_source.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub verifier: VerifierChoice,
+    /// External verifier command (run with `sh -c`) speaking JSON lines on stdin/stdout; replaces
+    /// the built-in verifiers.
     #[arg(long)]
     pub verifier_cmd: Option<String>,
-    /// Structured rewards definition (seed 001), TOML.
+    /// Seconds the external verifier may take to send its next reply.
+    #[arg(long, default_value_t = 60.0)]
+    pub verifier_timeout: f64,
+    /// How countdown answers are read: default (response only) or tinyzero (TinyZero's
+    /// compute_score on prompt + response).
+    #[arg(long, value_enum, default_value = "default")]
+    pub countdown_compat: CountdownCompat,
+    /// Reward preset.
+    #[arg(long, value_enum, default_value = "rlcr")]
+    pub reward_preset: Preset,
+    /// Structured rewards definition (seed 001), TOML; replaces the preset's components.
     #[arg(long)]
     pub rewards: Option<PathBuf>,
+    /// Format required of answer rows [default: ta; tabc with --reward-preset rlcr-single].
+    #[arg(long, value_enum)]
+    pub answer_format: Option<AnswerFormat>,
+    /// Confidence rows must contain <analysis>…</analysis> before <confidence>.
+    #[arg(long)]
+    pub require_analysis: bool,
+    /// Accuracy is 0 when the answer's format fails [default: on; off with --reward-preset
+    /// tinyzero].
+    #[arg(long, value_enum)]
+    pub format_gate: Option<OnOff>,
+    /// Weight of format_ok in the answers' reward (rlcr preset).
+    #[arg(long, default_value_t = 0.0)]
+    pub format_weight: f64,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
 }
 
-pub fn run(_g: &Global, _a: Args) -> Result<()> {
-    Err(not_built("score"))
+/// The columns the stage writes, in the trajectory schema's order.
+pub const SCORE_COLUMNS: [&str; 7] =
+    ["answer", "format_ok", "acc_reward", "confidence", "conf_reward", "reward", "reward_components"];
+/// Columns derived from rewards by later stages: dropped, never left stale.
+pub const STALE_COLUMNS: [&str; 5] = ["advantage", "token_advantages", "loss_mask", "returns", "trajectory_score"];
+
+/// Turn the flags into validated settings.
+pub fn settings_from_args(a: &Args) -> Result<Settings> {
+    let verifier = match a.verifier {
+        VerifierChoice::Auto => None,
+        VerifierChoice::Countdown => Some(VerifierKind::Countdown),
+        VerifierChoice::Math => Some(VerifierKind::Math),
+        VerifierChoice::Exact => Some(VerifierKind::Exact),
+        VerifierChoice::F1 => Some(VerifierKind::F1),
+        VerifierChoice::Choice => Some(VerifierKind::Choice),
+    };
+    if a.verifier_cmd.is_some() && verifier.is_some() {
+        return Err(UsageError("--verifier-cmd replaces the built-in verifiers; drop --verifier".into()).into());
+    }
+    if !(a.verifier_timeout.is_finite() && a.verifier_timeout > 0.0) {
+        return Err(UsageError("--verifier-timeout must be a positive number of seconds".into()).into());
+    }
+    if !a.format_weight.is_finite() {
+        return Err(UsageError("--format-weight must be a finite number".into()).into());
+    }
+    if a.reward_preset == Preset::Tinyzero && matches!(verifier, Some(k) if k != VerifierKind::Countdown) {
+        return Err(UsageError("--reward-preset tinyzero needs the countdown verifier".into()).into());
+    }
+    if a.reward_preset == Preset::Tinyzero && a.verifier_cmd.is_some() {
+        return Err(UsageError("--reward-preset tinyzero needs the countdown verifier, not --verifier-cmd".into()).into());
+    }
+    let answer_format = match a.answer_format {
+        None if a.reward_preset == Preset::RlcrSingle => Some(FormatPattern::Tabc),
+        None => Some(FormatPattern::Ta),
+        Some(AnswerFormat::Ta) => Some(FormatPattern::Ta),
+        Some(AnswerFormat::Tac) => Some(FormatPattern::Tac),
+        Some(AnswerFormat::Tabc) => Some(FormatPattern::Tabc),
+        Some(AnswerFormat::Tbac) => Some(FormatPattern::Tbac),
+        Some(AnswerFormat::None) => None,
+    };
+    if a.reward_preset == Preset::RlcrSingle && !answer_format.is_some_and(FormatPattern::has_confidence) {
+        return Err(UsageError("--reward-preset rlcr-single needs an answer format with a confidence (tac, tabc, tbac)".into()).into());
+    }
+    let gate = match a.format_gate {
+        Some(OnOff::On) => true,
+        Some(OnOff::Off) => false,
+        None => a.reward_preset != Preset::Tinyzero,
+    };
+    let structured = match &a.rewards {
+        Some(p) => Some(RewardSpec::from_file(p).map_err(|e| UsageError(format!("{e:#}")))?),
+        None => None,
+    };
+    Ok(Settings {
+        verifier,
+        countdown_compat: a.countdown_compat,
+        answer_format,
+        require_analysis: a.require_analysis,
+        gate,
+        preset: a.reward_preset,
+        format_weight: a.format_weight,
+        structured,
+    })
+}
+
+pub fn run(_g: &Global, a: Args) -> Result<()> {
+    let settings = settings_from_args(&a)?;
+    let external = a.verifier_cmd.clone().map(|c| (c, Duration::from_secs_f64(a.verifier_timeout)));
+    let config = serde_json::json!({ "args": &a, "settings": &settings });
+    let summary = score_table(&a.input, &a.out, &settings, external, config)?;
+    crate::info!(
+        "scored {} rows ({} answers, {} confidences) in {:.2}s ({:.0} rows/s); mean acc {:.4}, answer format ok {:.4}, confidence parse ok {:.4} (lenient {:.4}) -> {}",
+        summary.rows,
+        summary.answers,
+        summary.confidences,
+        summary.seconds,
+        summary.rows as f64 / summary.seconds.max(1e-9),
+        summary.mean_accuracy(),
+        summary.answer_format_rate(),
+        summary.strict_parse_rate(),
+        summary.lenient_parse_rate(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// summary
+
+/// What a scoring run saw (printed, and stored as `rlcr.score_summary` in the output).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub rows: u64,
+    pub answers: u64,
+    pub confidences: u64,
+    pub sum_accuracy: f64,
+    pub answer_format_ok: u64,
+    pub confidence_format_ok: u64,
+    pub confidence_parse_strict: u64,
+    pub confidence_parse_lenient: u64,
+    /// data_source → verifier used.
+    pub verifiers: BTreeMap<String, String>,
+    /// Countdown score level → count.
+    pub countdown_scores: BTreeMap<String, u64>,
+    pub dropped_columns: Vec<String>,
+    pub seconds: f64,
+}
+
+impl Summary {
+    pub fn mean_accuracy(&self) -> f64 {
+        self.sum_accuracy / (self.answers.max(1) as f64)
+    }
+    pub fn answer_format_rate(&self) -> f64 {
+        self.answer_format_ok as f64 / (self.answers.max(1) as f64)
+    }
+    pub fn strict_parse_rate(&self) -> f64 {
+        self.confidence_parse_strict as f64 / (self.confidences.max(1) as f64)
+    }
+    pub fn lenient_parse_rate(&self) -> f64 {
+        self.confidence_parse_lenient as f64 / (self.confidences.max(1) as f64)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// input
+
+/// One input part file with its Parquet metadata.
+struct Part {
+    path: PathBuf,
+    /// Used only by the writer thread (column-chunk copies); readers open their own.
+    file: File,
+    meta: ArrowReaderMetadata,
+    /// Global row index of the part's first row.
+    first_row: u64,
+}
+
+impl Part {
+    fn row_groups(&self) -> usize {
+        self.meta.metadata().num_row_groups()
+    }
+    fn rg_rows(&self, rg: usize) -> usize {
+        self.meta.metadata().row_group(rg).num_rows().max(0) as usize
+    }
+    fn rg_first_row(&self, rg: usize) -> u64 {
+        self.first_row + (0..rg).map(|i| self.rg_rows(i) as u64).sum::<u64>()
+    }
+
+    /// Read `columns` (those present) of one row group, in batches of [`BATCH_ROWS`].
+    fn batches(&self, rg: usize, columns: &[&str]) -> Result<impl Iterator<Item = Result<RecordBatch>> + '_> {
+        let schema = self.meta.schema();
+        let idx: Vec<usize> = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| columns.contains(&f.name().as_str()))
+            .map(|(i, _)| i)
+            .collect();
+        // a fresh open file description: `try_clone` would share the file offset with the writer
+        // thread, which copies column chunks from `self.file` at the same time
+        let file = File::open(&self.path).with_context(|| format!("{}: cannot reopen", self.path.display()))?;
+        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone());
+        let mask = ProjectionMask::roots(b.parquet_schema(), idx);
+        let r = b
+            .with_projection(mask)
+            .with_row_groups(vec![rg])
+            .with_batch_size(BATCH_ROWS)
+            .build()
+            .with_context(|| format!("{}: cannot read row group {rg}", self.path.display()))?;
+        Ok(r.map(move |b| {
+            b.with_context(|| format!("{}: corrupt or truncated Parquet data in row group {rg}", self.path.display()))
+        }))
+    }
+}
+
+/// Rows decoded at a time.
+const BATCH_ROWS: usize = 8192;
+
+fn open_parts(input: &Path) -> Result<Vec<Part>> {
+    let files = table::io::input_files(input)?;
+    let mut parts: Vec<Part> = Vec::with_capacity(files.len());
+    let mut first_row = 0u64;
+    for path in files {
+        let file = File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+            .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+        if let Some(p0) = parts.first() {
+            if p0.meta.metadata().file_metadata().schema_descr().root_schema()
+                != meta.metadata().file_metadata().schema_descr().root_schema()
+            {
+                bail!("{}: part file has a different schema from {}", path.display(), p0.path.display());
+            }
+        }
+        let n = meta.metadata().file_metadata().num_rows().max(0) as u64;
+        parts.push(Part { path, file, meta, first_row });
+        first_row += n;
+    }
+    if parts.is_empty() {
+        bail!("{}: no Parquet files found", input.display());
+    }
+    Ok(parts)
+}
+
+/// A utf8 column (Utf8, LargeUtf8 or Utf8View read as Utf8).
+fn utf8(b: &RecordBatch, file: &Path, name: &str) -> Result<StringArray> {
+    let c = b
+        .column_by_name(name)
+        .ok_or_else(|| anyhow!("{}: column `{name}` is missing (is this a trajectory table?)", file.display()))?;
+    let c = match c.data_type() {
+        DataType::Utf8 => c.clone(),
+        DataType::LargeUtf8 | DataType::Utf8View => arrow::compute::cast(c, &DataType::Utf8)?,
+        other => bail!("{}: column `{name}` has type {other}, expected utf8", file.display()),
+    };
+    Ok(c.as_any().downcast_ref::<StringArray>().context("internal: utf8 cast")?.clone())
+}
+
+fn int32(b: &RecordBatch, file: &Path, name: &str) -> Result<Int32Array> {
+    let c = b
+        .column_by_name(name)
+        .ok_or_else(|| anyhow!("{}: column `{name}` is missing (is this a trajectory table?)", file.display()))?;
+    let c = match c.data_type() {
+        DataType::Int32 => c.clone(),
+        DataType::Int64 | DataType::Int16 | DataType::Int8 | DataType::UInt32 | DataType::UInt16 | DataType::UInt8 => {
+            arrow::compute::cast(c, &DataType::Int32)?
+        }
+        other => bail!("{}: column `{name}` has type {other}, expected int32", file.display()),
+    };
+    Ok(c.as_any().downcast_ref::<Int32Array>().context("internal: int32 cast")?.clone())
+}
+
+fn str_at<'a>(a: &'a StringArray, i: usize, file: &Path, name: &str, row: u64) -> Result<&'a str> {
+    if a.is_null(i) {
+        bail!("{}, row {row}: column `{name}` is null", file.display());
+    }
+    Ok(a.value(i))
+}
+
+/// The key linking a confidence row to its answer: 128 bits of two SipHash digests of
+/// `(prompt_id, answer_idx)` (collisions are out of reach at any table size).
+fn answer_key(prompt_id: &str, answer_idx: i32) -> u128 {
+    let h = |salt: u8| {
+        let mut s = std::collections::hash_map::DefaultHasher::new();
+        salt.hash(&mut s);
+        prompt_id.hash(&mut s);
+        answer_idx.hash(&mut s);
+        s.finish()
+    };
+    ((h(0) as u128) << 64) | h(1) as u128
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Answer,
+    Confidence,
+}
+
+fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
+    match s {
+        "answer" => Ok(Kind::Answer),
+        "confidence" => Ok(Kind::Confidence),
+        other => bail!("{}, row {row}: sample_type {other:?} is neither \"answer\" nor \"confidence\"", file.display()),
+    }
+}
+
+/// The first pass: which rows link to which answers.
+struct Links {
+    confidences: u64,
+    /// Some confidence row comes before its answer row.
+    forward: bool,
+}
+
+fn link_pass(parts: &[Part]) -> Result<Links> {
+    let mut answers: HashMap<u128, u64> = HashMap::new(); // key -> row
+    let mut pending: Vec<(u128, u64, String, i32)> = Vec::new(); // confidence rows
+    // Answers are only remembered once a confidence row shows they are needed; until then only
+    // `sample_type` is read (a table of answers alone costs one small column).
+    let mut linking = false;
+    let mut seen_answers_before_linking = false;
+    for p in parts {
+        for rg in 0..p.row_groups() {
+            let cols: &[&str] =
+                if linking { &["sample_type", "prompt_id", "answer_idx"] } else { &["sample_type"] };
+            let mut row = p.rg_first_row(rg);
+            for b in p.batches(rg, cols)? {
+                let b = b?;
+                let st = utf8(&b, &p.path, "sample_type")?;
+                let mut kinds = Vec::with_capacity(st.len());
+                for i in 0..st.len() {
+                    kinds.push(kind_of(str_at(&st, i, &p.path, "sample_type", row + i as u64)?, &p.path, row + i as u64)?);
+                }
+                if !linking && kinds.contains(&Kind::Confidence) {
+                    if seen_answers_before_linking {
+                        // answers read before the first confidence row: start again, linking all
+                        return link_all(parts);
+                    }
+                    linking = true;
+                }
+                if linking {
+                    let b = if b.column_by_name("prompt_id").is_some() {
+                        b
+                    } else {
+                        return link_all(parts);
+                    };
+                    link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
+                } else {
+                    seen_answers_before_linking |= !kinds.is_empty();
+                }
+                row += st.len() as u64;
+            }
+        }
+    }
+    finish_links(parts, &answers, &pending)
+}
+
+/// The link pass reading the key columns everywhere.
+fn link_all(parts: &[Part]) -> Result<Links> {
+    let mut answers: HashMap<u128, u64> = HashMap::new();
+    let mut pending: Vec<(u128, u64, String, i32)> = Vec::new();
+    for p in parts {
+        for rg in 0..p.row_groups() {
+            let mut row = p.rg_first_row(rg);
+            for b in p.batches(rg, &["sample_type", "prompt_id", "answer_idx"])? {
+                let b = b?;
+                let st = utf8(&b, &p.path, "sample_type")?;
+                let mut kinds = Vec::with_capacity(st.len());
+                for i in 0..st.len() {
+                    kinds.push(kind_of(str_at(&st, i, &p.path, "sample_type", row + i as u64)?, &p.path, row + i as u64)?);
+                }
+                link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
+                row += st.len() as u64;
+            }
+        }
+    }
+    finish_links(parts, &answers, &pending)
+}
+
+fn link_batch(
+    b: &RecordBatch,
+    path: &Path,
+    first: u64,
+    kinds: &[Kind],
+    answers: &mut HashMap<u128, u64>,
+    pending: &mut Vec<(u128, u64, String, i32)>,
+) -> Result<()> {
+    let pid = utf8(b, path, "prompt_id")?;
+    let aidx = int32(b, path, "answer_idx")?;
+    for (i, kind) in kinds.iter().enumerate() {
+        let row = first + i as u64;
+        let pr = str_at(&pid, i, path, "prompt_id", row)?;
+        if aidx.is_null(i) {
+            bail!("{}, row {row}: column `answer_idx` is null", path.display());
+        }
+        let k = answer_key(pr, aidx.value(i));
+        match kind {
+            Kind::Answer => {
+                if let Some(other) = answers.insert(k, row) {
+                    bail!(
+                        "{}, row {row}: a second answer row for prompt_id {pr:?}, answer_idx {} (first at row {other})",
+                        path.display(),
+                        aidx.value(i)
+                    );
+                }
+            }
+            Kind::Confidence => pending.push((k, row, pr.to_string(), aidx.value(i))),
+        }
+    }
+    Ok(())
+}
+
+fn finish_links(parts: &[Part], answers: &HashMap<u128, u64>, pending: &[(u128, u64, String, i32)]) -> Result<Links> {
+    let mut forward = false;
+    for (k, row, pr, ai) in pending {
+        match answers.get(k) {
+            None => bail!(
+                "{}, row {row}: confidence row without an answer row (prompt_id {pr:?}, answer_idx {ai})",
+                parts[0].path.display()
+            ),
+            Some(arow) => forward |= arow > row,
+        }
+    }
+    Ok(Links { confidences: pending.len() as u64, forward })
+}
+
+// ---------------------------------------------------------------------------------------------
+// scoring one row group
+
+/// The columns a batch is scored from (the optional ones only when some setting needs them).
+struct RgCols {
+    sample_type: StringArray,
+    prompt_id: Option<StringArray>,
+    answer_idx: Option<Int32Array>,
+    sample_id: Option<StringArray>,
+    data_source: StringArray,
+    ground_truth: StringArray,
+    response: StringArray,
+    messages: Option<StringArray>,
+    extra: HashMap<String, ArrayRef>,
+}
+
+/// Which optional columns to read.
+#[derive(Clone, Copy)]
+struct Needs {
+    ids: bool,
+    sample_id: bool,
+    messages: bool,
+}
+
+fn column_names<'a>(needs: Needs, spec_cols: &'a [String]) -> Vec<&'a str> {
+    let mut names: Vec<&str> = vec!["sample_type", "data_source", "ground_truth", "response_text"];
+    if needs.ids {
+        names.extend(["prompt_id", "answer_idx"]);
+    }
+    if needs.sample_id {
+        names.push("sample_id");
+    }
+    if needs.messages {
+        names.push("messages");
+    }
+    names.extend(spec_cols.iter().map(String::as_str));
+    names
+}
+
+impl RgCols {
+    fn from_batch(b: &RecordBatch, path: &Path, needs: Needs, spec_cols: &[String]) -> Result<RgCols> {
+        let mut extra = HashMap::new();
+        for c in spec_cols {
+            let a = b.column_by_name(c).ok_or_else(|| {
+                anyhow!("{}: column `{c}` (read by the rewards TOML) is missing", path.display())
+            })?;
+            extra.insert(c.clone(), a.clone());
+        }
+        Ok(RgCols {
+            sample_type: utf8(b, path, "sample_type")?,
+            prompt_id: if needs.ids { Some(utf8(b, path, "prompt_id")?) } else { None },
+            answer_idx: if needs.ids { Some(int32(b, path, "answer_idx")?) } else { None },
+            sample_id: if needs.sample_id { Some(utf8(b, path, "sample_id")?) } else { None },
+            data_source: utf8(b, path, "data_source")?,
+            ground_truth: utf8(b, path, "ground_truth")?,
+            response: utf8(b, path, "response_text")?,
+            messages: if needs.messages { Some(utf8(b, path, "messages")?) } else { None },
+            extra,
+        })
+    }
+
+    /// The answer key of row `i` (only when the ids were read).
+    fn key(&self, i: usize) -> Result<u128> {
+        match (&self.prompt_id, &self.answer_idx) {
+            (Some(p), Some(a)) => Ok(answer_key(p.value(i), a.value(i))),
+            _ => bail!("internal: answer ids not read"),
+        }
+    }
+}
+
+/// A verifier's verdict on one answer row.
+#[derive(Debug, Clone)]
+struct Verdict {
+    answer: Option<String>,
+    correct: f64,
+    countdown: Option<f32>,
+    extra: Vec<(String, f64)>,
+}
+
+/// The prompt text TinyZero's scorer sees before the response, rendered from `messages` as
+/// ChatML (Qwen's template): `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
+/// `<|im_start|>assistant\n`, or a final assistant message left open as a prefill.
+pub fn chatml_prefix(messages_json: &str) -> Result<String> {
+    let v: serde_json::Value = serde_json::from_str(messages_json).context("`messages` is not JSON")?;
+    let msgs = v.as_array().context("`messages` is not a JSON list")?;
+    let mut s = String::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m.get("role").and_then(|r| r.as_str()).context("a message has no string `role`")?;
+        let content = m.get("content").and_then(|c| c.as_str()).unwrap_or("");
+        let last = i + 1 == msgs.len();
+        if last && role == "assistant" {
+            s.push_str(&format!("<|im_start|>assistant\n{content}"));
+            return Ok(s);
+        }
+        s.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
+    }
+    s.push_str("<|im_start|>assistant\n");
+    Ok(s)
+}
+
+/// The content of the last user message, for the external verifier's `prompt`.
+fn last_user_content(messages_json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(messages_json).ok()?;
+    v.as_array()?
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
+        .and_then(|m| m.get("content")?.as_str().map(str::to_string))
+}
+
+struct Ctx<'a> {
+    settings: &'a Settings,
+    path: &'a Path,
+}
+
+/// Per-thread caches of [`verify_one`]: the last ground truth parsed, the last prompt rendered,
+/// the last data_source resolved (rows of one prompt are adjacent and share them).
+#[derive(Default)]
+struct VerifyCache {
+    gt_text: String,
+    gt: Option<(VerifierKind, GroundTruth)>,
+    msg_text: String,
+    prefix: String,
+    ds: Option<(String, VerifierKind)>,
+}
+
+/// Verify answer row `i` with the built-in verifiers.
+fn verify_one(ctx: &Ctx<'_>, c: &RgCols, first_row: u64, i: usize, cache: &mut VerifyCache) -> Result<(Verdict, VerifierKind)> {
+    let row = first_row + i as u64;
+    let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
+    let kind = match (ctx.settings.verifier, cache.ds.as_ref()) {
+        (Some(k), _) => k,
+        (None, Some((d, k))) if d == ds => *k,
+        (None, _) => {
+            let k = auto_verifier(ds);
+            cache.ds = Some((ds.to_string(), k));
+            k
+        }
+    };
+    if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
+        bail!(
+            "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
+            ctx.path.display(),
+            kind.name()
+        );
+    }
+    let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+    let cached = matches!(&cache.gt, Some((k, _)) if *k == kind) && cache.gt_text.as_str() == gts;
+    if !cached {
+        let gt = GroundTruth::parse(kind, gts)
+            .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
+        cache.gt = Some((kind, gt));
+        cache.gt_text.clear();
+        cache.gt_text.push_str(gts);
+    }
+    let (_, gt) = cache.gt.as_ref().context("internal: ground-truth cache")?;
+    let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
+    let pre = if kind == VerifierKind::Countdown && ctx.settings.countdown_compat == CountdownCompat::Tinyzero {
+        let m = c.messages.as_ref().context("internal: messages not read")?;
+        let mt = str_at(m, i, ctx.path, "messages", row)?;
+        if cache.msg_text.as_str() != mt {
+            cache.prefix =
+                chatml_prefix(mt).with_context(|| format!("{}, row {row}, column `messages`", ctx.path.display()))?;
+            cache.msg_text.clear();
+            cache.msg_text.push_str(mt);
+        }
+        Some(cache.prefix.as_str())
+    } else {
+        None
+    };
+    let (answer, correct, countdown) = rows::verify_builtin(kind, ctx.settings, response, pre, gt);
+    Ok((Verdict { answer, correct, countdown, extra: Vec::new() }, kind))
+}
+
+/// Verify the answer rows `rows` (indices into the batch) with the built-in verifiers.
+fn verify_builtin_rows(ctx: &Ctx<'_>, c: &RgCols, first_row: u64, rows: &[usize]) -> Result<Vec<(Verdict, VerifierKind)>> {
+    let out: Vec<Result<(Verdict, VerifierKind)>> =
+        rows.par_iter().map_init(VerifyCache::default, |cache, &i| verify_one(ctx, c, first_row, i, cache)).collect();
+    out.into_iter().collect()
+}
+
+/// Verify answer rows with the external verifier.
+fn verify_external_rows(
+    ext: &mut ExternalVerifier,
+    ctx: &Ctx<'_>,
+    c: &RgCols,
+    first_row: u64,
+    rows: &[usize],
+) -> Result<Vec<Verdict>> {
+    let mut gts: Vec<serde_json::Value> = Vec::with_capacity(rows.len());
+    let mut prompts: Vec<Option<String>> = Vec::with_capacity(rows.len());
+    for &i in rows {
+        let row = first_row + i as u64;
+        let t = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+        gts.push(serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.to_string())));
+        prompts.push(match &c.messages {
+            Some(m) if !m.is_null(i) => last_user_content(m.value(i)),
+            _ => None,
+        });
+    }
+    let mut reqs: Vec<Request<'_>> = Vec::with_capacity(rows.len());
+    for (n, &i) in rows.iter().enumerate() {
+        let row = first_row + i as u64;
+        let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
+        reqs.push(Request {
+            id: row,
+            sample_id: str_at(c.sample_id.as_ref().context("internal: sample_id not read")?, i, ctx.path, "sample_id", row)?,
+            data_source: str_at(&c.data_source, i, ctx.path, "data_source", row)?,
+            prompt: prompts[n].as_deref(),
+            response,
+            answer: last_answer(response),
+            ground_truth: &gts[n],
+        });
+    }
+    let replies: Vec<Reply> = ext.verify(&reqs)?;
+    Ok(reqs
+        .iter()
+        .zip(replies)
+        .map(|(r, rep)| Verdict {
+            answer: r.answer.map(str::to_string),
+            correct: rep.correct,
+            countdown: None,
+            extra: rep.extra,
+        })
+        .collect())
+}
+
+/// Values of a column used by the rewards TOML, at row `i`.
+fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
+    if a.is_null(i) {
+        return Ok(Value::Missing);
+    }
+    let scalar = |a: &dyn Array, i: usize| -> Result<Option<f64>> {
+        if a.is_null(i) {
+            return Ok(None);
+        }
+        Ok(Some(match a.data_type() {
+            DataType::Float32 => a.as_primitive::<Float32Type>().value(i) as f64,
+            DataType::Float64 => a.as_primitive::<Float64Type>().value(i),
+            DataType::Int32 => a.as_primitive::<Int32Type>().value(i) as f64,
+            DataType::Int64 => a.as_primitive::<Int64Type>().value(i) as f64,
+            DataType::Boolean => a.as_boolean().value(i) as u8 as f64,
+            other => bail!("type {other} is not a number, a boolean or a list of them"),
+        }))
+    };
+    match a.data_type() {
+        DataType::List(_) => {
+            let l = a.as_list::<i32>();
+            let v = l.value(i);
+            Ok(Value::PerTurn((0..v.len()).map(|j| scalar(v.as_ref(), j)).collect::<Result<_>>()?))
+        }
+        DataType::LargeList(_) => {
+            let l = a.as_list::<i64>();
+            let v = l.value(i);
+            Ok(Value::PerTurn((0..v.len()).map(|j| scalar(v.as_ref(), j)).collect::<Result<_>>()?))
+        }
+        _ => Ok(scalar(a.as_ref(), i)?.map_or(Value::Missing, Value::Scalar)),
+    }
+}
+
+/// One scored row.
+struct Scored {
+    answer: Option<String>,
+    components: Vec<Component>,
+    acc: f32,
+    reward: f32,
+    confidence: Option<f32>,
+    conf_reward: Option<f32>,
+    format_ok: bool,
+}
+
+fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: AnswerScore) -> Result<Scored> {
+    let row = RowScore::Answer(&a);
+    let mut err = None;
+    let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
+        column_value(&c.extra[name], i).unwrap_or_else(|e| {
+            err = Some(anyhow!("column `{name}`: {e}"));
+            Value::Missing
+        })
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let reward = rows::reward(&components);
+    let conf_reward = a.rlcr_terms.map(|t| t.brier).or_else(|| {
+        a.confidence.map(|cf| if a.format_ok { rlcr::brier_reward(a.accuracy, Some(cf)) } else { 0.0 })
+    });
+    Ok(Scored {
+        answer: a.answer,
+        format_ok: a.format_ok,
+        acc: a.accuracy as f32,
+        confidence: a.confidence.map(|x| x as f32),
+        conf_reward: conf_reward.map(|x| x as f32),
+        components,
+        reward: reward as f32,
+    })
+}
+
+fn scored_confidence(ctx: &Ctx<'_>, c: &RgCols, i: usize, s: &ConfidenceScore, parent: ParentAnswer) -> Result<Scored> {
+    let row = RowScore::Confidence(s, parent);
+    let mut err = None;
+    let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
+        column_value(&c.extra[name], i).unwrap_or_else(|e| {
+            err = Some(anyhow!("column `{name}`: {e}"));
+            Value::Missing
+        })
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let reward = rows::reward(&components);
+    Ok(Scored {
+        answer: None,
+        format_ok: s.format_ok,
+        acc: parent.accuracy as f32,
+        confidence: s.confidence.map(|x| x as f32),
+        conf_reward: Some(s.conf_reward as f32),
+        components,
+        reward: reward as f32,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// output columns
+
+fn score_fields() -> Result<Vec<Field>> {
+    SCORE_COLUMNS
+        .iter()
+        .map(|n| {
+            TRAJECTORY
+                .column(n)
+                .map(|c| c.field())
+                .ok_or_else(|| anyhow!("internal: {n} missing from the trajectory schema"))
+        })
+        .collect()
+}
+
+fn build_components(rows: &[Scored], list_field: &Field) -> Result<ArrayRef> {
+    let DataType::List(item) = list_field.data_type() else {
+        bail!("internal: reward_components is not a list");
+    };
+    let DataType::Struct(fields) = item.data_type() else {
+        bail!("internal: reward_components items are not structs");
+    };
+    let total: usize = rows.iter().map(|r| r.components.len()).sum();
+    let mut names = StringBuilder::with_capacity(total, total * 10);
+    let mut turns = Int32Builder::with_capacity(total);
+    let mut values = Float32Builder::with_capacity(total);
+    let mut weights = Float32Builder::with_capacity(total);
+    let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
+    offsets.push(0);
+    let mut n = 0i32;
+    for r in rows {
+        for c in &r.components {
+            names.append_value(&c.name);
+            turns.append_value(c.turn);
+            values.append_value(c.value);
+            weights.append_value(c.weight);
+        }
+        n += r.components.len() as i32;
+        offsets.push(n);
+    }
+    let st = StructArray::try_new(
+        fields.clone(),
+        vec![
+            Arc::new(names.finish()),
+            Arc::new(turns.finish()),
+            Arc::new(values.finish()),
+            Arc::new(weights.finish()),
+        ],
+        None,
+    )?;
+    Ok(Arc::new(ListArray::try_new(item.clone(), OffsetBuffer::new(offsets.into()), Arc::new(st), None)?))
+}
+
+fn score_arrays(rows: &[Scored], fields: &[Field]) -> Result<Vec<ArrayRef>> {
+    let n = rows.len();
+    let mut answer = StringBuilder::with_capacity(n, n * 16);
+    let mut format_ok = BooleanBuilder::with_capacity(n);
+    let mut acc = Float32Builder::with_capacity(n);
+    let mut conf = Float32Builder::with_capacity(n);
+    let mut conf_r = Float32Builder::with_capacity(n);
+    let mut reward = Float32Builder::with_capacity(n);
+    for r in rows {
+        answer.append_option(r.answer.as_deref());
+        format_ok.append_value(r.format_ok);
+        acc.append_value(r.acc);
+        conf.append_option(r.confidence);
+        conf_r.append_option(r.conf_reward);
+        reward.append_value(r.reward);
+    }
+    Ok(vec![
+        Arc::new(answer.finish()),
+        Arc::new(format_ok.finish()) as ArrayRef,
+        Arc::new(acc.finish()),
+        Arc::new(conf.finish()),
+        Arc::new(conf_r.finish()),
+        Arc::new(reward.finish()),
+        build_components(rows, &fields[6])?,
+    ])
+}
+
+// ---------------------------------------------------------------------------------------------
+// the stage
+
+/// Output layout: for each output root field, where it comes from.
+enum Source {
+    /// Input root field index.
+    Copy(usize),
+    /// Index into [`SCORE_COLUMNS`].
+    Score(usize),
+}
+
+struct Layout {
+    sources: Vec<Source>,
+    descr: SchemaDescriptor,
+    arrow: SchemaRef,
+    /// Leaf column indices of each input root field.
+    input_leaves: Vec<Vec<usize>>,
+    /// Leaf column indices of each output root field.
+    output_leaves: Vec<Vec<usize>>,
+    dropped: Vec<String>,
+}
+
+fn leaves_by_root(d: &SchemaDescriptor) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new(); d.root_schema().get_fields().len()];
+    for leaf in 0..d.num_columns() {
+        out[d.get_column_root_idx(leaf)].push(leaf);
+    }
+    out
+}
+
+fn layout(part: &Part) -> Result<Layout> {
+    let in_descr = part.meta.metadata().file_metadata().schema_descr();
+    let in_arrow = part.meta.schema();
+    let in_root = in_descr.root_schema();
+    let in_fields = in_root.get_fields();
+    if in_fields.len() != in_arrow.fields().len() {
+        bail!("{}: the Arrow and Parquet schemas disagree on the number of columns", part.path.display());
+    }
+    let fields = score_fields()?;
+    let score_schema = Schema::new(fields.clone());
+    let score_descr = ArrowSchemaConverter::new().convert(&score_schema)?;
+    let score_types = score_descr.root_schema().get_fields();
+    // kept input fields, then score fields inserted at their canonical place
+    let mut dropped = Vec::new();
+    let mut entries: Vec<(Source, Arc<Type>, Field)> = Vec::new();
+    for (i, (pt, af)) in in_fields.iter().zip(in_arrow.fields()).enumerate() {
+        let name = pt.name();
+        if SCORE_COLUMNS.contains(&name) || STALE_COLUMNS.contains(&name) {
+            if STALE_COLUMNS.contains(&name) {
+                dropped.push(name.to_string());
+            }
+            continue;
+        }
+        entries.push((Source::Copy(i), pt.clone(), af.as_ref().clone()));
+    }
+    for (j, f) in fields.iter().enumerate() {
+        let order = TRAJECTORY.order(f.name());
+        let pos = entries
+            .iter()
+            .position(|(_, t, _)| TRAJECTORY.order(t.name()) > order)
+            .unwrap_or(entries.len());
+        entries.insert(pos, (Source::Score(j), score_types[j].clone(), f.clone()));
+    }
+    let root = Type::group_type_builder(in_root.name())
+        .with_fields(entries.iter().map(|(_, t, _)| t.clone()).collect())
+        .build()?;
+    let descr = SchemaDescriptor::new(Arc::new(root));
+    let arrow = Arc::new(Schema::new(entries.iter().map(|(_, _, f)| f.clone()).collect::<Vec<_>>()));
+    let sources = entries.into_iter().map(|(s, _, _)| s).collect();
+    Ok(Layout {
+        sources,
+        input_leaves: leaves_by_root(in_descr),
+        output_leaves: leaves_by_root(&descr),
+        descr,
+        arrow,
+        dropped,
+    })
+}
+
+/// The scoring side of the pipeline: state carried from batch to batch.
+struct Scorer<'a> {
+    settings: &'a Settings,
+    links: Links,
+    needs: Needs,
+    spec_cols: Vec<String>,
+    /// Accuracy of every answer seen (only when the table has confidence rows).
+    parents: HashMap<u128, ParentAnswer>,
+    /// Verdicts from the pre-pass (only when a confidence precedes its answer).
+    pre: HashMap<u64, Verdict>,
+    ext: Option<ExternalVerifier>,
+    summary: Summary,
+    /// Countdown scores 0, 0.1 and 1 seen.
+    countdown_levels: [u64; 3],
+}
+
+impl Scorer<'_> {
+    fn verify(&mut self, path: &Path, c: &RgCols, first: u64, ans: &[usize]) -> Result<Vec<Verdict>> {
+        let ctx = Ctx { settings: self.settings, path };
+        match self.ext.as_mut() {
+            Some(e) => {
+                for &i in ans {
+                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
+                        self.summary.verifiers.insert(c.data_source.value(i).to_string(), "external".into());
+                    }
+                }
+                verify_external_rows(e, &ctx, c, first, ans)
+            }
+            None => {
+                let vk = verify_builtin_rows(&ctx, c, first, ans)?;
+                for (&i, (_, k)) in ans.iter().zip(&vk) {
+                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
+                        self.summary.verifiers.insert(c.data_source.value(i).to_string(), k.name().to_string());
+                    }
+                }
+                Ok(vk.into_iter().map(|(v, _)| v).collect())
+            }
+        }
+    }
+
+    /// Pre-pass: verify every answer and remember its accuracy (when a confidence row comes
+    /// before its answer).
+    fn pre_pass(&mut self, parts: &[Part]) -> Result<()> {
+        let spec_cols = self.spec_cols.clone();
+        let names = column_names(self.needs, &spec_cols);
+        for p in parts {
+            for rg in 0..p.row_groups() {
+                let mut first = p.rg_first_row(rg);
+                for b in p.batches(rg, &names)? {
+                    let b = b?;
+                    let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
+                    let ans: Vec<usize> =
+                        (0..c.sample_type.len()).filter(|&i| c.sample_type.value(i) == "answer").collect();
+                    let verdicts = self.verify(&p.path, &c, first, &ans)?;
+                    for (&i, v) in ans.iter().zip(verdicts) {
+                        let a = rows::score_answer(
+                            self.settings,
+                            c.response.value(i),
+                            v.answer.clone(),
+                            v.correct,
+                            v.countdown,
+                            v.extra.clone(),
+                        );
+                        self.parents.insert(c.key(i)?, ParentAnswer { correct: a.correct, accuracy: a.accuracy });
+                        self.pre.insert(first + i as u64, v);
+                    }
+                    first += b.num_rows() as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Score one batch, appending its rows to `out`.
+    fn batch(&mut self, path: &Path, c: &RgCols, first: u64, out: &mut Vec<Scored>) -> Result<()> {
+        let settings = self.settings;
+        let ctx = Ctx { settings, path };
+        let n = c.sample_type.len();
+        let mut kinds = Vec::with_capacity(n);
+        for i in 0..n {
+            let row = first + i as u64;
+            kinds.push(kind_of(str_at(&c.sample_type, i, path, "sample_type", row)?, path, row)?);
+        }
+        let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
+        // answers: verdict, then every score, in one parallel pass (indexed collects, so the
+        // results land in place)
+        let finish = |i: usize, v: Verdict, kind: Option<VerifierKind>| -> Result<AnswerOut> {
+            let countdown = v.countdown;
+            let a = rows::score_answer(settings, c.response.value(i), v.answer, v.correct, v.countdown, v.extra);
+            let parent = ParentAnswer { correct: a.correct, accuracy: a.accuracy };
+            let scored = scored_answer(&ctx, c, i, a).with_context(|| format!("{}, row {}", path.display(), first + i as u64))?;
+            Ok(AnswerOut { scored, parent, countdown, kind })
+        };
+        let answers: Vec<Result<AnswerOut>> = if self.links.forward || self.ext.is_some() {
+            let verdicts: Vec<Verdict> = if self.links.forward {
+                ans.iter()
+                    .map(|&i| self.pre.remove(&(first + i as u64)).context("internal: pre-pass verdict missing"))
+                    .collect::<Result<_>>()?
+            } else {
+                self.verify(path, c, first, &ans)?
+            };
+            ans.par_iter().zip(verdicts.into_par_iter()).map(|(&i, v)| finish(i, v, None)).collect()
+        } else {
+            ans.par_iter()
+                .map_init(VerifyCache::default, |cache, &i| {
+                    let (v, kind) = verify_one(&ctx, c, first, i, cache)?;
+                    finish(i, v, Some(kind))
+                })
+                .collect()
+        };
+        let has_conf = ans.len() < n;
+        let mut answer_scored: Vec<Scored> = Vec::with_capacity(if has_conf { ans.len() } else { 0 });
+        for (&i, r) in ans.iter().zip(answers) {
+            let a = r?;
+            if let Some(k) = a.kind {
+                let ds = c.data_source.value(i);
+                if !self.summary.verifiers.contains_key(ds) {
+                    self.summary.verifiers.insert(ds.to_string(), k.name().to_string());
+                }
+            }
+            match a.countdown {
+                Some(s) if s == 0.0 => self.countdown_levels[0] += 1,
+                Some(s) if s == 1.0 => self.countdown_levels[2] += 1,
+                Some(_) => self.countdown_levels[1] += 1,
+                None => {}
+            }
+            if self.links.confidences > 0 && !self.links.forward {
+                self.parents.insert(c.key(i)?, a.parent);
+            }
+            self.summary.rows += 1;
+            self.summary.answers += 1;
+            self.summary.sum_accuracy += a.scored.acc as f64;
+            self.summary.answer_format_ok += a.scored.format_ok as u64;
+            if has_conf {
+                answer_scored.push(a.scored);
+            } else {
+                out.push(a.scored);
+            }
+        }
+        if !has_conf {
+            return Ok(());
+        }
+        // confidences: their answer's accuracy is known by now
+        let confs: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Confidence).collect();
+        let parents = &self.parents;
+        let conf_scored: Vec<Result<Scored>> = confs
+            .par_iter()
+            .map(|&i| -> Result<Scored> {
+                let row = first + i as u64;
+                let resp = str_at(&c.response, i, path, "response_text", row)?;
+                let parent = *parents.get(&c.key(i)?).context("internal: answer of a confidence row not scored")?;
+                let s = rows::score_confidence(settings, resp, parent.accuracy);
+                scored_confidence(&ctx, c, i, &s, parent).with_context(|| format!("{}, row {row}", path.display()))
+            })
+            .collect();
+        let mut answer_it = answer_scored.into_iter();
+        let mut conf_it = confs.iter().zip(conf_scored);
+        for k in &kinds {
+            match k {
+                Kind::Answer => out.push(answer_it.next().context("internal: answer count")?),
+                Kind::Confidence => {
+                    let (&i, r) = conf_it.next().context("internal: confidence count")?;
+                    let s = r?;
+                    let sm = &mut self.summary;
+                    sm.rows += 1;
+                    sm.confidences += 1;
+                    sm.confidence_format_ok += s.format_ok as u64;
+                    sm.confidence_parse_strict += s.confidence.is_some() as u64;
+                    sm.confidence_parse_lenient += rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
+                    out.push(s);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Score one row group from the reader thread's batches (ending with `None`); returns its
+    /// score columns.
+    fn row_group(&mut self, p: &Part, rg: usize, fields: &[Field], batches: &Receiver<Result<Option<RecordBatch>>>) -> Result<Vec<ArrayRef>> {
+        let spec_cols = self.spec_cols.clone();
+        let mut scored: Vec<Scored> = Vec::with_capacity(p.rg_rows(rg));
+        let mut first = p.rg_first_row(rg);
+        loop {
+            let b = match batches.recv() {
+                Ok(Ok(Some(b))) => b,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => bail!("internal: the reader thread stopped"),
+            };
+            let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
+            self.batch(&p.path, &c, first, &mut scored)?;
+            first += b.num_rows() as u64;
+        }
+        if scored.len() != p.rg_rows(rg) {
+            bail!("{}: row group {rg} read {} rows, its metadata says {}", p.path.display(), scored.len(), p.rg_rows(rg));
+        }
+        score_arrays(&scored, fields)
+    }
+}
+
+/// An answer row scored: its output, what its confidences need, and what the summary counts.
+struct AnswerOut {
+    scored: Scored,
+    parent: ParentAnswer,
+    countdown: Option<f32>,
+    /// The built-in verifier used (None for the external one and pre-pass verdicts).
+    kind: Option<VerifierKind>,
+}
+
+/// The score columns of one row group encoded as Parquet column chunks, one per output leaf in
+/// output order (encoded on the scoring side, in parallel, so the writer thread only splices).
+fn encode_scores(
+    factory: &parquet::arrow::arrow_writer::ArrowRowGroupWriterFactory,
+    lay: &Layout,
+    fields: &[Field],
+    index: usize,
+    arrays: &[ArrayRef],
+) -> Result<Vec<ArrowColumnChunk>> {
+    let writers = factory.create_column_writers(index)?;
+    // (output leaf, writer, field index) for every leaf of a score column
+    let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> = writers.into_iter().map(Some).collect();
+    let mut jobs = Vec::new();
+    for (k, src) in lay.sources.iter().enumerate() {
+        if let Source::Score(j) = src {
+            let leaves: Vec<_> = lay.output_leaves[k]
+                .iter()
+                .map(|&li| writers.get_mut(li).and_then(Option::take).context("internal: no writer for an output leaf"))
+                .collect::<Result<_>>()?;
+            jobs.push((*j, leaves));
+        }
+    }
+    let encoded: Vec<Vec<ArrowColumnChunk>> = jobs
+        .into_par_iter()
+        .map(|(j, ws)| -> Result<Vec<ArrowColumnChunk>> {
+            let field = &fields[j];
+            let leaves = compute_leaves(field, &arrays[j])?;
+            if leaves.len() != ws.len() {
+                bail!("internal: column `{}` has {} leaves, schema {}", field.name(), leaves.len(), ws.len());
+            }
+            leaves
+                .iter()
+                .zip(ws)
+                .map(|(leaf, mut w)| {
+                    w.write(leaf)?;
+                    Ok(w.close()?)
+                })
+                .collect()
+        })
+        .collect::<Result<_>>()?;
+    Ok(encoded.into_iter().flatten().collect())
+}
+
+/// Where one row group goes: the input part and row group, and its index in the output.
+struct RowGroupOut<'a> {
+    part: &'a Part,
+    rg: usize,
+}
+
+/// Write one row group: the encoded score chunks spliced in, every other column copied as
+/// encoded chunks from the input.
+fn write_row_group<W: std::io::Write + Send>(
+    fw: &mut parquet::file::writer::SerializedFileWriter<W>,
+    lay: &Layout,
+    at: RowGroupOut<'_>,
+    chunks: Vec<ArrowColumnChunk>,
+) -> Result<()> {
+    let p = at.part;
+    let mut rgw = fw.next_row_group()?;
+    let rg_meta = p.meta.metadata().row_group(at.rg);
+    let mut chunks = chunks.into_iter();
+    for (k, src) in lay.sources.iter().enumerate() {
+        match src {
+            Source::Copy(ri) => {
+                for &leaf in &lay.input_leaves[*ri] {
+                    let cm = rg_meta.column(leaf);
+                    let close = ColumnCloseResult {
+                        bytes_written: cm.compressed_size() as u64,
+                        rows_written: rg_meta.num_rows() as u64,
+                        metadata: cm.clone(),
+                        bloom_filter: None,
+                        column_index: None,
+                        offset_index: None,
+                    };
+                    rgw.append_column(&p.file, close)
+                        .with_context(|| format!("{}: copying column `{}`", p.path.display(), cm.column_path()))?;
+                }
+            }
+            Source::Score(_) => {
+                for _ in &lay.output_leaves[k] {
+                    chunks.next().context("internal: missing score chunk")?.append_to_row_group(&mut rgw)?;
+                }
+            }
+        }
+    }
+    rgw.close()?;
+    Ok(())
+}
+
+/// Score `input` into `out`; returns the summary.
+pub fn score_table(
+    input: &Path,
+    out: &Path,
+    settings: &Settings,
+    external: Option<(String, Duration)>,
+    config: serde_json::Value,
+) -> Result<Summary> {
+    let start = Instant::now();
+    let parts = open_parts(input)?;
+    let total_rows: u64 = parts.iter().map(|p| p.meta.metadata().file_metadata().num_rows().max(0) as u64).sum();
+    let links = link_pass(&parts)?;
+    let lay = layout(&parts[0])?;
+    let fields = score_fields()?;
+    let spec_cols: Vec<String> =
+        settings.structured.as_ref().map(|s| s.columns().into_iter().map(str::to_string).collect()).unwrap_or_default();
+    let needs = Needs {
+        ids: links.confidences > 0,
+        sample_id: external.is_some(),
+        messages: settings.countdown_compat == CountdownCompat::Tinyzero || external.is_some(),
+    };
+    let ext = match &external {
+        Some((cmd, t)) => Some(ExternalVerifier::spawn(cmd, *t)?),
+        None => None,
+    };
+
+    // output
+    table::io::check_distinct(&[input], out)?;
+    let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
+        // Only the score columns are encoded here: plain + zstd compresses them about as well as
+        // dictionaries would, without hashing every value (measured: dictionaries cost more CPU).
+        .set_dictionary_enabled(false)
+        .set_key_value_metadata(Some(meta.key_values()))
+        .build();
+    let mut atomic = table::io::AtomicFile::create(out)?;
+    let file = atomic.take()?;
+    let aw = ArrowWriter::try_new_with_options(
+        file,
+        lay.arrow.clone(),
+        ArrowWriterOptions::new().with_properties(props).with_parquet_schema(lay.descr.clone()),
+    )
+    .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;
+    let (mut fw, factory) = aw.into_serialized_writer()?;
+    if !lay.dropped.is_empty() {
+        crate::info!("dropping stale columns derived from the old rewards: {}", lay.dropped.join(", "));
+    }
+    let mut progress = crate::progress::Progress::new("score", total_rows, "rows");
+
+    // Two threads: one scores row group i + 1 while the other writes row group i.
+    let mut scorer = Scorer {
+        settings,
+        links,
+        needs,
+        spec_cols,
+        parents: HashMap::new(),
+        pre: HashMap::new(),
+        ext,
+        summary: Summary { dropped_columns: lay.dropped.clone(), ..Summary::default() },
+        countdown_levels: [0; 3],
+    };
+    let parts_ref = &parts;
+    let fields_ref = &fields;
+    let names: Vec<String> = column_names(needs, &scorer.spec_cols).into_iter().map(str::to_string).collect();
+    let mut summary = std::thread::scope(|scope| -> Result<Summary> {
+        // three stages: decode (reader) -> score and encode (scorer, with rayon) -> write (here)
+        let (btx, brx) = std::sync::mpsc::sync_channel::<Result<Option<RecordBatch>>>(4);
+        scope.spawn(move || {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            for p in parts_ref {
+                for rg in 0..p.row_groups() {
+                    match p.batches(rg, &names) {
+                        Err(e) => {
+                            let _ = btx.send(Err(e));
+                            return;
+                        }
+                        Ok(it) => {
+                            for b in it {
+                                let stop = b.is_err();
+                                if btx.send(b.map(Some)).is_err() || stop {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    if btx.send(Ok(None)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrowColumnChunk>)>>(2);
+        let factory_ref = &factory;
+        let lay_ref = &lay;
+        let producer = scope.spawn(move || -> Result<Summary> {
+            let mut run = || -> Result<()> {
+                if scorer.links.forward {
+                    scorer.pre_pass(parts_ref)?;
+                }
+                let mut index = 0usize;
+                for (pi, p) in parts_ref.iter().enumerate() {
+                    for rg in 0..p.row_groups() {
+                        let arrays = scorer.row_group(p, rg, fields_ref, &brx)?;
+                        let chunks = encode_scores(factory_ref, lay_ref, fields_ref, index, &arrays)?;
+                        index += 1;
+                        if tx.send(Ok((pi, rg, chunks))).is_err() {
+                            return Ok(()); // the writer stopped; it reports why
+                        }
+                    }
+                }
+                Ok(())
+            };
+            let r = run();
+            let r = match (r, scorer.ext.take()) {
+                (Ok(()), Some(e)) => e.finish(),
+                (r, _) => r,
+            };
+            for (level, n) in ["0", "0.1", "1"].iter().zip(scorer.countdown_levels) {
+                if n > 0 {
+                    scorer.summary.countdown_scores.insert(level.to_string(), n);
+                }
+            }
+            match r {
+                Ok(()) => Ok(scorer.summary),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    let _ = tx.send(Err(e));
+                    Err(anyhow!(msg))
+                }
+            }
+        });
+        for msg in rx {
+            let (pi, rg, chunks) = msg?;
+            let part = &parts_ref[pi];
+            write_row_group(&mut fw, lay_ref, RowGroupOut { part, rg }, chunks)?;
+            progress.inc(part.rg_rows(rg) as u64);
+        }
+        producer.join().map_err(|_| anyhow!("internal: the scoring thread panicked"))?
+    })?;
+    summary.seconds = start.elapsed().as_secs_f64();
+    fw.append_key_value_metadata(KeyValue::new("rlcr.score_summary".to_string(), serde_json::to_string(&summary)?));
+    let file = fw.into_inner().with_context(|| format!("{}: finishing Parquet file", out.display()))?;
+    atomic.commit_file(file)?;
+    progress.finish();
+    summary.seconds = start.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_rendering() {
+        let m = r#"[{"role":"system","content":"S"},{"role":"user","content":"U"}]"#;
+        assert_eq!(chatml_prefix(m).unwrap(), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+        let m = r#"[{"role":"user","content":"U"},{"role":"assistant","content":"Let me"}]"#;
+        assert_eq!(chatml_prefix(m).unwrap(), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nLet me");
+        assert!(chatml_prefix("{}").is_err());
+        assert_eq!(last_user_content(m).as_deref(), Some("U"));
+    }
+
+    #[test]
+    fn answer_keys_differ() {
+        assert_ne!(answer_key("p1", 0), answer_key("p1", 1));
+        assert_ne!(answer_key("p1", 0), answer_key("p10", 0));
+        assert_eq!(answer_key("p", 3), answer_key("p", 3));
+    }
 }

@@ -1,1 +1,112 @@
-//! reward (to be built).
+//! Rewards without a model: verifiers, answer and confidence parsing, format checks, the Brier
+//! reward and seed 001's structured rewards. Pure functions over strings; the `rlcr score` stage
+//! (`cli::score`) streams a table through [`rows`].
+//!
+//! Map:
+//! - [`countdown`]: the countdown verifier, default mode (response only, last `<answer>` anywhere,
+//!   exact rationals) and the TinyZero-exact mode, which evaluates equations with
+//!   [`pyexpr`] (a Python 3 arithmetic evaluator, never `eval`) over [`bigint`] integers.
+//! - [`math`]: numeric answers (integers, decimals, fractions, `\boxed{}`, simple LaTeX).
+//! - [`qa`]: SQuAD exact match and token F1, multiple-choice letters.
+//! - [`rlcr`]: RLCR's `tabc` format family, the turn-2 confidence format, strict and lenient
+//!   confidence parsing, Brier; RLCR's five-term single-completion reward.
+//! - [`structured`]: named per-turn and global components, `mean(turns) + sum(globals)`.
+//! - [`external`]: a verifier child process speaking JSON lines.
+//! - [`rows`]: one answer row or confidence row scored under the stage's settings (presets,
+//!   gating, components).
+//! - [`text`]: Python-compatible whitespace, stripping and tag search.
+//!
+//! Design decisions: every parser is total (no input string can panic, each has a property test
+//! on arbitrary strings) and bounded (nesting, length, integer size); defaults follow ANCHORS §2
+//! (D9 strict confidence, D10 NaN rejected, D11 gating as a flag, D12 response-only extraction).
+pub mod bigint;
+pub mod countdown;
+pub mod external;
+pub mod math;
+pub mod pyexpr;
+pub mod qa;
+pub mod rlcr;
+pub mod rows;
+pub mod structured;
+pub mod text;
+
+use serde::{Deserialize, Serialize};
+
+/// The built-in verifiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifierKind {
+    /// Countdown equations (TinyZero's task), score 0 / 0.1 / 1.
+    Countdown,
+    /// Numeric answers compared by value.
+    Math,
+    /// SQuAD exact match (RLCR's HotpotQA check).
+    Exact,
+    /// SQuAD token F1 (the accuracy is the F1 value).
+    F1,
+    /// Multiple-choice letters.
+    Choice,
+}
+
+impl VerifierKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            VerifierKind::Countdown => "countdown",
+            VerifierKind::Math => "math",
+            VerifierKind::Exact => "exact",
+            VerifierKind::F1 => "f1",
+            VerifierKind::Choice => "choice",
+        }
+    }
+}
+
+/// `--verifier auto`: the verifier for a `data_source`, by case-insensitive substring, first
+/// match wins: `countdown` → countdown; `mmlu`, `gpqa`, `commonsense`, `csqa`, `arc`, `medqa`,
+/// `choice`, `mcq` → choice; `hotpot`, `squad`, `trivia`, `simpleqa`, `natural_questions`, `nq`,
+/// `qa` → exact; anything else → math (RLCR's rule: exact match for HotpotQA, math otherwise).
+pub fn auto_verifier(data_source: &str) -> VerifierKind {
+    let s = data_source.to_ascii_lowercase();
+    let has = |keys: &[&str]| keys.iter().any(|k| s.contains(k));
+    if has(&["countdown"]) {
+        VerifierKind::Countdown
+    } else if has(&[
+        "mmlu",
+        "gpqa",
+        "commonsense",
+        "csqa",
+        "arc",
+        "medqa",
+        "choice",
+        "mcq",
+    ]) {
+        VerifierKind::Choice
+    } else if has(&[
+        "hotpot",
+        "squad",
+        "trivia",
+        "simpleqa",
+        "natural_questions",
+        "nq",
+        "qa",
+    ]) {
+        VerifierKind::Exact
+    } else {
+        VerifierKind::Math
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks() {
+        assert_eq!(auto_verifier("countdown"), VerifierKind::Countdown);
+        assert_eq!(auto_verifier("hotpot"), VerifierKind::Exact);
+        assert_eq!(auto_verifier("HotpotQA-modified"), VerifierKind::Exact);
+        assert_eq!(auto_verifier("gpqa"), VerifierKind::Choice);
+        assert_eq!(auto_verifier("big-math-digits"), VerifierKind::Math);
+        assert_eq!(auto_verifier("gsm8k"), VerifierKind::Math);
+        assert_eq!(auto_verifier(""), VerifierKind::Math);
+    }
+}

@@ -1,0 +1,469 @@
+//! External verifier (`--verifier-cmd CMD`): one long-lived child process speaking JSON lines.
+//!
+//! Protocol (one JSON object per line, UTF-8):
+//! - request, on the child's stdin:
+//!   `{"id": 17, "sample_id": "p3/a1", "data_source": "hotpot", "prompt": "…", "response": "…",
+//!   "answer": "…" | null, "ground_truth": <the ground-truth JSON value>}`; `id` is the row's
+//!   0-based position in the input table, `prompt` the content of the last user message (or null),
+//!   `answer` what rlcr extracted (the last `<answer>`), `ground_truth` the parsed JSON (a string
+//!   when the column is not JSON);
+//! - reply, on the child's stdout: `{"id": 17, "correct": true, "extra": {"f1": 0.5}}` where
+//!   `correct` is a boolean or a number (used as the accuracy, e.g. a partial score) and `extra` an
+//!   optional object whose numeric fields become `extra.NAME` reward components (others are
+//!   ignored). Replies may come in any order; they are matched by id. Blank lines are skipped; any
+//!   other line that is not such a reply is an error (print logs to stderr).
+//!
+//! The command runs through `sh -c`, so arguments and pipes work. Its stderr passes through to
+//! ours. Requests are pipelined (at most [`MAX_IN_FLIGHT`] outstanding) by a writer thread; a reader
+//! thread parses replies. The timeout is per request in the sense that matters for a child that
+//! answers in turn: if no reply arrives for `timeout` while requests are outstanding, the child is
+//! killed and the error names the oldest request waited for. If the child exits or closes its
+//! stdout early, the error names the id waited for and the last id answered, with the exit status.
+//! Results are stored by id, so the output never depends on timing.
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+
+/// Most requests outstanding at once.
+pub const MAX_IN_FLIGHT: usize = 256;
+
+/// One request (serialised with `id` first).
+#[derive(Debug, Clone, Serialize)]
+pub struct Request<'a> {
+    pub id: u64,
+    pub sample_id: &'a str,
+    pub data_source: &'a str,
+    pub prompt: Option<&'a str>,
+    pub response: &'a str,
+    pub answer: Option<&'a str>,
+    pub ground_truth: &'a serde_json::Value,
+}
+
+/// One parsed reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// 1.0 / 0.0 for booleans, the number otherwise.
+    pub correct: f64,
+    /// Numeric fields of `extra`, sorted by name.
+    pub extra: Vec<(String, f64)>,
+}
+
+enum FromReader {
+    Reply(u64, Reply),
+    Bad(String),
+    Eof(Option<String>),
+}
+
+/// A running verifier child.
+pub struct ExternalVerifier {
+    cmd: String,
+    child: Child,
+    to_writer: Option<Sender<(u64, String)>>,
+    writer: Option<JoinHandle<()>>,
+    from_reader: Receiver<FromReader>,
+    reader: Option<JoinHandle<()>>,
+    timeout: Duration,
+    last_answered: Option<u64>,
+}
+
+fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
+    let obj = v.as_object().ok_or("not a JSON object")?;
+    let id = obj
+        .get("id")
+        .and_then(|x| x.as_u64())
+        .ok_or("no integer \"id\"")?;
+    let correct = match obj.get("correct") {
+        Some(serde_json::Value::Bool(b)) => {
+            if *b {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Some(serde_json::Value::Number(n)) => {
+            n.as_f64().ok_or("\"correct\" is not a finite number")?
+        }
+        _ => return Err("\"correct\" missing or not a boolean/number".into()),
+    };
+    if !correct.is_finite() {
+        return Err("\"correct\" is not finite".into());
+    }
+    let mut extra = Vec::new();
+    match obj.get("extra") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Object(m)) => {
+            for (k, x) in m {
+                if let Some(f) = x.as_f64().or_else(|| x.as_bool().map(|b| b as u8 as f64)) {
+                    extra.push((k.clone(), f));
+                }
+            }
+            extra.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        Some(_) => return Err("\"extra\" is not an object".into()),
+    }
+    Ok((id, Reply { correct, extra }))
+}
+
+impl ExternalVerifier {
+    /// Start `sh -c CMD`.
+    pub fn spawn(cmd: &str, timeout: Duration) -> Result<ExternalVerifier> {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting the external verifier `{cmd}`"))?;
+        let stdin = child.stdin.take().context("verifier stdin")?;
+        let stdout = child.stdout.take().context("verifier stdout")?;
+        let (to_writer, writer_rx) = mpsc::channel::<(u64, String)>();
+        let writer = std::thread::spawn(move || {
+            let mut w = std::io::BufWriter::new(stdin);
+            while let Ok((_, line)) = writer_rx.recv() {
+                if w.write_all(line.as_bytes()).is_err() {
+                    return;
+                }
+                if w.flush().is_err() {
+                    return;
+                }
+            }
+            // channel closed: dropping `w` closes the child's stdin
+        });
+        let (reader_tx, from_reader) = mpsc::channel::<FromReader>();
+        let reader = std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match r.read_line(&mut line) {
+                    Ok(0) => {
+                        let _ = reader_tx.send(FromReader::Eof(None));
+                        return;
+                    }
+                    Ok(_) => {
+                        let t = line.trim();
+                        if t.is_empty() {
+                            continue;
+                        }
+                        let msg = match parse_reply(t) {
+                            Ok((id, rep)) => FromReader::Reply(id, rep),
+                            Err(e) => {
+                                let mut shown: String = t.chars().take(200).collect();
+                                if shown.len() < t.len() {
+                                    shown.push('…');
+                                }
+                                FromReader::Bad(format!("{e}: {shown:?}"))
+                            }
+                        };
+                        if reader_tx.send(msg).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = reader_tx.send(FromReader::Eof(Some(e.to_string())));
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(ExternalVerifier {
+            cmd: cmd.to_string(),
+            child,
+            to_writer: Some(to_writer),
+            writer: Some(writer),
+            from_reader,
+            reader: Some(reader),
+            timeout,
+            last_answered: None,
+        })
+    }
+
+    /// The exit status, if the child has exited within a short grace period.
+    fn exit_status(&mut self) -> String {
+        for _ in 0..50 {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.to_string();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        "still running".to_string()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Verify a batch; replies come back in request order. `sample_ids[i]` names request `i` in
+    /// errors.
+    pub fn verify(&mut self, requests: &[Request<'_>]) -> Result<Vec<Reply>> {
+        let mut pos_of: HashMap<u64, usize> = HashMap::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            if pos_of.insert(r.id, i).is_some() {
+                bail!("internal: duplicate external-verifier request id {}", r.id);
+            }
+        }
+        let mut out: Vec<Option<Reply>> = vec![None; requests.len()];
+        let mut outstanding: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
+        let mut next = 0usize;
+        let mut done = 0usize;
+        let mut last_progress = Instant::now();
+        while done < requests.len() {
+            while next < requests.len() && outstanding.len() < MAX_IN_FLIGHT {
+                let r = &requests[next];
+                let mut line =
+                    serde_json::to_string(r).context("serialising a verifier request")?;
+                line.push('\n');
+                let sent = self
+                    .to_writer
+                    .as_ref()
+                    .map(|tx| tx.send((r.id, line)).is_ok())
+                    .unwrap_or(false);
+                if !sent {
+                    let st = self.exit_status();
+                    bail!(
+                        "external verifier `{}` stopped reading requests (exit status: {st}) at request id {} (sample_id {})",
+                        self.cmd, r.id, r.sample_id
+                    );
+                }
+                outstanding.insert(next);
+                next += 1;
+            }
+            let wait = self.timeout.saturating_sub(last_progress.elapsed());
+            match self.from_reader.recv_timeout(wait) {
+                Ok(FromReader::Reply(id, rep)) => {
+                    let Some(&i) = pos_of.get(&id) else {
+                        self.kill();
+                        bail!(
+                            "external verifier `{}` replied with id {id}, which was not asked",
+                            self.cmd
+                        );
+                    };
+                    if !outstanding.remove(&i) {
+                        self.kill();
+                        bail!("external verifier `{}` replied twice to id {id}", self.cmd);
+                    }
+                    out[i] = Some(rep);
+                    done += 1;
+                    self.last_answered = Some(id);
+                    last_progress = Instant::now();
+                }
+                Ok(FromReader::Bad(msg)) => {
+                    self.kill();
+                    bail!("external verifier `{}` wrote a line that is not a reply {{\"id\", \"correct\"}}: {msg}", self.cmd);
+                }
+                Ok(FromReader::Eof(err)) => {
+                    let first = outstanding.iter().next().copied().unwrap_or(0);
+                    let st = self.exit_status();
+                    let last = self
+                        .last_answered
+                        .map_or("none".to_string(), |x| x.to_string());
+                    bail!(
+                        "external verifier `{}` closed its output (exit status: {st}{}) while rlcr waited for request id {} (sample_id {}); last id answered: {last}",
+                        self.cmd,
+                        err.map(|e| format!(", read error: {e}")).unwrap_or_default(),
+                        requests[first].id,
+                        requests[first].sample_id
+                    );
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let first = outstanding.iter().next().copied().unwrap_or(0);
+                    self.kill();
+                    bail!(
+                        "external verifier `{}` gave no reply within {:.1}s while rlcr waited for request id {} (sample_id {}); {} request(s) outstanding; the verifier was killed",
+                        self.cmd,
+                        self.timeout.as_secs_f64(),
+                        requests[first].id,
+                        requests[first].sample_id,
+                        outstanding.len()
+                    );
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let st = self.exit_status();
+                    bail!(
+                        "external verifier `{}` reader stopped (exit status: {st})",
+                        self.cmd
+                    );
+                }
+            }
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.ok_or_else(|| anyhow!("internal: no reply for request id {}", requests[i].id))
+            })
+            .collect()
+    }
+
+    /// Close the child's stdin and wait for it to exit (killing it after `timeout`); a non-zero
+    /// exit is an error.
+    pub fn finish(mut self) -> Result<()> {
+        self.to_writer.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => {
+                    if let Some(r) = self.reader.take() {
+                        let _ = r.join();
+                    }
+                    if !st.success() {
+                        bail!("external verifier `{}` exited with {st}", self.cmd);
+                    }
+                    return Ok(());
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) => {
+                    self.kill();
+                    bail!(
+                        "external verifier `{}` did not exit after its input closed; killed",
+                        self.cmd
+                    );
+                }
+                Err(e) => return Err(e).context("waiting for the external verifier"),
+            }
+        }
+    }
+}
+
+impl Drop for ExternalVerifier {
+    fn drop(&mut self) {
+        self.to_writer.take();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = r#"id=$(printf '%s' "$line" | sed -E 's/^\{"id":([0-9]+).*/\1/')"#;
+
+    fn reqs(gt: &serde_json::Value, answers: &[&'static str]) -> Vec<Request<'static>> {
+        let gt: &'static serde_json::Value = Box::leak(Box::new(gt.clone()));
+        answers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Request {
+                id: i as u64 * 10,
+                sample_id: Box::leak(format!("p{i}/a0").into_boxed_str()),
+                data_source: "hotpot",
+                prompt: Some("Capital of France?"),
+                response: "<answer>x</answer>",
+                answer: Some(a),
+                ground_truth: gt,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pipelined_and_matched_by_id() {
+        let cmd = format!(
+            r#"while IFS= read -r line; do {ID}; case "$line" in *'"answer":"Paris"'*) c=true;; *) c=0.25;; esac; printf '{{"id":%s,"correct":%s,"extra":{{"n":2,"s":"x"}}}}\n' "$id" "$c"; done"#
+        );
+        let mut v = ExternalVerifier::spawn(&cmd, Duration::from_secs(20)).unwrap();
+        let answers: Vec<&'static str> = (0..600)
+            .map(|i| if i % 3 == 0 { "Paris" } else { "Lyon" })
+            .collect();
+        let rq = reqs(&serde_json::json!("Paris"), &answers);
+        let got = v.verify(&rq).unwrap();
+        for (i, r) in got.iter().enumerate() {
+            assert_eq!(r.correct, if i % 3 == 0 { 1.0 } else { 0.25 }, "row {i}");
+            assert_eq!(r.extra, vec![("n".to_string(), 2.0)]);
+        }
+        // a second batch on the same child
+        let got = v.verify(&rq[..5]).unwrap();
+        assert_eq!(got.len(), 5);
+        v.finish().unwrap();
+    }
+
+    #[test]
+    fn replies_out_of_order() {
+        let cmd = format!(
+            r#"while IFS= read -r line; do {ID}; a=$id; IFS= read -r line || break; {ID}; printf '{{"id":%s,"correct":false}}\n{{"id":%s,"correct":true}}\n' "$id" "$a"; done"#
+        );
+        let mut v = ExternalVerifier::spawn(&cmd, Duration::from_secs(20)).unwrap();
+        let rq = reqs(&serde_json::json!("Paris"), &["a", "b", "c", "d"]);
+        let got: Vec<f64> = v.verify(&rq).unwrap().iter().map(|r| r.correct).collect();
+        assert_eq!(got, vec![1.0, 0.0, 1.0, 0.0]);
+        v.finish().unwrap();
+    }
+
+    #[test]
+    fn child_dies_error_names_ids() {
+        let cmd = format!(
+            r#"IFS= read -r line; {ID}; printf '{{"id":%s,"correct":true}}\n' "$id"; exit 3"#
+        );
+        let mut v = ExternalVerifier::spawn(&cmd, Duration::from_secs(20)).unwrap();
+        let rq = reqs(&serde_json::json!("Paris"), &["a", "b", "c"]);
+        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+        assert!(err.contains("request id 10 (sample_id p1/a0)"), "{err}");
+        assert!(err.contains("last id answered: 0"), "{err}");
+        assert!(err.contains("exit status: 3"), "{err}");
+    }
+
+    #[test]
+    fn timeout_kills_and_names_the_request() {
+        let mut v = ExternalVerifier::spawn(
+            "IFS= read -r line; exec sleep 30",
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let rq = reqs(&serde_json::json!("Paris"), &["a"]);
+        let t = Instant::now();
+        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert!(err.contains("no reply within 0.3s"), "{err}");
+        assert!(err.contains("request id 0 (sample_id p0/a0)"), "{err}");
+    }
+
+    #[test]
+    fn garbage_on_stdout_is_an_error() {
+        let mut v = ExternalVerifier::spawn(
+            "IFS= read -r line; echo hello; exec sleep 5",
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        let rq = reqs(&serde_json::json!("Paris"), &["a"]);
+        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+        assert!(err.contains("not a reply"), "{err}");
+        assert!(err.contains("hello"), "{err}");
+    }
+
+    #[test]
+    fn unknown_id_and_bad_correct() {
+        assert!(parse_reply(r#"{"id": 1, "correct": "yes"}"#).is_err());
+        assert!(parse_reply(r#"{"correct": true}"#).is_err());
+        assert!(parse_reply(r#"{"id": 1, "correct": true, "extra": 3}"#).is_err());
+        assert_eq!(
+            parse_reply(r#"{"id": 1, "correct": 0.5}"#)
+                .unwrap()
+                .1
+                .correct,
+            0.5
+        );
+        let mut v = ExternalVerifier::spawn(
+            r#"IFS= read -r line; echo '{"id": 999, "correct": true}'; exec sleep 5"#,
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        let rq = reqs(&serde_json::json!("Paris"), &["a"]);
+        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+        assert!(err.contains("id 999"), "{err}");
+    }
+}

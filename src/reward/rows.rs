@@ -1,0 +1,628 @@
+//! One row of a trajectory table scored under the stage's settings: the pure core of
+//! `rlcr score`, with no Arrow in sight.
+//!
+//! Answer rows ([`score_answer`]): the verifier's verdict `correct` (1/0, or the F1 value), the
+//! format check (`--answer-format`, RLCR's `ta` by default: the two-turn design puts the
+//! confidence in its own row), and `accuracy` = `correct`, or 0 when gating is on and the format
+//! failed (RLCR gates; ANCHORS D11). Confidence rows ([`score_confidence`]): the turn-2 format and
+//! the strict confidence parse, `conf_reward = 1 − (acc − c)²` with `acc` the accuracy of the
+//! row's own answer, 0 on a format or parse failure.
+//!
+//! The scalar `reward` is always [`structured::total`] of the row's components, so it can be
+//! recomputed from `reward_components`. The presets are component sets:
+//! - `rlcr` (default): answers `accuracy`·1 + `format`·format_weight (default 0), and, kept with
+//!   weight 0 for logging, `countdown` (the 0/0.1/1 score) and `extra.*`; confidences `brier`·1 and
+//!   `format`·0.
+//! - `rlcr-single`: RLCR's single-completion reward on answer rows that carry their own
+//!   confidence (`--answer-format tabc`): `format`·0.5 + `accuracy`·0.5 + `brier`·0.5 +
+//!   `mean_confidence`·1e-6 + `confidence_one_or_zero`·1e-6 (its HotpotQA weights; ANCHORS
+//!   §1.3.2, §3.1).
+//! - `tinyzero`: answers `countdown`·1 (the 0/0.1/1 score; the countdown verifier is required),
+//!   `accuracy`·0 and `format`·0; confidences as `rlcr`.
+//! - a rewards TOML ([`structured::RewardSpec`]) replaces the preset's components.
+use super::countdown::{self, Task};
+use super::rlcr::{self, FormatPattern, RlcrTerms};
+use super::structured::{self, Component, ComponentSpec, RewardSpec, Source, Value};
+use super::text::last_answer;
+use super::{math, qa, VerifierKind};
+
+/// How countdown answers are read.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum CountdownCompat {
+    /// Response only, last `<answer>` anywhere, exact rationals.
+    #[default]
+    Default,
+    /// TinyZero's `compute_score` on prompt + response, quirks included.
+    Tinyzero,
+}
+
+/// The reward presets.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    #[default]
+    Rlcr,
+    RlcrSingle,
+    Tinyzero,
+}
+
+/// The stage's scoring settings (resolved; recorded in the output metadata).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Settings {
+    /// `None`: pick by `data_source` ([`super::auto_verifier`]).
+    pub verifier: Option<VerifierKind>,
+    pub countdown_compat: CountdownCompat,
+    /// Format required of answer rows; `None`: only that an answer can be extracted.
+    pub answer_format: Option<FormatPattern>,
+    /// Turn-2 rows must contain `<analysis>`.
+    pub require_analysis: bool,
+    /// Accuracy is 0 when the answer's format fails.
+    pub gate: bool,
+    pub preset: Preset,
+    /// Weight of the answer format in the `rlcr` preset.
+    pub format_weight: f64,
+    /// Structured rewards replacing the preset's components.
+    pub structured: Option<RewardSpec>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            verifier: None,
+            countdown_compat: CountdownCompat::Default,
+            answer_format: Some(FormatPattern::Ta),
+            require_analysis: false,
+            gate: true,
+            preset: Preset::Rlcr,
+            format_weight: 0.0,
+            structured: None,
+        }
+    }
+}
+
+/// A parsed ground truth for one verifier.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GroundTruth {
+    Countdown(Task),
+    Golds(Vec<String>),
+}
+
+impl GroundTruth {
+    /// Parse the ground-truth column text for `kind`.
+    pub fn parse(kind: VerifierKind, text: &str) -> anyhow::Result<GroundTruth> {
+        Ok(match kind {
+            VerifierKind::Countdown => GroundTruth::Countdown(Task::from_json(text)?),
+            _ => GroundTruth::Golds(qa::gold_strings(text)),
+        })
+    }
+}
+
+/// The scores of one answer row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnswerScore {
+    /// The extracted answer.
+    pub answer: Option<String>,
+    pub format_ok: bool,
+    /// The verifier's verdict, before gating.
+    pub correct: f64,
+    /// `acc_reward`: `correct`, gated by format when gating is on.
+    pub accuracy: f64,
+    /// The countdown score (0 / 0.1 / 1), countdown rows only.
+    pub countdown: Option<f32>,
+    /// Numbers from an external verifier's `extra`.
+    pub extra: Vec<(String, f64)>,
+    /// Parsed confidence, for answer rows that carry one (`tac`/`tabc`/`tbac`).
+    pub confidence: Option<f64>,
+    /// RLCR's five terms (`rlcr-single` preset only).
+    pub rlcr_terms: Option<RlcrTerms>,
+}
+
+/// The verdict of a built-in verifier: (extracted answer, correct, countdown score).
+pub fn verify_builtin<'a>(
+    kind: VerifierKind,
+    settings: &Settings,
+    response: &'a str,
+    prompt_prefix: Option<&str>,
+    gt: &GroundTruth,
+) -> (Option<String>, f64, Option<f32>) {
+    match (kind, gt) {
+        (VerifierKind::Countdown, GroundTruth::Countdown(task)) => {
+            let out = match settings.countdown_compat {
+                CountdownCompat::Default => {
+                    let o = countdown::score_response(response, task);
+                    (o.answer.map(str::to_string), o.verdict)
+                }
+                CountdownCompat::Tinyzero => {
+                    let full = format!("{}{}", prompt_prefix.unwrap_or(""), response);
+                    let o = countdown::tinyzero_compute_score(&full, task);
+                    (o.answer.map(str::to_string), o.verdict)
+                }
+            };
+            let correct = if out.1 == countdown::Verdict::Correct {
+                1.0
+            } else {
+                0.0
+            };
+            (out.0, correct, Some(out.1.score()))
+        }
+        (_, GroundTruth::Golds(golds)) => {
+            let answer = match kind {
+                VerifierKind::Math => math::extract_answer(response),
+                _ => last_answer(response),
+            };
+            let correct = match answer {
+                None => 0.0,
+                Some(a) => match kind {
+                    VerifierKind::Math => golds.iter().any(|g| math::math_equal(a, g)) as u8 as f64,
+                    VerifierKind::Exact => qa::best_exact(a, golds) as u8 as f64,
+                    VerifierKind::F1 => qa::best_f1(a, golds),
+                    VerifierKind::Choice => qa::choice_correct(a, golds) as u8 as f64,
+                    VerifierKind::Countdown => 0.0,
+                },
+            };
+            (answer.map(str::to_string), correct, None)
+        }
+        // a countdown ground truth given to a text verifier or vice versa cannot happen: the
+        // caller parses the ground truth for the verifier it runs
+        _ => (None, 0.0, None),
+    }
+}
+
+/// Complete an answer row's scores from a verdict.
+pub fn score_answer(
+    settings: &Settings,
+    response: &str,
+    answer: Option<String>,
+    correct: f64,
+    countdown: Option<f32>,
+    extra: Vec<(String, f64)>,
+) -> AnswerScore {
+    let format_ok = match settings.answer_format {
+        Some(p) => rlcr::format_ok(response, p),
+        None => answer.is_some(),
+    };
+    let confidence = match settings.answer_format {
+        Some(p) if p.has_confidence() => rlcr::parse_confidence_strict(response),
+        _ => None,
+    };
+    let (accuracy, rlcr_terms) = if settings.preset == Preset::RlcrSingle {
+        let p = settings.answer_format.unwrap_or(FormatPattern::Tabc);
+        let t = RlcrTerms::compute(response, p, correct >= 1.0);
+        (t.accuracy, Some(t))
+    } else {
+        (
+            if settings.gate && !format_ok {
+                0.0
+            } else {
+                correct
+            },
+            None,
+        )
+    };
+    AnswerScore {
+        answer,
+        format_ok,
+        correct,
+        accuracy,
+        countdown,
+        extra,
+        confidence,
+        rlcr_terms,
+    }
+}
+
+/// The scores of one confidence row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConfidenceScore {
+    /// Turn-2 structure and a strict parse.
+    pub format_ok: bool,
+    /// The strictly parsed confidence (even when the structure fails).
+    pub confidence: Option<f64>,
+    /// `1 − (acc − c)²`, 0 when `format_ok` is false.
+    pub conf_reward: f64,
+}
+
+/// Score a confidence row given its answer's accuracy.
+pub fn score_confidence(
+    settings: &Settings,
+    response: &str,
+    answer_accuracy: f64,
+) -> ConfidenceScore {
+    let confidence = rlcr::parse_confidence_strict(response);
+    let format_ok =
+        confidence.is_some() && rlcr::confidence_structure_ok(response, settings.require_analysis);
+    let conf_reward = if format_ok {
+        rlcr::brier_reward(answer_accuracy, confidence)
+    } else {
+        0.0
+    };
+    ConfidenceScore {
+        format_ok,
+        confidence,
+        conf_reward,
+    }
+}
+
+/// What a confidence row knows of its answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ParentAnswer {
+    pub correct: f64,
+    pub accuracy: f64,
+}
+
+/// The row being scored, for component values.
+pub enum RowScore<'a> {
+    Answer(&'a AnswerScore),
+    Confidence(&'a ConfidenceScore, ParentAnswer),
+}
+
+/// A builtin source's value for a row ([`structured`] module docs).
+pub fn builtin_value(source: &str, row: &RowScore<'_>) -> Value {
+    let b = |x: bool| Value::Scalar(if x { 1.0 } else { 0.0 });
+    match row {
+        RowScore::Answer(a) => match source {
+            "correct" => Value::Scalar(a.correct),
+            "accuracy" => Value::Scalar(a.accuracy),
+            "format_ok" => b(a.format_ok),
+            "answer_present" => b(a.answer.is_some()),
+            "countdown" => a
+                .countdown
+                .map_or(Value::Missing, |s| Value::Scalar(s as f64)),
+            "confidence" => a.confidence.map_or(Value::Missing, Value::Scalar),
+            "brier" => match (&a.rlcr_terms, a.confidence) {
+                (Some(t), _) => Value::Scalar(t.brier),
+                (None, Some(c)) if a.format_ok => {
+                    Value::Scalar(rlcr::brier_reward(a.accuracy, Some(c)))
+                }
+                _ => Value::Missing,
+            },
+            s => match s.strip_prefix("extra.") {
+                Some(name) => a
+                    .extra
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map_or(Value::Missing, |(_, v)| Value::Scalar(*v)),
+                None => Value::Missing,
+            },
+        },
+        RowScore::Confidence(c, parent) => match source {
+            "correct" => Value::Scalar(parent.correct),
+            "accuracy" => Value::Scalar(parent.accuracy),
+            "format_ok" => b(c.format_ok),
+            "brier" => Value::Scalar(c.conf_reward),
+            "confidence" => c.confidence.map_or(Value::Missing, Value::Scalar),
+            _ => Value::Missing,
+        },
+    }
+}
+
+/// The preset's components for a row.
+pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Component> {
+    let b = |x: bool| if x { 1.0 } else { 0.0 };
+    match row {
+        RowScore::Answer(a) => {
+            let mut v = Vec::with_capacity(4);
+            match settings.preset {
+                Preset::Rlcr => {
+                    v.push(Component::new("accuracy", 0, a.accuracy, 1.0));
+                    v.push(Component::new(
+                        "format",
+                        0,
+                        b(a.format_ok),
+                        settings.format_weight,
+                    ));
+                    if let Some(s) = a.countdown {
+                        v.push(Component::new("countdown", 0, s as f64, 0.0));
+                    }
+                }
+                Preset::RlcrSingle => {
+                    let t = a.rlcr_terms.unwrap_or(RlcrTerms {
+                        format: 0.0,
+                        accuracy: 0.0,
+                        brier: 0.0,
+                        mean_confidence: 0.0,
+                        confidence_one_or_zero: 0.0,
+                    });
+                    let w = rlcr::RLCR_HOTPOT_WEIGHTS;
+                    v.push(Component::new("format", 0, t.format, w[0]));
+                    v.push(Component::new("accuracy", 0, t.accuracy, w[1]));
+                    v.push(Component::new("brier", 0, t.brier, w[2]));
+                    v.push(Component::new(
+                        "mean_confidence",
+                        0,
+                        t.mean_confidence,
+                        w[3],
+                    ));
+                    v.push(Component::new(
+                        "confidence_one_or_zero",
+                        0,
+                        t.confidence_one_or_zero,
+                        w[4],
+                    ));
+                    if let Some(s) = a.countdown {
+                        v.push(Component::new("countdown", 0, s as f64, 0.0));
+                    }
+                }
+                Preset::Tinyzero => {
+                    v.push(Component::new(
+                        "countdown",
+                        0,
+                        a.countdown.unwrap_or(0.0) as f64,
+                        1.0,
+                    ));
+                    v.push(Component::new("accuracy", 0, a.accuracy, 0.0));
+                    v.push(Component::new("format", 0, b(a.format_ok), 0.0));
+                }
+            }
+            for (k, x) in &a.extra {
+                v.push(Component::new(format!("extra.{k}"), 0, *x, 0.0));
+            }
+            v
+        }
+        RowScore::Confidence(c, _) => vec![
+            Component::new("brier", 1, c.conf_reward, 1.0),
+            Component::new("format", 1, b(c.format_ok), 0.0),
+        ],
+    }
+}
+
+/// The row's components: the structured spec's when one is set (`column` gives values of
+/// column sources), else the preset's.
+pub fn components(
+    settings: &Settings,
+    row: &RowScore<'_>,
+    mut column: impl FnMut(&ComponentSpec, &str) -> Value,
+) -> Vec<Component> {
+    match &settings.structured {
+        None => preset_components(settings, row),
+        Some(spec) => {
+            let is_conf = matches!(row, RowScore::Confidence(..));
+            structured::row_components(spec, is_conf, |c| match &c.source {
+                Source::Builtin(s) => builtin_value(s, row),
+                Source::Column(name) => column(c, name),
+            })
+        }
+    }
+}
+
+/// The scalar reward of a row: the total of its components.
+pub fn reward(components: &[Component]) -> f64 {
+    structured::total(components)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn countdown_gt() -> GroundTruth {
+        GroundTruth::parse(
+            VerifierKind::Countdown,
+            r#"{"target": 23, "numbers": [2, 3, 7]}"#,
+        )
+        .unwrap()
+    }
+
+    fn answer(
+        settings: &Settings,
+        kind: VerifierKind,
+        response: &str,
+        gt: &GroundTruth,
+    ) -> AnswerScore {
+        let (a, c, s) = verify_builtin(kind, settings, response, None, gt);
+        score_answer(settings, response, a, c, s, Vec::new())
+    }
+
+    #[test]
+    fn rlcr_two_turn_rewards() {
+        let s = Settings::default();
+        let gt = countdown_gt();
+        let good = answer(
+            &s,
+            VerifierKind::Countdown,
+            "r</think>\n<answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            (good.format_ok, good.correct, good.accuracy, good.countdown),
+            (true, 1.0, 1.0, Some(1.0))
+        );
+        let comps = preset_components(&s, &RowScore::Answer(&good));
+        assert_eq!(reward(&comps), 1.0);
+        // correct but no </think>: gated to 0, the countdown score is kept for logging
+        let bad = answer(&s, VerifierKind::Countdown, "<answer>3*7+2</answer>", &gt);
+        assert_eq!(
+            (bad.format_ok, bad.correct, bad.accuracy),
+            (false, 1.0, 0.0)
+        );
+        assert_eq!(reward(&preset_components(&s, &RowScore::Answer(&bad))), 0.0);
+        let ungated = Settings {
+            gate: false,
+            format_weight: 0.25,
+            ..Settings::default()
+        };
+        let a = answer(
+            &ungated,
+            VerifierKind::Countdown,
+            "<answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
+            1.0
+        );
+        let a = answer(
+            &ungated,
+            VerifierKind::Countdown,
+            "x</think><answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
+            1.25
+        );
+        // confidences: Brier against the answer's accuracy (ANCHORS §3.2: acc 1, c 0.9 → 0.99)
+        let c = score_confidence(
+            &s,
+            "<analysis>ok</analysis><confidence>0.9</confidence>",
+            1.0,
+        );
+        assert!((c.conf_reward - 0.99).abs() < 1e-12);
+        let parent = ParentAnswer {
+            correct: 1.0,
+            accuracy: 1.0,
+        };
+        assert!(
+            (reward(&preset_components(&s, &RowScore::Confidence(&c, parent))) - 0.99).abs() < 1e-6
+        );
+        let c = score_confidence(&s, "<confidence>0.2</confidence>", 0.0);
+        assert!((c.conf_reward - 0.96).abs() < 1e-12);
+        let c = score_confidence(&s, "<confidence>nan</confidence>", 0.0);
+        assert_eq!(
+            (c.format_ok, c.confidence, c.conf_reward),
+            (false, None, 0.0)
+        );
+        let c = score_confidence(&s, "<confidence>0.2</confidence> extra", 0.0);
+        assert_eq!(
+            (c.format_ok, c.confidence, c.conf_reward),
+            (false, Some(0.2), 0.0)
+        );
+    }
+
+    #[test]
+    fn tinyzero_preset_and_compat() {
+        let s = Settings {
+            preset: Preset::Tinyzero,
+            countdown_compat: CountdownCompat::Tinyzero,
+            gate: false,
+            ..Settings::default()
+        };
+        let gt = countdown_gt();
+        let prefix = "User: Using the numbers [2, 3, 7] ... Assistant: Let me solve this step by step.\n<think>";
+        let resp = "reasoning</think>\n<answer>3*7-2</answer>";
+        let (a, c, sc) = verify_builtin(VerifierKind::Countdown, &s, resp, Some(prefix), &gt);
+        let row = score_answer(&s, resp, a, c, sc, Vec::new());
+        assert_eq!(row.countdown, Some(0.1));
+        assert!((reward(&preset_components(&s, &RowScore::Answer(&row))) - 0.1).abs() < 1e-7);
+        // without the prompt there is no marker: score 0
+        let (_, _, sc) = verify_builtin(VerifierKind::Countdown, &s, resp, None, &gt);
+        assert_eq!(sc, Some(0.0));
+    }
+
+    #[test]
+    fn rlcr_single_preset_reproduces_anchor_totals() {
+        let s = Settings {
+            preset: Preset::RlcrSingle,
+            answer_format: Some(FormatPattern::Tabc),
+            ..Settings::default()
+        };
+        let gt = GroundTruth::parse(VerifierKind::Exact, "\"Paris\"").unwrap();
+        let mk = |ans: &str, conf: &str| {
+            format!("<think>t</think><answer>{ans}</answer> <analysis>a</analysis> <confidence>{conf}</confidence>")
+        };
+        for (resp, want) in [
+            (mk("Paris", "0.8"), 1.4800008),
+            (mk("Lyon", "0.8"), 0.6800008),
+            (mk("Lyon", "0.0"), 1.0000010),
+        ] {
+            let a = answer(&s, VerifierKind::Exact, &resp, &gt);
+            let comps = preset_components(&s, &RowScore::Answer(&a));
+            // the components are stored as f32: compare at f32 precision
+            assert!(
+                (reward(&comps) - want).abs() < 1e-6,
+                "{resp}: {} vs {want}",
+                reward(&comps)
+            );
+        }
+    }
+
+    #[test]
+    fn other_verifiers() {
+        let s = Settings {
+            answer_format: None,
+            ..Settings::default()
+        };
+        let gt = GroundTruth::parse(VerifierKind::Math, "\"\\\\frac{1}{2}\"").unwrap();
+        assert_eq!(
+            answer(&s, VerifierKind::Math, "so \\boxed{0.5}", &gt).accuracy,
+            1.0
+        );
+        let gt = GroundTruth::parse(VerifierKind::F1, "[\"the cat sat down\"]").unwrap();
+        assert!(
+            (answer(&s, VerifierKind::F1, "<answer>cat sat</answer>", &gt).accuracy - 0.8).abs()
+                < 1e-12
+        );
+        let gt = GroundTruth::parse(VerifierKind::Choice, "\"C\"").unwrap();
+        assert_eq!(
+            answer(&s, VerifierKind::Choice, "<answer>(C)</answer>", &gt).accuracy,
+            1.0
+        );
+        assert_eq!(
+            answer(&s, VerifierKind::Choice, "no tag C", &gt).accuracy,
+            0.0
+        );
+    }
+
+    #[test]
+    fn structured_components() {
+        let spec = RewardSpec::from_toml(
+            r#"
+            [[turn]]
+            name = "format_score"
+            weight = 0.15
+            source = "format_ok"
+            [[turn]]
+            name = "validity"
+            weight = 0.1
+            column = "validity"
+            [[global]]
+            name = "exact_match"
+            weight = 0.3
+            source = "correct"
+            [[global]]
+            name = "_raw_exact_match"
+            weight = 1.0
+            source = "correct"
+            "#,
+        )
+        .unwrap();
+        let s = Settings {
+            structured: Some(spec),
+            ..Settings::default()
+        };
+        let gt = countdown_gt();
+        let a = answer(
+            &s,
+            VerifierKind::Countdown,
+            "r</think><answer>3*7+2</answer>",
+            &gt,
+        );
+        let comps = components(&s, &RowScore::Answer(&a), |_, name| {
+            assert_eq!(name, "validity");
+            Value::PerTurn(vec![Some(1.0), Some(0.0)])
+        });
+        // turn 0: 0.15 + 0.1 = 0.25; turn 1: 0.0; mean 0.125; globals 0.3 (raw skipped)
+        assert!((reward(&comps) - 0.425).abs() < 1e-6, "{comps:?}");
+        assert_eq!(comps.len(), 5);
+    }
+}
