@@ -10,6 +10,7 @@ mod cli;
 mod ecosystem;
 mod gguf;
 mod model;
+mod report;
 mod sample;
 mod score;
 mod train;
