@@ -27,7 +27,17 @@ use super::text::last_answer;
 use super::{math, qa, VerifierKind};
 
 /// How countdown answers are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CountdownCompat {
     /// Response only, last `<answer>` anywhere, exact rationals.
@@ -38,7 +48,17 @@ pub enum CountdownCompat {
 }
 
 /// The reward presets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Preset {
     #[default]
@@ -119,10 +139,10 @@ pub struct AnswerScore {
 }
 
 /// The verdict of a built-in verifier: (extracted answer, correct, countdown score).
-pub fn verify_builtin<'a>(
+pub fn verify_builtin(
     kind: VerifierKind,
     settings: &Settings,
-    response: &'a str,
+    response: &str,
     prompt_prefix: Option<&str>,
     gt: &GroundTruth,
 ) -> (Option<String>, f64, Option<f32>) {
@@ -139,7 +159,11 @@ pub fn verify_builtin<'a>(
                     (o.answer.map(str::to_string), o.verdict)
                 }
             };
-            let correct = if out.1 == countdown::Verdict::Correct { 1.0 } else { 0.0 };
+            let correct = if out.1 == countdown::Verdict::Correct {
+                1.0
+            } else {
+                0.0
+            };
             (out.0, correct, Some(out.1.score()))
         }
         (_, GroundTruth::Golds(golds)) => {
@@ -187,9 +211,25 @@ pub fn score_answer(
         let t = RlcrTerms::compute(response, p, correct >= 1.0);
         (t.accuracy, Some(t))
     } else {
-        (if settings.gate && !format_ok { 0.0 } else { correct }, None)
+        (
+            if settings.gate && !format_ok {
+                0.0
+            } else {
+                correct
+            },
+            None,
+        )
     };
-    AnswerScore { answer, format_ok, correct, accuracy, countdown, extra, confidence, rlcr_terms }
+    AnswerScore {
+        answer,
+        format_ok,
+        correct,
+        accuracy,
+        countdown,
+        extra,
+        confidence,
+        rlcr_terms,
+    }
 }
 
 /// The scores of one confidence row.
@@ -204,11 +244,24 @@ pub struct ConfidenceScore {
 }
 
 /// Score a confidence row given its answer's accuracy.
-pub fn score_confidence(settings: &Settings, response: &str, answer_accuracy: f64) -> ConfidenceScore {
+pub fn score_confidence(
+    settings: &Settings,
+    response: &str,
+    answer_accuracy: f64,
+) -> ConfidenceScore {
     let confidence = rlcr::parse_confidence_strict(response);
-    let format_ok = confidence.is_some() && rlcr::confidence_structure_ok(response, settings.require_analysis);
-    let conf_reward = if format_ok { rlcr::brier_reward(answer_accuracy, confidence) } else { 0.0 };
-    ConfidenceScore { format_ok, confidence, conf_reward }
+    let format_ok =
+        confidence.is_some() && rlcr::confidence_structure_ok(response, settings.require_analysis);
+    let conf_reward = if format_ok {
+        rlcr::brier_reward(answer_accuracy, confidence)
+    } else {
+        0.0
+    };
+    ConfidenceScore {
+        format_ok,
+        confidence,
+        conf_reward,
+    }
 }
 
 /// What a confidence row knows of its answer.
@@ -233,15 +286,23 @@ pub fn builtin_value(source: &str, row: &RowScore<'_>) -> Value {
             "accuracy" => Value::Scalar(a.accuracy),
             "format_ok" => b(a.format_ok),
             "answer_present" => b(a.answer.is_some()),
-            "countdown" => a.countdown.map_or(Value::Missing, |s| Value::Scalar(s as f64)),
+            "countdown" => a
+                .countdown
+                .map_or(Value::Missing, |s| Value::Scalar(s as f64)),
             "confidence" => a.confidence.map_or(Value::Missing, Value::Scalar),
             "brier" => match (&a.rlcr_terms, a.confidence) {
                 (Some(t), _) => Value::Scalar(t.brier),
-                (None, Some(c)) if a.format_ok => Value::Scalar(rlcr::brier_reward(a.accuracy, Some(c))),
+                (None, Some(c)) if a.format_ok => {
+                    Value::Scalar(rlcr::brier_reward(a.accuracy, Some(c)))
+                }
                 _ => Value::Missing,
             },
             s => match s.strip_prefix("extra.") {
-                Some(name) => a.extra.iter().find(|(k, _)| k == name).map_or(Value::Missing, |(_, v)| Value::Scalar(*v)),
+                Some(name) => a
+                    .extra
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map_or(Value::Missing, |(_, v)| Value::Scalar(*v)),
                 None => Value::Missing,
             },
         },
@@ -265,7 +326,12 @@ pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Compone
             match settings.preset {
                 Preset::Rlcr => {
                     v.push(Component::new("accuracy", 0, a.accuracy, 1.0));
-                    v.push(Component::new("format", 0, b(a.format_ok), settings.format_weight));
+                    v.push(Component::new(
+                        "format",
+                        0,
+                        b(a.format_ok),
+                        settings.format_weight,
+                    ));
                     if let Some(s) = a.countdown {
                         v.push(Component::new("countdown", 0, s as f64, 0.0));
                     }
@@ -282,14 +348,29 @@ pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Compone
                     v.push(Component::new("format", 0, t.format, w[0]));
                     v.push(Component::new("accuracy", 0, t.accuracy, w[1]));
                     v.push(Component::new("brier", 0, t.brier, w[2]));
-                    v.push(Component::new("mean_confidence", 0, t.mean_confidence, w[3]));
-                    v.push(Component::new("confidence_one_or_zero", 0, t.confidence_one_or_zero, w[4]));
+                    v.push(Component::new(
+                        "mean_confidence",
+                        0,
+                        t.mean_confidence,
+                        w[3],
+                    ));
+                    v.push(Component::new(
+                        "confidence_one_or_zero",
+                        0,
+                        t.confidence_one_or_zero,
+                        w[4],
+                    ));
                     if let Some(s) = a.countdown {
                         v.push(Component::new("countdown", 0, s as f64, 0.0));
                     }
                 }
                 Preset::Tinyzero => {
-                    v.push(Component::new("countdown", 0, a.countdown.unwrap_or(0.0) as f64, 1.0));
+                    v.push(Component::new(
+                        "countdown",
+                        0,
+                        a.countdown.unwrap_or(0.0) as f64,
+                        1.0,
+                    ));
                     v.push(Component::new("accuracy", 0, a.accuracy, 0.0));
                     v.push(Component::new("format", 0, b(a.format_ok), 0.0));
                 }
@@ -335,10 +416,19 @@ mod tests {
     use super::*;
 
     fn countdown_gt() -> GroundTruth {
-        GroundTruth::parse(VerifierKind::Countdown, r#"{"target": 23, "numbers": [2, 3, 7]}"#).unwrap()
+        GroundTruth::parse(
+            VerifierKind::Countdown,
+            r#"{"target": 23, "numbers": [2, 3, 7]}"#,
+        )
+        .unwrap()
     }
 
-    fn answer(settings: &Settings, kind: VerifierKind, response: &str, gt: &GroundTruth) -> AnswerScore {
+    fn answer(
+        settings: &Settings,
+        kind: VerifierKind,
+        response: &str,
+        gt: &GroundTruth,
+    ) -> AnswerScore {
         let (a, c, s) = verify_builtin(kind, settings, response, None, gt);
         score_answer(settings, response, a, c, s, Vec::new())
     }
@@ -347,30 +437,76 @@ mod tests {
     fn rlcr_two_turn_rewards() {
         let s = Settings::default();
         let gt = countdown_gt();
-        let good = answer(&s, VerifierKind::Countdown, "r</think>\n<answer>3*7+2</answer>", &gt);
-        assert_eq!((good.format_ok, good.correct, good.accuracy, good.countdown), (true, 1.0, 1.0, Some(1.0)));
+        let good = answer(
+            &s,
+            VerifierKind::Countdown,
+            "r</think>\n<answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            (good.format_ok, good.correct, good.accuracy, good.countdown),
+            (true, 1.0, 1.0, Some(1.0))
+        );
         let comps = preset_components(&s, &RowScore::Answer(&good));
         assert_eq!(reward(&comps), 1.0);
         // correct but no </think>: gated to 0, the countdown score is kept for logging
         let bad = answer(&s, VerifierKind::Countdown, "<answer>3*7+2</answer>", &gt);
-        assert_eq!((bad.format_ok, bad.correct, bad.accuracy), (false, 1.0, 0.0));
+        assert_eq!(
+            (bad.format_ok, bad.correct, bad.accuracy),
+            (false, 1.0, 0.0)
+        );
         assert_eq!(reward(&preset_components(&s, &RowScore::Answer(&bad))), 0.0);
-        let ungated = Settings { gate: false, format_weight: 0.25, ..Settings::default() };
-        let a = answer(&ungated, VerifierKind::Countdown, "<answer>3*7+2</answer>", &gt);
-        assert_eq!(reward(&preset_components(&ungated, &RowScore::Answer(&a))), 1.0);
-        let a = answer(&ungated, VerifierKind::Countdown, "x</think><answer>3*7+2</answer>", &gt);
-        assert_eq!(reward(&preset_components(&ungated, &RowScore::Answer(&a))), 1.25);
+        let ungated = Settings {
+            gate: false,
+            format_weight: 0.25,
+            ..Settings::default()
+        };
+        let a = answer(
+            &ungated,
+            VerifierKind::Countdown,
+            "<answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
+            1.0
+        );
+        let a = answer(
+            &ungated,
+            VerifierKind::Countdown,
+            "x</think><answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
+            1.25
+        );
         // confidences: Brier against the answer's accuracy (ANCHORS §3.2: acc 1, c 0.9 → 0.99)
-        let c = score_confidence(&s, "<analysis>ok</analysis><confidence>0.9</confidence>", 1.0);
+        let c = score_confidence(
+            &s,
+            "<analysis>ok</analysis><confidence>0.9</confidence>",
+            1.0,
+        );
         assert!((c.conf_reward - 0.99).abs() < 1e-12);
-        let parent = ParentAnswer { correct: 1.0, accuracy: 1.0 };
-        assert!((reward(&preset_components(&s, &RowScore::Confidence(&c, parent))) - 0.99).abs() < 1e-6);
+        let parent = ParentAnswer {
+            correct: 1.0,
+            accuracy: 1.0,
+        };
+        assert!(
+            (reward(&preset_components(&s, &RowScore::Confidence(&c, parent))) - 0.99).abs() < 1e-6
+        );
         let c = score_confidence(&s, "<confidence>0.2</confidence>", 0.0);
         assert!((c.conf_reward - 0.96).abs() < 1e-12);
         let c = score_confidence(&s, "<confidence>nan</confidence>", 0.0);
-        assert_eq!((c.format_ok, c.confidence, c.conf_reward), (false, None, 0.0));
+        assert_eq!(
+            (c.format_ok, c.confidence, c.conf_reward),
+            (false, None, 0.0)
+        );
         let c = score_confidence(&s, "<confidence>0.2</confidence> extra", 0.0);
-        assert_eq!((c.format_ok, c.confidence, c.conf_reward), (false, Some(0.2), 0.0));
+        assert_eq!(
+            (c.format_ok, c.confidence, c.conf_reward),
+            (false, Some(0.2), 0.0)
+        );
     }
 
     #[test]
@@ -395,29 +531,56 @@ mod tests {
 
     #[test]
     fn rlcr_single_preset_reproduces_anchor_totals() {
-        let s = Settings { preset: Preset::RlcrSingle, answer_format: Some(FormatPattern::Tabc), ..Settings::default() };
+        let s = Settings {
+            preset: Preset::RlcrSingle,
+            answer_format: Some(FormatPattern::Tabc),
+            ..Settings::default()
+        };
         let gt = GroundTruth::parse(VerifierKind::Exact, "\"Paris\"").unwrap();
         let mk = |ans: &str, conf: &str| {
             format!("<think>t</think><answer>{ans}</answer> <analysis>a</analysis> <confidence>{conf}</confidence>")
         };
-        for (resp, want) in [(mk("Paris", "0.8"), 1.4800008), (mk("Lyon", "0.8"), 0.6800008), (mk("Lyon", "0.0"), 1.0000010)] {
+        for (resp, want) in [
+            (mk("Paris", "0.8"), 1.4800008),
+            (mk("Lyon", "0.8"), 0.6800008),
+            (mk("Lyon", "0.0"), 1.0000010),
+        ] {
             let a = answer(&s, VerifierKind::Exact, &resp, &gt);
             let comps = preset_components(&s, &RowScore::Answer(&a));
             // the components are stored as f32: compare at f32 precision
-            assert!((reward(&comps) - want).abs() < 1e-6, "{resp}: {} vs {want}", reward(&comps));
+            assert!(
+                (reward(&comps) - want).abs() < 1e-6,
+                "{resp}: {} vs {want}",
+                reward(&comps)
+            );
         }
     }
 
     #[test]
     fn other_verifiers() {
-        let s = Settings { answer_format: None, ..Settings::default() };
+        let s = Settings {
+            answer_format: None,
+            ..Settings::default()
+        };
         let gt = GroundTruth::parse(VerifierKind::Math, "\"\\\\frac{1}{2}\"").unwrap();
-        assert_eq!(answer(&s, VerifierKind::Math, "so \\boxed{0.5}", &gt).accuracy, 1.0);
+        assert_eq!(
+            answer(&s, VerifierKind::Math, "so \\boxed{0.5}", &gt).accuracy,
+            1.0
+        );
         let gt = GroundTruth::parse(VerifierKind::F1, "[\"the cat sat down\"]").unwrap();
-        assert!((answer(&s, VerifierKind::F1, "<answer>cat sat</answer>", &gt).accuracy - 0.8).abs() < 1e-12);
+        assert!(
+            (answer(&s, VerifierKind::F1, "<answer>cat sat</answer>", &gt).accuracy - 0.8).abs()
+                < 1e-12
+        );
         let gt = GroundTruth::parse(VerifierKind::Choice, "\"C\"").unwrap();
-        assert_eq!(answer(&s, VerifierKind::Choice, "<answer>(C)</answer>", &gt).accuracy, 1.0);
-        assert_eq!(answer(&s, VerifierKind::Choice, "no tag C", &gt).accuracy, 0.0);
+        assert_eq!(
+            answer(&s, VerifierKind::Choice, "<answer>(C)</answer>", &gt).accuracy,
+            1.0
+        );
+        assert_eq!(
+            answer(&s, VerifierKind::Choice, "no tag C", &gt).accuracy,
+            0.0
+        );
     }
 
     #[test]
@@ -443,9 +606,17 @@ mod tests {
             "#,
         )
         .unwrap();
-        let s = Settings { structured: Some(spec), ..Settings::default() };
+        let s = Settings {
+            structured: Some(spec),
+            ..Settings::default()
+        };
         let gt = countdown_gt();
-        let a = answer(&s, VerifierKind::Countdown, "r</think><answer>3*7+2</answer>", &gt);
+        let a = answer(
+            &s,
+            VerifierKind::Countdown,
+            "r</think><answer>3*7+2</answer>",
+            &gt,
+        );
         let comps = components(&s, &RowScore::Answer(&a), |_, name| {
             assert_eq!(name, "validity");
             Value::PerTurn(vec![Some(1.0), Some(0.0)])
