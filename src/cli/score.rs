@@ -17,6 +17,7 @@
 //! accuracies; otherwise a pre-pass verifies all answers first. Rows are scored in parallel with
 //! rayon inside a row group; results are collected in row order, so the output does not depend on
 //! the thread count. The verifier settings and a summary go into the output's metadata.
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
@@ -744,11 +745,23 @@ impl RgCols {
 
 /// A verifier's verdict on one answer row.
 #[derive(Debug, Clone)]
-struct Verdict {
-    answer: Option<String>,
+struct Verdict<'a> {
+    /// The extracted answer, borrowed from the response when it is a slice of it.
+    answer: Option<Cow<'a, str>>,
     correct: f64,
     countdown: Option<f32>,
     extra: Vec<(String, f64)>,
+}
+
+impl Verdict<'_> {
+    fn into_owned(self) -> Verdict<'static> {
+        Verdict {
+            answer: self.answer.map(|a| Cow::Owned(a.into_owned())),
+            correct: self.correct,
+            countdown: self.countdown,
+            extra: self.extra,
+        }
+    }
 }
 
 /// The prompt text TinyZero's scorer sees before the response, rendered from `messages` as
@@ -803,13 +816,13 @@ struct VerifyCache {
 }
 
 /// Verify answer row `i` with the built-in verifiers.
-fn verify_one(
+fn verify_one<'b>(
     ctx: &Ctx<'_>,
-    c: &RgCols,
+    c: &'b RgCols,
     first_row: u64,
     i: usize,
     cache: &mut VerifyCache,
-) -> Result<(Verdict, VerifierKind)> {
+) -> Result<(Verdict<'b>, VerifierKind)> {
     let row = first_row + i as u64;
     let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
     let kind = match (ctx.settings.verifier, cache.ds.as_ref()) {
@@ -867,13 +880,13 @@ fn verify_one(
 }
 
 /// Verify the answer rows `rows` (indices into the batch) with the built-in verifiers.
-fn verify_builtin_rows(
+fn verify_builtin_rows<'b>(
     ctx: &Ctx<'_>,
-    c: &RgCols,
+    c: &'b RgCols,
     first_row: u64,
     rows: &[usize],
-) -> Result<Vec<(Verdict, VerifierKind)>> {
-    let out: Vec<Result<(Verdict, VerifierKind)>> = rows
+) -> Result<Vec<(Verdict<'b>, VerifierKind)>> {
+    let out: Vec<Result<(Verdict<'b>, VerifierKind)>> = rows
         .par_iter()
         .map_init(VerifyCache::default, |cache, &i| {
             verify_one(ctx, c, first_row, i, cache)
@@ -883,13 +896,13 @@ fn verify_builtin_rows(
 }
 
 /// Verify answer rows with the external verifier.
-fn verify_external_rows(
+fn verify_external_rows<'b>(
     ext: &mut ExternalVerifier,
     ctx: &Ctx<'_>,
-    c: &RgCols,
+    c: &'b RgCols,
     first_row: u64,
     rows: &[usize],
-) -> Result<Vec<Verdict>> {
+) -> Result<Vec<Verdict<'b>>> {
     let mut gts: Vec<serde_json::Value> = Vec::with_capacity(rows.len());
     let mut prompts: Vec<Option<String>> = Vec::with_capacity(rows.len());
     for &i in rows {
@@ -926,11 +939,12 @@ fn verify_external_rows(
         });
     }
     let replies: Vec<Reply> = ext.verify(&reqs)?;
-    Ok(reqs
+    drop(reqs);
+    Ok(rows
         .iter()
         .zip(replies)
-        .map(|(r, rep)| Verdict {
-            answer: r.answer.map(str::to_string),
+        .map(|(&i, rep)| Verdict {
+            answer: last_answer(c.response.value(i)).map(Cow::Borrowed),
             correct: rep.correct,
             countdown: None,
             extra: rep.extra,
@@ -982,8 +996,9 @@ fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
 }
 
 /// One scored row.
-struct Scored {
-    answer: Option<String>,
+/// One scored row, on its way to the column builders.
+struct Scored<'a> {
+    answer: Option<Cow<'a, str>>,
     components: Vec<Component>,
     acc: f32,
     reward: f32,
@@ -992,7 +1007,12 @@ struct Scored {
     format_ok: bool,
 }
 
-fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: AnswerScore) -> Result<Scored> {
+fn scored_answer<'a>(
+    ctx: &Ctx<'_>,
+    c: &RgCols,
+    i: usize,
+    a: AnswerScore<'a>,
+) -> Result<Scored<'a>> {
     let row = RowScore::Answer(&a);
     let mut err = None;
     let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
@@ -1031,7 +1051,7 @@ fn scored_confidence(
     i: usize,
     s: &ConfidenceScore,
     parent: ParentAnswer,
-) -> Result<Scored> {
+) -> Result<Scored<'static>> {
     let row = RowScore::Confidence(s, parent);
     let mut err = None;
     let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
@@ -1070,74 +1090,96 @@ fn score_fields() -> Result<Vec<Field>> {
         .collect()
 }
 
-fn build_components(rows: &[Scored], list_field: &Field) -> Result<ArrayRef> {
-    let DataType::List(item) = list_field.data_type() else {
-        bail!("internal: reward_components is not a list");
-    };
-    let DataType::Struct(fields) = item.data_type() else {
-        bail!("internal: reward_components items are not structs");
-    };
-    let total: usize = rows.iter().map(|r| r.components.len()).sum();
-    let mut names = StringBuilder::with_capacity(total, total * 10);
-    let mut turns = Int32Builder::with_capacity(total);
-    let mut values = Float32Builder::with_capacity(total);
-    let mut weights = Float32Builder::with_capacity(total);
-    let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
-    offsets.push(0);
-    let mut n = 0i32;
-    for r in rows {
-        for c in &r.components {
-            names.append_value(&c.name);
-            turns.append_value(c.turn);
-            values.append_value(c.value);
-            weights.append_value(c.weight);
-        }
-        n += r.components.len() as i32;
-        offsets.push(n);
-    }
-    let st = StructArray::try_new(
-        fields.clone(),
-        vec![
-            Arc::new(names.finish()),
-            Arc::new(turns.finish()),
-            Arc::new(values.finish()),
-            Arc::new(weights.finish()),
-        ],
-        None,
-    )?;
-    Ok(Arc::new(ListArray::try_new(
-        item.clone(),
-        OffsetBuffer::new(offsets.into()),
-        Arc::new(st),
-        None,
-    )?))
+/// Builders of the seven score columns of one row group, filled row by row.
+struct ScoreBuilders {
+    answer: StringBuilder,
+    format_ok: BooleanBuilder,
+    acc: Float32Builder,
+    conf: Float32Builder,
+    conf_reward: Float32Builder,
+    reward: Float32Builder,
+    names: StringBuilder,
+    turns: Int32Builder,
+    values: Float32Builder,
+    weights: Float32Builder,
+    offsets: Vec<i32>,
 }
 
-fn score_arrays(rows: &[Scored], fields: &[Field]) -> Result<Vec<ArrayRef>> {
-    let n = rows.len();
-    let mut answer = StringBuilder::with_capacity(n, n * 16);
-    let mut format_ok = BooleanBuilder::with_capacity(n);
-    let mut acc = Float32Builder::with_capacity(n);
-    let mut conf = Float32Builder::with_capacity(n);
-    let mut conf_r = Float32Builder::with_capacity(n);
-    let mut reward = Float32Builder::with_capacity(n);
-    for r in rows {
-        answer.append_option(r.answer.as_deref());
-        format_ok.append_value(r.format_ok);
-        acc.append_value(r.acc);
-        conf.append_option(r.confidence);
-        conf_r.append_option(r.conf_reward);
-        reward.append_value(r.reward);
+impl ScoreBuilders {
+    fn new(rows: usize) -> ScoreBuilders {
+        let comps = rows * 3;
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        ScoreBuilders {
+            answer: StringBuilder::with_capacity(rows, rows * 16),
+            format_ok: BooleanBuilder::with_capacity(rows),
+            acc: Float32Builder::with_capacity(rows),
+            conf: Float32Builder::with_capacity(rows),
+            conf_reward: Float32Builder::with_capacity(rows),
+            reward: Float32Builder::with_capacity(rows),
+            names: StringBuilder::with_capacity(comps, comps * 10),
+            turns: Int32Builder::with_capacity(comps),
+            values: Float32Builder::with_capacity(comps),
+            weights: Float32Builder::with_capacity(comps),
+            offsets,
+        }
     }
-    Ok(vec![
-        Arc::new(answer.finish()),
-        Arc::new(format_ok.finish()) as ArrayRef,
-        Arc::new(acc.finish()),
-        Arc::new(conf.finish()),
-        Arc::new(conf_r.finish()),
-        Arc::new(reward.finish()),
-        build_components(rows, &fields[6])?,
-    ])
+
+    fn rows(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    fn push(&mut self, r: &Scored<'_>) {
+        self.answer.append_option(r.answer.as_deref());
+        self.format_ok.append_value(r.format_ok);
+        self.acc.append_value(r.acc);
+        self.conf.append_option(r.confidence);
+        self.conf_reward.append_option(r.conf_reward);
+        self.reward.append_value(r.reward);
+        for c in &r.components {
+            self.names.append_value(&c.name);
+            self.turns.append_value(c.turn);
+            self.values.append_value(c.value);
+            self.weights.append_value(c.weight);
+        }
+        let last = self.offsets.last().copied().unwrap_or(0);
+        self.offsets.push(last + r.components.len() as i32);
+    }
+
+    /// The arrays, in [`SCORE_COLUMNS`] order, typed as `fields`.
+    fn finish(mut self, fields: &[Field]) -> Result<Vec<ArrayRef>> {
+        let DataType::List(item) = fields[6].data_type() else {
+            bail!("internal: reward_components is not a list");
+        };
+        let DataType::Struct(sfields) = item.data_type() else {
+            bail!("internal: reward_components items are not structs");
+        };
+        let st = StructArray::try_new(
+            sfields.clone(),
+            vec![
+                Arc::new(self.names.finish()),
+                Arc::new(self.turns.finish()),
+                Arc::new(self.values.finish()),
+                Arc::new(self.weights.finish()),
+            ],
+            None,
+        )?;
+        let comps = ListArray::try_new(
+            item.clone(),
+            OffsetBuffer::new(std::mem::take(&mut self.offsets).into()),
+            Arc::new(st),
+            None,
+        )?;
+        Ok(vec![
+            Arc::new(self.answer.finish()),
+            Arc::new(self.format_ok.finish()) as ArrayRef,
+            Arc::new(self.acc.finish()),
+            Arc::new(self.conf.finish()),
+            Arc::new(self.conf_reward.finish()),
+            Arc::new(self.reward.finish()),
+            Arc::new(comps),
+        ])
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1236,7 +1278,7 @@ struct Scorer<'a> {
     /// Accuracy of every answer seen (only when the table has confidence rows).
     parents: HashMap<u128, ParentAnswer>,
     /// Verdicts from the pre-pass (only when a confidence precedes its answer).
-    pre: HashMap<u64, Verdict>,
+    pre: HashMap<u64, Verdict<'static>>,
     ext: Option<ExternalVerifier>,
     summary: Summary,
     /// Countdown scores 0, 0.1 and 1 seen.
@@ -1244,13 +1286,13 @@ struct Scorer<'a> {
 }
 
 impl Scorer<'_> {
-    fn verify(
+    fn verify<'b>(
         &mut self,
         path: &Path,
-        c: &RgCols,
+        c: &'b RgCols,
         first: u64,
         ans: &[usize],
-    ) -> Result<Vec<Verdict>> {
+    ) -> Result<Vec<Verdict<'b>>> {
         let ctx = Ctx {
             settings: self.settings,
             path,
@@ -1311,7 +1353,7 @@ impl Scorer<'_> {
                                 accuracy: a.accuracy,
                             },
                         );
-                        self.pre.insert(first + i as u64, v);
+                        self.pre.insert(first + i as u64, v.into_owned());
                     }
                     first += b.num_rows() as u64;
                 }
@@ -1321,7 +1363,13 @@ impl Scorer<'_> {
     }
 
     /// Score one batch, appending its rows to `out`.
-    fn batch(&mut self, path: &Path, c: &RgCols, first: u64, out: &mut Vec<Scored>) -> Result<()> {
+    fn batch(
+        &mut self,
+        path: &Path,
+        c: &RgCols,
+        first: u64,
+        out: &mut ScoreBuilders,
+    ) -> Result<()> {
         let settings = self.settings;
         let ctx = Ctx { settings, path };
         let n = c.sample_type.len();
@@ -1337,29 +1385,7 @@ impl Scorer<'_> {
         let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
         // answers: verdict, then every score, in one parallel pass (indexed collects, so the
         // results land in place)
-        let finish = |i: usize, v: Verdict, kind: Option<VerifierKind>| -> Result<AnswerOut> {
-            let countdown = v.countdown;
-            let a = rows::score_answer(
-                settings,
-                c.response.value(i),
-                v.answer,
-                v.correct,
-                v.countdown,
-                v.extra,
-            );
-            let parent = ParentAnswer {
-                correct: a.correct,
-                accuracy: a.accuracy,
-            };
-            let scored = scored_answer(&ctx, c, i, a)
-                .with_context(|| format!("{}, row {}", path.display(), first + i as u64))?;
-            Ok(AnswerOut {
-                scored,
-                parent,
-                countdown,
-                kind,
-            })
-        };
+        let finish = |i: usize, v, kind| finish_answer(&ctx, c, first, i, v, kind);
         let answers: Vec<Result<AnswerOut>> = if self.links.forward || self.ext.is_some() {
             let verdicts: Vec<Verdict> = if self.links.forward {
                 ans.iter()
@@ -1417,7 +1443,7 @@ impl Scorer<'_> {
             if has_conf {
                 answer_scored.push(a.scored);
             } else {
-                out.push(a.scored);
+                out.push(&a.scored);
             }
         }
         if !has_conf {
@@ -1443,7 +1469,7 @@ impl Scorer<'_> {
         let mut conf_it = confs.iter().zip(conf_scored);
         for k in &kinds {
             match k {
-                Kind::Answer => out.push(answer_it.next().context("internal: answer count")?),
+                Kind::Answer => out.push(&answer_it.next().context("internal: answer count")?),
                 Kind::Confidence => {
                     let (&i, r) = conf_it.next().context("internal: confidence count")?;
                     let s = r?;
@@ -1454,7 +1480,7 @@ impl Scorer<'_> {
                     sm.confidence_parse_strict += s.confidence.is_some() as u64;
                     sm.confidence_parse_lenient +=
                         rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
-                    out.push(s);
+                    out.push(&s);
                 }
             }
         }
@@ -1471,7 +1497,7 @@ impl Scorer<'_> {
         batches: &Receiver<Result<Option<RecordBatch>>>,
     ) -> Result<Vec<ArrayRef>> {
         let spec_cols = self.spec_cols.clone();
-        let mut scored: Vec<Scored> = Vec::with_capacity(p.rg_rows(rg));
+        let mut scored = ScoreBuilders::new(p.rg_rows(rg));
         let mut first = p.rg_first_row(rg);
         loop {
             let b = match batches.recv() {
@@ -1484,21 +1510,53 @@ impl Scorer<'_> {
             self.batch(&p.path, &c, first, &mut scored)?;
             first += b.num_rows() as u64;
         }
-        if scored.len() != p.rg_rows(rg) {
+        if scored.rows() != p.rg_rows(rg) {
             bail!(
                 "{}: row group {rg} read {} rows, its metadata says {}",
                 p.path.display(),
-                scored.len(),
+                scored.rows(),
                 p.rg_rows(rg)
             );
         }
-        score_arrays(&scored, fields)
+        scored.finish(fields)
     }
 }
 
+/// Complete answer row `i` from its verdict: every score, the components and the reward.
+fn finish_answer<'b>(
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first: u64,
+    i: usize,
+    v: Verdict<'b>,
+    kind: Option<VerifierKind>,
+) -> Result<AnswerOut<'b>> {
+    let countdown = v.countdown;
+    let a = rows::score_answer(
+        ctx.settings,
+        c.response.value(i),
+        v.answer,
+        v.correct,
+        v.countdown,
+        v.extra,
+    );
+    let parent = ParentAnswer {
+        correct: a.correct,
+        accuracy: a.accuracy,
+    };
+    let scored = scored_answer(ctx, c, i, a)
+        .with_context(|| format!("{}, row {}", ctx.path.display(), first + i as u64))?;
+    Ok(AnswerOut {
+        scored,
+        parent,
+        countdown,
+        kind,
+    })
+}
+
 /// An answer row scored: its output, what its confidences need, and what the summary counts.
-struct AnswerOut {
-    scored: Scored,
+struct AnswerOut<'a> {
+    scored: Scored<'a>,
     parent: ParentAnswer,
     countdown: Option<f32>,
     /// The built-in verifier used (None for the external one and pre-pass verdicts).
