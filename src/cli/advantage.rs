@@ -24,7 +24,7 @@ use arrow::array::{
 };
 use arrow::buffer::{BooleanBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Schema};
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use serde_json::json;
 
@@ -34,6 +34,7 @@ use crate::advantage::{
     MaskedMoments, MissingSpan, MultiTurnConfig, Norm, RewardDistribution, SampleKind, Singleton,
     StdKind, TreeConfig, TurnReward,
 };
+use crate::table::{self, Meta, TRAJECTORY};
 
 mod cols;
 mod splice;
@@ -334,21 +335,20 @@ impl Plan {
 
 /// The coefficient for this iteration from a previous output's metadata (`kl_controller.next_coef`).
 fn read_kl_state(p: &Path) -> Result<f64> {
-    let f = File::open(p).with_context(|| format!("opening --kl-state {}", p.display()))?;
-    let b = ParquetRecordBatchReaderBuilder::try_new(f)
-        .with_context(|| format!("reading --kl-state {}", p.display()))?;
-    let kv = b.metadata().file_metadata().key_value_metadata();
-    let cfg = kv
-        .and_then(|kv| kv.iter().find(|k| k.key == "rlcr.config"))
-        .and_then(|k| k.value.clone())
-        .ok_or_else(|| anyhow!("--kl-state {}: no rlcr.config metadata", p.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&cfg)
-        .with_context(|| format!("--kl-state {}: rlcr.config is not JSON", p.display()))?;
-    v.pointer("/statistics/kl/next_coef")
+    let r = table::Reader::open(p).with_context(|| format!("--kl-state {}", p.display()))?;
+    let stats = r.metadata().get("rlcr.statistics").ok_or_else(|| {
+        anyhow!(
+            "--kl-state {}: no rlcr.statistics metadata (not written by `rlcr advantage`)",
+            p.display()
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(stats)
+        .with_context(|| format!("--kl-state {}: rlcr.statistics is not JSON", p.display()))?;
+    v.pointer("/kl/next_coef")
         .and_then(|x| x.as_f64())
         .ok_or_else(|| {
             anyhow!(
-                "--kl-state {}: no statistics.kl.next_coef (not written by `rlcr advantage` with KL?)",
+                "--kl-state {}: no kl.next_coef in its statistics (written without KL in the reward?)",
                 p.display()
             )
         })
@@ -357,14 +357,15 @@ fn read_kl_state(p: &Path) -> Result<f64> {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::new(&a)?;
     let input = a.input.clone();
-    if same_file(&input, &a.out) {
-        bail!(
-            "the output {} is the input file; write to a new file (stages never modify an input)",
-            a.out.display()
-        );
-    }
-    let schema = open(&input)?.schema().clone();
-    check_columns(&plan, &schema).with_context(|| format!("{}", input.display()))?;
+    // The output may be neither the input nor one of its part files.
+    table::check_distinct(&[&input], &a.out)?;
+    let files = table::io::input_files(&input)?;
+    table::check_distinct(
+        &files.iter().map(|f| f.as_path()).collect::<Vec<_>>(),
+        &a.out,
+    )?;
+    let schema = table::Reader::open(&input)?.file_schema();
+    check_columns(&plan, &schema, &input.display().to_string())?;
     let (t, c) = (std::time::Instant::now(), cpu_seconds());
     let prep = pass1(&plan, &input).with_context(|| format!("{}", input.display()))?;
     let (t2, c2) = (std::time::Instant::now(), cpu_seconds());
@@ -399,30 +400,16 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Do two paths name the same file (through links too)? False when either does not exist.
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
-}
-
-fn open(p: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
-    ParquetRecordBatchReaderBuilder::try_new(f)
-        .with_context(|| format!("{}: not a readable Parquet file", p.display()))
-}
-
 /// Every column the plan needs must exist (optional ones are optional).
-fn check_columns(plan: &Plan, schema: &Schema) -> Result<()> {
+fn check_columns(plan: &Plan, schema: &Schema, file: &str) -> Result<()> {
     let has = |c: &str| schema.field_with_name(c).is_ok();
     let mut need: Vec<&str> = vec!["prompt_id", "sample_type", "response_ids"];
     match plan.estimator {
         Estimator::Rlcr => need.extend(["answer_idx", "reward"]),
         Estimator::Grpo | Estimator::Rloo | Estimator::Gae => need.push("reward"),
         Estimator::GrpoMultiturn => {
-            if !has("reward_components") && !has("reward") {
-                bail!("grpo-multiturn needs a `reward_components` (or `reward`) column");
+            if !has("reward_components") {
+                need.push("reward");
             }
         }
     }
@@ -432,20 +419,7 @@ fn check_columns(plan: &Plan, schema: &Schema) -> Result<()> {
     if plan.kl.is_some() {
         need.extend(["ref_logprobs", "response_logprobs"]);
     }
-    for c in need {
-        if !has(c) {
-            let hint = match c {
-                "values" => " (gae needs critic values per response token)",
-                "ref_logprobs" => {
-                    " (KL in the reward needs it: run `rlcr logprobs --column ref_logprobs`)"
-                }
-                "reward" => " (run `rlcr score` first)",
-                _ => "",
-            };
-            bail!("missing column `{c}`{hint}");
-        }
-    }
-    Ok(())
+    table::check_schema(file, schema, &TRAJECTORY, &need)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -722,7 +696,8 @@ struct Prepared {
     kl: serde_json::Value,
 }
 
-fn projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
+/// Columns the keys pass decodes.
+fn projection(plan: &Plan) -> Vec<&'static str> {
     let mut names = vec!["prompt_id", "sample_type", "reward"];
     match plan.estimator {
         Estimator::Rlcr => names.push("answer_idx"),
@@ -742,20 +717,10 @@ fn projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
         ]);
     }
     names
-        .iter()
-        .filter_map(|n| schema.index_of(n).ok())
-        .collect()
 }
 
 fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
-    let b = open(input)?;
-    let idx = projection(plan, b.schema());
-    let mask = ProjectionMask::roots(b.parquet_schema(), idx);
-    let reader = b
-        .with_projection(mask)
-        .with_batch_size(plan.batch_size)
-        .build()
-        .context("reading")?;
+    let reader = table::Reader::open_columns(input, &projection(plan))?;
 
     let mut prompts = Interner::default();
     let mut max_answer: Vec<i32> = Vec::new(); // per prompt: largest answer_idx of a confidence row
@@ -1160,19 +1125,21 @@ impl TypeStats {
 }
 
 /// The names of the columns this stage writes (replaced when present in the input).
-fn new_fields(plan: &Plan) -> Vec<Field> {
-    let item_f = Arc::new(Field::new("item", DataType::Float32, true));
-    let item_b = Arc::new(Field::new("item", DataType::Boolean, true));
-    let mut f = vec![
-        Field::new("advantage", DataType::Float32, false),
-        Field::new("token_advantages", DataType::List(item_f.clone()), false),
-        Field::new("loss_mask", DataType::List(item_b), false),
-    ];
+fn new_fields(plan: &Plan) -> Result<Vec<Field>> {
+    let mut names = vec!["advantage", "token_advantages", "loss_mask"];
     if plan.estimator == Estimator::Gae {
-        f.push(Field::new("returns", DataType::List(item_f), false));
-        f.push(Field::new("trajectory_score", DataType::Float32, false));
+        names.extend(["returns", "trajectory_score"]);
     }
-    f
+    let schema = table::trajectory_schema();
+    names
+        .iter()
+        .map(|n| {
+            schema
+                .field_with_name(n)
+                .cloned()
+                .with_context(|| format!("internal: `{n}` is not a trajectory column"))
+        })
+        .collect()
 }
 
 struct Built {
@@ -1191,54 +1158,67 @@ enum Msg {
 }
 
 fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
-    let file = File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
-    let meta = ArrowReaderMetadata::load(&file, Default::default())
-        .with_context(|| format!("{}: not a readable Parquet file", a.input.display()))?;
-    let fields = new_fields(plan);
-    let proj = pass2_projection(plan, meta.schema());
-    let n_rg = meta.metadata().num_row_groups();
-    let mut splice = splice::Splice::create(&a.input, &meta, &fields, &a.out)?;
+    let parts = splice::open_parts(&a.input)?;
+    let fields = new_fields(plan)?;
+    let mut splice = splice::Splice::create(&parts, &fields, &a.out)?;
     let mut progress = crate::progress::Progress::new("advantage", prep.rows as u64, "rows");
-    let mut config = json!({
+    let config = json!({
         "estimator": plan.estimator,
         "plan": plan,
         "argv": g.argv,
     });
     let mut stats = [TypeStats::default(), TypeStats::default()];
+    // (part, row group) in output order.
+    let jobs: Vec<(usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, part)| (0..part.row_groups()).map(move |rg| (p, rg)))
+        .collect();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Msg>>(2);
-    let input = a.input.clone();
     std::thread::scope(|s| -> Result<()> {
         let prep = &prep;
-        let meta = &meta;
-        let file = &file;
+        let parts = &parts;
+        let jobs = &jobs;
         s.spawn(move || {
             let mut base = 0usize;
-            for rg in 0..n_rg {
+            for (index, &(p, rg)) in jobs.iter().enumerate() {
+                let part = &parts[p];
                 let r = (|| -> Result<()> {
-                    let f = file.try_clone().context("reopening the input")?;
-                    let mask = ProjectionMask::roots(
-                        meta.metadata().file_metadata().schema_descr(),
-                        proj.clone(),
-                    );
+                    // A file handle of this thread's own: a clone would share the file offset
+                    // with the writer thread, which reads the same file to copy chunks.
+                    let f = File::open(&part.path).context("reopening the input")?;
+                    let descr = part.meta.metadata().file_metadata().schema_descr();
+                    let mask =
+                        ProjectionMask::roots(descr, pass2_projection(plan, part.meta.schema()));
                     let reader =
-                        ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta.clone())
+                        ParquetRecordBatchReaderBuilder::new_with_metadata(f, part.meta.clone())
                             .with_projection(mask)
                             .with_row_groups(vec![rg])
                             .with_batch_size(plan.batch_size)
                             .build()?;
+                    let mut rows = 0;
                     for batch in reader {
-                        let batch = batch.context("decoding a record batch")?;
+                        let batch = batch.with_context(|| {
+                            format!("row group {rg}: corrupt or truncated Parquet data")
+                        })?;
                         let n = batch.num_rows();
                         let built = build_batch(plan, prep, &batch, base)?;
                         base += n;
-                        if tx.send(Ok(Msg::Batch(rg, Box::new(built)))).is_err() {
+                        rows += n;
+                        if tx.send(Ok(Msg::Batch(index, Box::new(built)))).is_err() {
                             return Ok(());
                         }
                     }
-                    let _ = tx.send(Ok(Msg::EndRowGroup(rg)));
+                    if rows != part.rg_rows(rg) {
+                        bail!(
+                            "row group {rg} read {rows} rows, its metadata says {}",
+                            part.rg_rows(rg)
+                        );
+                    }
+                    let _ = tx.send(Ok(Msg::EndRowGroup(index)));
                     Ok(())
                 })()
-                .with_context(|| format!("{}", input.display()));
+                .with_context(|| format!("{}", part.path.display()));
                 if let Err(e) = r {
                     let _ = tx.send(Err(e));
                     return;
@@ -1248,9 +1228,9 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
         let mut writers: Option<Vec<parquet::arrow::arrow_writer::ArrowColumnWriter>> = None;
         for msg in rx {
             match msg? {
-                Msg::Batch(rg, built) => {
+                Msg::Batch(index, built) => {
                     if writers.is_none() {
-                        writers = Some(splice.column_writers(rg)?);
+                        writers = Some(splice.column_writers(index)?);
                     }
                     let ws = writers
                         .as_mut()
@@ -1288,17 +1268,18 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
                         t.adv.push(a);
                     }
                 }
-                Msg::EndRowGroup(rg) => {
+                Msg::EndRowGroup(index) => {
                     let ws = match writers.take() {
                         Some(ws) => ws,
-                        None => splice.column_writers(rg)?,
+                        None => splice.column_writers(index)?,
                     };
                     let chunks = ws
                         .into_iter()
                         .map(|w| w.close())
                         .collect::<parquet::errors::Result<Vec<_>>>()
                         .context("encoding the new columns")?;
-                    splice.write_row_group(rg, chunks)?;
+                    let (p, rg) = jobs[index];
+                    splice.write_row_group(&parts[p], rg, chunks)?;
                 }
             }
         }
@@ -1315,18 +1296,10 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
         "whitening": prep.whiten.map(|(m, v, n)| json!({"mean": m, "var": v, "tokens": n})),
     });
     print_stats(&statistics);
-    config["statistics"] = statistics;
-    splice.finish(vec![
-        ("rlcr.schema".into(), "rlcr.trajectory".into()),
-        ("rlcr.schema_version".into(), "1".into()),
-        ("rlcr.stage".into(), "advantage".into()),
-        ("rlcr.config".into(), config.to_string()),
-        (
-            "rlcr.inputs".into(),
-            json!([a.input.display().to_string()]).to_string(),
-        ),
-        ("rlcr.version".into(), crate::VERSION.to_string()),
-    ])
+    let mut meta = Meta::new(&TRAJECTORY, "advantage", config, &[a.input.as_path()]);
+    meta.extra
+        .insert("statistics".into(), statistics.to_string());
+    splice.finish(meta.key_values())
 }
 
 /// Columns pass 2 decodes (everything else is copied without decoding).

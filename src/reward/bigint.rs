@@ -86,8 +86,8 @@ fn mag_add(a: &[u32], b: &[u32]) -> Vec<u32> {
     let (long, short) = if a.len() >= b.len() { (a, b) } else { (b, a) };
     let mut out = Vec::with_capacity(long.len() + 1);
     let mut carry = 0u64;
-    for i in 0..long.len() {
-        let s = long[i] as u64 + short.get(i).copied().unwrap_or(0) as u64 + carry;
+    for (i, &l) in long.iter().enumerate() {
+        let s = l as u64 + short.get(i).copied().unwrap_or(0) as u64 + carry;
         out.push(s as u32);
         carry = s >> 32;
     }
@@ -101,8 +101,8 @@ fn mag_add(a: &[u32], b: &[u32]) -> Vec<u32> {
 fn mag_sub(a: &[u32], b: &[u32]) -> Vec<u32> {
     let mut out = Vec::with_capacity(a.len());
     let mut borrow = 0i64;
-    for i in 0..a.len() {
-        let d = a[i] as i64 - b.get(i).copied().unwrap_or(0) as i64 - borrow;
+    for (i, &x) in a.iter().enumerate() {
+        let d = x as i64 - b.get(i).copied().unwrap_or(0) as i64 - borrow;
         if d < 0 {
             out.push((d + (1i64 << 32)) as u32);
             borrow = 1;

@@ -58,7 +58,9 @@ impl Number {
     fn as_integer(&self) -> Option<i128> {
         match *self {
             Number::Int(i) => Some(i),
-            Number::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e38 => Some(f as i128),
+            Number::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e38 => {
+                Some(f as i128)
+            }
             Number::Float(_) => None,
         }
     }
@@ -76,7 +78,8 @@ impl Task {
     pub fn from_json(text: &str) -> Result<Task> {
         let v: serde_json::Value = serde_json::from_str(text)
             .with_context(|| format!("countdown ground truth is not JSON: {}", preview(text)))?;
-        let mut t = Task::from_value(&v).with_context(|| format!("countdown ground truth {}", preview(text)))?;
+        let mut t = Task::from_value(&v)
+            .with_context(|| format!("countdown ground truth {}", preview(text)))?;
         if let Number::Float(_) = t.target {
             // serde_json (without `float_roundtrip`) may be one ulp off on long decimals; read the
             // literal again with Rust's correctly rounded parser
@@ -116,7 +119,9 @@ impl Task {
 fn precise_target(text: &str) -> Option<f64> {
     static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
     let re = RE
-        .get_or_init(|| regex::Regex::new(r#""target"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"#).ok())
+        .get_or_init(|| {
+            regex::Regex::new(r#""target"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"#).ok()
+        })
         .as_ref()?;
     let mut it = re.captures_iter(text);
     let m = it.next()?;
@@ -240,14 +245,18 @@ impl Q {
     fn add(self, o: Q, sign: i128) -> Q {
         match (self, o) {
             // integers (the common case): no gcd
-            (Q::Exact(a, 1), Q::Exact(c, 1)) => match c.checked_mul(sign).and_then(|c| a.checked_add(c)) {
-                Some(n) => Q::Exact(n, 1),
-                None => Q::Approx(a as f64 + sign as f64 * c as f64),
-            },
+            (Q::Exact(a, 1), Q::Exact(c, 1)) => {
+                match c.checked_mul(sign).and_then(|c| a.checked_add(c)) {
+                    Some(n) => Q::Exact(n, 1),
+                    None => Q::Approx(a as f64 + sign as f64 * c as f64),
+                }
+            }
             (Q::Exact(a, b), Q::Exact(c, d)) => {
                 let c = c.checked_mul(sign);
                 let n = c.and_then(|c| a.checked_mul(d)?.checked_add(c.checked_mul(b)?));
-                Q::make(n, b.checked_mul(d), || self.to_f64() + sign as f64 * o.to_f64())
+                Q::make(n, b.checked_mul(d), || {
+                    self.to_f64() + sign as f64 * o.to_f64()
+                })
             }
             _ => Q::Approx(self.to_f64() + sign as f64 * o.to_f64()),
         }
@@ -275,7 +284,7 @@ impl Q {
     fn div(self, o: Q) -> Option<Q> {
         match o {
             Q::Exact(0, _) => None,
-            Q::Approx(f) if f == 0.0 => None,
+            Q::Approx(0.0) => None,
             Q::Exact(c, d) => match self {
                 Q::Exact(..) => Some(self.mul(Q::make(Some(d), Some(c), || d as f64 / c as f64))),
                 Q::Approx(f) => Some(Q::Approx(f / (c as f64 / d as f64))),
@@ -351,7 +360,9 @@ impl Lexer<'_> {
                         Tk::Num(0)
                     } else {
                         // at most 38 ASCII digits always fit an i128
-                        lit.bytes().fold(0i128, |v, d| v * 10 + (d - b'0') as i128).into_tk()
+                        lit.bytes()
+                            .fold(0i128, |v, d| v * 10 + (d - b'0') as i128)
+                            .into_tk()
                     };
                 }
                 b'+' => {
@@ -530,7 +541,11 @@ pub fn judge_equation(eq: &str, task: &Task) -> Verdict {
     let mut p = DefaultParser {
         lex: Lexer { s: eq, pos: 0 },
         tok: Tk::End,
-        literals: Literals { vals: [0; 8], len: 0, unmatched: false },
+        literals: Literals {
+            vals: [0; 8],
+            len: 0,
+            unmatched: false,
+        },
     };
     p.bump();
     let value = match p.expr(0) {
@@ -588,8 +603,14 @@ fn same_multiset(lits: &mut [Option<i128>], numbers: &[Number]) -> bool {
 /// Default mode on a response: the last `<answer>…</answer>` anywhere (DOTALL), stripped.
 pub fn score_response<'a>(response: &'a str, task: &Task) -> Outcome<'a> {
     match last_answer(response) {
-        None => Outcome { answer: None, verdict: Verdict::NoAnswer },
-        Some(eq) => Outcome { answer: Some(eq), verdict: judge_equation(eq, task) },
+        None => Outcome {
+            answer: None,
+            verdict: Verdict::NoAnswer,
+        },
+        Some(eq) => Outcome {
+            answer: Some(eq),
+            verdict: judge_equation(eq, task),
+        },
     }
 }
 
@@ -649,7 +670,10 @@ fn tinyzero_validate(eq: &str, numbers: &[Number]) -> bool {
 /// the extracted equation.
 pub fn tinyzero_compute_score<'a>(solution_str: &'a str, task: &Task) -> Outcome<'a> {
     let Some(eq) = tinyzero_extract(solution_str) else {
-        return Outcome { answer: None, verdict: Verdict::NoAnswer };
+        return Outcome {
+            answer: None,
+            verdict: Verdict::NoAnswer,
+        };
     };
     let verdict = if !tinyzero_validate(eq, &task.numbers) {
         Verdict::Numbers
@@ -672,7 +696,10 @@ pub fn tinyzero_compute_score<'a>(solution_str: &'a str, task: &Task) -> Outcome
             }
         }
     };
-    Outcome { answer: Some(eq), verdict }
+    Outcome {
+        answer: Some(eq),
+        verdict,
+    }
 }
 
 #[cfg(test)]
@@ -681,11 +708,16 @@ mod tests {
     use proptest::prelude::*;
 
     fn task(nums: &[i128], target: i128) -> Task {
-        Task { target: Number::Int(target), numbers: nums.iter().map(|&n| Number::Int(n)).collect() }
+        Task {
+            target: Number::Int(target),
+            numbers: nums.iter().map(|&n| Number::Int(n)).collect(),
+        }
     }
 
-    const H: &str = "User: ... Assistant: Let me solve this step by step.\n<think>reasoning</think>\n";
-    const QWEN: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n\
+    const H: &str =
+        "User: ... Assistant: Let me solve this step by step.\n<think>reasoning</think>\n";
+    const QWEN: &str =
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n\
         Using the numbers [2, 3, 7], create an equation that equals 23.<|im_end|>\n\
         <|im_start|>assistant\nLet me solve this step by step.\n<think>reasoning</think>\n";
 
@@ -694,24 +726,96 @@ mod tests {
     fn anchors_3_6_tinyzero_vectors() {
         let cases: &[(&str, &str, &[i128], i128, f32)] = &[
             ("correct", "<answer>3*7+2</answer>", &[2, 3, 7], 23, 1.0),
-            ("qwen marker", "<answer> (3*7)+2 </answer><|im_end|>", &[2, 3, 7], 23, 1.0),
-            ("no marker", "<think>r</think>\n<answer>3*7+2</answer>", &[2, 3, 7], 23, 0.0),
+            (
+                "qwen marker",
+                "<answer> (3*7)+2 </answer><|im_end|>",
+                &[2, 3, 7],
+                23,
+                1.0,
+            ),
+            (
+                "no marker",
+                "<think>r</think>\n<answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                0.0,
+            ),
             ("missing tags", "3*7+2", &[2, 3, 7], 23, 0.0),
-            ("reused number", "<answer>3*7+2+2</answer>", &[2, 3, 7], 23, 0.1),
+            (
+                "reused number",
+                "<answer>3*7+2+2</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
             ("unused number", "<answer>3*7</answer>", &[2, 3, 7], 21, 0.1),
             ("wrong value", "<answer>3*7-2</answer>", &[2, 3, 7], 23, 0.1),
-            ("division by zero", "<answer>7/(3-3)</answer>", &[3, 3, 7], 7, 0.1),
-            ("two answers, last correct", "<answer>3*7-2</answer> <answer>3*7+2</answer>", &[2, 3, 7], 23, 1.0),
-            ("two answers, last wrong", "<answer>3*7+2</answer> <answer>3*7-2</answer>", &[2, 3, 7], 23, 0.1),
-            ("not on last line", "<answer>3*7+2</answer>\nDone.", &[2, 3, 7], 23, 0.0),
-            ("spans lines", "<answer>\n3*7+2\n</answer>", &[2, 3, 7], 23, 0.0),
+            (
+                "division by zero",
+                "<answer>7/(3-3)</answer>",
+                &[3, 3, 7],
+                7,
+                0.1,
+            ),
+            (
+                "two answers, last correct",
+                "<answer>3*7-2</answer> <answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                1.0,
+            ),
+            (
+                "two answers, last wrong",
+                "<answer>3*7+2</answer> <answer>3*7-2</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
+            (
+                "not on last line",
+                "<answer>3*7+2</answer>\nDone.",
+                &[2, 3, 7],
+                23,
+                0.0,
+            ),
+            (
+                "spans lines",
+                "<answer>\n3*7+2\n</answer>",
+                &[2, 3, 7],
+                23,
+                0.0,
+            ),
             ("= 23", "<answer>3*7+2 = 23</answer>", &[2, 3, 7], 23, 0.1),
-            ("unicode times", "<answer>3×7+2</answer>", &[2, 3, 7], 23, 0.1),
+            (
+                "unicode times",
+                "<answer>3×7+2</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
             ("power", "<answer>2**3+5</answer>", &[2, 3, 5], 13, 1.0),
-            ("float literal", "<answer>3*7+2.0</answer>", &[2, 3, 7], 23, 0.1),
+            (
+                "float literal",
+                "<answer>3*7+2.0</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
             ("empty answer", "<answer></answer>", &[2, 3, 7], 23, 0.1),
-            ("non-integer intermediate", "<answer>(8/3)*3+1</answer>", &[1, 3, 3, 8], 9, 1.0),
-            ("floor division", "<answer>7//2+3</answer>", &[2, 3, 7], 6, 1.0),
+            (
+                "non-integer intermediate",
+                "<answer>(8/3)*3+1</answer>",
+                &[1, 3, 3, 8],
+                9,
+                1.0,
+            ),
+            (
+                "floor division",
+                "<answer>7//2+3</answer>",
+                &[2, 3, 7],
+                6,
+                1.0,
+            ),
         ];
         for &(name, s, nums, target, want) in cases {
             let full = match name {
@@ -729,31 +833,91 @@ mod tests {
     fn default_mode_vectors() {
         let cases: &[(&str, &[i128], i128, Verdict)] = &[
             ("<answer>3*7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<think>r</think>\n<answer>3*7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
+            (
+                "<think>r</think>\n<answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
             ("3*7+2", &[2, 3, 7], 23, Verdict::NoAnswer),
             ("<answer>3*7+2+2</answer>", &[2, 3, 7], 23, Verdict::Numbers),
             ("<answer>3*7</answer>", &[2, 3, 7], 21, Verdict::Numbers),
             ("<answer>3*7-2</answer>", &[2, 3, 7], 23, Verdict::Wrong),
-            ("<answer>7/(3-3)</answer>", &[3, 3, 7], 7, Verdict::Undefined),
-            ("<answer>3*7-2</answer> <answer>3*7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>3*7+2</answer>\nDone.", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>\n3*7+2\n</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>3*7+2 = 23</answer>", &[2, 3, 7], 23, Verdict::Invalid),
+            (
+                "<answer>7/(3-3)</answer>",
+                &[3, 3, 7],
+                7,
+                Verdict::Undefined,
+            ),
+            (
+                "<answer>3*7-2</answer> <answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
+            (
+                "<answer>3*7+2</answer>\nDone.",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
+            (
+                "<answer>\n3*7+2\n</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
+            (
+                "<answer>3*7+2 = 23</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Invalid,
+            ),
             ("<answer>3×7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>(7−3)÷2+2</answer>", &[2, 2, 3, 7], 4, Verdict::Correct),
+            (
+                "<answer>(7−3)÷2+2</answer>",
+                &[2, 2, 3, 7],
+                4,
+                Verdict::Correct,
+            ),
             ("<answer>2**3+5</answer>", &[2, 3, 5], 13, Verdict::Invalid),
             ("<answer>3*7+2.0</answer>", &[2, 3, 7], 23, Verdict::Invalid),
             ("<answer></answer>", &[2, 3, 7], 23, Verdict::Invalid),
-            ("<answer>(8/3)*3+1</answer>", &[1, 3, 3, 8], 9, Verdict::Correct),
+            (
+                "<answer>(8/3)*3+1</answer>",
+                &[1, 3, 3, 8],
+                9,
+                Verdict::Correct,
+            ),
             ("<answer>7//2+3</answer>", &[2, 3, 7], 6, Verdict::Invalid),
-            ("<answer>-3+7*2+12</answer>", &[2, 3, 7, 12], 23, Verdict::Correct),
+            (
+                "<answer>-3+7*2+12</answer>",
+                &[2, 3, 7, 12],
+                23,
+                Verdict::Correct,
+            ),
             ("<answer>2(3+7)</answer>", &[2, 3, 7], 20, Verdict::Invalid),
             ("<answer>07*3+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
             // 1/3 + 1/3 + 1/3 is exactly 1 (f64 would give 0.9999999999999999, also within 1e-5)
-            ("<answer>1/3+1/3+1/3</answer>", &[1, 1, 1, 3, 3, 3], 1, Verdict::Correct),
+            (
+                "<answer>1/3+1/3+1/3</answer>",
+                &[1, 1, 1, 3, 3, 3],
+                1,
+                Verdict::Correct,
+            ),
             // within the 1e-5 tolerance but not equal: 100000/99999 = 1.00001000010...
-            ("<answer>100000/99999</answer>", &[100000, 99999], 1, Verdict::Wrong),
-            ("<answer>1000000/999999</answer>", &[1000000, 999999], 1, Verdict::Correct),
+            (
+                "<answer>100000/99999</answer>",
+                &[100000, 99999],
+                1,
+                Verdict::Wrong,
+            ),
+            (
+                "<answer>1000000/999999</answer>",
+                &[1000000, 999999],
+                1,
+                Verdict::Correct,
+            ),
         ];
         for &(s, nums, target, want) in cases {
             let got = score_response(s, &task(nums, target));
@@ -766,7 +930,12 @@ mod tests {
         let big = 10i128.pow(30);
         let t = Task {
             target: Number::Int(1),
-            numbers: vec![Number::Int(big), Number::Int(big), Number::Int(big), Number::Int(big)],
+            numbers: vec![
+                Number::Int(big),
+                Number::Int(big),
+                Number::Int(big),
+                Number::Int(big),
+            ],
         };
         let eq = format!("({big}*{big})/({big}*{big})");
         assert_eq!(judge_equation(&eq, &t), Verdict::Correct);
@@ -778,7 +947,10 @@ mod tests {
         assert_eq!(t, task(&[2, 3, 7], 23));
         let t = Task::from_json(r#"{"target": 23.0, "nums": [2.0, 3, 7]}"#).unwrap();
         assert_eq!(t.numbers[0], Number::Float(2.0));
-        assert_eq!(score_response("<answer>3*7+2</answer>", &t).verdict, Verdict::Correct);
+        assert_eq!(
+            score_response("<answer>3*7+2</answer>", &t).verdict,
+            Verdict::Correct
+        );
         assert!(Task::from_json("[1,2]").is_err());
         assert!(Task::from_json(r#"{"target": "x", "numbers": [1]}"#).is_err());
         assert!(Task::from_json("not json").is_err());
@@ -801,7 +973,10 @@ mod tests {
         assert_eq!(tinyzero_compute_score(&s, &t).score(), 1.0);
         // complex intermediate that comes back real enough: ((2-3)**(1/2))**2 * -23 = 23 + ~3e-15j
         let s = format!("{H}<answer>((2-3)**(1/2))**2*-23</answer>");
-        assert_eq!(tinyzero_compute_score(&s, &task(&[2, 3, 1, 2, 2, 23], 23)).score(), 1.0);
+        assert_eq!(
+            tinyzero_compute_score(&s, &task(&[2, 3, 1, 2, 2, 23], 23)).score(),
+            1.0
+        );
     }
 
     proptest! {
@@ -859,11 +1034,19 @@ mod cpython_fixture {
             let want = v["score"].as_f64().unwrap() as f32;
             let got = tinyzero_compute_score(s, &task).score();
             if got != want {
-                bad.push(format!("{s:?} target {} numbers {}: python {want} ours {got}", v["target"], v["numbers"]));
+                bad.push(format!(
+                    "{s:?} target {} numbers {}: python {want} ours {got}",
+                    v["target"], v["numbers"]
+                ));
             }
             n += 1;
         }
         assert!(n > 500);
-        assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+        assert!(
+            bad.is_empty(),
+            "{} of {n} differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
     }
 }

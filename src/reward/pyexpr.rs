@@ -733,7 +733,7 @@ mod tests {
         assert_eq!(f("7//2"), int(3));
         assert_eq!(f("7.0//2"), fl(3.0));
         assert_eq!(f("-7//2"), int(-4));
-        assert_eq!(f("2**0.5"), fl(1.4142135623730951));
+        assert_eq!(f("2**0.5"), fl(std::f64::consts::SQRT_2));
         assert_eq!(f("1/3"), fl(0.3333333333333333));
         assert_eq!(f("10**400/10**399"), fl(10.0));
         assert_eq!(f("10**400*1.0"), Err(PyError::Overflow));
@@ -754,7 +754,7 @@ mod tests {
         );
         assert_eq!(f("8/3*3+1"), fl(9.0));
         assert_eq!(f("\t1+2"), int(3));
-        assert_eq!(f(&"1".repeat(4300)).is_ok(), true);
+        assert!(f(&"1".repeat(4300)).is_ok());
         assert_eq!(f(&"1".repeat(4301)), Err(PyError::Syntax));
         assert_eq!(f(&format!("{}.", "1".repeat(4301))), fl(f64::INFINITY));
         assert_eq!(f("(2**70000)//(2**69999)"), Err(PyError::TooLarge)); // Python: 2 (bounded here)

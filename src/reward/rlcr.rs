@@ -163,10 +163,7 @@ pub fn confidence_structure_ok(s: &str, require_analysis: bool) -> bool {
     };
     if let Some(after) = body.strip_prefix("<analysis>") {
         // the earliest `</analysis>\s*<confidence>` must end inside the body
-        match find_chunk(after, 0, &["</analysis>", "<confidence>"]) {
-            Some(_) => true,
-            None => false,
-        }
+        find_chunk(after, 0, &["</analysis>", "<confidence>"]).is_some()
     } else {
         !require_analysis && body.starts_with("<confidence>")
     }

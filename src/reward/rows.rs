@@ -20,6 +20,8 @@
 //! - `tinyzero`: answers `countdown`·1 (the 0/0.1/1 score; the countdown verifier is required),
 //!   `accuracy`·0 and `format`·0; confidences as `rlcr`.
 //! - a rewards TOML ([`structured::RewardSpec`]) replaces the preset's components.
+use std::borrow::Cow;
+
 use super::countdown::{self, Task};
 use super::rlcr::{self, FormatPattern, RlcrTerms};
 use super::structured::{self, Component, ComponentSpec, RewardSpec, Source, Value};
@@ -118,11 +120,11 @@ impl GroundTruth {
     }
 }
 
-/// The scores of one answer row.
+/// The scores of one answer row (`'a`: the response it was read from).
 #[derive(Debug, Clone, PartialEq)]
-pub struct AnswerScore {
-    /// The extracted answer.
-    pub answer: Option<String>,
+pub struct AnswerScore<'a> {
+    /// The extracted answer (a slice of the response whenever it is one).
+    pub answer: Option<Cow<'a, str>>,
     pub format_ok: bool,
     /// The verifier's verdict, before gating.
     pub correct: f64,
@@ -138,33 +140,43 @@ pub struct AnswerScore {
     pub rlcr_terms: Option<RlcrTerms>,
 }
 
-/// The verdict of a built-in verifier: (extracted answer, correct, countdown score).
+/// The verdict of a built-in verifier: (extracted answer, correct, countdown score). The answer
+/// borrows from `response` unless it lies (partly) in the TinyZero prompt prefix.
 pub fn verify_builtin<'a>(
     kind: VerifierKind,
     settings: &Settings,
     response: &'a str,
     prompt_prefix: Option<&str>,
     gt: &GroundTruth,
-) -> (Option<String>, f64, Option<f32>) {
+) -> (Option<Cow<'a, str>>, f64, Option<f32>) {
     match (kind, gt) {
         (VerifierKind::Countdown, GroundTruth::Countdown(task)) => {
-            let out = match settings.countdown_compat {
+            let (answer, verdict) = match settings.countdown_compat {
                 CountdownCompat::Default => {
                     let o = countdown::score_response(response, task);
-                    (o.answer.map(str::to_string), o.verdict)
+                    (o.answer.map(Cow::Borrowed), o.verdict)
                 }
                 CountdownCompat::Tinyzero => {
-                    let full = format!("{}{}", prompt_prefix.unwrap_or(""), response);
+                    let prefix = prompt_prefix.unwrap_or("");
+                    let full = format!("{prefix}{response}");
                     let o = countdown::tinyzero_compute_score(&full, task);
-                    (o.answer.map(str::to_string), o.verdict)
+                    let answer = o.answer.map(|a| {
+                        // where the equation sits in `full`
+                        let off = a.as_ptr() as usize - full.as_ptr() as usize;
+                        match off.checked_sub(prefix.len()) {
+                            Some(r) => Cow::Borrowed(&response[r..r + a.len()]),
+                            None => Cow::Owned(a.to_string()),
+                        }
+                    });
+                    (answer, o.verdict)
                 }
             };
-            let correct = if out.1 == countdown::Verdict::Correct {
+            let correct = if verdict == countdown::Verdict::Correct {
                 1.0
             } else {
                 0.0
             };
-            (out.0, correct, Some(out.1.score()))
+            (answer, correct, Some(verdict.score()))
         }
         (_, GroundTruth::Golds(golds)) => {
             let answer = match kind {
@@ -181,7 +193,7 @@ pub fn verify_builtin<'a>(
                     VerifierKind::Countdown => 0.0,
                 },
             };
-            (answer.map(str::to_string), correct, None)
+            (answer.map(Cow::Borrowed), correct, None)
         }
         // a countdown ground truth given to a text verifier or vice versa cannot happen: the
         // caller parses the ground truth for the verifier it runs
@@ -190,14 +202,14 @@ pub fn verify_builtin<'a>(
 }
 
 /// Complete an answer row's scores from a verdict.
-pub fn score_answer(
+pub fn score_answer<'a>(
     settings: &Settings,
     response: &str,
-    answer: Option<String>,
+    answer: Option<Cow<'a, str>>,
     correct: f64,
     countdown: Option<f32>,
     extra: Vec<(String, f64)>,
-) -> AnswerScore {
+) -> AnswerScore<'a> {
     let format_ok = match settings.answer_format {
         Some(p) => rlcr::format_ok(response, p),
         None => answer.is_some(),
@@ -273,7 +285,7 @@ pub struct ParentAnswer {
 
 /// The row being scored, for component values.
 pub enum RowScore<'a> {
-    Answer(&'a AnswerScore),
+    Answer(&'a AnswerScore<'a>),
     Confidence(&'a ConfidenceScore, ParentAnswer),
 }
 
@@ -423,12 +435,12 @@ mod tests {
         .unwrap()
     }
 
-    fn answer(
+    fn answer<'a>(
         settings: &Settings,
         kind: VerifierKind,
-        response: &str,
+        response: &'a str,
         gt: &GroundTruth,
-    ) -> AnswerScore {
+    ) -> AnswerScore<'a> {
         let (a, c, s) = verify_builtin(kind, settings, response, None, gt);
         score_answer(settings, response, a, c, s, Vec::new())
     }
@@ -527,6 +539,12 @@ mod tests {
         // without the prompt there is no marker: score 0
         let (_, _, sc) = verify_builtin(VerifierKind::Countdown, &s, resp, None, &gt);
         assert_eq!(sc, Some(0.0));
+        // the extracted equation borrows from the response, unless it starts in the prompt
+        let (a, _, _) = verify_builtin(VerifierKind::Countdown, &s, resp, Some(prefix), &gt);
+        assert!(matches!(a, Some(Cow::Borrowed("3*7-2"))), "{a:?}");
+        let (a, _, sc) = verify_builtin(VerifierKind::Countdown, &s, "7+2</answer>", Some("Assistant: <answer>3*"), &gt);
+        assert!(matches!(&a, Some(Cow::Owned(x)) if x == "3*7+2"), "{a:?}");
+        assert_eq!(sc, Some(1.0));
     }
 
     #[test]

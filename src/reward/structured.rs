@@ -103,15 +103,23 @@ pub fn total(components: &[Component]) -> f64 {
         }
     }
     let count = n_small + more.len();
-    let turn_mean = if count == 0 {
-        0.0
-    } else {
-        // sum in turn order, as the reference does, so the result does not depend on the order
-        // of the components
-        let mut all: Vec<(i32, f64)> = small[..n_small].to_vec();
-        all.extend(more);
-        all.sort_by_key(|t| t.0);
-        all.iter().map(|t| t.1).sum::<f64>() / count as f64
+    let turn_mean = match count {
+        0 => 0.0,
+        1 => small[0].1,
+        _ => {
+            // sum in turn order, as the reference does, so that the result does not depend on
+            // the order of the components
+            if more.is_empty() {
+                let turns = &mut small[..n_small];
+                turns.sort_unstable_by_key(|t| t.0);
+                turns.iter().map(|t| t.1).sum::<f64>() / count as f64
+            } else {
+                let mut all: Vec<(i32, f64)> = small[..n_small].to_vec();
+                all.extend(more);
+                all.sort_unstable_by_key(|t| t.0);
+                all.iter().map(|t| t.1).sum::<f64>() / count as f64
+            }
+        }
     };
     turn_mean + global
 }

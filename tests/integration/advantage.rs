@@ -197,6 +197,8 @@ struct Out {
     returns: Option<Vec<Vec<f32>>>,
     trajectory_score: Option<Vec<f32>>,
     config: serde_json::Value,
+    /// `rlcr.statistics`.
+    stats: serde_json::Value,
     columns: Vec<String>,
 }
 
@@ -209,12 +211,15 @@ fn read_out(path: &Path) -> Out {
         .key_value_metadata()
         .cloned()
         .unwrap_or_default();
-    let config = kv
-        .iter()
-        .find(|k| k.key == "rlcr.config")
-        .and_then(|k| k.value.clone())
-        .map(|v| serde_json::from_str(&v).expect("config json"))
-        .unwrap_or(serde_json::Value::Null);
+    let json = |key: &str| -> serde_json::Value {
+        kv.iter()
+            .find(|k| k.key == key)
+            .and_then(|k| k.value.clone())
+            .map(|v| serde_json::from_str(&v).expect("metadata json"))
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let config = json("rlcr.config");
+    let stats = json("rlcr.statistics");
     assert_eq!(
         kv.iter()
             .find(|k| k.key == "rlcr.stage")
@@ -235,6 +240,7 @@ fn read_out(path: &Path) -> Out {
         returns: None,
         trajectory_score: None,
         config,
+        stats,
         columns,
     };
     for batch in b.build().expect("reader") {
@@ -316,22 +322,24 @@ fn rlcr(args: &[&str]) -> Run {
     }
 }
 
+/// Run, require success (printing the command and its output otherwise).
 fn ok(args: &[&str]) -> Run {
-    let r = rlcr(args);
-    assert!(
-        r.status.success(),
-        "rlcr {args:?} failed ({}):\n{}",
-        r.status,
-        r.stderr
-    );
-    r
+    let o = Command::new(env!("CARGO_BIN_EXE_rlcr"))
+        .args(args)
+        .output()
+        .expect("run rlcr");
+    assert!(o.status.success(), "{}", crate::describe(args, &o));
+    Run {
+        status: o.status,
+        stderr: String::from_utf8_lossy(&o.stderr).to_string(),
+    }
 }
 
-fn dir() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let d = tempfile::tempdir().expect("tempdir");
-    let i = d.path().join("scored.parquet");
-    let o = d.path().join("train.parquet");
-    (d, i, o)
+fn dir() -> (crate::Workdir, PathBuf, PathBuf) {
+    let w = crate::Workdir::new();
+    let i = w.path("scored.parquet");
+    let o = w.path("train.parquet");
+    (w, i, o)
 }
 
 fn close(a: f32, b: f64, tol: f64) -> bool {
@@ -400,7 +408,8 @@ fn advantage_rlcr_tree_matches_anchors_3_2() {
     // Null span → whole response by default.
     assert_eq!(out.loss_mask[10], vec![true, true, true]);
     // Statistics in the metadata and on stderr.
-    let st = &out.config["statistics"];
+    let st = &out.stats;
+    assert_eq!(out.config["estimator"], "rlcr");
     assert_eq!(st["answer"]["rows"], 4);
     assert_eq!(st["confidence"]["rows"], 8);
     assert_eq!(st["groups"]["answer"]["zero_std"], 1);
@@ -439,7 +448,7 @@ fn advantage_options_skip_drop_and_variant_c() {
     }
     assert_eq!(out.loss_mask[10], vec![false; 3], "null span skipped");
     assert_eq!(out.loss_mask[8], vec![false; 2], "zero-std group dropped");
-    assert_eq!(out.config["statistics"]["answer"]["dropped_zero_std"], 2);
+    assert_eq!(out.stats["answer"]["dropped_zero_std"], 2);
 
     // --preset rlcr: mean-only centring (RLCR's scale_rewards=false).
     ok(&[
@@ -584,7 +593,7 @@ fn advantage_bad_input_exits_1_and_writes_nothing() {
         i.to_str().unwrap(),
     ]);
     assert_eq!(r.status.code(), Some(1), "{}", r.stderr);
-    assert!(r.stderr.contains("is the input file"), "{}", r.stderr);
+    assert!(r.stderr.contains("never modifies an input"), "{}", r.stderr);
     // A usage error: exit 2.
     let r = rlcr(&[
         "advantage",
@@ -596,19 +605,14 @@ fn advantage_bad_input_exits_1_and_writes_nothing() {
         "-1",
     ]);
     assert_eq!(r.status.code(), Some(2), "{}", r.stderr);
-    let leftovers: Vec<_> = std::fs::read_dir(_d.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+    assert_eq!(_d.listing(), vec!["scored.parquet"]);
 }
 
 #[test]
 fn advantage_is_independent_of_batch_size() {
     let (d, i, o) = dir();
     write_table(&i, &tree_rows());
-    let o2 = d.path().join("b.parquet");
+    let o2 = d.path("b.parquet");
     ok(&[
         "advantage",
         "--input",
@@ -631,7 +635,7 @@ fn advantage_is_independent_of_batch_size() {
     assert_eq!(a.advantage.len(), 12);
     assert_eq!(a.advantage, b.advantage);
     assert_eq!(a.token_advantages, b.token_advantages);
-    assert_eq!(a.config["statistics"], b.config["statistics"]);
+    assert_eq!(a.stats, b.stats);
 }
 
 fn list_field(name: &str, item: DataType) -> Field {
@@ -754,7 +758,7 @@ fn advantage_grpo_multiturn_by_hand() {
     }
     assert!(close(out.advantage[0], a1 / 2.0 + g, 1e-5));
     assert!(close(out.advantage[1], -a1 - g, 1e-5));
-    assert_eq!(out.config["statistics"]["groups"]["turn"]["groups"], 1);
+    assert_eq!(out.stats["groups"]["turn"]["groups"], 1);
     assert_passthrough(&i, &o);
 
     // KG-R1 preset: 0.5 · A_turn + A_global.
@@ -811,7 +815,7 @@ fn advantage_kl_in_reward_and_adaptive_state() {
         "{:?}",
         out.advantage
     );
-    let kl = &out.config["statistics"]["kl"];
+    let kl = &out.stats["kl"];
     assert!(
         (kl["current_kl"].as_f64().unwrap() - (-0.075)).abs() < 1e-6,
         "{kl}"
@@ -833,11 +837,9 @@ fn advantage_kl_in_reward_and_adaptive_state() {
         ],
     ]
     .concat());
-    let next = read_out(&o).config["statistics"]["kl"]["next_coef"]
-        .as_f64()
-        .unwrap();
+    let next = read_out(&o).stats["kl"]["next_coef"].as_f64().unwrap();
     assert!((next - 0.0996).abs() < 1e-12, "{next}");
-    let o2 = d.path().join("next.parquet");
+    let o2 = d.path("next.parquet");
     ok(&[
         "advantage",
         "--input",
@@ -858,10 +860,7 @@ fn advantage_kl_in_reward_and_adaptive_state() {
         o.to_str().unwrap(),
     ]);
     let out = read_out(&o2);
-    assert_eq!(
-        out.config["statistics"]["kl"]["coef"].as_f64(),
-        Some(0.0996)
-    );
+    assert_eq!(out.stats["kl"]["coef"].as_f64(), Some(0.0996));
     let half = (1.0 + 0.0996 * 0.5 + 0.00996) / 2.0;
     assert!(close(out.advantage[0], half, 1e-6), "{:?}", out.advantage);
 
@@ -876,27 +875,27 @@ fn advantage_kl_in_reward_and_adaptive_state() {
 /// them through unchanged.
 #[test]
 fn advantage_reads_large_types() {
-    use arrow::array::{Float64Array, Int64Array, LargeListArray, LargeStringArray};
+    use arrow::array::{LargeListArray, LargeStringArray};
     let (_d, i, o) = dir();
-    let item = Arc::new(Field::new("item", DataType::Int64, true));
+    let item = Arc::new(Field::new("item", DataType::Int32, true));
     let fields = vec![
         Field::new("prompt_id", DataType::LargeUtf8, false),
         Field::new("sample_type", DataType::LargeUtf8, false),
-        Field::new("answer_idx", DataType::Int64, false),
+        Field::new("answer_idx", DataType::Int32, false),
         Field::new("response_ids", DataType::LargeList(item.clone()), false),
-        Field::new("reward", DataType::Float64, false),
+        Field::new("reward", DataType::Float32, false),
     ];
     let cols: Vec<ArrayRef> = vec![
         Arc::new(LargeStringArray::from(vec!["p", "p", "p"])),
         Arc::new(LargeStringArray::from(vec!["answer"; 3])),
-        Arc::new(Int64Array::from(vec![0, 1, 2])),
+        Arc::new(Int32Array::from(vec![0, 1, 2])),
         Arc::new(LargeListArray::new(
             item,
             OffsetBuffer::from_lengths([2, 1, 3]),
-            Arc::new(Int64Array::from(vec![5, 6, 7, 8, 9, 10])),
+            Arc::new(Int32Array::from(vec![5, 6, 7, 8, 9, 10])),
             None,
         )),
-        Arc::new(Float64Array::from(vec![0.2, 0.9, 0.5])),
+        Arc::new(Float32Array::from(vec![0.2, 0.9, 0.5])),
     ];
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), cols).unwrap();
@@ -923,7 +922,7 @@ fn advantage_reads_large_types() {
             .field_with_name("response_ids")
             .unwrap()
             .data_type(),
-        &DataType::LargeList(Arc::new(Field::new("item", DataType::Int64, true)))
+        &DataType::LargeList(Arc::new(Field::new("item", DataType::Int32, true)))
     );
     let got = b.build().unwrap().next().unwrap().unwrap();
     assert_eq!(
@@ -931,9 +930,41 @@ fn advantage_reads_large_types() {
             .unwrap()
             .as_list::<i64>()
             .values()
-            .as_primitive::<arrow::datatypes::Int64Type>()
+            .as_primitive::<arrow::datatypes::Int32Type>()
             .values()
             .to_vec(),
         vec![5, 6, 7, 8, 9, 10]
     );
+}
+
+/// An input folder of part files gives the same rows as the single file (one output file).
+#[test]
+fn advantage_reads_a_folder_of_parts() {
+    let (d, i, o) = dir();
+    let rows = tree_rows();
+    write_table(&i, &rows);
+    ok(&[
+        "advantage",
+        "--input",
+        i.to_str().unwrap(),
+        "-o",
+        o.to_str().unwrap(),
+    ]);
+    let parts = d.path("parts");
+    std::fs::create_dir_all(&parts).unwrap();
+    write_table(&parts.join("part-0.parquet"), &rows[..7]);
+    write_table(&parts.join("part-1.parquet"), &rows[7..]);
+    let o2 = d.path("from-parts.parquet");
+    ok(&[
+        "advantage",
+        "--input",
+        parts.to_str().unwrap(),
+        "-o",
+        o2.to_str().unwrap(),
+    ]);
+    let (a, b) = (read_out(&o), read_out(&o2));
+    assert_eq!(a.advantage, b.advantage);
+    assert_eq!(a.token_advantages, b.token_advantages);
+    assert_eq!(a.loss_mask, b.loss_mask);
+    assert_eq!(a.stats, b.stats);
 }
