@@ -11,6 +11,7 @@ mod ecosystem;
 mod gguf;
 mod model;
 mod sample;
+mod probe;
 mod score;
 mod train;
 
