@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use arrow::array::{ArrayRef, Float32Array, Int32Array, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, Float32Array, Int32Array, RecordBatch, StringArray};
 
 use super::common::{Global, UsageError};
 use super::score::VerifierChoice;
