@@ -336,7 +336,12 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     };
     config["rng"] =
         "chacha20 per sample from (seed, \"probe:{cut_index}:{sample_id}\", k, none), v1".into();
-    let meta = Meta::new(&PROBE, "probe", config, &[a.input.as_path(), a.model.as_path()]);
+    let meta = Meta::new(
+        &PROBE,
+        "probe",
+        config,
+        &[a.input.as_path(), a.model.as_path()],
+    );
 
     let mut progress = crate::progress::Progress::new("probe", (cuts.len() * n) as u64, "samples");
     let mut summary = Summary::default();
@@ -349,10 +354,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 context: c.prefix.clone(),
                 samples: (0..n as u32)
                     .map(|k| SampleId {
-                        prompt_id: format!(
-                            "probe:{}:{}",
-                            c.cut_index, answers[c.answer].sample_id
-                        ),
+                        prompt_id: format!("probe:{}:{}", c.cut_index, answers[c.answer].sample_id),
                         answer_idx: k,
                         confidence_idx: None,
                     })
@@ -413,11 +415,14 @@ impl Columns {
         self.sample_id.push(a.sample_id.clone());
         self.prompt_id.push(a.prompt_id.clone());
         self.answer_idx.push(a.answer_idx);
-        self.cut_index.push(stage::to_i32(c.cut_index, "cut_index")?);
+        self.cut_index
+            .push(stage::to_i32(c.cut_index, "cut_index")?);
         self.cut_fraction.push(fraction as f32);
-        self.cut_token.push(stage::to_i32(c.cut_token, "cut_token")?);
+        self.cut_token
+            .push(stage::to_i32(c.cut_token, "cut_token")?);
         self.num_samples.push(stage::to_i32(n, "num_samples")?);
-        self.num_correct.push(stage::to_i32(correct, "num_correct")?);
+        self.num_correct
+            .push(stage::to_i32(correct, "num_correct")?);
         self.probe_confidence
             .push((correct as f64 / n as f64) as f32);
         self.verbal_confidence.push(a.verbal);
@@ -462,7 +467,10 @@ mod tests {
     #[test]
     fn correct_is_the_full_score() {
         let s = Settings::default();
-        let a = answer(VerifierKind::Countdown, r#"{"target": 7, "numbers": [3, 4]}"#);
+        let a = answer(
+            VerifierKind::Countdown,
+            r#"{"target": 7, "numbers": [3, 4]}"#,
+        );
         // a continuation after the forced `<answer>`: score 1.0
         assert!(is_correct(&a, &s, "3 + 4</answer>"));
         // well-formed but wrong: the 0.1 format score is not correct

@@ -75,7 +75,10 @@ pub fn check_fractions(f: &[f64]) -> Result<()> {
             bail!("--cut-fractions: {x} is not a number in [0, 1]");
         }
         if i > 0 && x <= f[i - 1] {
-            bail!("--cut-fractions must be strictly increasing ({} then {x})", f[i - 1]);
+            bail!(
+                "--cut-fractions must be strictly increasing ({} then {x})",
+                f[i - 1]
+            );
         }
     }
     Ok(())
@@ -173,14 +176,16 @@ mod tests {
         assert_eq!(think_range(text2, &[1, 2, 10], true), Some((0, 2)));
         // no close, or a close before the open
         assert_eq!(think_range("a<think>xy", &[1, 8, 9, 10], false), None);
-        assert_eq!(
-            think_range("</think><think>x", &[8, 15, 16], false),
-            None
-        );
+        assert_eq!(think_range("</think><think>x", &[8, 15, 16], false), None);
         // a token straddling the close tag: the thinking ends before it
-        assert_eq!(think_range("<think>ab</think>", &[7, 8, 12, 17], false), Some((1, 2)));
+        assert_eq!(
+            think_range("<think>ab</think>", &[7, 8, 12, 17], false),
+            Some((1, 2))
+        );
         assert!(context_opens_think("<|im_start|>assistant\n<think>"));
-        assert!(!context_opens_think("use <think> </think> tags<|im_start|>assistant\n"));
+        assert!(!context_opens_think(
+            "use <think> </think> tags<|im_start|>assistant\n"
+        ));
     }
 
     /// The forced prefix, token by token, against the tokenizer's own encoding of the forced text.

@@ -33,7 +33,9 @@ fn f32s(b: &RecordBatch, name: &str) -> Vec<Option<f32>> {
         .as_any()
         .downcast_ref::<Float32Array>()
         .unwrap();
-    (0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i))).collect()
+    (0..a.len())
+        .map(|i| a.is_valid(i).then(|| a.value(i)))
+        .collect()
 }
 
 fn strs(b: &RecordBatch, name: &str) -> Vec<String> {
@@ -141,22 +143,11 @@ fn scored_input(wd: &Workdir) -> Vec<usize> {
         ],
     )
     .unwrap();
-    let meta = Meta::new(
-        &TRAJECTORY,
-        "generate-answers",
-        serde_json::json!({}),
-        &[],
-    );
+    let meta = Meta::new(&TRAJECTORY, "generate-answers", serde_json::json!({}), &[]);
     let mut w = Writer::create(&wd.path("forced.parquet"), new.schema(), &meta).unwrap();
     w.write(&new).unwrap();
     w.finish().unwrap();
-    wd.run(&[
-        "score",
-        "--input",
-        "forced.parquet",
-        "-o",
-        "scored.parquet",
-    ]);
+    wd.run(&["score", "--input", "forced.parquet", "-o", "scored.parquet"]);
     think_lens
 }
 
