@@ -51,6 +51,7 @@ fn strs(b: &RecordBatch, name: &str) -> Vec<String> {
 /// A scored countdown table from the tiny model whose answers (but the last) get a closed
 /// thinking: `<think>` is the response prefix, the first sampled ids (up to 5, tags removed)
 /// are the thinking, then `</think><answer>1+2</answer>`. The last answer keeps no `</think>`.
+/// Each answer gets 2 confidence rows whose parsed `confidence` is then set to known values.
 /// Returns the thinking lengths of the answers with a closed think.
 fn scored_input(wd: &Workdir) -> Vec<usize> {
     let model = fixtures().join("tiny-qwen2");
@@ -147,7 +148,52 @@ fn scored_input(wd: &Workdir) -> Vec<usize> {
     let mut w = Writer::create(&wd.path("forced.parquet"), new.schema(), &meta).unwrap();
     w.write(&new).unwrap();
     w.finish().unwrap();
-    wd.run(&["score", "--input", "forced.parquet", "-o", "scored.parquet"]);
+    wd.run(&[
+        "generate-confidence",
+        "--model",
+        &m,
+        "--input",
+        "forced.parquet",
+        "-o",
+        "traj.parquet",
+        "--num-confidences",
+        "2",
+        "--max-new-tokens",
+        "4",
+    ]);
+    wd.run(&["score", "--input", "traj.parquet", "-o", "raw.parquet"]);
+    // Known parsed confidences: answer j's h-th confidence row gets 0.1·(j+1) + 0.2·h, so its
+    // verbal confidence is 0.1·(j+1) + 0.1.
+    let s = read(&wd.path("raw.parquet"));
+    let st = strs(&s, "sample_type");
+    let (mut j, mut h) = (-1i32, 0i32);
+    let conf: Vec<Option<f32>> = st
+        .iter()
+        .map(|t| {
+            if t == "answer" {
+                j += 1;
+                h = 0;
+                None
+            } else {
+                let c = 0.1 * (j + 1) as f32 + 0.2 * h as f32;
+                h += 1;
+                Some(c)
+            }
+        })
+        .collect();
+    let s = cols::set_columns(
+        &s,
+        &TRAJECTORY,
+        vec![(
+            "confidence",
+            std::sync::Arc::new(Float32Array::from(conf)) as arrow::array::ArrayRef,
+        )],
+    )
+    .unwrap();
+    let meta = Meta::new(&TRAJECTORY, "score", serde_json::json!({}), &[]);
+    let mut w = Writer::create(&wd.path("scored.parquet"), s.schema(), &meta).unwrap();
+    w.write(&s).unwrap();
+    w.finish().unwrap();
     think_lens
 }
 
@@ -206,12 +252,27 @@ fn probe_rows_counts_and_determinism() {
         let want = [0.0, (0.5 * l).round(), l][r % 3] as i32;
         assert_eq!(cut_token[r], want, "row {r}");
     }
-    assert!(f32s(&p, "verbal_confidence").iter().all(|v| v.is_none()));
+    let verbal = f32s(&p, "verbal_confidence");
+    for r in 0..9 {
+        let j = (r / 3) as f32;
+        let c0 = 0.1 * (j + 1.0);
+        let c1 = c0 + 0.2;
+        let want = ((c0 as f64 + c1 as f64) / 2.0) as f32;
+        assert_eq!(verbal[r], Some(want), "row {r}");
+        assert!((want - (0.1 * (j + 1.0) + 0.1)).abs() < 1e-6);
+    }
     // acc_reward is the answer's: "1+2" does not solve these tasks
     assert!(f32s(&p, "acc_reward").iter().all(|v| *v == Some(0.0)));
     let sid = strs(&p, "sample_id");
     let scored = read(&wd.path("scored.parquet"));
-    let scored_ids = strs(&scored, "sample_id");
+    let types = strs(&scored, "sample_type");
+    let scored_ids: Vec<String> = strs(&scored, "sample_id")
+        .into_iter()
+        .zip(&types)
+        .filter(|(_, t)| t.as_str() == "answer")
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(scored_ids.len(), 4);
     for r in 0..9 {
         assert_eq!(sid[r], scored_ids[r / 3]);
     }
