@@ -253,12 +253,13 @@ fn probe_rows_counts_and_determinism() {
         assert_eq!(cut_token[r], want, "row {r}");
     }
     let verbal = f32s(&p, "verbal_confidence");
-    for r in 0..9 {
+    assert_eq!(verbal.len(), 9);
+    for (r, v) in verbal.iter().enumerate() {
         let j = (r / 3) as f32;
         let c0 = 0.1 * (j + 1.0);
         let c1 = c0 + 0.2;
         let want = ((c0 as f64 + c1 as f64) / 2.0) as f32;
-        assert_eq!(verbal[r], Some(want), "row {r}");
+        assert_eq!(*v, Some(want), "row {r}");
         assert!((want - (0.1 * (j + 1.0) + 0.1)).abs() < 1e-6);
     }
     // acc_reward is the answer's: "1+2" does not solve these tasks
