@@ -12,6 +12,7 @@ mod gguf;
 mod model;
 mod report;
 mod sample;
+mod probe;
 mod score;
 mod train;
 
