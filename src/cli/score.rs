@@ -71,13 +71,27 @@ reward = the total of reward_components: `mean over turns + sum of globals` (see
 the presets is: rlcr (answers: acc + format-weight * format; confidences: Brier), rlcr-single
 (RLCR's single-completion 0.5*(format + acc + brier) + 1e-6 * (mean conf + 0/1 conf), for
 --answer-format tabc), tinyzero (answers: the countdown score 0 / 0.1 / 1). --rewards FILE.toml
-defines named per-turn and global components instead (see the README).
+defines named components instead:
+  preset = \"kg-r1\"            # optional: seed 001's defaults (format_score 0.15, is_answer_score
+                               # 0.1, kg_query_validity 0.1; exact_match 0.3, retrieval_quality 0.4)
+  [[turn]]                     # or [[global]]
+  name = \"format_score\"
+  weight = 0.15
+  source = \"format_ok\"        # correct, accuracy, format_ok, answer_present, countdown, brier,
+                               # confidence, extra.NAME; or: column = \"a_column\" (number, bool,
+                               # or a list with one value per turn)
+  rows = \"all\"                # answer | confidence | all
+Components named _raw_* are kept in reward_components but not summed.
 
 Verifiers (--verifier auto picks by data_source: countdown; hotpot/squad/trivia/... -> exact;
-mmlu/gpqa/... -> choice; otherwise math): countdown (last <answer> anywhere, + - * / x ÷ and
+mmlu/gpqa/... -> choice; otherwise math): countdown (last <answer> anywhere, + - * / × ÷ − and
 parentheses, each number once, |value - target| < 1e-5; --countdown-compat tinyzero reproduces
 TinyZero's compute_score on prompt + response, quirks included), math, exact, f1, choice, or an
-external program (--verifier-cmd, JSON lines; see the README for the protocol).
+external program (--verifier-cmd CMD, run with sh -c): rlcr writes one JSON request per answer row
+on its stdin, {\"id\", \"sample_id\", \"data_source\", \"prompt\", \"response\", \"answer\",
+\"ground_truth\"}, and reads one reply per line on its stdout, {\"id\", \"correct\": true|false|number,
+\"extra\": {NAME: number}} in any order; its stderr passes through; --verifier-timeout bounds the
+wait for each reply.
 
 Re-scoring an already scored table replaces every score column and drops the advantage columns.
 Columns the stage does not compute are copied as encoded Parquet chunks, so it streams millions of
