@@ -52,10 +52,74 @@ pub struct Args {
     /// Number of prompts (countdown-synth: required; other sources: keep the first N).
     #[arg(long)]
     pub count: Option<usize>,
+    /// countdown-synth: fewest numbers per task.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=6))]
+    pub min_numbers: u32,
+    /// countdown-synth: most numbers per task.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=6))]
+    pub max_numbers: u32,
+    /// countdown-synth: largest number drawn (numbers are in 1..=N).
+    #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(i64).range(2..=9999))]
+    pub max_number: i64,
+    /// countdown-synth: largest target (targets are in 1..=N).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100000))]
+    pub max_target: i64,
+    /// countdown-synth: the user message: TinyZero's text, or a short one (`Numbers: [3, 5].
+    /// Target: 8.`) for tiny models.
+    #[arg(long, value_enum, default_value = "tinyzero")]
+    pub prompt_style: PromptStyle,
+    /// countdown-synth: write supervised warm-start examples instead of prompts: per task, one
+    /// conversation ending in an assistant answer `<think>…</think><answer>…</answer>` and one
+    /// ending in an assistant confidence `<analysis>…</analysis><confidence>p</confidence>` (for
+    /// `rlcr sft`).
+    #[arg(long)]
+    pub sft: bool,
+    /// With --sft: fraction of answers that are correct (the others use a wrong operation), so the
+    /// warm-started policy leaves room to learn.
+    #[arg(long, default_value_t = 0.5)]
+    pub sft_correct_fraction: f64,
+    /// With --sft: the system prompt of the examples (use the one you will sample with).
+    #[arg(long)]
+    pub system_prompt: Option<String>,
+    /// With --sft: the confidence query of the examples (default: generate-confidence's).
+    #[arg(long)]
+    pub confidence_prompt: Option<String>,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+}
+
+/// The user message of countdown tasks.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptStyle {
+    Tinyzero,
+    Short,
+}
+
+/// The shape of synthetic countdown tasks.
+#[derive(Clone, Copy, Debug)]
+pub struct SynthShape {
+    pub min_numbers: u32,
+    pub max_numbers: u32,
+    pub max_number: i64,
+    pub max_target: i64,
+    /// Use the short user message instead of TinyZero's.
+    pub short_prompt: bool,
+}
+
+impl Default for SynthShape {
+    /// TinyZero's Countdown-Tasks-3to4 shape: 3–4 numbers in 1..=99, targets in 1..=100.
+    fn default() -> Self {
+        SynthShape {
+            min_numbers: 3,
+            max_numbers: 4,
+            max_number: 99,
+            max_target: 100,
+            short_prompt: false,
+        }
+    }
 }
 
 /// Prompt sources.
@@ -87,7 +151,42 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             let n = a
                 .count
                 .ok_or_else(|| UsageError("--from countdown-synth needs --count N".into()))?;
-            countdown_synth(g.seed, n)
+            if a.min_numbers > a.max_numbers {
+                return Err(UsageError(format!(
+                    "--min-numbers {} is larger than --max-numbers {}",
+                    a.min_numbers, a.max_numbers
+                ))
+                .into());
+            }
+            let shape = SynthShape {
+                min_numbers: a.min_numbers,
+                max_numbers: a.max_numbers,
+                max_number: a.max_number,
+                max_target: a.max_target,
+                short_prompt: a.prompt_style == PromptStyle::Short,
+            };
+            let rows = countdown_synth(g.seed, n, shape)?;
+            if a.sft {
+                if !(0.0..=1.0).contains(&a.sft_correct_fraction) {
+                    return Err(UsageError(
+                        "--sft-correct-fraction must be between 0 and 1".into(),
+                    )
+                    .into());
+                }
+                let system = a
+                    .system_prompt
+                    .clone()
+                    .unwrap_or_else(|| crate::sample::prompts::DEFAULT_SYSTEM_PROMPT.to_string());
+                let query = a.confidence_prompt.clone().unwrap_or_else(|| {
+                    crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT.to_string()
+                });
+                sft_examples(g.seed, &rows, a.sft_correct_fraction, &system, &query)?
+            } else {
+                rows
+            }
+        }
+        _ if a.sft => {
+            return Err(UsageError("--sft works with --from countdown-synth".into()).into());
         }
         src => {
             let input = a.input.as_deref().ok_or_else(|| {
@@ -174,27 +273,66 @@ arithmetic operations (+, -, *, /) and each number can only be used once. Show y
     )
 }
 
+/// The short countdown prompt for tiny models: `Numbers: [3, 5]. Target: 8.`
+pub fn countdown_prompt_short(nums: &[i64], target: i64) -> String {
+    let list = nums
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("Numbers: [{list}]. Target: {target}.")
+}
+
 fn countdown_row(id: String, nums: Vec<i64>, target: i64, extra: Option<Value>) -> PromptRow {
+    countdown_row_styled(id, nums, target, extra, false)
+}
+
+fn countdown_row_styled(
+    id: String,
+    nums: Vec<i64>,
+    target: i64,
+    extra: Option<Value>,
+    short: bool,
+) -> PromptRow {
+    let text = if short {
+        countdown_prompt_short(&nums, target)
+    } else {
+        countdown_prompt(&nums, target)
+    };
     PromptRow {
         prompt_id: id,
-        messages: json!([{"role": "user", "content": countdown_prompt(&nums, target)}]),
+        messages: json!([{"role": "user", "content": text}]),
         data_source: "countdown".into(),
         ground_truth: json!({"target": target, "numbers": nums}),
         extra_info: extra,
     }
 }
 
-/// `count` synthetic countdown tasks from `seed`: 3–4 numbers in 1..=99, combined in a random
-/// order with random operations (− only when the result stays positive, ÷ only when exact, products
-/// capped at 10 000) into a target in 1..=100. Every task is solvable by construction; the
-/// construction is recorded in `extra_info.solution`.
-pub fn countdown_synth(seed: u64, count: usize) -> Vec<PromptRow> {
+/// `count` synthetic countdown tasks from `seed`: by default 3–4 numbers in 1..=99 (see
+/// [`SynthShape`]), combined in a random order with random operations (− only when the result stays
+/// positive, ÷ only when exact, products capped at 10 000) into a target in 1..=100. Every task is
+/// solvable by construction; the construction is recorded in `extra_info.solution`. A small shape
+/// (`--max-numbers 2 --max-number 9`) gives a task a tiny model can learn.
+pub fn countdown_synth(seed: u64, count: usize, shape: SynthShape) -> Result<Vec<PromptRow>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x636f_756e_7464_6f77);
     let mut rows = Vec::with_capacity(count);
     let width = count.max(1).to_string().len().max(6);
+    let mut attempts = 0u64;
     while rows.len() < count {
-        let n = if rng.random_bool(0.5) { 3 } else { 4 };
-        let nums: Vec<i64> = (0..n).map(|_| rng.random_range(1..=99)).collect();
+        attempts += 1;
+        if attempts > 10_000 + 10_000 * count as u64 {
+            bail!(
+                "countdown-synth: cannot make tasks with {}..={} numbers in 1..={} and targets in 1..={}",
+                shape.min_numbers,
+                shape.max_numbers,
+                shape.max_number,
+                shape.max_target
+            );
+        }
+        let n = rng.random_range(shape.min_numbers..=shape.max_numbers);
+        let nums: Vec<i64> = (0..n)
+            .map(|_| rng.random_range(1..=shape.max_number))
+            .collect();
         let mut items: Vec<(i64, String, bool)> =
             nums.iter().map(|&v| (v, v.to_string(), true)).collect();
         let mut ok = true;
@@ -235,18 +373,156 @@ pub fn countdown_synth(seed: u64, count: usize) -> Vec<PromptRow> {
             continue;
         }
         let (target, expr, _) = items.remove(0);
-        if !(1..=100).contains(&target) {
+        if !(1..=shape.max_target).contains(&target) {
             continue;
         }
         let id = format!("countdown-synth-{:0width$}", rows.len());
-        rows.push(countdown_row(
+        rows.push(countdown_row_styled(
             id,
             nums,
             target,
             Some(json!({"solution": expr})),
+            shape.short_prompt,
         ));
     }
-    rows
+    Ok(rows)
+}
+
+/// Supervised warm-start conversations for synthetic countdown tasks (for `rlcr sft`): per task an
+/// answer example `[system, user, assistant: <think>E</think><answer>E</answer>]` and a
+/// confidence example `[…, assistant: answer, user: query, assistant: <analysis>E</analysis>
+/// <confidence>p</confidence>]`. A fraction `1 − correct_fraction` of the answers swap one operation
+/// for another that changes the value (a wrong but well-formed answer); confidences are drawn
+/// uniformly from {0.1, …, 0.9} regardless of correctness, so the warm start teaches the format and
+/// leaves calibration to the RL loop.
+pub fn sft_examples(
+    seed: u64,
+    tasks: &[PromptRow],
+    correct_fraction: f64,
+    system: &str,
+    query: &str,
+) -> Result<Vec<PromptRow>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7366_745f_6578_616d);
+    let mut out = Vec::with_capacity(tasks.len() * 2);
+    for t in tasks {
+        let sol = t
+            .extra_info
+            .as_ref()
+            .and_then(|e| e.get("solution"))
+            .and_then(Value::as_str)
+            .with_context(|| format!("task {} has no solution", t.prompt_id))?;
+        let target = t.ground_truth["target"].as_i64().unwrap_or(0);
+        let user = t
+            .messages
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m.get("content"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let correct = rng.random_bool(correct_fraction);
+        let eq = if correct {
+            sol.to_string()
+        } else {
+            wrong_equation(sol, target, &mut rng).unwrap_or_else(|| sol.to_string())
+        };
+        let answer = format!("<think>{eq}</think><answer>{eq}</answer>");
+        let c = rng.random_range(1..=9) as f64 / 10.0;
+        let conf = format!("<analysis>{eq}</analysis><confidence>{c:.1}</confidence>");
+        let mut base = vec![];
+        if !system.is_empty() {
+            base.push(json!({"role": "system", "content": system}));
+        }
+        base.push(json!({"role": "user", "content": user}));
+        let mut a = base.clone();
+        a.push(json!({"role": "assistant", "content": answer}));
+        let mut cm = a.clone();
+        cm.push(json!({"role": "user", "content": query}));
+        cm.push(json!({"role": "assistant", "content": conf}));
+        for (suffix, messages) in [("sft-a", a), ("sft-c", cm)] {
+            out.push(PromptRow {
+                prompt_id: format!("{}/{suffix}", t.prompt_id),
+                messages: Value::Array(messages),
+                data_source: t.data_source.clone(),
+                ground_truth: t.ground_truth.clone(),
+                extra_info: Some(json!({"correct": correct})),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Replace one operator of `eq` so that its value differs from `target` (None if impossible).
+fn wrong_equation(eq: &str, target: i64, rng: &mut ChaCha8Rng) -> Option<String> {
+    let ops: Vec<usize> = eq
+        .char_indices()
+        .filter(|(_, c)| matches!(c, '+' | '-' | '*' | '/'))
+        .map(|(i, _)| i)
+        .collect();
+    for _ in 0..16 {
+        let &at = ops.get(rng.random_range(0..ops.len().max(1)))?;
+        let new = ['+', '-', '*', '/'][rng.random_range(0..4)];
+        let mut s = eq.to_string();
+        s.replace_range(at..at + 1, &new.to_string());
+        if eval_int(&s) != Some(target) {
+            return Some(s);
+        }
+    }
+    None
+}
+
+/// Exact evaluation of `+ - * / ( )` over integers; None on a non-exact division or overflow.
+fn eval_int(s: &str) -> Option<i64> {
+    fn expr(t: &[u8], i: &mut usize) -> Option<i64> {
+        let mut v = term(t, i)?;
+        while *i < t.len() && (t[*i] == b'+' || t[*i] == b'-') {
+            let op = t[*i];
+            *i += 1;
+            let r = term(t, i)?;
+            v = if op == b'+' {
+                v.checked_add(r)?
+            } else {
+                v.checked_sub(r)?
+            };
+        }
+        Some(v)
+    }
+    fn term(t: &[u8], i: &mut usize) -> Option<i64> {
+        let mut v = atom(t, i)?;
+        while *i < t.len() && (t[*i] == b'*' || t[*i] == b'/') {
+            let op = t[*i];
+            *i += 1;
+            let r = atom(t, i)?;
+            v = if op == b'*' {
+                v.checked_mul(r)?
+            } else if r != 0 && v % r == 0 {
+                v / r
+            } else {
+                return None;
+            };
+        }
+        Some(v)
+    }
+    fn atom(t: &[u8], i: &mut usize) -> Option<i64> {
+        if *i < t.len() && t[*i] == b'(' {
+            *i += 1;
+            let v = expr(t, i)?;
+            (*i < t.len() && t[*i] == b')').then(|| *i += 1)?;
+            Some(v)
+        } else {
+            let start = *i;
+            let mut v: i64 = 0;
+            while *i < t.len() && t[*i].is_ascii_digit() {
+                v = v.checked_mul(10)?.checked_add((t[*i] - b'0') as i64)?;
+                *i += 1;
+            }
+            (*i > start).then_some(v)
+        }
+    }
+    let t: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+    let mut i = 0;
+    let v = expr(&t, &mut i)?;
+    (i == t.len()).then_some(v)
 }
 
 fn read_jsonl_values(path: &Path) -> Result<Vec<(usize, Value)>> {
@@ -578,7 +854,7 @@ mod tests {
 
     #[test]
     fn synthetic_tasks_are_solvable_and_seeded() {
-        let a = countdown_synth(7, 200);
+        let a = countdown_synth(7, 200, SynthShape::default()).unwrap();
         assert_eq!(a.len(), 200);
         for r in &a {
             let target = r.ground_truth["target"].as_i64().unwrap();
@@ -602,10 +878,71 @@ mod tests {
             nums.sort();
             assert_eq!(used, nums, "{sol}");
         }
-        let b = countdown_synth(7, 50);
+        let b = countdown_synth(7, 50, SynthShape::default()).unwrap();
         assert_eq!(&a[..50], &b[..]);
-        let c = countdown_synth(8, 50);
+        let c = countdown_synth(8, 50, SynthShape::default()).unwrap();
         assert_ne!(a[..50], c[..]);
+        let small = SynthShape {
+            min_numbers: 2,
+            max_numbers: 2,
+            max_number: 9,
+            max_target: 81,
+            short_prompt: true,
+        };
+        for r in countdown_synth(1, 100, small).unwrap() {
+            let nums = r.ground_truth["numbers"].as_array().unwrap().clone();
+            assert_eq!(nums.len(), 2);
+            assert!(nums.iter().all(|n| (1..=9).contains(&n.as_i64().unwrap())));
+            let sol = r.extra_info.as_ref().unwrap()["solution"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert_eq!(eval(&sol), r.ground_truth["target"].as_i64().unwrap());
+        }
+    }
+
+    #[test]
+    fn sft_examples_have_the_format_and_the_fraction() {
+        let tasks = countdown_synth(5, 200, SynthShape::default()).unwrap();
+        let ex = sft_examples(5, &tasks, 0.5, "sys", "how sure?").unwrap();
+        assert_eq!(ex.len(), 400);
+        let mut correct = 0;
+        for pair in ex.chunks(2) {
+            let a = pair[0].messages.as_array().unwrap();
+            assert_eq!(a.len(), 3);
+            let ans = a[2]["content"].as_str().unwrap();
+            assert!(
+                ans.starts_with("<think>") && ans.ends_with("</answer>"),
+                "{ans}"
+            );
+            let eq = ans
+                .split("<answer>")
+                .nth(1)
+                .unwrap()
+                .trim_end_matches("</answer>");
+            let target = pair[0].ground_truth["target"].as_i64().unwrap();
+            let is_correct = pair[0].extra_info.as_ref().unwrap()["correct"]
+                .as_bool()
+                .unwrap();
+            if is_correct {
+                assert_eq!(eval(eq), target, "{eq}");
+                correct += 1;
+            } else {
+                assert_ne!(eval_int(eq), Some(target), "{eq}");
+            }
+            let c = pair[1].messages.as_array().unwrap();
+            assert_eq!(c.len(), 5);
+            assert_eq!(c[3]["content"], "how sure?");
+            let conf = c[4]["content"].as_str().unwrap();
+            assert!(
+                conf.starts_with("<analysis>") && conf.ends_with("</confidence>"),
+                "{conf}"
+            );
+        }
+        // 200 draws at p = 0.5: within 4 standard deviations (±28).
+        assert!((72..=128).contains(&correct), "{correct}");
+        assert_eq!(eval_int("(8 / 3) * 3"), None);
+        assert_eq!(eval_int("2 * (3 + 4)"), Some(14));
     }
 
     #[test]

@@ -1,40 +1,119 @@
 //! `rlcr sft`: supervised warm start on assistant targets.
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
 
-use super::common::{not_built, Global};
+use super::common::Global;
+use super::update::OptimArgs;
+use crate::model::Model;
+use crate::train::data::check_vocab;
+use crate::train::session::{self, Session};
+use crate::train::sft::{read_sft_rows, SftFilter};
+use crate::train::trainer::Objective;
 
 pub const ABOUT: &str =
     "Supervised warm start (cross-entropy on response tokens), as RLCR's SFT+RLCR";
 pub const LONG_ABOUT: &str = "\
 Fine-tune a model with cross-entropy on the response tokens of a table whose `messages` end with the
-assistant target (or a trajectory table filtered to correct rows). Same optimizer, checkpoint and
-metrics code as `update`.
+assistant target (the context is the chat template over the earlier turns with the generation
+prompt), or of a trajectory table (context_ids/response_ids; --only-correct keeps answers with
+acc_reward = 1 and, with --min-conf-reward, confidence rows scoring at least that). Same optimizer,
+checkpoint and metrics code as `update`: NEW_DIR gets the weights, rlcr-train/ and
+train_metrics.jsonl.
+
+Costs: one forward and backward pass per row per epoch.
 
 Reads: a table and a model folder. Writes: NEW_DIR (Hugging Face layout).
 Example:
-  rlcr sft --model fixtures/tiny-qwen2 --input sft.parquet -o ckpt/sft";
+  rlcr sft --model fixtures/tiny-qwen2 --input sft.parquet -o ckpt/sft --epochs 2";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Model folder.
     #[arg(long)]
     pub model: PathBuf,
-    /// Table with assistant targets.
+    /// Table with assistant targets (messages) or a trajectory table.
     #[arg(long)]
     pub input: PathBuf,
     /// Output model folder.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
-    /// Learning rate.
-    #[arg(long, default_value_t = 1e-4)]
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-5)]
     pub lr: f64,
+    /// Rows per optimizer step (the rest of the table forms smaller last batches).
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Trajectory tables: keep only correct answer rows (acc_reward = 1).
+    #[arg(long)]
+    pub only_correct: bool,
+    /// With --only-correct: also keep confidence rows whose conf_reward is at least this.
+    #[arg(long)]
+    pub min_conf_reward: Option<f64>,
+    #[command(flatten)]
+    pub optim: OptimArgs,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
 }
 
-pub fn run(_g: &Global, _a: Args) -> Result<()> {
-    Err(not_built("sft"))
+pub fn run(g: &Global, a: Args) -> Result<()> {
+    if a.batch_size == 0 {
+        return Err(super::UsageError("--batch-size must be at least 1".into()).into());
+    }
+    // Check every flag before reading anything (usage errors, exit code 2).
+    a.optim
+        .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
+    let device = crate::model::device_from_str(&g.device)?;
+    let model = Model::load(&a.model, &device.autodiff())
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let filter = SftFilter {
+        only_correct: a.only_correct,
+        min_conf_reward: a.min_conf_reward,
+    };
+    let (source, rows) = read_sft_rows(&a.input, &model, filter)?;
+    if rows.is_empty() {
+        bail!(
+            "{}: no rows to train on (after filtering)",
+            a.input.display()
+        );
+    }
+    let table = a.input.display().to_string();
+    check_vocab(&rows, model.transformer.dims.vocab, &table)?;
+    let tokens: usize = rows.iter().map(|r| r.response.len()).sum();
+    crate::info!(
+        "{table}: {} rows ({source:?}), {tokens} target tokens",
+        rows.len()
+    );
+    let mini_batches = rows.len().div_ceil(a.batch_size);
+    let train = a
+        .optim
+        .train_config(Objective::Sft, a.lr, mini_batches, 1.0, &rows, g.seed)?;
+    let config = json!({
+        "model": a.model,
+        "input": a.input,
+        "source": format!("{source:?}"),
+        "lr": a.lr,
+        "batch_size": a.batch_size,
+        "only_correct": a.only_correct,
+        "min_conf_reward": a.min_conf_reward,
+        "adamw": a.optim.adamw(),
+        "train": train,
+        "resume": a.optim.resume,
+        "device": g.device,
+        "seed": g.seed,
+        "argv": g.argv,
+    });
+    let s = Session {
+        stage: "sft".into(),
+        out: a.out.clone(),
+        resume: a.optim.resume,
+        adamw: a.optim.adamw(),
+        train,
+        config,
+        inputs: vec![a.model.display().to_string(), table],
+    };
+    session::run(model, &rows, &s)?;
+    Ok(())
 }

@@ -1,20 +1,140 @@
 //! `rlcr update`: one policy-gradient update from a training table; writes a new checkpoint.
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use burn::module::Module;
+use serde_json::json;
 
-use super::common::{not_built, Global};
+use super::common::{Global, UsageError};
+use crate::model::Model;
+use crate::train::data::{check_vocab, read_update_rows, TrainRow};
+use crate::train::loss::{ClipConfig, KlEstimator, LossAgg};
+use crate::train::optim::AdamWConfig;
+use crate::train::policy::host_logprobs;
+use crate::train::schedule::{Schedule, ScheduleKind};
+use crate::train::session::{self, ResumeMode, Session};
+use crate::train::trainer::{Objective, TrainConfig};
 
 pub const ABOUT: &str =
     "Train the policy on a training table (PPO/GRPO clipped loss); write a new HF checkpoint";
 pub const LONG_ABOUT: &str = "\
 Recompute the log-probs of the response tokens, take the PPO/GRPO clipped token loss weighted by
 token_advantages and masked by loss_mask (answer and confidence rows in one batch), and step AdamW.
-Writes a new Hugging Face folder (same dtype as the input) with the optimizer state beside it.
+Writes a new Hugging Face folder (same dtype as the input) with the optimizer state beside it
+(NEW_DIR/rlcr-train/) and one metrics line per optimizer step (NEW_DIR/train_metrics.jsonl).
+
+The loss (verl's): ratio r = exp(logp − response_logprobs); per token
+  A ≥ 0: −A·min(r, 1+clip_high);   A < 0: |A|·min(max(r, 1−clip_low), clip_dual)
+aggregated over the whole update batch (--loss-agg; gradient accumulation over --micro-batch rows
+does not change it), plus --kl-coef × KL(policy‖--ref-model) (k3 by default) and minus
+--entropy-coef × the mean token entropy. Gradients are clipped by their global norm (--grad-clip).
+Each epoch splits the table into --mini-batches update batches, one optimizer step each.
+
+Costs: one forward and backward pass per row per epoch, activations of one micro-batch at a time.
+rlcr's samplers record response_logprobs at temperature 1, which is what update compares against by
+default; for tables from samplers that record tempered log-probs (verl, TRL), pass --temperature.
 
 Reads: a training table (`rlcr advantage`) and a model folder. Writes: NEW_DIR.
 Example:
-  rlcr update --model ckpt/iter-0 --input train.parquet -o ckpt/iter-1 --lr 1e-5";
+  rlcr update --model ckpt/iter-0 --input train.parquet -o ckpt/iter-1 --lr 1e-5 --resume auto";
+
+/// Optimizer, schedule and checkpoint flags shared by `update` and `sft`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OptimArgs {
+    /// Rows per micro-batch (one forward/backward; gradients are accumulated over the update batch).
+    #[arg(long, default_value_t = 4)]
+    pub micro_batch: usize,
+    /// Passes over the table.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Max global gradient norm (PyTorch clip_grad_norm_); 0 or inf turns clipping off.
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    /// Warmup: steps, or a fraction of --total-steps when below 1.
+    #[arg(long, default_value_t = 0.0)]
+    pub warmup: f64,
+    /// Learning-rate shape after warmup.
+    #[arg(long, value_enum, default_value_t = ScheduleKind::Constant)]
+    pub schedule: ScheduleKind,
+    /// Optimizer steps of the whole run (all iterations); needed by linear/cosine schedules.
+    #[arg(long)]
+    pub total_steps: Option<u64>,
+    /// AdamW β₁.
+    #[arg(long, default_value_t = 0.9)]
+    pub beta1: f64,
+    /// AdamW β₂.
+    #[arg(long, default_value_t = 0.999)]
+    pub beta2: f64,
+    /// AdamW ε.
+    #[arg(long, default_value_t = 1e-8)]
+    pub adam_eps: f64,
+    /// Decoupled weight decay.
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Loss aggregation over the update batch.
+    #[arg(long, value_enum, default_value_t = LossAgg::TokenMean)]
+    pub loss_agg: LossAgg,
+    /// L_max of seq-mean-token-sum-norm (default: the longest response of the table).
+    #[arg(long)]
+    pub agg_len: Option<usize>,
+    /// Shuffle the rows before each epoch (with --seed).
+    #[arg(long)]
+    pub shuffle: bool,
+    /// Continue the optimizer state and step counter saved in the --model folder
+    /// (`--resume` = yes; `auto` resumes when there is a state).
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "yes", default_value_t = ResumeMode::No)]
+    pub resume: ResumeMode,
+}
+
+impl OptimArgs {
+    /// The AdamW configuration.
+    pub fn adamw(&self) -> AdamWConfig {
+        AdamWConfig {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.adam_eps,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    /// The resolved loop configuration; `rows` gives the default `--agg-len` (the longest
+    /// response) when there are any. Flag errors are usage errors (exit code 2).
+    pub fn train_config(
+        &self,
+        objective: Objective,
+        lr: f64,
+        mini_batches: usize,
+        temperature: f64,
+        rows: &[TrainRow],
+        seed: u64,
+    ) -> Result<TrainConfig> {
+        let usage = |e: anyhow::Error| -> anyhow::Error { UsageError(format!("{e:#}")).into() };
+        let agg_len = self.agg_len.unwrap_or_else(|| {
+            rows.iter()
+                .map(|r| r.response.len())
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        });
+        let cfg = TrainConfig {
+            objective,
+            loss_agg: self.loss_agg,
+            agg_len,
+            schedule: Schedule::new(lr, self.warmup, self.schedule, self.total_steps)
+                .map_err(usage)?,
+            grad_clip: self.grad_clip,
+            micro_batch: self.micro_batch,
+            mini_batches,
+            epochs: self.epochs,
+            temperature,
+            shuffle: self.shuffle,
+            seed,
+        };
+        cfg.validate().map_err(usage)?;
+        self.adamw().validate().map_err(usage)?;
+        Ok(cfg)
+    }
+}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -27,14 +147,154 @@ pub struct Args {
     /// Output model folder.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
-    /// Learning rate.
+    /// Peak learning rate.
     #[arg(long, default_value_t = 1e-6)]
     pub lr: f64,
+    /// ε_low: the ratio is clipped below at 1 − clip_low.
+    #[arg(long, default_value_t = 0.2)]
+    pub clip_low: f64,
+    /// ε_high: the ratio is clipped above at 1 + clip_high (DAPO: 0.28).
+    #[arg(long, default_value_t = 0.2)]
+    pub clip_high: f64,
+    /// Dual-clip constant c for negative advantages (verl; `inf` turns it off).
+    #[arg(long, default_value_t = 3.0)]
+    pub clip_dual: f64,
+    /// β of the KL loss against --ref-model (0: off, no reference model loaded).
+    #[arg(long, default_value_t = 0.0)]
+    pub kl_coef: f64,
+    /// KL estimator of the KL loss.
+    #[arg(long, value_enum, default_value_t = KlEstimator::K3)]
+    pub kl_estimator: KlEstimator,
+    /// Reference model folder for the KL loss (else the table's ref_logprobs column).
+    #[arg(long)]
+    pub ref_model: Option<PathBuf>,
+    /// α of the entropy bonus (subtracts α × mean token entropy).
+    #[arg(long, default_value_t = 0.0)]
+    pub entropy_coef: f64,
+    /// Update batches (optimizer steps) per epoch.
+    #[arg(long, default_value_t = 1)]
+    pub mini_batches: usize,
+    /// Divide the logits by this before the log-softmax. Keep 1 for rlcr's own rollouts (their
+    /// response_logprobs are at temperature 1); set the sampling temperature for tables whose
+    /// log-probs were recorded at it (verl, TRL).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Recompute the behaviour log-probs with the input model before training, instead of using
+    /// the table's response_logprobs (verl's default; the ratio starts at exactly 1).
+    #[arg(long)]
+    pub recompute_old_logprobs: bool,
+    #[command(flatten)]
+    pub optim: OptimArgs,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
 }
 
-pub fn run(_g: &Global, _a: Args) -> Result<()> {
-    Err(not_built("update"))
+pub fn run(g: &Global, a: Args) -> Result<()> {
+    let device = crate::model::device_from_str(&g.device)?;
+    let clip = ClipConfig {
+        clip_low: a.clip_low,
+        clip_high: a.clip_high,
+        clip_dual: a.clip_dual,
+    };
+    let objective = Objective::Policy {
+        clip,
+        kl_coef: a.kl_coef,
+        kl_kind: a.kl_estimator,
+        entropy_coef: a.entropy_coef,
+    };
+    // Check every flag before reading anything (usage errors, exit code 2).
+    a.optim
+        .train_config(objective, a.lr, a.mini_batches, a.temperature, &[], g.seed)?;
+    let use_kl = a.kl_coef > 0.0;
+    if !use_kl && a.ref_model.is_some() {
+        crate::info!("--kl-coef is 0: the reference model is not loaded");
+    }
+    let want_ref_column = use_kl && a.ref_model.is_none();
+    let mut rows = read_update_rows(&a.input, want_ref_column)?;
+    crate::info!("{}: {} rows", a.input.display(), rows.len());
+    let model = Model::load(&a.model, &device.clone().autodiff())
+        .with_context(|| format!("loading the policy {}", a.model.display()))?;
+    let table = a.input.display().to_string();
+    check_vocab(&rows, model.transformer.dims.vocab, &table)?;
+    if use_kl {
+        if let Some(dir) = &a.ref_model {
+            let reference = Model::load(dir, &device)
+                .with_context(|| format!("loading the reference model {}", dir.display()))?;
+            let lps = logprobs_of(
+                &reference.transformer,
+                &rows,
+                a.optim.micro_batch,
+                a.temperature,
+                "reference log-probs",
+            )?;
+            for (r, lp) in rows.iter_mut().zip(lps) {
+                r.ref_logp = Some(lp);
+            }
+        }
+    }
+    if a.recompute_old_logprobs {
+        // The same weights without the autodiff graph.
+        let inner = model.transformer.valid();
+        let lps = logprobs_of(
+            &inner,
+            &rows,
+            a.optim.micro_batch,
+            a.temperature,
+            "behaviour log-probs",
+        )?;
+        for (r, lp) in rows.iter_mut().zip(lps) {
+            r.old_logp = lp;
+        }
+    }
+    let train = a.optim.train_config(
+        objective,
+        a.lr,
+        a.mini_batches,
+        a.temperature,
+        &rows,
+        g.seed,
+    )?;
+    let config = json!({
+        "model": a.model,
+        "input": a.input,
+        "lr": a.lr,
+        "ref_model": a.ref_model,
+        "recompute_old_logprobs": a.recompute_old_logprobs,
+        "adamw": a.optim.adamw(),
+        "train": train,
+        "resume": a.optim.resume,
+        "device": g.device,
+        "seed": g.seed,
+        "argv": g.argv,
+    });
+    let s = Session {
+        stage: "update".into(),
+        out: a.out.clone(),
+        resume: a.optim.resume,
+        adamw: a.optim.adamw(),
+        train,
+        config,
+        inputs: vec![a.model.display().to_string(), table],
+    };
+    session::run(model, &rows, &s)?;
+    Ok(())
+}
+
+/// Per-row log-probs of the rows' responses under `model` (no graph), with a progress bar.
+pub fn logprobs_of(
+    model: &crate::model::Transformer,
+    rows: &[TrainRow],
+    batch: usize,
+    temperature: f64,
+    label: &str,
+) -> Result<Vec<Vec<f32>>> {
+    let pairs: Vec<(&[u32], &[u32])> = rows
+        .iter()
+        .map(|r| (r.context.as_slice(), r.response.as_slice()))
+        .collect();
+    let mut p = crate::progress::Progress::new(label, rows.len() as u64, "rows");
+    let out = host_logprobs(model, &pairs, batch, temperature, Some(&mut p))?;
+    p.finish();
+    Ok(out)
 }

@@ -1,1 +1,559 @@
-//! report (to be built).
+//! Calibration reports: metrics, seed 000's training-signal statistics, reliability diagrams,
+//! histograms, iteration curves and the probe curves, written as `metrics.json`, figures (SVG and
+//! PNG), `calibration.parquet` and `report.md`.
+//!
+//! Layers, each usable alone:
+//! - [`metrics`]: pure functions over slices (accuracy, Brier, ECE with two bin rules, AUROC,
+//!   standard errors, histograms), with formulas and anchors in their doc comments.
+//! - [`data`]: the compact per-row view of a trajectory table, streamed from record batches.
+//! - [`summary`]: everything computed from that view ([`summary::Report`]), plus example picking.
+//! - [`probe`]: reading and summarising a probe table (seed 002).
+//! - [`plot`]: figures drawn with plotters and an embedded font (no system libraries).
+//! - [`markdown`]: the `report.md` page.
+//!
+//! This module glues them: [`Analysis`] is one input's report with its figure inputs and example
+//! texts; [`write_outputs`] writes every file but `calibration.parquet` (whose rows
+//! [`calibration_batch`] builds; the CLI writes it with the table layer so it gets the standard
+//! metadata). With several inputs (iterations), the detailed figures describe the last input and
+//! `iterations.svg/png` plus a table in `report.md` follow the metrics across inputs.
+
+pub mod data;
+pub mod markdown;
+pub mod metrics;
+pub mod plot;
+pub mod probe;
+pub mod summary;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use arrow::array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use serde::Serialize;
+
+pub use data::{MissingConfidence, RowText, Rows, SampleType};
+pub use markdown::{ExampleRow, ExampleSet, FigureFiles};
+pub use metrics::{Bin, BinRule};
+pub use probe::{ProbeRows, ProbeSummary};
+pub use summary::{Examples, Metrics, Options, Report, TurnSamples, TurnStats};
+
+/// Examples of each kind shown in `report.md` by default.
+pub const EXAMPLES_PER_KIND: usize = 3;
+
+/// One input, analysed.
+#[derive(Clone, Debug)]
+pub struct Analysis {
+    /// Metrics and tables.
+    pub report: Report,
+    /// Histogram inputs `(answers, confidences)`.
+    pub samples: (TurnSamples, TurnSamples),
+    /// Example rows chosen.
+    pub examples: Examples,
+}
+
+impl Analysis {
+    /// Analyse one table's rows, picking up to `examples` example rows of each kind.
+    pub fn new(input: &str, rows: &Rows, opts: &Options, examples: usize) -> Analysis {
+        Analysis {
+            report: summary::build(input, rows, opts),
+            samples: summary::turn_samples(rows),
+            examples: summary::select_examples(rows, examples),
+        }
+    }
+}
+
+/// Columns read in the second pass, for the example texts.
+pub const TEXT_COLUMNS: &[&str] = &["sample_id", "response_text", "answer", "ground_truth"];
+
+/// Analyse one table on disk: one streaming pass over the columns the report reads (see
+/// [`data::COLUMNS`]), then, when `examples > 0`, a second pass that fetches the texts of the
+/// chosen example rows only (up to `examples` per kind). Memory: ≈ 50 bytes per row plus the
+/// example texts.
+pub fn analyse_file(
+    path: &Path,
+    opts: &Options,
+    examples: usize,
+) -> Result<(Analysis, Option<ExampleSet>)> {
+    let reader = crate::table::Reader::open_columns(path, data::COLUMNS)?;
+    let display = reader.display.clone();
+    let mut progress = crate::progress::Progress::new(
+        &format!("report {display}"),
+        reader.num_rows() as u64,
+        "rows",
+    );
+    let mut rows = Rows::default();
+    for batch in reader {
+        let batch = batch?;
+        rows.push_batch(&batch).with_context(|| display.clone())?;
+        progress.inc(batch.num_rows() as u64);
+    }
+    progress.finish();
+    let analysis = Analysis::new(&display, &rows, opts, examples);
+    if examples == 0 {
+        return Ok((analysis, None));
+    }
+    let wanted = analysis.examples.wanted_rows(&rows);
+    let mut texts = HashMap::new();
+    if !wanted.is_empty() {
+        let reader = crate::table::Reader::open_columns(path, TEXT_COLUMNS)?;
+        let mut base = 0usize;
+        for batch in reader {
+            let batch = batch?;
+            data::collect_texts(&batch, base, &wanted, &mut texts)
+                .with_context(|| display.clone())?;
+            base += batch.num_rows();
+            if wanted.range(base..).next().is_none() {
+                break;
+            }
+        }
+    }
+    let ex = resolve_examples(&rows, &analysis.examples, &texts);
+    Ok((analysis, Some(ex)))
+}
+
+/// Read a probe table (validated: `0 ≤ num_correct ≤ num_samples`, stored confidence = counts).
+pub fn read_probe(path: &Path) -> Result<ProbeRows> {
+    let reader = crate::table::Reader::open(path)?;
+    let display = reader.display.clone();
+    let mut p = ProbeRows::default();
+    for batch in reader {
+        p.push_batch(&batch?).with_context(|| display.clone())?;
+    }
+    Ok(p)
+}
+
+/// Turn chosen example rows and their fetched texts into printable examples.
+pub fn resolve_examples(rows: &Rows, ex: &Examples, texts: &HashMap<usize, RowText>) -> ExampleSet {
+    let answers = rows.answer_rows();
+    let one = |i: usize| -> ExampleRow {
+        let t = texts.get(&i).cloned().unwrap_or_default();
+        let answer_text = (rows.kind[i] == SampleType::Confidence)
+            .then(|| summary::answer_row_of(rows, &answers, i))
+            .flatten()
+            .and_then(|a| texts.get(&a))
+            .map(|a| {
+                a.answer
+                    .clone()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| a.response_text.clone())
+            });
+        ExampleRow {
+            sample_id: t.sample_id,
+            sample_type: rows.kind[i].as_str().to_string(),
+            confidence: rows.confidence[i],
+            acc: rows.acc[i],
+            response_text: t.response_text,
+            answer_text,
+            ground_truth: t.ground_truth,
+        }
+    };
+    let many = |v: &[usize]| v.iter().map(|&i| one(i)).collect();
+    ExampleSet {
+        most_confident_wrong: many(&ex.most_confident_wrong),
+        least_confident_right: many(&ex.least_confident_right),
+        unparseable: many(&ex.unparseable),
+        malformed_answers: many(&ex.malformed_answers),
+    }
+}
+
+/// The reliability diagram of a report.
+pub fn reliability_figure(r: &Report) -> plot::Reliability {
+    let m = &r.overall;
+    let note = format!(
+        "Brier {} · AUROC {}",
+        plot::fmt_opt(m.brier, 4),
+        plot::fmt_opt(m.auroc, 4)
+    );
+    plot::Reliability::new(
+        r.reliability.clone(),
+        r.options.ece_rule,
+        "Reliability diagram · ",
+        &note,
+    )
+}
+
+/// Seed 000's histograms: rewards (top) and lengths (bottom), answers left, confidences right.
+pub fn histogram_figure(samples: &(TurnSamples, TurnSamples)) -> plot::Histograms {
+    let (a, c) = samples;
+    let panel = |title: &str, x: &str, v: &[f64], integer: bool, color: usize| plot::HistPanel {
+        title: title.to_string(),
+        x_label: x.to_string(),
+        values: v.to_vec(),
+        integer,
+        color,
+    };
+    let lens = |t: &TurnSamples| t.lengths.iter().map(|&l| l as f64).collect::<Vec<f64>>();
+    plot::Histograms {
+        title: "Rewards and response lengths: answers (turn 1) vs confidences (turn 2)".to_string(),
+        grid: (2, 2),
+        panels: vec![
+            panel("Answer reward", "reward", &a.rewards, false, 0),
+            panel("Confidence reward", "reward", &c.rewards, false, 1),
+            panel("Answer length", "tokens", &lens(a), true, 0),
+            panel("Confidence length", "tokens", &lens(c), true, 1),
+        ],
+    }
+}
+
+/// Metrics against iteration, four panels.
+pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
+    let s = |name: &str, f: &dyn Fn(&Metrics) -> Option<f64>| plot::Series {
+        name: name.to_string(),
+        values: reports.iter().map(|r| f(&r.overall)).collect(),
+    };
+    plot::LineCharts {
+        title: "Metrics by iteration".to_string(),
+        x_label: "iteration (input order)".to_string(),
+        x_names: reports.iter().map(|r| r.input.clone()).collect(),
+        grid: (2, 2),
+        panels: vec![
+            plot::LinePanel {
+                title: "Accuracy and calibration".into(),
+                y_label: "value".into(),
+                y_range: Some((0.0, 1.0)),
+                series: vec![
+                    s("accuracy", &|m| m.accuracy),
+                    s("mean confidence", &|m| m.mean_confidence),
+                    s("Brier", &|m| m.brier),
+                    s("ECE", &|m| m.ece),
+                    s("AUROC", &|m| m.auroc),
+                ],
+            },
+            plot::LinePanel {
+                title: "Format, parse and group signal".into(),
+                y_label: "fraction".into(),
+                y_range: Some((0.0, 1.0)),
+                series: vec![
+                    s("format ok (answers)", &|m| m.format_rate_answers),
+                    s("format ok (confidences)", &|m| m.format_rate_confidences),
+                    s("confidence parsed (strict)", &|m| m.parse_rate_strict),
+                    s("G_a groups with signal", &|m| m.answer_turn.signal_fraction),
+                    s("G_c groups with signal", &|m| {
+                        m.confidence_turn.signal_fraction
+                    }),
+                ],
+            },
+            plot::LinePanel {
+                title: "Mean reward".into(),
+                y_label: "reward".into(),
+                y_range: None,
+                series: vec![
+                    s("answers", &|m| m.answer_turn.reward_mean),
+                    s("confidences", &|m| m.confidence_turn.reward_mean),
+                ],
+            },
+            plot::LinePanel {
+                title: "Mean response length".into(),
+                y_label: "tokens".into(),
+                y_range: None,
+                series: vec![
+                    s("answers", &|m| m.answer_turn.length_mean),
+                    s("confidences", &|m| m.confidence_turn.length_mean),
+                ],
+            },
+        ],
+    }
+}
+
+/// The probe figures.
+pub fn probe_figures(p: &ProbeRows, s: &ProbeSummary) -> (plot::ProbeCurve, plot::ProbeScatter) {
+    let n: Vec<u64> = p.rows.iter().map(|r| r.num_samples).collect();
+    let same_n = n.first().copied().filter(|&f| n.iter().all(|&x| x == f));
+    (
+        plot::ProbeCurve {
+            cuts: s.cuts.clone(),
+            mean_verbal: s.verbal.mean,
+            accuracy: s.accuracy,
+            samples_per_cut: same_n,
+            rollouts: s.rollouts,
+        },
+        plot::ProbeScatter {
+            points: probe::scatter_points(p),
+            pearson: s.pearson_final_probe_verbal,
+        },
+    )
+}
+
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct MetricsFile<'a> {
+    /// rlcr version.
+    pub rlcr_version: &'a str,
+    /// One report per input, in input order.
+    pub reports: Vec<&'a Report>,
+    /// Probe summary, when a probe table was given.
+    pub probe: Option<&'a ProbeSummary>,
+}
+
+/// The rows of `calibration.parquet`: one per (input, bin).
+///
+/// Columns: `iteration` int32 (input position), `input` utf8, `bin` int32, `lower`/`upper` float64
+/// (displayed edges), `count` int64, `mean_confidence`/`accuracy`/`gap` float64 (null for empty
+/// bins).
+pub fn calibration_batch(reports: &[Report]) -> Result<RecordBatch> {
+    let rows: Vec<(usize, &Report, &Bin)> = reports
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| r.reliability.iter().map(move |b| (i, r, b)))
+        .collect();
+    let schema = Schema::new(vec![
+        Field::new("iteration", DataType::Int32, false),
+        Field::new("input", DataType::Utf8, false),
+        Field::new("bin", DataType::Int32, false),
+        Field::new("lower", DataType::Float64, false),
+        Field::new("upper", DataType::Float64, false),
+        Field::new("count", DataType::Int64, false),
+        Field::new("mean_confidence", DataType::Float64, true),
+        Field::new("accuracy", DataType::Float64, true),
+        Field::new("gap", DataType::Float64, true),
+    ]);
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int32Array::from_iter_values(
+            rows.iter().map(|r| r.0 as i32),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.1.input.as_str()),
+        )),
+        Arc::new(Int32Array::from_iter_values(
+            rows.iter().map(|r| r.2.index as i32),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            rows.iter().map(|r| r.2.lower),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            rows.iter().map(|r| r.2.upper),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter().map(|r| r.2.count as i64),
+        )),
+        Arc::new(Float64Array::from_iter(
+            rows.iter().map(|r| r.2.mean_confidence),
+        )),
+        Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.2.accuracy))),
+        Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.2.gap()))),
+    ];
+    RecordBatch::try_new(Arc::new(schema), cols).context("building the calibration table")
+}
+
+/// Write everything but `calibration.parquet` into `dir` (created if needed): `metrics.json`,
+/// `reliability.svg/png`, `histograms.svg/png`, `iterations.svg/png` (several inputs),
+/// `probe_curve.svg/png` and `probe_vs_verbal.svg/png` (probe given), `report.md`.
+/// Returns the names of the files written.
+pub fn write_outputs(
+    dir: &Path,
+    analyses: &[Analysis],
+    examples: Option<&ExampleSet>,
+    probe: Option<(&ProbeRows, &ProbeSummary)>,
+) -> Result<Vec<String>> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the output folder {}", dir.display()))?;
+    let mut written = Vec::new();
+    let mut figs = FigureFiles::default();
+    let mut both = |stem: &str,
+                    svg: &dyn Fn(&Path) -> Result<()>,
+                    png: &dyn Fn(&Path) -> Result<()>|
+     -> Result<String> {
+        svg(&dir.join(format!("{stem}.svg")))?;
+        png(&dir.join(format!("{stem}.png")))?;
+        written.push(format!("{stem}.svg"));
+        written.push(format!("{stem}.png"));
+        Ok(format!("{stem}.png"))
+    };
+    let reports: Vec<Report> = analyses.iter().map(|a| a.report.clone()).collect();
+    if let Some(last) = analyses.last() {
+        let f = reliability_figure(&last.report);
+        figs.reliability = Some(both("reliability", &|p| plot::write_svg(&f, p), &|p| {
+            plot::write_png(&f, p)
+        })?);
+        let h = histogram_figure(&last.samples);
+        figs.histograms = Some(both("histograms", &|p| plot::write_svg(&h, p), &|p| {
+            plot::write_png(&h, p)
+        })?);
+    }
+    if analyses.len() > 1 {
+        let f = iteration_figure(&reports);
+        figs.iterations = Some(both("iterations", &|p| plot::write_svg(&f, p), &|p| {
+            plot::write_png(&f, p)
+        })?);
+    }
+    if let Some((rows, s)) = probe {
+        let (curve, scatter) = probe_figures(rows, s);
+        figs.probe_curve = Some(both(
+            "probe_curve",
+            &|p| plot::write_svg(&curve, p),
+            &|p| plot::write_png(&curve, p),
+        )?);
+        if !scatter.points.is_empty() {
+            figs.probe_scatter = Some(both(
+                "probe_vs_verbal",
+                &|p| plot::write_svg(&scatter, p),
+                &|p| plot::write_png(&scatter, p),
+            )?);
+        }
+    }
+    let mf = MetricsFile {
+        rlcr_version: crate::VERSION,
+        reports: reports.iter().collect(),
+        probe: probe.map(|p| p.1),
+    };
+    let json = serde_json::to_string_pretty(&mf).context("serialising metrics.json")?;
+    crate::table::write_atomic(&dir.join("metrics.json"), format!("{json}\n").as_bytes())?;
+    written.push("metrics.json".to_string());
+    let md = markdown::render(&reports, examples, probe.map(|p| p.1), &figs);
+    crate::table::write_atomic(&dir.join("report.md"), md.as_bytes())?;
+    written.push("report.md".to_string());
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::data::tests::batch;
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn end_to_end_in_memory() {
+        let t = vec![
+            (
+                "answer",
+                "p0",
+                0,
+                "countdown",
+                10,
+                true,
+                1.0,
+                None,
+                None,
+                1.0,
+                "<think>x</think><answer>4</answer>",
+            ),
+            (
+                "answer",
+                "p0",
+                1,
+                "countdown",
+                20,
+                false,
+                0.0,
+                None,
+                None,
+                0.0,
+                "garbage ``` fence",
+            ),
+            (
+                "confidence",
+                "p0",
+                0,
+                "countdown",
+                3,
+                true,
+                1.0,
+                Some(0.2),
+                Some(0.36),
+                0.36,
+                "<confidence>0.2</confidence>",
+            ),
+            (
+                "confidence",
+                "p0",
+                1,
+                "countdown",
+                3,
+                true,
+                0.0,
+                Some(0.9),
+                Some(0.19),
+                0.19,
+                "<confidence>0.9</confidence>",
+            ),
+            (
+                "confidence",
+                "p0",
+                1,
+                "countdown",
+                3,
+                false,
+                0.0,
+                None,
+                Some(0.0),
+                0.0,
+                "<confidence>very</confidence>",
+            ),
+        ];
+        let b = batch(&t);
+        let rows = Rows::from_batches([&b]).expect("rows");
+        let a = Analysis::new(
+            "scored.parquet",
+            &rows,
+            &Options::default(),
+            EXAMPLES_PER_KIND,
+        );
+        let wanted: BTreeSet<usize> = a.examples.wanted_rows(&rows);
+        let mut texts = HashMap::new();
+        data::collect_texts(&b, 0, &wanted, &mut texts).expect("texts");
+        let ex = resolve_examples(&rows, &a.examples, &texts);
+        assert_eq!(ex.most_confident_wrong[0].sample_id, "p0/a1/c");
+        assert_eq!(
+            ex.most_confident_wrong[0].answer_text.as_deref(),
+            Some("garbage ``` fence")
+        );
+        assert_eq!(
+            ex.least_confident_right[0]
+                .confidence
+                .map(|c| (c * 10.0).round()),
+            Some(2.0)
+        );
+        let dir = tempfile::tempdir().expect("tmp");
+        let probe_rows =
+            ProbeRows::from_batches([&probe::tests::probe_batch(&probe::tests::sample())])
+                .expect("probe");
+        let ps = probe::summarize(&probe_rows, 10, BinRule::Floor);
+        let two = vec![a.clone(), a];
+        let files =
+            write_outputs(dir.path(), &two, Some(&ex), Some((&probe_rows, &ps))).expect("write");
+        for f in [
+            "metrics.json",
+            "report.md",
+            "reliability.svg",
+            "reliability.png",
+            "histograms.png",
+            "iterations.png",
+            "probe_curve.png",
+            "probe_vs_verbal.png",
+        ] {
+            assert!(files.iter().any(|x| x == f), "{f} missing from {files:?}");
+            assert!(dir.path().join(f).is_file(), "{f}");
+        }
+        let md = std::fs::read_to_string(dir.path().join("report.md")).expect("md");
+        assert!(md.contains("````text\n   garbage ``` fence"), "{md}");
+        assert!(md.contains("## Across iterations"));
+        assert!(md.contains("## Faithfulness probe"));
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("metrics.json")).expect("json"),
+        )
+        .expect("parse");
+        assert_eq!(json["reports"].as_array().map(|a| a.len()), Some(2));
+        // c = [0.2, 0.9, 0 (missing)], y = [1, 0, 0]: Brier (0.64 + 0.81 + 0)/3
+        let brier = json["reports"][0]["overall"]["brier"]
+            .as_f64()
+            .expect("brier");
+        assert!((brier - 1.45 / 3.0).abs() < 1e-6, "{brier}");
+        assert_eq!(json["probe"]["rollouts"].as_u64(), Some(2));
+        let cb = calibration_batch(&[two_reports_first(&json)]).expect("batch");
+        assert_eq!(cb.num_rows(), 10);
+        if let Some(keep) = std::env::var_os("RLCR_PLOT_DIR") {
+            for f in &files {
+                let _ = std::fs::copy(
+                    dir.path().join(f),
+                    Path::new(&keep).join(format!("e2e-{f}")),
+                );
+            }
+        }
+    }
+
+    fn two_reports_first(json: &serde_json::Value) -> Report {
+        serde_json::from_value(json["reports"][0].clone()).expect("report round-trips through JSON")
+    }
+}

@@ -9,10 +9,12 @@ pub mod cols;
 pub mod io;
 pub mod json;
 pub mod schema;
+pub mod shard;
 pub mod validate;
 
 pub use io::{check_distinct, write_atomic, write_table, AtomicFile, Meta, Reader, Writer};
 pub use schema::{ColType, ColumnSpec, TableSpec, PROBE, PROMPTS, TRAJECTORY};
+pub use shard::Shard;
 pub use validate::{check_schema, Validator};
 
 /// The full trajectory schema.

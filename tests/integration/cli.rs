@@ -222,3 +222,139 @@ fn broken_pipe_is_quiet() {
     assert!(o.status.code() == Some(0), "status {:?}", o.status);
     assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
 }
+
+#[test]
+fn prepare_countdown_jsonl_and_verl_parquet() {
+    use arrow::array::{
+        Array, ArrayRef, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
+    };
+    use arrow::datatypes::{DataType, Field, Fields, Int64Type, Schema};
+    use std::sync::Arc;
+
+    let wd = Workdir::new();
+    wd.write(
+        "cd.jsonl",
+        "{\"target\": 23, \"nums\": [2, 3, 7]}\n{\"target\": 98, \"nums\": [44, 19, 35]}\n",
+    );
+    wd.run(&[
+        "prepare",
+        "--from",
+        "countdown",
+        "--input",
+        "cd.jsonl",
+        "-o",
+        "c.parquet",
+    ]);
+    let batches = rlcr::table::Reader::open(&wd.path("c.parquet"))
+        .unwrap()
+        .read_all()
+        .unwrap();
+    let gt = rlcr::table::cols::str_col(&batches[0], "c", "ground_truth").unwrap();
+    assert_eq!(gt.value(1), r#"{"numbers":[44,19,35],"target":98}"#);
+    let msg = rlcr::table::cols::str_col(&batches[0], "c", "messages").unwrap();
+    assert!(msg
+        .value(1)
+        .contains("Using the numbers [44, 19, 35], create an equation that equals 98."));
+
+    // A verl dataset Parquet: prompt list<struct<role, content>>, reward_model struct, extra_info.
+    let msg_fields = Fields::from(vec![
+        Field::new("role", DataType::Utf8, true),
+        Field::new("content", DataType::Utf8, true),
+    ]);
+    let msgs = StructArray::new(
+        msg_fields.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["user", "user"])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["What is 2+2?", "What is 3*3?"])),
+        ],
+        None,
+    );
+    let prompt = ListArray::new(
+        Arc::new(Field::new("item", DataType::Struct(msg_fields), true)),
+        arrow::buffer::OffsetBuffer::new(vec![0i32, 1, 2].into()),
+        Arc::new(msgs),
+        None,
+    );
+    let rm_fields = Fields::from(vec![
+        Field::new("style", DataType::Utf8, true),
+        Field::new("ground_truth", DataType::Utf8, true),
+    ]);
+    let rm = StructArray::new(
+        rm_fields,
+        vec![
+            Arc::new(StringArray::from(vec!["rule", "rule"])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["4", "9"])),
+        ],
+        None,
+    );
+    let ei_fields = Fields::from(vec![
+        Field::new("split", DataType::Utf8, true),
+        Field::new("index", DataType::Int64, true),
+    ]);
+    let ei = StructArray::new(
+        ei_fields,
+        vec![
+            Arc::new(StringArray::from(vec!["train", "train"])) as ArrayRef,
+            Arc::new(Int64Array::from(vec![10, 11])),
+        ],
+        None,
+    );
+    let _ = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1)])]);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("data_source", DataType::Utf8, true),
+        Field::new("prompt", prompt.data_type().clone(), true),
+        Field::new("reward_model", rm.data_type().clone(), true),
+        Field::new("extra_info", ei.data_type().clone(), true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["gsm8k", "gsm8k"])),
+            Arc::new(prompt),
+            Arc::new(rm),
+            Arc::new(ei),
+        ],
+    )
+    .unwrap();
+    let meta = rlcr::table::Meta::new(&rlcr::table::PROMPTS, "test", serde_json::json!({}), &[]);
+    rlcr::table::write_table(&wd.path("verl.parquet"), schema, &[batch], &meta).unwrap();
+    wd.run(&[
+        "prepare",
+        "--from",
+        "verl",
+        "--input",
+        "verl.parquet",
+        "-o",
+        "v.parquet",
+    ]);
+    let b = rlcr::table::Reader::open(&wd.path("v.parquet"))
+        .unwrap()
+        .read_all()
+        .unwrap();
+    let ids = rlcr::table::cols::str_col(&b[0], "v", "prompt_id").unwrap();
+    assert_eq!(ids.value(0), "gsm8k-train-10");
+    let gt = rlcr::table::cols::str_col(&b[0], "v", "ground_truth").unwrap();
+    assert_eq!(gt.value(1), "\"9\"");
+    let m = rlcr::table::cols::str_col(&b[0], "v", "messages").unwrap();
+    assert_eq!(m.value(1), r#"[{"content":"What is 3*3?","role":"user"}]"#);
+
+    // Missing field: file, line and column named; nothing written.
+    wd.write(
+        "bad.jsonl",
+        "{\"target\": 23, \"nums\": [2, 3, 7]}\n{\"nums\": [1]}\n",
+    );
+    let e = wd.fail(
+        &[
+            "prepare",
+            "--from",
+            "countdown",
+            "--input",
+            "bad.jsonl",
+            "-o",
+            "b.parquet",
+        ],
+        1,
+    );
+    assert!(e.contains("bad.jsonl, line 2, column `target`"), "{e}");
+    assert!(!wd.path("b.parquet").exists());
+}

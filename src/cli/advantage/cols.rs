@@ -1,0 +1,342 @@
+//! Typed, lenient access to the columns `rlcr advantage` reads, one record batch at a time.
+//!
+//! Tables come from rlcr, polars or DuckDB, so the physical types vary (`LargeUtf8`, `LargeList`,
+//! `Int64` indices, `Float64` rewards, integer `info_mask`): every accessor casts to one canonical
+//! type with arrow's `cast` (free when the type already matches) and reports the column by name when
+//! it cannot. Lists are flattened to `(offsets, values)` with offsets rebased to 0, so the per-row
+//! code indexes plain slices.
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int32Array, RecordBatch, StringArray,
+    StructArray,
+};
+use arrow::compute::cast;
+use arrow::datatypes::DataType;
+
+use crate::advantage::Span;
+
+/// A column cast to `to`, or `None` when the batch has no such column.
+pub fn opt_cast(batch: &RecordBatch, name: &str, to: &DataType) -> Result<Option<ArrayRef>> {
+    let Some(col) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    if col.data_type() == to {
+        return Ok(Some(col.clone()));
+    }
+    let c = cast(col, to)
+        .with_context(|| format!("column `{name}`: cannot read {} as {to}", col.data_type()))?;
+    Ok(Some(c))
+}
+
+fn need(batch: &RecordBatch, name: &str, to: &DataType) -> Result<ArrayRef> {
+    opt_cast(batch, name, to)?.ok_or_else(|| anyhow!("missing column `{name}`"))
+}
+
+/// A string column.
+pub fn strings(batch: &RecordBatch, name: &str) -> Result<StringArray> {
+    Ok(need(batch, name, &DataType::Utf8)?
+        .as_string::<i32>()
+        .clone())
+}
+
+/// An integer column as `Int32`.
+pub fn ints(batch: &RecordBatch, name: &str) -> Result<Int32Array> {
+    Ok(need(batch, name, &DataType::Int32)?
+        .as_primitive::<arrow::datatypes::Int32Type>()
+        .clone())
+}
+
+/// A float column as `Float64`.
+pub fn floats(batch: &RecordBatch, name: &str) -> Result<Float64Array> {
+    Ok(need(batch, name, &DataType::Float64)?
+        .as_primitive::<arrow::datatypes::Float64Type>()
+        .clone())
+}
+
+/// A list column flattened: `offsets[i]..offsets[i+1]` are row i's values (rebased to 0); `valid[i]`
+/// is false for a null list.
+pub struct Flat<T> {
+    pub offsets: Vec<usize>,
+    pub values: Vec<T>,
+    pub valid: Option<Vec<bool>>,
+}
+
+impl<T> Flat<T> {
+    /// Row i's values, or `None` for a null list.
+    pub fn row(&self, i: usize) -> Option<&[T]> {
+        if let Some(v) = &self.valid {
+            if !v[i] {
+                return None;
+            }
+        }
+        Some(&self.values[self.offsets[i]..self.offsets[i + 1]])
+    }
+
+    /// Row i's length (0 for a null list).
+    pub fn len_of(&self, i: usize) -> usize {
+        self.offsets[i + 1] - self.offsets[i]
+    }
+}
+
+/// The offsets (rebased to 0) and the child values of a `List` or `LargeList` column.
+fn list_parts(col: &ArrayRef, name: &str) -> Result<(Vec<usize>, ArrayRef)> {
+    match col.data_type() {
+        DataType::List(_) => {
+            let l = col.as_list::<i32>();
+            let o = l.value_offsets();
+            let first = o[0] as usize;
+            let last = o[o.len() - 1] as usize;
+            let offs = o.iter().map(|&x| x as usize - first).collect();
+            Ok((offs, l.values().slice(first, last - first)))
+        }
+        DataType::LargeList(_) => {
+            let l = col.as_list::<i64>();
+            let o = l.value_offsets();
+            let first = o[0] as usize;
+            let last = o[o.len() - 1] as usize;
+            let offs = o.iter().map(|&x| x as usize - first).collect();
+            Ok((offs, l.values().slice(first, last - first)))
+        }
+        other => bail!("column `{name}`: expected a list, found {other}"),
+    }
+}
+
+fn validity(col: &ArrayRef) -> Option<Vec<bool>> {
+    col.nulls()
+        .map(|n| (0..col.len()).map(|i| n.is_valid(i)).collect())
+}
+
+fn no_null_items(values: &ArrayRef, name: &str) -> Result<()> {
+    if values.null_count() > 0 {
+        bail!("column `{name}`: a list holds a null element");
+    }
+    Ok(())
+}
+
+/// A list column's row lengths only (e.g. `response_ids`); `None` when absent.
+pub fn list_lengths(batch: &RecordBatch, name: &str) -> Result<Option<Flat<()>>> {
+    let Some(col) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    let (offsets, _) = list_parts(col, name)?;
+    Ok(Some(Flat {
+        offsets,
+        values: Vec::new(),
+        valid: validity(col),
+    }))
+}
+
+/// A list-of-floats column as `f64`; `None` when absent.
+pub fn float_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<f64>>> {
+    let Some(col) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    let (offsets, vals) = list_parts(col, name)?;
+    no_null_items(&vals, name)?;
+    let v = cast(&vals, &DataType::Float64).with_context(|| {
+        format!(
+            "column `{name}`: cannot read {} items as floats",
+            vals.data_type()
+        )
+    })?;
+    let values = v
+        .as_primitive::<arrow::datatypes::Float64Type>()
+        .values()
+        .to_vec();
+    Ok(Some(Flat {
+        offsets,
+        values,
+        valid: validity(col),
+    }))
+}
+
+/// A list-of-ints column as `i32`; `None` when absent.
+pub fn int_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<i32>>> {
+    let Some(col) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    let (offsets, vals) = list_parts(col, name)?;
+    no_null_items(&vals, name)?;
+    let v = cast(&vals, &DataType::Int32).with_context(|| {
+        format!(
+            "column `{name}`: cannot read {} items as int32",
+            vals.data_type()
+        )
+    })?;
+    let values = v
+        .as_primitive::<arrow::datatypes::Int32Type>()
+        .values()
+        .to_vec();
+    Ok(Some(Flat {
+        offsets,
+        values,
+        valid: validity(col),
+    }))
+}
+
+/// A list-of-bools column (integers accepted: non-zero is true); `None` when absent.
+pub fn bool_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<bool>>> {
+    let Some(col) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    let (offsets, vals) = list_parts(col, name)?;
+    no_null_items(&vals, name)?;
+    let v = cast(&vals, &DataType::Boolean).with_context(|| {
+        format!(
+            "column `{name}`: cannot read {} items as booleans",
+            vals.data_type()
+        )
+    })?;
+    let b: &BooleanArray = v.as_boolean();
+    let values = b.values().iter().collect();
+    Ok(Some(Flat {
+        offsets,
+        values,
+        valid: validity(col),
+    }))
+}
+
+/// A span column (`struct<start, end>`, nullable); `None` when absent.
+pub struct Spans {
+    start: Int32Array,
+    end: Int32Array,
+    valid: Option<Vec<bool>>,
+}
+
+impl Spans {
+    /// Row i's span, `None` when null.
+    pub fn get(&self, i: usize) -> Option<Span> {
+        if let Some(v) = &self.valid {
+            if !v[i] {
+                return None;
+            }
+        }
+        if self.start.is_null(i) || self.end.is_null(i) {
+            return None;
+        }
+        Some(Span {
+            start: self.start.value(i),
+            end: self.end.value(i),
+        })
+    }
+}
+
+/// Read a span column.
+pub fn spans(batch: &RecordBatch, name: &str) -> Result<Option<Spans>> {
+    let Some(col) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    let s: &StructArray = col.as_struct_opt().ok_or_else(|| {
+        anyhow!(
+            "column `{name}`: expected struct<start, end>, found {}",
+            col.data_type()
+        )
+    })?;
+    let part = |f: &str| -> Result<Int32Array> {
+        let c = s
+            .column_by_name(f)
+            .ok_or_else(|| anyhow!("column `{name}`: no field `{f}`"))?;
+        let c = cast(c, &DataType::Int32).with_context(|| format!("column `{name}.{f}`"))?;
+        Ok(c.as_primitive::<arrow::datatypes::Int32Type>().clone())
+    };
+    Ok(Some(Spans {
+        start: part("start")?,
+        end: part("end")?,
+        valid: validity(col),
+    }))
+}
+
+/// One structured reward component.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Component {
+    pub name: String,
+    /// `None` (or negative) for a global component.
+    pub turn: Option<i32>,
+    pub value: f64,
+    pub weight: f64,
+}
+
+/// `reward_components` (`list<struct<name, turn, value, weight>>`); `None` when absent.
+pub struct Components {
+    offsets: Vec<usize>,
+    valid: Option<Vec<bool>>,
+    name: StringArray,
+    turn: Int32Array,
+    value: Float64Array,
+    weight: Float64Array,
+}
+
+impl Components {
+    /// Row i's components (empty for a null list). Null `value` → error; null `weight` → 1.
+    pub fn row(&self, i: usize, out: &mut Vec<Component>) -> Result<()> {
+        out.clear();
+        if let Some(v) = &self.valid {
+            if !v[i] {
+                return Ok(());
+            }
+        }
+        for j in self.offsets[i]..self.offsets[i + 1] {
+            if self.value.is_null(j) {
+                bail!(
+                    "reward_components: component {} has a null value",
+                    j - self.offsets[i]
+                );
+            }
+            out.push(Component {
+                name: if self.name.is_null(j) {
+                    String::new()
+                } else {
+                    self.name.value(j).to_string()
+                },
+                turn: (!self.turn.is_null(j)).then(|| self.turn.value(j)),
+                value: self.value.value(j),
+                weight: if self.weight.is_null(j) {
+                    1.0
+                } else {
+                    self.weight.value(j)
+                },
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Read `reward_components`.
+pub fn components(batch: &RecordBatch, name: &str) -> Result<Option<Components>> {
+    let Some(col) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    let (offsets, vals) = list_parts(col, name)?;
+    let s: &StructArray = vals.as_struct_opt().ok_or_else(|| {
+        anyhow!(
+            "column `{name}`: expected list<struct<name, turn, value, weight>>, found {}",
+            col.data_type()
+        )
+    })?;
+    let field = |f: &str, to: &DataType| -> Result<ArrayRef> {
+        match s.column_by_name(f) {
+            Some(c) => cast(c, to).with_context(|| format!("column `{name}.{f}`")),
+            None if f == "weight" => {
+                Ok(Arc::new(Float64Array::from(vec![1.0; s.len()])) as ArrayRef)
+            }
+            None if f == "turn" => Ok(arrow::array::new_null_array(&DataType::Int32, s.len())),
+            None => bail!("column `{name}`: no field `{f}`"),
+        }
+    };
+    Ok(Some(Components {
+        offsets,
+        valid: validity(col),
+        name: field("name", &DataType::Utf8)?.as_string::<i32>().clone(),
+        turn: field("turn", &DataType::Int32)?
+            .as_primitive::<arrow::datatypes::Int32Type>()
+            .clone(),
+        value: field("value", &DataType::Float64)?
+            .as_primitive::<arrow::datatypes::Float64Type>()
+            .clone(),
+        weight: field("weight", &DataType::Float64)?
+            .as_primitive::<arrow::datatypes::Float64Type>()
+            .clone(),
+    }))
+}

@@ -1,0 +1,1053 @@
+//! The decoder: one implementation of the Llama / Qwen2 / Mistral forward pass, the same function as
+//! Hugging Face transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM`.
+//!
+//! Reads top to bottom: dimensions → rotary embedding → RMSNorm and linear helpers → MLP →
+//! attention → layer → model → LM head, then the KV cache and the batch descriptions.
+//!
+//! Design decisions:
+//! - **Weights stored `[in, out]`** (transposed from Hugging Face's `[out, in]` at load, back at
+//!   save; exact), so every projection is `x · W` with `W` row-major. Measured on Flex (gemm):
+//!   2–3× less CPU per decode-step matmul than multiplying by a transposed view of the HF
+//!   layout, because gemm then streams the weights without repacking them. The embedding is
+//!   stored `[h, V]` for the same reason: it doubles as the tied LM head (`x · E`), and the
+//!   lookup is a column gather. q/k/v are fused into one `[h, (H+2K)·d]` matrix and gate/up into
+//!   one `[h, 2I]` matrix (one matmul instead of three/two); saving splits the columns again.
+//! - **Activations stay 2-D** (`[B·T, h]`) around every matmul, so a decode step is one
+//!   `[B, h] × [h, out]` product rather than `B` matrix-vector products.
+//! - **RoPE is HF's rotate-half** (`x·cos + rotate_half(x)·sin`), with `inv_freq` and the angles
+//!   computed in f32 exactly as transformers does (see [`ModelConfig::inv_freq`]); cos/sin are
+//!   evaluated on the host per call for the explicit positions of every row.
+//! - **Grouped-query attention without copying K/V**: the `g = H/K` query heads that share a
+//!   key/value head are stacked along the query axis (`[B, K, g·T, d]`, a free reshape), so the
+//!   attention is plain multi-head attention over the K key/value heads on every backend, fused
+//!   (burn's `attention`) or not (its autodiff fallback). Rows of the mask repeat `g` times.
+//! - **Explicit positions and mask**: every forward takes a [`TokenBatch`] (ids + a validity flag
+//!   per slot). Padding slots get no attention from anyone; a padding query attends only to
+//!   itself (so no softmax row is empty and no NaN can appear); real tokens are numbered from 0
+//!   in every row. A batch of ragged left-padded rows therefore computes, row by row, the same
+//!   function as each row alone.
+//! - **The KV cache lives outside the module** ([`KvCache`], passed as `&mut`): preallocated
+//!   `[B, K, capacity, d]` tensors written in place with `slice_assign`; attention reads the whole
+//!   buffer (contiguous, no copy) and the mask hides unwritten slots. Capacity grows in chunks;
+//!   rows can be dropped, reordered or duplicated (`select_rows`), which covers finished rows,
+//!   sharing one prompt's cache across several continuations, and expanding batch 1 to n.
+//! - **Device-agnostic**: nothing here names a backend; the same code runs on Flex, CUDA and on an
+//!   autodiff device for training.
+use anyhow::{bail, ensure, Result};
+use burn::module::{Module, Param};
+use burn::tensor::activation::{log_softmax, sigmoid};
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+
+use super::config::ModelConfig;
+
+// ---------------------------------------------------------------------------------------------
+// Dimensions
+// ---------------------------------------------------------------------------------------------
+
+/// The numbers the forward pass needs, taken from [`ModelConfig`] (kept inside the module).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dims {
+    pub vocab: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f64,
+    /// RoPE inverse frequencies (`head_dim / 2` values, f32 as in transformers).
+    pub inv_freq: Vec<f32>,
+    pub tied: bool,
+}
+
+impl Dims {
+    pub fn from_config(c: &ModelConfig) -> Self {
+        Dims {
+            vocab: c.vocab_size,
+            hidden: c.hidden_size,
+            intermediate: c.intermediate_size,
+            layers: c.num_hidden_layers,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            eps: c.rms_norm_eps,
+            inv_freq: c.inv_freq(),
+            tied: c.tie_word_embeddings,
+        }
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding
+// ---------------------------------------------------------------------------------------------
+
+/// cos and sin of the RoPE angles for every slot of a batch: `[B, 1, T, d/2]` each (the two halves
+/// of HF's `cat(freqs, freqs)` are equal, so half is enough).
+struct Rope {
+    cos: Tensor<4>,
+    sin: Tensor<4>,
+}
+
+impl Rope {
+    /// `positions` is `[B·T]` row-major. Angles are `f32(position) · inv_freq` rounded to f32, as
+    /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once.
+    fn new(
+        inv_freq: &[f32],
+        positions: &[usize],
+        batch: usize,
+        len: usize,
+        device: &Device,
+    ) -> Self {
+        let half = inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for &f in inv_freq {
+                let angle = (p as f32 * f) as f64;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let shape = [batch, 1, len, half];
+        Rope {
+            cos: Tensor::from_data(TensorData::new(cos, shape), device),
+            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+        }
+    }
+
+    /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
+    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings).
+    fn apply(&self, x: Tensor<4>) -> Tensor<4> {
+        let [b, n, t, d] = x.dims();
+        let half = d / 2;
+        let x1 = x.clone().slice([0..b, 0..n, 0..t, 0..half]);
+        let x2 = x.slice([0..b, 0..n, 0..t, half..d]);
+        let o1 = x1.clone() * self.cos.clone() - x2.clone() * self.sin.clone();
+        let o2 = x2 * self.cos.clone() + x1 * self.sin.clone();
+        Tensor::cat(vec![o1, o2], 3)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers: RMSNorm and linear
+// ---------------------------------------------------------------------------------------------
+
+/// HF's RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last axis of `[N, h]`.
+fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
+    let ms = x.clone().square().mean_dim(1);
+    x * ms.add_scalar(eps).sqrt().recip() * w.val().unsqueeze_dim(0)
+}
+
+/// `x · W`, through the CPU fast path for decode-shaped products when it applies
+/// ([`super::cpu`]), else burn's matmul.
+fn matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    match super::cpu::small_matmul(&x, &w) {
+        Some(y) => y,
+        None => x.matmul(w),
+    }
+}
+
+/// `x · W (+ b)` with `W` stored `[in, out]` and `x` as `[N, in]`.
+fn linear(x: Tensor<2>, w: &Param<Tensor<2>>, b: &Option<Param<Tensor<1>>>) -> Tensor<2> {
+    let y = matmul(x, w.val());
+    match b {
+        Some(b) => y + b.val().unsqueeze_dim(0),
+        None => y,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MLP
+// ---------------------------------------------------------------------------------------------
+
+/// SwiGLU MLP: `down(silu(gate(x)) · up(x))`, gate and up fused into one matrix.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    /// `[h, 2I]`: columns `0..I` are `gate_proj`, columns `I..2I` are `up_proj`.
+    pub gate_up: Param<Tensor<2>>,
+    pub gate_up_bias: Option<Param<Tensor<1>>>,
+    /// `[I, h]`.
+    pub down: Param<Tensor<2>>,
+    pub down_bias: Option<Param<Tensor<1>>>,
+}
+
+impl Mlp {
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let gu = linear(x, &self.gate_up, &self.gate_up_bias);
+        let [n, two_i] = gu.dims();
+        let i = two_i / 2;
+        let gate = gu.clone().slice([0..n, 0..i]);
+        let up = gu.slice([0..n, i..two_i]);
+        // silu(g) = g · sigmoid(g), as torch's silu.
+        let h = gate.clone() * sigmoid(gate) * up;
+        linear(h, &self.down, &self.down_bias)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------------
+
+/// Grouped-query self-attention with HF rotate-half RoPE and optional q/k/v and o biases.
+#[derive(Module, Debug)]
+pub struct Attention {
+    /// `[h, (H + 2K)·d]`: columns are `q_proj`, then `k_proj`, then `v_proj`.
+    pub qkv: Param<Tensor<2>>,
+    pub qkv_bias: Option<Param<Tensor<1>>>,
+    /// `[H·d, h]`.
+    pub o: Param<Tensor<2>>,
+    pub o_bias: Option<Param<Tensor<1>>>,
+}
+
+/// Where the keys and values of an attention call come from.
+enum KvSource<'a> {
+    /// Cache-free: the keys/values of this call's own tokens.
+    Fresh,
+    /// Write this call's keys/values into the cache at `start..start+T`, then attend to the
+    /// whole cache buffer.
+    Cache {
+        k: &'a mut Tensor<4>,
+        v: &'a mut Tensor<4>,
+        start: usize,
+    },
+}
+
+impl Attention {
+    /// `x`: `[B·T, h]` (normalised). Returns `[B·T, h]`.
+    fn forward(
+        &self,
+        x: Tensor<2>,
+        dims: &Dims,
+        shape: (usize, usize),
+        rope: &Rope,
+        mask: &Tensor<4, Bool>,
+        kv: KvSource<'_>,
+    ) -> Tensor<2> {
+        let (b, t) = shape;
+        let (h, k, d) = (dims.heads, dims.kv_heads, dims.head_dim);
+        let g = h / k;
+        let qkv = linear(x, &self.qkv, &self.qkv_bias);
+        // [B·T, (H+2K)·d] → [B, T, H+2K, d] (free) → [B, H+2K, T, d] (view).
+        let qkv = qkv.reshape([b, t, h + 2 * k, d]).swap_dims(1, 2);
+        let qk = rope.apply(qkv.clone().slice([0..b, 0..h + k, 0..t, 0..d]));
+        let v = qkv.slice([0..b, h + k..h + 2 * k, 0..t, 0..d]);
+        // Query heads sharing a KV head stacked along the query axis: [B, K, g·T, d].
+        let q = qk
+            .clone()
+            .slice([0..b, 0..h, 0..t, 0..d])
+            .reshape([b, k, g * t, d]);
+        let k_new = qk.slice([0..b, h..h + k, 0..t, 0..d]);
+        let options = AttentionModuleOptions {
+            scale: Some(1.0 / (d as f64).sqrt()),
+            softcap: None,
+            is_causal: false,
+        };
+        let out = match kv {
+            KvSource::Fresh => attention(q, k_new, v, Some(mask.clone()), None, options),
+            KvSource::Cache {
+                k: kc,
+                v: vc,
+                start,
+            } => {
+                let ranges = [0..b, 0..k, start..start + t, 0..d];
+                kc.inplace(|c| c.slice_assign(ranges.clone(), k_new));
+                vc.inplace(|c| c.slice_assign(ranges, v));
+                attention(q, kc.clone(), vc.clone(), Some(mask.clone()), None, options)
+            }
+        };
+        // [B, K, g·T, d] = [B, H, T, d] → [B, T, H, d] → [B·T, H·d].
+        let out = out
+            .reshape([b, h, t, d])
+            .swap_dims(1, 2)
+            .reshape([b * t, h * d]);
+        linear(out, &self.o, &self.o_bias)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer
+// ---------------------------------------------------------------------------------------------
+
+/// One pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Module, Debug)]
+pub struct Layer {
+    pub input_norm: Param<Tensor<1>>,
+    pub attn: Attention,
+    pub post_norm: Param<Tensor<1>>,
+    pub mlp: Mlp,
+}
+
+impl Layer {
+    fn forward(
+        &self,
+        x: Tensor<2>,
+        dims: &Dims,
+        shape: (usize, usize),
+        rope: &Rope,
+        mask: &Tensor<4, Bool>,
+        kv: KvSource<'_>,
+    ) -> Tensor<2> {
+        let a = self.attn.forward(
+            rms_norm(x.clone(), &self.input_norm, dims.eps),
+            dims,
+            shape,
+            rope,
+            mask,
+            kv,
+        );
+        let x = x + a;
+        let m = self
+            .mlp
+            .forward(rms_norm(x.clone(), &self.post_norm, dims.eps));
+        x + m
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model and LM head
+// ---------------------------------------------------------------------------------------------
+
+/// The decoder-only transformer with its LM head (a burn [`Module`]: trainable with any burn
+/// optimizer on an autodiff device).
+#[derive(Module, Debug)]
+pub struct Transformer {
+    /// `[h, V]` token embedding, stored transposed (also the LM head when tied).
+    pub embed: Param<Tensor<2>>,
+    pub layers: Vec<Layer>,
+    pub norm: Param<Tensor<1>>,
+    /// `[h, V]`; `None` when the embeddings are tied.
+    pub lm_head: Option<Param<Tensor<2>>>,
+    #[module(skip)]
+    pub dims: Dims,
+}
+
+/// Token ids of a batch with a validity flag per slot (`false` = padding).
+///
+/// Rows are usually left-padded (then every row's last slot is a real token, which is what
+/// sampling needs), but any pattern of padding works: real tokens are numbered 0, 1, … in order
+/// and padding is invisible to them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenBatch {
+    pub batch: usize,
+    pub len: usize,
+    /// `batch · len` ids, row-major (padding slots hold any id, conventionally 0).
+    pub ids: Vec<u32>,
+    /// `batch · len` flags, `false` for padding.
+    pub valid: Vec<bool>,
+}
+
+impl TokenBatch {
+    /// A batch from explicit parts (lengths are checked).
+    pub fn new(batch: usize, len: usize, ids: Vec<u32>, valid: Vec<bool>) -> Result<Self> {
+        ensure!(
+            ids.len() == batch * len && valid.len() == batch * len,
+            "token batch: {} ids and {} flags for {batch}×{len} slots",
+            ids.len(),
+            valid.len()
+        );
+        Ok(TokenBatch {
+            batch,
+            len,
+            ids,
+            valid,
+        })
+    }
+
+    /// Left-pad `rows` to the longest one.
+    pub fn left_padded<R: AsRef<[u32]>>(rows: &[R]) -> Self {
+        let len = rows.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(rows.len() * len);
+        let mut valid = Vec::with_capacity(rows.len() * len);
+        for r in rows {
+            let r = r.as_ref();
+            let pad = len - r.len();
+            ids.extend(std::iter::repeat_n(0u32, pad));
+            valid.extend(std::iter::repeat_n(false, pad));
+            ids.extend_from_slice(r);
+            valid.extend(std::iter::repeat_n(true, r.len()));
+        }
+        TokenBatch {
+            batch: rows.len(),
+            len,
+            ids,
+            valid,
+        }
+    }
+
+    /// One token per row, all real (a decode step).
+    pub fn step(ids: &[u32]) -> Self {
+        TokenBatch {
+            batch: ids.len(),
+            len: 1,
+            ids: ids.to_vec(),
+            valid: vec![true; ids.len()],
+        }
+    }
+
+    fn check_vocab(&self, vocab: usize) -> Result<()> {
+        for (i, (&id, &ok)) in self.ids.iter().zip(&self.valid).enumerate() {
+            if ok && id as usize >= vocab {
+                bail!(
+                    "token id {id} (row {}, position {}) is outside the model's vocabulary of \
+                     {vocab}",
+                    i / self.len.max(1),
+                    i % self.len.max(1)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Build the attention mask `[B, 1, g·T, S]` (true = masked). Query `t` of row `b` sits at key
+/// index `start + t`; a real query sees real keys at or before it, a padding query sees itself.
+fn build_mask(
+    batch: usize,
+    len: usize,
+    group: usize,
+    keys: usize,
+    start: usize,
+    key_valid: impl Fn(usize, usize) -> bool,
+    query_valid: impl Fn(usize, usize) -> bool,
+    device: &Device,
+) -> Tensor<4, Bool> {
+    let mut m = vec![true; batch * group * len * keys];
+    let mut row = vec![true; keys];
+    for b in 0..batch {
+        for t in 0..len {
+            let q = start + t;
+            row.fill(true);
+            if query_valid(b, t) {
+                for (kk, slot) in row.iter_mut().enumerate().take(q + 1) {
+                    *slot = !key_valid(b, kk);
+                }
+            } else {
+                row[q] = false;
+            }
+            for j in 0..group {
+                let off = ((b * group + j) * len + t) * keys;
+                m[off..off + keys].copy_from_slice(&row);
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(m, [batch, 1, group * len, keys]), device)
+}
+
+impl Transformer {
+    /// The device the weights live on.
+    pub fn device(&self) -> Device {
+        self.embed.val().device()
+    }
+
+    /// Embedding lookup: `[B·T, h]`.
+    fn embed_tokens(&self, input: &TokenBatch, device: &Device) -> Tensor<2> {
+        let ids: Vec<i32> = input
+            .ids
+            .iter()
+            .zip(&input.valid)
+            .map(|(&id, &ok)| if ok { id as i32 } else { 0 })
+            .collect();
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [ids_len(input)]), device);
+        self.embed.val().select(1, ids).transpose()
+    }
+
+    /// The LM head on `[N, h]` final-normed hidden states: `[N, V]` logits.
+    pub fn lm_head(&self, hidden: Tensor<2>) -> Tensor<2> {
+        let w = match &self.lm_head {
+            Some(w) => w.val(),
+            None => self.embed.val(),
+        };
+        matmul(hidden, w)
+    }
+
+    /// Final RMSNorm on `[N, h]`.
+    pub fn final_norm(&self, x: Tensor<2>) -> Tensor<2> {
+        rms_norm(x, &self.norm, self.dims.eps)
+    }
+
+    /// Cache-free forward: final-normed hidden states `[B, T, h]`.
+    ///
+    /// This is the training / log-prob path: no cache is read or written, and on an autodiff
+    /// device the result carries the graph.
+    pub fn hidden(&self, input: &TokenBatch) -> Result<Tensor<3>> {
+        input.check_vocab(self.dims.vocab)?;
+        let (b, t) = (input.batch, input.len);
+        ensure!(b > 0 && t > 0, "empty batch ({b}×{t})");
+        let device = self.device();
+        let mut positions = vec![0usize; b * t];
+        for r in 0..b {
+            let mut p = 0;
+            for s in 0..t {
+                if input.valid[r * t + s] {
+                    positions[r * t + s] = p;
+                    p += 1;
+                }
+            }
+        }
+        let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
+        let valid = |r: usize, s: usize| input.valid[r * t + s];
+        let mask = build_mask(b, t, self.dims.group(), t, 0, valid, valid, &device);
+        let mut x = self.embed_tokens(input, &device);
+        for layer in &self.layers {
+            x = layer.forward(x, &self.dims, (b, t), &rope, &mask, KvSource::Fresh);
+        }
+        Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
+    }
+
+    /// Cache-free forward: logits `[B, T, V]` at every slot.
+    pub fn forward(&self, input: &TokenBatch) -> Result<Tensor<3>> {
+        let h = self.hidden(input)?;
+        let [b, t, hd] = h.dims();
+        Ok(self
+            .lm_head(h.reshape([b * t, hd]))
+            .reshape([b, t, self.dims.vocab]))
+    }
+
+    /// Run `input` through the cache: its keys/values are appended to `cache` (all rows advance
+    /// by `input.len` slots) and the final-normed hidden states `[B, T, h]` are returned.
+    pub fn hidden_cached(&self, cache: &mut KvCache, input: &TokenBatch) -> Result<Tensor<3>> {
+        input.check_vocab(self.dims.vocab)?;
+        let (b, t) = (input.batch, input.len);
+        ensure!(
+            b == cache.batch,
+            "batch of {b} rows against a cache of {} rows",
+            cache.batch
+        );
+        ensure!(t > 0, "empty input");
+        ensure!(
+            cache.layers.len() == self.layers.len(),
+            "cache built for another model ({} layers, model has {})",
+            cache.layers.len(),
+            self.layers.len()
+        );
+        let device = self.device();
+        let start = cache.len;
+        cache.reserve(t);
+        let mut positions = vec![0usize; b * t];
+        for r in 0..b {
+            for s in 0..t {
+                let ok = input.valid[r * t + s];
+                if ok {
+                    positions[r * t + s] = cache.next_pos[r];
+                    cache.next_pos[r] += 1;
+                }
+                cache.valid[r].push(ok);
+            }
+        }
+        cache.len += t;
+        let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
+        let keys = cache.cap;
+        let mask = build_mask(
+            b,
+            t,
+            self.dims.group(),
+            keys,
+            start,
+            |r, s| cache.valid[r].get(s).copied().unwrap_or(false),
+            |r, s| input.valid[r * t + s],
+            &device,
+        );
+        let mut x = self.embed_tokens(input, &device);
+        for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            let kv = KvSource::Cache {
+                k: &mut lc.0,
+                v: &mut lc.1,
+                start,
+            };
+            x = layer.forward(x, &self.dims, (b, t), &rope, &mask, kv);
+        }
+        Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
+    }
+
+    /// Run `input` through the cache and return the logits `[B, V]` of each row's last slot (the
+    /// next-token distribution for sampling; with left padding the last slot is always real).
+    pub fn step(&self, cache: &mut KvCache, input: &TokenBatch) -> Result<Tensor<2>> {
+        let h = self.hidden_cached(cache, input)?;
+        let [b, t, hd] = h.dims();
+        let last = h.slice([0..b, t - 1..t, 0..hd]).reshape([b, hd]);
+        Ok(self.lm_head(last))
+    }
+
+    /// Run `input` through the cache and return logits `[B, T, V]` at every slot.
+    pub fn forward_cached(&self, cache: &mut KvCache, input: &TokenBatch) -> Result<Tensor<3>> {
+        let h = self.hidden_cached(cache, input)?;
+        let [b, t, hd] = h.dims();
+        Ok(self
+            .lm_head(h.reshape([b * t, hd]))
+            .reshape([b, t, self.dims.vocab]))
+    }
+
+    /// Per-token log-probs (and optionally entropies) of the responses of a [`ResponseBatch`],
+    /// cache-free, differentiable on an autodiff device.
+    ///
+    /// Output `[B, R]` (R = longest response), **left-aligned**: column `i` of row `b` is
+    /// `log p(response_b[i] | context_b, response_b[..i])` for `i < len_b`; columns past `len_b`
+    /// hold the log-prob of an arbitrary token and must be masked by the caller
+    /// ([`ResponseBatch::mask`]). Entropy `H = −Σ p log p` of the same distributions.
+    /// The LM head runs on `chunk_rows` positions at a time (only the response positions), which
+    /// bounds the logits memory of inference; on an autodiff device the graph keeps all chunks.
+    pub fn response_logprobs(
+        &self,
+        batch: &ResponseBatch,
+        entropy: bool,
+        chunk_rows: usize,
+    ) -> Result<(Tensor<2>, Option<Tensor<2>>)> {
+        let h = self.hidden(&batch.tokens)?;
+        let [b, t, hd] = h.dims();
+        let r = batch.max_resp;
+        let device = self.device();
+        ensure!(r > 0, "no response tokens in the batch");
+        ensure!(t > r, "every row needs at least one context token");
+        // Slot s predicts slot s+1: the R response slots (right-aligned) are predicted by the
+        // hidden states at t-r-1 .. t-1.
+        let hs = h
+            .slice([0..b, t - r - 1..t - 1, 0..hd])
+            .reshape([b * r, hd]);
+        let targets: Vec<i32> = batch.targets_right.iter().map(|&x| x as i32).collect();
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [b * r]), &device);
+        let n = b * r;
+        let chunk = chunk_rows.max(1);
+        let mut lps = Vec::new();
+        let mut ents = Vec::new();
+        let mut s = 0;
+        while s < n {
+            let e = (s + chunk).min(n);
+            let logits = self.lm_head(hs.clone().slice([s..e, 0..hd]));
+            let lp = log_softmax(logits, 1);
+            let tg = targets.clone().slice([s..e]).reshape([e - s, 1]);
+            lps.push(lp.clone().gather(1, tg).reshape([e - s]));
+            if entropy {
+                ents.push((lp.clone().exp() * lp).sum_dim(1).neg().reshape([e - s]));
+            }
+            s = e;
+        }
+        let left =
+            Tensor::<2, Int>::from_data(TensorData::new(batch.left_align_index(), [b, r]), &device);
+        let lp = Tensor::cat(lps, 0).reshape([b, r]).gather(1, left.clone());
+        let ent = if entropy {
+            Some(Tensor::cat(ents, 0).reshape([b, r]).gather(1, left))
+        } else {
+            None
+        };
+        Ok((lp, ent))
+    }
+}
+
+fn ids_len(input: &TokenBatch) -> usize {
+    input.batch * input.len
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response batches (training and log-prob scoring)
+// ---------------------------------------------------------------------------------------------
+
+/// Rows of (context, response) ids laid out for [`Transformer::response_logprobs`]: each
+/// `context ++ response` left-padded to the longest, so responses end at the last slot.
+#[derive(Debug, Clone)]
+pub struct ResponseBatch {
+    pub tokens: TokenBatch,
+    /// Response length of every row.
+    pub resp_lens: Vec<usize>,
+    /// Longest response (R).
+    pub max_resp: usize,
+    /// `[B·R]` response ids right-aligned (padding 0), the targets of the R predicted slots.
+    targets_right: Vec<u32>,
+}
+
+impl ResponseBatch {
+    /// Lay out `(context, response)` rows. Every row needs a non-empty context.
+    pub fn new<C: AsRef<[u32]>, R: AsRef<[u32]>>(rows: &[(C, R)]) -> Result<Self> {
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut resp_lens = Vec::with_capacity(rows.len());
+        for (i, (c, r)) in rows.iter().enumerate() {
+            let (c, r) = (c.as_ref(), r.as_ref());
+            ensure!(
+                !c.is_empty(),
+                "row {i}: empty context (the first response token has nothing to condition on)"
+            );
+            let mut s = Vec::with_capacity(c.len() + r.len());
+            s.extend_from_slice(c);
+            s.extend_from_slice(r);
+            seqs.push(s);
+            resp_lens.push(r.len());
+        }
+        let max_resp = resp_lens.iter().copied().max().unwrap_or(0);
+        let mut targets_right = vec![0u32; rows.len() * max_resp];
+        for (i, (_, r)) in rows.iter().enumerate() {
+            let r = r.as_ref();
+            let off = i * max_resp + (max_resp - r.len());
+            targets_right[off..off + r.len()].copy_from_slice(r);
+        }
+        Ok(ResponseBatch {
+            tokens: TokenBatch::left_padded(&seqs),
+            resp_lens,
+            max_resp,
+            targets_right,
+        })
+    }
+
+    /// `[B·R]` gather index turning right-aligned columns into left-aligned ones.
+    fn left_align_index(&self) -> Vec<i32> {
+        let r = self.max_resp;
+        let mut idx = Vec::with_capacity(self.resp_lens.len() * r);
+        for &len in &self.resp_lens {
+            let shift = r - len;
+            for i in 0..r {
+                idx.push((i + shift).min(r - 1) as i32);
+            }
+        }
+        idx
+    }
+
+    /// `[B·R]` row-major mask of the left-aligned output: true for real response tokens.
+    pub fn mask(&self) -> Vec<bool> {
+        let r = self.max_resp;
+        let mut m = Vec::with_capacity(self.resp_lens.len() * r);
+        for &len in &self.resp_lens {
+            m.extend((0..r).map(|i| i < len));
+        }
+        m
+    }
+
+    /// Split a left-aligned `[B·R]` host buffer into one vector per row.
+    pub fn split_rows(&self, flat: &[f32]) -> Vec<Vec<f32>> {
+        let r = self.max_resp;
+        self.resp_lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| flat[i * r..i * r + len].to_vec())
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV cache
+// ---------------------------------------------------------------------------------------------
+
+/// Keys and values of every layer for a batch of rows, outside the module.
+///
+/// Buffers are `[B, K, capacity, d]`; slots `0..len` are written (padding slots included, masked
+/// out), the rest is free. Every row advances by the same number of slots per call; each row has
+/// its own RoPE position counter (real tokens only) and validity flags.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<(Tensor<4>, Tensor<4>)>,
+    batch: usize,
+    len: usize,
+    cap: usize,
+    chunk: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    valid: Vec<Vec<bool>>,
+    next_pos: Vec<usize>,
+    device: Device,
+}
+
+impl KvCache {
+    /// Slots are added in multiples of this many when the buffer grows.
+    pub const CHUNK: usize = 64;
+
+    /// An empty cache for `batch` rows of `model`, with room for `capacity` slots before it first
+    /// grows (growing copies the buffers once per [`Self::CHUNK`] slots; size it to
+    /// prompt + max new tokens to avoid that).
+    pub fn new(model: &Transformer, batch: usize, capacity: usize) -> Self {
+        let d = &model.dims;
+        let device = model.device();
+        let cap = capacity.max(1).div_ceil(Self::CHUNK) * Self::CHUNK;
+        let shape = [batch, d.kv_heads, cap, d.head_dim];
+        let layers = (0..d.layers)
+            .map(|_| (Tensor::zeros(shape, &device), Tensor::zeros(shape, &device)))
+            .collect();
+        KvCache {
+            layers,
+            batch,
+            len: 0,
+            cap,
+            chunk: Self::CHUNK,
+            kv_heads: d.kv_heads,
+            head_dim: d.head_dim,
+            valid: vec![Vec::new(); batch],
+            next_pos: vec![0; batch],
+            device,
+        }
+    }
+
+    /// Rows.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Slots written so far (the same for every row).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No slot written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Allocated slots.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// The RoPE position the next real token of each row will get (= real tokens so far).
+    pub fn positions(&self) -> &[usize] {
+        &self.next_pos
+    }
+
+    /// Make room for `extra` more slots (grows by whole chunks, copying once).
+    pub fn reserve(&mut self, extra: usize) {
+        let need = self.len + extra;
+        if need <= self.cap {
+            return;
+        }
+        let new_cap = need.div_ceil(self.chunk) * self.chunk;
+        let add = [self.batch, self.kv_heads, new_cap - self.cap, self.head_dim];
+        for (k, v) in self.layers.iter_mut() {
+            let z = Tensor::zeros(add, &self.device);
+            k.inplace(|k| Tensor::cat(vec![k, z.clone()], 2));
+            v.inplace(|v| Tensor::cat(vec![v, z], 2));
+        }
+        self.cap = new_cap;
+    }
+
+    /// Keep rows `rows` in that order (indices may repeat): drop finished rows, reorder, or
+    /// duplicate a shared prefix (`[0; n]` expands a batch of one to n rows).
+    pub fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
+        for &r in rows {
+            ensure!(
+                r < self.batch,
+                "row {r} out of range for a cache of {}",
+                self.batch
+            );
+        }
+        if rows.is_empty() {
+            self.layers.iter_mut().for_each(|(k, v)| {
+                let shape = [0, self.kv_heads, self.cap, self.head_dim];
+                *k = Tensor::zeros(shape, &self.device);
+                *v = Tensor::zeros(shape, &self.device);
+            });
+        } else {
+            let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+            let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &self.device);
+            for (k, v) in self.layers.iter_mut() {
+                k.inplace(|k| k.select(0, idx.clone()));
+                v.inplace(|v| v.select(0, idx.clone()));
+            }
+        }
+        self.valid = rows.iter().map(|&r| self.valid[r].clone()).collect();
+        self.next_pos = rows.iter().map(|&r| self.next_pos[r]).collect();
+        self.batch = rows.len();
+        Ok(())
+    }
+
+    /// Forget every slot from `len` on (e.g. to reuse a prefix for another continuation).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        for (row, pos) in self.valid.iter_mut().zip(self.next_pos.iter_mut()) {
+            row.truncate(len);
+            *pos = row.iter().filter(|&&v| v).count();
+        }
+        self.len = len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{read_f32, weights, ModelConfig};
+
+    fn load(name: &str, device: &Device) -> Transformer {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name);
+        let c = ModelConfig::load(&dir).unwrap();
+        weights::load(&c, &dir, device).unwrap().0
+    }
+
+    fn cpu() -> Device {
+        Device::flex()
+    }
+
+    /// Deterministic pseudo-random ids in 0..vocab.
+    fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) % vocab as u64) as u32
+            })
+            .collect()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// Logits of one row alone: `[T·V]`.
+    fn alone(m: &Transformer, row: &[u32]) -> Vec<f32> {
+        read_f32(m.forward(&TokenBatch::left_padded(&[row])).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn ragged_left_padded_batch_equals_rows_alone() {
+        for name in ["tiny-qwen2", "tiny-llama"] {
+            let m = load(name, &cpu());
+            let v = m.dims.vocab;
+            let rows: Vec<Vec<u32>> = [3usize, 17, 9, 1]
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| ids(k as u64, n, 360))
+                .collect();
+            let batch = TokenBatch::left_padded(&rows);
+            let all = read_f32(m.forward(&batch).unwrap()).unwrap();
+            let t = batch.len;
+            let mut worst = 0f32;
+            for (b, row) in rows.iter().enumerate() {
+                let want = alone(&m, row);
+                let pad = t - row.len();
+                let got = &all[(b * t + pad) * v..(b + 1) * t * v];
+                worst = worst.max(max_diff(got, &want));
+            }
+            assert!(worst < 1e-5, "{name}: batched vs alone differ by {worst}");
+        }
+    }
+
+    #[test]
+    fn kv_cache_decoding_equals_full_forward_and_grows() {
+        for name in ["tiny-qwen2", "tiny-llama"] {
+            let m = load(name, &cpu());
+            let v = m.dims.vocab;
+            let prompts: Vec<Vec<u32>> = vec![ids(7, 60, 360), ids(8, 41, 360)];
+            // Capacity 8 rounds to one chunk of 64: decoding past it forces a growth.
+            let mut cache = KvCache::new(&m, 2, 8);
+            let mut seqs = prompts.clone();
+            let mut logits = read_f32(
+                m.step(&mut cache, &TokenBatch::left_padded(&prompts))
+                    .unwrap(),
+            )
+            .unwrap();
+            let mut worst = 0f32;
+            for step in 0..10 {
+                for (b, s) in seqs.iter().enumerate() {
+                    let full = alone(&m, s);
+                    let last = &full[(s.len() - 1) * v..s.len() * v];
+                    worst = worst.max(max_diff(&logits[b * v..(b + 1) * v], last));
+                }
+                let next: Vec<u32> = (0..2).map(|b| ((step * 31 + b * 7) % 360) as u32).collect();
+                for (s, &n) in seqs.iter_mut().zip(&next) {
+                    s.push(n);
+                }
+                logits = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
+            }
+            assert!(cache.capacity() >= 128, "cache grew");
+            assert_eq!(cache.len(), 70);
+            assert_eq!(cache.positions(), &[70, 51]);
+            assert!(worst < 1e-5, "{name}: cached vs full differ by {worst}");
+        }
+    }
+
+    #[test]
+    fn shared_prefix_and_row_selection() {
+        let m = load("tiny-qwen2", &cpu());
+        let v = m.dims.vocab;
+        let prompts: Vec<Vec<u32>> = vec![ids(1, 5, 360), ids(2, 12, 360), ids(3, 8, 360)];
+        let mut cache = KvCache::new(&m, 3, 32);
+        m.step(&mut cache, &TokenBatch::left_padded(&prompts))
+            .unwrap();
+        // Drop row 1, duplicate row 2 three times, keep row 0 last.
+        cache.select_rows(&[2, 2, 2, 0]).unwrap();
+        let next = [10u32, 11, 12, 13];
+        let got = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
+        for (k, (&src, &tok)) in [2usize, 2, 2, 0].iter().zip(&next).enumerate() {
+            let mut s = prompts[src].clone();
+            s.push(tok);
+            let full = alone(&m, &s);
+            let d = max_diff(&got[k * v..(k + 1) * v], &full[(s.len() - 1) * v..]);
+            assert!(d < 1e-5, "row {k}: {d}");
+        }
+        // A multi-token chunk with its own left padding appended to the cache.
+        let chunk = TokenBatch::left_padded(&[vec![5u32, 6], vec![7], vec![8, 9], vec![1]]);
+        let got = read_f32(m.step(&mut cache, &chunk).unwrap()).unwrap();
+        let tails: [&[u32]; 4] = [&[5, 6], &[7], &[8, 9], &[1]];
+        for (k, (&src, &tok)) in [2usize, 2, 2, 0].iter().zip(&next).enumerate() {
+            let mut s = prompts[src].clone();
+            s.push(tok);
+            s.extend_from_slice(tails[k]);
+            let full = alone(&m, &s);
+            let d = max_diff(&got[k * v..(k + 1) * v], &full[(s.len() - 1) * v..]);
+            assert!(d < 1e-5, "chunk row {k}: {d}");
+        }
+        // Truncating back to the prefix and continuing equals the first continuation.
+        cache.truncate(12);
+        let again = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
+        let mut s = prompts[0].clone();
+        s.push(13);
+        let full = alone(&m, &s);
+        assert!(max_diff(&again[3 * v..], &full[(s.len() - 1) * v..]) < 1e-5);
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        let dev = cpu().autodiff();
+        let m = load("tiny-llama", &dev);
+        let rows = vec![
+            (ids(4, 6, 360), ids(5, 5, 360)),
+            (ids(6, 3, 360), ids(9, 7, 360)),
+        ];
+        let batch = ResponseBatch::new(&rows).unwrap();
+        let mask: Vec<f32> = batch
+            .mask()
+            .iter()
+            .map(|&b| f32::from(u8::from(b)))
+            .collect();
+        let mask = Tensor::<2>::from_data(TensorData::new(mask, [2, 7]), &dev);
+        let loss_of = |m: &Transformer| {
+            let (lp, ent) = m.response_logprobs(&batch, true, 4).unwrap();
+            ((lp + ent.unwrap() * 0.5) * mask.clone()).sum()
+        };
+        let loss = loss_of(&m);
+        let grads = loss.backward();
+        let g = read_f32(m.norm.val().grad(&grads).unwrap()).unwrap();
+        let g_embed = m.embed.val().grad(&grads).unwrap();
+        assert_eq!(g_embed.dims(), [64, 384]);
+        // Central difference on three coordinates of the final norm gain (f64 accumulation of an
+        // f32 loss: h = 1e-2 keeps rounding noise well below the tolerance).
+        let base = read_f32(m.norm.val().inner()).unwrap();
+        for &i in &[0usize, 17, 63] {
+            let h = 1e-2f32;
+            let eval = |delta: f32| {
+                let mut w = base.clone();
+                w[i] += delta;
+                let mut m2 = m.clone();
+                m2.norm = Param::from_tensor(Tensor::from_data(TensorData::new(w, [64]), &dev));
+                read_f32(loss_of(&m2)).unwrap()[0] as f64
+            };
+            let fd = (eval(h) - eval(-h)) / (2.0 * h as f64);
+            let an = g[i] as f64;
+            assert!(
+                (fd - an).abs() < 2e-3 * (1.0 + an.abs()),
+                "coordinate {i}: finite difference {fd} vs autodiff {an}"
+            );
+        }
+    }
+}

@@ -1,0 +1,537 @@
+//! Logits processing: from one row of next-token logits to one token id, as plain functions
+//! over `f32` slices.
+//!
+//! The pipeline is Hugging Face transformers' sampling order (`_get_logits_processor` with
+//! `do_sample=True`): **temperature → top-k → top-p → min-p**, then a draw from the renormalised
+//! distribution over the tokens that survive. Temperature 0 means greedy decoding (argmax).
+//!
+//! Design decisions and edge-case policy:
+//! - **Only ids below `allowed` can be drawn.** The stages pass the LM head's full width, as
+//!   transformers and vLLM do (so temperature 0 is exactly HF's greedy decoding, padded rows
+//!   included: real checkpoints pad the head beyond the tokenizer, e.g. Qwen2.5's 151936 rows
+//!   against ~151665 tokens; trained models give those rows negligible mass, and an id without
+//!   text decodes to nothing). The bound exists for callers that want to exclude such rows.
+//! - **Ties** are broken towards the lower token id everywhere (argmax, top-k, top-p ordering), so
+//!   the result is a function of the logits alone, never of a sort's internal order.
+//! - **The draw** is an inverse CDF: given `u` in [0, 1), walk the kept tokens in ascending id
+//!   order and return the first whose cumulative (unnormalised) probability exceeds `u · total`.
+//!   One uniform per token, so a sample's random stream advances identically whatever the
+//!   filters keep. Rounding that leaves the walk without a winner returns the last kept token.
+//! - **top-p** keeps the smallest set of most likely tokens whose probability reaches `p` (HF's
+//!   `TopPLogitsWarper`: a token is kept while the mass strictly before it is `< p`); at least one
+//!   token is always kept. `p >= 1` is off.
+//! - **top-k** keeps the `k` largest logits; `k = 0` or `k >= allowed` is off.
+//! - **min-p** keeps tokens with `p_i >= min_p · p_max` (HF's `MinPLogitsWarper`); the ratio does
+//!   not depend on the renormalisation after top-k/top-p, so it is computed on the kept set.
+//!   `min_p = 0` is off.
+//! - **The behaviour log-prob** recorded for each sampled token is `log_softmax(logits)[token]` at
+//!   **temperature 1** over the full vocabulary: the log-probability under the model itself, which
+//!   is what `rlcr logprobs` and the trainer recompute. PPO's ratio `π_θ/π_old` then compares the
+//!   same function at two parameter values; the temperature and filters actually used are recorded
+//!   in the table's metadata (`rlcr.config`). This is verl's and TRL's convention as well when
+//!   they recompute `old_log_prob` with the actor (both divide by the rollout temperature there;
+//!   we keep the unscaled model distribution so `update` need not know it).
+//!
+//! [`Processor`] is the fast path (buffers reused across calls, no full sort unless the filters
+//! need one, and then only partially); [`reference_choose`] beside it is the slow, obvious
+//! version, checked equal on random inputs.
+use anyhow::{ensure, Result};
+use serde::{Deserialize, Serialize};
+
+/// The sampling distribution's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// Divides the logits; 0 = greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` largest logits (0 = off).
+    pub top_k: usize,
+    /// Nucleus: the smallest set of most likely tokens with mass >= `top_p` (1 = off).
+    pub top_p: f32,
+    /// Drop tokens below `min_p` times the most likely one's probability (0 = off).
+    pub min_p: f32,
+}
+
+impl Default for SamplingParams {
+    /// Plain sampling from the model: temperature 1, no filters.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy settings (temperature 0).
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Check ranges: temperature finite and >= 0, top-p in (0, 1], min-p in [0, 1].
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "--temperature must be a finite number >= 0 (0 = greedy), got {}",
+            self.temperature
+        );
+        ensure!(
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "--top-p must be in (0, 1], got {}",
+            self.top_p
+        );
+        ensure!(
+            (0.0..=1.0).contains(&self.min_p),
+            "--min-p must be in [0, 1], got {}",
+            self.min_p
+        );
+        Ok(())
+    }
+
+    /// Temperature 0: argmax, no random draw.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// `log p(token)` under `softmax(logits)` (temperature 1, every row of the vocabulary), computed
+/// as `logits[token] − logsumexp(logits)` with the sum in f64.
+///
+/// Non-finite logits: `-inf` rows contribute nothing; the result is `-inf` for such a token.
+pub fn logprob_of(logits: &[f32], token: usize) -> f32 {
+    (logits[token] as f64 - logsumexp(logits)) as f32
+}
+
+/// `log Σ exp(x_i)` with the maximum subtracted first, accumulated in f64. Empty or all `-inf`
+/// input gives `-inf`.
+pub fn logsumexp(x: &[f32]) -> f64 {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        return f64::NEG_INFINITY;
+    }
+    let m = m as f64;
+    let s: f64 = x.iter().map(|&v| ((v as f64) - m).exp()).sum();
+    m + s.ln()
+}
+
+/// Index of the largest value among `x[..allowed]`, the lowest index on ties (torch's argmax).
+pub fn argmax(x: &[f32], allowed: usize) -> usize {
+    let n = allowed.min(x.len());
+    let mut best = 0;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in x[..n].iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    best
+}
+
+/// `true` when `a` ranks before `b`: higher value, then lower id.
+#[inline]
+fn ranks_before(a: (f32, u32), b: (f32, u32)) -> bool {
+    a.0 > b.0 || (a.0 == b.0 && a.1 < b.1)
+}
+
+fn rank_cmp(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    if ranks_before(*a, *b) {
+        std::cmp::Ordering::Less
+    } else if ranks_before(*b, *a) {
+        std::cmp::Ordering::Greater
+    } else {
+        std::cmp::Ordering::Equal
+    }
+}
+
+/// Reusable buffers for [`Processor::choose`]. One per thread; cheap to create.
+#[derive(Debug, Default)]
+pub struct Processor {
+    /// Candidates as (probability weight, id).
+    cand: Vec<(f32, u32)>,
+}
+
+impl Processor {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Choose the next token from `logits` (ids `>= allowed` are never chosen) with settings
+    /// `params` and the uniform draw `u` in [0, 1) (ignored when greedy).
+    ///
+    /// Steps: `z = logits / T`; top-k on `z`; weights `w_i = exp(z_i − max z)` (the softmax up to
+    /// its normaliser); top-p on `w`; min-p on `w`; inverse CDF over the kept ids in ascending
+    /// order. Logits that are NaN are treated as `-inf` (never drawn).
+    pub fn choose(
+        &mut self,
+        logits: &[f32],
+        allowed: usize,
+        params: &SamplingParams,
+        u: f64,
+    ) -> u32 {
+        let n = allowed.min(logits.len()).max(1);
+        if params.is_greedy() {
+            return argmax(logits, n) as u32;
+        }
+        let inv_t = 1.0 / params.temperature;
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(logits[..n].iter().enumerate().map(|(i, &v)| {
+            let z = if v.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                v * inv_t
+            };
+            (z, i as u32)
+        }));
+        // top-k on the scaled logits (same order as on the weights).
+        let k = params.top_k;
+        let mut sorted = false;
+        if k > 0 && k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, rank_cmp);
+            cand.truncate(k);
+        }
+        // Weights relative to the maximum.
+        let m = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            // Nothing is finite: fall back to greedy on the raw logits.
+            return argmax(logits, n) as u32;
+        }
+        for c in cand.iter_mut() {
+            c.0 = (c.0 - m).exp();
+        }
+        // top-p: keep the most likely prefix whose mass reaches p · total.
+        if params.top_p < 1.0 {
+            let total: f64 = cand.iter().map(|c| c.0 as f64).sum();
+            let target = params.top_p as f64 * total;
+            // Sort only a growing head of the candidates until it holds the target mass.
+            let mut head = 64.min(cand.len());
+            loop {
+                if head < cand.len() {
+                    cand.select_nth_unstable_by(head - 1, rank_cmp);
+                }
+                cand[..head].sort_unstable_by(rank_cmp);
+                let mut mass = 0.0f64;
+                let mut keep = None;
+                for (i, c) in cand[..head].iter().enumerate() {
+                    if mass >= target {
+                        keep = Some(i);
+                        break;
+                    }
+                    mass += c.0 as f64;
+                }
+                if keep.is_none() && mass >= target {
+                    keep = Some(head);
+                }
+                match keep {
+                    Some(i) => {
+                        cand.truncate(i.max(1));
+                        break;
+                    }
+                    None if head == cand.len() => break, // rounding: keep everything
+                    None => head = (head * 4).min(cand.len()),
+                }
+            }
+            sorted = true;
+        }
+        // min-p relative to the most likely kept token (weight 1 before any truncation; the max
+        // always survives top-k and top-p).
+        if params.min_p > 0.0 {
+            let pmax = cand.iter().map(|c| c.0).fold(0.0f32, f32::max);
+            let thr = params.min_p * pmax;
+            cand.retain(|c| c.0 >= thr);
+        }
+        if sorted || (k > 0 && k < n) {
+            cand.sort_unstable_by_key(|c| c.1);
+        }
+        draw(cand, u)
+    }
+}
+
+/// Inverse CDF over `(weight, id)` pairs in the given order.
+fn draw(cand: &[(f32, u32)], u: f64) -> u32 {
+    let total: f64 = cand.iter().map(|c| c.0 as f64).sum();
+    let target = u * total;
+    let mut acc = 0.0f64;
+    for c in cand {
+        acc += c.0 as f64;
+        if acc > target {
+            return c.1;
+        }
+    }
+    cand.last().map(|c| c.1).unwrap_or(0)
+}
+
+/// The slow, obvious version of [`Processor::choose`]: full sorts, explicit probabilities.
+pub fn reference_choose(logits: &[f32], allowed: usize, params: &SamplingParams, u: f64) -> u32 {
+    let n = allowed.min(logits.len()).max(1);
+    if params.is_greedy() {
+        return argmax(logits, n) as u32;
+    }
+    let mut c: Vec<(f32, u32)> = logits[..n]
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let z = if v.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                v * (1.0 / params.temperature)
+            };
+            (z, i as u32)
+        })
+        .collect();
+    c.sort_by(rank_cmp);
+    if params.top_k > 0 && params.top_k < c.len() {
+        c.truncate(params.top_k);
+    }
+    let m = c[0].0;
+    if m == f32::NEG_INFINITY {
+        return argmax(logits, n) as u32;
+    }
+    for x in c.iter_mut() {
+        x.0 = (x.0 - m).exp();
+    }
+    if params.top_p < 1.0 {
+        let total: f64 = c.iter().map(|x| x.0 as f64).sum();
+        let mut mass = 0.0;
+        let mut keep = c.len();
+        for (i, x) in c.iter().enumerate() {
+            if mass >= params.top_p as f64 * total {
+                keep = i;
+                break;
+            }
+            mass += x.0 as f64;
+        }
+        c.truncate(keep.max(1));
+    }
+    if params.min_p > 0.0 {
+        let thr = params.min_p * c[0].0;
+        c.retain(|x| x.0 >= thr);
+    }
+    c.sort_by_key(|x| x.1);
+    draw(&c, u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Logits whose softmax is exactly `p` (up to rounding): `ln p`.
+    fn from_probs(p: &[f64]) -> Vec<f32> {
+        p.iter().map(|&x| x.ln() as f32).collect()
+    }
+
+    /// All ids drawable for some u, found by scanning u over a fine grid.
+    fn support(logits: &[f32], params: &SamplingParams) -> Vec<u32> {
+        let mut pr = Processor::new();
+        let mut s: Vec<u32> = (0..10_000)
+            .map(|i| pr.choose(logits, logits.len(), params, (i as f64 + 0.5) / 10_000.0))
+            .collect();
+        s.sort();
+        s.dedup();
+        s
+    }
+
+    #[test]
+    fn logprob_matches_hand_computation() {
+        // logits [1, 2, 3]: logsumexp = 3 + ln(1 + e^-1 + e^-2) = 3.40760596444438
+        let l = [1.0f32, 2.0, 3.0];
+        assert!((logsumexp(&l) - 3.407_605_964_444_38).abs() < 1e-12);
+        assert!((logprob_of(&l, 0) as f64 - (1.0 - 3.407_605_964_444_38)).abs() < 1e-6);
+        assert!((logprob_of(&l, 2) as f64 - (3.0 - 3.407_605_964_444_38)).abs() < 1e-6);
+        assert_eq!(logsumexp(&[f32::NEG_INFINITY]), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_lowest_id_on_ties() {
+        let mut pr = Processor::new();
+        let l = [0.5f32, 2.0, 2.0, -1.0];
+        assert_eq!(pr.choose(&l, 4, &SamplingParams::greedy(), 0.99), 1);
+        // ids >= allowed are never chosen
+        let l = [0.5f32, 0.0, 1.0, 9.0];
+        assert_eq!(pr.choose(&l, 3, &SamplingParams::greedy(), 0.0), 2);
+        assert_eq!(pr.choose(&l, 3, &SamplingParams::default(), 0.999_999), 2);
+    }
+
+    #[test]
+    fn inverse_cdf_on_a_known_distribution() {
+        // p = [0.1, 0.2, 0.3, 0.4]: cumulative 0.1, 0.3, 0.6, 1.0 in id order.
+        let l = from_probs(&[0.1, 0.2, 0.3, 0.4]);
+        let mut pr = Processor::new();
+        let p = SamplingParams::default();
+        let pick = |pr: &mut Processor, u| pr.choose(&l, 4, &p, u);
+        assert_eq!(pick(&mut pr, 0.0), 0);
+        assert_eq!(pick(&mut pr, 0.099), 0);
+        assert_eq!(pick(&mut pr, 0.101), 1);
+        assert_eq!(pick(&mut pr, 0.299), 1);
+        assert_eq!(pick(&mut pr, 0.301), 2);
+        assert_eq!(pick(&mut pr, 0.599), 2);
+        assert_eq!(pick(&mut pr, 0.601), 3);
+        assert_eq!(pick(&mut pr, 0.999_999), 3);
+    }
+
+    #[test]
+    fn temperature_reshapes_by_hand() {
+        // p = [0.2, 0.8] at T = 1; at T = 2 weights sqrt(p): [0.4472, 0.8944] → p0 = 1/3.
+        let l = from_probs(&[0.2, 0.8]);
+        let mut pr = Processor::new();
+        let p = SamplingParams {
+            temperature: 2.0,
+            ..Default::default()
+        };
+        assert_eq!(pr.choose(&l, 2, &p, 0.333), 0);
+        assert_eq!(pr.choose(&l, 2, &p, 0.334), 1);
+        // T = 0.5: weights p²: [0.04, 0.64] → p0 = 0.04/0.68 = 0.0588235
+        let p = SamplingParams {
+            temperature: 0.5,
+            ..Default::default()
+        };
+        assert_eq!(pr.choose(&l, 2, &p, 0.0588), 0);
+        assert_eq!(pr.choose(&l, 2, &p, 0.0589), 1);
+    }
+
+    #[test]
+    fn top_p_on_a_known_distribution() {
+        // p = [0.05, 0.5, 0.15, 0.3] → descending 0.5 (id1), 0.3 (id3), 0.15 (id2), 0.05 (id0).
+        let l = from_probs(&[0.05, 0.5, 0.15, 0.3]);
+        let with_p = |p: f32| SamplingParams {
+            top_p: p,
+            ..Default::default()
+        };
+        // p = 0.5: {id1} alone has mass 0.5 >= 0.5.
+        assert_eq!(support(&l, &with_p(0.5)), vec![1]);
+        // p = 0.6: mass before id3 is 0.5 < 0.6 → keep {1, 3} (0.8).
+        assert_eq!(support(&l, &with_p(0.6)), vec![1, 3]);
+        // p = 0.9: {1, 3, 2} = 0.95.
+        assert_eq!(support(&l, &with_p(0.9)), vec![1, 2, 3]);
+        // Renormalised over {1, 3}: id1 has 0.5/0.8 = 0.625 of the mass; ascending id order is
+        // [1, 3], so u < 0.625 → 1.
+        let mut pr = Processor::new();
+        assert_eq!(pr.choose(&l, 4, &with_p(0.6), 0.624), 1);
+        assert_eq!(pr.choose(&l, 4, &with_p(0.6), 0.626), 3);
+        // a tiny p keeps the top token
+        assert_eq!(support(&l, &with_p(1e-6)), vec![1]);
+    }
+
+    #[test]
+    fn top_k_and_ties() {
+        let l = from_probs(&[0.05, 0.5, 0.15, 0.3]);
+        let k = |k| SamplingParams {
+            top_k: k,
+            ..Default::default()
+        };
+        assert_eq!(support(&l, &k(1)), vec![1]);
+        assert_eq!(support(&l, &k(2)), vec![1, 3]);
+        assert_eq!(support(&l, &k(3)), vec![1, 2, 3]);
+        assert_eq!(support(&l, &k(0)), vec![0, 1, 2, 3]);
+        // ties at the boundary go to the lower id
+        let t = [1.0f32, 3.0, 1.0, 1.0];
+        assert_eq!(support(&t, &k(2)), vec![0, 1]);
+    }
+
+    #[test]
+    fn min_p_on_a_known_distribution() {
+        // p = [0.05, 0.5, 0.15, 0.3]; min_p 0.3 → threshold 0.15: keep {1, 3, 2} (0.15 >= 0.15).
+        let l = from_probs(&[0.05, 0.5, 0.15, 0.3]);
+        let m = |m| SamplingParams {
+            min_p: m,
+            ..Default::default()
+        };
+        assert_eq!(support(&l, &m(0.29)), vec![1, 2, 3]);
+        // 0.31 → threshold 0.155: drop id2.
+        assert_eq!(support(&l, &m(0.31)), vec![1, 3]);
+        assert_eq!(support(&l, &m(0.61)), vec![1]);
+        // kept {1, 3}: cumulative 0.5/0.8 = 0.625 in id order.
+        let mut pr = Processor::new();
+        assert_eq!(pr.choose(&l, 4, &m(0.5), 0.624), 1);
+        assert_eq!(pr.choose(&l, 4, &m(0.5), 0.626), 3);
+    }
+
+    #[test]
+    fn filters_compose_in_hf_order() {
+        // T = 1, top_k = 3 → {1, 3, 2} renormalised (0.5, 0.3, 0.15)/0.95; top_p 0.8 → mass
+        // before id2 is 0.8/0.95 = 0.842 >= 0.8 → {1, 3}.
+        let l = from_probs(&[0.05, 0.5, 0.15, 0.3]);
+        let p = SamplingParams {
+            top_k: 3,
+            top_p: 0.8,
+            ..Default::default()
+        };
+        assert_eq!(support(&l, &p), vec![1, 3]);
+        // without top-k the same top-p keeps {1, 3} too (0.8 >= 0.8 stops before id2)
+        let p = SamplingParams {
+            top_p: 0.85,
+            ..Default::default()
+        };
+        assert_eq!(support(&l, &p), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn validate_rejects_bad_ranges() {
+        assert!(SamplingParams::default().validate().is_ok());
+        for bad in [
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: -0.1,
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn large_vocab_top_p_grows_the_sorted_head() {
+        // 1000 ids with equal logits: top_p 0.5 needs 500 tokens (> the 64 first sorted).
+        let l = vec![0.0f32; 1000];
+        let p = SamplingParams {
+            top_p: 0.5,
+            ..Default::default()
+        };
+        let mut pr = Processor::new();
+        // kept ids 0..500 (ties → lower ids first); u just below 1 picks id 499.
+        assert_eq!(pr.choose(&l, 1000, &p, 0.999_999), 499);
+        assert_eq!(pr.choose(&l, 1000, &p, 0.0), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn fast_equals_reference(
+            logits in proptest::collection::vec(-8.0f32..8.0, 1..300),
+            t in prop_oneof![Just(0.0f32), 0.2f32..2.0],
+            k in prop_oneof![Just(0usize), 1usize..50],
+            p in prop_oneof![Just(1.0f32), 0.05f32..1.0],
+            m in prop_oneof![Just(0.0f32), 0.0f32..0.5],
+            u in 0.0f64..1.0,
+            cut in 0usize..20,
+        ) {
+            let allowed = logits.len().saturating_sub(cut).max(1);
+            let params = SamplingParams { temperature: t, top_k: k, top_p: p, min_p: m };
+            let mut pr = Processor::new();
+            let fast = pr.choose(&logits, allowed, &params, u);
+            let slow = reference_choose(&logits, allowed, &params, u);
+            prop_assert_eq!(fast, slow);
+            prop_assert!((fast as usize) < allowed);
+        }
+    }
+}

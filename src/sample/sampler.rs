@@ -1,0 +1,766 @@
+//! The batched sampler: contexts in, sampled responses out, with a KV cache.
+//!
+//! Work comes as [`Group`]s: one context shared by several samples (a prompt and its G_a answers,
+//! or an answer's conversation and its G_c confidences). The sampler sorts groups by context
+//! length (longest first, to limit padding), packs them into **waves** of at most `batch_size`
+//! sample rows, and for each wave:
+//! 1. **prefills each distinct context once** (left-padded, in column chunks of at most
+//!    `prefill_chunk` slots to bound the attention memory);
+//! 2. **expands the cache** to one row per sample (`select_rows` with repeated indices), so the
+//!    G samples of a group share the prefix computation;
+//! 3. **decodes step by step**: the logits of every row's last position are the only thing read
+//!    back to the host; each row draws its token from its own RNG stream, records the behaviour
+//!    log-prob, feeds its incremental detokeniser and checks its stop conditions;
+//! 4. rows that finish **leave the batch** (the cache is compacted with `select_rows`) and the
+//!    rest keeps going until every row is done.
+//!
+//! Determinism: a row's tokens depend on its own logits and its own ChaCha20 stream (see
+//! [`super::rng`]); host-side choices run on rayon per row with no shared state; results are
+//! returned in input order. The model's mask makes a padded row compute the same function as the
+//! row alone, and the layout rules here ([`MIN_ROWS`], [`prefill_chunks`]) keep the CPU kernels
+//! on paths whose rounding does not depend on the batch, so on the fixtures the output is bit for
+//! bit the same for every `batch_size` and thread count. The one remaining dependence is inside
+//! the backend's attention: once a row's cache exceeds 512 slots, its sum over keys is split into
+//! blocks whose boundaries move with the wave's padding, so log-probs can differ by ~1e-6 between
+//! batch sizes, and a sampled token changes only when its uniform falls within that distance of
+//! a boundary of the cumulative distribution (about one token in a million). Making that exact
+//! needs a batch-invariant attention kernel in the model.
+//!
+//! Waves are static (a wave's rows are all admitted at its start): admitting new rows into a
+//! running cache would need caches of different lengths to be merged. Groups larger than
+//! `batch_size` are split across waves (each part prefills the context again).
+use anyhow::{bail, ensure, Context, Result};
+use rayon::prelude::*;
+
+use super::logits::{logsumexp, Processor, SamplingParams};
+use super::rng::{sample_rng, uniform, SampleKey};
+use super::stop::{DecodeFn, Detokenizer, FinishReason, StopCriteria};
+
+/// What the sampler needs from a model: a KV cache it can grow by any number of slots per call,
+/// whose rows can be selected/duplicated, and next-token logits on the host.
+pub trait StepModel: Sync {
+    type Cache;
+    /// Width of a logits row (the model's vocabulary, padded rows included).
+    fn vocab(&self) -> usize;
+    /// Longest sequence (context + response) the model accepts.
+    fn max_positions(&self) -> usize;
+    /// An empty cache for `batch` rows with room for `capacity` slots.
+    fn new_cache(&self, batch: usize, capacity: usize) -> Result<Self::Cache>;
+    /// Append `len` slots per row (`ids`/`valid` are `batch·len`, row-major; `false` = padding)
+    /// and return the logits of every row's last slot, `batch·vocab` on the host.
+    fn step(
+        &self,
+        cache: &mut Self::Cache,
+        batch: usize,
+        len: usize,
+        ids: &[u32],
+        valid: &[bool],
+    ) -> Result<Vec<f32>>;
+    /// Keep rows `rows` in that order (indices may repeat).
+    fn select_rows(&self, cache: &mut Self::Cache, rows: &[usize]) -> Result<()>;
+}
+
+/// Owned identity of a sample (see [`SampleKey`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleId {
+    pub prompt_id: String,
+    pub answer_idx: u32,
+    pub confidence_idx: Option<u32>,
+}
+
+impl SampleId {
+    pub fn key(&self) -> SampleKey<'_> {
+        SampleKey {
+            prompt_id: &self.prompt_id,
+            answer_idx: self.answer_idx,
+            confidence_idx: self.confidence_idx,
+        }
+    }
+}
+
+/// One context and the samples to draw from it.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub context: Vec<u32>,
+    pub samples: Vec<SampleId>,
+}
+
+/// Settings of a generation run.
+#[derive(Debug, Clone)]
+pub struct GenConfig {
+    pub params: SamplingParams,
+    pub stop: StopCriteria,
+    /// Only ids below this can be sampled (the tokenizer's vocabulary; see [`super::logits`]).
+    pub allowed_vocab: usize,
+    /// `--seed`.
+    pub seed: u64,
+    /// Sample rows decoded together.
+    pub batch_size: usize,
+    /// Prefill at most this many slots per forward call.
+    pub prefill_chunk: usize,
+}
+
+/// One generated response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    pub ids: Vec<u32>,
+    /// Behaviour log-prob of each id (temperature 1, full vocabulary).
+    pub logprobs: Vec<f32>,
+    /// Decoded text (special tokens kept, a final EOS left out).
+    pub text: String,
+    /// End byte offset in `text` of every token (see [`super::stop::Detokenizer`]).
+    pub ends: Vec<usize>,
+    pub finish: FinishReason,
+}
+
+/// Counters reported after every decode step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepReport {
+    /// Tokens generated in this step (one per active row).
+    pub tokens: usize,
+    /// Samples that finished in this step.
+    pub finished: usize,
+}
+
+/// A sample row in flight.
+struct Row {
+    /// Index into the wave's output.
+    out: usize,
+    rng: rand_chacha::ChaCha20Rng,
+    proc_: Processor,
+    ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    detok: Detokenizer,
+    /// Max new tokens for this row (also bounded by the model's positions).
+    limit: usize,
+    finish: Option<FinishReason>,
+}
+
+impl Row {
+    /// Draw the next token from `logits` (one row), record it, check stop conditions.
+    fn advance(&mut self, logits: &[f32], cfg: &GenConfig, decode: &DecodeFn<'_>) -> Result<()> {
+        let u = uniform(&mut self.rng);
+        let tok = self.proc_.choose(logits, cfg.allowed_vocab, &cfg.params, u);
+        let lp = (logits[tok as usize] as f64 - logsumexp(logits)) as f32;
+        self.ids.push(tok);
+        self.logprobs.push(lp);
+        if cfg.stop.is_eos(tok) {
+            self.detok.finish(decode)?;
+            self.detok.push_silent();
+            self.finish = Some(FinishReason::Stop);
+            return Ok(());
+        }
+        let from = self.detok.push(tok, decode)?;
+        if cfg.stop.stop_string_in(self.detok.text(), from) {
+            self.finish = Some(FinishReason::Stop);
+        } else if self.ids.len() >= self.limit {
+            self.finish = Some(FinishReason::Length);
+        }
+        if self.finish.is_some() {
+            self.detok.finish(decode)?;
+        }
+        Ok(())
+    }
+}
+
+/// A contiguous part of a group assigned to one wave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WavePart {
+    pub group: usize,
+    pub samples: std::ops::Range<usize>,
+}
+
+/// Split groups (sizes `sizes`, in order) into waves of at most `batch_size` samples.
+pub fn plan_waves(sizes: &[usize], batch_size: usize) -> Vec<Vec<WavePart>> {
+    let b = batch_size.max(1);
+    let mut waves = Vec::new();
+    let mut cur: Vec<WavePart> = Vec::new();
+    let mut used = 0;
+    for (g, &n) in sizes.iter().enumerate() {
+        let mut s = 0;
+        while s < n {
+            if used == b {
+                waves.push(std::mem::take(&mut cur));
+                used = 0;
+            }
+            let take = (n - s).min(b - used);
+            cur.push(WavePart {
+                group: g,
+                samples: s..s + take,
+            });
+            used += take;
+            s += take;
+        }
+    }
+    if !cur.is_empty() {
+        waves.push(cur);
+    }
+    waves
+}
+
+/// Generate every sample of `groups`; `on_step` is called after each decode step. Returns, per
+/// group, its samples' responses in order.
+pub fn generate<M: StepModel>(
+    model: &M,
+    decode: &DecodeFn<'_>,
+    groups: &[Group],
+    cfg: &GenConfig,
+    on_step: &mut dyn FnMut(StepReport),
+) -> Result<Vec<Vec<Generated>>> {
+    cfg.params.validate()?;
+    ensure!(
+        cfg.stop.max_new_tokens > 0,
+        "--max-new-tokens must be at least 1"
+    );
+    let max_pos = model.max_positions();
+    for (g, group) in groups.iter().enumerate() {
+        ensure!(!group.context.is_empty(), "group {g}: empty context");
+        if group.context.len() >= max_pos {
+            let who = group
+                .samples
+                .first()
+                .map(|s| format!("prompt {}", s.prompt_id))
+                .unwrap_or_else(|| format!("group {g}"));
+            bail!(
+                "{who}: the context is {} tokens, but the model accepts at most {max_pos} \
+                 positions (context + response); shorten the prompt",
+                group.context.len()
+            );
+        }
+    }
+    // Waves of similar context lengths waste less on padding; what a row computes does not
+    // depend on its wave, and results go back to input order.
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&g| std::cmp::Reverse(groups[g].context.len()));
+    let sorted: Vec<Group> = order.iter().map(|&g| groups[g].clone()).collect();
+    let sizes: Vec<usize> = sorted.iter().map(|g| g.samples.len()).collect();
+    let mut out: Vec<Vec<Option<Generated>>> =
+        groups.iter().map(|g| vec![None; g.samples.len()]).collect();
+    for wave in plan_waves(&sizes, cfg.batch_size) {
+        let results = run_wave(model, decode, &sorted, &wave, cfg, on_step)?;
+        let mut it = results.into_iter();
+        for part in &wave {
+            for s in part.samples.clone() {
+                out[order[part.group]][s] = it.next();
+            }
+        }
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(g, v)| {
+            v.into_iter()
+                .enumerate()
+                .map(|(s, x)| {
+                    x.with_context(|| format!("internal: sample {s} of group {g} not generated"))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The model always runs on at least this many rows. On the CPU backend a matrix product with
+/// one to four rows takes other kernels (matrix-vector, narrow tiles) whose rounding differs from
+/// the batched ones, so without this a sample's log-probs would depend on how many rows happened
+/// to share its step (measured on the fixtures: 1–4 rows differ by ~1e-6, 5 to 128 rows agree
+/// bit for bit). A short batch is topped up with copies of its first row, whose logits are
+/// ignored; decode steps are bound by reading the weights, so the copies cost little.
+pub const MIN_ROWS: usize = 8;
+
+/// Response slots allocated with a wave's cache; it grows as responses get longer.
+const INITIAL_ROOM: usize = 64;
+
+/// Prefill chunks are never narrower than this many slots (a narrow last chunk is merged into
+/// the previous one): like row counts, chunks of 1–3 slots round differently.
+const MIN_CHUNK: usize = 8;
+
+/// Column chunks `[start, end)` covering `0..len`: width `chunk`, the last one merged into the
+/// previous when it would be narrower than [`MIN_CHUNK`].
+pub fn prefill_chunks(len: usize, chunk: usize) -> Vec<(usize, usize)> {
+    let chunk = chunk.max(MIN_CHUNK);
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    let mut s = 0;
+    while s < len {
+        let e = (s + chunk).min(len);
+        out.push((s, e));
+        s = e;
+    }
+    if out.len() >= 2 {
+        let (ls, le) = out[out.len() - 1];
+        if le - ls < MIN_CHUNK {
+            out.pop();
+            if let Some(last) = out.last_mut() {
+                last.1 = le;
+            }
+        }
+    }
+    out
+}
+
+/// Make the cache hold `rows` (indices into its `current` rows), padded with copies of the first
+/// to [`MIN_ROWS`]; skips the copy when nothing changes. Returns the new row count.
+fn reselect<M: StepModel>(
+    model: &M,
+    cache: &mut M::Cache,
+    current: usize,
+    mut rows: Vec<usize>,
+) -> Result<usize> {
+    if let Some(&first) = rows.first() {
+        while rows.len() < MIN_ROWS {
+            rows.push(first);
+        }
+    }
+    let identity = rows.len() == current && rows.iter().enumerate().all(|(i, &r)| i == r);
+    if !identity {
+        model.select_rows(cache, &rows)?;
+    }
+    Ok(rows.len())
+}
+
+/// One wave: prefill the parts' contexts, expand, decode until all rows finish. Results in the
+/// order of the wave's samples.
+fn run_wave<M: StepModel>(
+    model: &M,
+    decode: &DecodeFn<'_>,
+    groups: &[Group],
+    wave: &[WavePart],
+    cfg: &GenConfig,
+    on_step: &mut dyn FnMut(StepReport),
+) -> Result<Vec<Generated>> {
+    let vocab = model.vocab();
+    let max_pos = model.max_positions();
+    let mut contexts: Vec<&[u32]> = wave
+        .iter()
+        .map(|p| groups[p.group].context.as_slice())
+        .collect();
+    // Never run the model on fewer than two rows (see MIN_ROWS): prefill is wide enough with
+    // two (rows × chunk slots), a lone context gets a copy.
+    if contexts.len() < 2 {
+        contexts.push(contexts[0]);
+    }
+    let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
+    let n_ctx = contexts.len();
+    // Attention reads the whole cache buffer each step, so start small and let it grow (the
+    // model grows it in chunks) rather than paying for max_new_tokens empty slots from step one.
+    let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens.min(INITIAL_ROOM))?;
+
+    // 1. Prefill (left-padded), in column chunks.
+    let mut ids = vec![0u32; n_ctx * longest];
+    let mut valid = vec![false; n_ctx * longest];
+    for (r, c) in contexts.iter().enumerate() {
+        let pad = longest - c.len();
+        ids[r * longest + pad..(r + 1) * longest].copy_from_slice(c);
+        valid[r * longest + pad..(r + 1) * longest].fill(true);
+    }
+    let mut logits = Vec::new();
+    for (s, e) in prefill_chunks(longest, cfg.prefill_chunk) {
+        let w = e - s;
+        let mut cid = Vec::with_capacity(n_ctx * w);
+        let mut cv = Vec::with_capacity(n_ctx * w);
+        for r in 0..n_ctx {
+            cid.extend_from_slice(&ids[r * longest + s..r * longest + e]);
+            cv.extend_from_slice(&valid[r * longest + s..r * longest + e]);
+        }
+        logits = model.step(&mut cache, n_ctx, w, &cid, &cv)?;
+    }
+    ensure!(
+        logits.len() == n_ctx * vocab,
+        "model returned {} logits for {n_ctx} rows of {vocab}",
+        logits.len()
+    );
+
+    // 2. Expand to one row per sample.
+    let mut expand = Vec::new();
+    let mut rows = Vec::new();
+    for (pi, part) in wave.iter().enumerate() {
+        let group = &groups[part.group];
+        for si in part.samples.clone() {
+            let id = &group.samples[si];
+            expand.push(pi);
+            rows.push(Row {
+                out: rows.len(),
+                rng: sample_rng(cfg.seed, &id.key()),
+                proc_: Processor::new(),
+                ids: Vec::new(),
+                logprobs: Vec::new(),
+                detok: Detokenizer::new(),
+                limit: cfg.stop.max_new_tokens.min(max_pos - group.context.len()),
+                finish: None,
+            });
+        }
+    }
+    let n_rows = rows.len();
+    // Row r reads logits row `src[r]` of the last model output.
+    let src_prefill = expand.clone();
+    let mut model_rows = n_ctx;
+    model_rows = reselect(model, &mut cache, model_rows, expand)?;
+    let mut src: Vec<usize> = src_prefill;
+    let mut results: Vec<Option<Generated>> = vec![None; n_rows];
+
+    // 3. Decode.
+    loop {
+        rows.par_iter_mut()
+            .zip(src.par_iter())
+            .try_for_each(|(row, &k)| {
+                row.advance(&logits[k * vocab..(k + 1) * vocab], cfg, decode)
+            })?;
+        let before = rows.len();
+        let mut keep = Vec::with_capacity(before);
+        let mut next_rows = Vec::with_capacity(before);
+        for (i, row) in rows.into_iter().enumerate() {
+            match row.finish {
+                Some(f) => {
+                    let (text, ends) = row.detok.into_parts();
+                    results[row.out] = Some(Generated {
+                        ids: row.ids,
+                        logprobs: row.logprobs,
+                        text,
+                        ends,
+                        finish: f,
+                    });
+                }
+                None => {
+                    keep.push(i);
+                    next_rows.push(row);
+                }
+            }
+        }
+        rows = next_rows;
+        on_step(StepReport {
+            tokens: before,
+            finished: before - rows.len(),
+        });
+        if rows.is_empty() {
+            break;
+        }
+        model_rows = reselect(model, &mut cache, model_rows, keep)?;
+        let mut next: Vec<u32> = rows.iter().map(|r| *r.ids.last().unwrap_or(&0)).collect();
+        while next.len() < model_rows {
+            next.push(next[0]);
+        }
+        let valid = vec![true; next.len()];
+        logits = model.step(&mut cache, next.len(), 1, &next, &valid)?;
+        src = (0..rows.len()).collect();
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.with_context(|| format!("internal: row {i} of the wave did not finish")))
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::super::stop::tests::toy_decode;
+    use super::*;
+
+    /// A deterministic toy model: the logits of a row are a hash of every real token it has seen,
+    /// so any mix-up of rows, caches or positions changes the output.
+    pub(crate) struct Toy {
+        pub vocab: usize,
+        pub max_pos: usize,
+        /// Logit bonus of the EOS id 0 (higher = shorter responses).
+        pub eos_bias: f32,
+    }
+
+    pub(crate) struct ToyCache {
+        rows: Vec<Vec<u32>>,
+        slots: usize,
+    }
+
+    fn mix(mut h: u64, x: u64) -> u64 {
+        h ^= x
+            .wrapping_add(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(h << 6)
+            .wrapping_add(h >> 2);
+        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^ (h >> 31)
+    }
+
+    impl StepModel for Toy {
+        type Cache = ToyCache;
+        fn vocab(&self) -> usize {
+            self.vocab
+        }
+        fn max_positions(&self) -> usize {
+            self.max_pos
+        }
+        fn new_cache(&self, batch: usize, _capacity: usize) -> Result<ToyCache> {
+            Ok(ToyCache {
+                rows: vec![Vec::new(); batch],
+                slots: 0,
+            })
+        }
+        fn step(
+            &self,
+            cache: &mut ToyCache,
+            batch: usize,
+            len: usize,
+            ids: &[u32],
+            valid: &[bool],
+        ) -> Result<Vec<f32>> {
+            assert_eq!(batch, cache.rows.len());
+            let mut out = Vec::with_capacity(batch * self.vocab);
+            for r in 0..batch {
+                for s in 0..len {
+                    if valid[r * len + s] {
+                        cache.rows[r].push(ids[r * len + s]);
+                    }
+                }
+                let h = cache.rows[r].iter().fold(1u64, |h, &t| mix(h, t as u64));
+                for v in 0..self.vocab {
+                    let x = mix(h, v as u64);
+                    let mut l = (x % 10_000) as f32 / 1000.0 - 5.0;
+                    if v == 0 {
+                        l += self.eos_bias;
+                    }
+                    out.push(l);
+                }
+            }
+            cache.slots += len;
+            Ok(out)
+        }
+        fn select_rows(&self, cache: &mut ToyCache, rows: &[usize]) -> Result<()> {
+            cache.rows = rows.iter().map(|&r| cache.rows[r].clone()).collect();
+            Ok(())
+        }
+    }
+
+    pub(crate) fn toy() -> Toy {
+        Toy {
+            vocab: 300,
+            max_pos: 64,
+            eos_bias: 3.0,
+        }
+    }
+
+    fn cfg(batch_size: usize) -> GenConfig {
+        GenConfig {
+            params: SamplingParams::default(),
+            stop: StopCriteria {
+                eos: vec![0],
+                stop_strings: vec![],
+                max_new_tokens: 20,
+            },
+            allowed_vocab: 256,
+            seed: 42,
+            batch_size,
+            prefill_chunk: 3,
+        }
+    }
+
+    fn groups() -> Vec<Group> {
+        let ctx = [
+            vec![72u32, 105, 33],
+            vec![1, 2],
+            vec![9, 9, 9, 9, 9, 9, 9],
+            vec![5],
+        ];
+        ctx.iter()
+            .enumerate()
+            .map(|(g, c)| Group {
+                context: c.clone(),
+                samples: (0..3)
+                    .map(|k| SampleId {
+                        prompt_id: format!("p{g}"),
+                        answer_idx: k,
+                        confidence_idx: None,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The same sample generated alone, without the sampler (reference).
+    fn alone(model: &Toy, ctx: &[u32], id: &SampleId, cfg: &GenConfig) -> Generated {
+        let mut c = model.new_cache(1, 0).unwrap();
+        let mut logits = model
+            .step(&mut c, 1, ctx.len(), ctx, &vec![true; ctx.len()])
+            .unwrap();
+        let mut rng = sample_rng(cfg.seed, &id.key());
+        let mut pr = Processor::new();
+        let mut ids = Vec::new();
+        let mut lps = Vec::new();
+        let finish = loop {
+            let t = pr.choose(&logits, cfg.allowed_vocab, &cfg.params, uniform(&mut rng));
+            ids.push(t);
+            lps.push(super::super::logits::logprob_of(&logits, t as usize));
+            if t == 0 {
+                break FinishReason::Stop;
+            }
+            if ids.len() == cfg.stop.max_new_tokens.min(model.max_pos - ctx.len()) {
+                break FinishReason::Length;
+            }
+            logits = model.step(&mut c, 1, 1, &[t], &[true]).unwrap();
+        };
+        let text_ids: Vec<u32> = ids.iter().copied().filter(|&t| t != 0).collect();
+        Generated {
+            text: toy_decode(&text_ids).unwrap(),
+            ends: Vec::new(),
+            ids,
+            logprobs: lps,
+            finish,
+        }
+    }
+
+    #[test]
+    fn prefill_chunks_are_never_narrow() {
+        assert_eq!(prefill_chunks(10, 4), vec![(0, 10)]);
+        assert_eq!(prefill_chunks(20, 8), vec![(0, 8), (8, 20)]);
+        assert_eq!(prefill_chunks(24, 8), vec![(0, 8), (8, 16), (16, 24)]);
+        assert_eq!(prefill_chunks(530, 512), vec![(0, 512), (512, 530)]);
+        assert_eq!(prefill_chunks(517, 512), vec![(0, 517)]);
+        assert_eq!(prefill_chunks(600, 512), vec![(0, 512), (512, 600)]);
+        assert_eq!(prefill_chunks(3, 512), vec![(0, 3)]);
+        assert_eq!(prefill_chunks(0, 512), vec![]);
+    }
+
+    #[test]
+    fn waves_are_planned_in_order() {
+        let w = plan_waves(&[3, 5, 1], 4);
+        assert_eq!(
+            w,
+            vec![
+                vec![
+                    WavePart {
+                        group: 0,
+                        samples: 0..3
+                    },
+                    WavePart {
+                        group: 1,
+                        samples: 0..1
+                    }
+                ],
+                vec![WavePart {
+                    group: 1,
+                    samples: 1..5
+                }],
+                vec![WavePart {
+                    group: 2,
+                    samples: 0..1
+                }],
+            ]
+        );
+        assert_eq!(plan_waves(&[], 4), Vec::<Vec<WavePart>>::new());
+        assert_eq!(plan_waves(&[2], 0).len(), 2);
+    }
+
+    #[test]
+    fn batched_equals_alone_for_every_batch_size() {
+        let m = toy();
+        let gs = groups();
+        let reference: Vec<Vec<Generated>> = gs
+            .iter()
+            .map(|g| {
+                g.samples
+                    .iter()
+                    .map(|s| alone(&m, &g.context, s, &cfg(1)))
+                    .collect()
+            })
+            .collect();
+        // The sampled responses differ across samples of one group (own streams) ...
+        assert_ne!(reference[0][0].ids, reference[0][1].ids);
+        let mut lengths = std::collections::BTreeSet::new();
+        for b in [1, 2, 5, 12, 100] {
+            let mut steps = 0;
+            let mut tokens = 0;
+            let got = generate(&m, &toy_decode, &gs, &cfg(b), &mut |r| {
+                steps += 1;
+                tokens += r.tokens;
+            })
+            .unwrap();
+            for (g, (a, r)) in got.iter().zip(&reference).enumerate() {
+                for (s, (x, y)) in a.iter().zip(r).enumerate() {
+                    assert_eq!(x.ids, y.ids, "batch {b} group {g} sample {s}");
+                    assert_eq!(x.logprobs, y.logprobs);
+                    assert_eq!(x.finish, y.finish);
+                    assert_eq!(x.text, y.text);
+                    assert_eq!(x.ends.len(), x.ids.len());
+                    lengths.insert(x.ids.len());
+                }
+            }
+            let total: usize = got.iter().flatten().map(|g| g.ids.len()).sum();
+            assert_eq!(tokens, total);
+            assert!(steps > 0);
+        }
+        // ... and rows finish at different times (the compaction path is exercised).
+        assert!(lengths.len() > 3, "{lengths:?}");
+    }
+
+    #[test]
+    fn stop_strings_and_length_limits() {
+        let m = Toy {
+            eos_bias: -100.0,
+            ..toy()
+        };
+        let gs = groups();
+        let mut c = cfg(4);
+        c.stop.max_new_tokens = 5;
+        let got = generate(&m, &toy_decode, &gs, &c, &mut |_| {}).unwrap();
+        assert!(got
+            .iter()
+            .flatten()
+            .all(|g| g.ids.len() == 5 && g.finish == FinishReason::Length));
+        // Context near the model's limit: the response is cut at max_pos.
+        let long = vec![Group {
+            context: vec![7; 62],
+            samples: vec![SampleId {
+                prompt_id: "x".into(),
+                answer_idx: 0,
+                confidence_idx: None,
+            }],
+        }];
+        let got = generate(&m, &toy_decode, &long, &c, &mut |_| {}).unwrap();
+        assert_eq!(got[0][0].ids.len(), 2);
+        assert_eq!(got[0][0].finish, FinishReason::Length);
+        // Too long: a clear error naming the prompt.
+        let too_long = vec![Group {
+            context: vec![7; 64],
+            samples: long[0].samples.clone(),
+        }];
+        let e = generate(&m, &toy_decode, &too_long, &c, &mut |_| {}).unwrap_err();
+        assert!(
+            format!("{e}").contains("prompt x") && format!("{e}").contains("64 tokens"),
+            "{e}"
+        );
+        // A stop string made of a character the first sample produces: the response ends at it.
+        // (ASCII ids only, so that token i is character i.)
+        c.allowed_vocab = 128;
+        let first = &generate(&m, &toy_decode, &gs[..1], &c, &mut |_| {}).unwrap()[0][0];
+        let ch = first.text.chars().nth(2).unwrap().to_string();
+        c.stop.stop_strings = vec![ch.clone()];
+        let cut = &generate(&m, &toy_decode, &gs[..1], &c, &mut |_| {}).unwrap()[0][0];
+        assert_eq!(cut.finish, FinishReason::Stop);
+        assert!(cut.text.ends_with(&ch), "{:?}", cut.text);
+        assert!(cut.ids.len() <= 3);
+        assert_eq!(cut.ids[..], first.ids[..cut.ids.len()]);
+        assert_eq!(cut.ids.len(), first.text.find(&ch).unwrap() + 1);
+    }
+
+    #[test]
+    fn greedy_follows_argmax() {
+        let m = toy();
+        let mut c = cfg(3);
+        c.params = SamplingParams::greedy();
+        c.stop.max_new_tokens = 6;
+        let gs = groups();
+        let got = generate(&m, &toy_decode, &gs, &c, &mut |_| {}).unwrap();
+        for (g, res) in gs.iter().zip(&got) {
+            // every sample of a group is the same greedy continuation
+            assert!(res.iter().all(|r| r.ids == res[0].ids));
+            let mut cache = m.new_cache(1, 0).unwrap();
+            let mut l = m
+                .step(
+                    &mut cache,
+                    1,
+                    g.context.len(),
+                    &g.context,
+                    &vec![true; g.context.len()],
+                )
+                .unwrap();
+            for &t in &res[0].ids {
+                assert_eq!(t as usize, super::super::logits::argmax(&l, 256));
+                l = m.step(&mut cache, 1, 1, &[t], &[true]).unwrap();
+            }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! What `generate-answers` and `generate-confidence` share: settings, sharding, running the
+//! sampler with a progress bar and a summary, and building the sampled rows' columns.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use arrow::array::{ArrayRef, Int32Array, StringArray};
+
+use super::logits::SamplingParams;
+use super::policy::Policy;
+use super::sampler::{generate, GenConfig, Generated, Group};
+use super::spans::Span;
+use super::stop::StopCriteria;
+use crate::model::Message;
+use crate::progress::Progress;
+use crate::table::cols;
+
+/// Slots prefilled per forward call. Bounds the attention scores' memory to
+/// `rows · heads · chunk · context`, and keeps the CPU backend on its plain (not tiled) attention
+/// for contexts up to ~1300 tokens, whose results do not depend on how the batch is padded.
+pub const PREFILL_CHUNK: usize = 64;
+
+/// Samples generated together before their rows are written: enough for the sampler to sort
+/// contexts by length into full waves, few enough to keep memory bounded.
+pub fn chunk_samples(batch_size: usize) -> usize {
+    (batch_size * 16).max(256)
+}
+
+/// The sampling configuration of a stage, built from its flags and the policy.
+pub fn gen_config(
+    policy: &Policy,
+    params: SamplingParams,
+    max_new_tokens: usize,
+    stop_strings: Vec<String>,
+    seed: u64,
+    batch_size: usize,
+) -> Result<GenConfig> {
+    params.validate()?;
+    if max_new_tokens == 0 {
+        bail!("--max-new-tokens must be at least 1");
+    }
+    if batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let eos = policy.model.tokenizer.stop_ids.clone();
+    if eos.is_empty() {
+        crate::info!(
+            "warning: the model defines no end-of-sequence token; responses end at --max-new-tokens or a --stop string"
+        );
+    }
+    Ok(GenConfig {
+        params,
+        stop: StopCriteria {
+            eos,
+            stop_strings,
+            max_new_tokens,
+        },
+        allowed_vocab: policy.allowed_vocab(),
+        seed,
+        batch_size,
+        prefill_chunk: PREFILL_CHUNK,
+    })
+}
+
+/// Running totals for the summary line and the metadata.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub rows: usize,
+    pub tokens: usize,
+    pub finish: BTreeMap<&'static str, usize>,
+    pub spans_found: usize,
+    pub seconds: f64,
+}
+
+impl Summary {
+    pub fn add(&mut self, g: &Generated, span: Option<Span>) {
+        self.rows += 1;
+        *self.finish.entry(g.finish.as_str()).or_default() += 1;
+        if span.is_some() {
+            self.spans_found += 1;
+        }
+    }
+
+    /// `STAGE: N rows, T tokens in S s (R tokens/s); finish: stop A, length B; spans: F of N`.
+    pub fn line(&self, stage: &str, span_name: &str) -> String {
+        let fin: Vec<String> = self
+            .finish
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        format!(
+            "{stage}: {} rows, {} tokens in {:.1} s ({:.1} tokens/s); finish: {}; {span_name} found in {} of {} rows",
+            self.rows,
+            self.tokens,
+            self.seconds,
+            self.tokens as f64 / self.seconds.max(1e-9),
+            if fin.is_empty() { "-".to_string() } else { fin.join(", ") },
+            self.spans_found,
+            self.rows
+        )
+    }
+}
+
+/// Run the sampler over `groups` with the progress bar; adds the token count to `summary`.
+pub fn run_groups(
+    policy: &Policy,
+    groups: &[Group],
+    cfg: &GenConfig,
+    progress: &mut Progress,
+    summary: &mut Summary,
+) -> Result<Vec<Vec<Generated>>> {
+    let decode = |ids: &[u32]| policy.decode(ids);
+    let start = std::time::Instant::now();
+    let base_tokens = summary.tokens;
+    let base_secs = summary.seconds;
+    let mut tokens = 0usize;
+    let out = generate(policy, &decode, groups, cfg, &mut |r| {
+        tokens += r.tokens;
+        progress.inc(r.finished as u64);
+        let secs = base_secs + start.elapsed().as_secs_f64();
+        progress.message(&format!(
+            "{:.1} tok/s",
+            (base_tokens + tokens) as f64 / secs.max(1e-9)
+        ));
+    })?;
+    summary.tokens += tokens;
+    summary.seconds += start.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// The columns a generation stage writes for its sampled rows.
+#[derive(Debug, Default)]
+pub struct SampledColumns {
+    pub sample_type: Vec<&'static str>,
+    pub answer_idx: Vec<i32>,
+    pub confidence_idx: Vec<Option<i32>>,
+    pub sample_id: Vec<String>,
+    pub messages: Vec<String>,
+    pub context_ids: Vec<Vec<i32>>,
+    pub response_ids: Vec<Vec<i32>>,
+    pub response_text: Vec<String>,
+    pub response_logprobs: Vec<Vec<f32>>,
+    pub finish_reason: Vec<&'static str>,
+    pub answer_span: Vec<Option<(i32, i32)>>,
+    pub confidence_span: Vec<Option<(i32, i32)>>,
+}
+
+/// A token count or index as int32 (the table type); larger values are an error.
+pub fn to_i32(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).with_context(|| format!("{what} {v} does not fit the table's int32"))
+}
+
+/// Token ids as int32.
+pub fn ids_i32(ids: &[u32]) -> Vec<i32> {
+    ids.iter().map(|&t| t as i32).collect()
+}
+
+impl SampledColumns {
+    /// Append one sampled row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push(
+        &mut self,
+        sample_type: &'static str,
+        answer_idx: i32,
+        confidence_idx: Option<i32>,
+        sample_id: String,
+        messages: &[Message],
+        context_ids: &[u32],
+        g: &Generated,
+        answer_span: Option<Span>,
+        confidence_span: Option<Span>,
+    ) -> Result<()> {
+        let span = |s: Option<Span>| -> Result<Option<(i32, i32)>> {
+            s.map(|s| Ok((to_i32(s.start, "span start")?, to_i32(s.end, "span end")?)))
+                .transpose()
+        };
+        self.sample_type.push(sample_type);
+        self.answer_idx.push(answer_idx);
+        self.confidence_idx.push(confidence_idx);
+        self.sample_id.push(sample_id);
+        self.messages
+            .push(serde_json::to_string(messages).context("serialising messages")?);
+        self.context_ids.push(ids_i32(context_ids));
+        self.response_ids.push(ids_i32(&g.ids));
+        self.response_text.push(g.text.clone());
+        self.response_logprobs.push(g.logprobs.clone());
+        self.finish_reason.push(g.finish.as_str());
+        self.answer_span.push(span(answer_span)?);
+        self.confidence_span.push(span(confidence_span)?);
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.sample_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sample_id.is_empty()
+    }
+
+    /// The columns as `(name, array)` pairs for [`cols::set_columns`].
+    pub fn into_arrays(self) -> Vec<(&'static str, ArrayRef)> {
+        let s = |v: Vec<&'static str>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+        vec![
+            ("sample_type", s(self.sample_type)),
+            ("answer_idx", Arc::new(Int32Array::from(self.answer_idx))),
+            (
+                "confidence_idx",
+                Arc::new(Int32Array::from(self.confidence_idx)),
+            ),
+            ("sample_id", Arc::new(StringArray::from(self.sample_id))),
+            ("messages", Arc::new(StringArray::from(self.messages))),
+            ("context_ids", cols::build_list_i32(self.context_ids)),
+            ("response_ids", cols::build_list_i32(self.response_ids)),
+            (
+                "response_text",
+                Arc::new(StringArray::from(self.response_text)),
+            ),
+            (
+                "response_logprobs",
+                cols::build_list_f32(self.response_logprobs),
+            ),
+            ("finish_reason", s(self.finish_reason)),
+            ("answer_span", cols::build_spans(&self.answer_span)),
+            ("confidence_span", cols::build_spans(&self.confidence_span)),
+        ]
+    }
+}
+
+/// Parse a `messages` JSON value (list of {role, content}) into messages.
+pub fn parse_messages(v: &serde_json::Value, loc: &dyn Fn() -> String) -> Result<Vec<Message>> {
+    let list = v.as_array().with_context(|| {
+        format!(
+            "{}, column `messages`: expected a JSON list of {{role, content}}",
+            loc()
+        )
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = m.get("role").and_then(|r| r.as_str());
+            let content = m.get("content").and_then(|c| c.as_str());
+            match (role, content) {
+                (Some(r), Some(c)) => Ok(Message {
+                    role: r.to_string(),
+                    content: c.to_string(),
+                }),
+                _ => bail!(
+                    "{}, column `messages`, message {i}: expected {{\"role\": text, \"content\": text}}",
+                    loc()
+                ),
+            }
+        })
+        .collect()
+}
+
+/// The sampling settings recorded in the output's metadata (`rlcr.config`).
+pub fn sampling_meta(
+    cfg: &GenConfig,
+    policy: &Policy,
+    model_dir: &std::path::Path,
+) -> serde_json::Value {
+    serde_json::json!({
+        "model": model_dir.display().to_string(),
+        "model_fingerprint": policy.fingerprint,
+        "temperature": cfg.params.temperature,
+        "top_k": cfg.params.top_k,
+        "top_p": cfg.params.top_p,
+        "min_p": cfg.params.min_p,
+        "max_new_tokens": cfg.stop.max_new_tokens,
+        "stop": cfg.stop.stop_strings,
+        "eos_token_ids": cfg.stop.eos,
+        "sampled_vocab": cfg.allowed_vocab,
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "rng": "chacha20 per sample from (seed, prompt_id, answer_idx, confidence_idx), v1",
+        "behaviour_logprobs": "log_softmax of the model logits at temperature 1 over the full vocabulary",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_parse_with_locations() {
+        let v: serde_json::Value =
+            serde_json::from_str(r#"[{"role":"user","content":"hi"}]"#).unwrap();
+        let m = parse_messages(&v, &|| "t.parquet, row 3".into()).unwrap();
+        assert_eq!(m, vec![Message::new("user", "hi")]);
+        let bad: serde_json::Value = serde_json::from_str(r#"[{"role":"user"}]"#).unwrap();
+        let e = parse_messages(&bad, &|| "t.parquet, row 3".into()).unwrap_err();
+        assert!(format!("{e}").contains("row 3") && format!("{e}").contains("message 0"));
+        let e = parse_messages(&serde_json::json!({}), &|| "x".into()).unwrap_err();
+        assert!(format!("{e}").contains("JSON list"));
+    }
+
+    #[test]
+    fn summary_line() {
+        let mut s = Summary::default();
+        let g = Generated {
+            ids: vec![1, 2],
+            logprobs: vec![0.0, 0.0],
+            text: String::new(),
+            ends: vec![0, 0],
+            finish: super::super::stop::FinishReason::Length,
+        };
+        s.add(&g, None);
+        s.add(&g, Some(Span { start: 0, end: 1 }));
+        s.tokens = 4;
+        s.seconds = 2.0;
+        assert_eq!(
+            s.line("generate-answers", "answer_span"),
+            "generate-answers: 2 rows, 4 tokens in 2.0 s (2.0 tokens/s); finish: length 2; answer_span found in 1 of 2 rows"
+        );
+    }
+}

@@ -1,0 +1,404 @@
+//! One training call from start to finish, shared by `update` and `sft`: resume the optimizer,
+//! run the loop with a progress bar, write the checkpoint folder with its state and metrics.
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::model::Model;
+use crate::progress::Progress;
+
+use super::checkpoint::{
+    has_state, load_resume, metrics_line, previous_metrics, saved_stage, write_checkpoint, Summary,
+    TrainerState, STATE_FORMAT,
+};
+use super::data::TrainRow;
+use super::optim::{AdamW, AdamWConfig};
+use super::trainer::{train, StepMetrics, TrainConfig};
+
+/// `--resume`: continue the optimizer and step counter saved in the `--model` folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResumeMode {
+    /// Start a fresh optimizer at step 0.
+    #[default]
+    No,
+    /// Resume; an error when the folder has no trainer state.
+    Yes,
+    /// Resume when the folder has a trainer state written by the same stage, else start fresh
+    /// (the first RL iteration, or `update` after `sft`: the SFT moments and step count belong
+    /// to another objective).
+    Auto,
+}
+
+/// Everything about a call except the model and rows.
+pub struct Session {
+    /// `update` or `sft`.
+    pub stage: String,
+    /// Output folder.
+    pub out: PathBuf,
+    /// Resume mode.
+    pub resume: ResumeMode,
+    /// AdamW hyper-parameters.
+    pub adamw: AdamWConfig,
+    /// The loop's configuration.
+    pub train: TrainConfig,
+    /// Resolved configuration recorded in the trainer state.
+    pub config: serde_json::Value,
+    /// Input paths recorded in the trainer state.
+    pub inputs: Vec<String>,
+}
+
+/// The optimizer to start from: a fresh one, or the state saved in `dir`.
+pub fn start_optimizer(
+    dir: &Path,
+    stage: &str,
+    mode: ResumeMode,
+    cfg: AdamWConfig,
+    model: &crate::model::Transformer,
+) -> Result<(AdamW, bool)> {
+    let resume = match mode {
+        ResumeMode::No => false,
+        ResumeMode::Yes => {
+            if !has_state(dir) {
+                bail!(
+                    "--resume: {} has no trainer state (rlcr-train/trainer_state.json); use \
+                     --resume auto to start fresh when there is none",
+                    dir.display()
+                );
+            }
+            true
+        }
+        ResumeMode::Auto => match saved_stage(dir) {
+            Some(s) if s == stage => true,
+            Some(s) => {
+                crate::info!(
+                    "{}: the trainer state was written by `{s}`, not `{stage}`: starting a fresh \
+                     optimizer",
+                    dir.display()
+                );
+                false
+            }
+            None => false,
+        },
+    };
+    if !resume {
+        return Ok((AdamW::new(cfg), false));
+    }
+    let inner = model.device().inner();
+    let r = load_resume(dir, cfg, &inner)?;
+    r.opt.check_against(model)?;
+    crate::info!(
+        "resuming the `{}` optimizer state of {} at global step {}",
+        r.stage,
+        dir.display(),
+        r.global_step
+    );
+    Ok((r.opt, true))
+}
+
+/// Train `model` on `rows` and write the checkpoint folder. Returns the step metrics.
+pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepMetrics>> {
+    s.train.validate()?;
+    s.adamw.validate()?;
+    if let (Ok(a), Ok(b)) = (model.dir.canonicalize(), s.out.canonicalize()) {
+        if a == b {
+            bail!(
+                "-o {}: the output folder is the input model folder; write a new folder (inputs are \
+                 never modified in place)",
+                s.out.display()
+            );
+        }
+    }
+    let (mut opt, resumed) =
+        start_optimizer(&model.dir, &s.stage, s.resume, s.adamw, &model.transformer)?;
+    let total = (s.train.epochs * s.train.mini_batches) as u64;
+    let mut progress = Progress::new(&s.stage, total, "steps");
+    let mut lines = if resumed {
+        previous_metrics(&model.dir)?
+    } else {
+        Vec::new()
+    };
+    let t0 = Instant::now();
+    let transformer = model.transformer;
+    let (trained, steps) = train(transformer, &mut opt, rows, &s.train, |m| {
+        lines.push(metrics_line(&s.stage, m)?);
+        progress.message(&format!("loss {:.4} gnorm {:.3}", m.loss, m.grad_norm));
+        progress.inc(1);
+        crate::debug!(
+            "step {}: loss {:.6} pg {:.6} kl {:.6} entropy {:.4} clip {:.3}/{:.3}/{:.3} gnorm {:.4} lr {:.3e} tokens {}",
+            m.step,
+            m.loss,
+            m.pg_loss,
+            m.kl_loss,
+            m.entropy,
+            m.clip_frac_low,
+            m.clip_frac_high,
+            m.clip_frac_dual,
+            m.grad_norm,
+            m.lr,
+            m.tokens
+        );
+        Ok(())
+    })?;
+    let seconds = t0.elapsed().as_secs_f64();
+    progress.finish();
+    model.transformer = trained;
+    let summary = Summary::of(&steps, seconds);
+    let state = TrainerState {
+        format: STATE_FORMAT.to_string(),
+        global_step: opt.step,
+        stage: s.stage.clone(),
+        version: crate::VERSION.to_string(),
+        config: s.config.clone(),
+        inputs: s.inputs.clone(),
+        summary: summary.clone(),
+    };
+    write_checkpoint(&model, &s.out, Some(&opt), &state, &lines)?;
+    if let Some(m) = &summary.mean {
+        crate::info!(
+            "{}: {} steps, mean loss {:.5}, grad norm {:.4}, {:.1} tokens/s; wrote {}",
+            s.stage,
+            summary.steps,
+            m.loss,
+            m.grad_norm,
+            summary.tokens_per_second,
+            s.out.display()
+        );
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::weights::weight_files;
+    use std::collections::BTreeMap;
+
+    /// dtype, shape and raw bytes of one tensor.
+    type Raw = (String, Vec<usize>, Vec<u8>);
+
+    /// Every tensor of a folder, straight from the files.
+    fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, Raw>> {
+        let mut out = BTreeMap::new();
+        for f in weight_files(dir)? {
+            let bytes = std::fs::read(&f)?;
+            let st = safetensors::SafeTensors::deserialize(&bytes)?;
+            for (name, v) in st.tensors() {
+                out.insert(
+                    name,
+                    (
+                        format!("{:?}", v.dtype()),
+                        v.shape().to_vec(),
+                        v.data().to_vec(),
+                    ),
+                );
+            }
+        }
+        Ok(out)
+    }
+    use crate::train::checkpoint::{METRICS_FILE, STATE_DIR, TRAINER_STATE};
+    use crate::train::loss::LossAgg;
+    use crate::train::policy::host_logprobs;
+    use crate::train::trainer::tests::{config, rows, tiny, tiny_dir};
+    use burn::module::Module;
+
+    fn session(out: &Path, lr: f64, resume: ResumeMode, epochs: usize) -> Session {
+        let mut train = config(LossAgg::TokenMean, 2);
+        train.schedule = crate::train::schedule::Schedule::new(
+            lr,
+            0.0,
+            crate::train::schedule::ScheduleKind::Constant,
+            None,
+        )
+        .expect("schedule");
+        train.epochs = epochs;
+        Session {
+            stage: "update".into(),
+            out: out.to_path_buf(),
+            resume,
+            adamw: AdamWConfig::default(),
+            train,
+            config: serde_json::json!({"test": true}),
+            inputs: vec![],
+        }
+    }
+
+    /// With lr = 0 the written weights are bit-identical to the input's (same names, dtypes,
+    /// bytes), and the folder carries the trainer state and one metrics line per step.
+    #[test]
+    fn lr_zero_writes_bit_identical_weights() {
+        let d = tempfile::tempdir().expect("tmp");
+        let m = tiny();
+        let rows = rows(&m.transformer, 4, 5, 0.2);
+        let out = d.path().join("new");
+        let steps = run(m, &rows, &session(&out, 0.0, ResumeMode::No, 2)).expect("run");
+        assert_eq!(steps.len(), 2);
+        assert!(steps.iter().all(|s| !s.skipped && s.grad_norm > 0.0));
+        let a = read_checkpoint(&tiny_dir()).expect("input");
+        let b = read_checkpoint(&out).expect("output");
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (k, ta) in &a {
+            let tb = &b[k];
+            assert_eq!(ta.0, tb.0, "{k}");
+            assert_eq!(ta.1, tb.1, "{k}");
+            assert!(ta.2 == tb.2, "{k}: bytes differ");
+        }
+        for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+            assert!(out.join(f).is_file(), "{f} not copied");
+        }
+        let lines = std::fs::read_to_string(out.join(METRICS_FILE)).expect("metrics");
+        assert_eq!(lines.lines().count(), 2);
+        let first: serde_json::Value =
+            serde_json::from_str(lines.lines().next().expect("line")).expect("json");
+        assert_eq!(first["stage"], "update");
+        assert_eq!(first["step"], 1);
+        assert_eq!(first["lr"], 0.0);
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join(STATE_DIR).join(TRAINER_STATE)).expect("state"),
+        )
+        .expect("json");
+        assert_eq!(state["global_step"], 2);
+        assert_eq!(state["summary"]["steps"], 2);
+        // No temporary folders left beside the output.
+        let names: Vec<String> = std::fs::read_dir(d.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names, vec!["new".to_string()]);
+    }
+
+    /// Two calls of one epoch each, the second resuming from the first's folder, end with the
+    /// same weights as one call of two epochs; the metrics file holds the whole run.
+    #[test]
+    fn resume_continues_exactly() {
+        let d = tempfile::tempdir().expect("tmp");
+        let m = tiny();
+        let rows = rows(&m.transformer, 4, 6, 0.2);
+        let one = d.path().join("one");
+        let two = d.path().join("two");
+        let both = d.path().join("both");
+        run(m, &rows, &session(&one, 1e-3, ResumeMode::No, 1)).expect("first");
+        let m1 = Model::load(&one, &burn::tensor::Device::flex().autodiff()).expect("load one");
+        run(m1, &rows, &session(&two, 1e-3, ResumeMode::Yes, 1)).expect("second");
+        run(tiny(), &rows, &session(&both, 1e-3, ResumeMode::No, 2)).expect("both");
+        // Writing over the input folder is refused.
+        let e = run(
+            Model::load(&one, &burn::tensor::Device::flex().autodiff()).expect("load"),
+            &rows,
+            &session(&one, 1e-3, ResumeMode::No, 1),
+        )
+        .expect_err("in place");
+        assert!(format!("{e:#}").contains("input model folder"), "{e:#}");
+        let a = read_checkpoint(&two).expect("two");
+        let b = read_checkpoint(&both).expect("both");
+        let c = read_checkpoint(&tiny_dir()).expect("input");
+        for (k, ta) in &a {
+            assert!(
+                ta.2 == b[k].2,
+                "{k}: resumed run differs from the continuous one"
+            );
+        }
+        assert!(
+            a.iter().any(|(k, t)| t.2 != c[k].2),
+            "the weights did not move"
+        );
+        let lines = std::fs::read_to_string(two.join(METRICS_FILE)).expect("metrics");
+        let steps: Vec<u64> = lines
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("json")["step"]
+                    .as_u64()
+                    .expect("step")
+            })
+            .collect();
+        assert_eq!(steps, vec![1, 2]);
+        // Resume from a folder without state: an error with `yes`, a fresh start with `auto`.
+        let m = tiny();
+        let e = start_optimizer(
+            &tiny_dir(),
+            "update",
+            ResumeMode::Yes,
+            AdamWConfig::default(),
+            &m.transformer,
+        )
+        .err()
+        .expect("no state");
+        assert!(format!("{e:#}").contains("no trainer state"), "{e:#}");
+        let (opt, resumed) = start_optimizer(
+            &tiny_dir(),
+            "update",
+            ResumeMode::Auto,
+            AdamWConfig::default(),
+            &m.transformer,
+        )
+        .expect("auto");
+        assert!(!resumed && opt.step == 0);
+        // `auto` does not carry another stage's state over; `yes` does.
+        let (opt, resumed) = start_optimizer(
+            &one,
+            "sft",
+            ResumeMode::Auto,
+            AdamWConfig::default(),
+            &m.transformer,
+        )
+        .expect("auto");
+        assert!(!resumed && opt.step == 0);
+        let (opt, resumed) = start_optimizer(
+            &one,
+            "sft",
+            ResumeMode::Yes,
+            AdamWConfig::default(),
+            &m.transformer,
+        )
+        .expect("yes");
+        assert!(resumed && opt.step == 1);
+    }
+
+    /// `rlcr logprobs` semantics on the written folder equal the in-memory trained model.
+    #[test]
+    fn written_folder_reproduces_the_in_memory_model() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut m = tiny();
+        let rows = rows(&m.transformer, 4, 7, 0.2);
+        let cfg = session(&d.path().join("x"), 1e-2, ResumeMode::No, 3).train;
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let (trained, _) = train(m.transformer, &mut opt, &rows, &cfg, |_| Ok(())).expect("train");
+        m.transformer = trained;
+        let out = d.path().join("new");
+        let state = TrainerState {
+            format: STATE_FORMAT.into(),
+            global_step: opt.step,
+            stage: "update".into(),
+            version: crate::VERSION.into(),
+            config: serde_json::json!({}),
+            inputs: vec![],
+            summary: Summary::default(),
+        };
+        write_checkpoint(&m, &out, Some(&opt), &state, &[]).expect("write");
+        let pairs: Vec<(&[u32], &[u32])> = rows
+            .iter()
+            .map(|r| (r.context.as_slice(), r.response.as_slice()))
+            .collect();
+        let mem = host_logprobs(&m.transformer.valid(), &pairs, 4, 1.0, None).expect("mem");
+        let back = Model::load(&out, &burn::tensor::Device::flex()).expect("reload");
+        let disk = crate::model::logprobs(&back.transformer, &pairs, 4, false, None)
+            .expect("logprobs")
+            .logprobs;
+        let orig = crate::model::logprobs(&tiny().transformer.valid(), &pairs, 4, false, None)
+            .expect("logprobs")
+            .logprobs;
+        let mut moved = 0f32;
+        for ((a, b), o) in mem.iter().zip(&disk).zip(&orig) {
+            for ((x, y), z) in a.iter().zip(b).zip(o) {
+                assert!((x - y).abs() <= 2e-6, "{x} vs {y}");
+                moved = moved.max((x - z).abs());
+            }
+        }
+        assert!(
+            moved > 1e-2,
+            "training did not change the log-probs ({moved})"
+        );
+    }
+}

@@ -1,0 +1,482 @@
+//! The policy loss over burn tensors: the differentiable twin of [`super::loss`].
+//!
+//! Inputs are padded `[B, T]` tensors of one micro-batch (B rows, T = its longest response);
+//! padded and non-learnable positions carry weight 0, so they contribute neither loss nor gradient.
+//! The formulas are written the way verl writes them (`max(L1, L2)`, then `min(·, L3)` where
+//! `A < 0`); the slice versions use a per-sign closed form, and the tests check the two agree on
+//! random inputs and on ANCHORS §3.5's table.
+//!
+//! Design decisions:
+//! - The aggregation weights `w[i,t]` arrive precomputed over the whole update batch
+//!   ([`super::loss::agg_weights`]), so the micro-batch loss is `Σ w·L` and micro-batch gradients
+//!   add up to the full-batch gradient exactly (D6/D7).
+//! - Metric sums (clipped tokens, log-ratio, entropy, KL) are returned as *sums* over valid tokens
+//!   and divided by the update batch's token count by the caller, for the same reason.
+//! - When `c = ∞` the dual-clip branch is skipped instead of computing `−A·∞` (NaN at A = 0).
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Bool, Tensor};
+
+use super::loss::{ClipConfig, KlEstimator, K3_LOG_CLAMP, K3_VALUE_CLAMP, LOG_RATIO_CLAMP};
+
+/// Per-token PPO loss and the clip indicators, all `[B, T]`.
+pub struct PpoTokens {
+    /// Per-token loss (differentiable in `logp`).
+    pub loss: Tensor<2>,
+    /// `A < 0 & r < 1 − ε_low`.
+    pub clipped_low: Tensor<2, Bool>,
+    /// `A > 0 & r > 1 + ε_high`.
+    pub clipped_high: Tensor<2, Bool>,
+    /// `A < 0 & Lclip > −A·c`.
+    pub clipped_dual: Tensor<2, Bool>,
+    /// The clamped log-ratio `logp − old_logp` (detached), for `approx_kl`.
+    pub log_ratio: Tensor<2>,
+}
+
+/// verl's `compute_policy_loss_vanilla` per token (ANCHORS §1.5.1).
+///
+/// `logp` is the current policy's log-prob (carries the gradient), `old_logp` the behaviour
+/// policy's, `adv` the token advantages; all `[B, T]`.
+pub fn ppo_token_loss(
+    logp: Tensor<2>,
+    old_logp: Tensor<2>,
+    adv: Tensor<2>,
+    clip: &ClipConfig,
+) -> PpoTokens {
+    let logr = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    let ratio = logr.clone().exp();
+    let neg_adv = adv.clone().neg();
+    let l1 = neg_adv.clone() * ratio.clone();
+    let l2 = neg_adv.clone()
+        * ratio
+            .clone()
+            .clamp(1.0 - clip.clip_low, 1.0 + clip.clip_high);
+    let lclip = l1.max_pair(l2);
+    let adv_neg = adv.clone().lower_elem(0.0);
+    let adv_pos = adv.greater_elem(0.0);
+    let clipped_low = adv_neg
+        .clone()
+        .bool_and(ratio.clone().lower_elem(1.0 - clip.clip_low));
+    let clipped_high = adv_pos.bool_and(ratio.greater_elem(1.0 + clip.clip_high));
+    let (loss, clipped_dual) = if clip.clip_dual.is_finite() {
+        let l3 = neg_adv.mul_scalar(clip.clip_dual);
+        let dual = adv_neg.clone().bool_and(lclip.clone().greater(l3.clone()));
+        let ldual = lclip.clone().min_pair(l3);
+        (lclip.mask_where(adv_neg, ldual), dual)
+    } else {
+        let none = adv_neg.clone().bool_and(adv_neg.bool_not());
+        (lclip, none)
+    };
+    PpoTokens {
+        loss,
+        clipped_low,
+        clipped_high,
+        clipped_dual,
+        log_ratio: logr.detach(),
+    }
+}
+
+/// KL estimate per token from `d = logp − ref_logp` (verl `kl_penalty`, ANCHORS §1.4.6).
+pub fn kl_estimate(logp: Tensor<2>, ref_logp: Tensor<2>, kind: KlEstimator) -> Tensor<2> {
+    let d = logp - ref_logp;
+    match kind {
+        KlEstimator::K1 => d,
+        KlEstimator::Abs => d.abs(),
+        KlEstimator::K2 => d.square().mul_scalar(0.5),
+        KlEstimator::K3 => {
+            let x = d.neg().clamp(-K3_LOG_CLAMP, K3_LOG_CLAMP);
+            (x.clone().exp() - x)
+                .sub_scalar(1.0)
+                .clamp(-K3_VALUE_CLAMP, K3_VALUE_CLAMP)
+        }
+    }
+}
+
+/// Entropy per position from logits `[B, T, V]`: `logsumexp(z) − Σ softmax(z)·z`, shape `[B, T]`.
+pub fn entropy_from_logits(logits: Tensor<3>) -> Tensor<2> {
+    entropy_from_log_probs(log_softmax(logits, 2))
+}
+
+/// Entropy per position from log-probs `[B, T, V]`: `−Σ exp(lp)·lp`, shape `[B, T]`.
+///
+/// The same value as [`entropy_from_logits`] (`lp = z − logsumexp(z)`), reusing a log-softmax the
+/// caller already has.
+pub fn entropy_from_log_probs(lp: Tensor<3>) -> Tensor<2> {
+    let p = lp.clone().exp();
+    (p * lp).sum_dim(2).squeeze_dim::<2>(2).neg()
+}
+
+/// Everything one micro-batch contributes to an optimizer step.
+pub struct MicroLoss {
+    /// The differentiable micro-batch loss (`Σ w·(pg + β·kl) − α·Σ w_tok·H`), shape `[1]`.
+    pub loss: Tensor<1>,
+    /// Sums over this micro-batch (detached, f64 on the host after [`MicroLoss::sums`]).
+    pub pg_loss: Tensor<1>,
+    /// `Σ w·kl` (0 when no reference).
+    pub kl_loss: Tensor<1>,
+    /// `Σ m·H` over valid tokens (0 when entropy was not computed).
+    pub entropy_sum: Tensor<1>,
+    /// `Σ m·(old_logp − logp)` over valid tokens.
+    pub neg_log_ratio_sum: Tensor<1>,
+    /// Counts of valid tokens with the low / high / dual clip active.
+    pub clipped: [Tensor<1>; 3],
+}
+
+/// The inputs of [`micro_loss`], all `[B, T]` on one device.
+pub struct MicroInputs {
+    /// Current log-probs of the response tokens (differentiable).
+    pub logp: Tensor<2>,
+    /// Behaviour-policy log-probs (`response_logprobs`).
+    pub old_logp: Tensor<2>,
+    /// Token advantages.
+    pub adv: Tensor<2>,
+    /// 1.0 on learnable tokens, 0.0 elsewhere (padding included).
+    pub mask: Tensor<2>,
+    /// Aggregation weights over the whole update batch (0 where `mask` is 0).
+    pub weight: Tensor<2>,
+    /// Reference-policy log-probs, when the KL loss is on.
+    pub ref_logp: Option<Tensor<2>>,
+    /// Per-token entropy, when computed (differentiable when the entropy bonus is on).
+    pub entropy: Option<Tensor<2>>,
+}
+
+/// Coefficients of the total loss.
+#[derive(Debug, Clone, Copy)]
+pub struct LossCoefs {
+    /// β of the KL loss.
+    pub kl_coef: f64,
+    /// KL estimator of the KL loss.
+    pub kl_kind: KlEstimator,
+    /// α of the entropy bonus (subtracted).
+    pub entropy_coef: f64,
+    /// Valid tokens of the whole update batch: the entropy bonus is a token mean (D19).
+    pub batch_tokens: f64,
+}
+
+/// The micro-batch loss: `Σ w·L_pg + β·Σ w·kl − α·Σ (m/N)·H` (verl's actor total with the global
+/// normaliser; ANCHORS §1.5.1).
+pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss {
+    let device = x.logp.device();
+    let zero = || Tensor::<1>::zeros([1], &device);
+    let ppo = ppo_token_loss(x.logp.clone(), x.old_logp, x.adv, clip);
+    let pg_loss = (ppo.loss * x.weight.clone()).sum();
+    let mut loss = pg_loss.clone();
+    let kl_loss = match x.ref_logp {
+        Some(r) => {
+            let kl = (kl_estimate(x.logp, r, c.kl_kind) * x.weight).sum();
+            loss = loss + kl.clone().mul_scalar(c.kl_coef);
+            kl
+        }
+        None => zero(),
+    };
+    let entropy_sum = match x.entropy {
+        Some(h) => {
+            let s = (h * x.mask.clone()).sum();
+            if c.entropy_coef != 0.0 && c.batch_tokens > 0.0 {
+                loss = loss - s.clone().mul_scalar(c.entropy_coef / c.batch_tokens);
+            }
+            s.detach()
+        }
+        None => zero(),
+    };
+    let count = |b: Tensor<2, Bool>| (b.float() * x.mask.clone()).sum();
+    let neg_log_ratio_sum = (ppo.log_ratio.neg() * x.mask.clone()).sum();
+    MicroLoss {
+        loss,
+        pg_loss: pg_loss.detach(),
+        kl_loss: kl_loss.detach(),
+        entropy_sum,
+        neg_log_ratio_sum,
+        clipped: [
+            count(ppo.clipped_low),
+            count(ppo.clipped_high),
+            count(ppo.clipped_dual),
+        ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::loss;
+    use burn::tensor::{Device, TensorData};
+    use rand::{Rng, SeedableRng};
+
+    fn dev() -> Device {
+        Device::flex()
+    }
+
+    fn t2(v: &[f32], b: usize, t: usize, d: &Device) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(v.to_vec(), [b, t]), d)
+    }
+
+    fn host(x: Tensor<2>) -> Vec<f32> {
+        x.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .expect("f32 data")
+    }
+
+    fn host_b(x: Tensor<2, Bool>) -> Vec<bool> {
+        x.into_data().try_into_vec::<bool>().expect("bool data")
+    }
+
+    fn scalar(x: Tensor<1>) -> f64 {
+        x.into_data()
+            .convert::<f64>()
+            .try_into_vec::<f64>()
+            .expect("f64")[0]
+    }
+
+    #[test]
+    fn tensor_ppo_matches_anchor_table() {
+        let d = dev();
+        for (cfg, col) in [
+            (ClipConfig::default(), 2),
+            (
+                ClipConfig {
+                    clip_dual: f64::INFINITY,
+                    ..Default::default()
+                },
+                3,
+            ),
+            (
+                ClipConfig {
+                    clip_high: 0.28,
+                    ..Default::default()
+                },
+                4,
+            ),
+        ] {
+            let rows = &loss::tests::PPO_TABLE;
+            let n = rows.len();
+            let logp: Vec<f32> = rows.iter().map(|r| (r.0 as f32).ln()).collect();
+            let adv: Vec<f32> = rows.iter().map(|r| r.1 as f32).collect();
+            let out = ppo_token_loss(
+                t2(&logp, 1, n, &d),
+                t2(&vec![0.0; n], 1, n, &d),
+                t2(&adv, 1, n, &d),
+                &cfg,
+            );
+            let got = host(out.loss);
+            for (i, r) in rows.iter().enumerate() {
+                let want = match col {
+                    2 => r.2,
+                    3 => r.3,
+                    _ => r.4,
+                };
+                assert!(
+                    (got[i] as f64 - want).abs() < 1e-5,
+                    "{cfg:?} row {i}: {}",
+                    got[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_equals_slice_on_random_inputs() {
+        let d = dev();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for case in 0..20 {
+            let (b, t) = (3, 7);
+            let n = b * t;
+            let logp: Vec<f32> = (0..n).map(|_| rng.random_range(-6.0..0.0)).collect();
+            let old: Vec<f32> = logp
+                .iter()
+                .map(|l| l + rng.random_range(-1.5f32..1.5))
+                .collect();
+            let adv: Vec<f32> = (0..n)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        0.0
+                    } else {
+                        rng.random_range(-2.0..2.0)
+                    }
+                })
+                .collect();
+            let cfg = ClipConfig {
+                clip_low: rng.random_range(0.05..0.5),
+                clip_high: rng.random_range(0.05..0.5),
+                clip_dual: if case % 3 == 0 {
+                    f64::INFINITY
+                } else {
+                    rng.random_range(1.5..4.0)
+                },
+            };
+            let out = ppo_token_loss(
+                t2(&logp, b, t, &d),
+                t2(&old, b, t, &d),
+                t2(&adv, b, t, &d),
+                &cfg,
+            );
+            let got = host(out.loss);
+            let lo = host_b(out.clipped_low);
+            let hi = host_b(out.clipped_high);
+            let du = host_b(out.clipped_dual);
+            for i in 0..n {
+                // The slice reference on the same f32 ratio.
+                let r = ((logp[i] - old[i]) as f64).exp();
+                let want = loss::ppo_token_loss(logp[i] as f64, old[i] as f64, adv[i] as f64, &cfg);
+                assert!(
+                    (got[i] as f64 - want.loss).abs() <= 1e-5 * (1.0 + want.loss.abs()),
+                    "case {case} token {i}: r={r} A={} got {} want {}",
+                    adv[i],
+                    got[i],
+                    want.loss
+                );
+                // Flags may differ only within f32 rounding of a boundary.
+                let near = |x: f64| (r - x).abs() < 1e-5;
+                if !near(1.0 - cfg.clip_low) {
+                    assert_eq!(lo[i], want.clipped_low, "low flag {i}");
+                }
+                if !near(1.0 + cfg.clip_high) {
+                    assert_eq!(hi[i], want.clipped_high, "high flag {i}");
+                }
+                if !near(cfg.clip_dual) {
+                    assert_eq!(du[i], want.clipped_dual, "dual flag {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_kl_matches_slice() {
+        let d = dev();
+        let lp = [-1.0f32, -2.0, -0.1, -30.0, -0.3, -4.0];
+        let rf = [-1.5f32, -1.0, -0.1, -1.0, -0.9, -0.2];
+        for kind in [
+            KlEstimator::K1,
+            KlEstimator::Abs,
+            KlEstimator::K2,
+            KlEstimator::K3,
+        ] {
+            let got = host(kl_estimate(t2(&lp, 2, 3, &d), t2(&rf, 2, 3, &d), kind));
+            for i in 0..6 {
+                let want = loss::kl_estimate(lp[i] as f64, rf[i] as f64, kind);
+                assert!(
+                    (got[i] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{kind:?} {i}: {} vs {want}",
+                    got[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_entropy_matches_slice() {
+        let d = dev();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let (b, t, v) = (2, 3, 11);
+        let z: Vec<f32> = (0..b * t * v)
+            .map(|_| rng.random_range(-4.0..4.0))
+            .collect();
+        let logits = Tensor::<3>::from_data(TensorData::new(z.clone(), [b, t, v]), &d);
+        let got = host(entropy_from_logits(logits));
+        for i in 0..b * t {
+            let want = loss::entropy_from_logits(&z[i * v..(i + 1) * v]);
+            assert!(
+                (got[i] as f64 - want).abs() < 1e-5,
+                "{i}: {} vs {want}",
+                got[i]
+            );
+        }
+    }
+
+    /// The micro-batch loss with global weights: splitting a batch in two and adding the two
+    /// losses gives the full-batch loss (the accumulation invariant), and the metric sums add up.
+    #[test]
+    fn micro_losses_add_up_to_the_batch_loss() {
+        let d = dev();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let (b, t) = (4, 5);
+        let lens = [5usize, 2, 4, 3];
+        let mask: Vec<Vec<bool>> = lens
+            .iter()
+            .map(|&l| (0..t).map(|j| j < l && rng.random_bool(0.8)).collect())
+            .collect();
+        let logp: Vec<f32> = (0..b * t).map(|_| rng.random_range(-3.0..-0.1)).collect();
+        let old: Vec<f32> = logp
+            .iter()
+            .map(|l| l + rng.random_range(-0.5f32..0.5))
+            .collect();
+        let adv: Vec<f32> = (0..b * t).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let refl: Vec<f32> = logp
+            .iter()
+            .map(|l| l + rng.random_range(-0.3f32..0.3))
+            .collect();
+        let clip = ClipConfig::default();
+        for mode in [
+            loss::LossAgg::TokenMean,
+            loss::LossAgg::SeqMeanTokenMean,
+            loss::LossAgg::SeqMeanTokenSum,
+            loss::LossAgg::SeqMeanTokenSumNorm,
+        ] {
+            let w = loss::agg_weights(&mask, mode, 6);
+            let wf: Vec<f32> = w.iter().flatten().map(|&x| x as f32).collect();
+            let mf: Vec<f32> = mask
+                .iter()
+                .flatten()
+                .map(|&m| if m { 1.0 } else { 0.0 })
+                .collect();
+            let ntok: f64 = mf.iter().map(|&x| x as f64).sum();
+            let coefs = LossCoefs {
+                kl_coef: 0.1,
+                kl_kind: KlEstimator::K3,
+                entropy_coef: 0.0,
+                batch_tokens: ntok,
+            };
+            let run = |r0: usize, r1: usize| {
+                let sl = |v: &[f32]| t2(&v[r0 * t..r1 * t], r1 - r0, t, &d);
+                micro_loss(
+                    MicroInputs {
+                        logp: sl(&logp),
+                        old_logp: sl(&old),
+                        adv: sl(&adv),
+                        mask: sl(&mf),
+                        weight: sl(&wf),
+                        ref_logp: Some(sl(&refl)),
+                        entropy: None,
+                    },
+                    &clip,
+                    &coefs,
+                )
+            };
+            let full = run(0, 4);
+            let a = run(0, 1);
+            let bb = run(1, 4);
+            let full_loss = scalar(full.loss);
+            let split = scalar(a.loss) + scalar(bb.loss);
+            assert!(
+                (full_loss - split).abs() < 1e-6,
+                "{mode:?}: {full_loss} vs {split}"
+            );
+            // Against the slice reference.
+            let mut lrows = vec![];
+            let mut klrows = vec![];
+            for i in 0..b {
+                let mut lr = vec![];
+                let mut kr = vec![];
+                for j in 0..t {
+                    let k = i * t + j;
+                    lr.push(
+                        loss::ppo_token_loss(logp[k] as f64, old[k] as f64, adv[k] as f64, &clip)
+                            .loss,
+                    );
+                    kr.push(loss::kl_estimate(
+                        logp[k] as f64,
+                        refl[k] as f64,
+                        KlEstimator::K3,
+                    ));
+                }
+                lrows.push(lr);
+                klrows.push(kr);
+            }
+            let want = loss::agg_loss(&lrows, &mask, mode, 6)
+                + 0.1 * loss::agg_loss(&klrows, &mask, mode, 6);
+            assert!(
+                (full_loss - want).abs() < 1e-5,
+                "{mode:?}: {full_loss} vs ref {want}"
+            );
+        }
+    }
+}

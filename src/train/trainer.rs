@@ -1,0 +1,814 @@
+//! The training loop shared by `update` (PPO/GRPO) and `sft` (cross-entropy).
+//!
+//! One call to [`train`] takes the rows of one table through `epochs` passes; each pass splits
+//! the rows into `mini_batches` update batches, and each update batch is one optimizer step:
+//! 1. aggregation weights are computed over the whole update batch ([`loss::agg_weights`]);
+//! 2. its rows are sorted by length (less padding) and cut into micro-batches of `micro_batch`
+//!    rows; each micro-batch runs forward and backward on the autodiff device and its gradients
+//!    are added up ([`GradientsAccumulator`]); only one micro-batch's activations are alive at a
+//!    time;
+//! 3. the global gradient norm is measured and clipped (PyTorch `clip_grad_norm_`), and AdamW
+//!    steps at the learning rate of the global step.
+//!
+//! Because the weights are global and the loss is a weighted token sum, the accumulated gradient
+//! equals the full-batch gradient whatever the micro-batch size (tested to 1e-5). A step whose
+//! gradient norm is not finite is skipped (verl does the same) and reported in the metrics.
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Result};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Tensor, TensorData};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::model::Transformer;
+
+use super::data::TrainRow;
+use super::loss::{self, ClipConfig, KlEstimator, LossAgg};
+use super::optim::{clip_coef, global_grad_norm, AdamW};
+use super::policy::{response_logprobs, right_align, EntropyMode};
+use super::schedule::Schedule;
+use super::tensor::{micro_loss, LossCoefs, MicroInputs};
+
+/// What is minimised.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Objective {
+    /// PPO/GRPO clipped policy loss with optional KL loss and entropy bonus (`update`).
+    Policy {
+        /// Clip parameters.
+        clip: ClipConfig,
+        /// β of the KL loss (0: off; then no reference log-probs are needed).
+        kl_coef: f64,
+        /// KL estimator of the KL loss.
+        kl_kind: KlEstimator,
+        /// α of the entropy bonus.
+        entropy_coef: f64,
+    },
+    /// Negative log-likelihood of the learnable response tokens (`sft`).
+    Sft,
+}
+
+/// Everything the loop needs besides the model, the optimizer and the rows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// The loss.
+    pub objective: Objective,
+    /// Loss aggregation over the update batch.
+    pub loss_agg: LossAgg,
+    /// L_max of `seq-mean-token-sum-norm` (Dr. GRPO's constant).
+    pub agg_len: usize,
+    /// Learning-rate schedule (at the global step).
+    pub schedule: Schedule,
+    /// Max global gradient norm (≤ 0 or ∞: no clipping).
+    pub grad_clip: f64,
+    /// Rows per micro-batch.
+    pub micro_batch: usize,
+    /// Optimizer steps per epoch (update batches per pass over the rows).
+    pub mini_batches: usize,
+    /// Passes over the rows.
+    pub epochs: usize,
+    /// Logits are divided by this before the log-softmax (the sampling temperature).
+    pub temperature: f64,
+    /// Shuffle the rows before each epoch (seeded).
+    pub shuffle: bool,
+    /// Seed of the shuffle.
+    pub seed: u64,
+}
+
+/// Metrics of one optimizer step (one line of `train_metrics.jsonl`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// Global optimizer step after this step (1-based; unchanged when skipped).
+    pub step: u64,
+    /// Epoch (0-based) and update batch within it.
+    pub epoch: usize,
+    /// Update batch index within the epoch.
+    pub mini_batch: usize,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Total loss (`pg_loss + β·kl_loss − α·entropy`; SFT: the NLL).
+    pub loss: f64,
+    /// Aggregated policy-gradient loss (SFT: the NLL).
+    pub pg_loss: f64,
+    /// Aggregated KL loss (0 when off).
+    pub kl_loss: f64,
+    /// Mean per-token entropy over learnable tokens.
+    pub entropy: f64,
+    /// verl's `ppo_kl`: mean of `old_logp − logp` over learnable tokens.
+    pub approx_kl: f64,
+    /// Fraction of learnable tokens with the low clip active.
+    pub clip_frac_low: f64,
+    /// Fraction with the high clip active.
+    pub clip_frac_high: f64,
+    /// Fraction with the dual clip active.
+    pub clip_frac_dual: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learnable tokens in the update batch.
+    pub tokens: usize,
+    /// Rows in the update batch.
+    pub rows: usize,
+    /// Confidence rows among them.
+    pub confidence_rows: usize,
+    /// Wall time of the step, seconds.
+    pub seconds: f64,
+    /// True when the step was skipped (non-finite gradient norm or nothing to learn).
+    pub skipped: bool,
+}
+
+/// Host-side sums of one update batch.
+#[derive(Debug, Clone, Default)]
+pub struct BatchSums {
+    /// Σ of the micro-batch losses.
+    pub loss: f64,
+    /// Σ w·L_pg (SFT: Σ w·NLL).
+    pub pg_loss: f64,
+    /// Σ w·kl.
+    pub kl_loss: f64,
+    /// Σ m·H.
+    pub entropy: f64,
+    /// Σ m·(old − logp).
+    pub neg_log_ratio: f64,
+    /// Clipped-token counts (low, high, dual).
+    pub clipped: [f64; 3],
+    /// Learnable tokens.
+    pub tokens: usize,
+}
+
+impl TrainConfig {
+    /// Check the sizes and coefficients.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.micro_batch > 0, "--micro-batch must be at least 1");
+        ensure!(self.mini_batches > 0, "--mini-batches must be at least 1");
+        ensure!(self.epochs > 0, "--epochs must be at least 1");
+        ensure!(
+            self.temperature > 0.0 && self.temperature.is_finite(),
+            "--temperature must be > 0, got {}",
+            self.temperature
+        );
+        ensure!(
+            !self.grad_clip.is_nan(),
+            "--grad-clip must be a number (0 or inf to turn it off)"
+        );
+        if self.loss_agg == LossAgg::SeqMeanTokenSumNorm {
+            ensure!(self.agg_len > 0, "--agg-len must be at least 1");
+        }
+        if let Objective::Policy {
+            clip,
+            kl_coef,
+            entropy_coef,
+            ..
+        } = &self.objective
+        {
+            clip.validate()?;
+            ensure!(
+                kl_coef.is_finite() && *kl_coef >= 0.0,
+                "--kl-coef must be >= 0, got {kl_coef}"
+            );
+            ensure!(
+                entropy_coef.is_finite(),
+                "--entropy-coef must be finite, got {entropy_coef}"
+            );
+        }
+        Ok(())
+    }
+
+    fn needs_ref(&self) -> bool {
+        matches!(self.objective, Objective::Policy { kl_coef, .. } if kl_coef > 0.0)
+    }
+
+    fn entropy_mode(&self) -> EntropyMode {
+        match self.objective {
+            Objective::Policy { entropy_coef, .. } if entropy_coef != 0.0 => {
+                EntropyMode::Differentiable
+            }
+            _ => EntropyMode::Detached,
+        }
+    }
+}
+
+/// The update batches of one epoch: row indices, `mini_batches` contiguous chunks of the
+/// (optionally shuffled) order, sizes differing by at most one.
+pub fn epoch_batches(n_rows: usize, cfg: &TrainConfig, epoch: usize) -> Result<Vec<Vec<usize>>> {
+    if cfg.mini_batches > n_rows {
+        bail!(
+            "--mini-batches {} is more than the {n_rows} rows of the table",
+            cfg.mini_batches
+        );
+    }
+    let mut order: Vec<usize> = (0..n_rows).collect();
+    if cfg.shuffle {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+            cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
+        order.shuffle(&mut rng);
+    }
+    let k = cfg.mini_batches;
+    let mut out = Vec::with_capacity(k);
+    let mut start = 0;
+    for j in 0..k {
+        let len = n_rows / k + usize::from(j < n_rows % k);
+        out.push(order[start..start + len].to_vec());
+        start += len;
+    }
+    Ok(out)
+}
+
+/// Forward and backward over one update batch, micro-batch by micro-batch; returns the summed
+/// gradients (not yet clipped) and the metric sums. The model is not changed.
+pub fn batch_gradients(
+    model: &Transformer,
+    rows: &[&TrainRow],
+    cfg: &TrainConfig,
+) -> Result<(GradientsParams, BatchSums)> {
+    let masks: Vec<Vec<bool>> = rows.iter().map(|r| r.mask.clone()).collect();
+    let weights = loss::agg_weights(&masks, cfg.loss_agg, cfg.agg_len);
+    let tokens: usize = rows.iter().map(|r| r.n_learnable()).sum();
+    let mut sums = BatchSums {
+        tokens,
+        ..Default::default()
+    };
+    // Rows with nothing learnable contribute nothing: leave them out of the forward passes.
+    let mut live: Vec<usize> = (0..rows.len())
+        .filter(|&i| !rows[i].response.is_empty() && rows[i].n_learnable() > 0)
+        .collect();
+    live.sort_by_key(|&i| std::cmp::Reverse(rows[i].total_len()));
+    let mut acc = GradientsAccumulator::<Transformer>::new();
+    let coefs = match cfg.objective {
+        Objective::Policy {
+            kl_coef,
+            kl_kind,
+            entropy_coef,
+            ..
+        } => LossCoefs {
+            kl_coef,
+            kl_kind,
+            entropy_coef,
+            batch_tokens: tokens as f64,
+        },
+        Objective::Sft => LossCoefs {
+            kl_coef: 0.0,
+            kl_kind: KlEstimator::K3,
+            entropy_coef: 0.0,
+            batch_tokens: tokens as f64,
+        },
+    };
+    let device = model.device();
+    for chunk in live.chunks(cfg.micro_batch) {
+        let pairs: Vec<(&[u32], &[u32])> = chunk
+            .iter()
+            .map(|&i| (rows[i].context.as_slice(), rows[i].response.as_slice()))
+            .collect();
+        let out = response_logprobs(model, &pairs, cfg.temperature, cfg.entropy_mode())?;
+        let (b, r) = (chunk.len(), out.max_resp);
+        let t2 = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, r]), &device);
+        let col = |f: &dyn Fn(&TrainRow) -> Vec<f32>| -> Tensor<2> {
+            let vals: Vec<Vec<f32>> = chunk.iter().map(|&i| f(rows[i])).collect();
+            let refs: Vec<&[f32]> = vals.iter().map(|v| v.as_slice()).collect();
+            t2(right_align(&refs, r, 0.0))
+        };
+        let mask = col(&|row| row.mask.iter().map(|&m| f32::from(u8::from(m))).collect());
+        let wvals: Vec<Vec<f32>> = chunk
+            .iter()
+            .map(|&i| weights[i].iter().map(|&w| w as f32).collect())
+            .collect();
+        let wrefs: Vec<&[f32]> = wvals.iter().map(|v| v.as_slice()).collect();
+        let weight = t2(right_align(&wrefs, r, 0.0));
+        let loss_t = match cfg.objective {
+            Objective::Policy { clip, .. } => {
+                let ref_logp = if cfg.needs_ref() {
+                    if let Some(&i) = chunk.iter().find(|&&i| rows[i].ref_logp.is_none()) {
+                        bail!("row {i} has no reference log-probs (needed by --kl-coef > 0)");
+                    }
+                    Some(col(&|row| row.ref_logp.clone().unwrap_or_default()))
+                } else {
+                    None
+                };
+                let m = micro_loss(
+                    MicroInputs {
+                        logp: out.logp,
+                        old_logp: col(&|row| row.old_logp.clone()),
+                        adv: col(&|row| row.adv.clone()),
+                        mask,
+                        weight,
+                        ref_logp,
+                        entropy: out.entropy,
+                    },
+                    &clip,
+                    &coefs,
+                );
+                sums.pg_loss += scalar(m.pg_loss)?;
+                sums.kl_loss += scalar(m.kl_loss)?;
+                sums.entropy += scalar(m.entropy_sum)?;
+                sums.neg_log_ratio += scalar(m.neg_log_ratio_sum)?;
+                let [a, bb, c] = m.clipped;
+                sums.clipped[0] += scalar(a)?;
+                sums.clipped[1] += scalar(bb)?;
+                sums.clipped[2] += scalar(c)?;
+                m.loss
+            }
+            Objective::Sft => {
+                let nll = (out.logp.neg() * weight).sum();
+                if let Some(h) = out.entropy {
+                    sums.entropy += scalar((h * mask).sum().detach())?;
+                }
+                sums.pg_loss += scalar(nll.clone().detach())?;
+                nll
+            }
+        };
+        sums.loss += scalar(loss_t.clone().detach())?;
+        let grads = GradientsParams::from_grads(loss_t.backward(), model);
+        acc.accumulate(model, grads);
+    }
+    Ok((acc.grads(), sums))
+}
+
+fn scalar(t: Tensor<1>) -> Result<f64> {
+    let v = t
+        .into_data()
+        .convert::<f64>()
+        .try_into_vec::<f64>()
+        .map_err(|e| anyhow::anyhow!("reading a loss value: {e:?}"))?;
+    v.first()
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("empty loss tensor"))
+}
+
+/// Run the whole loop: `epochs × mini_batches` optimizer steps over `rows`. `on_step` sees the
+/// metrics of each step as it ends (to stream them to disk and the progress bar).
+pub fn train(
+    mut model: Transformer,
+    opt: &mut AdamW,
+    rows: &[TrainRow],
+    cfg: &TrainConfig,
+    mut on_step: impl FnMut(&StepMetrics) -> Result<()>,
+) -> Result<(Transformer, Vec<StepMetrics>)> {
+    cfg.validate()?;
+    ensure!(!rows.is_empty(), "no rows to train on");
+    if cfg.needs_ref() {
+        if let Some(i) = rows.iter().position(|r| r.ref_logp.is_none()) {
+            bail!("row {i} has no reference log-probs (needed by --kl-coef > 0)");
+        }
+    }
+    let mut all = Vec::new();
+    for epoch in 0..cfg.epochs {
+        for (j, idx) in epoch_batches(rows.len(), cfg, epoch)?
+            .into_iter()
+            .enumerate()
+        {
+            let t0 = Instant::now();
+            let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
+            let (grads, sums) = batch_gradients(&model, &batch, cfg)?;
+            let norm = global_grad_norm(&model, &grads);
+            let lr = cfg.schedule.lr_at(opt.step);
+            let skipped = !norm.is_finite() || grads.is_empty() || sums.tokens == 0;
+            if skipped {
+                if !norm.is_finite() {
+                    crate::info!(
+                        "warning: step {}: gradient norm is {norm}; the step is skipped",
+                        opt.step + 1
+                    );
+                }
+            } else {
+                model = opt.step(model, grads, lr, clip_coef(norm, cfg.grad_clip));
+            }
+            let n = sums.tokens.max(1) as f64;
+            let m = StepMetrics {
+                step: opt.step,
+                epoch,
+                mini_batch: j,
+                lr,
+                loss: sums.loss,
+                pg_loss: sums.pg_loss,
+                kl_loss: sums.kl_loss,
+                entropy: sums.entropy / n,
+                approx_kl: sums.neg_log_ratio / n,
+                clip_frac_low: sums.clipped[0] / n,
+                clip_frac_high: sums.clipped[1] / n,
+                clip_frac_dual: sums.clipped[2] / n,
+                grad_norm: norm,
+                tokens: sums.tokens,
+                rows: batch.len(),
+                confidence_rows: batch.iter().filter(|r| r.is_confidence).count(),
+                seconds: t0.elapsed().as_secs_f64(),
+                skipped,
+            };
+            on_step(&m)?;
+            all.push(m);
+        }
+    }
+    Ok((model, all))
+}
+
+/// Gradients on the host, by module path, for tests and diagnostics.
+pub fn grads_to_host<M: Module>(module: &M, grads: &GradientsParams) -> Vec<(String, Vec<f32>)> {
+    struct V<'a> {
+        path: Vec<String>,
+        grads: &'a GradientsParams,
+        out: Vec<(String, Vec<f32>)>,
+    }
+    impl ModuleVisitor for V<'_> {
+        fn enter_module(&mut self, name: &str, _c: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _c: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.grads.get::<D>(param.id) {
+                if let Ok(v) = g.into_data().convert::<f32>().try_into_vec::<f32>() {
+                    self.out.push((self.path.join("."), v));
+                }
+            }
+        }
+    }
+    let mut v = V {
+        path: Vec::new(),
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut v);
+    v.out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::Model;
+    use crate::train::optim::AdamWConfig;
+    use crate::train::policy::host_logprobs;
+    use crate::train::schedule::ScheduleKind;
+    use burn::module::ModuleMapper;
+    use burn::tensor::Device;
+    use rand::{Rng, SeedableRng};
+    use std::path::PathBuf;
+
+    pub(crate) fn tiny_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-qwen2")
+    }
+
+    pub(crate) fn tiny() -> Model {
+        Model::load(&tiny_dir(), &Device::flex().autodiff()).expect("tiny-qwen2 fixture")
+    }
+
+    /// Ragged rows of random ids; behaviour log-probs = current ones + noise within ±`noise`
+    /// (so ratios stay inside the clip range when `noise` is small), advantages ±, a few masked
+    /// tokens.
+    pub(crate) fn rows(model: &Transformer, n: usize, seed: u64, noise: f32) -> Vec<TrainRow> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut out: Vec<TrainRow> = (0..n)
+            .map(|i| {
+                let c = rng.random_range(2..7);
+                let r = rng.random_range(2..9);
+                let context: Vec<u32> = (0..c).map(|_| rng.random_range(0..360)).collect();
+                let response: Vec<u32> = (0..r).map(|_| rng.random_range(0..360)).collect();
+                let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+                let adv: Vec<f32> = (0..r)
+                    .map(|_| sign * rng.random_range(0.2f32..1.5))
+                    .collect();
+                let mask: Vec<bool> = (0..r).map(|t| t == 0 || rng.random_bool(0.85)).collect();
+                TrainRow {
+                    context,
+                    response,
+                    old_logp: vec![0.0; r],
+                    adv,
+                    mask,
+                    ref_logp: None,
+                    is_confidence: i % 3 == 2,
+                }
+            })
+            .collect();
+        let pairs: Vec<(&[u32], &[u32])> = out
+            .iter()
+            .map(|r| (r.context.as_slice(), r.response.as_slice()))
+            .collect();
+        let lp = host_logprobs(&model.valid(), &pairs, 8, 1.0, None).expect("logprobs");
+        for (row, lp) in out.iter_mut().zip(lp) {
+            let mut noisy: Vec<f32> = lp
+                .iter()
+                .map(|l| (l + rng.random_range(-noise..=noise)).min(0.0))
+                .collect();
+            row.ref_logp = Some(lp.iter().map(|l| (l - 0.05).min(0.0)).collect());
+            std::mem::swap(&mut row.old_logp, &mut noisy);
+        }
+        out
+    }
+
+    pub(crate) fn config(agg: LossAgg, micro: usize) -> TrainConfig {
+        TrainConfig {
+            objective: Objective::Policy {
+                clip: ClipConfig::default(),
+                kl_coef: 0.1,
+                kl_kind: KlEstimator::K3,
+                entropy_coef: 0.01,
+            },
+            loss_agg: agg,
+            agg_len: 8,
+            schedule: Schedule::new(1e-3, 0.0, ScheduleKind::Constant, None).expect("schedule"),
+            grad_clip: 1.0,
+            micro_batch: micro,
+            mini_batches: 1,
+            epochs: 1,
+            temperature: 1.0,
+            shuffle: false,
+            seed: 0,
+        }
+    }
+
+    fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (f32, f32) {
+        assert_eq!(a.len(), b.len());
+        let mut diff = 0f32;
+        let mut scale = 0f32;
+        for ((na, va), (nb, vb)) in a.iter().zip(b) {
+            assert_eq!(na, nb);
+            for (x, y) in va.iter().zip(vb) {
+                diff = diff.max((x - y).abs());
+                scale = scale.max(x.abs());
+            }
+        }
+        (diff, scale)
+    }
+
+    /// D6/D7: 4 micro-batches of one row give the same gradient as one batch of four rows, for
+    /// every aggregation mode (with KL loss and entropy bonus on).
+    #[test]
+    fn accumulation_over_micro_batches_equals_full_batch() {
+        let m = tiny();
+        let rows = rows(&m.transformer, 4, 1, 0.3);
+        let refs: Vec<&TrainRow> = rows.iter().collect();
+        for agg in [
+            LossAgg::TokenMean,
+            LossAgg::SeqMeanTokenMean,
+            LossAgg::SeqMeanTokenSum,
+            LossAgg::SeqMeanTokenSumNorm,
+        ] {
+            let (g4, s4) = batch_gradients(&m.transformer, &refs, &config(agg, 4)).expect("full");
+            let (g1, s1) = batch_gradients(&m.transformer, &refs, &config(agg, 1)).expect("micro");
+            let h4 = grads_to_host(&m.transformer, &g4);
+            let h1 = grads_to_host(&m.transformer, &g1);
+            let (diff, scale) = max_abs_diff(&h4, &h1);
+            assert!(scale > 1e-3, "{agg:?}: gradients vanish ({scale})");
+            eprintln!(
+                "{agg:?}: max |Δgrad| {diff:e}, max |grad| {scale:e}, loss {} vs {}",
+                s4.loss, s1.loss
+            );
+            assert!(
+                diff <= 1e-5,
+                "{agg:?}: max |Δgrad| = {diff} (scale {scale})"
+            );
+            assert!(
+                (s4.loss - s1.loss).abs() < 1e-6,
+                "{agg:?}: {} vs {}",
+                s4.loss,
+                s1.loss
+            );
+            assert_eq!(s4.tokens, s1.tokens);
+        }
+    }
+
+    /// Replace one coordinate of the parameter at `path` by `value + delta`.
+    struct Perturb {
+        path: Vec<String>,
+        target: String,
+        index: usize,
+        delta: f32,
+    }
+
+    impl ModuleMapper for Perturb {
+        fn enter_module(&mut self, name: &str, _c: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _c: &str) {
+            self.path.pop();
+        }
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            if self.path.join(".") != self.target {
+                return param;
+            }
+            let (id, t, mapper) = param.consume();
+            let dims = t.dims();
+            let device = t.device();
+            let mut v = t
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .expect("f32");
+            v[self.index] += self.delta;
+            let t = Tensor::<D>::from_data(TensorData::new(v, dims), &device).require_grad();
+            Param::from_mapped_value(id, t, mapper)
+        }
+    }
+
+    /// The gradient of the PPO loss (with KL and entropy terms) against central finite
+    /// differences of the loss, at the largest-gradient coordinate of several parameters.
+    /// In f32 (the model's RoPE tables are f32, so an f64 copy of the module does not run): with
+    /// h = 1e-2 the observed relative error is about 1e-4; the tolerance is 2e-3.
+    #[test]
+    fn ppo_gradient_matches_finite_differences() {
+        let m = tiny();
+        // Small noise: every ratio stays well inside [0.8, 1.2], so no clip switches on or off
+        // within ±h.
+        let rows = rows(&m.transformer, 4, 2, 0.05);
+        let refs: Vec<&TrainRow> = rows.iter().collect();
+        let cfg = config(LossAgg::TokenMean, 2);
+        let (g, _) = batch_gradients(&m.transformer, &refs, &cfg).expect("grads");
+        let host = grads_to_host(&m.transformer, &g);
+        let h = 1e-2f32;
+        let mut checked = 0;
+        for target in [
+            "embed",
+            "layers.0.attn.qkv",
+            "layers.1.attn.o",
+            "layers.0.mlp.gate_up",
+            "layers.1.mlp.down",
+            "layers.1.post_norm",
+            "norm",
+        ] {
+            let Some((_, gv)) = host.iter().find(|(n, _)| n == target) else {
+                panic!(
+                    "no gradient for {target}; have {:?}",
+                    host.iter().map(|x| &x.0).collect::<Vec<_>>()
+                );
+            };
+            let (index, &grad) = gv
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+                .expect("non-empty");
+            let loss_at = |delta: f32| {
+                let mut p = Perturb {
+                    path: vec![],
+                    target: target.to_string(),
+                    index,
+                    delta,
+                };
+                let pm = m.transformer.clone().map(&mut p);
+                batch_gradients(&pm, &refs, &cfg).expect("loss").1.loss
+            };
+            let fd = (loss_at(h) - loss_at(-h)) / (2.0 * h as f64);
+            let err = (fd - grad as f64).abs();
+            eprintln!(
+                "{target}[{index}]: autodiff {grad:e} fd {fd:e} rel err {:e}",
+                err / (grad as f64).abs()
+            );
+            assert!(
+                err <= 2e-3 * (grad as f64).abs() + 2e-5,
+                "{target}[{index}]: autodiff {grad:e} vs finite difference {fd:e}"
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 7);
+    }
+
+    /// Repeated on-policy updates on a fixed batch raise the log-probs of positive-advantage
+    /// responses and lower those of negative ones.
+    #[test]
+    fn repeated_updates_move_log_probs_the_right_way() {
+        let m = tiny();
+        let mut rows = rows(&m.transformer, 6, 3, 0.0);
+        for r in &mut rows {
+            r.mask = vec![true; r.response.len()];
+            let s = if r.adv[0] > 0.0 { 1.0 } else { -1.0 };
+            r.adv = vec![s; r.response.len()];
+        }
+        let mean_lp = |model: &Transformer, rows: &[TrainRow]| -> (f64, f64) {
+            let pairs: Vec<(&[u32], &[u32])> = rows
+                .iter()
+                .map(|r| (r.context.as_slice(), r.response.as_slice()))
+                .collect();
+            let lp = host_logprobs(&model.valid(), &pairs, 8, 1.0, None).expect("lp");
+            let (mut pos, mut neg) = (0.0, 0.0);
+            for (r, l) in rows.iter().zip(&lp) {
+                let s: f64 = l.iter().map(|&x| x as f64).sum::<f64>() / l.len() as f64;
+                if r.adv[0] > 0.0 {
+                    pos += s;
+                } else {
+                    neg += s;
+                }
+            }
+            (pos, neg)
+        };
+        let (pos0, neg0) = mean_lp(&m.transformer, &rows);
+        let mut cfg = config(LossAgg::TokenMean, 2);
+        cfg.objective = Objective::Policy {
+            clip: ClipConfig::default(),
+            kl_coef: 0.0,
+            kl_kind: KlEstimator::K3,
+            entropy_coef: 0.0,
+        };
+        cfg.schedule = Schedule::new(1e-2, 0.0, ScheduleKind::Constant, None).expect("schedule");
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let mut model = m.transformer;
+        for _ in 0..5 {
+            // On-policy: behaviour log-probs are the current ones (ratio 1 at the start).
+            let pairs: Vec<(&[u32], &[u32])> = rows
+                .iter()
+                .map(|r| (r.context.as_slice(), r.response.as_slice()))
+                .collect();
+            let lp = host_logprobs(&model.valid(), &pairs, 8, 1.0, None).expect("lp");
+            for (r, l) in rows.iter_mut().zip(lp) {
+                r.old_logp = l;
+            }
+            let (m2, steps) = train(model, &mut opt, &rows, &cfg, |_| Ok(())).expect("train");
+            model = m2;
+            assert!(!steps[0].skipped);
+            assert!(steps[0].clip_frac_low == 0.0 && steps[0].clip_frac_high == 0.0);
+            assert!(steps[0].approx_kl.abs() < 1e-6, "on-policy ratio is 1");
+        }
+        let (pos1, neg1) = mean_lp(&model, &rows);
+        eprintln!("positive {pos0} -> {pos1}; negative {neg0} -> {neg1}");
+        assert!(pos1 > pos0 + 0.1, "positive rows: {pos0} -> {pos1}");
+        assert!(neg1 < neg0 - 0.1, "negative rows: {neg0} -> {neg1}");
+        assert_eq!(opt.step, 5);
+    }
+
+    /// Entropy and log-probs of the training path against transformers' figures (oracle refs,
+    /// f64): a sequence cut into context and response.
+    #[test]
+    fn training_logprobs_and_entropy_match_transformers() {
+        let m = tiny();
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/refs/tiny-qwen2.rand.f64.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("refs")).expect("json");
+        let seqs = v["sequences"].as_array().expect("sequences");
+        let mut pairs = Vec::new();
+        let mut want_lp = Vec::new();
+        let mut want_ent = Vec::new();
+        for (j, s) in seqs.iter().enumerate() {
+            let ids: Vec<u32> = s["input_ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|x| x.as_u64().expect("id") as u32)
+                .collect();
+            let f = |k: &str| -> Vec<f64> {
+                s[k].as_array()
+                    .expect(k)
+                    .iter()
+                    .map(|x| x.as_f64().expect("f64"))
+                    .collect()
+            };
+            let cut = 5 + 7 * j; // ragged: different context lengths per row
+            let end = ids.len() - 3 * j; // and different response lengths
+            pairs.push((ids[..cut].to_vec(), ids[cut..end].to_vec()));
+            want_lp.push(f("logprobs")[cut - 1..end - 1].to_vec());
+            want_ent.push(f("entropy")[cut - 1..end - 1].to_vec());
+        }
+        let out =
+            response_logprobs(&m.transformer, &pairs, 1.0, EntropyMode::Detached).expect("lp");
+        let lp = crate::model::read_f32(out.logp).expect("host");
+        let ent = crate::model::read_f32(out.entropy.expect("entropy")).expect("host");
+        let lp = crate::train::policy::split_right_aligned(&lp, &out.resp_lens, out.max_resp);
+        let ent = crate::train::policy::split_right_aligned(&ent, &out.resp_lens, out.max_resp);
+        let mut worst = 0f64;
+        for j in 0..pairs.len() {
+            assert_eq!(lp[j].len(), want_lp[j].len());
+            for t in 0..lp[j].len() {
+                worst = worst.max((lp[j][t] as f64 - want_lp[j][t]).abs());
+                worst = worst.max((ent[j][t] as f64 - want_ent[j][t]).abs());
+            }
+        }
+        eprintln!("max deviation from transformers: {worst:e}");
+        assert!(worst < 1e-4, "max deviation from transformers: {worst}");
+        // At temperature 1 the training path gives the numbers of `rlcr logprobs`.
+        let rows: Vec<(&[u32], &[u32])> = pairs
+            .iter()
+            .map(|(c, r)| (c.as_slice(), r.as_slice()))
+            .collect();
+        let inner = m.transformer.valid();
+        let a = crate::model::logprobs(&inner, &rows, 2, false, None)
+            .expect("logprobs")
+            .logprobs;
+        let b = host_logprobs(&inner, &rows, 3, 1.0, None).expect("host");
+        for (x, y) in a.iter().zip(&b) {
+            for (p, q) in x.iter().zip(y) {
+                assert!((p - q).abs() < 2e-6, "{p} vs {q}");
+            }
+        }
+        // Temperature divides the logits: at T = 2 the log-probs differ.
+        let c = host_logprobs(&inner, &rows, 3, 2.0, None).expect("host");
+        assert!((c[0][0] - b[0][0]).abs() > 1e-3);
+    }
+
+    #[test]
+    fn epoch_batches_split_and_shuffle() {
+        let mut cfg = config(LossAgg::TokenMean, 1);
+        cfg.mini_batches = 3;
+        let b = epoch_batches(7, &cfg, 0).expect("batches");
+        assert_eq!(b, vec![vec![0, 1, 2], vec![3, 4], vec![5, 6]]);
+        cfg.shuffle = true;
+        let s0 = epoch_batches(7, &cfg, 0).expect("batches");
+        let s1 = epoch_batches(7, &cfg, 1).expect("batches");
+        assert_ne!(s0, s1);
+        assert_eq!(s0, epoch_batches(7, &cfg, 0).expect("batches"));
+        let mut all: Vec<usize> = s0.concat();
+        all.sort();
+        assert_eq!(all, (0..7).collect::<Vec<_>>());
+        cfg.mini_batches = 8;
+        assert!(epoch_batches(7, &cfg, 0).is_err());
+    }
+}

@@ -1,0 +1,338 @@
+//! Parity of rlcr's model with Hugging Face transformers on the fixture models.
+//!
+//! The reference figures in `fixtures/refs/` were computed with transformers 5.23 / torch 2.15 on
+//! CPU (see the oracle README copied in `fixtures/refs/README.md`): per sequence, the log-prob
+//! of every next token, the greedy next token, the entropy and log-sum-exp at every position and
+//! the first 16 logits at the last position. f32 against f64 differs by at most 3e-6 on these
+//! models, so an f32 implementation must agree within 1e-4.
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Device;
+use rlcr::model::{self, Message, Model, ResponseBatch, TokenBatch};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+struct RefSeq {
+    ids: Vec<u32>,
+    logprobs: Vec<f64>,
+    greedy: Vec<u32>,
+    entropy: Vec<f64>,
+    logsumexp: Vec<f64>,
+    last_logits_head: Vec<f64>,
+    text: Option<String>,
+    rendered: Option<String>,
+}
+
+fn load_refs(name: &str) -> Vec<RefSeq> {
+    let path = fixtures().join("refs").join(name);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let nums = |x: &serde_json::Value| -> Vec<f64> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let ints = |x: &serde_json::Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| RefSeq {
+            ids: ints(&s["input_ids"]),
+            logprobs: nums(&s["logprobs"]),
+            greedy: ints(&s["greedy_next"]),
+            entropy: nums(&s["entropy"]),
+            logsumexp: nums(&s["logsumexp"]),
+            last_logits_head: nums(&s["last_logits_head"]),
+            text: s.get("text").and_then(|t| t.as_str()).map(str::to_string),
+            rendered: s
+                .get("rendered")
+                .and_then(|t| t.as_str())
+                .map(str::to_string),
+        })
+        .collect()
+}
+
+fn cpu() -> Device {
+    model::device_from_str("cpu").unwrap()
+}
+
+/// Compare every figure of every reference sequence; returns the largest log-prob difference.
+fn check_refs(m: &Model, file: &str) -> f64 {
+    let refs = load_refs(file);
+    let vocab = m.config.vocab_size;
+    let mut worst = 0f64;
+    for (k, r) in refs.iter().enumerate() {
+        let n = r.ids.len();
+        let logits = m
+            .transformer
+            .forward(&TokenBatch::left_padded(&[r.ids.clone()]))
+            .unwrap();
+        let logits = model::read_f32(logits).unwrap();
+        assert_eq!(logits.len(), n * vocab);
+        for t in 0..n {
+            let row: Vec<f64> = logits[t * vocab..(t + 1) * vocab]
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            let ent: f64 = -row.iter().map(|x| (x - lse).exp() * (x - lse)).sum::<f64>();
+            let d_lse = (lse - r.logsumexp[t]).abs();
+            let d_ent = (ent - r.entropy[t]).abs();
+            assert!(
+                d_lse < 1e-4,
+                "{file} seq {k} pos {t}: logsumexp off by {d_lse}"
+            );
+            assert!(
+                d_ent < 1e-4,
+                "{file} seq {k} pos {t}: entropy off by {d_ent}"
+            );
+            let argmax = (0..vocab)
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap() as u32;
+            if argmax != r.greedy[t] {
+                // Only acceptable for a near tie (untrained models are nearly uniform).
+                let gap = row[argmax as usize] - row[r.greedy[t] as usize];
+                assert!(
+                    gap < 1e-5,
+                    "{file} seq {k} pos {t}: greedy {argmax} vs {} (gap {gap})",
+                    r.greedy[t]
+                );
+            }
+            if t + 1 < n {
+                let lp = row[r.ids[t + 1] as usize] - lse;
+                let d = (lp - r.logprobs[t]).abs();
+                worst = worst.max(d);
+                assert!(d < 1e-4, "{file} seq {k} pos {t}: logprob off by {d}");
+            }
+        }
+        for (i, want) in r.last_logits_head.iter().enumerate() {
+            let got = logits[(n - 1) * vocab + i] as f64;
+            assert!(
+                (got - want).abs() < 1e-4,
+                "{file} seq {k}: logit {i} {got} vs {want}"
+            );
+        }
+    }
+    worst
+}
+
+#[test]
+fn tiny_models_match_transformers() {
+    for name in ["tiny-qwen2", "tiny-llama"] {
+        let m = Model::load(&fixtures().join(name), &cpu()).unwrap();
+        let mut worst = 0f64;
+        for kind in ["seqs.f64", "rand.f64", "chat.f32"] {
+            worst = worst.max(check_refs(&m, &format!("{name}.{kind}.json")));
+        }
+        eprintln!("{name}: max |logprob - transformers| = {worst:.2e}");
+    }
+}
+
+#[test]
+fn chat_template_and_ids_match_transformers() {
+    for name in ["tiny-qwen2", "tiny-llama"] {
+        let m = Model::load(&fixtures().join(name), &cpu()).unwrap();
+        for r in load_refs(&format!("{name}.chat.f32.json")) {
+            let text = r.text.clone().unwrap();
+            let (rendered, ids) = m.encode_chat(&[Message::new("user", &text)], true).unwrap();
+            assert_eq!(Some(rendered), r.rendered, "{name}: rendering of {text:?}");
+            assert_eq!(ids, r.ids, "{name}: ids of {text:?}");
+        }
+    }
+}
+
+#[test]
+fn library_logprobs_match_references_in_any_batching() {
+    let m = Model::load(&fixtures().join("tiny-llama"), &cpu()).unwrap();
+    let refs = load_refs("tiny-llama.rand.f64.json");
+    // Split every sequence at a different point into context and response.
+    let rows: Vec<(Vec<u32>, Vec<u32>)> = refs
+        .iter()
+        .enumerate()
+        .map(|(k, r)| {
+            let cut = 5 + 13 * k;
+            (r.ids[..cut].to_vec(), r.ids[cut..].to_vec())
+        })
+        .collect();
+    let borrowed: Vec<(&[u32], &[u32])> = rows
+        .iter()
+        .map(|(c, r)| (c.as_slice(), r.as_slice()))
+        .collect();
+    for batch in [1, 3, 8] {
+        let out = model::logprobs(&m.transformer, &borrowed, batch, true, None).unwrap();
+        let ent = out.entropy.unwrap();
+        for (k, r) in refs.iter().enumerate() {
+            let cut = 5 + 13 * k;
+            assert_eq!(out.logprobs[k].len(), r.ids.len() - cut);
+            for (i, &lp) in out.logprobs[k].iter().enumerate() {
+                let want = r.logprobs[cut - 1 + i];
+                assert!(
+                    (lp as f64 - want).abs() < 1e-4,
+                    "batch {batch} row {k} tok {i}"
+                );
+                let want_e = r.entropy[cut - 1 + i];
+                assert!((ent[k][i] as f64 - want_e).abs() < 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
+fn response_logprobs_layout_is_left_aligned_with_mask() {
+    let rows = vec![
+        (vec![1u32, 2, 3], vec![4u32]),
+        (vec![5u32], vec![6u32, 7, 8]),
+    ];
+    let b = ResponseBatch::new(&rows).unwrap();
+    assert_eq!(b.max_resp, 3);
+    assert_eq!(b.mask(), vec![true, false, false, true, true, true]);
+    assert_eq!(b.tokens.len, 4);
+    assert_eq!(b.tokens.ids, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    let empty_ctx = vec![(Vec::<u32>::new(), vec![1u32])];
+    assert!(ResponseBatch::new(&empty_ctx).is_err());
+}
+
+#[test]
+fn save_load_round_trip_is_bit_identical_f32_and_bf16() {
+    let dev = cpu();
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["tiny-qwen2", "tiny-llama"] {
+        let src = fixtures().join(name);
+        let m = Model::load(&src, &dev).unwrap();
+        // f32: save, reload, compare every tensor bit for bit (and the file tensors).
+        let out = tmp.path().join(format!("{name}-f32"));
+        m.save(&out).unwrap();
+        let a = model::weights::read_checkpoint(&src).unwrap();
+        let b = model::weights::read_checkpoint(&out).unwrap();
+        assert_same(&a, &b);
+        for f in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+        ] {
+            assert_eq!(
+                std::fs::read(src.join(f)).unwrap(),
+                std::fs::read(out.join(f)).unwrap(),
+                "{f} copied unchanged"
+            );
+        }
+        // bf16: write a bf16 copy of the fixture, load → save → load.
+        let bf = tmp.path().join(format!("{name}-bf16-src"));
+        let mut t16 = a.clone();
+        for t in t16.values_mut() {
+            t.dtype = safetensors::Dtype::BF16;
+        }
+        std::fs::create_dir_all(&bf).unwrap();
+        let list: Vec<_> = t16.clone().into_iter().collect();
+        model::weights::write_safetensors(&bf, &list, usize::MAX).unwrap();
+        model::weights::copy_side_files(&src, &bf).unwrap();
+        let m16 = Model::load(&bf, &dev).unwrap();
+        let out16 = tmp.path().join(format!("{name}-bf16-out"));
+        m16.save(&out16).unwrap();
+        let c = model::weights::read_checkpoint(&bf).unwrap();
+        let d = model::weights::read_checkpoint(&out16).unwrap();
+        assert!(d.values().all(|t| t.dtype == safetensors::Dtype::BF16));
+        assert_same(&c, &d);
+        // Saving over an existing folder replaces it atomically.
+        m16.save(&out16).unwrap();
+        assert_same(&c, &model::weights::read_checkpoint(&out16).unwrap());
+        assert!(
+            m16.save(&bf).is_err(),
+            "refuses to overwrite its own source"
+        );
+    }
+}
+
+fn assert_same(
+    a: &std::collections::BTreeMap<String, model::weights::HostTensor>,
+    b: &std::collections::BTreeMap<String, model::weights::HostTensor>,
+) {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (n, t) in a {
+        let u = &b[n];
+        assert_eq!(t.dtype, u.dtype, "{n}");
+        assert_eq!(t.shape, u.shape, "{n}");
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&t.data), bits(&u.data), "{n}");
+    }
+}
+
+#[test]
+fn broken_checkpoints_name_the_tensor() {
+    let dev = cpu();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("tiny-qwen2");
+    let all = model::weights::read_checkpoint(&src).unwrap();
+    let write =
+        |dir: &Path, tensors: std::collections::BTreeMap<String, model::weights::HostTensor>| {
+            std::fs::create_dir_all(dir).unwrap();
+            let list: Vec<_> = tensors.into_iter().collect();
+            model::weights::write_safetensors(dir, &list, usize::MAX).unwrap();
+            model::weights::copy_side_files(&src, dir).unwrap();
+        };
+    // Missing.
+    let mut t = all.clone();
+    t.remove("model.layers.1.mlp.up_proj.weight");
+    let d = tmp.path().join("missing");
+    write(&d, t);
+    let e = format!("{:#}", Model::load(&d, &dev).unwrap_err());
+    assert!(
+        e.contains("missing tensors: model.layers.1.mlp.up_proj.weight"),
+        "{e}"
+    );
+    // Wrong shape.
+    let mut t = all.clone();
+    let x = t.get_mut("model.layers.0.self_attn.k_proj.bias").unwrap();
+    x.shape = vec![16];
+    x.data.truncate(16);
+    let d = tmp.path().join("shape");
+    write(&d, t);
+    let e = format!("{:#}", Model::load(&d, &dev).unwrap_err());
+    assert!(
+        e.contains("model.layers.0.self_attn.k_proj.bias: shape [16], expected [32]"),
+        "{e}"
+    );
+    // Unknown.
+    let mut t = all.clone();
+    let extra = t["model.norm.weight"].clone();
+    t.insert("model.layers.0.self_attn.q_norm.weight".into(), extra);
+    let d = tmp.path().join("unknown");
+    write(&d, t);
+    let e = format!("{:#}", Model::load(&d, &dev).unwrap_err());
+    assert!(
+        e.contains("unknown tensors: model.layers.0.self_attn.q_norm.weight"),
+        "{e}"
+    );
+}
+
+#[test]
+fn out_of_vocab_ids_are_an_error_not_a_panic() {
+    let m = Model::load(&fixtures().join("tiny-qwen2"), &cpu()).unwrap();
+    let e = m
+        .transformer
+        .forward(&TokenBatch::left_padded(&[vec![1u32, 384]]))
+        .unwrap_err();
+    assert!(format!("{e}").contains("token id 384"), "{e}");
+    let e = model::logprobs(
+        &m.transformer,
+        &[(&[1u32][..], &[999u32][..])],
+        4,
+        false,
+        None,
+    )
+    .unwrap_err();
+    assert!(format!("{e}").contains("999"), "{e}");
+}

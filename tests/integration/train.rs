@@ -1,0 +1,362 @@
+//! `rlcr update` and `rlcr sft` end to end on the tiny Qwen2 fixture: the real binary, real
+//! tables, real checkpoint folders.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Device;
+use rlcr::model::Model;
+use rlcr::table::{write_table, Meta, TRAJECTORY};
+use rlcr::train::data::{rows_to_batch, TrainRow};
+use rlcr::train::policy::host_logprobs;
+
+use super::{fixtures, Workdir};
+
+fn tiny() -> PathBuf {
+    fixtures().join("tiny-qwen2")
+}
+
+/// Six rows of fixed token ids with on-policy behaviour log-probs; even rows positive, odd rows
+/// negative advantages.
+fn train_rows() -> Vec<TrainRow> {
+    let m = Model::load(&tiny(), &Device::flex()).unwrap();
+    let mut rows: Vec<TrainRow> = (0..6u32)
+        .map(|i| {
+            let context: Vec<u32> = (0..3 + i % 3).map(|t| 20 + 7 * i + t).collect();
+            let response: Vec<u32> = (0..4 + i % 4).map(|t| 100 + 13 * t + i).collect();
+            let n = response.len();
+            let s = if i % 2 == 0 { 1.0 } else { -1.0 };
+            TrainRow {
+                context,
+                response,
+                old_logp: vec![0.0; n],
+                adv: vec![s; n],
+                mask: (0..n).map(|t| t + 1 < n || i < 3).collect(),
+                ref_logp: None,
+                is_confidence: i >= 4,
+            }
+        })
+        .collect();
+    let pairs: Vec<(&[u32], &[u32])> = rows
+        .iter()
+        .map(|r| (r.context.as_slice(), r.response.as_slice()))
+        .collect();
+    let lp = host_logprobs(&m.transformer, &pairs, 8, 1.0, None).unwrap();
+    for (r, l) in rows.iter_mut().zip(lp) {
+        r.old_logp = l;
+    }
+    rows
+}
+
+fn write_rows(path: &Path, rows: &[TrainRow]) {
+    let b = rows_to_batch(rows).unwrap();
+    let meta = Meta::new(&TRAJECTORY, "advantage", serde_json::json!({}), &[]);
+    write_table(path, b.schema(), &[b], &meta).unwrap();
+}
+
+fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    for f in rlcr::model::weights::weight_files(dir).unwrap() {
+        let bytes = std::fs::read(&f).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (name, v) in st.tensors() {
+            out.insert(
+                name,
+                (
+                    format!("{:?}", v.dtype()),
+                    v.shape().to_vec(),
+                    v.data().to_vec(),
+                ),
+            );
+        }
+    }
+    out
+}
+
+fn metrics(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("train_metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn mean_logp(dir: &Path, rows: &[TrainRow], positive: bool) -> f64 {
+    let m = Model::load(dir, &Device::flex()).unwrap();
+    let pairs: Vec<(&[u32], &[u32])> = rows
+        .iter()
+        .filter(|r| (r.adv[0] > 0.0) == positive)
+        .map(|r| (r.context.as_slice(), r.response.as_slice()))
+        .collect();
+    let lp = host_logprobs(&m.transformer, &pairs, 8, 1.0, None).unwrap();
+    lp.iter()
+        .map(|l| l.iter().map(|&x| x as f64).sum::<f64>() / l.len() as f64)
+        .sum::<f64>()
+        / lp.len() as f64
+}
+
+#[test]
+fn update_with_lr_zero_writes_the_same_weights() {
+    let w = Workdir::new();
+    let t = w.path("train.parquet");
+    write_rows(&t, &train_rows());
+    let model = tiny();
+    w.run(&[
+        "update",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        "train.parquet",
+        "-o",
+        "new",
+        "--lr",
+        "0",
+        "--micro-batch",
+        "2",
+        "--mini-batches",
+        "2",
+    ]);
+    let a = tensors(&model);
+    let b = tensors(&w.path("new"));
+    assert_eq!(a.len(), b.len());
+    for (k, ta) in &a {
+        assert!(b[k] == *ta, "{k} differs");
+    }
+    let m = metrics(&w.path("new"));
+    assert_eq!(m.len(), 2);
+    assert_eq!(m[1]["step"], 2);
+    assert!(m[0]["grad_norm"].as_f64().unwrap() > 0.0);
+    assert!(w.path("new/rlcr-train/optimizer.safetensors").is_file());
+    assert!(w.path("new/rlcr-train/trainer_state.json").is_file());
+    assert!(w.path("new/tokenizer.json").is_file());
+}
+
+#[test]
+fn update_learns_and_resumes() {
+    let w = Workdir::new();
+    let rows = train_rows();
+    write_rows(&w.path("train.parquet"), &rows);
+    let model = tiny();
+    let base = [
+        "--input",
+        "train.parquet",
+        "--lr",
+        "3e-3",
+        "--micro-batch",
+        "4",
+        "--epochs",
+        "2",
+        "--resume",
+        "auto",
+    ];
+    let mut a1 = vec!["update", "--model", model.to_str().unwrap(), "-o", "it1"];
+    a1.extend(base);
+    w.run(&a1);
+    let mut a2 = vec!["update", "--model", "it1", "-o", "it2"];
+    a2.extend(base);
+    w.run(&a2);
+    let m = metrics(&w.path("it2"));
+    let steps: Vec<u64> = m.iter().map(|x| x["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4]);
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(w.path("it2/rlcr-train/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["global_step"], 4);
+    assert_eq!(state["stage"], "update");
+    assert_eq!(state["config"]["train"]["micro_batch"], 4);
+    // Positive-advantage responses gained probability, negative ones lost it.
+    let (p0, n0) = (
+        mean_logp(&model, &rows, true),
+        mean_logp(&model, &rows, false),
+    );
+    let (p1, n1) = (
+        mean_logp(&w.path("it2"), &rows, true),
+        mean_logp(&w.path("it2"), &rows, false),
+    );
+    assert!(p1 > p0, "positive {p0} -> {p1}");
+    assert!(n1 < n0, "negative {n0} -> {n1}");
+    // The second epoch of the first call trains off-policy: the ratio moved.
+    assert!(m[1]["approx_kl"].as_f64().unwrap().abs() > 0.0);
+    assert_eq!(m[0]["confidence_rows"], 2);
+}
+
+#[test]
+fn update_kl_needs_reference_log_probs() {
+    let w = Workdir::new();
+    write_rows(&w.path("train.parquet"), &train_rows());
+    let model = tiny();
+    let args = [
+        "update",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        "train.parquet",
+        "-o",
+        "new",
+        "--kl-coef",
+        "0.1",
+    ];
+    let err = w.fail(&args, 1);
+    assert!(err.contains("--ref-model"), "{err}");
+    assert!(!w.path("new").exists());
+    let mut with_ref = args.to_vec();
+    with_ref.extend(["--ref-model", model.to_str().unwrap()]);
+    w.run(&with_ref);
+    // The policy starts equal to the reference: the first step's KL is 0.
+    let m = metrics(&w.path("new"));
+    assert!(m[0]["kl_loss"].as_f64().unwrap().abs() < 1e-6, "{}", m[0]);
+}
+
+#[test]
+fn update_rejects_bad_flags_as_usage_errors() {
+    let w = Workdir::new();
+    write_rows(&w.path("train.parquet"), &train_rows());
+    let model = tiny();
+    for bad in [
+        ["--clip-dual", "1"],
+        ["--micro-batch", "0"],
+        ["--schedule", "cosine"],
+    ] {
+        let mut a = vec![
+            "update",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            "train.parquet",
+            "-o",
+            "new",
+        ];
+        a.extend(bad);
+        let err = w.fail(&a, 2);
+        assert!(!err.is_empty());
+        assert!(!w.path("new").exists());
+    }
+}
+
+fn write_messages(path: &Path, convs: &[Vec<(&str, &str)>]) {
+    use arrow::array::{RecordBatch, StringArray};
+    use std::sync::Arc;
+    let msgs: Vec<String> = convs
+        .iter()
+        .map(|c| {
+            let v: Vec<serde_json::Value> = c
+                .iter()
+                .map(|(r, t)| serde_json::json!({"role": r, "content": t}))
+                .collect();
+            serde_json::Value::from(v).to_string()
+        })
+        .collect();
+    let b = RecordBatch::try_from_iter([(
+        "messages",
+        Arc::new(StringArray::from(msgs)) as arrow::array::ArrayRef,
+    )])
+    .unwrap();
+    let meta = Meta::new(&TRAJECTORY, "prepare", serde_json::json!({}), &[]);
+    write_table(path, b.schema(), &[b], &meta).unwrap();
+}
+
+#[test]
+fn sft_on_messages_lowers_the_loss() {
+    let w = Workdir::new();
+    let convs = vec![
+        vec![
+            ("user", "What is 2+3?"),
+            ("assistant", "<think>2+3=5</think><answer>5</answer>"),
+        ],
+        vec![
+            ("system", "Be brief."),
+            ("user", "Capital of France?"),
+            ("assistant", "<answer>Paris</answer>"),
+        ],
+        vec![
+            ("user", "How sure are you?"),
+            ("assistant", "<confidence>0.9</confidence>"),
+        ],
+    ];
+    write_messages(&w.path("sft.parquet"), &convs);
+    let model = tiny();
+    w.run(&[
+        "sft",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        "sft.parquet",
+        "-o",
+        "sft",
+        "--lr",
+        "1e-2",
+        "--epochs",
+        "6",
+        "--batch-size",
+        "3",
+    ]);
+    let m = metrics(&w.path("sft"));
+    assert_eq!(m.len(), 6);
+    let first = m[0]["loss"].as_f64().unwrap();
+    let last = m[5]["loss"].as_f64().unwrap();
+    // Untrained tiny model: the NLL starts near ln(384) ≈ 5.95 per token.
+    assert!(first > 5.0 && first < 7.0, "first loss {first}");
+    assert!(last < first - 1.0, "loss {first} -> {last}");
+    assert_eq!(m[0]["stage"], "sft");
+    // The folder is a loadable model.
+    Model::load(&w.path("sft"), &Device::flex()).unwrap();
+    // A conversation that does not end with the assistant: an error naming the row.
+    write_messages(
+        &w.path("bad.parquet"),
+        &[convs[0].clone(), vec![("user", "hi")]],
+    );
+    let err = w.fail(
+        &[
+            "sft",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            "bad.parquet",
+            "-o",
+            "x",
+        ],
+        1,
+    );
+    assert!(err.contains("row 1") && err.contains("assistant"), "{err}");
+}
+
+#[test]
+fn sft_only_correct_keeps_correct_answers() {
+    use arrow::array::{ArrayRef, Float32Array, RecordBatch};
+    use std::sync::Arc;
+    let w = Workdir::new();
+    let rows = train_rows();
+    let b = rows_to_batch(&rows).unwrap();
+    let acc: ArrayRef = Arc::new(Float32Array::from(vec![1.0, 0.0, 1.0, 1.0, 0.0, 1.0]));
+    let schema = b.schema();
+    let mut cols: Vec<(&str, ArrayRef)> = schema
+        .fields()
+        .iter()
+        .zip(b.columns())
+        .map(|(f, c)| (f.name().as_str(), c.clone()))
+        .collect();
+    cols.push(("acc_reward", acc));
+    let b = RecordBatch::try_from_iter(cols).unwrap();
+    let meta = Meta::new(&TRAJECTORY, "score", serde_json::json!({}), &[]);
+    write_table(&w.path("scored.parquet"), b.schema(), &[b], &meta).unwrap();
+    let model = tiny();
+    w.run(&[
+        "sft",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        "scored.parquet",
+        "-o",
+        "sft",
+        "--only-correct",
+        "--batch-size",
+        "100",
+    ]);
+    // Rows 0, 2, 3 are correct answers; rows 4, 5 are confidence rows (dropped without
+    // --min-conf-reward).
+    let m = metrics(&w.path("sft"));
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0]["rows"], 3);
+    let tokens: usize = [0usize, 2, 3].iter().map(|&i| rows[i].response.len()).sum();
+    assert_eq!(m[0]["tokens"], tokens);
+}
