@@ -542,7 +542,13 @@ mod tests {
         // the extracted equation borrows from the response, unless it starts in the prompt
         let (a, _, _) = verify_builtin(VerifierKind::Countdown, &s, resp, Some(prefix), &gt);
         assert!(matches!(a, Some(Cow::Borrowed("3*7-2"))), "{a:?}");
-        let (a, _, sc) = verify_builtin(VerifierKind::Countdown, &s, "7+2</answer>", Some("Assistant: <answer>3*"), &gt);
+        let (a, _, sc) = verify_builtin(
+            VerifierKind::Countdown,
+            &s,
+            "7+2</answer>",
+            Some("Assistant: <answer>3*"),
+            &gt,
+        );
         assert!(matches!(&a, Some(Cow::Owned(x)) if x == "3*7+2"), "{a:?}");
         assert_eq!(sc, Some(1.0));
     }
