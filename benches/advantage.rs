@@ -7,8 +7,9 @@
 //! Generates a scored RLCR table of ROWS rows (default 10 000 000) in a temporary folder: prompts of
 //! G_a = 4 answers (32–95 response tokens, spans inside) and G_c = 2 confidences per answer (8–23
 //! tokens), Brier rewards, every tenth confidence span null. Then runs the real binary on it once per
-//! estimator (default `rlcr`) and prints wall time, rows/s, tokens/s and peak RSS (polled from
-//! `/proc/PID/status` VmHWM). `RLCR_BENCH_DIR=DIR` keeps (and reuses) the generated table;
+//! estimator (default `rlcr`) and prints wall time, CPU time (the load-independent figure on a
+//! shared machine), rows/s, tokens/s, peak RSS (polled from `/proc/PID/status` VmHWM) and the
+//! stage's own per-pass timings. `RLCR_BENCH_DIR=DIR` keeps (and reuses) the generated table;
 //! `RLCR_BIN=PATH` runs another build of the binary.
 use std::path::Path;
 use std::process::Command;
@@ -228,6 +229,16 @@ fn count_tokens(path: &Path) -> u64 {
     n
 }
 
+/// CPU time (user + system) of this process's waited-for children, from `/proc/self/stat`
+/// (`cutime`, `cstime`; clock ticks of 1/100 s).
+fn children_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(13) + t(14)) / 100.0
+}
+
 fn peak_rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -270,15 +281,26 @@ fn main() {
         let t = Instant::now();
         // RLCR_BIN runs another build of the binary (e.g. an optimised copy).
         let bin = std::env::var_os("RLCR_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rlcr").into());
+        let cpu0 = children_cpu_seconds();
         let mut child = Command::new(bin)
-            .args(["-q", "advantage", "--input"])
+            .args(["-v", "advantage", "--input"])
             .arg(&input)
             .arg("-o")
             .arg(&out)
             .args(["--estimator", est])
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn rlcr");
         let pid = child.id();
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = std::thread::spawn(move || {
+            use std::io::BufRead;
+            std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+                .filter(|l| l.contains(" pass: "))
+                .collect::<Vec<_>>()
+        });
         let mut peak = 0;
         let status = loop {
             if let Some(k) = peak_rss_kib(pid) {
@@ -289,11 +311,15 @@ fn main() {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        let cpu = children_cpu_seconds() - cpu0;
+        for l in lines.join().unwrap_or_default() {
+            println!("  {l}");
+        }
         let secs = t.elapsed().as_secs_f64();
         assert!(status.success(), "rlcr advantage failed: {status}");
         let osize = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
         println!(
-            "rlcr advantage --estimator {est}: {secs:.2} s, {:.2} M rows/s, {:.1} M tokens/s, peak RSS {:.0} MiB, output {:.0} MiB",
+            "rlcr advantage --estimator {est}: {secs:.2} s wall, {cpu:.2} s CPU, {:.2} M rows/s, {:.1} M tokens/s, peak RSS {:.0} MiB, output {:.0} MiB",
             rows as f64 / secs / 1e6,
             tokens as f64 / secs / 1e6,
             peak as f64 / 1024.0,

@@ -968,3 +968,50 @@ fn advantage_reads_a_folder_of_parts() {
     assert_eq!(a.loss_mask, b.loss_mask);
     assert_eq!(a.stats, b.stats);
 }
+
+/// GAE with the KL penalty in the token rewards, both reward distributions, by hand
+/// (γ = λ = 1, values 0, so returns are reverse cumulative sums of the token rewards).
+#[test]
+fn advantage_gae_with_kl_by_hand() {
+    let (_d, i, o) = dir();
+    let mut r = row("p0", "answer", 0, 3, Some((0, 3)), 1.0);
+    r.values = Some(vec![0.0; 3]);
+    // k1 = logp − ref = [0.5, −1, 0.1]; β = 0.1.
+    let lp = (
+        list_field("response_logprobs", DataType::Float32),
+        f32_list(&[vec![-1.0, -2.0, -0.5]]),
+    );
+    let rf = (
+        list_field("ref_logprobs", DataType::Float32),
+        f32_list(&[vec![-1.5, -1.0, -0.6]]),
+    );
+    write_table_with(&i, &[r], vec![lp, rf]);
+    let args = [
+        "advantage",
+        "--input",
+        i.to_str().unwrap(),
+        "-o",
+        o.to_str().unwrap(),
+        "--estimator",
+        "gae",
+        "--kl-coef",
+        "0.1",
+    ];
+    ok(&args);
+    let out = read_out(&o);
+    // final_token_only: token rewards [−0.05, 0.1, 1 − 0.01].
+    let rets = &out.returns.as_ref().unwrap()[0];
+    for (t, w) in [1.04, 1.09, 0.99].iter().enumerate() {
+        assert!(close(rets[t], *w, 1e-6), "token {t}: {}", rets[t]);
+    }
+    assert!(close(out.trajectory_score.as_ref().unwrap()[0], 3.12, 1e-5));
+    // turn_proportional: the reward spread evenly, 1/3 per token.
+    ok(&[&args[..], &["--reward-distribution", "turn_proportional"]].concat());
+    let out = read_out(&o);
+    let rets = &out.returns.as_ref().unwrap()[0];
+    let third = 1.0 / 3.0;
+    // returns: t2 = 1/3 − 0.01, t1 = t2 + 1/3 + 0.1, t0 = t1 + 1/3 − 0.05 = 1.04.
+    for (t, w) in [1.04, 2.0 * third + 0.09, third - 0.01].iter().enumerate() {
+        assert!(close(rets[t], *w, 1e-6), "token {t}: {}", rets[t]);
+    }
+}
