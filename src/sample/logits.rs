@@ -310,9 +310,9 @@ impl Processor {
         let target = u * total;
         let mut acc = 0.0f64;
         let mut last = None;
-        for i in 0..n {
+        for (i, &wi) in w.iter().enumerate() {
             if keep(i) {
-                acc += w[i] as f64;
+                acc += wi as f64;
                 last = Some(i);
                 if acc > target {
                     break;
