@@ -10,9 +10,9 @@ mod cli;
 mod ecosystem;
 mod gguf;
 mod model;
+mod probe;
 mod report;
 mod sample;
-mod probe;
 mod score;
 mod train;
 
