@@ -1,18 +1,35 @@
 //! `rlcr advantage`: advantage estimators over a scored table (no model).
 //!
-//! Two passes over the input, so that memory stays bounded by a few scalars per row whatever the
-//! response lengths:
-//! 1. **keys pass**: reads only the group keys and rewards (plus, for KL in the reward or GAE, the
-//!    token columns needed to compute the penalty or the whitening moments), and computes every
-//!    row's sequence-level advantage with the pure functions of [`crate::advantage`];
-//! 2. **write pass**: streams the whole table batch by batch, builds `loss_mask`, `token_advantages`
-//!    (and `returns`, `trajectory_score` for GAE) for each row, and writes every input column through
-//!    unchanged, plus the new ones (replacing stale ones of the same name). Decoding and computing
-//!    run on one thread, encoding on another.
+//! Two passes over the input, so that memory stays bounded by a few scalars per row (about 48 bytes
+//! for the rlcr tree) whatever the response lengths:
+//! 1. **keys pass**: decodes only the group keys and rewards (plus, for KL in the reward or GAE,
+//!    the token columns needed for the penalty or the whitening moments) and computes every row's
+//!    sequence-level advantage with the pure functions of [`crate::advantage`];
+//! 2. **write pass**: streams the table row group by row group, builds `loss_mask`,
+//!    `token_advantages` (and `returns`, `trajectory_score` for GAE) for each row, and writes the
+//!    output with [`splice`]: every input column is copied as encoded Parquet chunks, only the new
+//!    columns are encoded (stale ones of the same name are replaced). One thread decodes and
+//!    computes, the encoders run in parallel on rayon.
 //!
 //! Statistics (reward and advantage mean/std per sample type, group counts with the zero-std
-//! fraction, masked-token counts, the KL controller's state) are printed and stored in the output's
-//! `rlcr.config` metadata under `statistics`.
+//! fraction, masked-token and null-span counts, the KL controller's state, the whitening moments)
+//! are printed and stored in the output's `rlcr.statistics` metadata; the resolved plan goes into
+//! `rlcr.config`. They are accumulated row by row in row order, so they (like every output value)
+//! do not depend on `--batch-size`, the row-group layout or the thread count.
+//!
+//! Choices the seeds leave open (also in `--help`):
+//! - group keys: rlcr = answers by `prompt_id`, confidences by `(prompt_id, answer_idx)`; grpo and
+//!   rloo = `(prompt_id, sample_type)`; grpo-multiturn = `prompt_id` (all rows and turns).
+//! - the scalar `advantage` of a grpo-multiturn row is `w_turn · mean_k A_turn + w_global ·
+//!   A_global`; of a GAE row, the whitened advantage of its first learnable token (the estimate
+//!   for the whole response).
+//! - KL in the reward uses the row's loss mask as verl uses its response mask; the controller's
+//!   measured KL is the mean over rows of the per-row masked mean (0 for an empty mask); the
+//!   coefficient applied is the current one, the updated one is stored as `kl.next_coef` for
+//!   `--kl-state`.
+//! - `reward_components`: turn ≥ 0 is a turn reward (`Σ weight · value` per turn), turn −1 or
+//!   null is global, `_raw_*` names are skipped; a row without components uses `reward` as its
+//!   global reward.
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
