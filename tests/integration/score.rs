@@ -118,6 +118,17 @@ fn spans(rows: &[Row]) -> ArrayRef {
 
 /// Write `rows` as a trajectory table with row groups of `rg` rows, plus optional extra columns.
 fn write_table(path: &Path, rows: &[Row], rg: usize, extra: Vec<(&str, ArrayRef)>) {
+    write_table_with(path, rows, rg, extra, true)
+}
+
+/// [`write_table`], choosing whether the Parquet writer may use dictionary encoding.
+fn write_table_with(
+    path: &Path,
+    rows: &[Row],
+    rg: usize,
+    extra: Vec<(&str, ArrayRef)>,
+    dictionary: bool,
+) {
     let s = |f: &dyn Fn(&Row) -> String| -> ArrayRef {
         Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>()))
     };
@@ -759,6 +770,16 @@ fn errors_name_the_row() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+const SCORE: [&str; 7] = [
+    "answer",
+    "format_ok",
+    "acc_reward",
+    "confidence",
+    "conf_reward",
+    "reward",
+    "reward_components",
+];
+
 fn rlcr_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlcr"));
     cmd.args(args);
@@ -795,9 +816,34 @@ fn output_does_not_depend_on_thread_count() {
         );
         tables.push(read_all(&out));
     }
-    assert_eq!(tables[0].schema(), tables[1].schema());
-    for (a, b) in tables[0].columns().iter().zip(tables[1].columns()) {
-        assert_eq!(a.to_data(), b.to_data());
+    // the same table without dictionary pages (read through the plain string path)
+    let plain = p(&d, "plain.parquet");
+    write_table_with(&plain, &rows, 50, vec![], false);
+    let out = p(&d, "splain.parquet");
+    ok(&[
+        "score",
+        "--input",
+        plain.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    tables.push(read_all(&out));
+    for t in &tables[1..] {
+        assert_eq!(tables[0].schema(), t.schema());
+        for (name, (a, b)) in SCORE.iter().map(|n| {
+            (
+                n,
+                (
+                    tables[0].column_by_name(n).unwrap(),
+                    t.column_by_name(n).unwrap(),
+                ),
+            )
+        }) {
+            assert_eq!(a.to_data(), b.to_data(), "{name}");
+        }
+        for (a, b) in tables[0].columns().iter().zip(t.columns()) {
+            assert_eq!(a.len(), b.len());
+        }
     }
 }
 
