@@ -2,7 +2,7 @@
 //! the KV cache, the way the sampler drives it.
 //!
 //! ```text
-//! cargo run --example bench_model -- [MODEL_DIR | smollm2 | tiny] [BATCH] [PROMPT] [NEW]
+//! cargo run --example bench_model -- [MODEL_DIR | smollm2] [BATCH] [PROMPT] [NEW] [prealloc]
 //! ```
 //! `smollm2` builds random weights with SmolLM2-135M's shape (speed does not depend on the
 //! values); a folder path loads a real checkpoint. Defaults: smollm2, 8 rows, 128 prompt tokens,
@@ -42,6 +42,9 @@ fn main() -> anyhow::Result<()> {
     let batch: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(8);
     let prompt: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(128);
     let new: usize = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(128);
+    // `prealloc`: allocate the cache for prompt + new slots up front (attention then spans them
+    // all) instead of growing it by chunks.
+    let prealloc = args.get(4).map(String::as_str) == Some("prealloc");
     let device = model::device_from_str("cpu")?;
     let m: Transformer = if which == "smollm2" {
         let c = ModelConfig::from_json(SMOLLM2)?;
@@ -77,6 +80,9 @@ fn main() -> anyhow::Result<()> {
     );
 
     let mut cache = KvCache::new(&m, batch, prompt + new);
+    if prealloc {
+        cache.reserve(prompt + new);
+    }
     let (t0, c0) = (Instant::now(), cpu_secs());
     let mut logits = model::read_f32(m.step(&mut cache, &input)?)?;
     let prefill = t0.elapsed().as_secs_f64();

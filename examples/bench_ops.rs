@@ -118,6 +118,28 @@ pub fn bandwidth() {
     }
     let c = cpu_secs() - c0;
     let w = w0.elapsed().as_secs_f64();
+    let (c0, w0) = (cpu_secs(), Instant::now());
+    let mut total2 = 0.0f32;
+    for _ in 0..10 {
+        use rayon::prelude::*;
+        total2 += v
+            .par_chunks(1 << 20)
+            .map(|ch| {
+                let mut acc = [0f32; 16];
+                for c in ch.chunks_exact(16) {
+                    for j in 0..16 {
+                        acc[j] += c[j];
+                    }
+                }
+                acc.iter().sum::<f32>()
+            })
+            .sum::<f32>();
+    }
+    println!(
+        "stream-read 113MB x10 (rayon): {total2} cpu {:.1} GB/s wall {:.1} GB/s",
+        1.185 / (cpu_secs() - c0) * 10.0 / 10.0,
+        1.185 / w0.elapsed().as_secs_f64()
+    );
     println!(
         "stream-read 113MB x10 (1 thread): {total} cpu {:.1} GB/s wall {:.1} GB/s",
         1.185 / c * 10.0 / 10.0,

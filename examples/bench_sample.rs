@@ -102,6 +102,25 @@ impl<M: StepModel> StepModel for Timed<'_, M> {
     }
 }
 
+/// CPU seconds used by this process so far (user + system), from /proc/self/stat (100 Hz ticks).
+fn cpu_seconds() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = s
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (tick(11) + tick(12)) / 100.0
+}
+
 fn groups(contexts: Vec<Vec<u32>>, batch: usize) -> Vec<Group> {
     let per = batch / contexts.len().max(1);
     contexts
@@ -136,16 +155,19 @@ fn run<M: StepModel>(
         nanos: AtomicU64::new(0),
     };
     let t0 = Instant::now();
+    let c0 = cpu_seconds();
     let mut tokens = 0usize;
     let out = generate(&timed, decode, gs, cfg, &mut |r| tokens += r.tokens)?;
     let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - c0;
     let rows: usize = out.iter().map(|g| g.len()).sum();
     let model = timed.nanos.load(Ordering::Relaxed) as f64 * 1e-9;
     println!(
-        "{label}: {rows} rows x {} new tokens, {tokens} tokens in {secs:.2} s = {:.1} tokens/s \
-         (model {model:.2} s, sampler {:.3} s = {:.1}%)",
+        "{label}: {rows} rows x {} new tokens, {tokens} tokens in {secs:.2} s = {:.1} tokens/s; \
+         {cpu:.2} CPU s = {:.1} tokens per CPU-second (model {model:.2} s, sampler {:.3} s = {:.1}%)",
         cfg.stop.max_new_tokens,
         tokens as f64 / secs,
+        tokens as f64 / cpu,
         secs - model,
         100.0 * (secs - model) / secs
     );

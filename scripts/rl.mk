@@ -55,9 +55,9 @@ BATCH ?= 64
 VERIFIER ?= countdown
 ESTIMATOR ?= rlcr
 ADV_FLAGS ?=
-LR ?= 3e-3
+LR ?= 1e-3
 MICRO_BATCH ?= 64
-UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0
+UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0 --resume auto
 
 # Supervised warm start.
 SFT ?= 1

@@ -71,13 +71,27 @@ reward = the total of reward_components: `mean over turns + sum of globals` (see
 the presets is: rlcr (answers: acc + format-weight * format; confidences: Brier), rlcr-single
 (RLCR's single-completion 0.5*(format + acc + brier) + 1e-6 * (mean conf + 0/1 conf), for
 --answer-format tabc), tinyzero (answers: the countdown score 0 / 0.1 / 1). --rewards FILE.toml
-defines named per-turn and global components instead (see the README).
+defines named components instead:
+  preset = \"kg-r1\"            # optional: seed 001's defaults (format_score 0.15, is_answer_score
+                               # 0.1, kg_query_validity 0.1; exact_match 0.3, retrieval_quality 0.4)
+  [[turn]]                     # or [[global]]
+  name = \"format_score\"
+  weight = 0.15
+  source = \"format_ok\"        # correct, accuracy, format_ok, answer_present, countdown, brier,
+                               # confidence, extra.NAME; or: column = \"a_column\" (number, bool,
+                               # or a list with one value per turn)
+  rows = \"all\"                # answer | confidence | all
+Components named _raw_* are kept in reward_components but not summed.
 
 Verifiers (--verifier auto picks by data_source: countdown; hotpot/squad/trivia/... -> exact;
-mmlu/gpqa/... -> choice; otherwise math): countdown (last <answer> anywhere, + - * / x ÷ and
+mmlu/gpqa/... -> choice; otherwise math): countdown (last <answer> anywhere, + - * / × ÷ − and
 parentheses, each number once, |value - target| < 1e-5; --countdown-compat tinyzero reproduces
 TinyZero's compute_score on prompt + response, quirks included), math, exact, f1, choice, or an
-external program (--verifier-cmd, JSON lines; see the README for the protocol).
+external program (--verifier-cmd CMD, run with sh -c): rlcr writes one JSON request per answer row
+on its stdin, {\"id\", \"sample_id\", \"data_source\", \"prompt\", \"response\", \"answer\",
+\"ground_truth\"}, and reads one reply per line on its stdout, {\"id\", \"correct\": true|false|number,
+\"extra\": {NAME: number}} in any order; its stderr passes through; --verifier-timeout bounds the
+wait for each reply.
 
 Re-scoring an already scored table replaces every score column and drops the advantage columns.
 Columns the stage does not compute are copied as encoded Parquet chunks, so it streams millions of
@@ -327,7 +341,10 @@ struct Part {
     path: PathBuf,
     /// Used only by the writer thread (column-chunk copies); readers open their own.
     file: File,
+    /// The file's metadata and Arrow schema (layout, copies).
     meta: ArrowReaderMetadata,
+    /// The same, reading [`DICTIONARY_COLUMNS`] as dictionaries.
+    read_meta: ArrowReaderMetadata,
     /// Global row index of the part's first row.
     first_row: u64,
 }
@@ -349,7 +366,7 @@ impl Part {
         rg: usize,
         columns: &[&str],
     ) -> Result<impl Iterator<Item = Result<RecordBatch>> + '_> {
-        let schema = self.meta.schema();
+        let schema = self.read_meta.schema();
         let idx: Vec<usize> = schema
             .fields()
             .iter()
@@ -361,7 +378,7 @@ impl Part {
         // thread, which copies column chunks from `self.file` at the same time
         let file = File::open(&self.path)
             .with_context(|| format!("{}: cannot reopen", self.path.display()))?;
-        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone());
+        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.read_meta.clone());
         let mask = ProjectionMask::roots(b.parquet_schema(), idx);
         let r = b
             .with_projection(mask)
@@ -382,6 +399,64 @@ impl Part {
 
 /// Rows decoded at a time.
 const BATCH_ROWS: usize = 8192;
+
+/// Buffer size for copying column chunks: parquet's own `File` reader and its writer both buffer
+/// 8 KiB, which turns a gigabyte of copying into a quarter of a million system calls.
+const COPY_BUFFER: usize = 1 << 20;
+
+/// The input file as a [`ChunkReader`] with large reads (for the column-chunk copies).
+struct CopySource<'a>(&'a File);
+
+impl parquet::file::reader::Length for CopySource<'_> {
+    fn len(&self) -> u64 {
+        parquet::file::reader::Length::len(self.0)
+    }
+}
+
+impl parquet::file::reader::ChunkReader for CopySource<'_> {
+    type T = std::io::BufReader<File>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        use std::io::Seek;
+        let mut f = self.0.try_clone()?;
+        f.seek(std::io::SeekFrom::Start(start))?;
+        Ok(std::io::BufReader::with_capacity(COPY_BUFFER, f))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        self.0.get_bytes(start, length)
+    }
+}
+
+/// Columns read as Arrow dictionaries: they repeat within a table (one or two sample types, a few
+/// data sources, one ground truth per prompt), so their Parquet dictionary pages are used as they
+/// are instead of materialising a string per row.
+const DICTIONARY_COLUMNS: [&str; 3] = ["sample_type", "data_source", "ground_truth"];
+
+/// Reader metadata asking for [`DICTIONARY_COLUMNS`] as dictionaries (the plain reader when the
+/// hint does not apply).
+fn dictionary_hints(meta: &ArrowReaderMetadata) -> ArrowReaderMetadata {
+    let schema = meta.schema();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let f = f.as_ref().clone();
+            if DICTIONARY_COLUMNS.contains(&f.name().as_str()) && f.data_type() == &DataType::Utf8 {
+                let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+                f.with_data_type(dt)
+            } else {
+                f
+            }
+        })
+        .collect();
+    let hint = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+    ArrowReaderMetadata::try_new(
+        meta.metadata().clone(),
+        ArrowReaderOptions::new().with_schema(hint),
+    )
+    .unwrap_or_else(|_| meta.clone())
+}
 
 fn open_parts(input: &Path) -> Result<Vec<Part>> {
     let files = table::io::input_files(input)?;
@@ -408,10 +483,12 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
             }
         }
         let n = meta.metadata().file_metadata().num_rows().max(0) as u64;
+        let read_meta = dictionary_hints(&meta);
         parts.push(Part {
             path,
             file,
             meta,
+            read_meta,
             first_row,
         });
         first_row += n;
@@ -470,11 +547,143 @@ fn int32(b: &RecordBatch, file: &Path, name: &str) -> Result<Int32Array> {
         .clone())
 }
 
-fn str_at<'a>(a: &'a StringArray, i: usize, file: &Path, name: &str, row: u64) -> Result<&'a str> {
-    if a.is_null(i) {
+/// Row access to a utf8 column, plain or dictionary-encoded.
+trait Strs {
+    fn is_null_at(&self, i: usize) -> bool;
+    fn value_at(&self, i: usize) -> &str;
+}
+
+impl Strs for StringArray {
+    fn is_null_at(&self, i: usize) -> bool {
+        self.is_null(i)
+    }
+    fn value_at(&self, i: usize) -> &str {
+        self.value(i)
+    }
+}
+
+/// A utf8 column read either way: a dictionary keeps its keys, so that equal keys can skip a
+/// string comparison.
+enum StrCol {
+    Plain(StringArray),
+    Dict {
+        keys: Int32Array,
+        values: StringArray,
+    },
+}
+
+impl StrCol {
+    fn len(&self) -> usize {
+        match self {
+            StrCol::Plain(a) => a.len(),
+            StrCol::Dict { keys, .. } => keys.len(),
+        }
+    }
+
+    /// The dictionary key of row `i` (`None` for plain columns).
+    fn key(&self, i: usize) -> Option<i32> {
+        match self {
+            StrCol::Plain(_) => None,
+            StrCol::Dict { keys, .. } => Some(keys.value(i)),
+        }
+    }
+}
+
+impl Strs for StrCol {
+    fn is_null_at(&self, i: usize) -> bool {
+        match self {
+            StrCol::Plain(a) => a.is_null(i),
+            StrCol::Dict { keys, values } => {
+                keys.is_null(i) || values.is_null(keys.value(i) as usize)
+            }
+        }
+    }
+    fn value_at(&self, i: usize) -> &str {
+        match self {
+            StrCol::Plain(a) => a.value(i),
+            StrCol::Dict { keys, values } => values.value(keys.value(i) as usize),
+        }
+    }
+}
+
+/// A utf8 column that may have been read as a dictionary.
+fn str_col(b: &RecordBatch, file: &Path, name: &str) -> Result<StrCol> {
+    let c = b.column_by_name(name).ok_or_else(|| {
+        anyhow!(
+            "{}: column `{name}` is missing (is this a trajectory table?)",
+            file.display()
+        )
+    })?;
+    if let DataType::Dictionary(kt, vt) = c.data_type() {
+        let c = if **kt == DataType::Int32 && **vt == DataType::Utf8 {
+            c.clone()
+        } else {
+            let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+            arrow::compute::cast(c, &dt)?
+        };
+        let d = c
+            .as_any()
+            .downcast_ref::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>()
+            .context("internal: dictionary cast")?;
+        let values = d
+            .values()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .context("internal: dictionary values")?
+            .clone();
+        return Ok(StrCol::Dict {
+            keys: d.keys().clone(),
+            values,
+        });
+    }
+    Ok(StrCol::Plain(utf8(b, file, name)?))
+}
+
+fn str_at<'a, S: Strs + ?Sized>(
+    a: &'a S,
+    i: usize,
+    file: &Path,
+    name: &str,
+    row: u64,
+) -> Result<&'a str> {
+    if a.is_null_at(i) {
         bail!("{}, row {row}: column `{name}` is null", file.display());
     }
-    Ok(a.value(i))
+    Ok(a.value_at(i))
+}
+
+/// The kind of every row of a batch (dictionaries: once per distinct value).
+fn kinds_of(st: &StrCol, path: &Path, first: u64) -> Result<Vec<Kind>> {
+    let n = st.len();
+    let mut kinds = Vec::with_capacity(n);
+    match st {
+        StrCol::Dict { keys, values } if keys.null_count() == 0 && values.null_count() == 0 => {
+            let per_value: Vec<Option<Kind>> = (0..values.len())
+                .map(|v| match values.value(v) {
+                    "answer" => Some(Kind::Answer),
+                    "confidence" => Some(Kind::Confidence),
+                    _ => None,
+                })
+                .collect();
+            for i in 0..n {
+                match per_value[keys.value(i) as usize] {
+                    Some(k) => kinds.push(k),
+                    None => kinds.push(kind_of(st.value_at(i), path, first + i as u64)?),
+                }
+            }
+        }
+        _ => {
+            for i in 0..n {
+                let row = first + i as u64;
+                kinds.push(kind_of(
+                    str_at(st, i, path, "sample_type", row)?,
+                    path,
+                    row,
+                )?);
+            }
+        }
+    }
+    Ok(kinds)
 }
 
 /// The key linking a confidence row to its answer: 128 bits of two SipHash digests of
@@ -531,15 +740,8 @@ fn link_pass(parts: &[Part]) -> Result<Links> {
             let mut row = p.rg_first_row(rg);
             for b in p.batches(rg, cols)? {
                 let b = b?;
-                let st = utf8(&b, &p.path, "sample_type")?;
-                let mut kinds = Vec::with_capacity(st.len());
-                for i in 0..st.len() {
-                    kinds.push(kind_of(
-                        str_at(&st, i, &p.path, "sample_type", row + i as u64)?,
-                        &p.path,
-                        row + i as u64,
-                    )?);
-                }
+                let st = str_col(&b, &p.path, "sample_type")?;
+                let kinds = kinds_of(&st, &p.path, row)?;
                 if !linking && kinds.contains(&Kind::Confidence) {
                     if seen_answers_before_linking {
                         // answers read before the first confidence row: start again, linking all
@@ -573,15 +775,8 @@ fn link_all(parts: &[Part]) -> Result<Links> {
             let mut row = p.rg_first_row(rg);
             for b in p.batches(rg, &["sample_type", "prompt_id", "answer_idx"])? {
                 let b = b?;
-                let st = utf8(&b, &p.path, "sample_type")?;
-                let mut kinds = Vec::with_capacity(st.len());
-                for i in 0..st.len() {
-                    kinds.push(kind_of(
-                        str_at(&st, i, &p.path, "sample_type", row + i as u64)?,
-                        &p.path,
-                        row + i as u64,
-                    )?);
-                }
+                let st = str_col(&b, &p.path, "sample_type")?;
+                let kinds = kinds_of(&st, &p.path, row)?;
                 link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
                 row += st.len() as u64;
             }
@@ -649,12 +844,12 @@ fn finish_links(
 
 /// The columns a batch is scored from (the optional ones only when some setting needs them).
 struct RgCols {
-    sample_type: StringArray,
+    sample_type: StrCol,
     prompt_id: Option<StringArray>,
     answer_idx: Option<Int32Array>,
     sample_id: Option<StringArray>,
-    data_source: StringArray,
-    ground_truth: StringArray,
+    data_source: StrCol,
+    ground_truth: StrCol,
     response: StringArray,
     messages: Option<StringArray>,
     extra: HashMap<String, ArrayRef>,
@@ -706,7 +901,7 @@ impl RgCols {
             extra.insert(c.clone(), a.clone());
         }
         Ok(RgCols {
-            sample_type: utf8(b, path, "sample_type")?,
+            sample_type: str_col(b, path, "sample_type")?,
             prompt_id: if needs.ids {
                 Some(utf8(b, path, "prompt_id")?)
             } else {
@@ -722,8 +917,8 @@ impl RgCols {
             } else {
                 None
             },
-            data_source: utf8(b, path, "data_source")?,
-            ground_truth: utf8(b, path, "ground_truth")?,
+            data_source: str_col(b, path, "data_source")?,
+            ground_truth: str_col(b, path, "ground_truth")?,
             response: utf8(b, path, "response_text")?,
             messages: if needs.messages {
                 Some(utf8(b, path, "messages")?)
@@ -808,6 +1003,8 @@ struct Ctx<'a> {
 /// the last data_source resolved (rows of one prompt are adjacent and share them).
 #[derive(Default)]
 struct VerifyCache {
+    /// Dictionary key of the cached ground truth (keys are per batch, as is a cache).
+    gt_key: Option<i32>,
     gt_text: String,
     gt: Option<(VerifierKind, GroundTruth)>,
     msg_text: String,
@@ -842,13 +1039,19 @@ fn verify_one<'b>(
         );
     }
     let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
-    let cached = matches!(&cache.gt, Some((k, _)) if *k == kind) && cache.gt_text.as_str() == gts;
+    let key = c.ground_truth.key(i);
+    let same_text = match (key, cache.gt_key) {
+        (Some(a), Some(b)) if a == b => true,
+        _ => cache.gt_text.as_str() == gts,
+    };
+    let cached = matches!(&cache.gt, Some((k, _)) if *k == kind) && same_text;
     if !cached {
         let gt = GroundTruth::parse(kind, gts)
             .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
         cache.gt = Some((kind, gt));
         cache.gt_text.clear();
         cache.gt_text.push_str(gts);
+        cache.gt_key = key;
     }
     let (_, gt) = cache.gt.as_ref().context("internal: ground-truth cache")?;
     let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
@@ -1300,10 +1503,14 @@ impl Scorer<'_> {
         match self.ext.as_mut() {
             Some(e) => {
                 for &i in ans {
-                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
+                    if !self
+                        .summary
+                        .verifiers
+                        .contains_key(c.data_source.value_at(i))
+                    {
                         self.summary
                             .verifiers
-                            .insert(c.data_source.value(i).to_string(), "external".into());
+                            .insert(c.data_source.value_at(i).to_string(), "external".into());
                     }
                 }
                 verify_external_rows(e, &ctx, c, first, ans)
@@ -1311,10 +1518,14 @@ impl Scorer<'_> {
             None => {
                 let vk = verify_builtin_rows(&ctx, c, first, ans)?;
                 for (&i, (_, k)) in ans.iter().zip(&vk) {
-                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
+                    if !self
+                        .summary
+                        .verifiers
+                        .contains_key(c.data_source.value_at(i))
+                    {
                         self.summary
                             .verifiers
-                            .insert(c.data_source.value(i).to_string(), k.name().to_string());
+                            .insert(c.data_source.value_at(i).to_string(), k.name().to_string());
                     }
                 }
                 Ok(vk.into_iter().map(|(v, _)| v).collect())
@@ -1334,7 +1545,7 @@ impl Scorer<'_> {
                     let b = b?;
                     let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
                     let ans: Vec<usize> = (0..c.sample_type.len())
-                        .filter(|&i| c.sample_type.value(i) == "answer")
+                        .filter(|&i| c.sample_type.value_at(i) == "answer")
                         .collect();
                     let verdicts = self.verify(&p.path, &c, first, &ans)?;
                     for (&i, v) in ans.iter().zip(verdicts) {
@@ -1373,15 +1584,7 @@ impl Scorer<'_> {
         let settings = self.settings;
         let ctx = Ctx { settings, path };
         let n = c.sample_type.len();
-        let mut kinds = Vec::with_capacity(n);
-        for i in 0..n {
-            let row = first + i as u64;
-            kinds.push(kind_of(
-                str_at(&c.sample_type, i, path, "sample_type", row)?,
-                path,
-                row,
-            )?);
-        }
+        let kinds = kinds_of(&c.sample_type, path, first)?;
         let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
         // answers: verdict, then every score, in one parallel pass (indexed collects, so the
         // results land in place)
@@ -1417,7 +1620,7 @@ impl Scorer<'_> {
         for (&i, r) in ans.iter().zip(answers) {
             let a = r?;
             if let Some(k) = a.kind {
-                let ds = c.data_source.value(i);
+                let ds = c.data_source.value_at(i);
                 if last_ds != Some(ds) {
                     if !self.summary.verifiers.contains_key(ds) {
                         self.summary
@@ -1648,13 +1851,14 @@ fn write_row_group<W: std::io::Write + Send>(
                         column_index: None,
                         offset_index: None,
                     };
-                    rgw.append_column(&p.file, close).with_context(|| {
-                        format!(
-                            "{}: copying column `{}`",
-                            p.path.display(),
-                            cm.column_path()
-                        )
-                    })?;
+                    rgw.append_column(&CopySource(&p.file), close)
+                        .with_context(|| {
+                            format!(
+                                "{}: copying column `{}`",
+                                p.path.display(),
+                                cm.column_path()
+                            )
+                        })?;
                 }
             }
             Source::Score(_) => {
@@ -1714,7 +1918,7 @@ pub fn score_table(
         .set_key_value_metadata(Some(meta.key_values()))
         .build();
     let mut atomic = table::io::AtomicFile::create(out)?;
-    let file = atomic.take()?;
+    let file = std::io::BufWriter::with_capacity(COPY_BUFFER * 4, atomic.take()?);
     let aw = ArrowWriter::try_new_with_options(
         file,
         lay.arrow.clone(),
@@ -1840,6 +2044,9 @@ pub fn score_table(
     let file = fw
         .into_inner()
         .with_context(|| format!("{}: finishing Parquet file", out.display()))?;
+    let file = file
+        .into_inner()
+        .map_err(|e| anyhow!("{}: write failed: {}", out.display(), e.error()))?;
     atomic.commit_file(file)?;
     progress.finish();
     summary.seconds = start.elapsed().as_secs_f64();

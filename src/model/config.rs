@@ -199,7 +199,7 @@ impl ModelConfig {
             bail!("hidden_size, num_attention_heads and num_hidden_layers must be positive");
         }
         let kv = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if kv == 0 || raw.num_attention_heads % kv != 0 {
+        if kv == 0 || !raw.num_attention_heads.is_multiple_of(kv) {
             bail!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({kv})",
                 raw.num_attention_heads
@@ -208,7 +208,7 @@ impl ModelConfig {
         let head_dim = raw
             .head_dim
             .unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             bail!("head_dim must be a positive even number, got {head_dim}");
         }
         let max_pos = raw.max_position_embeddings.unwrap_or(2048);
@@ -309,7 +309,7 @@ impl ModelConfig {
                     } else {
                         f64v
                     };
-                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                     let out = if medium {
                         let smooth = (old / wavelen - low_freq_factor)
                             / (high_freq_factor - low_freq_factor);

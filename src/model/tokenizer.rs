@@ -21,6 +21,9 @@ use anyhow::{anyhow, Context, Result};
 
 use super::config::{token_ids, ModelConfig};
 
+/// Token ids with the byte range of each token in the encoded text.
+pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A loaded tokenizer with its special tokens.
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -163,7 +166,7 @@ impl Tokenizer {
         &self,
         text: &str,
         add_special_tokens: bool,
-    ) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    ) -> Result<IdsWithOffsets> {
         let enc = self
             .inner
             .encode(text, add_special_tokens)

@@ -408,6 +408,7 @@ impl TokenBatch {
 
 /// Build the attention mask `[B, 1, g·T, S]` (true = masked). Query `t` of row `b` sits at key
 /// index `start + t`; a real query sees real keys at or before it, a padding query sees itself.
+#[allow(clippy::too_many_arguments)] // the mask's dimensions, spelled out at both call sites
 fn build_mask(
     batch: usize,
     len: usize,
@@ -621,7 +622,7 @@ impl Transformer {
             let e = (s + chunk).min(n);
             let logits = self.lm_head(hs.clone().slice([s..e, 0..hd]));
             let lp = log_softmax(logits, 1);
-            let tg = targets.clone().slice([s..e]).reshape([e - s, 1]);
+            let tg = targets.clone().narrow(0, s, e - s).reshape([e - s, 1]);
             lps.push(lp.clone().gather(1, tg).reshape([e - s]));
             if entropy {
                 ents.push((lp.clone().exp() * lp).sum_dim(1).neg().reshape([e - s]));
@@ -754,14 +755,15 @@ impl KvCache {
     /// Slots are added in multiples of this many when the buffer grows.
     pub const CHUNK: usize = 64;
 
-    /// An empty cache for `batch` rows of `model`, with room for `capacity` slots before it first
-    /// grows (growing copies the buffers once per [`Self::CHUNK`] slots; size it to
-    /// prompt + max new tokens to avoid that).
+    /// An empty cache for `batch` rows of `model`. `capacity` (the longest sequence expected) is
+    /// only a hint for host-side bookkeeping: device buffers grow by [`Self::CHUNK`] slots as
+    /// tokens arrive, because attention reads the whole buffer and a buffer sized for the longest
+    /// possible sequence makes every decode step attend over unused slots (one copy per chunk
+    /// costs less).
     pub fn new(model: &Transformer, batch: usize, capacity: usize) -> Self {
         let d = &model.dims;
         let device = model.device();
-        let cap = capacity.max(1).div_ceil(Self::CHUNK) * Self::CHUNK;
-        let shape = [batch, d.kv_heads, cap, d.head_dim];
+        let shape = [batch, d.kv_heads, 0, d.head_dim];
         let layers = (0..d.layers)
             .map(|_| (Tensor::zeros(shape, &device), Tensor::zeros(shape, &device)))
             .collect();
@@ -769,11 +771,11 @@ impl KvCache {
             layers,
             batch,
             len: 0,
-            cap,
+            cap: 0,
             chunk: Self::CHUNK,
             kv_heads: d.kv_heads,
             head_dim: d.head_dim,
-            valid: vec![Vec::new(); batch],
+            valid: vec![Vec::with_capacity(capacity); batch],
             next_pos: vec![0; batch],
             device,
         }
@@ -814,8 +816,13 @@ impl KvCache {
         let add = [self.batch, self.kv_heads, new_cap - self.cap, self.head_dim];
         for (k, v) in self.layers.iter_mut() {
             let z = Tensor::zeros(add, &self.device);
-            k.inplace(|k| Tensor::cat(vec![k, z.clone()], 2));
-            v.inplace(|v| Tensor::cat(vec![v, z], 2));
+            if self.cap == 0 || self.batch == 0 {
+                *k = z.clone();
+                *v = z;
+            } else {
+                k.inplace(|k| Tensor::cat(vec![k, z.clone()], 2));
+                v.inplace(|v| Tensor::cat(vec![v, z], 2));
+            }
         }
         self.cap = new_cap;
     }
@@ -938,7 +945,8 @@ mod tests {
             let m = load(name, &cpu());
             let v = m.dims.vocab;
             let prompts: Vec<Vec<u32>> = vec![ids(7, 60, 360), ids(8, 41, 360)];
-            // Capacity 8 rounds to one chunk of 64: decoding past it forces a growth.
+            // Buffers grow by chunks of 64 slots: the 60-slot prompt takes one, decoding past 64
+            // forces a growth.
             let mut cache = KvCache::new(&m, 2, 8);
             let mut seqs = prompts.clone();
             let mut logits = read_f32(

@@ -18,12 +18,10 @@
 //! calibration metrics is [`MissingConfidence`] (RLCR's eval counts it as 0.0, ANCHORS §1.8).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Float64Type, Int64Type};
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 /// `sample_type` of a row.
@@ -449,44 +447,15 @@ fn list_lens(a: &ArrayRef, name: &str) -> Result<Vec<Option<u32>>> {
     }
 }
 
-/// Lenient confidence parse for evaluation (ANCHORS §2 D9, RLCR's eval leniency).
+/// Lenient confidence parse for evaluation (ANCHORS §2 D9): RLCR's eval-time extractor, shared
+/// with the reward module ([`crate::reward::rlcr::parse_confidence_lenient`]) so that `report` and
+/// `score` agree on what "leniently parsed" means: the last `<confidence>…</confidence>`, read
+/// with Python's `float()` or else its first number, a value in `(1, 100]` read as a percentage.
 ///
-/// Takes the text of the **last** `<confidence>` tag (to `</confidence>` or the end of the text)
-/// and its first number (`12`, `0.8`, `.8`, `1e-1`, `-0.5`); a number followed by `%` is divided by 100;
-/// then a value in `[0, 1]` is kept, a value in `(1, 100]` is divided by 100 (a percentage without
-/// the sign), anything else fails. Examples: `"0.8"` → 0.8, `" 85 "` → 0.85, `"about 70%"` → 0.7,
-/// `"0.5%"` → 0.005, `"150"` → fail, no tag → fail.
-///
-/// The strict parse (finite float in `[0, 1]`, nothing else in the tag) is `score`'s; the report
-/// counts a row as leniently parsed when either parse succeeds.
+/// The strict parse (finite float in `[0, 1]`, nothing else in the tag) is `score`'s `confidence`
+/// column; the report counts a row as leniently parsed when either parse succeeds.
 pub fn lenient_confidence(text: &str) -> Option<f64> {
-    static NUM: OnceLock<Regex> = OnceLock::new();
-    let num = NUM.get_or_init(|| {
-        // ok: a constant pattern, checked by the tests below.
-        Regex::new(r"(-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(%)?")
-            .expect("valid regex")
-    });
-    let start = text.rfind("<confidence>")? + "<confidence>".len();
-    let rest = &text[start..];
-    let inner = match rest.find("</confidence>") {
-        Some(e) => &rest[..e],
-        None => rest,
-    };
-    let m = num.captures(inner)?;
-    let mut v: f64 = m.get(1)?.as_str().parse().ok()?;
-    if m.get(2).is_some() {
-        v /= 100.0;
-    }
-    if !v.is_finite() {
-        return None;
-    }
-    if (0.0..=1.0).contains(&v) {
-        Some(v)
-    } else if v > 1.0 && v <= 100.0 {
-        Some(v / 100.0)
-    } else {
-        None
-    }
+    crate::reward::rlcr::parse_confidence_lenient(text)
 }
 
 #[cfg(test)]
@@ -595,15 +564,15 @@ pub(crate) mod tests {
             Some(0.85)
         );
         assert_eq!(t("<confidence>about 70%</confidence>"), Some(0.7));
-        assert_eq!(t("<confidence>0.5%</confidence>"), Some(0.005));
-        assert_eq!(t("<confidence>.25</confidence>"), Some(0.25));
         assert_eq!(t("<confidence>1</confidence>"), Some(1.0));
         assert_eq!(t("<confidence>150</confidence>"), None);
         assert_eq!(t("<confidence>high</confidence>"), None);
-        assert_eq!(t("no tag 0.5"), None);
-        assert_eq!(t("<confidence>0.2</confidence> <confidence>0.9"), Some(0.9));
-        assert_eq!(t("<confidence>5e-1</confidence>"), Some(0.5));
         assert_eq!(t("<confidence>-0.5</confidence>"), None);
+        assert_eq!(t("no tag 0.5"), None);
+        assert_eq!(
+            t("<confidence>0.2</confidence> <confidence>0.9</confidence>"),
+            Some(0.9)
+        );
     }
 
     #[test]

@@ -10,9 +10,9 @@
 //!
 //! The scalar `reward` is always [`structured::total`] of the row's components, so it can be
 //! recomputed from `reward_components`. The presets are component sets:
-//! - `rlcr` (default): answers `accuracy`·1 + `format`·format_weight (default 0), and, kept with
-//!   weight 0 for logging, `countdown` (the 0/0.1/1 score) and `extra.*`; confidences `brier`·1 and
-//!   `format`·0.
+//! - `rlcr` (default): answers `accuracy`·1 + `format`·format_weight (listed only when the weight
+//!   is not 0: the `format_ok` column has it), and, kept with weight 0 for logging, `countdown`
+//!   (the 0/0.1/1 score) and `extra.*`; confidences `brier`·1.
 //! - `rlcr-single`: RLCR's single-completion reward on answer rows that carry their own
 //!   confidence (`--answer-format tabc`): `format`·0.5 + `accuracy`·0.5 + `brier`·0.5 +
 //!   `mean_confidence`·1e-6 + `confidence_one_or_zero`·1e-6 (its HotpotQA weights; ANCHORS
@@ -338,12 +338,15 @@ pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Compone
             match settings.preset {
                 Preset::Rlcr => {
                     v.push(Component::new("accuracy", 0, a.accuracy, 1.0));
-                    v.push(Component::new(
-                        "format",
-                        0,
-                        b(a.format_ok),
-                        settings.format_weight,
-                    ));
+                    // with weight 0 (the default) it would only repeat the format_ok column
+                    if settings.format_weight != 0.0 {
+                        v.push(Component::new(
+                            "format",
+                            0,
+                            b(a.format_ok),
+                            settings.format_weight,
+                        ));
+                    }
                     if let Some(s) = a.countdown {
                         v.push(Component::new("countdown", 0, s as f64, 0.0));
                     }
@@ -392,10 +395,7 @@ pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Compone
             }
             v
         }
-        RowScore::Confidence(c, _) => vec![
-            Component::new("brier", 1, c.conf_reward, 1.0),
-            Component::new("format", 1, b(c.format_ok), 0.0),
-        ],
+        RowScore::Confidence(c, _) => vec![Component::new("brier", 1, c.conf_reward, 1.0)],
     }
 }
 
@@ -542,7 +542,13 @@ mod tests {
         // the extracted equation borrows from the response, unless it starts in the prompt
         let (a, _, _) = verify_builtin(VerifierKind::Countdown, &s, resp, Some(prefix), &gt);
         assert!(matches!(a, Some(Cow::Borrowed("3*7-2"))), "{a:?}");
-        let (a, _, sc) = verify_builtin(VerifierKind::Countdown, &s, "7+2</answer>", Some("Assistant: <answer>3*"), &gt);
+        let (a, _, sc) = verify_builtin(
+            VerifierKind::Countdown,
+            &s,
+            "7+2</answer>",
+            Some("Assistant: <answer>3*"),
+            &gt,
+        );
         assert!(matches!(&a, Some(Cow::Owned(x)) if x == "3*7+2"), "{a:?}");
         assert_eq!(sc, Some(1.0));
     }

@@ -32,7 +32,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use rayon::prelude::*;
 
-use super::logits::{logsumexp, Processor, SamplingParams};
+use super::logits::{Processor, SamplingParams};
 use super::rng::{sample_rng, uniform, SampleKey};
 use super::stop::{DecodeFn, Detokenizer, FinishReason, StopCriteria};
 
@@ -140,8 +140,9 @@ impl Row {
     /// Draw the next token from `logits` (one row), record it, check stop conditions.
     fn advance(&mut self, logits: &[f32], cfg: &GenConfig, decode: &DecodeFn<'_>) -> Result<()> {
         let u = uniform(&mut self.rng);
-        let tok = self.proc_.choose(logits, cfg.allowed_vocab, &cfg.params, u);
-        let lp = (logits[tok as usize] as f64 - logsumexp(logits)) as f32;
+        let (tok, lp) = self
+            .proc_
+            .choose_with_logprob(logits, cfg.allowed_vocab, &cfg.params, u);
         self.ids.push(tok);
         self.logprobs.push(lp);
         if cfg.stop.is_eos(tok) {

@@ -10,6 +10,7 @@ mod cli;
 mod ecosystem;
 mod gguf;
 mod model;
+mod probe;
 mod report;
 mod sample;
 mod score;

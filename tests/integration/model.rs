@@ -76,7 +76,7 @@ fn check_refs(m: &Model, file: &str) -> f64 {
         let n = r.ids.len();
         let logits = m
             .transformer
-            .forward(&TokenBatch::left_padded(&[r.ids.clone()]))
+            .forward(&TokenBatch::left_padded(std::slice::from_ref(&r.ids)))
             .unwrap();
         let logits = model::read_f32(logits).unwrap();
         assert_eq!(logits.len(), n * vocab);
@@ -335,4 +335,204 @@ fn out_of_vocab_ids_are_an_error_not_a_panic() {
     )
     .unwrap_err();
     assert!(format!("{e}").contains("999"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// `rlcr logprobs` (the real binary)
+// ---------------------------------------------------------------------------------------------
+
+mod cli {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use arrow::array::{Array, ArrayRef, Float32Array, ListArray, RecordBatch, StringArray};
+    use arrow::datatypes::{Field, Schema};
+    use rlcr::table::{self, cols, Meta, Reader};
+
+    use super::load_refs;
+    use crate::{fixtures, Workdir};
+
+    /// A table with an id column, the token columns and a float column to pass through.
+    fn write_input(path: &Path, rows: &[(Vec<i32>, Vec<i32>)]) {
+        let ids: ArrayRef = Arc::new(StringArray::from(
+            (0..rows.len()).map(|i| format!("p{i}")).collect::<Vec<_>>(),
+        ));
+        let ctx = cols::build_list_i32(rows.iter().map(|r| r.0.clone()));
+        let resp = cols::build_list_i32(rows.iter().map(|r| r.1.clone()));
+        let extra: ArrayRef = Arc::new(Float32Array::from(
+            (0..rows.len()).map(|i| i as f32 * 0.5).collect::<Vec<_>>(),
+        ));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("prompt_id", ids.data_type().clone(), false),
+            Field::new("context_ids", ctx.data_type().clone(), false),
+            Field::new("response_ids", resp.data_type().clone(), false),
+            Field::new("reward", extra.data_type().clone(), false),
+        ]));
+        let b = RecordBatch::try_new(schema.clone(), vec![ids, ctx, resp, extra]).unwrap();
+        let meta = Meta::new(&table::TRAJECTORY, "test", serde_json::json!({}), &[]);
+        table::write_table(path, schema, &[b], &meta).unwrap();
+    }
+
+    fn read_lists(path: &Path, col: &str) -> Vec<Vec<f32>> {
+        let mut out = Vec::new();
+        for b in Reader::open(path).unwrap() {
+            let b = b.unwrap();
+            let l = b
+                .column_by_name(col)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<ListArray>()
+                .unwrap()
+                .clone();
+            for i in 0..l.len() {
+                let v = l.value(i);
+                let f = v.as_any().downcast_ref::<Float32Array>().unwrap();
+                out.push(f.values().to_vec());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn logprobs_column_matches_transformers_and_passes_columns_through() {
+        let wd = Workdir::new();
+        let refs = load_refs("tiny-qwen2.rand.f64.json");
+        let rows: Vec<(Vec<i32>, Vec<i32>)> = refs
+            .iter()
+            .enumerate()
+            .map(|(k, r)| {
+                let cut = 3 + 17 * k;
+                let ids: Vec<i32> = r.ids.iter().map(|&x| x as i32).collect();
+                (ids[..cut].to_vec(), ids[cut..].to_vec())
+            })
+            .chain([(vec![5, 6], vec![])])
+            .collect();
+        let input = wd.path("in.parquet");
+        write_input(&input, &rows);
+        let model = fixtures().join("tiny-qwen2");
+        wd.run(&[
+            "logprobs",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            "in.parquet",
+            "-o",
+            "out.parquet",
+            "--column",
+            "ref_logprobs",
+            "--entropy-column",
+            "entropy",
+            "--batch-size",
+            "3",
+        ]);
+        let out = wd.path("out.parquet");
+        let lps = read_lists(&out, "ref_logprobs");
+        let ents = read_lists(&out, "entropy");
+        assert_eq!(lps.len(), rows.len());
+        for (k, r) in refs.iter().enumerate() {
+            let cut = 3 + 17 * k;
+            assert_eq!(lps[k].len(), r.ids.len() - cut);
+            for (i, lp) in lps[k].iter().enumerate() {
+                assert!((*lp as f64 - r.logprobs[cut - 1 + i]).abs() < 1e-4);
+                assert!((ents[k][i] as f64 - r.entropy[cut - 1 + i]).abs() < 1e-4);
+            }
+        }
+        assert!(lps[rows.len() - 1].is_empty(), "empty response, empty list");
+        // Pass-through columns and metadata.
+        let reader = Reader::open(&out).unwrap();
+        assert_eq!(
+            reader.metadata().get("rlcr.stage").map(String::as_str),
+            Some("logprobs")
+        );
+        let names: Vec<String> = reader
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        for c in ["prompt_id", "context_ids", "response_ids", "reward"] {
+            assert!(
+                names.iter().any(|n| n == c),
+                "{c} passed through: {names:?}"
+            );
+        }
+        let b = reader.read_all().unwrap().remove(0);
+        let rew = cols::f32_col(&b, "out", "reward").unwrap();
+        assert_eq!(rew.value(3), 1.5);
+    }
+
+    #[test]
+    fn bad_tables_fail_with_row_and_column_and_write_nothing() {
+        let wd = Workdir::new();
+        let model = fixtures().join("tiny-llama");
+        let m = model.to_str().unwrap();
+        // A token id outside the 384-row vocabulary in row 1.
+        write_input(
+            &wd.path("bad.parquet"),
+            &[(vec![1, 2], vec![3]), (vec![4], vec![5, 384])],
+        );
+        let e = wd.fail(
+            &[
+                "logprobs",
+                "--model",
+                m,
+                "--input",
+                "bad.parquet",
+                "-o",
+                "o.parquet",
+            ],
+            1,
+        );
+        assert!(
+            e.contains("row 1") && e.contains("response_ids") && e.contains("384"),
+            "{e}"
+        );
+        // Empty context before a response.
+        write_input(&wd.path("empty.parquet"), &[(vec![], vec![3])]);
+        let e = wd.fail(
+            &[
+                "logprobs",
+                "--model",
+                m,
+                "--input",
+                "empty.parquet",
+                "-o",
+                "o.parquet",
+            ],
+            1,
+        );
+        assert!(e.contains("row 0") && e.contains("context_ids"), "{e}");
+        // Usage errors.
+        let e = wd.fail(
+            &[
+                "logprobs",
+                "--model",
+                m,
+                "--input",
+                "bad.parquet",
+                "-o",
+                "o.parquet",
+                "--batch-size",
+                "0",
+            ],
+            2,
+        );
+        assert!(e.contains("--batch-size"), "{e}");
+        // Output = input.
+        let e = wd.fail(
+            &[
+                "logprobs",
+                "--model",
+                m,
+                "--input",
+                "bad.parquet",
+                "-o",
+                "bad.parquet",
+            ],
+            1,
+        );
+        assert!(e.contains("never modifies an input"), "{e}");
+        assert!(!wd.path("o.parquet").exists());
+        assert_eq!(wd.listing(), vec!["bad.parquet", "empty.parquet"]);
+    }
 }

@@ -415,3 +415,108 @@ fn report_errors() {
         2,
     );
 }
+
+/// The real pipeline's tables: prepare → generate-answers → generate-confidence → score → report
+/// on the tiny fixture model. The model writes noise, so the figures are mostly "format failed";
+/// the point is that report reads exactly what score writes and counts it right.
+#[test]
+fn report_reads_the_pipeline_tables() {
+    let wd = Workdir::new();
+    let model = crate::fixtures().join("tiny-qwen2");
+    let model = model.to_str().expect("utf-8 path");
+    wd.run(&[
+        "--seed",
+        "3",
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "3",
+        "-o",
+        "prompts.parquet",
+    ]);
+    wd.run(&[
+        "--seed",
+        "3",
+        "generate-answers",
+        "--model",
+        model,
+        "--input",
+        "prompts.parquet",
+        "-o",
+        "answers.parquet",
+        "--num-answers",
+        "2",
+        "--max-new-tokens",
+        "12",
+    ]);
+    wd.run(&[
+        "--seed",
+        "3",
+        "generate-confidence",
+        "--model",
+        model,
+        "--input",
+        "answers.parquet",
+        "-o",
+        "traj.parquet",
+        "--num-confidences",
+        "2",
+        "--max-new-tokens",
+        "8",
+    ]);
+    wd.run(&["score", "--input", "traj.parquet", "-o", "scored.parquet"]);
+    wd.run(&["report", "--input", "scored.parquet", "-o", "rep"]);
+    let m = metrics(&wd, "rep");
+    let o = &m["reports"][0]["overall"];
+    assert_eq!(
+        (o["answers"].as_u64(), o["confidences"].as_u64()),
+        (Some(6), Some(12))
+    );
+    assert_eq!(
+        o["answer_turn"]["groups"].as_u64(),
+        Some(3),
+        "G_a groups = prompts"
+    );
+    assert_eq!(
+        o["confidence_turn"]["groups"].as_u64(),
+        Some(6),
+        "G_c groups = answers"
+    );
+    assert_eq!(o["calibration_rows"].as_u64(), Some(12));
+    // Independent count from the scored table: strict parse rate = non-null confidences / 12.
+    let scored = Reader::open(&wd.path("scored.parquet"))
+        .expect("open")
+        .read_all()
+        .expect("read");
+    let (mut parsed, mut lens) = (0usize, 0usize);
+    for b in &scored {
+        let conf = b.column_by_name("confidence").expect("confidence column");
+        let st = b.column_by_name("sample_type").expect("sample_type");
+        let st = st.as_any().downcast_ref::<StringArray>().expect("utf8");
+        let ids = b.column_by_name("response_ids").expect("ids");
+        let ids = ids.as_any().downcast_ref::<ListArray>().expect("list");
+        for i in 0..b.num_rows() {
+            if st.value(i) == "confidence" {
+                parsed += conf.is_valid(i) as usize;
+            } else {
+                lens += ids.value_length(i) as usize;
+            }
+        }
+    }
+    assert!((num(&o["parse_rate_strict"]) - parsed as f64 / 12.0).abs() < 1e-12);
+    assert!((num(&o["answer_turn"]["length_mean"]) - lens as f64 / 6.0).abs() < 1e-12);
+    assert!(
+        o["diagnostics"].is_null(),
+        "diagnostics live beside overall"
+    );
+    assert_eq!(
+        m["reports"][0]["diagnostics"]["label_mismatches"].as_u64(),
+        Some(0)
+    );
+    assert_eq!(
+        m["reports"][0]["diagnostics"]["confidences_without_answer"].as_u64(),
+        Some(0)
+    );
+    assert!(wd.path("rep/reliability.png").is_file());
+}

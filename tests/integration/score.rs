@@ -118,6 +118,17 @@ fn spans(rows: &[Row]) -> ArrayRef {
 
 /// Write `rows` as a trajectory table with row groups of `rg` rows, plus optional extra columns.
 fn write_table(path: &Path, rows: &[Row], rg: usize, extra: Vec<(&str, ArrayRef)>) {
+    write_table_with(path, rows, rg, extra, true)
+}
+
+/// [`write_table`], choosing whether the Parquet writer may use dictionary encoding.
+fn write_table_with(
+    path: &Path,
+    rows: &[Row],
+    rg: usize,
+    extra: Vec<(&str, ArrayRef)>,
+    dictionary: bool,
+) {
     let s = |f: &dyn Fn(&Row) -> String| -> ArrayRef {
         Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>()))
     };
@@ -182,6 +193,7 @@ fn write_table(path: &Path, rows: &[Row], rg: usize, extra: Vec<(&str, ArrayRef)
         RecordBatch::try_new(schema.clone(), cols.into_iter().map(|(_, a)| a).collect()).unwrap();
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(rg))
+        .set_dictionary_enabled(dictionary)
         .build();
     let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, Some(props)).unwrap();
     w.write(&batch).unwrap();
@@ -757,4 +769,121 @@ fn errors_name_the_row() {
         "math",
     ]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+const SCORE: [&str; 7] = [
+    "answer",
+    "format_ok",
+    "acc_reward",
+    "confidence",
+    "conf_reward",
+    "reward",
+    "reward_components",
+];
+
+fn rlcr_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlcr"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("running rlcr");
+    assert!(
+        out.status.success(),
+        "rlcr {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn output_does_not_depend_on_thread_count() {
+    let d = tmp();
+    let (rows, _) = countdown_table(30);
+    let input = p(&d, "traj.parquet");
+    write_table(&input, &rows, 50, vec![]);
+    let mut tables = Vec::new();
+    for threads in ["1", "3"] {
+        let out = p(&d, &format!("s{threads}.parquet"));
+        rlcr_env(
+            &[
+                "score",
+                "--input",
+                input.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            &[("RAYON_NUM_THREADS", threads)],
+        );
+        tables.push(read_all(&out));
+    }
+    // the same table without dictionary pages (read through the plain string path)
+    let plain = p(&d, "plain.parquet");
+    write_table_with(&plain, &rows, 50, vec![], false);
+    let out = p(&d, "splain.parquet");
+    ok(&[
+        "score",
+        "--input",
+        plain.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    tables.push(read_all(&out));
+    for t in &tables[1..] {
+        assert_eq!(tables[0].schema(), t.schema());
+        for (name, (a, b)) in SCORE.iter().map(|n| {
+            (
+                n,
+                (
+                    tables[0].column_by_name(n).unwrap(),
+                    t.column_by_name(n).unwrap(),
+                ),
+            )
+        }) {
+            assert_eq!(a.to_data(), b.to_data(), "{name}");
+        }
+        for (a, b) in tables[0].columns().iter().zip(t.columns()) {
+            assert_eq!(a.len(), b.len());
+        }
+    }
+}
+
+#[test]
+fn tinyzero_compat_reads_prompt_and_response() {
+    let d = tmp();
+    let (mut rows, _) = countdown_table(4);
+    rows.retain(|r| r.sample_type == "answer");
+    // the same equation, correct, on the response's last line but the response has no
+    // `</think>`: TinyZero scores it 1.0 (it never checks the format) ...
+    for r in rows.iter_mut() {
+        r.response = format!("thinking\n{}", r.response.rsplit('\n').next().unwrap());
+    }
+    let input = p(&d, "traj.parquet");
+    write_table(&input, &rows, 100, vec![]);
+    let out = p(&d, "tz.parquet");
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--countdown-compat",
+        "tinyzero",
+        "--reward-preset",
+        "tinyzero",
+    ]);
+    let b = read_all(&out);
+    let rw = col::<Float32Array>(&b, "reward");
+    let ai = col::<Int32Array>(&b, "answer_idx");
+    for i in 0..b.num_rows() {
+        // k = 0 "a × b + c": × is not Python, 0.1; k = 1 wrong value, 0.1; k = 2 "(a*b)+c",
+        // correct, 1.0; k = 3 no answer tag, 0
+        let want = [0.1, 0.1, 1.0, 0.0][ai.value(i) as usize];
+        assert!(
+            (rw.value(i) - want).abs() < 1e-6,
+            "row {i} (answer {}): {} vs {want}",
+            ai.value(i),
+            rw.value(i)
+        );
+    }
 }
