@@ -193,6 +193,7 @@ fn write_table_with(
         RecordBatch::try_new(schema.clone(), cols.into_iter().map(|(_, a)| a).collect()).unwrap();
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(rg))
+        .set_dictionary_enabled(dictionary)
         .build();
     let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, Some(props)).unwrap();
     w.write(&batch).unwrap();
