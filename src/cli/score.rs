@@ -398,7 +398,11 @@ impl Part {
 }
 
 /// Rows decoded at a time.
-const BATCH_ROWS: usize = 8192;
+const BATCH_ROWS: usize = 32768;
+
+/// Fewest rows a rayon task scores: smaller tasks cost more in scheduling (and in rayon's idle
+/// spinning between them) than they gain in balance.
+const MIN_TASK_ROWS: usize = 1024;
 
 /// Buffer size for copying column chunks: parquet's own `File` reader and its writer both buffer
 /// 8 KiB, which turns a gigabyte of copying into a quarter of a million system calls.
@@ -1091,6 +1095,7 @@ fn verify_builtin_rows<'b>(
 ) -> Result<Vec<(Verdict<'b>, VerifierKind)>> {
     let out: Vec<Result<(Verdict<'b>, VerifierKind)>> = rows
         .par_iter()
+        .with_min_len(MIN_TASK_ROWS)
         .map_init(VerifyCache::default, |cache, &i| {
             verify_one(ctx, c, first_row, i, cache)
         })
@@ -1603,10 +1608,12 @@ impl Scorer<'_> {
             };
             ans.par_iter()
                 .zip(verdicts.into_par_iter())
+                .with_min_len(MIN_TASK_ROWS)
                 .map(|(&i, v)| finish(i, v, None))
                 .collect()
         } else {
             ans.par_iter()
+                .with_min_len(MIN_TASK_ROWS)
                 .map_init(VerifyCache::default, |cache, &i| {
                     let (v, kind) = verify_one(&ctx, c, first, i, cache)?;
                     finish(i, v, Some(kind))
@@ -1657,6 +1664,7 @@ impl Scorer<'_> {
         let parents = &self.parents;
         let conf_scored: Vec<Result<Scored>> = confs
             .par_iter()
+            .with_min_len(MIN_TASK_ROWS)
             .map(|&i| -> Result<Scored> {
                 let row = first + i as u64;
                 let resp = str_at(&c.response, i, path, "response_text", row)?;
