@@ -4,19 +4,24 @@
 //! Streaming design. The output has the input's row groups, row for row. Columns the stage does
 //! not compute are copied from the input as encoded Parquet column chunks (no decoding, no
 //! re-compression: token lists and log-probs never reach memory as Arrow arrays); only the
-//! columns the verifiers read are decoded, one row group at a time, and only the seven score
+//! columns the verifiers read are decoded, in batches of [`BATCH_ROWS`] (the repetitive
+//! `sample_type`, `data_source` and `ground_truth` as dictionaries), and only the seven score
 //! columns are encoded. Old score columns are replaced, and the columns the `advantage` stage
 //! derives from rewards (`advantage`, `token_advantages`, `loss_mask`, `returns`,
 //! `trajectory_score`) are dropped, so a re-scored table never carries stale values.
 //!
-//! Confidence rows need their own answer's accuracy. A first pass reads only `sample_type`,
-//! `prompt_id` and `answer_idx` to link each confidence row to its answer row (by
-//! `(prompt_id, answer_idx)`), rejecting duplicate answers and orphans. When every answer sits in
-//! the same or an earlier row group than its confidences (tables written by generate-confidence),
-//! the scoring pass handles each row group's answers before its confidences and remembers the
-//! accuracies; otherwise a pre-pass verifies all answers first. Rows are scored in parallel with
-//! rayon inside a row group; results are collected in row order, so the output does not depend on
-//! the thread count. The verifier settings and a summary go into the output's metadata.
+//! Confidence rows need their own answer's accuracy. A first pass links each confidence row to
+//! its answer row by `(prompt_id, answer_idx)` (reading `sample_type` alone while no confidence
+//! row has been seen), rejecting duplicate answers and orphans. When every answer comes before its
+//! confidences (tables written by generate-confidence), the scoring pass handles a batch's
+//! answers before its confidences and remembers the accuracies; otherwise a pre-pass verifies all
+//! answers first (and the external verifier is asked once per answer either way).
+//!
+//! Three threads: a reader decodes batches; a scorer verifies and scores each batch with rayon
+//! (rows in parallel, collected in row order, so the output does not depend on the thread count)
+//! and encodes the score columns of each finished row group; the calling thread splices them and
+//! copies the other column chunks into the output (1 MiB reads, 4 MiB writes), which is written
+//! atomically with the settings in `rlcr.config` and a summary in `rlcr.score_summary`.
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
