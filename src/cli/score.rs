@@ -320,6 +320,8 @@ pub struct Summary {
     /// Countdown score level → count.
     pub countdown_scores: BTreeMap<String, u64>,
     pub dropped_columns: Vec<String>,
+    /// Wall time (printed; not stored, so that the same input gives the same file).
+    #[serde(skip)]
     pub seconds: f64,
 }
 
