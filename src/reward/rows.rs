@@ -649,4 +649,21 @@ mod tests {
         assert!((reward(&comps) - 0.425).abs() < 1e-6, "{comps:?}");
         assert_eq!(comps.len(), 5);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1500))]
+        // No verifier panics, whatever the response and the ground truth.
+        #[test]
+        fn verifiers_never_panic(resp in "(<answer>|</answer>|\\\\boxed\\{|\\}|[0-9./,=%$ ()A-Ea-z\\-]|\\\\frac|\\{|.){0,40}", gt in ".{0,20}") {
+            let s = Settings { answer_format: Some(FormatPattern::Tabc), ..Settings::default() };
+            for kind in [VerifierKind::Math, VerifierKind::Exact, VerifierKind::F1, VerifierKind::Choice] {
+                let g = GroundTruth::parse(kind, &gt).unwrap();
+                let (a, c, sc) = verify_builtin(kind, &s, &resp, None, &g);
+                let row = score_answer(&s, &resp, a, c, sc, Vec::new());
+                proptest::prop_assert!((0.0..=1.0).contains(&row.accuracy));
+            }
+            let c = score_confidence(&s, &resp, 1.0);
+            proptest::prop_assert!((0.0..=1.0).contains(&c.conf_reward));
+        }
+    }
 }

@@ -887,3 +887,35 @@ fn tinyzero_compat_reads_prompt_and_response() {
         );
     }
 }
+
+#[test]
+fn same_input_same_bytes() {
+    let d = tmp();
+    let (rows, _) = countdown_table(6);
+    let input = p(&d, "traj.parquet");
+    write_table(&input, &rows, 30, vec![]);
+    let a = p(&d, "a.parquet");
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        a.to_str().unwrap(),
+    ]);
+    let first = std::fs::read(&a).unwrap();
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        a.to_str().unwrap(),
+    ]);
+    let second = std::fs::read(&a).unwrap();
+    // (the configuration in the metadata names the output, so the same output path is used)
+    assert!(
+        first == second,
+        "two runs wrote different files ({} and {} bytes)",
+        first.len(),
+        second.len()
+    );
+}
