@@ -15,7 +15,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, ArrayRef, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray};
+use arrow::array::{
+    Array, ArrayRef, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray,
+};
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, Schema};
 use parquet::arrow::ArrowWriter;
@@ -69,14 +71,22 @@ fn schema() -> Arc<Schema> {
 }
 
 fn spans(v: &[Option<(i32, i32)>]) -> ArrayRef {
-    let DataType::Struct(fields) = span_type() else { unreachable!() };
+    let DataType::Struct(fields) = span_type() else {
+        unreachable!()
+    };
     Arc::new(StructArray::new(
         fields,
         vec![
-            Arc::new(Int32Array::from(v.iter().map(|s| s.map_or(0, |x| x.0)).collect::<Vec<_>>())),
-            Arc::new(Int32Array::from(v.iter().map(|s| s.map_or(0, |x| x.1)).collect::<Vec<_>>())),
+            Arc::new(Int32Array::from(
+                v.iter().map(|s| s.map_or(0, |x| x.0)).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int32Array::from(
+                v.iter().map(|s| s.map_or(0, |x| x.1)).collect::<Vec<_>>(),
+            )),
         ],
-        Some(NullBuffer::from(v.iter().map(|s| s.is_some()).collect::<Vec<_>>())),
+        Some(NullBuffer::from(
+            v.iter().map(|s| s.is_some()).collect::<Vec<_>>(),
+        )),
     ))
 }
 
@@ -95,7 +105,8 @@ fn generate(path: &Path, rows: usize) -> u64 {
     let mut tokens = 0u64;
     let mut p = 0usize;
     while p < prompts && written < rows {
-        let (mut pid, mut st, mut aidx, mut cidx, mut sid) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut pid, mut st, mut aidx, mut cidx, mut sid) =
+            (vec![], vec![], vec![], vec![], vec![]);
         let (mut lens, mut ids, mut asp, mut csp) = (vec![], vec![], vec![], vec![]);
         let (mut acc_r, mut conf, mut conf_r, mut rew) = (vec![], vec![], vec![], vec![]);
         for _ in 0..per_batch {
@@ -104,7 +115,15 @@ fn generate(path: &Path, rows: usize) -> u64 {
             }
             let name = format!("task-{p:08}");
             let accs: Vec<f32> = (0..G_A).map(|_| (rng.below(3) == 0) as u8 as f32).collect();
-            let mut emit = |kind: &'static str, k: usize, h: Option<usize>, len: usize, span: Option<(i32, i32)>, acc: f32, c: Option<f32>, r: f32, rng: &mut Rng| {
+            let mut emit = |kind: &'static str,
+                            k: usize,
+                            h: Option<usize>,
+                            len: usize,
+                            span: Option<(i32, i32)>,
+                            acc: f32,
+                            c: Option<f32>,
+                            r: f32,
+                            rng: &mut Rng| {
                 if written >= rows {
                     return;
                 }
@@ -129,16 +148,40 @@ fn generate(path: &Path, rows: usize) -> u64 {
             };
             for (k, &acc) in accs.iter().enumerate() {
                 let len = 32 + rng.below(64) as usize;
-                emit("answer", k, None, len, Some((1, len as i32 - 1)), acc, None, acc, &mut rng);
+                emit(
+                    "answer",
+                    k,
+                    None,
+                    len,
+                    Some((1, len as i32 - 1)),
+                    acc,
+                    None,
+                    acc,
+                    &mut rng,
+                );
             }
             for (k, &acc) in accs.iter().enumerate() {
                 for h in 0..G_C {
                     let len = 8 + rng.below(16) as usize;
                     let c = (rng.below(11) as f32) / 10.0;
-                    let span = if rng.below(10) == 0 { None } else { Some((0, len as i32 - 1)) };
+                    let span = if rng.below(10) == 0 {
+                        None
+                    } else {
+                        Some((0, len as i32 - 1))
+                    };
                     let r = 1.0 - (acc - c) * (acc - c);
                     let _ = rng.unit();
-                    emit("confidence", k, Some(h), len, span, acc, Some(c), r, &mut rng);
+                    emit(
+                        "confidence",
+                        k,
+                        Some(h),
+                        len,
+                        span,
+                        acc,
+                        Some(c),
+                        r,
+                        &mut rng,
+                    );
                 }
             }
             p += 1;
@@ -162,7 +205,8 @@ fn generate(path: &Path, rows: usize) -> u64 {
             Arc::new(Float32Array::from(conf_r)),
             Arc::new(Float32Array::from(rew)),
         ];
-        w.write(&RecordBatch::try_new(schema.clone(), cols).expect("batch")).expect("write");
+        w.write(&RecordBatch::try_new(schema.clone(), cols).expect("batch"))
+            .expect("write");
     }
     w.close().expect("close");
     tokens
@@ -171,7 +215,8 @@ fn generate(path: &Path, rows: usize) -> u64 {
 /// Response tokens of an existing table (from the `response_ids` offsets).
 fn count_tokens(path: &Path) -> u64 {
     let f = std::fs::File::open(path).expect("open bench table");
-    let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
+    let b =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
     let idx = b.schema().index_of("response_ids").expect("response_ids");
     let mask = parquet::arrow::ProjectionMask::roots(b.parquet_schema(), [idx]);
     let mut n = 0u64;
@@ -190,8 +235,14 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let rows: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(10_000_000);
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let rows: usize = args
+        .first()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000_000);
     let mut estimators: Vec<String> = args.iter().skip(1).cloned().collect();
     if estimators.is_empty() {
         estimators.push("rlcr".into());

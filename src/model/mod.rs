@@ -7,6 +7,7 @@
 //!   dtypes).
 //! - [`tokenizer`]: `tokenizer.json`, special tokens, token ↔ text offsets for spans.
 //! - [`chat`]: chat templates rendered like transformers.
+//! - [`cpu`]: a CPU fast path for decode-shaped matrix products (Flex only, optional).
 //! - [`gguf`]: llama.cpp GGUF import.
 //!
 //! [`Model`] bundles them for the stages; [`logprobs`] is the batched per-token log-prob routine
@@ -20,6 +21,7 @@ use burn::tensor::Device;
 
 pub mod chat;
 pub mod config;
+pub mod cpu;
 pub mod gguf;
 pub mod tokenizer;
 pub mod transformer;

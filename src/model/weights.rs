@@ -16,6 +16,8 @@
 //!   `config.json`, `generation_config.json`, tokenizer files and the chat template are copied.
 //! - **Atomic**: everything is written into a temporary folder beside the output and renamed
 //!   into place, so a crash never leaves a half-written checkpoint under the final name.
+//! - Matrices are transposed between HF's `[out, in]` and the module's `[in, out]` storage on the
+//!   host (an exact permutation; see the transformer's design notes for why).
 //! - Reading uses the `safetensors` crate directly and builds burn tensors from `TensorData`.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
@@ -257,8 +259,27 @@ pub fn check_tensors(c: &ModelConfig, tensors: &BTreeMap<String, HostTensor>) ->
 // Building the module
 // ---------------------------------------------------------------------------------------------
 
-fn param2(data: Vec<f32>, shape: [usize; 2], device: &Device) -> Param<Tensor<2>> {
-    Param::from_tensor(Tensor::from_data(TensorData::new(data, shape), device))
+/// Transpose a row-major `[rows, cols]` buffer (cache-blocked).
+pub fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const B: usize = 32;
+    let mut out = vec![0f32; data.len()];
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    out[c * rows + r] = data[r * cols + c];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A weight given in HF layout `[out, in]` (row-major), stored as an `[in, out]` parameter.
+fn param2(data: Vec<f32>, hf_shape: [usize; 2], device: &Device) -> Param<Tensor<2>> {
+    let [o, i] = hf_shape;
+    let t = transpose(&data, o, i);
+    Param::from_tensor(Tensor::from_data(TensorData::new(t, [i, o]), device))
 }
 
 fn param1(data: Vec<f32>, device: &Device) -> Param<Tensor<1>> {
@@ -267,7 +288,9 @@ fn param1(data: Vec<f32>, device: &Device) -> Param<Tensor<1>> {
 }
 
 /// Build the transformer from checked host tensors (consumed) and return it with the dtype of
-/// every tensor as read.
+/// every tensor as read. Matrices are transposed to the module's `[in, out]` storage; q/k/v
+/// (and gate/up) are stacked in HF row order first, so the fused matrix has their columns in
+/// that order.
 pub fn build(
     c: &ModelConfig,
     mut tensors: BTreeMap<String, HostTensor>,
@@ -402,6 +425,12 @@ fn to_host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
         .map_err(|e| anyhow::anyhow!("reading a tensor back: {e:?}"))
 }
 
+/// A stored `[in, out]` matrix back in HF layout `[out, in]`.
+fn to_host_hf(t: Tensor<2>) -> Result<Vec<f32>> {
+    let [i, o] = t.dims();
+    Ok(transpose(&to_host(t)?, i, o))
+}
+
 /// Split the rows of a row-major `[rows, cols]` buffer at the given row counts.
 fn split_rows(data: Vec<f32>, cols: usize, counts: &[usize]) -> Vec<Vec<f32>> {
     let mut out = Vec::with_capacity(counts.len());
@@ -427,7 +456,7 @@ pub fn export(
     let mut out: Vec<(String, Vec<f32>)> = Vec::new();
     out.push((
         "model.embed_tokens.weight".into(),
-        to_host(model.embed.val())?,
+        to_host_hf(model.embed.val())?,
     ));
     for (l, layer) in model.layers.iter().enumerate() {
         let p = format!("model.layers.{l}.");
@@ -435,7 +464,7 @@ pub fn export(
             format!("{p}input_layernorm.weight"),
             to_host(layer.input_norm.val())?,
         ));
-        let qkv = split_rows(to_host(layer.attn.qkv.val())?, h, &[qd, kd, kd]);
+        let qkv = split_rows(to_host_hf(layer.attn.qkv.val())?, h, &[qd, kd, kd]);
         for (n, d) in ["q", "k", "v"].iter().zip(qkv) {
             out.push((format!("{p}self_attn.{n}_proj.weight"), d));
         }
@@ -447,7 +476,7 @@ pub fn export(
         }
         out.push((
             format!("{p}self_attn.o_proj.weight"),
-            to_host(layer.attn.o.val())?,
+            to_host_hf(layer.attn.o.val())?,
         ));
         if let Some(b) = &layer.attn.o_bias {
             out.push((format!("{p}self_attn.o_proj.bias"), to_host(b.val())?));
@@ -456,13 +485,13 @@ pub fn export(
             format!("{p}post_attention_layernorm.weight"),
             to_host(layer.post_norm.val())?,
         ));
-        let gu = split_rows(to_host(layer.mlp.gate_up.val())?, h, &[i, i]);
+        let gu = split_rows(to_host_hf(layer.mlp.gate_up.val())?, h, &[i, i]);
         for (n, d) in ["gate", "up"].iter().zip(gu) {
             out.push((format!("{p}mlp.{n}_proj.weight"), d));
         }
         out.push((
             format!("{p}mlp.down_proj.weight"),
-            to_host(layer.mlp.down.val())?,
+            to_host_hf(layer.mlp.down.val())?,
         ));
         if let Some(b) = &layer.mlp.gate_up_bias {
             let parts = split_rows(to_host(b.val())?, 1, &[i, i]);
@@ -476,7 +505,7 @@ pub fn export(
     }
     out.push(("model.norm.weight".into(), to_host(model.norm.val())?));
     if let Some(w) = &model.lm_head {
-        out.push(("lm_head.weight".into(), to_host(w.val())?));
+        out.push(("lm_head.weight".into(), to_host_hf(w.val())?));
     }
     let shapes: HashMap<String, Vec<usize>> = expected_tensors(c).into_iter().collect();
     out.into_iter()
@@ -685,6 +714,20 @@ mod tests {
             encode_from_f32(Dtype::F16, &[1.0]).unwrap(),
             vec![0x00, 0x3C]
         );
+    }
+
+    #[test]
+    fn transpose_matches_definition() {
+        for (r, c) in [(1, 1), (3, 70), (65, 33)] {
+            let d: Vec<f32> = (0..r * c).map(|x| x as f32).collect();
+            let t = transpose(&d, r, c);
+            for i in 0..r {
+                for j in 0..c {
+                    assert_eq!(t[j * r + i], d[i * c + j]);
+                }
+            }
+            assert_eq!(transpose(&t, c, r), d);
+        }
     }
 
     #[test]
