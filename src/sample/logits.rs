@@ -242,6 +242,10 @@ impl Processor {
             return (t as u32, (logits[t] as f64 - logsumexp(logits)) as f32);
         }
         let inv_t = 1.0 / params.temperature;
+        let plain = params.top_k == 0 && params.top_p >= 1.0 && params.min_p <= 0.0;
+        if plain && n == logits.len() && !logits.iter().any(|v| v.is_nan()) {
+            return self.plain(logits, params.temperature, u);
+        }
         let z = &mut self.z;
         z.clear();
         z.extend(logits[..n].iter().map(|&v| {
@@ -320,6 +324,46 @@ impl Processor {
             }
         }
         let t = last.unwrap_or_else(|| argmax(logits, n));
+        (t as u32, (logits[t] as f64 - lse) as f32)
+    }
+}
+
+impl Processor {
+    /// The common case — no filter, every id allowed, no NaN: three passes (max; weights and
+    /// their sum; inverse CDF), the same numbers as the general path.
+    fn plain(&mut self, logits: &[f32], temperature: f32, u: f64) -> (u32, f32) {
+        let inv_t = 1.0 / temperature;
+        let m = logits
+            .iter()
+            .map(|&v| v * inv_t)
+            .fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            let t = argmax(logits, logits.len());
+            return (t as u32, (logits[t] as f64 - logsumexp(logits)) as f32);
+        }
+        let w = &mut self.w;
+        w.clear();
+        let mut total = 0.0f64;
+        w.extend(logits.iter().map(|&v| {
+            let x = (v * inv_t - m).exp();
+            total += x as f64;
+            x
+        }));
+        let lse = if temperature == 1.0 {
+            m as f64 + total.ln()
+        } else {
+            logsumexp(logits)
+        };
+        let target = u * total;
+        let mut acc = 0.0f64;
+        let mut t = w.len() - 1;
+        for (i, &x) in w.iter().enumerate() {
+            acc += x as f64;
+            if acc > target {
+                t = i;
+                break;
+            }
+        }
         (t as u32, (logits[t] as f64 - lse) as f32)
     }
 }

@@ -522,10 +522,9 @@ mod tests {
 }
 #[cfg(test)]
 mod backend_rounding {
-    //! The assumptions [`super::super::sampler::MIN_ROWS`] and the prefill chunking rest on,
-    //! checked on the backend in use: a row's logits do not depend on how many rows share the
-    //! step (from 5 rows on), nor on how its context is cut into chunks (from 8 slots on), nor on
-    //! left padding or cache capacity.
+    //! What the sampler's batch-size independence rests on, checked on the backend in use: a
+    //! row's logits do not depend on how many rows share the step, nor on how its context is cut
+    //! into chunks (of 8 slots or more), nor on left padding or cache capacity.
     use super::*;
 
     #[test]
@@ -548,7 +547,7 @@ mod backend_rounding {
         let whole =
             |rows: usize, cap: usize| run(rows, &[(ctx.repeat(rows), vec![true; 40 * rows])], cap);
         let base = whole(8, 64);
-        for rows in [5, 16, 33] {
+        for rows in [1, 2, 5, 16, 33] {
             assert_eq!(whole(rows, 64), base, "{rows} rows");
         }
         assert_eq!(whole(8, 256), base, "cache capacity");
@@ -566,10 +565,10 @@ mod backend_rounding {
         let rows: Vec<u32> = (0..8).flat_map(|_| ids.clone()).collect();
         let vs: Vec<bool> = (0..8).flat_map(|_| valid.clone()).collect();
         assert_eq!(run(8, &[(rows, vs)], 64), base, "left padding");
-        // decode steps: 5 to 33 rows agree
+        // decode steps: 1 to 33 rows agree
         let step = |n: usize| run(n, &[(vec![5u32; n], vec![true; n])], 64);
         let s8 = step(8);
-        for n in [5, 16, 33] {
+        for n in [1, 2, 3, 5, 16, 17, 33] {
             assert_eq!(step(n), s8, "step with {n} rows");
         }
     }

@@ -17,14 +17,16 @@
 //! Determinism: a row's tokens depend on its own logits and its own ChaCha20 stream (see
 //! [`super::rng`]); host-side choices run on rayon per row with no shared state; results are
 //! returned in input order. The model's mask makes a padded row compute the same function as the
-//! row alone, and the layout rules here ([`MIN_ROWS`], [`prefill_chunks`]) keep the CPU kernels
-//! on paths whose rounding does not depend on the batch, so on the fixtures the output is bit for
-//! bit the same for every `batch_size` and thread count. The one remaining dependence is inside
-//! the backend's attention: once a row's cache exceeds 512 slots, its sum over keys is split into
-//! blocks whose boundaries move with the wave's padding, so log-probs can differ by ~1e-6 between
-//! batch sizes, and a sampled token changes only when its uniform falls within that distance of
-//! a boundary of the cumulative distribution (about one token in a million). Making that exact
-//! needs a batch-invariant attention kernel in the model.
+//! row alone, its CPU decode matmul sums each row in order whatever the row count (1–16 rows;
+//! gemm beyond, which agrees on the fixtures), and prefill chunks are never narrower than 8 slots
+//! ([`prefill_chunks`]); so on the fixtures the output is bit for bit the same for every
+//! `batch_size` and thread count (the `backend_rounding` test pins these facts). What remains is
+//! inside the backend's kernels: gemm splits sums over more than 512 terms into blocks (rows > 16
+//! of a large model then round differently from rows ≤ 16), and the attention's sum over keys is
+//! split the same way once a cache exceeds 512 slots, at boundaries that move with the wave's
+//! padding. Log-probs can then differ by ~1e-6 between batch sizes, and a sampled token changes
+//! only when its uniform falls within that distance of a boundary of the cumulative distribution
+//! (about one token in a million). Exactness there needs batch-invariant kernels in the model.
 //!
 //! Waves are static (a wave's rows are all admitted at its start): admitting new rows into a
 //! running cache would need caches of different lengths to be merged. Groups larger than
@@ -259,14 +261,6 @@ pub fn generate<M: StepModel>(
         .collect()
 }
 
-/// The model always runs on at least this many rows. On the CPU backend a matrix product with
-/// one to four rows takes other kernels (matrix-vector, narrow tiles) whose rounding differs from
-/// the batched ones, so without this a sample's log-probs would depend on how many rows happened
-/// to share its step (measured on the fixtures: 1–4 rows differ by ~1e-6, 5 to 128 rows agree
-/// bit for bit). A short batch is topped up with copies of its first row, whose logits are
-/// ignored; decode steps are bound by reading the weights, so the copies cost little.
-pub const MIN_ROWS: usize = 8;
-
 /// Response slots allocated with a wave's cache; it grows as responses get longer.
 const INITIAL_ROOM: usize = 64;
 
@@ -297,19 +291,14 @@ pub fn prefill_chunks(len: usize, chunk: usize) -> Vec<(usize, usize)> {
     out
 }
 
-/// Make the cache hold `rows` (indices into its `current` rows), padded with copies of the first
-/// to [`MIN_ROWS`]; skips the copy when nothing changes. Returns the new row count.
+/// Make the cache hold `rows` (indices into its `current` rows); skips the copy when nothing
+/// changes. Returns the new row count.
 fn reselect<M: StepModel>(
     model: &M,
     cache: &mut M::Cache,
     current: usize,
-    mut rows: Vec<usize>,
+    rows: Vec<usize>,
 ) -> Result<usize> {
-    if let Some(&first) = rows.first() {
-        while rows.len() < MIN_ROWS {
-            rows.push(first);
-        }
-    }
     let identity = rows.len() == current && rows.iter().enumerate().all(|(i, &r)| i == r);
     if !identity {
         model.select_rows(cache, &rows)?;
@@ -329,15 +318,10 @@ fn run_wave<M: StepModel>(
 ) -> Result<Vec<Generated>> {
     let vocab = model.vocab();
     let max_pos = model.max_positions();
-    let mut contexts: Vec<&[u32]> = wave
+    let contexts: Vec<&[u32]> = wave
         .iter()
         .map(|p| groups[p.group].context.as_slice())
         .collect();
-    // Never run the model on fewer than two rows (see MIN_ROWS): prefill is wide enough with
-    // two (rows × chunk slots), a lone context gets a copy.
-    if contexts.len() < 2 {
-        contexts.push(contexts[0]);
-    }
     let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
     let n_ctx = contexts.len();
     // Attention reads the whole cache buffer each step, so start small and let it grow (the

@@ -695,3 +695,57 @@ fn user_errors_are_clear_and_write_nothing() {
     assert!(e.contains("answer rows only"), "{e}");
     assert!(!wd.path("t2.parquet").exists());
 }
+
+#[test]
+fn shards_split_prompts_and_add_up_to_the_whole_run() {
+    let wd = Workdir::new();
+    let questions: Vec<String> = (0..8).map(|i| format!("What is {i} + {i}?")).collect();
+    let q: Vec<&str> = questions.iter().map(String::as_str).collect();
+    prompts(&wd, &q);
+    let m = model("tiny-qwen2");
+    let gen = |out: &str, shard: Option<&str>| {
+        let mut args = vec![
+            "--seed",
+            "9",
+            "generate-answers",
+            "--model",
+            &m,
+            "--input",
+            "prompts.parquet",
+            "-o",
+            out,
+            "--num-answers",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--system-prompt",
+            "",
+        ];
+        if let Some(s) = shard {
+            args.extend(["--shard", s]);
+        }
+        wd.run(&args);
+        read(&wd.path(out))
+    };
+    let all = gen("all.parquet", None);
+    let s0 = gen("s0.parquet", Some("0/2"));
+    let s1 = gen("s1.parquet", Some("1/2"));
+    assert_eq!(s0.num_rows() + s1.num_rows(), all.num_rows());
+    assert!(s0.num_rows() > 0 && s1.num_rows() > 0);
+    let key = |b: &RecordBatch| -> Vec<(String, Vec<u32>)> {
+        strs(b, "sample_id")
+            .into_iter()
+            .map(Option::unwrap)
+            .zip(id_lists(b, "response_ids"))
+            .collect()
+    };
+    let mut parts = key(&s0);
+    parts.extend(key(&s1));
+    parts.sort();
+    let mut whole = key(&all);
+    whole.sort();
+    assert_eq!(
+        parts, whole,
+        "a shard samples exactly what the whole run samples for its prompts"
+    );
+}
