@@ -26,11 +26,14 @@
 //!   itself (so no softmax row is empty and no NaN can appear); real tokens are numbered from 0
 //!   in every row. A batch of ragged left-padded rows therefore computes, row by row, the same
 //!   function as each row alone.
-//! - **The KV cache lives outside the module** ([`KvCache`], passed as `&mut`): preallocated
-//!   `[B, K, capacity, d]` tensors written in place with `slice_assign`; attention reads the whole
-//!   buffer (contiguous, no copy) and the mask hides unwritten slots. Capacity grows in chunks;
-//!   rows can be dropped, reordered or duplicated (`select_rows`), which covers finished rows,
-//!   sharing one prompt's cache across several continuations, and expanding batch 1 to n.
+//! - **The KV cache lives outside the module** ([`KvCache`], passed as `&mut`): `[B, K, capacity,
+//!   d]` tensors written in place with `slice_assign`; attention reads the whole buffer
+//!   (contiguous, no copy) and the mask hides unwritten slots. Capacity grows in chunks of 64
+//!   slots; rows can be dropped, reordered or duplicated (`select_rows`), which covers finished
+//!   rows, sharing one prompt's cache across several continuations, and expanding batch 1 to n.
+//! - **Decode steps use CPU kernels** when they apply ([`super::cpu`]: packed weight panels
+//!   built on the first cached step, ≤ 64 rows); prefill, training and every other device use
+//!   burn's matmul. Both paths are covered by the parity tests (they agree to ~1e-6).
 //! - **Device-agnostic**: nothing here names a backend; the same code runs on Flex, CUDA and on an
 //!   autodiff device for training.
 use anyhow::{bail, ensure, Result};
@@ -240,20 +243,27 @@ enum KvSource<'a> {
     },
 }
 
+/// What every layer of one forward call shares: dimensions, batch shape, RoPE and the mask.
+struct Step<'a> {
+    dims: &'a Dims,
+    /// `(B, T)`.
+    shape: (usize, usize),
+    rope: &'a Rope,
+    mask: &'a Tensor<4, Bool>,
+}
+
 impl Attention {
     /// `x`: `[B·T, h]` (normalised). Returns `[B·T, h]`.
     fn forward(
         &self,
         x: Tensor<2>,
-        dims: &Dims,
-        shape: (usize, usize),
-        rope: &Rope,
-        mask: &Tensor<4, Bool>,
+        s: &Step<'_>,
         kv: KvSource<'_>,
         packed: Option<&LayerPacked>,
     ) -> Tensor<2> {
-        let (b, t) = shape;
-        let (h, k, d) = (dims.heads, dims.kv_heads, dims.head_dim);
+        let (b, t) = s.shape;
+        let (rope, mask) = (s.rope, s.mask);
+        let (h, k, d) = (s.dims.heads, s.dims.kv_heads, s.dims.head_dim);
         let g = h / k;
         let qkv = linear(
             x,
@@ -320,26 +330,18 @@ impl Layer {
     fn forward(
         &self,
         x: Tensor<2>,
-        dims: &Dims,
-        shape: (usize, usize),
-        rope: &Rope,
-        mask: &Tensor<4, Bool>,
+        s: &Step<'_>,
         kv: KvSource<'_>,
         packed: Option<&LayerPacked>,
     ) -> Tensor<2> {
-        let a = self.attn.forward(
-            rms_norm(x.clone(), &self.input_norm, dims.eps),
-            dims,
-            shape,
-            rope,
-            mask,
-            kv,
-            packed,
-        );
+        let eps = s.dims.eps;
+        let a = self
+            .attn
+            .forward(rms_norm(x.clone(), &self.input_norm, eps), s, kv, packed);
         let x = x + a;
         let m = self
             .mlp
-            .forward(rms_norm(x.clone(), &self.post_norm, dims.eps), packed);
+            .forward(rms_norm(x.clone(), &self.post_norm, eps), packed);
         x + m
     }
 }
@@ -591,9 +593,15 @@ impl Transformer {
         let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
         let valid = |r: usize, s: usize| input.valid[r * t + s];
         let mask = build_mask(b, t, self.dims.group(), t, 0, valid, valid, &device);
+        let step = Step {
+            dims: &self.dims,
+            shape: (b, t),
+            rope: &rope,
+            mask: &mask,
+        };
         let mut x = self.embed_tokens(input, &device);
         for layer in &self.layers {
-            x = layer.forward(x, &self.dims, (b, t), &rope, &mask, KvSource::Fresh, None);
+            x = layer.forward(x, &step, KvSource::Fresh, None);
         }
         Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
     }
@@ -651,10 +659,16 @@ impl Transformer {
             |r, s| input.valid[r * t + s],
             &device,
         );
-        let packed = if b * t <= cpu::MAX_ROWS {
+        let packed = if b * t <= cpu::MAX_PACKED_ROWS {
             self.decode_weights()
         } else {
             None
+        };
+        let step = Step {
+            dims: &self.dims,
+            shape: (b, t),
+            rope: &rope,
+            mask: &mask,
         };
         let mut x = self.embed_tokens(input, &device);
         for (k, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
@@ -664,7 +678,7 @@ impl Transformer {
                 start,
             };
             let lp = packed.and_then(|p| p.layers.get(k));
-            x = layer.forward(x, &self.dims, (b, t), &rope, &mask, kv, lp);
+            x = layer.forward(x, &step, kv, lp);
         }
         Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
     }
@@ -675,7 +689,7 @@ impl Transformer {
         let h = self.hidden_cached(cache, input)?;
         let [b, t, hd] = h.dims();
         let last = h.slice([0..b, t - 1..t, 0..hd]).reshape([b, hd]);
-        let packed = if b <= cpu::MAX_ROWS {
+        let packed = if b <= cpu::MAX_PACKED_ROWS {
             self.decode_weights()
         } else {
             None
@@ -864,9 +878,9 @@ impl KvCache {
 
     /// An empty cache for `batch` rows of `model`. `capacity` (the longest sequence expected) is
     /// only a hint for host-side bookkeeping: device buffers grow by [`Self::CHUNK`] slots as
-    /// tokens arrive, because attention reads the whole buffer and a buffer sized for the longest
-    /// possible sequence makes every decode step attend over unused slots (one copy per chunk
-    /// costs less).
+    /// tokens arrive (one copy of the cache per chunk), because attention reads the whole buffer
+    /// and a buffer sized for the longest possible sequence would make every decode step attend
+    /// over all of its unused slots; this way at most `CHUNK − 1` are.
     pub fn new(model: &Transformer, batch: usize, capacity: usize) -> Self {
         let d = &model.dims;
         let device = model.device();
