@@ -7,15 +7,18 @@
 //! Generates a scored RLCR table of ROWS rows (default 10 000 000) in a temporary folder: prompts of
 //! G_a = 4 answers (32–95 response tokens, spans inside) and G_c = 2 confidences per answer (8–23
 //! tokens), Brier rewards, every tenth confidence span null. Then runs the real binary on it once per
-//! estimator (default `rlcr`) and prints wall time, rows/s, tokens/s and peak RSS (polled from
-//! `/proc/PID/status` VmHWM). `RLCR_BENCH_DIR=DIR` keeps (and reuses) the generated table;
+//! estimator (default `rlcr`) and prints wall time, CPU time (the load-independent figure on a
+//! shared machine), rows/s, tokens/s, peak RSS (polled from `/proc/PID/status` VmHWM) and the
+//! stage's own per-pass timings. `RLCR_BENCH_DIR=DIR` keeps (and reuses) the generated table;
 //! `RLCR_BIN=PATH` runs another build of the binary.
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, ArrayRef, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray};
+use arrow::array::{
+    Array, ArrayRef, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray,
+};
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, Schema};
 use parquet::arrow::ArrowWriter;
@@ -69,14 +72,22 @@ fn schema() -> Arc<Schema> {
 }
 
 fn spans(v: &[Option<(i32, i32)>]) -> ArrayRef {
-    let DataType::Struct(fields) = span_type() else { unreachable!() };
+    let DataType::Struct(fields) = span_type() else {
+        unreachable!()
+    };
     Arc::new(StructArray::new(
         fields,
         vec![
-            Arc::new(Int32Array::from(v.iter().map(|s| s.map_or(0, |x| x.0)).collect::<Vec<_>>())),
-            Arc::new(Int32Array::from(v.iter().map(|s| s.map_or(0, |x| x.1)).collect::<Vec<_>>())),
+            Arc::new(Int32Array::from(
+                v.iter().map(|s| s.map_or(0, |x| x.0)).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int32Array::from(
+                v.iter().map(|s| s.map_or(0, |x| x.1)).collect::<Vec<_>>(),
+            )),
         ],
-        Some(NullBuffer::from(v.iter().map(|s| s.is_some()).collect::<Vec<_>>())),
+        Some(NullBuffer::from(
+            v.iter().map(|s| s.is_some()).collect::<Vec<_>>(),
+        )),
     ))
 }
 
@@ -95,7 +106,8 @@ fn generate(path: &Path, rows: usize) -> u64 {
     let mut tokens = 0u64;
     let mut p = 0usize;
     while p < prompts && written < rows {
-        let (mut pid, mut st, mut aidx, mut cidx, mut sid) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut pid, mut st, mut aidx, mut cidx, mut sid) =
+            (vec![], vec![], vec![], vec![], vec![]);
         let (mut lens, mut ids, mut asp, mut csp) = (vec![], vec![], vec![], vec![]);
         let (mut acc_r, mut conf, mut conf_r, mut rew) = (vec![], vec![], vec![], vec![]);
         for _ in 0..per_batch {
@@ -104,7 +116,15 @@ fn generate(path: &Path, rows: usize) -> u64 {
             }
             let name = format!("task-{p:08}");
             let accs: Vec<f32> = (0..G_A).map(|_| (rng.below(3) == 0) as u8 as f32).collect();
-            let mut emit = |kind: &'static str, k: usize, h: Option<usize>, len: usize, span: Option<(i32, i32)>, acc: f32, c: Option<f32>, r: f32, rng: &mut Rng| {
+            let mut emit = |kind: &'static str,
+                            k: usize,
+                            h: Option<usize>,
+                            len: usize,
+                            span: Option<(i32, i32)>,
+                            acc: f32,
+                            c: Option<f32>,
+                            r: f32,
+                            rng: &mut Rng| {
                 if written >= rows {
                     return;
                 }
@@ -129,16 +149,40 @@ fn generate(path: &Path, rows: usize) -> u64 {
             };
             for (k, &acc) in accs.iter().enumerate() {
                 let len = 32 + rng.below(64) as usize;
-                emit("answer", k, None, len, Some((1, len as i32 - 1)), acc, None, acc, &mut rng);
+                emit(
+                    "answer",
+                    k,
+                    None,
+                    len,
+                    Some((1, len as i32 - 1)),
+                    acc,
+                    None,
+                    acc,
+                    &mut rng,
+                );
             }
             for (k, &acc) in accs.iter().enumerate() {
                 for h in 0..G_C {
                     let len = 8 + rng.below(16) as usize;
                     let c = (rng.below(11) as f32) / 10.0;
-                    let span = if rng.below(10) == 0 { None } else { Some((0, len as i32 - 1)) };
+                    let span = if rng.below(10) == 0 {
+                        None
+                    } else {
+                        Some((0, len as i32 - 1))
+                    };
                     let r = 1.0 - (acc - c) * (acc - c);
                     let _ = rng.unit();
-                    emit("confidence", k, Some(h), len, span, acc, Some(c), r, &mut rng);
+                    emit(
+                        "confidence",
+                        k,
+                        Some(h),
+                        len,
+                        span,
+                        acc,
+                        Some(c),
+                        r,
+                        &mut rng,
+                    );
                 }
             }
             p += 1;
@@ -162,7 +206,8 @@ fn generate(path: &Path, rows: usize) -> u64 {
             Arc::new(Float32Array::from(conf_r)),
             Arc::new(Float32Array::from(rew)),
         ];
-        w.write(&RecordBatch::try_new(schema.clone(), cols).expect("batch")).expect("write");
+        w.write(&RecordBatch::try_new(schema.clone(), cols).expect("batch"))
+            .expect("write");
     }
     w.close().expect("close");
     tokens
@@ -171,7 +216,8 @@ fn generate(path: &Path, rows: usize) -> u64 {
 /// Response tokens of an existing table (from the `response_ids` offsets).
 fn count_tokens(path: &Path) -> u64 {
     let f = std::fs::File::open(path).expect("open bench table");
-    let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
+    let b =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).expect("parquet");
     let idx = b.schema().index_of("response_ids").expect("response_ids");
     let mask = parquet::arrow::ProjectionMask::roots(b.parquet_schema(), [idx]);
     let mut n = 0u64;
@@ -183,6 +229,16 @@ fn count_tokens(path: &Path) -> u64 {
     n
 }
 
+/// CPU time (user + system) of this process's waited-for children, from `/proc/self/stat`
+/// (`cutime`, `cstime`; clock ticks of 1/100 s).
+fn children_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(13) + t(14)) / 100.0
+}
+
 fn peak_rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -190,8 +246,14 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let rows: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(10_000_000);
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let rows: usize = args
+        .first()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000_000);
     let mut estimators: Vec<String> = args.iter().skip(1).cloned().collect();
     if estimators.is_empty() {
         estimators.push("rlcr".into());
@@ -219,15 +281,26 @@ fn main() {
         let t = Instant::now();
         // RLCR_BIN runs another build of the binary (e.g. an optimised copy).
         let bin = std::env::var_os("RLCR_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rlcr").into());
+        let cpu0 = children_cpu_seconds();
         let mut child = Command::new(bin)
-            .args(["-q", "advantage", "--input"])
+            .args(["-v", "advantage", "--input"])
             .arg(&input)
             .arg("-o")
             .arg(&out)
             .args(["--estimator", est])
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn rlcr");
         let pid = child.id();
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = std::thread::spawn(move || {
+            use std::io::BufRead;
+            std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+                .filter(|l| l.contains(" pass: "))
+                .collect::<Vec<_>>()
+        });
         let mut peak = 0;
         let status = loop {
             if let Some(k) = peak_rss_kib(pid) {
@@ -238,11 +311,15 @@ fn main() {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        let cpu = children_cpu_seconds() - cpu0;
+        for l in lines.join().unwrap_or_default() {
+            println!("  {l}");
+        }
         let secs = t.elapsed().as_secs_f64();
         assert!(status.success(), "rlcr advantage failed: {status}");
         let osize = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
         println!(
-            "rlcr advantage --estimator {est}: {secs:.2} s, {:.2} M rows/s, {:.1} M tokens/s, peak RSS {:.0} MiB, output {:.0} MiB",
+            "rlcr advantage --estimator {est}: {secs:.2} s wall, {cpu:.2} s CPU, {:.2} M rows/s, {:.1} M tokens/s, peak RSS {:.0} MiB, output {:.0} MiB",
             rows as f64 / secs / 1e6,
             tokens as f64 / secs / 1e6,
             peak as f64 / 1024.0,

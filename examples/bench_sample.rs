@@ -11,6 +11,7 @@
 //! sharing its prefill). EOS is ignored so that every row makes exactly NEW tokens, as in the
 //! transformers reference (71.8 tok/s for 8 × 128 new tokens, fp32, 2 threads, this machine).
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use rlcr::model::{self, weights, ModelConfig};
@@ -56,6 +57,70 @@ impl StepModel for Bare {
     }
 }
 
+/// Any model, with the time spent inside it counted (the rest is the sampler's own work).
+struct Timed<'a, M> {
+    inner: &'a M,
+    nanos: AtomicU64,
+}
+
+impl<M> Timed<'_, M> {
+    fn add(&self, t: Instant) {
+        self.nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+impl<M: StepModel> StepModel for Timed<'_, M> {
+    type Cache = M::Cache;
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+    fn max_positions(&self) -> usize {
+        self.inner.max_positions()
+    }
+    fn new_cache(&self, batch: usize, capacity: usize) -> anyhow::Result<M::Cache> {
+        self.inner.new_cache(batch, capacity)
+    }
+    fn step(
+        &self,
+        cache: &mut M::Cache,
+        batch: usize,
+        len: usize,
+        ids: &[u32],
+        valid: &[bool],
+    ) -> anyhow::Result<Vec<f32>> {
+        let t = Instant::now();
+        let r = self.inner.step(cache, batch, len, ids, valid);
+        self.add(t);
+        r
+    }
+    fn select_rows(&self, cache: &mut M::Cache, rows: &[usize]) -> anyhow::Result<()> {
+        let t = Instant::now();
+        let r = self.inner.select_rows(cache, rows);
+        self.add(t);
+        r
+    }
+}
+
+/// CPU seconds used by this process so far (user + system), from /proc/self/stat (100 Hz ticks).
+fn cpu_seconds() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = s
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (tick(11) + tick(12)) / 100.0
+}
+
 fn groups(contexts: Vec<Vec<u32>>, batch: usize) -> Vec<Group> {
     let per = batch / contexts.len().max(1);
     contexts
@@ -85,15 +150,26 @@ fn run<M: StepModel>(
     let mut warm = cfg.clone();
     warm.stop.max_new_tokens = 4;
     generate(m, decode, gs, &warm, &mut |_| {})?;
+    let timed = Timed {
+        inner: m,
+        nanos: AtomicU64::new(0),
+    };
     let t0 = Instant::now();
+    let c0 = cpu_seconds();
     let mut tokens = 0usize;
-    let out = generate(m, decode, gs, cfg, &mut |r| tokens += r.tokens)?;
+    let out = generate(&timed, decode, gs, cfg, &mut |r| tokens += r.tokens)?;
     let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - c0;
     let rows: usize = out.iter().map(|g| g.len()).sum();
+    let model = timed.nanos.load(Ordering::Relaxed) as f64 * 1e-9;
     println!(
-        "{label}: {rows} rows x {} new tokens, {tokens} tokens in {secs:.2} s = {:.1} tokens/s",
+        "{label}: {rows} rows x {} new tokens, {tokens} tokens in {secs:.2} s = {:.1} tokens/s; \
+         {cpu:.2} CPU s = {:.1} tokens per CPU-second (model {model:.2} s, sampler {:.3} s = {:.1}%)",
         cfg.stop.max_new_tokens,
-        tokens as f64 / secs
+        tokens as f64 / secs,
+        tokens as f64 / cpu,
+        secs - model,
+        100.0 * (secs - model) / secs
     );
     Ok(())
 }

@@ -2,9 +2,11 @@
 """Write a synthetic countdown trajectory table for benchmarking `rlcr score`.
 
 usage: gen_bench_table.py OUT.parquet [--rows 1000000] [--answers 8] [--seed 0]
+                          [--context-tokens 100] [--response-tokens 120]
 
 Rows are TinyZero-like countdown answer rows (G answers per prompt, no confidence rows): the
-TinyZero user prompt in `messages`, ~100 context tokens, 120 response tokens with log-probs, a
+TinyZero user prompt in `messages`, 100 context tokens, 120 response tokens with log-probs (both
+adjustable), a
 ~250-character response `<think>…</think>\\n<answer>…</answer>` whose equation is correct, wrong,
 malformed or missing in fixed proportions, in row groups of 65,536 rows (zstd), as
 generate-answers writes them. Needs pyarrow (no numpy).
@@ -18,7 +20,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 RG = 65536
-CTX, RESP = 100, 120
 
 
 def token_lists(n, length, hi, seed):
@@ -37,7 +38,10 @@ def main():
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--answers", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--context-tokens", type=int, default=100)
+    ap.add_argument("--response-tokens", type=int, default=120)
     a = ap.parse_args()
+    CTX, RESP = a.context_tokens, a.response_tokens
     rng = random.Random(a.seed)
     span_t = pa.struct([("start", pa.int32()), ("end", pa.int32())])
     schema = pa.schema([

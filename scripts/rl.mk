@@ -34,16 +34,19 @@ DEVICE ?= cpu
 
 # Model and task.
 MODEL ?= $(ROOT)/fixtures/tiny-qwen2
-TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 9 --max-target 81
-SYSTEM_PROMPT ?= Solve the task. Reply as <think>reasoning</think><answer>equation</answer>. When asked, rate your confidence as <analysis>text</analysis><confidence>p</confidence> with p between 0 and 1.
+TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 9 --max-target 81 --prompt-style short
+# System prompt of both turns: `default` = rlcr's RLCR prompt; empty = none (tiny models: short
+# contexts); anything else is used as is.
+SYSTEM_PROMPT ?=
+SYS_FLAG = $(if $(filter default,$(SYSTEM_PROMPT)),,--system-prompt "$(SYSTEM_PROMPT)")
 ITERS ?= 4
 PROMPTS_PER_ITER ?= 32
 G_A ?= 4
 G_C ?= 2
 
 # Sampling.
-MAX_NEW ?= 48
-MAX_NEW_CONF ?= 24
+MAX_NEW ?= 32
+MAX_NEW_CONF ?= 32
 TEMPERATURE ?= 1.0
 TOP_P ?= 1.0
 BATCH ?= 64
@@ -52,15 +55,15 @@ BATCH ?= 64
 VERIFIER ?= countdown
 ESTIMATOR ?= rlcr
 ADV_FLAGS ?=
-LR ?= 3e-3
+LR ?= 1e-3
 MICRO_BATCH ?= 64
-UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0
+UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0 --resume auto
 
 # Supervised warm start.
 SFT ?= 1
 SFT_COUNT ?= 512
 SFT_LR ?= 1e-2
-SFT_EPOCHS ?= 6
+SFT_EPOCHS ?= 4
 SFT_FLAGS ?=
 
 G := --seed $(SEED) --device $(DEVICE)
@@ -78,7 +81,7 @@ loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
 # --- supervised warm start: format examples generated from synthetic tasks with known solutions
 $(DIR)/prompts-sft.parquet:
 	$(RLCR) $(G) prepare --from countdown-synth --count $(SFT_COUNT) $(TASK_FLAGS) \
-	  --sft $(if $(SYSTEM_PROMPT),--system-prompt "$(SYSTEM_PROMPT)") -o $@
+	  --sft $(SYS_FLAG) -o $@
 
 $(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet
 	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) $(SFT_FLAGS)
@@ -92,11 +95,12 @@ $(DIR)/iter-$(1)/prompts.parquet:
 $(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(2)/config.json
 	$$(RLCR) $$(G) generate-answers --model $(2) --input $$< -o $$@ --num-answers $$(G_A) \
 	  --max-new-tokens $$(MAX_NEW) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
-	  $$(if $$(SYSTEM_PROMPT),--system-prompt "$$(SYSTEM_PROMPT)")
+	  $$(SYS_FLAG)
 
 $(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(2)/config.json
 	$$(RLCR) $$(G) generate-confidence --model $(2) --input $$< -o $$@ --num-confidences $$(G_C) \
-	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH)
+	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
+	  $$(SYS_FLAG)
 
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
 	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER)
@@ -136,7 +140,7 @@ $(SMOL_DIR)/config.json:
 	gguf=$$($(ROOT)/scripts/fetch_smollm2.sh) && $(RLCR) import-gguf --input "$$gguf" -o $(SMOL_DIR)
 smollm2: $(SMOL_DIR)/config.json
 	$(MAKE) -f $(ROOT)/scripts/rl.mk RUN=smollm2 MODEL=$(SMOL_DIR) SFT=0 \
-	  TASK_FLAGS="" SYSTEM_PROMPT="" MAX_NEW=256 MAX_NEW_CONF=96 BATCH=8 LR=1e-6 \
+	  TASK_FLAGS="" SYSTEM_PROMPT=default MAX_NEW=256 MAX_NEW_CONF=96 BATCH=8 LR=1e-6 \
 	  PROMPTS_PER_ITER=8 G_A=4 G_C=2 ITERS=$(ITERS)
 
 clean:

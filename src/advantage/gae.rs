@@ -68,7 +68,11 @@ pub fn gae_row_ref(
     let p: Vec<usize> = (0..rewards.len()).filter(|&t| mask[t]).collect();
     let delta: Vec<f64> = (0..p.len())
         .map(|j| {
-            let next = if j + 1 < p.len() { values[p[j + 1]] } else { 0.0 };
+            let next = if j + 1 < p.len() {
+                values[p[j + 1]]
+            } else {
+                0.0
+            };
             rewards[p[j]] + gamma * next - values[p[j]]
         })
         .collect();
@@ -185,11 +189,23 @@ mod tests {
         let v = [0.1, 0.2, 0.3, 0.4, 0.5];
         let all = [true; 5];
         let (a, ret) = run(&r, &v, &all, 1.0, 0.95);
-        close(&a, &[0.778241, 0.713937, 0.646250, 0.575000, 0.500000], 1e-6);
-        close(&ret, &[0.878241, 0.913937, 0.946250, 0.975000, 1.000000], 1e-6);
+        close(
+            &a,
+            &[0.778241, 0.713937, 0.646250, 0.575000, 0.500000],
+            1e-6,
+        );
+        close(
+            &ret,
+            &[0.878241, 0.913937, 0.946250, 0.975000, 1.000000],
+            1e-6,
+        );
         let mut w = a.clone();
         masked_whiten(&mut w, &all);
-        close(&w, &[1.232251, 0.647709, 0.032402, -0.615290, -1.297072], 1e-6);
+        close(
+            &w,
+            &[1.232251, 0.647709, 0.032402, -0.615290, -1.297072],
+            1e-6,
+        );
 
         let (a, _) = run(&r, &v, &all, 1.0, 1.0);
         close(&a, &[0.9, 0.8, 0.7, 0.6, 0.5], 1e-12);

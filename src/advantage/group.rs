@@ -111,8 +111,17 @@ impl GroupSummary {
 ///
 /// `groups[i]` must be `< n_groups` and `values.len() == groups.len()` (caller invariants; a
 /// violation is a bug and panics).
-pub fn group_stats(values: &[f64], groups: &[u32], n_groups: usize, std: StdKind) -> Vec<GroupStat> {
-    assert_eq!(values.len(), groups.len(), "values and groups differ in length");
+pub fn group_stats(
+    values: &[f64],
+    groups: &[u32],
+    n_groups: usize,
+    std: StdKind,
+) -> Vec<GroupStat> {
+    assert_eq!(
+        values.len(),
+        groups.len(),
+        "values and groups differ in length"
+    );
     let mut stats = vec![GroupStat::default(); n_groups];
     let mut first = vec![0f64; n_groups];
     let mut sums = vec![0f64; n_groups];
@@ -251,7 +260,10 @@ pub(crate) mod tests {
     pub(crate) fn close(a: &[f64], b: &[f64], tol: f64) {
         assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!((x - y).abs() <= tol, "index {i}: {x} vs {y} (tol {tol}); {a:?} vs {b:?}");
+            assert!(
+                (x - y).abs() <= tol,
+                "index {i}: {x} vs {y} (tol {tol}); {a:?} vs {b:?}"
+            );
         }
     }
 
@@ -281,18 +293,47 @@ pub(crate) mod tests {
         let t = 1e-6;
 
         let r = [1.0, 0.0, 0.0, 1.0];
-        close(&one_group(&r, &verl), &[0.866024, -0.866024, -0.866024, 0.866024], t);
-        close(&one_group(&r, &biased), &[0.999998, -0.999998, -0.999998, 0.999998], t);
-        close(&one_group(&r, &trl), &[0.865875, -0.865875, -0.865875, 0.865875], t);
+        close(
+            &one_group(&r, &verl),
+            &[0.866024, -0.866024, -0.866024, 0.866024],
+            t,
+        );
+        close(
+            &one_group(&r, &biased),
+            &[0.999998, -0.999998, -0.999998, 0.999998],
+            t,
+        );
+        close(
+            &one_group(&r, &trl),
+            &[0.865875, -0.865875, -0.865875, 0.865875],
+            t,
+        );
         close(&one_group(&r, &dr), &[0.5, -0.5, -0.5, 0.5], t);
 
         let r = [1.0, 0.0, 0.0, 0.0];
-        close(&one_group(&r, &verl), &[1.499997, -0.499999, -0.499999, -0.499999], t);
-        close(&one_group(&r, &biased), &[1.732047, -0.577349, -0.577349, -0.577349], t);
+        close(
+            &one_group(&r, &verl),
+            &[1.499997, -0.499999, -0.499999, -0.499999],
+            t,
+        );
+        close(
+            &one_group(&r, &biased),
+            &[1.732047, -0.577349, -0.577349, -0.577349],
+            t,
+        );
         // TRL column is given to 4 d.p. in the anchor; check it there and against a hand value.
         let a = one_group(&r, &trl);
         close(&a, &[1.4997, -0.4999, -0.4999, -0.4999], 1e-4);
-        close(&a, &[0.75 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001], 1e-12);
+        close(
+            &a,
+            &[
+                0.75 / 0.5001,
+                -0.25 / 0.5001,
+                -0.25 / 0.5001,
+                -0.25 / 0.5001,
+            ],
+            1e-12,
+        );
         close(&one_group(&r, &dr), &[0.75, -0.25, -0.25, -0.25], t);
 
         let r = [1.0, 1.0, 1.0, 1.0];
@@ -302,7 +343,11 @@ pub(crate) mod tests {
 
         let r = [0.2, 0.9, 0.5];
         close(&one_group(&r, &verl), &[-0.949155, 1.044071, -0.094916], t);
-        close(&one_group(&r, &biased), &[-1.162472, 1.278720, -0.116247], t);
+        close(
+            &one_group(&r, &biased),
+            &[-1.162472, 1.278720, -0.116247],
+            t,
+        );
         close(&one_group(&r, &trl), &[-0.948888, 1.043777, -0.094889], t);
         close(&one_group(&r, &dr), &[-0.333333, 0.366667, -0.033333], t);
 
@@ -324,7 +369,13 @@ pub(crate) mod tests {
         let c = GroupNorm::default();
         assert_eq!(one_group(&v, &c), vec![0.0; 3]);
         assert_eq!(
-            one_group(&v, &GroupNorm { norm: Norm::Mean, ..c }),
+            one_group(
+                &v,
+                &GroupNorm {
+                    norm: Norm::Mean,
+                    ..c
+                }
+            ),
             vec![0.0; 3]
         );
     }

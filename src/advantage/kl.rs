@@ -44,7 +44,13 @@ pub fn kl_value(logp: f64, ref_logp: f64, est: KlEstimator) -> f64 {
 
 /// Adaptive controller update (Ziegler et al. 2019; verl `AdaptiveKLController.update`):
 /// `err = clip(current_kl / target − 1, −0.2, 0.2)`, `β ← β · (1 + err · n_steps / horizon)`.
-pub fn adaptive_kl_coef(coef: f64, current_kl: f64, target: f64, horizon: f64, n_steps: u64) -> f64 {
+pub fn adaptive_kl_coef(
+    coef: f64,
+    current_kl: f64,
+    target: f64,
+    horizon: f64,
+    n_steps: u64,
+) -> f64 {
     let err = (current_kl / target - 1.0).clamp(-0.2, 0.2);
     coef * (1.0 + err * n_steps as f64 / horizon)
 }
@@ -104,12 +110,20 @@ mod tests {
             (-30.0, -1.0, [-29.0, 29.0, 420.5, 10.0]),
         ];
         for (lp, rf, want) in rows {
-            for (est, w) in [KlEstimator::K1, KlEstimator::Abs, KlEstimator::K2, KlEstimator::K3]
-                .into_iter()
-                .zip(want)
+            for (est, w) in [
+                KlEstimator::K1,
+                KlEstimator::Abs,
+                KlEstimator::K2,
+                KlEstimator::K3,
+            ]
+            .into_iter()
+            .zip(want)
             {
                 let got = kl_value(lp, rf, est);
-                assert!((got - w).abs() < 1e-6, "{est:?}({lp}, {rf}) = {got}, want {w}");
+                assert!(
+                    (got - w).abs() < 1e-6,
+                    "{est:?}({lp}, {rf}) = {got}, want {w}"
+                );
             }
         }
         // The k3 clamp on the log-ratio: x = 20 (not 29) before the ±10 clamp; below it, unclamped.
@@ -141,7 +155,11 @@ mod tests {
                 horizon: 1e4,
             };
             c.update(kl, 256);
-            assert!((c.coef() - want).abs() < 1e-9, "kl {kl}: {} vs {want}", c.coef());
+            assert!(
+                (c.coef() - want).abs() < 1e-9,
+                "kl {kl}: {} vs {want}",
+                c.coef()
+            );
         }
         let mut f = KlController::Fixed { coef: 0.2 };
         f.update(100.0, 256);

@@ -94,7 +94,11 @@ pub fn grpo_multiturn(
     n_prompts: usize,
     cfg: &MultiTurnConfig,
 ) -> MultiTurnOutput {
-    assert_eq!(globals.len(), prompt.len(), "globals and prompt differ in length");
+    assert_eq!(
+        globals.len(),
+        prompt.len(),
+        "globals and prompt differ in length"
+    );
     let n = prompt.len();
     let tv: Vec<f64> = turns.iter().map(|t| t.value).collect();
     let tg: Vec<u32> = turns.iter().map(|t| prompt[t.row as usize]).collect();
@@ -118,7 +122,11 @@ pub fn grpo_multiturn(
     }
     let row_adv = (0..n)
         .map(|i| {
-            let mt = if cnt[i] > 0 { sum[i] / cnt[i] as f64 } else { 0.0 };
+            let mt = if cnt[i] > 0 {
+                sum[i] / cnt[i] as f64
+            } else {
+                0.0
+            };
             cfg.turn_weight * mt + cfg.global_weight * global_adv[i]
         })
         .collect();
@@ -213,9 +221,21 @@ mod tests {
     #[test]
     fn hand_example() {
         let turns = [
-            TurnReward { row: 0, turn: 1, value: 0.25 },
-            TurnReward { row: 0, turn: 2, value: 0.15 },
-            TurnReward { row: 1, turn: 1, value: 0.05 },
+            TurnReward {
+                row: 0,
+                turn: 1,
+                value: 0.25,
+            },
+            TurnReward {
+                row: 0,
+                turn: 2,
+                value: 0.15,
+            },
+            TurnReward {
+                row: 1,
+                turn: 1,
+                value: 0.05,
+            },
         ];
         let globals = [0.7, 0.3];
         let cfg = MultiTurnConfig::kg_r1();
@@ -228,14 +248,24 @@ mod tests {
         close(&out.global_adv, &[0.2 / s, -0.2 / s], 1e-12);
         close(
             &out.row_adv,
-            &[0.5 * (0.1 / d + 0.0) / 2.0 + 0.2 / s, 0.5 * (-0.1 / d) - 0.2 / s],
+            &[
+                0.5 * (0.1 / d + 0.0) / 2.0 + 0.2 / s,
+                0.5 * (-0.1 / d) - 0.2 / s,
+            ],
             1e-12,
         );
         // Tokens of row 0: turn ids [-1, 1, 1, -1, 2, 2, 3], last one outside the mask.
         let ids = [-1, 1, 1, -1, 2, 2, 3];
         let mask = [true, true, true, true, true, true, false];
         let mut tok = [9f32; 7];
-        multiturn_token_advantages(&ids, &mask, &[(1, out.turn_adv[0]), (2, 0.0)], out.global_adv[0], &cfg, &mut tok);
+        multiturn_token_advantages(
+            &ids,
+            &mask,
+            &[(1, out.turn_adv[0]), (2, 0.0)],
+            out.global_adv[0],
+            &cfg,
+            &mut tok,
+        );
         let t1 = (0.5 * 0.1 / d + 0.2 / s) as f32;
         let t2 = (0.2 / s) as f32;
         assert_eq!(tok, [0.0, t1, t1, 0.0, t2, t2, 0.0]);
@@ -255,8 +285,16 @@ mod tests {
     #[test]
     fn zero_std_rows_need_both_parts_flat() {
         let turns = [
-            TurnReward { row: 0, turn: 0, value: 0.1 },
-            TurnReward { row: 1, turn: 0, value: 0.1 },
+            TurnReward {
+                row: 0,
+                turn: 0,
+                value: 0.1,
+            },
+            TurnReward {
+                row: 1,
+                turn: 0,
+                value: 0.1,
+            },
         ];
         let out = grpo_multiturn(&turns, &[1.0, 1.0], &[0, 0], 1, &MultiTurnConfig::default());
         assert_eq!(out.zero_std, vec![true, true]);

@@ -100,7 +100,9 @@ pub fn rloo(scores: &[f64], groups: &[u32], n_groups: usize, singleton: Singleto
 pub fn rloo_ref(scores: &[f64], groups: &[u32], singleton: Singleton) -> Vec<f64> {
     (0..scores.len())
         .map(|i| {
-            let members: Vec<usize> = (0..scores.len()).filter(|&j| groups[j] == groups[i]).collect();
+            let members: Vec<usize> = (0..scores.len())
+                .filter(|&j| groups[j] == groups[i])
+                .collect();
             if members.len() == 1 {
                 return match singleton {
                     Singleton::Zero => 0.0,
@@ -110,7 +112,11 @@ pub fn rloo_ref(scores: &[f64], groups: &[u32], singleton: Singleton) -> Vec<f64
             if members.iter().all(|&j| scores[j] == scores[i]) {
                 return 0.0;
             }
-            let others: Vec<f64> = members.iter().filter(|&&j| j != i).map(|&j| scores[j]).collect();
+            let others: Vec<f64> = members
+                .iter()
+                .filter(|&&j| j != i)
+                .map(|&j| scores[j])
+                .collect();
             scores[i] - others.iter().sum::<f64>() / others.len() as f64
         })
         .collect()
@@ -191,7 +197,10 @@ pub fn rlcr_tree(
     cfg: &TreeConfig,
 ) -> TreeOutput {
     let n = rewards.len();
-    assert!(kinds.len() == n && prompt.len() == n && answer.len() == n, "tree inputs differ in length");
+    assert!(
+        kinds.len() == n && prompt.len() == n && answer.len() == n,
+        "tree inputs differ in length"
+    );
     // One id space: answer rows use their prompt id, confidence rows n_prompts + their answer id.
     let gid: Vec<u32> = (0..n)
         .map(|i| match kinds[i] {
@@ -205,7 +214,12 @@ pub fn rlcr_tree(
     let stats_c = if cfg.conf.std == cfg.ans.std {
         None
     } else {
-        Some(group_stats(rewards, &gid, n_prompts + n_answers, cfg.conf.std))
+        Some(group_stats(
+            rewards,
+            &gid,
+            n_prompts + n_answers,
+            cfg.conf.std,
+        ))
     };
     let stats_c = stats_c.as_ref().unwrap_or(&stats_a);
     let answers = GroupSummary::of(&stats_a[..n_prompts]);
@@ -288,7 +302,9 @@ pub fn rlcr_tree_ref(
     let conf_members = |i: usize| -> Vec<usize> {
         (0..n)
             .filter(|&j| {
-                kinds[j] == SampleKind::Confidence && prompt[j] == prompt[i] && answer[j] == answer[i]
+                kinds[j] == SampleKind::Confidence
+                    && prompt[j] == prompt[i]
+                    && answer[j] == answer[i]
             })
             .collect()
     };
@@ -328,8 +344,8 @@ pub fn rlcr_tree_ref(
 
 #[cfg(test)]
 mod tests {
-    use super::super::group::tests::{arb_rows, close};
     use super::super::group::n_groups_of;
+    use super::super::group::tests::{arb_rows, close};
     use super::super::StdKind;
     use super::*;
     use proptest::prelude::*;
@@ -383,19 +399,31 @@ mod tests {
     fn anchors_3_2_level_one() {
         let t = 1e-6;
         let a = run(&conf(Norm::Std, StdKind::Unbiased, 1e-6));
-        close(&a[2..], &[0.855183, 0.244338, -1.099521, 0.886793, 0.197065, -1.083859], t);
+        close(
+            &a[2..],
+            &[0.855183, 0.244338, -1.099521, 0.886793, 0.197065, -1.083859],
+            t,
+        );
         // Answer rows [1, 0]: mean 0.5, unbiased std sqrt(0.5).
         let h = 0.5 / (0.5f64.sqrt() + 1e-6);
         close(&a[..2], &[h, -h], 1e-12);
         let a = run(&conf(Norm::Std, StdKind::Biased, 1e-6));
-        close(&a[2..], &[1.047380, 0.299251, -1.346631, 1.086095, 0.241354, -1.327449], t);
+        close(
+            &a[2..],
+            &[1.047380, 0.299251, -1.346631, 1.086095, 0.241354, -1.327449],
+            t,
+        );
         let a = run(&conf(Norm::Mean, StdKind::Unbiased, 1e-6));
         close(&a[2..], &[0.21, 0.06, -0.27, 0.27, 0.06, -0.33], t);
         close(&a[..2], &[0.5, -0.5], 1e-12);
         // eps 1e-4 (TRL/RLCR): by hand for answer 1, std = sqrt(0.0639) (deviations .21 .06 -.27).
         let a = run(&conf(Norm::Std, StdKind::Unbiased, 1e-4));
         let s = ((0.21f64 * 0.21 + 0.06 * 0.06 + 0.27 * 0.27) / 2.0).sqrt();
-        close(&a[2..5], &[0.21 / (s + 1e-4), 0.06 / (s + 1e-4), -0.27 / (s + 1e-4)], 1e-9);
+        close(
+            &a[2..5],
+            &[0.21 / (s + 1e-4), 0.06 / (s + 1e-4), -0.27 / (s + 1e-4)],
+            1e-9,
+        );
     }
 
     #[test]
@@ -403,7 +431,11 @@ mod tests {
         let mut c = conf(Norm::Std, StdKind::Unbiased, 1e-6);
         c.conf_norm = ConfNorm::AnswerPrompt;
         let a = run(&c);
-        close(&a[2..], &[0.848871, 0.242535, -1.091406, 1.091406, 0.242535, -1.333941], 1e-6);
+        close(
+            &a[2..],
+            &[0.848871, 0.242535, -1.091406, 1.091406, 0.242535, -1.333941],
+            1e-6,
+        );
     }
 
     #[test]
@@ -433,20 +465,43 @@ mod tests {
             ..TreeConfig::default()
         };
         let tree = rlcr_tree(&r, &k, &p, &a, 1, 2, &tc);
-        let sum: Vec<f64> = (0..6).map(|i| prompt.advantages[i] + tree.advantages[i + 2]).collect();
+        let sum: Vec<f64> = (0..6)
+            .map(|i| prompt.advantages[i] + tree.advantages[i + 2])
+            .collect();
         close(&sum, &[0.465, 0.165, -0.495, 0.495, 0.075, -0.705], 1e-6);
     }
 
     #[test]
     fn degenerate_answer_gets_zeros_and_is_flagged() {
         let r = vec![1.0, 0.0, 1.0, 1.0, 1.0, 0.9, 0.5, 0.7];
-        let k = [[SampleKind::Answer; 2].as_slice(), &[SampleKind::Confidence; 6]].concat();
+        let k = [
+            [SampleKind::Answer; 2].as_slice(),
+            &[SampleKind::Confidence; 6],
+        ]
+        .concat();
         let a = vec![0, 1, 0, 0, 0, 1, 1, 1];
         let out = rlcr_tree(&r, &k, &[0; 8], &a, 1, 2, &TreeConfig::default());
         assert_eq!(&out.advantages[2..5], &[0.0, 0.0, 0.0]);
-        assert_eq!(out.zero_std, vec![false, false, true, true, true, false, false, false]);
-        assert_eq!(out.confidences, GroupSummary { groups: 2, singletons: 0, zero_std: 1 });
-        assert_eq!(out.answers, GroupSummary { groups: 1, singletons: 0, zero_std: 0 });
+        assert_eq!(
+            out.zero_std,
+            vec![false, false, true, true, true, false, false, false]
+        );
+        assert_eq!(
+            out.confidences,
+            GroupSummary {
+                groups: 2,
+                singletons: 0,
+                zero_std: 1
+            }
+        );
+        assert_eq!(
+            out.answers,
+            GroupSummary {
+                groups: 1,
+                singletons: 0,
+                zero_std: 0
+            }
+        );
     }
 
     #[test]
@@ -466,14 +521,22 @@ mod tests {
     #[test]
     fn anchors_3_1_rloo() {
         let out = rloo(&[1.0, 0.0, 0.0, 1.0], &[0; 4], 1, Singleton::Verl);
-        close(&out.advantages, &[0.666667, -0.666667, -0.666667, 0.666667], 1e-6);
+        close(
+            &out.advantages,
+            &[0.666667, -0.666667, -0.666667, 0.666667],
+            1e-6,
+        );
         assert_eq!(rloo(&[0.7], &[0], 1, Singleton::Verl).advantages, vec![0.7]);
         assert_eq!(rloo(&[0.7], &[0], 1, Singleton::Zero).advantages, vec![0.0]);
-        assert_eq!(rloo(&[0.3; 3], &[0; 3], 1, Singleton::Zero).advantages, vec![0.0; 3]);
+        assert_eq!(
+            rloo(&[0.3; 3], &[0; 3], 1, Singleton::Zero).advantages,
+            vec![0.0; 3]
+        );
     }
 
     /// A random tree: prompts × answers (1..4) × confidences (1..4) with rewards from a small set.
-    fn arb_tree() -> impl Strategy<Value = (Vec<f64>, Vec<SampleKind>, Vec<u32>, Vec<u32>, usize, usize)> {
+    fn arb_tree(
+    ) -> impl Strategy<Value = (Vec<f64>, Vec<SampleKind>, Vec<u32>, Vec<u32>, usize, usize)> {
         prop::collection::vec(
             prop::collection::vec(prop::collection::vec(0u8..6, 1..4), 1..4),
             1..4,
@@ -511,8 +574,19 @@ mod tests {
             0.1f64..2.0,
         )
             .prop_map(|(norm, std, singleton, conf_norm, l)| {
-                let g = GroupNorm { norm, std, eps: 1e-6, singleton };
-                TreeConfig { ans: g, conf: g, lambda_ans: 1.0, lambda_conf: l, conf_norm }
+                let g = GroupNorm {
+                    norm,
+                    std,
+                    eps: 1e-6,
+                    singleton,
+                };
+                TreeConfig {
+                    ans: g,
+                    conf: g,
+                    lambda_ans: 1.0,
+                    lambda_conf: l,
+                    conf_norm,
+                }
             })
     }
 

@@ -62,7 +62,9 @@ pub fn fill_loss_mask(
     match span {
         Some(Span { start, end }) => {
             if start < 0 || end < start || end as usize > len {
-                bail!("span {{start: {start}, end: {end}}} does not fit a response of {len} tokens");
+                bail!(
+                    "span {{start: {start}, end: {end}}} does not fit a response of {len} tokens"
+                );
             }
             let (s, e) = (start as usize, end as usize);
             out[..s].fill(false);
@@ -73,7 +75,10 @@ pub fn fill_loss_mask(
     }
     if let Some(info) = info_mask {
         if info.len() != len {
-            bail!("info_mask has {} entries for a response of {len} tokens", info.len());
+            bail!(
+                "info_mask has {} entries for a response of {len} tokens",
+                info.len()
+            );
         }
         for (o, &i) in out.iter_mut().zip(info) {
             *o &= i;
@@ -81,7 +86,10 @@ pub fn fill_loss_mask(
     }
     if let Some(ids) = turn_ids {
         if ids.len() != len {
-            bail!("token_turn_ids has {} entries for a response of {len} tokens", ids.len());
+            bail!(
+                "token_turn_ids has {} entries for a response of {len} tokens",
+                ids.len()
+            );
         }
         for (o, &k) in out.iter_mut().zip(ids) {
             *o &= k >= 0;
@@ -165,7 +173,12 @@ pub fn distribute_turn_proportional(
 
 /// `Σ_t values[t] · mask[t]` (seed 001's `trajectory_score = Σ returns · mask`).
 pub fn masked_sum(values: &[f64], mask: &[bool]) -> f64 {
-    values.iter().zip(mask).filter(|(_, &m)| m).map(|(v, _)| v).sum()
+    values
+        .iter()
+        .zip(mask)
+        .filter(|(_, &m)| m)
+        .map(|(v, _)| v)
+        .sum()
 }
 
 #[cfg(test)]
@@ -196,24 +209,67 @@ mod tests {
         let ids = [0, 0, 0, -1, 1, 1];
         let m = mask(6, None, MissingSpan::Whole, Some(&info), Some(&ids)).unwrap();
         assert_eq!(m, [true, true, false, false, true, true]);
-        assert_eq!(mask(3, None, MissingSpan::Skip, None, None).unwrap(), [false; 3]);
-        assert_eq!(mask(3, None, MissingSpan::Whole, None, None).unwrap(), [true; 3]);
+        assert_eq!(
+            mask(3, None, MissingSpan::Skip, None, None).unwrap(),
+            [false; 3]
+        );
+        assert_eq!(
+            mask(3, None, MissingSpan::Whole, None, None).unwrap(),
+            [true; 3]
+        );
         // Empty span and a span covering everything.
-        assert_eq!(mask(2, Some(Span { start: 1, end: 1 }), MissingSpan::Whole, None, None).unwrap(), [false; 2]);
-        assert_eq!(mask(2, Some(Span { start: 0, end: 2 }), MissingSpan::Skip, None, None).unwrap(), [true; 2]);
-        assert_eq!(mask(0, None, MissingSpan::Whole, None, None).unwrap(), Vec::<bool>::new());
+        assert_eq!(
+            mask(
+                2,
+                Some(Span { start: 1, end: 1 }),
+                MissingSpan::Whole,
+                None,
+                None
+            )
+            .unwrap(),
+            [false; 2]
+        );
+        assert_eq!(
+            mask(
+                2,
+                Some(Span { start: 0, end: 2 }),
+                MissingSpan::Skip,
+                None,
+                None
+            )
+            .unwrap(),
+            [true; 2]
+        );
+        assert_eq!(
+            mask(0, None, MissingSpan::Whole, None, None).unwrap(),
+            Vec::<bool>::new()
+        );
     }
 
     #[test]
     fn bad_spans_and_lengths_are_errors() {
         for (s, e) in [(-1, 2), (2, 1), (0, 7)] {
-            let err = mask(6, Some(Span { start: s, end: e }), MissingSpan::Whole, None, None).unwrap_err();
-            assert!(err.to_string().contains("does not fit a response of 6 tokens"), "{err}");
+            let err = mask(
+                6,
+                Some(Span { start: s, end: e }),
+                MissingSpan::Whole,
+                None,
+                None,
+            )
+            .unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("does not fit a response of 6 tokens"),
+                "{err}"
+            );
         }
         let err = mask(3, None, MissingSpan::Whole, Some(&[true; 2]), None).unwrap_err();
         assert!(err.to_string().contains("info_mask has 2 entries"), "{err}");
         let err = mask(3, None, MissingSpan::Whole, None, Some(&[0; 4])).unwrap_err();
-        assert!(err.to_string().contains("token_turn_ids has 4 entries"), "{err}");
+        assert!(
+            err.to_string().contains("token_turn_ids has 4 entries"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -226,7 +282,11 @@ mod tests {
     #[test]
     fn final_token_only() {
         let mut out = vec![0.0; 5];
-        assert!(distribute_final_token(0.7, &[true, true, true, false, false], &mut out));
+        assert!(distribute_final_token(
+            0.7,
+            &[true, true, true, false, false],
+            &mut out
+        ));
         assert_eq!(out, [0.0, 0.0, 0.7, 0.0, 0.0]);
         assert!(!distribute_final_token(0.7, &[false; 5], &mut out));
         // Seed 001: mean of turn rewards + global sum: (0.15 + 0.2)/2 + (0.3 + 0.4).
@@ -241,8 +301,18 @@ mod tests {
         let ids = [1, 1, -1, 2, 2, 2];
         let m = [true, true, false, true, true, true];
         let mut out = vec![0.0; 6];
-        distribute_turn_proportional(&[(1, 0.2), (2, 0.3), (3, 0.0)], 0.5, Some(&ids), &m, &mut out);
-        close(&out, &[0.1 + 0.1, 0.1 + 0.1, 0.0, 0.1 + 0.1, 0.1 + 0.1, 0.1 + 0.1], 1e-15);
+        distribute_turn_proportional(
+            &[(1, 0.2), (2, 0.3), (3, 0.0)],
+            0.5,
+            Some(&ids),
+            &m,
+            &mut out,
+        );
+        close(
+            &out,
+            &[0.1 + 0.1, 0.1 + 0.1, 0.0, 0.1 + 0.1, 0.1 + 0.1, 0.1 + 0.1],
+            1e-15,
+        );
         // Row sum equals Σ R_k + G when every turn has tokens.
         assert!((out.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         // Without turn ids: (Σ R_k + G) / n_valid everywhere valid.
@@ -258,7 +328,10 @@ mod tests {
     #[test]
     fn masked_sum_by_hand() {
         // ANCHORS §3.3 returns with mask [1,1,0,0,1]: 0.93625 + 0.975 + 1.0.
-        let s = masked_sum(&[0.93625, 0.975, 0.8, 0.9, 1.0], &[true, true, false, false, true]);
+        let s = masked_sum(
+            &[0.93625, 0.975, 0.8, 0.9, 1.0],
+            &[true, true, false, false, true],
+        );
         assert!((s - 2.91125).abs() < 1e-12);
     }
 }

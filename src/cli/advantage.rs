@@ -1,18 +1,35 @@
 //! `rlcr advantage`: advantage estimators over a scored table (no model).
 //!
-//! Two passes over the input, so that memory stays bounded by a few scalars per row whatever the
-//! response lengths:
-//! 1. **keys pass**: reads only the group keys and rewards (plus, for KL in the reward or GAE, the
-//!    token columns needed to compute the penalty or the whitening moments), and computes every
-//!    row's sequence-level advantage with the pure functions of [`crate::advantage`];
-//! 2. **write pass**: streams the whole table batch by batch, builds `loss_mask`, `token_advantages`
-//!    (and `returns`, `trajectory_score` for GAE) for each row, and writes every input column through
-//!    unchanged, plus the new ones (replacing stale ones of the same name). Decoding and computing
-//!    run on one thread, encoding on another.
+//! Two passes over the input, so that memory stays bounded by a few scalars per row (about 48 bytes
+//! for the rlcr tree) whatever the response lengths:
+//! 1. **keys pass**: decodes only the group keys and rewards (plus, for KL in the reward or GAE,
+//!    the token columns needed for the penalty or the whitening moments) and computes every row's
+//!    sequence-level advantage with the pure functions of [`crate::advantage`];
+//! 2. **write pass**: streams the table row group by row group, builds `loss_mask`,
+//!    `token_advantages` (and `returns`, `trajectory_score` for GAE) for each row, and writes the
+//!    output with [`splice`]: every input column is copied as encoded Parquet chunks, only the new
+//!    columns are encoded (stale ones of the same name are replaced). One thread decodes and
+//!    computes, the encoders run in parallel on rayon.
 //!
 //! Statistics (reward and advantage mean/std per sample type, group counts with the zero-std
-//! fraction, masked-token counts, the KL controller's state) are printed and stored in the output's
-//! `rlcr.config` metadata under `statistics`.
+//! fraction, masked-token and null-span counts, the KL controller's state, the whitening moments)
+//! are printed and stored in the output's `rlcr.statistics` metadata; the resolved plan goes into
+//! `rlcr.config`. They are accumulated row by row in row order, so they (like every output value)
+//! do not depend on `--batch-size`, the row-group layout or the thread count.
+//!
+//! Choices the seeds leave open (also in `--help`):
+//! - group keys: rlcr = answers by `prompt_id`, confidences by `(prompt_id, answer_idx)`; grpo and
+//!   rloo = `(prompt_id, sample_type)`; grpo-multiturn = `prompt_id` (all rows and turns).
+//! - the scalar `advantage` of a grpo-multiturn row is `w_turn · mean_k A_turn + w_global ·
+//!   A_global`; of a GAE row, the whitened advantage of its first learnable token (the estimate
+//!   for the whole response).
+//! - KL in the reward uses the row's loss mask as verl uses its response mask; the controller's
+//!   measured KL is the mean over rows of the per-row masked mean (0 for an empty mask); the
+//!   coefficient applied is the current one, the updated one is stored as `kl.next_coef` for
+//!   `--kl-state`.
+//! - `reward_components`: turn ≥ 0 is a turn reward (`Σ weight · value` per turn), turn −1 or
+//!   null is global, `_raw_*` names are skipped; a row without components uses `reward` as its
+//!   global reward.
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -24,7 +41,7 @@ use arrow::array::{
 };
 use arrow::buffer::{BooleanBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Schema};
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use serde_json::json;
 
@@ -34,6 +51,7 @@ use crate::advantage::{
     MaskedMoments, MissingSpan, MultiTurnConfig, Norm, RewardDistribution, SampleKind, Singleton,
     StdKind, TreeConfig, TurnReward,
 };
+use crate::table::{self, Meta, TRAJECTORY};
 
 mod cols;
 mod splice;
@@ -223,7 +241,9 @@ impl Plan {
         };
         let eps = a.eps.unwrap_or(p_eps);
         if !(eps.is_finite() && eps >= 0.0) {
-            return Err(usage(format!("--eps must be a finite number >= 0, got {eps}")));
+            return Err(usage(format!(
+                "--eps must be a finite number >= 0, got {eps}"
+            )));
         }
         let ans = GroupNorm {
             norm: a.norm.unwrap_or(p_norm),
@@ -258,11 +278,15 @@ impl Plan {
             return Err(usage("--batch-size must be at least 1"));
         }
         if a.drop_zero_std && a.estimator == Estimator::Gae {
-            return Err(usage("--drop-zero-std applies to grouped estimators, not gae"));
+            return Err(usage(
+                "--drop-zero-std applies to grouped estimators, not gae",
+            ));
         }
         let turn_weight = a.turn_weight.unwrap_or(p_turn);
         if !turn_weight.is_finite() {
-            return Err(usage(format!("--turn-weight must be finite, got {turn_weight}")));
+            return Err(usage(format!(
+                "--turn-weight must be finite, got {turn_weight}"
+            )));
         }
         let kl = if a.kl_coef > 0.0 || a.kl_ctrl == KlCtrl::Adaptive {
             if a.estimator == Estimator::GrpoMultiturn {
@@ -328,21 +352,20 @@ impl Plan {
 
 /// The coefficient for this iteration from a previous output's metadata (`kl_controller.next_coef`).
 fn read_kl_state(p: &Path) -> Result<f64> {
-    let f = File::open(p).with_context(|| format!("opening --kl-state {}", p.display()))?;
-    let b = ParquetRecordBatchReaderBuilder::try_new(f)
-        .with_context(|| format!("reading --kl-state {}", p.display()))?;
-    let kv = b.metadata().file_metadata().key_value_metadata();
-    let cfg = kv
-        .and_then(|kv| kv.iter().find(|k| k.key == "rlcr.config"))
-        .and_then(|k| k.value.clone())
-        .ok_or_else(|| anyhow!("--kl-state {}: no rlcr.config metadata", p.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&cfg)
-        .with_context(|| format!("--kl-state {}: rlcr.config is not JSON", p.display()))?;
-    v.pointer("/statistics/kl/next_coef")
+    let r = table::Reader::open(p).with_context(|| format!("--kl-state {}", p.display()))?;
+    let stats = r.metadata().get("rlcr.statistics").ok_or_else(|| {
+        anyhow!(
+            "--kl-state {}: no rlcr.statistics metadata (not written by `rlcr advantage`)",
+            p.display()
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(stats)
+        .with_context(|| format!("--kl-state {}: rlcr.statistics is not JSON", p.display()))?;
+    v.pointer("/kl/next_coef")
         .and_then(|x| x.as_f64())
         .ok_or_else(|| {
             anyhow!(
-                "--kl-state {}: no statistics.kl.next_coef (not written by `rlcr advantage` with KL?)",
+                "--kl-state {}: no kl.next_coef in its statistics (written without KL in the reward?)",
                 p.display()
             )
         })
@@ -351,42 +374,59 @@ fn read_kl_state(p: &Path) -> Result<f64> {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::new(&a)?;
     let input = a.input.clone();
-    if same_file(&input, &a.out) {
-        bail!(
-            "the output {} is the input file; write to a new file (stages never modify an input)",
-            a.out.display()
-        );
-    }
-    let schema = open(&input)?.schema().clone();
-    check_columns(&plan, &schema).with_context(|| format!("{}", input.display()))?;
+    // The output may be neither the input nor one of its part files.
+    table::check_distinct(&[&input], &a.out)?;
+    let files = table::io::input_files(&input)?;
+    table::check_distinct(
+        &files.iter().map(|f| f.as_path()).collect::<Vec<_>>(),
+        &a.out,
+    )?;
+    let schema = table::Reader::open(&input)?.file_schema();
+    check_columns(&plan, &schema, &input.display().to_string())?;
+    let (t, c) = (std::time::Instant::now(), cpu_seconds());
     let prep = pass1(&plan, &input).with_context(|| format!("{}", input.display()))?;
-    pass2(g, &plan, &a, prep)
+    let (t2, c2) = (std::time::Instant::now(), cpu_seconds());
+    crate::debug!(
+        "keys pass: {} rows in {:.2} s ({:.2} s CPU)",
+        prep.rows,
+        (t2 - t).as_secs_f64(),
+        c2 - c
+    );
+    pass2(g, &plan, &a, prep)?;
+    crate::debug!(
+        "write pass: {:.2} s ({:.2} s CPU)",
+        t2.elapsed().as_secs_f64(),
+        cpu_seconds() - c2
+    );
+    Ok(())
 }
 
-/// Do two paths name the same file (through links too)? False when either does not exist.
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
-}
-
-fn open(p: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
-    ParquetRecordBatchReaderBuilder::try_new(f)
-        .with_context(|| format!("{}: not a readable Parquet file", p.display()))
+/// CPU time (user + system) of this process so far, for `-v` timing lines; 0 where
+/// `/proc/self/stat` is not available.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let Some(rest) = stat.rsplit_once(')').map(|x| x.1) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Every column the plan needs must exist (optional ones are optional).
-fn check_columns(plan: &Plan, schema: &Schema) -> Result<()> {
+fn check_columns(plan: &Plan, schema: &Schema, file: &str) -> Result<()> {
     let has = |c: &str| schema.field_with_name(c).is_ok();
     let mut need: Vec<&str> = vec!["prompt_id", "sample_type", "response_ids"];
     match plan.estimator {
         Estimator::Rlcr => need.extend(["answer_idx", "reward"]),
         Estimator::Grpo | Estimator::Rloo | Estimator::Gae => need.push("reward"),
         Estimator::GrpoMultiturn => {
-            if !has("reward_components") && !has("reward") {
-                bail!("grpo-multiturn needs a `reward_components` (or `reward`) column");
+            if !has("reward_components") {
+                need.push("reward");
             }
         }
     }
@@ -396,18 +436,7 @@ fn check_columns(plan: &Plan, schema: &Schema) -> Result<()> {
     if plan.kl.is_some() {
         need.extend(["ref_logprobs", "response_logprobs"]);
     }
-    for c in need {
-        if !has(c) {
-            let hint = match c {
-                "values" => " (gae needs critic values per response token)",
-                "ref_logprobs" => " (KL in the reward needs it: run `rlcr logprobs --column ref_logprobs`)",
-                "reward" => " (run `rlcr score` first)",
-                _ => "",
-            };
-            bail!("missing column `{c}`{hint}");
-        }
-    }
-    Ok(())
+    table::check_schema(file, schema, &TRAJECTORY, &need)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -436,14 +465,32 @@ impl TokCols {
             conf_span: cols::spans(b, "confidence_span")?,
             info: cols::bool_lists(b, "info_mask")?,
             turns: cols::int_lists(b, "token_turn_ids")?,
-            logp: if kl { cols::float_lists(b, "response_logprobs")? } else { None },
-            refp: if kl { cols::float_lists(b, "ref_logprobs")? } else { None },
-            values: if gae { cols::float_lists(b, "values")? } else { None },
+            logp: if kl {
+                cols::float_lists(b, "response_logprobs")?
+            } else {
+                None
+            },
+            refp: if kl {
+                cols::float_lists(b, "ref_logprobs")?
+            } else {
+                None
+            },
+            values: if gae {
+                cols::float_lists(b, "values")?
+            } else {
+                None
+            },
         })
     }
 
     /// Fill row i's loss mask; returns whether its span was null.
-    fn mask(&self, i: usize, kind: SampleKind, missing: MissingSpan, out: &mut Vec<bool>) -> Result<bool> {
+    fn mask(
+        &self,
+        i: usize,
+        kind: SampleKind,
+        missing: MissingSpan,
+        out: &mut Vec<bool>,
+    ) -> Result<bool> {
         let len = self.response_len(i)?;
         out.clear();
         out.resize(len, false);
@@ -457,7 +504,8 @@ impl TokCols {
         };
         let info = opt_row(&self.info, i, "info_mask")?;
         let turns = opt_row(&self.turns, i, "token_turn_ids")?;
-        adv::fill_loss_mask(out, span, missing, info, turns).with_context(|| format!("column `{col}`"))?;
+        adv::fill_loss_mask(out, span, missing, info, turns)
+            .with_context(|| format!("column `{col}`"))?;
         Ok(span.is_none())
     }
 
@@ -471,7 +519,13 @@ impl TokCols {
     }
 
     /// Row i's per-token KL `kl_t · m_t` into `out`; returns `(Σ, masked count)`.
-    fn kl(&self, i: usize, plan: &KlPlan, mask: &[bool], out: &mut Vec<f64>) -> Result<(f64, usize)> {
+    fn kl(
+        &self,
+        i: usize,
+        plan: &KlPlan,
+        mask: &[bool],
+        out: &mut Vec<f64>,
+    ) -> Result<(f64, usize)> {
         let lp = req_row(&self.logp, i, "response_logprobs", mask.len())?;
         let rf = req_row(&self.refp, i, "ref_logprobs", mask.len())?;
         out.clear();
@@ -480,7 +534,11 @@ impl TokCols {
             let k = if mask[t] {
                 let k = adv::kl_value(lp[t], rf[t], plan.estimator);
                 if !k.is_finite() {
-                    bail!("token {t}: KL is not finite (log-probs {} and {})", lp[t], rf[t]);
+                    bail!(
+                        "token {t}: KL is not finite (log-probs {} and {})",
+                        lp[t],
+                        rf[t]
+                    );
                 }
                 s += k;
                 n += 1;
@@ -507,7 +565,10 @@ fn opt_row<'a, T>(f: &'a Option<Flat<T>>, i: usize, name: &str) -> Result<Option
 fn req_row<'a>(f: &'a Option<Flat<f64>>, i: usize, name: &str, len: usize) -> Result<&'a [f64]> {
     let r = opt_row(f, i, name)?.ok_or_else(|| anyhow!("missing column `{name}`"))?;
     if r.len() != len {
-        bail!("column `{name}` has {} entries for a response of {len} tokens", r.len());
+        bail!(
+            "column `{name}` has {} entries for a response of {len} tokens",
+            r.len()
+        );
     }
     Ok(r)
 }
@@ -561,11 +622,57 @@ fn structured(comps: &[Component], turns: &mut Vec<(i32, f64)>) -> Result<Option
     Ok(any.then_some(global))
 }
 
+/// FxHash (rustc's hasher): a multiply-rotate per word, several times faster than SipHash on the
+/// short keys used here. Keys come from the user's own table, so hash flooding is not a concern.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    fn write_i32(&mut self, i: i32) {
+        self.add(i as u32 as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+
 /// Dense ids for string keys, with a fast path for runs of equal keys (rows of a prompt are
 /// usually contiguous).
 #[derive(Default)]
 struct Interner {
-    map: HashMap<String, u32>,
+    map: FastMap<String, u32>,
     last: Option<(String, u32)>,
 }
 
@@ -606,8 +713,14 @@ struct Prepared {
     kl: serde_json::Value,
 }
 
-fn projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
-    let mut names = vec!["prompt_id", "sample_type", "answer_idx", "reward", "reward_components"];
+/// Columns the keys pass decodes.
+fn projection(plan: &Plan) -> Vec<&'static str> {
+    let mut names = vec!["prompt_id", "sample_type", "reward"];
+    match plan.estimator {
+        Estimator::Rlcr => names.push("answer_idx"),
+        Estimator::GrpoMultiturn | Estimator::Gae => names.push("reward_components"),
+        Estimator::Grpo | Estimator::Rloo => {}
+    }
     if plan.tokens_in_pass1() {
         names.extend([
             "response_ids",
@@ -620,22 +733,14 @@ fn projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
             "values",
         ]);
     }
-    names.iter().filter_map(|n| schema.index_of(n).ok()).collect()
+    names
 }
 
 fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
-    let b = open(input)?;
-    let idx = projection(plan, b.schema());
-    let mask = ProjectionMask::roots(b.parquet_schema(), idx);
-    let reader = b
-        .with_projection(mask)
-        .with_batch_size(plan.batch_size)
-        .build()
-        .context("reading")?;
+    let reader = table::Reader::open_columns(input, &projection(plan))?;
 
     let mut prompts = Interner::default();
-    let mut answers: HashMap<(u32, i32), u32> = HashMap::new();
-    let mut last_answer: Option<((u32, i32), u32)> = None;
+    let mut max_answer: Vec<i32> = Vec::new(); // per prompt: largest answer_idx of a confidence row
     let mut rewards: Vec<f64> = Vec::new();
     let mut kinds: Vec<SampleKind> = Vec::new();
     let mut prompt: Vec<u32> = Vec::new();
@@ -662,7 +767,11 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         let n = batch.num_rows();
         let pid = cols::strings(&batch, "prompt_id")?;
         let st = cols::strings(&batch, "sample_type")?;
-        let aidx = if est == Estimator::Rlcr { Some(cols::ints(&batch, "answer_idx")?) } else { None };
+        let aidx = if est == Estimator::Rlcr {
+            Some(cols::ints(&batch, "answer_idx")?)
+        } else {
+            None
+        };
         let rew = if batch.column_by_name("reward").is_some() {
             Some(cols::floats(&batch, "reward")?)
         } else {
@@ -673,7 +782,11 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         } else {
             None
         };
-        let tok = if plan.tokens_in_pass1() { Some(TokCols::read(&batch, plan)?) } else { None };
+        let tok = if plan.tokens_in_pass1() {
+            Some(TokCols::read(&batch, plan)?)
+        } else {
+            None
+        };
         for i in 0..n {
             let row = base + i;
             (|| -> Result<()> {
@@ -702,24 +815,25 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                         kinds.push(kind);
                         prompt.push(p);
                         if let Some(a) = &aidx {
-                            let key = if kind == SampleKind::Confidence {
-                                if a.is_null(i) {
-                                    bail!("column `answer_idx`: null");
-                                }
-                                (p, a.value(i))
-                            } else {
-                                (p, -1)
-                            };
-                            let id = match last_answer {
-                                Some((k, v)) if k == key => v,
-                                _ => {
-                                    let next = answers.len() as u32;
-                                    let v = *answers.entry(key).or_insert(next);
-                                    last_answer = Some((key, v));
-                                    v
-                                }
-                            };
-                            answer.push(id);
+                            // Only confidence rows have an answer group (answer rows: unused 0).
+                            if kind == SampleKind::Answer {
+                                answer.push(0);
+                                return Ok(());
+                            }
+                            if a.is_null(i) {
+                                bail!("column `answer_idx`: null");
+                            }
+                            let k = a.value(i);
+                            if k < 0 {
+                                bail!("column `answer_idx`: {k} is negative");
+                            }
+                            // Raw index for now; made dense after the pass (see `dense_answers`).
+                            let pi = p as usize;
+                            if max_answer.len() <= pi {
+                                max_answer.resize(pi + 1, -1);
+                            }
+                            max_answer[pi] = max_answer[pi].max(k);
+                            answer.push(k as u32);
                         }
                     }
                     Estimator::GrpoMultiturn => {
@@ -746,11 +860,26 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                         prompt.push(p);
                     }
                     Estimator::Gae => {
-                        let tok = tok.as_ref().ok_or_else(|| anyhow!("internal: no token columns"))?;
+                        let tok = tok
+                            .as_ref()
+                            .ok_or_else(|| anyhow!("internal: no token columns"))?;
                         if plan.kl.is_none() {
                             tok.mask(i, kind, plan.on_missing_span, &mut m)?;
                         }
-                        gae_raw(plan, tok, comp.as_ref(), i, score, &m, &klbuf, &mut comps, &mut row_turns, &mut tokr, &mut gadv, &mut gret)?;
+                        gae_raw(
+                            plan,
+                            tok,
+                            comp.as_ref(),
+                            i,
+                            score,
+                            &m,
+                            &klbuf,
+                            &mut comps,
+                            &mut row_turns,
+                            &mut tokr,
+                            &mut gadv,
+                            &mut gret,
+                        )?;
                         moments.extend(&gadv, &m);
                     }
                 }
@@ -772,7 +901,10 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let n_prompts = prompts.len();
     match est {
         Estimator::Rlcr => {
-            let out = adv::rlcr_tree(&rewards, &kinds, &prompt, &answer, n_prompts, answers.len(), &plan.tree);
+            let n_answers = dense_answers(&kinds, &prompt, &mut answer, &max_answer);
+            let out = adv::rlcr_tree(
+                &rewards, &kinds, &prompt, &answer, n_prompts, n_answers, &plan.tree,
+            );
             prep.adv = out.advantages.iter().map(|&x| x as f32).collect();
             prep.zero_std = out.zero_std;
             prep.groups = json!({
@@ -817,7 +949,8 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
             });
         }
         Estimator::GrpoMultiturn => {
-            let out = adv::grpo_multiturn(&turn_rewards, &globals, &prompt, n_prompts, &plan.multiturn);
+            let out =
+                adv::grpo_multiturn(&turn_rewards, &globals, &prompt, n_prompts, &plan.multiturn);
             prep.adv = out.row_adv.iter().map(|&x| x as f32).collect();
             prep.zero_std = out.zero_std;
             prep.turn_start = Vec::with_capacity(rows + 1);
@@ -843,7 +976,11 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         }
     }
     if let Some(kl) = &plan.kl {
-        let current = if rows > 0 { kl_rows_mean / rows as f64 } else { 0.0 };
+        let current = if rows > 0 {
+            kl_rows_mean / rows as f64
+        } else {
+            0.0
+        };
         let mut next = kl.controller;
         next.update(current, rows as u64);
         prep.kl = json!({
@@ -856,6 +993,41 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         });
     }
     Ok(prep)
+}
+
+/// Turn the raw `answer_idx` of confidence rows into dense ids of `(prompt, answer_idx)`:
+/// `base[prompt] + answer_idx`, with `base` the prefix sums of `max_answer + 1` per prompt (no
+/// hashing; answer indices are small). When the indices are so sparse that this space would be much
+/// larger than the number of rows, fall back to numbering the distinct pairs with a hash map.
+/// Returns the number of ids.
+fn dense_answers(
+    kinds: &[SampleKind],
+    prompt: &[u32],
+    answer: &mut [u32],
+    max_answer: &[i32],
+) -> usize {
+    let mut base = Vec::with_capacity(max_answer.len());
+    let mut total = 0usize;
+    for &m in max_answer {
+        base.push(total);
+        total += (m + 1) as usize;
+    }
+    if total <= 2 * answer.len() + 1024 {
+        for i in 0..answer.len() {
+            if kinds[i] == SampleKind::Confidence {
+                answer[i] = (base[prompt[i] as usize] + answer[i] as usize) as u32;
+            }
+        }
+        return total;
+    }
+    let mut ids: FastMap<(u32, u32), u32> = FastMap::default();
+    for i in 0..answer.len() {
+        if kinds[i] == SampleKind::Confidence {
+            let n = ids.len() as u32;
+            answer[i] = *ids.entry((prompt[i], answer[i])).or_insert(n);
+        }
+    }
+    ids.len()
 }
 
 fn summary_json(s: &GroupSummary) -> serde_json::Value {
@@ -970,19 +1142,21 @@ impl TypeStats {
 }
 
 /// The names of the columns this stage writes (replaced when present in the input).
-fn new_fields(plan: &Plan) -> Vec<Field> {
-    let item_f = Arc::new(Field::new("item", DataType::Float32, true));
-    let item_b = Arc::new(Field::new("item", DataType::Boolean, true));
-    let mut f = vec![
-        Field::new("advantage", DataType::Float32, false),
-        Field::new("token_advantages", DataType::List(item_f.clone()), false),
-        Field::new("loss_mask", DataType::List(item_b), false),
-    ];
+fn new_fields(plan: &Plan) -> Result<Vec<Field>> {
+    let mut names = vec!["advantage", "token_advantages", "loss_mask"];
     if plan.estimator == Estimator::Gae {
-        f.push(Field::new("returns", DataType::List(item_f), false));
-        f.push(Field::new("trajectory_score", DataType::Float32, false));
+        names.extend(["returns", "trajectory_score"]);
     }
-    f
+    let schema = table::trajectory_schema();
+    names
+        .iter()
+        .map(|n| {
+            schema
+                .field_with_name(n)
+                .cloned()
+                .with_context(|| format!("internal: `{n}` is not a trajectory column"))
+        })
+        .collect()
 }
 
 struct Built {
@@ -996,56 +1170,72 @@ struct Built {
 
 /// Messages from the decoding thread to the encoding thread.
 enum Msg {
-    Batch(usize, Built),
+    Batch(usize, Box<Built>),
     EndRowGroup(usize),
 }
 
 fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
-    let file = File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
-    let meta = ArrowReaderMetadata::load(&file, Default::default())
-        .with_context(|| format!("{}: not a readable Parquet file", a.input.display()))?;
-    let fields = new_fields(plan);
-    let new_schema = Arc::new(Schema::new(fields.clone()));
-    let proj = pass2_projection(plan, meta.schema());
-    let n_rg = meta.metadata().num_row_groups();
-    let mut splice = splice::Splice::create(&a.input, &meta, &fields, &a.out)?;
+    let parts = splice::open_parts(&a.input)?;
+    let fields = new_fields(plan)?;
+    let mut splice = splice::Splice::create(&parts, &fields, &a.out)?;
     let mut progress = crate::progress::Progress::new("advantage", prep.rows as u64, "rows");
-    let mut config = json!({
+    let config = json!({
         "estimator": plan.estimator,
         "plan": plan,
         "argv": g.argv,
     });
     let mut stats = [TypeStats::default(), TypeStats::default()];
+    // (part, row group) in output order.
+    let jobs: Vec<(usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, part)| (0..part.row_groups()).map(move |rg| (p, rg)))
+        .collect();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Msg>>(2);
-    let input = a.input.clone();
     std::thread::scope(|s| -> Result<()> {
         let prep = &prep;
-        let meta = &meta;
-        let file = &file;
+        let parts = &parts;
+        let jobs = &jobs;
         s.spawn(move || {
             let mut base = 0usize;
-            for rg in 0..n_rg {
+            for (index, &(p, rg)) in jobs.iter().enumerate() {
+                let part = &parts[p];
                 let r = (|| -> Result<()> {
-                    let f = file.try_clone().context("reopening the input")?;
-                    let mask = ProjectionMask::roots(meta.metadata().file_metadata().schema_descr(), proj.clone());
-                    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta.clone())
-                        .with_projection(mask)
-                        .with_row_groups(vec![rg])
-                        .with_batch_size(plan.batch_size)
-                        .build()?;
+                    // A file handle of this thread's own: a clone would share the file offset
+                    // with the writer thread, which reads the same file to copy chunks.
+                    let f = File::open(&part.path).context("reopening the input")?;
+                    let descr = part.meta.metadata().file_metadata().schema_descr();
+                    let mask =
+                        ProjectionMask::roots(descr, pass2_projection(plan, part.meta.schema()));
+                    let reader =
+                        ParquetRecordBatchReaderBuilder::new_with_metadata(f, part.meta.clone())
+                            .with_projection(mask)
+                            .with_row_groups(vec![rg])
+                            .with_batch_size(plan.batch_size)
+                            .build()?;
+                    let mut rows = 0;
                     for batch in reader {
-                        let batch = batch.context("decoding a record batch")?;
+                        let batch = batch.with_context(|| {
+                            format!("row group {rg}: corrupt or truncated Parquet data")
+                        })?;
                         let n = batch.num_rows();
                         let built = build_batch(plan, prep, &batch, base)?;
                         base += n;
-                        if tx.send(Ok(Msg::Batch(rg, built))).is_err() {
+                        rows += n;
+                        if tx.send(Ok(Msg::Batch(index, Box::new(built)))).is_err() {
                             return Ok(());
                         }
                     }
-                    let _ = tx.send(Ok(Msg::EndRowGroup(rg)));
+                    if rows != part.rg_rows(rg) {
+                        bail!(
+                            "row group {rg} read {rows} rows, its metadata says {}",
+                            part.rg_rows(rg)
+                        );
+                    }
+                    let _ = tx.send(Ok(Msg::EndRowGroup(index)));
                     Ok(())
                 })()
-                .with_context(|| format!("{}", input.display()));
+                .with_context(|| format!("{}", part.path.display()));
                 if let Err(e) = r {
                     let _ = tx.send(Err(e));
                     return;
@@ -1055,20 +1245,34 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
         let mut writers: Option<Vec<parquet::arrow::arrow_writer::ArrowColumnWriter>> = None;
         for msg in rx {
             match msg? {
-                Msg::Batch(rg, built) => {
+                Msg::Batch(index, built) => {
                     if writers.is_none() {
-                        writers = Some(splice.column_writers(rg)?);
+                        writers = Some(splice.column_writers(index)?);
                     }
-                    let ws = writers.as_mut().ok_or_else(|| anyhow!("internal: no column writers"))?;
-                    let mut wi = ws.iter_mut();
-                    for (field, col) in new_schema.fields().iter().zip(&built.columns) {
-                        for leaf in parquet::arrow::arrow_writer::compute_leaves(field, col)? {
-                            wi.next()
-                                .ok_or_else(|| anyhow!("internal: too few column writers"))?
-                                .write(&leaf)
-                                .with_context(|| format!("encoding `{}`", field.name()))?;
-                        }
+                    let ws = writers
+                        .as_mut()
+                        .ok_or_else(|| anyhow!("internal: no column writers"))?;
+                    if ws.len() != built.columns.len() {
+                        bail!(
+                            "internal: {} column writers for {} new columns",
+                            ws.len(),
+                            built.columns.len()
+                        );
                     }
+                    // Every new column is a single leaf; encode them in parallel (each writer still
+                    // sees its batches in order, so the bytes do not depend on the thread count).
+                    use rayon::prelude::*;
+                    ws.par_iter_mut()
+                        .zip(built.columns.par_iter())
+                        .zip(fields.par_iter())
+                        .map(|((w, col), field)| -> Result<()> {
+                            for leaf in parquet::arrow::arrow_writer::compute_leaves(field, col)? {
+                                w.write(&leaf)
+                                    .with_context(|| format!("encoding `{}`", field.name()))?;
+                            }
+                            Ok(())
+                        })
+                        .collect::<Result<Vec<()>>>()?;
                     progress.inc(built.rows as u64);
                     for (acc, b) in stats.iter_mut().zip(&built.stats) {
                         acc.merge_counts(b);
@@ -1081,17 +1285,18 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
                         t.adv.push(a);
                     }
                 }
-                Msg::EndRowGroup(rg) => {
+                Msg::EndRowGroup(index) => {
                     let ws = match writers.take() {
                         Some(ws) => ws,
-                        None => splice.column_writers(rg)?,
+                        None => splice.column_writers(index)?,
                     };
                     let chunks = ws
                         .into_iter()
                         .map(|w| w.close())
                         .collect::<parquet::errors::Result<Vec<_>>>()
                         .context("encoding the new columns")?;
-                    splice.write_row_group(rg, chunks)?;
+                    let (p, rg) = jobs[index];
+                    splice.write_row_group(&parts[p], rg, chunks)?;
                 }
             }
         }
@@ -1108,15 +1313,10 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
         "whitening": prep.whiten.map(|(m, v, n)| json!({"mean": m, "var": v, "tokens": n})),
     });
     print_stats(&statistics);
-    config["statistics"] = statistics;
-    splice.finish(vec![
-        ("rlcr.schema".into(), "rlcr.trajectory".into()),
-        ("rlcr.schema_version".into(), "1".into()),
-        ("rlcr.stage".into(), "advantage".into()),
-        ("rlcr.config".into(), config.to_string()),
-        ("rlcr.inputs".into(), json!([a.input.display().to_string()]).to_string()),
-        ("rlcr.version".into(), crate::VERSION.to_string()),
-    ])
+    let mut meta = Meta::new(&TRAJECTORY, "advantage", config, &[a.input.as_path()]);
+    meta.extra
+        .insert("statistics".into(), statistics.to_string());
+    splice.finish(meta.key_values())
 }
 
 /// Columns pass 2 decodes (everything else is copied without decoding).
@@ -1136,7 +1336,10 @@ fn pass2_projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
     if plan.kl.is_some() {
         names.extend(["response_logprobs", "ref_logprobs"]);
     }
-    names.iter().filter_map(|n| schema.index_of(n).ok()).collect()
+    names
+        .iter()
+        .filter_map(|n| schema.index_of(n).ok())
+        .collect()
 }
 
 fn print_stats(s: &serde_json::Value) {
@@ -1200,7 +1403,11 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
     offsets.push(0);
     let mut tadv: Vec<f32> = Vec::with_capacity(total);
     let mut lmask: Vec<bool> = Vec::with_capacity(total);
-    let mut rets: Vec<f32> = if gae { Vec::with_capacity(total) } else { Vec::new() };
+    let mut rets: Vec<f32> = if gae {
+        Vec::with_capacity(total)
+    } else {
+        Vec::new()
+    };
     let mut scalar: Vec<f32> = Vec::with_capacity(n);
     let mut traj: Vec<f32> = Vec::new();
     let mut stats = [TypeStats::default(), TypeStats::default()];
@@ -1261,9 +1468,9 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
                     m.fill(false);
                 }
                 a = prep.adv[row] as f64;
-                tbuf.clear();
-                tbuf.resize(len, 0.0);
                 if mt {
+                    tbuf.clear();
+                    tbuf.resize(len, 0.0);
                     let (s, e) = (prep.turn_start[row] as usize, prep.turn_start[row + 1] as usize);
                     let turns = &prep.turns[s..e];
                     let ids: &[i32] = match opt_row(&tok.turns, i, "token_turn_ids")? {
@@ -1285,10 +1492,12 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
                         }
                     };
                     adv::multiturn_token_advantages(ids, &m, turns, prep.global_adv[row], &plan.multiturn, &mut tbuf);
+                    tadv.extend_from_slice(&tbuf);
                 } else {
-                    adv::fill_token_advantages(a, &m, &mut tbuf);
+                    // adv::fill_token_advantages, written straight into the batch's buffer.
+                    let af = a as f32;
+                    tadv.extend(m.iter().map(|&b| if b { af } else { 0.0 }));
                 }
-                tadv.extend_from_slice(&tbuf);
             }
             let masked = m.iter().filter(|&&x| x).count();
             ts.masked_tokens += masked as u64;
@@ -1333,3 +1542,88 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
     })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comp(name: &str, turn: Option<i32>, value: f64, weight: f64) -> Component {
+        Component {
+            name: name.into(),
+            turn,
+            value,
+            weight,
+        }
+    }
+
+    #[test]
+    fn structured_sums_weighted_turns_and_globals_skipping_raw() {
+        let mut turns = vec![];
+        let g = structured(
+            &[
+                comp("format_score", Some(2), 1.0, 0.15),
+                comp("kg_query_validity", Some(1), 0.5, 0.1),
+                comp("format_score", Some(1), 1.0, 0.15),
+                comp("exact_match", Some(-1), 1.0, 0.3),
+                comp("retrieval_quality", None, 0.5, 0.4),
+                comp("_raw_exact_match", None, 1.0, 1.0),
+            ],
+            &mut turns,
+        )
+        .unwrap();
+        assert!((g.unwrap() - 0.5).abs() < 1e-12);
+        assert_eq!(turns.len(), 2);
+        assert_eq!(turns[0].0, 1);
+        assert!((turns[0].1 - 0.2).abs() < 1e-12);
+        assert_eq!(turns[1].0, 2);
+        assert!((turns[1].1 - 0.15).abs() < 1e-12);
+        assert_eq!(structured(&[], &mut turns).unwrap(), None);
+        assert_eq!(
+            structured(&[comp("_raw_x", None, 1.0, 1.0)], &mut turns).unwrap(),
+            None
+        );
+        assert!(structured(&[comp("x", None, f64::NAN, 1.0)], &mut turns).is_err());
+    }
+
+    #[test]
+    fn dense_answer_ids_both_paths_agree() {
+        use SampleKind::{Answer as A, Confidence as C};
+        let kinds = [A, C, C, C, C, A, C];
+        let prompt = [0, 0, 0, 1, 1, 1, 0];
+        // (prompt, answer_idx) pairs: (0,1) (0,0) (1,0) (1,1) (0,1): four distinct answers.
+        let check = |raw: [u32; 7], max: Vec<i32>, n_expected: Option<usize>| {
+            let mut ans = raw;
+            let n = dense_answers(&kinds, &prompt, &mut ans, &max);
+            if let Some(e) = n_expected {
+                assert_eq!(n, e);
+            }
+            let ids: Vec<u32> = (0..7).filter(|&i| kinds[i] == C).map(|i| ans[i]).collect();
+            assert!(ids.iter().all(|&i| (i as usize) < n));
+            // same pair ⇔ same id
+            assert_eq!(ids[0], ids[4]);
+            let mut d = ids.clone();
+            d.sort();
+            d.dedup();
+            assert_eq!(d.len(), 4, "{ids:?}");
+        };
+        // Small indices: prefix sums (ids 0..2 for prompt 0, 2..4 for prompt 1).
+        check([0, 1, 0, 0, 1, 0, 1], vec![1, 1], Some(4));
+        // Huge indices: the hash-map fallback numbers the distinct pairs.
+        let big = 1_000_000_000;
+        check(
+            [0, big, 0, 0, big, 0, big],
+            vec![big as i32, big as i32],
+            Some(4),
+        );
+    }
+
+    #[test]
+    fn interner_ids_are_dense_and_stable() {
+        let mut it = Interner::default();
+        let ids: Vec<u32> = ["a", "a", "b", "a", "c", "b"]
+            .iter()
+            .map(|s| it.id(s))
+            .collect();
+        assert_eq!(ids, vec![0, 0, 1, 0, 2, 1]);
+        assert_eq!(it.len(), 3);
+    }
+}

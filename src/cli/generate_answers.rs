@@ -23,14 +23,28 @@ use crate::table::{self, cols, Meta, Reader, Shard, Writer, PROMPTS, TRAJECTORY}
 pub const ABOUT: &str = "Sample G_a answers per prompt with the policy (turn 1)";
 pub const LONG_ABOUT: &str = "\
 Sample G_a (--num-answers) responses `<think>...</think><answer>...</answer>` per prompt with the
-policy, batched with a KV cache. Records per response token the sampling-time log-probability (the
-behaviour policy's old_logprobs), the answer span (start of <think> to end of </answer>, in response
-tokens) and the finish reason.
+policy, batched with a KV cache (each prompt is prefilled once for its G_a samples). Writes, per
+answer: the conversation (`messages`: system prompt + the prompt's messages), `context_ids`,
+`response_ids` (a final EOS token included), `response_text`, `response_logprobs`, `finish_reason`
+(`stop`: EOS or a --stop string; `length`: --max-new-tokens) and `answer_span` (start of <think>,
+or token 0 when the context already opened <think>, to the end of the last </answer>; null if not
+found). Extra prompt columns pass through.
+
+System prompt: RLCR's think/answer/analysis/confidence instructions unless the prompt brings its
+own system message; --system-prompt replaces either (\"\" for none). --response-prefix TEXT starts
+the assistant turn with TEXT (e.g. `<think>`), recorded as a final partial assistant message.
+
+response_logprobs are the behaviour log-probs: log-softmax of the model's logits at temperature 1
+over the whole vocabulary, whatever --temperature/--top-p/--top-k/--min-p drew the token (those are
+recorded in the metadata with the model path and fingerprint). Order: temperature, top-k, top-p,
+min-p (as transformers); temperature 0 is greedy.
 
 Reads: a prompts table (`rlcr prepare`) and a Hugging Face model folder.
-Writes: an answers table, G_a rows per prompt (trajectory schema).
-Each sample has its own RNG stream from (--seed, prompt_id, answer_idx): the output does not depend
-on --batch-size or thread count.
+Writes: an answers table, G_a rows per prompt, in prompt order (trajectory schema).
+Each sample draws from its own ChaCha20 stream keyed by (--seed, prompt_id, answer_idx), so the
+table does not depend on --batch-size, scheduling or thread count (bit for bit on the CPU backend
+while context + response fit in 512 cache slots; beyond, log-probs may differ in the last bits).
+A prompt longer than the model's context is an error naming it.
 Example:
   rlcr --seed 0 generate-answers --model fixtures/tiny-qwen2 --input prompts.parquet \\
        -o answers.parquet --num-answers 8 --max-new-tokens 256";
@@ -105,11 +119,6 @@ pub struct Args {
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-}
-
-/// Prompts whose samples are generated together before a write (in multiples of the batch).
-fn chunk_samples(batch_size: usize) -> usize {
-    (batch_size * 4).max(64)
 }
 
 /// The system prompt from the flags: `Some("")` means none.
@@ -252,7 +261,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 think_prefilled: context_opens(&text, "<think>", &["</think>"]),
             });
         }
-        let per_chunk = (chunk_samples(s.batch_size) / a.num_answers).max(1);
+        let per_chunk = (stage::chunk_samples(s.batch_size) / a.num_answers).max(1);
         for chunk in prepared.chunks(per_chunk) {
             let out = sample_chunk(
                 &policy,

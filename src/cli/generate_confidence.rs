@@ -27,11 +27,20 @@ pub const ABOUT: &str =
 pub const LONG_ABOUT: &str = "\
 For every answer row (j,k), build the conversation system + user prompt + assistant(answer k) +
 user(confidence query) and sample G_c (--num-confidences) responses
-`[<analysis>...</analysis>]<confidence>...</confidence>`. The G_c samples of one answer share its
-prefix, prefilled once. Answer rows pass through unchanged; confidence rows point at their answer
-through prompt_id/answer_idx and sample_id `{prompt_id}/a{k}/c{h}`.
+`[<analysis>...</analysis>]<confidence>...</confidence>`. The answer enters the context as its
+sampled token ids (not a re-tokenization of its text), and the G_c samples of one answer share
+that context, prefilled once. Each answer row is written unchanged, followed by its confidence
+rows; a confidence row repeats its answer's prompt columns (extra columns pass through), points at
+it through prompt_id/answer_idx and sample_id `{prompt_id}/a{k}/c{h}`, holds the whole
+conversation in `messages`, and has `confidence_span` (start of <analysis> if present, else of
+<confidence>, or token 0 when --response-prefix opened one, to the end of the last
+</confidence>; null if not found) and a null `answer_span`.
 
-Reads: an answers table and the model folder. Writes: the trajectory table (answers + confidences).
+Sampling flags, behaviour log-probs, metadata and determinism as in generate-answers (streams
+keyed by (--seed, prompt_id, answer_idx, confidence_idx)).
+
+Reads: an answers table (answer rows only) and the model folder.
+Writes: the trajectory table (answers + confidences).
 Example:
   rlcr generate-confidence --model fixtures/tiny-qwen2 --input answers.parquet \\
        -o trajectory.parquet --num-confidences 4";
@@ -270,7 +279,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 opened: context_opens_confidence(&ctx_text),
             });
         }
-        let per_chunk = (stage_chunk(s.batch_size) / a.num_confidences).max(1);
+        let per_chunk = (stage::chunk_samples(s.batch_size) / a.num_confidences).max(1);
         for chunk in prepared.chunks(per_chunk) {
             let out = sample_chunk(
                 &policy,
@@ -311,10 +320,6 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn stage_chunk(batch_size: usize) -> usize {
-    (batch_size * 4).max(64)
 }
 
 /// Sample `g_c` confidences for each answer of `chunk`; rows: each answer followed by its

@@ -64,6 +64,10 @@ pub struct Args {
     /// countdown-synth: largest target (targets are in 1..=N).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100000))]
     pub max_target: i64,
+    /// countdown-synth: the user message: TinyZero's text, or a short one (`Numbers: [3, 5].
+    /// Target: 8.`) for tiny models.
+    #[arg(long, value_enum, default_value = "tinyzero")]
+    pub prompt_style: PromptStyle,
     /// countdown-synth: write supervised warm-start examples instead of prompts: per task, one
     /// conversation ending in an assistant answer `<think>…</think><answer>…</answer>` and one
     /// ending in an assistant confidence `<analysis>…</analysis><confidence>p</confidence>` (for
@@ -86,6 +90,14 @@ pub struct Args {
     pub config: Option<PathBuf>,
 }
 
+/// The user message of countdown tasks.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptStyle {
+    Tinyzero,
+    Short,
+}
+
 /// The shape of synthetic countdown tasks.
 #[derive(Clone, Copy, Debug)]
 pub struct SynthShape {
@@ -93,6 +105,8 @@ pub struct SynthShape {
     pub max_numbers: u32,
     pub max_number: i64,
     pub max_target: i64,
+    /// Use the short user message instead of TinyZero's.
+    pub short_prompt: bool,
 }
 
 impl Default for SynthShape {
@@ -103,6 +117,7 @@ impl Default for SynthShape {
             max_numbers: 4,
             max_number: 99,
             max_target: 100,
+            short_prompt: false,
         }
     }
 }
@@ -148,6 +163,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 max_numbers: a.max_numbers,
                 max_number: a.max_number,
                 max_target: a.max_target,
+                short_prompt: a.prompt_style == PromptStyle::Short,
             };
             let rows = countdown_synth(g.seed, n, shape)?;
             if a.sft {
@@ -257,10 +273,35 @@ arithmetic operations (+, -, *, /) and each number can only be used once. Show y
     )
 }
 
+/// The short countdown prompt for tiny models: `Numbers: [3, 5]. Target: 8.`
+pub fn countdown_prompt_short(nums: &[i64], target: i64) -> String {
+    let list = nums
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("Numbers: [{list}]. Target: {target}.")
+}
+
 fn countdown_row(id: String, nums: Vec<i64>, target: i64, extra: Option<Value>) -> PromptRow {
+    countdown_row_styled(id, nums, target, extra, false)
+}
+
+fn countdown_row_styled(
+    id: String,
+    nums: Vec<i64>,
+    target: i64,
+    extra: Option<Value>,
+    short: bool,
+) -> PromptRow {
+    let text = if short {
+        countdown_prompt_short(&nums, target)
+    } else {
+        countdown_prompt(&nums, target)
+    };
     PromptRow {
         prompt_id: id,
-        messages: json!([{"role": "user", "content": countdown_prompt(&nums, target)}]),
+        messages: json!([{"role": "user", "content": text}]),
         data_source: "countdown".into(),
         ground_truth: json!({"target": target, "numbers": nums}),
         extra_info: extra,
@@ -336,19 +377,20 @@ pub fn countdown_synth(seed: u64, count: usize, shape: SynthShape) -> Result<Vec
             continue;
         }
         let id = format!("countdown-synth-{:0width$}", rows.len());
-        rows.push(countdown_row(
+        rows.push(countdown_row_styled(
             id,
             nums,
             target,
             Some(json!({"solution": expr})),
+            shape.short_prompt,
         ));
     }
     Ok(rows)
 }
 
 /// Supervised warm-start conversations for synthetic countdown tasks (for `rlcr sft`): per task an
-/// answer example `[system, user, assistant: <think>E = v</think><answer>E</answer>]` and a
-/// confidence example `[…, assistant: answer, user: query, assistant: <analysis>…</analysis>
+/// answer example `[system, user, assistant: <think>E</think><answer>E</answer>]` and a
+/// confidence example `[…, assistant: answer, user: query, assistant: <analysis>E</analysis>
 /// <confidence>p</confidence>]`. A fraction `1 − correct_fraction` of the answers swap one operation
 /// for another that changes the value (a wrong but well-formed answer); confidences are drawn
 /// uniformly from {0.1, …, 0.9} regardless of correctness, so the warm start teaches the format and
@@ -384,12 +426,9 @@ pub fn sft_examples(
         } else {
             wrong_equation(sol, target, &mut rng).unwrap_or_else(|| sol.to_string())
         };
-        let value = eval_int(&eq).map_or("?".to_string(), |v| v.to_string());
-        let answer = format!("<think>{eq} = {value}</think><answer>{eq}</answer>");
+        let answer = format!("<think>{eq}</think><answer>{eq}</answer>");
         let c = rng.random_range(1..=9) as f64 / 10.0;
-        let conf = format!(
-            "<analysis>I checked the equation {eq}.</analysis><confidence>{c:.1}</confidence>"
-        );
+        let conf = format!("<analysis>{eq}</analysis><confidence>{c:.1}</confidence>");
         let mut base = vec![];
         if !system.is_empty() {
             base.push(json!({"role": "system", "content": system}));
@@ -848,6 +887,7 @@ mod tests {
             max_numbers: 2,
             max_number: 9,
             max_target: 81,
+            short_prompt: true,
         };
         for r in countdown_synth(1, 100, small).unwrap() {
             let nums = r.ground_truth["numbers"].as_array().unwrap().clone();

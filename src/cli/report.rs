@@ -1,41 +1,176 @@
-//! `rlcr report`: calibration metrics and plots.
-use std::path::PathBuf;
+//! `rlcr report`: calibration metrics, training-signal statistics and plots for one or more
+//! scored tables (iterations), optionally with a faithfulness-probe table.
+//!
+//! Streams each input once (plus a short second pass for the example texts of the last input), so
+//! it handles tables larger than memory at ≈ 50 bytes per row. All figures are computed by
+//! [`crate::report`]; this file validates the flags, drives the passes and writes the folder.
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use serde_json::json;
 
-use super::common::{not_built, Global};
+use super::common::{Global, UsageError};
+use crate::report::{self, BinRule, MissingConfidence, Options};
+use crate::table::{self, Meta};
 
 pub const ABOUT: &str =
     "Calibration report: accuracy, Brier, ECE, AUROC, reliability diagram, curves";
 pub const LONG_ABOUT: &str = "\
-Compute calibration metrics (accuracy, format rate, parse rate, mean confidence, Brier, ECE, AUROC,
-lengths, per data_source) and draw a reliability diagram; with several --input files (iterations),
-also metrics against iteration.
+Compute calibration metrics (accuracy, format rate, strict and lenient confidence parse rates, mean
+confidence, Brier, ECE, AUROC, lengths, per data_source) and seed 000's training-signal statistics
+(reward mean/std and lengths of answers and confidences, G_a / G_c groups with non-zero reward std),
+and draw a reliability diagram and reward/length histograms. Calibration is evaluated over the
+confidence rows (each carries its answer's acc_reward); a missing confidence counts as 0 (RLCR's
+eval) unless --missing-confidence drop.
 
-Reads: one or more scored tables (and optionally a probe table). Writes: REPORT_DIR with
-metrics.json, calibration.parquet, reliability.svg/.png, report.md.
+With several --input files (iterations, in order) the detailed sections describe the last one and
+a table and line chart follow the metrics across iterations. With --probe, the faithfulness probe's
+curves (probe confidence against cut fraction; probe vs verbal confidence vs correctness).
+
+Reads: one or more trajectory tables (usually scored), optionally a probe table.
+Writes into the folder -o (created if needed; files replaced atomically):
+  metrics.json          every figure, one entry per input (+ probe summary)
+  calibration.parquet   one row per (input, bin): edges, count, mean confidence, accuracy, gap
+  reliability.svg/.png  reliability diagram of the last input
+  histograms.svg/.png   rewards and lengths of answers vs confidences
+  iterations.svg/.png   metrics against iteration (several inputs)
+  probe_curve.svg/.png, probe_vs_verbal.svg/.png   (with --probe)
+  report.md             everything above on one page, with example rows
+
 Example:
-  rlcr report --input scored.parquet -o report/";
+  rlcr report --input runs/a/iter-0001/scored.parquet --input runs/a/iter-0002/scored.parquet -o report/";
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, serde::Serialize)]
 pub struct Args {
     /// Scored table(s); several = one per iteration, in order.
     #[arg(long, required = true)]
     pub input: Vec<PathBuf>,
-    /// Probe table.
+    /// Probe table (`rlcr probe` output).
     #[arg(long)]
     pub probe: Option<PathBuf>,
     /// Output folder.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
     /// Number of calibration bins.
-    #[arg(long, default_value_t = 10)]
-    pub bins: usize,
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub bins: u32,
+    /// ECE bin rule: `floor` = min(floor(c·B), B−1); `rlcr` = RLCR's float linspace edges + digitize.
+    #[arg(long, value_enum, default_value_t = BinRule::Floor)]
+    pub ece_rule: BinRule,
+    /// A confidence row without a valid confidence counts as `zero` (RLCR's eval) or is `drop`ped.
+    #[arg(long, value_enum, default_value_t = MissingConfidence::Zero)]
+    pub missing_confidence: MissingConfidence,
+    /// Example rows per kind in report.md (0: none, and no second pass over the last input).
+    #[arg(long, default_value_t = 3)]
+    pub examples: usize,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
 }
 
-pub fn run(_g: &Global, _a: Args) -> Result<()> {
-    Err(not_built("report"))
+pub fn run(g: &Global, a: Args) -> Result<()> {
+    // Plan: validate before any work.
+    for p in a.input.iter().chain(a.probe.iter()) {
+        if !p.exists() {
+            return Err(UsageError(format!("{}: no such input", p.display())).into());
+        }
+    }
+    if a.out.is_file() {
+        return Err(UsageError(format!(
+            "-o {}: is a file; report writes a folder of files",
+            a.out.display()
+        ))
+        .into());
+    }
+    // The folder must not be (or hold) an input: calibration.parquet would become a part file.
+    if let Ok(out) = std::fs::canonicalize(&a.out) {
+        for p in a.input.iter().chain(a.probe.iter()) {
+            let p = std::fs::canonicalize(p)
+                .with_context(|| format!("{}: cannot open input", p.display()))?;
+            if p == out {
+                return Err(UsageError(format!(
+                    "-o {}: is an input folder; write the report somewhere else",
+                    a.out.display()
+                ))
+                .into());
+            }
+        }
+    }
+    let opts = Options {
+        bins: a.bins as usize,
+        ece_rule: a.ece_rule,
+        missing_confidence: a.missing_confidence,
+    };
+    let mut analyses = Vec::with_capacity(a.input.len());
+    let mut examples = None;
+    for (i, path) in a.input.iter().enumerate() {
+        // Examples (and their second pass) only for the last input, which report.md details.
+        let k = if i + 1 == a.input.len() {
+            a.examples
+        } else {
+            0
+        };
+        let (an, ex) = report::analyse_file(path, &opts, k)?;
+        analyses.push(an);
+        examples = ex;
+    }
+    let probe = match &a.probe {
+        Some(p) => {
+            let rows = report::read_probe(p)?;
+            let s = report::probe::summarize(&rows, opts.bins, opts.ece_rule);
+            Some((rows, s))
+        }
+        None => None,
+    };
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("creating the output folder {}", a.out.display()))?;
+    let probe_ref = probe.as_ref().map(|(r, s)| (r, s));
+    let mut written = report::write_outputs(&a.out, &analyses, examples.as_ref(), probe_ref)?;
+    written.push(write_calibration(g, &a, &analyses)?);
+    crate::info!(
+        "report: wrote {} files to {} ({})",
+        written.len(),
+        a.out.display(),
+        headline(&analyses)
+    );
+    Ok(())
+}
+
+fn headline(analyses: &[report::Analysis]) -> String {
+    let Some(m) = analyses.last().map(|a| &a.report.overall) else {
+        return String::new();
+    };
+    let f = |v: Option<f64>| report::plot::fmt_opt(v, 4);
+    format!(
+        "accuracy {}, ECE {}, Brier {}, AUROC {}",
+        f(m.accuracy),
+        f(m.ece),
+        f(m.brier),
+        f(m.auroc)
+    )
+}
+
+fn write_calibration(g: &Global, a: &Args, analyses: &[report::Analysis]) -> Result<String> {
+    let reports: Vec<report::Report> = analyses.iter().map(|x| x.report.clone()).collect();
+    let batch = report::calibration_batch(&reports)?;
+    let mut config = serde_json::to_value(a)?;
+    config["seed"] = json!(g.seed);
+    let inputs: Vec<&Path> = a
+        .input
+        .iter()
+        .chain(a.probe.iter())
+        .map(|p| p.as_path())
+        .collect();
+    let meta = Meta {
+        schema_name: "rlcr.calibration".to_string(),
+        schema_version: 1,
+        stage: "report".to_string(),
+        config,
+        inputs: inputs.iter().map(|p| p.to_path_buf()).collect(),
+        extra: Default::default(),
+    };
+    let out = a.out.join("calibration.parquet");
+    table::write_table(&out, batch.schema(), &[batch], &meta)?;
+    Ok("calibration.parquet".to_string())
 }

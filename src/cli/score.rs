@@ -17,21 +17,25 @@
 //! accuracies; otherwise a pre-pass verifies all answers first. Rows are scored in parallel with
 //! rayon inside a row group; results are collected in row order, so the output does not depend on
 //! the thread count. The verifier settings and a summary go into the output's metadata.
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
-    Array, ArrayRef, BooleanBuilder, Float32Builder, Int32Array, Int32Builder,
-    ListArray, RecordBatch, StringArray, StringBuilder, StructArray,
+    Array, ArrayRef, BooleanBuilder, Float32Builder, Int32Array, Int32Builder, ListArray,
+    RecordBatch, StringArray, StringBuilder, StructArray,
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowWriterOptions};
 use parquet::arrow::{ArrowSchemaConverter, ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
@@ -46,8 +50,8 @@ use super::common::{Global, UsageError};
 use crate::reward::external::{ExternalVerifier, Reply, Request};
 use crate::reward::rlcr::{self, FormatPattern};
 use crate::reward::rows::{
-    self, AnswerScore, ConfidenceScore, CountdownCompat, GroundTruth, ParentAnswer, Preset, RowScore,
-    Settings,
+    self, AnswerScore, ConfidenceScore, CountdownCompat, GroundTruth, ParentAnswer, Preset,
+    RowScore, Settings,
 };
 use crate::reward::structured::{Component, ComponentSpec, RewardSpec, Value};
 use crate::reward::text::last_answer;
@@ -67,13 +71,27 @@ reward = the total of reward_components: `mean over turns + sum of globals` (see
 the presets is: rlcr (answers: acc + format-weight * format; confidences: Brier), rlcr-single
 (RLCR's single-completion 0.5*(format + acc + brier) + 1e-6 * (mean conf + 0/1 conf), for
 --answer-format tabc), tinyzero (answers: the countdown score 0 / 0.1 / 1). --rewards FILE.toml
-defines named per-turn and global components instead (see the README).
+defines named components instead:
+  preset = \"kg-r1\"            # optional: seed 001's defaults (format_score 0.15, is_answer_score
+                               # 0.1, kg_query_validity 0.1; exact_match 0.3, retrieval_quality 0.4)
+  [[turn]]                     # or [[global]]
+  name = \"format_score\"
+  weight = 0.15
+  source = \"format_ok\"        # correct, accuracy, format_ok, answer_present, countdown, brier,
+                               # confidence, extra.NAME; or: column = \"a_column\" (number, bool,
+                               # or a list with one value per turn)
+  rows = \"all\"                # answer | confidence | all
+Components named _raw_* are kept in reward_components but not summed.
 
 Verifiers (--verifier auto picks by data_source: countdown; hotpot/squad/trivia/... -> exact;
-mmlu/gpqa/... -> choice; otherwise math): countdown (last <answer> anywhere, + - * / x ÷ and
+mmlu/gpqa/... -> choice; otherwise math): countdown (last <answer> anywhere, + - * / × ÷ − and
 parentheses, each number once, |value - target| < 1e-5; --countdown-compat tinyzero reproduces
 TinyZero's compute_score on prompt + response, quirks included), math, exact, f1, choice, or an
-external program (--verifier-cmd, JSON lines; see the README for the protocol).
+external program (--verifier-cmd CMD, run with sh -c): rlcr writes one JSON request per answer row
+on its stdin, {\"id\", \"sample_id\", \"data_source\", \"prompt\", \"response\", \"answer\",
+\"ground_truth\"}, and reads one reply per line on its stdout, {\"id\", \"correct\": true|false|number,
+\"extra\": {NAME: number}} in any order; its stderr passes through; --verifier-timeout bounds the
+wait for each reply.
 
 Re-scoring an already scored table replaces every score column and drops the advantage columns.
 Columns the stage does not compute are copied as encoded Parquet chunks, so it streams millions of
@@ -164,10 +182,23 @@ pub struct Args {
 }
 
 /// The columns the stage writes, in the trajectory schema's order.
-pub const SCORE_COLUMNS: [&str; 7] =
-    ["answer", "format_ok", "acc_reward", "confidence", "conf_reward", "reward", "reward_components"];
+pub const SCORE_COLUMNS: [&str; 7] = [
+    "answer",
+    "format_ok",
+    "acc_reward",
+    "confidence",
+    "conf_reward",
+    "reward",
+    "reward_components",
+];
 /// Columns derived from rewards by later stages: dropped, never left stale.
-pub const STALE_COLUMNS: [&str; 5] = ["advantage", "token_advantages", "loss_mask", "returns", "trajectory_score"];
+pub const STALE_COLUMNS: [&str; 5] = [
+    "advantage",
+    "token_advantages",
+    "loss_mask",
+    "returns",
+    "trajectory_score",
+];
 
 /// Turn the flags into validated settings.
 pub fn settings_from_args(a: &Args) -> Result<Settings> {
@@ -180,19 +211,31 @@ pub fn settings_from_args(a: &Args) -> Result<Settings> {
         VerifierChoice::Choice => Some(VerifierKind::Choice),
     };
     if a.verifier_cmd.is_some() && verifier.is_some() {
-        return Err(UsageError("--verifier-cmd replaces the built-in verifiers; drop --verifier".into()).into());
+        return Err(UsageError(
+            "--verifier-cmd replaces the built-in verifiers; drop --verifier".into(),
+        )
+        .into());
     }
     if !(a.verifier_timeout.is_finite() && a.verifier_timeout > 0.0) {
-        return Err(UsageError("--verifier-timeout must be a positive number of seconds".into()).into());
+        return Err(
+            UsageError("--verifier-timeout must be a positive number of seconds".into()).into(),
+        );
     }
     if !a.format_weight.is_finite() {
         return Err(UsageError("--format-weight must be a finite number".into()).into());
     }
-    if a.reward_preset == Preset::Tinyzero && matches!(verifier, Some(k) if k != VerifierKind::Countdown) {
-        return Err(UsageError("--reward-preset tinyzero needs the countdown verifier".into()).into());
+    if a.reward_preset == Preset::Tinyzero
+        && matches!(verifier, Some(k) if k != VerifierKind::Countdown)
+    {
+        return Err(
+            UsageError("--reward-preset tinyzero needs the countdown verifier".into()).into(),
+        );
     }
     if a.reward_preset == Preset::Tinyzero && a.verifier_cmd.is_some() {
-        return Err(UsageError("--reward-preset tinyzero needs the countdown verifier, not --verifier-cmd".into()).into());
+        return Err(UsageError(
+            "--reward-preset tinyzero needs the countdown verifier, not --verifier-cmd".into(),
+        )
+        .into());
     }
     let answer_format = match a.answer_format {
         None if a.reward_preset == Preset::RlcrSingle => Some(FormatPattern::Tabc),
@@ -203,7 +246,9 @@ pub fn settings_from_args(a: &Args) -> Result<Settings> {
         Some(AnswerFormat::Tbac) => Some(FormatPattern::Tbac),
         Some(AnswerFormat::None) => None,
     };
-    if a.reward_preset == Preset::RlcrSingle && !answer_format.is_some_and(FormatPattern::has_confidence) {
+    if a.reward_preset == Preset::RlcrSingle
+        && !answer_format.is_some_and(FormatPattern::has_confidence)
+    {
         return Err(UsageError("--reward-preset rlcr-single needs an answer format with a confidence (tac, tabc, tbac)".into()).into());
     }
     let gate = match a.format_gate {
@@ -229,7 +274,10 @@ pub fn settings_from_args(a: &Args) -> Result<Settings> {
 
 pub fn run(_g: &Global, a: Args) -> Result<()> {
     let settings = settings_from_args(&a)?;
-    let external = a.verifier_cmd.clone().map(|c| (c, Duration::from_secs_f64(a.verifier_timeout)));
+    let external = a
+        .verifier_cmd
+        .clone()
+        .map(|c| (c, Duration::from_secs_f64(a.verifier_timeout)));
     let config = serde_json::json!({ "args": &a, "settings": &settings });
     let summary = score_table(&a.input, &a.out, &settings, external, config)?;
     crate::info!(
@@ -293,7 +341,10 @@ struct Part {
     path: PathBuf,
     /// Used only by the writer thread (column-chunk copies); readers open their own.
     file: File,
+    /// The file's metadata and Arrow schema (layout, copies).
     meta: ArrowReaderMetadata,
+    /// The same, reading [`DICTIONARY_COLUMNS`] as dictionaries.
+    read_meta: ArrowReaderMetadata,
     /// Global row index of the part's first row.
     first_row: u64,
 }
@@ -310,8 +361,12 @@ impl Part {
     }
 
     /// Read `columns` (those present) of one row group, in batches of [`BATCH_ROWS`].
-    fn batches(&self, rg: usize, columns: &[&str]) -> Result<impl Iterator<Item = Result<RecordBatch>> + '_> {
-        let schema = self.meta.schema();
+    fn batches(
+        &self,
+        rg: usize,
+        columns: &[&str],
+    ) -> Result<impl Iterator<Item = Result<RecordBatch>> + '_> {
+        let schema = self.read_meta.schema();
         let idx: Vec<usize> = schema
             .fields()
             .iter()
@@ -321,8 +376,9 @@ impl Part {
             .collect();
         // a fresh open file description: `try_clone` would share the file offset with the writer
         // thread, which copies column chunks from `self.file` at the same time
-        let file = File::open(&self.path).with_context(|| format!("{}: cannot reopen", self.path.display()))?;
-        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone());
+        let file = File::open(&self.path)
+            .with_context(|| format!("{}: cannot reopen", self.path.display()))?;
+        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.read_meta.clone());
         let mask = ProjectionMask::roots(b.parquet_schema(), idx);
         let r = b
             .with_projection(mask)
@@ -331,13 +387,76 @@ impl Part {
             .build()
             .with_context(|| format!("{}: cannot read row group {rg}", self.path.display()))?;
         Ok(r.map(move |b| {
-            b.with_context(|| format!("{}: corrupt or truncated Parquet data in row group {rg}", self.path.display()))
+            b.with_context(|| {
+                format!(
+                    "{}: corrupt or truncated Parquet data in row group {rg}",
+                    self.path.display()
+                )
+            })
         }))
     }
 }
 
 /// Rows decoded at a time.
 const BATCH_ROWS: usize = 8192;
+
+/// Buffer size for copying column chunks: parquet's own `File` reader and its writer both buffer
+/// 8 KiB, which turns a gigabyte of copying into a quarter of a million system calls.
+const COPY_BUFFER: usize = 1 << 20;
+
+/// The input file as a [`ChunkReader`] with large reads (for the column-chunk copies).
+struct CopySource<'a>(&'a File);
+
+impl parquet::file::reader::Length for CopySource<'_> {
+    fn len(&self) -> u64 {
+        parquet::file::reader::Length::len(self.0)
+    }
+}
+
+impl parquet::file::reader::ChunkReader for CopySource<'_> {
+    type T = std::io::BufReader<File>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        use std::io::Seek;
+        let mut f = self.0.try_clone()?;
+        f.seek(std::io::SeekFrom::Start(start))?;
+        Ok(std::io::BufReader::with_capacity(COPY_BUFFER, f))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        self.0.get_bytes(start, length)
+    }
+}
+
+/// Columns read as Arrow dictionaries: they repeat within a table (one or two sample types, a few
+/// data sources, one ground truth per prompt), so their Parquet dictionary pages are used as they
+/// are instead of materialising a string per row.
+const DICTIONARY_COLUMNS: [&str; 3] = ["sample_type", "data_source", "ground_truth"];
+
+/// Reader metadata asking for [`DICTIONARY_COLUMNS`] as dictionaries (the plain reader when the
+/// hint does not apply).
+fn dictionary_hints(meta: &ArrowReaderMetadata) -> ArrowReaderMetadata {
+    let schema = meta.schema();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let f = f.as_ref().clone();
+            if DICTIONARY_COLUMNS.contains(&f.name().as_str()) && f.data_type() == &DataType::Utf8 {
+                let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+                f.with_data_type(dt)
+            } else {
+                f
+            }
+        })
+        .collect();
+    let hint = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+    ArrowReaderMetadata::try_new(
+        meta.metadata().clone(),
+        ArrowReaderOptions::new().with_schema(hint),
+    )
+    .unwrap_or_else(|_| meta.clone())
+}
 
 fn open_parts(input: &Path) -> Result<Vec<Part>> {
     let files = table::io::input_files(input)?;
@@ -348,14 +467,30 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
         let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
         if let Some(p0) = parts.first() {
-            if p0.meta.metadata().file_metadata().schema_descr().root_schema()
+            if p0
+                .meta
+                .metadata()
+                .file_metadata()
+                .schema_descr()
+                .root_schema()
                 != meta.metadata().file_metadata().schema_descr().root_schema()
             {
-                bail!("{}: part file has a different schema from {}", path.display(), p0.path.display());
+                bail!(
+                    "{}: part file has a different schema from {}",
+                    path.display(),
+                    p0.path.display()
+                );
             }
         }
         let n = meta.metadata().file_metadata().num_rows().max(0) as u64;
-        parts.push(Part { path, file, meta, first_row });
+        let read_meta = dictionary_hints(&meta);
+        parts.push(Part {
+            path,
+            file,
+            meta,
+            read_meta,
+            first_row,
+        });
         first_row += n;
     }
     if parts.is_empty() {
@@ -366,36 +501,189 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
 
 /// A utf8 column (Utf8, LargeUtf8 or Utf8View read as Utf8).
 fn utf8(b: &RecordBatch, file: &Path, name: &str) -> Result<StringArray> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| anyhow!("{}: column `{name}` is missing (is this a trajectory table?)", file.display()))?;
+    let c = b.column_by_name(name).ok_or_else(|| {
+        anyhow!(
+            "{}: column `{name}` is missing (is this a trajectory table?)",
+            file.display()
+        )
+    })?;
     let c = match c.data_type() {
         DataType::Utf8 => c.clone(),
         DataType::LargeUtf8 | DataType::Utf8View => arrow::compute::cast(c, &DataType::Utf8)?,
-        other => bail!("{}: column `{name}` has type {other}, expected utf8", file.display()),
+        other => bail!(
+            "{}: column `{name}` has type {other}, expected utf8",
+            file.display()
+        ),
     };
-    Ok(c.as_any().downcast_ref::<StringArray>().context("internal: utf8 cast")?.clone())
+    Ok(c.as_any()
+        .downcast_ref::<StringArray>()
+        .context("internal: utf8 cast")?
+        .clone())
 }
 
 fn int32(b: &RecordBatch, file: &Path, name: &str) -> Result<Int32Array> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| anyhow!("{}: column `{name}` is missing (is this a trajectory table?)", file.display()))?;
+    let c = b.column_by_name(name).ok_or_else(|| {
+        anyhow!(
+            "{}: column `{name}` is missing (is this a trajectory table?)",
+            file.display()
+        )
+    })?;
     let c = match c.data_type() {
         DataType::Int32 => c.clone(),
-        DataType::Int64 | DataType::Int16 | DataType::Int8 | DataType::UInt32 | DataType::UInt16 | DataType::UInt8 => {
-            arrow::compute::cast(c, &DataType::Int32)?
-        }
-        other => bail!("{}: column `{name}` has type {other}, expected int32", file.display()),
+        DataType::Int64
+        | DataType::Int16
+        | DataType::Int8
+        | DataType::UInt32
+        | DataType::UInt16
+        | DataType::UInt8 => arrow::compute::cast(c, &DataType::Int32)?,
+        other => bail!(
+            "{}: column `{name}` has type {other}, expected int32",
+            file.display()
+        ),
     };
-    Ok(c.as_any().downcast_ref::<Int32Array>().context("internal: int32 cast")?.clone())
+    Ok(c.as_any()
+        .downcast_ref::<Int32Array>()
+        .context("internal: int32 cast")?
+        .clone())
 }
 
-fn str_at<'a>(a: &'a StringArray, i: usize, file: &Path, name: &str, row: u64) -> Result<&'a str> {
-    if a.is_null(i) {
+/// Row access to a utf8 column, plain or dictionary-encoded.
+trait Strs {
+    fn is_null_at(&self, i: usize) -> bool;
+    fn value_at(&self, i: usize) -> &str;
+}
+
+impl Strs for StringArray {
+    fn is_null_at(&self, i: usize) -> bool {
+        self.is_null(i)
+    }
+    fn value_at(&self, i: usize) -> &str {
+        self.value(i)
+    }
+}
+
+/// A utf8 column read either way: a dictionary keeps its keys, so that equal keys can skip a
+/// string comparison.
+enum StrCol {
+    Plain(StringArray),
+    Dict {
+        keys: Int32Array,
+        values: StringArray,
+    },
+}
+
+impl StrCol {
+    fn len(&self) -> usize {
+        match self {
+            StrCol::Plain(a) => a.len(),
+            StrCol::Dict { keys, .. } => keys.len(),
+        }
+    }
+
+    /// The dictionary key of row `i` (`None` for plain columns).
+    fn key(&self, i: usize) -> Option<i32> {
+        match self {
+            StrCol::Plain(_) => None,
+            StrCol::Dict { keys, .. } => Some(keys.value(i)),
+        }
+    }
+}
+
+impl Strs for StrCol {
+    fn is_null_at(&self, i: usize) -> bool {
+        match self {
+            StrCol::Plain(a) => a.is_null(i),
+            StrCol::Dict { keys, values } => {
+                keys.is_null(i) || values.is_null(keys.value(i) as usize)
+            }
+        }
+    }
+    fn value_at(&self, i: usize) -> &str {
+        match self {
+            StrCol::Plain(a) => a.value(i),
+            StrCol::Dict { keys, values } => values.value(keys.value(i) as usize),
+        }
+    }
+}
+
+/// A utf8 column that may have been read as a dictionary.
+fn str_col(b: &RecordBatch, file: &Path, name: &str) -> Result<StrCol> {
+    let c = b.column_by_name(name).ok_or_else(|| {
+        anyhow!(
+            "{}: column `{name}` is missing (is this a trajectory table?)",
+            file.display()
+        )
+    })?;
+    if let DataType::Dictionary(kt, vt) = c.data_type() {
+        let c = if **kt == DataType::Int32 && **vt == DataType::Utf8 {
+            c.clone()
+        } else {
+            let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+            arrow::compute::cast(c, &dt)?
+        };
+        let d = c
+            .as_any()
+            .downcast_ref::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>()
+            .context("internal: dictionary cast")?;
+        let values = d
+            .values()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .context("internal: dictionary values")?
+            .clone();
+        return Ok(StrCol::Dict {
+            keys: d.keys().clone(),
+            values,
+        });
+    }
+    Ok(StrCol::Plain(utf8(b, file, name)?))
+}
+
+fn str_at<'a, S: Strs + ?Sized>(
+    a: &'a S,
+    i: usize,
+    file: &Path,
+    name: &str,
+    row: u64,
+) -> Result<&'a str> {
+    if a.is_null_at(i) {
         bail!("{}, row {row}: column `{name}` is null", file.display());
     }
-    Ok(a.value(i))
+    Ok(a.value_at(i))
+}
+
+/// The kind of every row of a batch (dictionaries: once per distinct value).
+fn kinds_of(st: &StrCol, path: &Path, first: u64) -> Result<Vec<Kind>> {
+    let n = st.len();
+    let mut kinds = Vec::with_capacity(n);
+    match st {
+        StrCol::Dict { keys, values } if keys.null_count() == 0 && values.null_count() == 0 => {
+            let per_value: Vec<Option<Kind>> = (0..values.len())
+                .map(|v| match values.value(v) {
+                    "answer" => Some(Kind::Answer),
+                    "confidence" => Some(Kind::Confidence),
+                    _ => None,
+                })
+                .collect();
+            for i in 0..n {
+                match per_value[keys.value(i) as usize] {
+                    Some(k) => kinds.push(k),
+                    None => kinds.push(kind_of(st.value_at(i), path, first + i as u64)?),
+                }
+            }
+        }
+        _ => {
+            for i in 0..n {
+                let row = first + i as u64;
+                kinds.push(kind_of(
+                    str_at(st, i, path, "sample_type", row)?,
+                    path,
+                    row,
+                )?);
+            }
+        }
+    }
+    Ok(kinds)
 }
 
 /// The key linking a confidence row to its answer: 128 bits of two SipHash digests of
@@ -421,7 +709,10 @@ fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
     match s {
         "answer" => Ok(Kind::Answer),
         "confidence" => Ok(Kind::Confidence),
-        other => bail!("{}, row {row}: sample_type {other:?} is neither \"answer\" nor \"confidence\"", file.display()),
+        other => bail!(
+            "{}, row {row}: sample_type {other:?} is neither \"answer\" nor \"confidence\"",
+            file.display()
+        ),
     }
 }
 
@@ -435,22 +726,22 @@ struct Links {
 fn link_pass(parts: &[Part]) -> Result<Links> {
     let mut answers: HashMap<u128, u64> = HashMap::new(); // key -> row
     let mut pending: Vec<(u128, u64, String, i32)> = Vec::new(); // confidence rows
-    // Answers are only remembered once a confidence row shows they are needed; until then only
-    // `sample_type` is read (a table of answers alone costs one small column).
+                                                                 // Answers are only remembered once a confidence row shows they are needed; until then only
+                                                                 // `sample_type` is read (a table of answers alone costs one small column).
     let mut linking = false;
     let mut seen_answers_before_linking = false;
     for p in parts {
         for rg in 0..p.row_groups() {
-            let cols: &[&str] =
-                if linking { &["sample_type", "prompt_id", "answer_idx"] } else { &["sample_type"] };
+            let cols: &[&str] = if linking {
+                &["sample_type", "prompt_id", "answer_idx"]
+            } else {
+                &["sample_type"]
+            };
             let mut row = p.rg_first_row(rg);
             for b in p.batches(rg, cols)? {
                 let b = b?;
-                let st = utf8(&b, &p.path, "sample_type")?;
-                let mut kinds = Vec::with_capacity(st.len());
-                for i in 0..st.len() {
-                    kinds.push(kind_of(str_at(&st, i, &p.path, "sample_type", row + i as u64)?, &p.path, row + i as u64)?);
-                }
+                let st = str_col(&b, &p.path, "sample_type")?;
+                let kinds = kinds_of(&st, &p.path, row)?;
                 if !linking && kinds.contains(&Kind::Confidence) {
                     if seen_answers_before_linking {
                         // answers read before the first confidence row: start again, linking all
@@ -484,11 +775,8 @@ fn link_all(parts: &[Part]) -> Result<Links> {
             let mut row = p.rg_first_row(rg);
             for b in p.batches(rg, &["sample_type", "prompt_id", "answer_idx"])? {
                 let b = b?;
-                let st = utf8(&b, &p.path, "sample_type")?;
-                let mut kinds = Vec::with_capacity(st.len());
-                for i in 0..st.len() {
-                    kinds.push(kind_of(str_at(&st, i, &p.path, "sample_type", row + i as u64)?, &p.path, row + i as u64)?);
-                }
+                let st = str_col(&b, &p.path, "sample_type")?;
+                let kinds = kinds_of(&st, &p.path, row)?;
                 link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
                 row += st.len() as u64;
             }
@@ -530,7 +818,11 @@ fn link_batch(
     Ok(())
 }
 
-fn finish_links(parts: &[Part], answers: &HashMap<u128, u64>, pending: &[(u128, u64, String, i32)]) -> Result<Links> {
+fn finish_links(
+    parts: &[Part],
+    answers: &HashMap<u128, u64>,
+    pending: &[(u128, u64, String, i32)],
+) -> Result<Links> {
     let mut forward = false;
     for (k, row, pr, ai) in pending {
         match answers.get(k) {
@@ -541,7 +833,10 @@ fn finish_links(parts: &[Part], answers: &HashMap<u128, u64>, pending: &[(u128, 
             Some(arow) => forward |= arow > row,
         }
     }
-    Ok(Links { confidences: pending.len() as u64, forward })
+    Ok(Links {
+        confidences: pending.len() as u64,
+        forward,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -549,12 +844,12 @@ fn finish_links(parts: &[Part], answers: &HashMap<u128, u64>, pending: &[(u128, 
 
 /// The columns a batch is scored from (the optional ones only when some setting needs them).
 struct RgCols {
-    sample_type: StringArray,
+    sample_type: StrCol,
     prompt_id: Option<StringArray>,
     answer_idx: Option<Int32Array>,
     sample_id: Option<StringArray>,
-    data_source: StringArray,
-    ground_truth: StringArray,
+    data_source: StrCol,
+    ground_truth: StrCol,
     response: StringArray,
     messages: Option<StringArray>,
     extra: HashMap<String, ArrayRef>,
@@ -568,8 +863,13 @@ struct Needs {
     messages: bool,
 }
 
-fn column_names<'a>(needs: Needs, spec_cols: &'a [String]) -> Vec<&'a str> {
-    let mut names: Vec<&str> = vec!["sample_type", "data_source", "ground_truth", "response_text"];
+fn column_names(needs: Needs, spec_cols: &[String]) -> Vec<&str> {
+    let mut names: Vec<&str> = vec![
+        "sample_type",
+        "data_source",
+        "ground_truth",
+        "response_text",
+    ];
     if needs.ids {
         names.extend(["prompt_id", "answer_idx"]);
     }
@@ -584,23 +884,47 @@ fn column_names<'a>(needs: Needs, spec_cols: &'a [String]) -> Vec<&'a str> {
 }
 
 impl RgCols {
-    fn from_batch(b: &RecordBatch, path: &Path, needs: Needs, spec_cols: &[String]) -> Result<RgCols> {
+    fn from_batch(
+        b: &RecordBatch,
+        path: &Path,
+        needs: Needs,
+        spec_cols: &[String],
+    ) -> Result<RgCols> {
         let mut extra = HashMap::new();
         for c in spec_cols {
             let a = b.column_by_name(c).ok_or_else(|| {
-                anyhow!("{}: column `{c}` (read by the rewards TOML) is missing", path.display())
+                anyhow!(
+                    "{}: column `{c}` (read by the rewards TOML) is missing",
+                    path.display()
+                )
             })?;
             extra.insert(c.clone(), a.clone());
         }
         Ok(RgCols {
-            sample_type: utf8(b, path, "sample_type")?,
-            prompt_id: if needs.ids { Some(utf8(b, path, "prompt_id")?) } else { None },
-            answer_idx: if needs.ids { Some(int32(b, path, "answer_idx")?) } else { None },
-            sample_id: if needs.sample_id { Some(utf8(b, path, "sample_id")?) } else { None },
-            data_source: utf8(b, path, "data_source")?,
-            ground_truth: utf8(b, path, "ground_truth")?,
+            sample_type: str_col(b, path, "sample_type")?,
+            prompt_id: if needs.ids {
+                Some(utf8(b, path, "prompt_id")?)
+            } else {
+                None
+            },
+            answer_idx: if needs.ids {
+                Some(int32(b, path, "answer_idx")?)
+            } else {
+                None
+            },
+            sample_id: if needs.sample_id {
+                Some(utf8(b, path, "sample_id")?)
+            } else {
+                None
+            },
+            data_source: str_col(b, path, "data_source")?,
+            ground_truth: str_col(b, path, "ground_truth")?,
             response: utf8(b, path, "response_text")?,
-            messages: if needs.messages { Some(utf8(b, path, "messages")?) } else { None },
+            messages: if needs.messages {
+                Some(utf8(b, path, "messages")?)
+            } else {
+                None
+            },
             extra,
         })
     }
@@ -616,22 +940,38 @@ impl RgCols {
 
 /// A verifier's verdict on one answer row.
 #[derive(Debug, Clone)]
-struct Verdict {
-    answer: Option<String>,
+struct Verdict<'a> {
+    /// The extracted answer, borrowed from the response when it is a slice of it.
+    answer: Option<Cow<'a, str>>,
     correct: f64,
     countdown: Option<f32>,
     extra: Vec<(String, f64)>,
+}
+
+impl Verdict<'_> {
+    fn into_owned(self) -> Verdict<'static> {
+        Verdict {
+            answer: self.answer.map(|a| Cow::Owned(a.into_owned())),
+            correct: self.correct,
+            countdown: self.countdown,
+            extra: self.extra,
+        }
+    }
 }
 
 /// The prompt text TinyZero's scorer sees before the response, rendered from `messages` as
 /// ChatML (Qwen's template): `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
 /// `<|im_start|>assistant\n`, or a final assistant message left open as a prefill.
 pub fn chatml_prefix(messages_json: &str) -> Result<String> {
-    let v: serde_json::Value = serde_json::from_str(messages_json).context("`messages` is not JSON")?;
+    let v: serde_json::Value =
+        serde_json::from_str(messages_json).context("`messages` is not JSON")?;
     let msgs = v.as_array().context("`messages` is not a JSON list")?;
     let mut s = String::new();
     for (i, m) in msgs.iter().enumerate() {
-        let role = m.get("role").and_then(|r| r.as_str()).context("a message has no string `role`")?;
+        let role = m
+            .get("role")
+            .and_then(|r| r.as_str())
+            .context("a message has no string `role`")?;
         let content = m.get("content").and_then(|c| c.as_str()).unwrap_or("");
         let last = i + 1 == msgs.len();
         if last && role == "assistant" {
@@ -659,67 +999,121 @@ struct Ctx<'a> {
     path: &'a Path,
 }
 
-/// Verify the answer rows `rows` (indices into the row group) with the built-in verifiers.
-fn verify_builtin_rows(ctx: &Ctx<'_>, c: &RgCols, first_row: u64, rows: &[usize]) -> Result<Vec<(Verdict, VerifierKind)>> {
-    rows.par_iter()
-        .map_init(
-            || (String::new(), None::<(VerifierKind, GroundTruth)>, String::new(), String::new()),
-            |(gt_text, gt_cache, msg_text, prefix), &i| -> Result<(Verdict, VerifierKind)> {
-                let row = first_row + i as u64;
-                let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
-                let kind = ctx.settings.verifier.unwrap_or_else(|| auto_verifier(ds));
-                if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
-                    bail!(
-                        "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
-                        ctx.path.display(),
-                        kind.name()
-                    );
-                }
-                let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
-                let cached = matches!(gt_cache, Some((k, _)) if *k == kind) && gt_text.as_str() == gts;
-                if !cached {
-                    let gt = GroundTruth::parse(kind, gts)
-                        .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
-                    *gt_cache = Some((kind, gt));
-                    gt_text.clear();
-                    gt_text.push_str(gts);
-                }
-                // ok: the cache was filled just above
-                let (_, gt) = gt_cache.as_ref().context("internal: ground-truth cache")?;
-                let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
-                let pre = if kind == VerifierKind::Countdown && ctx.settings.countdown_compat == CountdownCompat::Tinyzero {
-                    let m = c.messages.as_ref().context("internal: messages not read")?;
-                    let mt = str_at(m, i, ctx.path, "messages", row)?;
-                    if msg_text.as_str() != mt {
-                        *prefix = chatml_prefix(mt).with_context(|| format!("{}, row {row}, column `messages`", ctx.path.display()))?;
-                        msg_text.clear();
-                        msg_text.push_str(mt);
-                    }
-                    Some(prefix.as_str())
-                } else {
-                    None
-                };
-                let (answer, correct, countdown) = rows::verify_builtin(kind, ctx.settings, response, pre, gt);
-                Ok((Verdict { answer, correct, countdown, extra: Vec::new() }, kind))
-            },
-        )
-        .collect()
+/// Per-thread caches of [`verify_one`]: the last ground truth parsed, the last prompt rendered,
+/// the last data_source resolved (rows of one prompt are adjacent and share them).
+#[derive(Default)]
+struct VerifyCache {
+    /// Dictionary key of the cached ground truth (keys are per batch, as is a cache).
+    gt_key: Option<i32>,
+    gt_text: String,
+    gt: Option<(VerifierKind, GroundTruth)>,
+    msg_text: String,
+    prefix: String,
+    ds: Option<(String, VerifierKind)>,
+}
+
+/// Verify answer row `i` with the built-in verifiers.
+fn verify_one<'b>(
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first_row: u64,
+    i: usize,
+    cache: &mut VerifyCache,
+) -> Result<(Verdict<'b>, VerifierKind)> {
+    let row = first_row + i as u64;
+    let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
+    let kind = match (ctx.settings.verifier, cache.ds.as_ref()) {
+        (Some(k), _) => k,
+        (None, Some((d, k))) if d == ds => *k,
+        (None, _) => {
+            let k = auto_verifier(ds);
+            cache.ds = Some((ds.to_string(), k));
+            k
+        }
+    };
+    if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
+        bail!(
+            "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
+            ctx.path.display(),
+            kind.name()
+        );
+    }
+    let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+    let key = c.ground_truth.key(i);
+    let same_text = match (key, cache.gt_key) {
+        (Some(a), Some(b)) if a == b => true,
+        _ => cache.gt_text.as_str() == gts,
+    };
+    let cached = matches!(&cache.gt, Some((k, _)) if *k == kind) && same_text;
+    if !cached {
+        let gt = GroundTruth::parse(kind, gts)
+            .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
+        cache.gt = Some((kind, gt));
+        cache.gt_text.clear();
+        cache.gt_text.push_str(gts);
+        cache.gt_key = key;
+    }
+    let (_, gt) = cache.gt.as_ref().context("internal: ground-truth cache")?;
+    let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
+    let pre = if kind == VerifierKind::Countdown
+        && ctx.settings.countdown_compat == CountdownCompat::Tinyzero
+    {
+        let m = c.messages.as_ref().context("internal: messages not read")?;
+        let mt = str_at(m, i, ctx.path, "messages", row)?;
+        if cache.msg_text.as_str() != mt {
+            cache.prefix = chatml_prefix(mt)
+                .with_context(|| format!("{}, row {row}, column `messages`", ctx.path.display()))?;
+            cache.msg_text.clear();
+            cache.msg_text.push_str(mt);
+        }
+        Some(cache.prefix.as_str())
+    } else {
+        None
+    };
+    let (answer, correct, countdown) = rows::verify_builtin(kind, ctx.settings, response, pre, gt);
+    Ok((
+        Verdict {
+            answer,
+            correct,
+            countdown,
+            extra: Vec::new(),
+        },
+        kind,
+    ))
+}
+
+/// Verify the answer rows `rows` (indices into the batch) with the built-in verifiers.
+fn verify_builtin_rows<'b>(
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first_row: u64,
+    rows: &[usize],
+) -> Result<Vec<(Verdict<'b>, VerifierKind)>> {
+    let out: Vec<Result<(Verdict<'b>, VerifierKind)>> = rows
+        .par_iter()
+        .map_init(VerifyCache::default, |cache, &i| {
+            verify_one(ctx, c, first_row, i, cache)
+        })
+        .collect();
+    out.into_iter().collect()
 }
 
 /// Verify answer rows with the external verifier.
-fn verify_external_rows(
+fn verify_external_rows<'b>(
     ext: &mut ExternalVerifier,
     ctx: &Ctx<'_>,
-    c: &RgCols,
+    c: &'b RgCols,
     first_row: u64,
     rows: &[usize],
-) -> Result<Vec<Verdict>> {
+) -> Result<Vec<Verdict<'b>>> {
     let mut gts: Vec<serde_json::Value> = Vec::with_capacity(rows.len());
     let mut prompts: Vec<Option<String>> = Vec::with_capacity(rows.len());
     for &i in rows {
         let row = first_row + i as u64;
         let t = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
-        gts.push(serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.to_string())));
+        gts.push(
+            serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.to_string())),
+        );
         prompts.push(match &c.messages {
             Some(m) if !m.is_null(i) => last_user_content(m.value(i)),
             _ => None,
@@ -731,7 +1125,15 @@ fn verify_external_rows(
         let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
         reqs.push(Request {
             id: row,
-            sample_id: str_at(c.sample_id.as_ref().context("internal: sample_id not read")?, i, ctx.path, "sample_id", row)?,
+            sample_id: str_at(
+                c.sample_id
+                    .as_ref()
+                    .context("internal: sample_id not read")?,
+                i,
+                ctx.path,
+                "sample_id",
+                row,
+            )?,
             data_source: str_at(&c.data_source, i, ctx.path, "data_source", row)?,
             prompt: prompts[n].as_deref(),
             response,
@@ -740,11 +1142,12 @@ fn verify_external_rows(
         });
     }
     let replies: Vec<Reply> = ext.verify(&reqs)?;
-    Ok(reqs
+    drop(reqs);
+    Ok(rows
         .iter()
         .zip(replies)
-        .map(|(r, rep)| Verdict {
-            answer: r.answer.map(str::to_string),
+        .map(|(&i, rep)| Verdict {
+            answer: last_answer(c.response.value(i)).map(Cow::Borrowed),
             correct: rep.correct,
             countdown: None,
             extra: rep.extra,
@@ -776,29 +1179,43 @@ fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
         DataType::List(_) => {
             let l = a.as_list::<i32>();
             let v = l.value(i);
-            Ok(Value::PerTurn((0..v.len()).map(|j| scalar(v.as_ref(), j)).collect::<Result<_>>()?))
+            Ok(Value::PerTurn(
+                (0..v.len())
+                    .map(|j| scalar(v.as_ref(), j))
+                    .collect::<Result<_>>()?,
+            ))
         }
         DataType::LargeList(_) => {
             let l = a.as_list::<i64>();
             let v = l.value(i);
-            Ok(Value::PerTurn((0..v.len()).map(|j| scalar(v.as_ref(), j)).collect::<Result<_>>()?))
+            Ok(Value::PerTurn(
+                (0..v.len())
+                    .map(|j| scalar(v.as_ref(), j))
+                    .collect::<Result<_>>()?,
+            ))
         }
         _ => Ok(scalar(a.as_ref(), i)?.map_or(Value::Missing, Value::Scalar)),
     }
 }
 
 /// One scored row.
-struct Scored {
-    answer: Option<String>,
-    format_ok: bool,
-    acc: f64,
-    confidence: Option<f64>,
-    conf_reward: Option<f64>,
+/// One scored row, on its way to the column builders.
+struct Scored<'a> {
+    answer: Option<Cow<'a, str>>,
     components: Vec<Component>,
-    reward: f64,
+    acc: f32,
+    reward: f32,
+    confidence: Option<f32>,
+    conf_reward: Option<f32>,
+    format_ok: bool,
 }
 
-fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: AnswerScore) -> Result<Scored> {
+fn scored_answer<'a>(
+    ctx: &Ctx<'_>,
+    c: &RgCols,
+    i: usize,
+    a: AnswerScore<'a>,
+) -> Result<Scored<'a>> {
     let row = RowScore::Answer(&a);
     let mut err = None;
     let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
@@ -812,20 +1229,32 @@ fn scored_answer(ctx: &Ctx<'_>, c: &RgCols, i: usize, a: AnswerScore) -> Result<
     }
     let reward = rows::reward(&components);
     let conf_reward = a.rlcr_terms.map(|t| t.brier).or_else(|| {
-        a.confidence.map(|cf| if a.format_ok { rlcr::brier_reward(a.accuracy, Some(cf)) } else { 0.0 })
+        a.confidence.map(|cf| {
+            if a.format_ok {
+                rlcr::brier_reward(a.accuracy, Some(cf))
+            } else {
+                0.0
+            }
+        })
     });
     Ok(Scored {
         answer: a.answer,
         format_ok: a.format_ok,
-        acc: a.accuracy,
-        confidence: a.confidence,
-        conf_reward,
+        acc: a.accuracy as f32,
+        confidence: a.confidence.map(|x| x as f32),
+        conf_reward: conf_reward.map(|x| x as f32),
         components,
-        reward,
+        reward: reward as f32,
     })
 }
 
-fn scored_confidence(ctx: &Ctx<'_>, c: &RgCols, i: usize, s: &ConfidenceScore, parent: ParentAnswer) -> Result<Scored> {
+fn scored_confidence(
+    ctx: &Ctx<'_>,
+    c: &RgCols,
+    i: usize,
+    s: &ConfidenceScore,
+    parent: ParentAnswer,
+) -> Result<Scored<'static>> {
     let row = RowScore::Confidence(s, parent);
     let mut err = None;
     let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
@@ -841,11 +1270,11 @@ fn scored_confidence(ctx: &Ctx<'_>, c: &RgCols, i: usize, s: &ConfidenceScore, p
     Ok(Scored {
         answer: None,
         format_ok: s.format_ok,
-        acc: parent.accuracy,
-        confidence: s.confidence,
-        conf_reward: Some(s.conf_reward),
+        acc: parent.accuracy as f32,
+        confidence: s.confidence.map(|x| x as f32),
+        conf_reward: Some(s.conf_reward as f32),
         components,
-        reward,
+        reward: reward as f32,
     })
 }
 
@@ -864,69 +1293,96 @@ fn score_fields() -> Result<Vec<Field>> {
         .collect()
 }
 
-fn build_components(rows: &[Scored], list_field: &Field) -> Result<ArrayRef> {
-    let DataType::List(item) = list_field.data_type() else {
-        bail!("internal: reward_components is not a list");
-    };
-    let DataType::Struct(fields) = item.data_type() else {
-        bail!("internal: reward_components items are not structs");
-    };
-    let total: usize = rows.iter().map(|r| r.components.len()).sum();
-    let mut names = StringBuilder::with_capacity(total, total * 10);
-    let mut turns = Int32Builder::with_capacity(total);
-    let mut values = Float32Builder::with_capacity(total);
-    let mut weights = Float32Builder::with_capacity(total);
-    let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
-    offsets.push(0);
-    let mut n = 0i32;
-    for r in rows {
-        for c in &r.components {
-            names.append_value(&c.name);
-            turns.append_value(c.turn);
-            values.append_value(c.value);
-            weights.append_value(c.weight);
-        }
-        n += r.components.len() as i32;
-        offsets.push(n);
-    }
-    let st = StructArray::try_new(
-        fields.clone(),
-        vec![
-            Arc::new(names.finish()),
-            Arc::new(turns.finish()),
-            Arc::new(values.finish()),
-            Arc::new(weights.finish()),
-        ],
-        None,
-    )?;
-    Ok(Arc::new(ListArray::try_new(item.clone(), OffsetBuffer::new(offsets.into()), Arc::new(st), None)?))
+/// Builders of the seven score columns of one row group, filled row by row.
+struct ScoreBuilders {
+    answer: StringBuilder,
+    format_ok: BooleanBuilder,
+    acc: Float32Builder,
+    conf: Float32Builder,
+    conf_reward: Float32Builder,
+    reward: Float32Builder,
+    names: StringBuilder,
+    turns: Int32Builder,
+    values: Float32Builder,
+    weights: Float32Builder,
+    offsets: Vec<i32>,
 }
 
-fn score_arrays(rows: &[Scored], fields: &[Field]) -> Result<Vec<ArrayRef>> {
-    let n = rows.len();
-    let mut answer = StringBuilder::with_capacity(n, n * 16);
-    let mut format_ok = BooleanBuilder::with_capacity(n);
-    let mut acc = Float32Builder::with_capacity(n);
-    let mut conf = Float32Builder::with_capacity(n);
-    let mut conf_r = Float32Builder::with_capacity(n);
-    let mut reward = Float32Builder::with_capacity(n);
-    for r in rows {
-        answer.append_option(r.answer.as_deref());
-        format_ok.append_value(r.format_ok);
-        acc.append_value(r.acc as f32);
-        conf.append_option(r.confidence.map(|x| x as f32));
-        conf_r.append_option(r.conf_reward.map(|x| x as f32));
-        reward.append_value(r.reward as f32);
+impl ScoreBuilders {
+    fn new(rows: usize) -> ScoreBuilders {
+        let comps = rows * 3;
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        ScoreBuilders {
+            answer: StringBuilder::with_capacity(rows, rows * 16),
+            format_ok: BooleanBuilder::with_capacity(rows),
+            acc: Float32Builder::with_capacity(rows),
+            conf: Float32Builder::with_capacity(rows),
+            conf_reward: Float32Builder::with_capacity(rows),
+            reward: Float32Builder::with_capacity(rows),
+            names: StringBuilder::with_capacity(comps, comps * 10),
+            turns: Int32Builder::with_capacity(comps),
+            values: Float32Builder::with_capacity(comps),
+            weights: Float32Builder::with_capacity(comps),
+            offsets,
+        }
     }
-    Ok(vec![
-        Arc::new(answer.finish()),
-        Arc::new(format_ok.finish()) as ArrayRef,
-        Arc::new(acc.finish()),
-        Arc::new(conf.finish()),
-        Arc::new(conf_r.finish()),
-        Arc::new(reward.finish()),
-        build_components(rows, &fields[6])?,
-    ])
+
+    fn rows(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    fn push(&mut self, r: &Scored<'_>) {
+        self.answer.append_option(r.answer.as_deref());
+        self.format_ok.append_value(r.format_ok);
+        self.acc.append_value(r.acc);
+        self.conf.append_option(r.confidence);
+        self.conf_reward.append_option(r.conf_reward);
+        self.reward.append_value(r.reward);
+        for c in &r.components {
+            self.names.append_value(&c.name);
+            self.turns.append_value(c.turn);
+            self.values.append_value(c.value);
+            self.weights.append_value(c.weight);
+        }
+        let last = self.offsets.last().copied().unwrap_or(0);
+        self.offsets.push(last + r.components.len() as i32);
+    }
+
+    /// The arrays, in [`SCORE_COLUMNS`] order, typed as `fields`.
+    fn finish(mut self, fields: &[Field]) -> Result<Vec<ArrayRef>> {
+        let DataType::List(item) = fields[6].data_type() else {
+            bail!("internal: reward_components is not a list");
+        };
+        let DataType::Struct(sfields) = item.data_type() else {
+            bail!("internal: reward_components items are not structs");
+        };
+        let st = StructArray::try_new(
+            sfields.clone(),
+            vec![
+                Arc::new(self.names.finish()),
+                Arc::new(self.turns.finish()),
+                Arc::new(self.values.finish()),
+                Arc::new(self.weights.finish()),
+            ],
+            None,
+        )?;
+        let comps = ListArray::try_new(
+            item.clone(),
+            OffsetBuffer::new(std::mem::take(&mut self.offsets).into()),
+            Arc::new(st),
+            None,
+        )?;
+        Ok(vec![
+            Arc::new(self.answer.finish()),
+            Arc::new(self.format_ok.finish()) as ArrayRef,
+            Arc::new(self.acc.finish()),
+            Arc::new(self.conf.finish()),
+            Arc::new(self.conf_reward.finish()),
+            Arc::new(self.reward.finish()),
+            Arc::new(comps),
+        ])
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -965,7 +1421,10 @@ fn layout(part: &Part) -> Result<Layout> {
     let in_root = in_descr.root_schema();
     let in_fields = in_root.get_fields();
     if in_fields.len() != in_arrow.fields().len() {
-        bail!("{}: the Arrow and Parquet schemas disagree on the number of columns", part.path.display());
+        bail!(
+            "{}: the Arrow and Parquet schemas disagree on the number of columns",
+            part.path.display()
+        );
     }
     let fields = score_fields()?;
     let score_schema = Schema::new(fields.clone());
@@ -996,7 +1455,12 @@ fn layout(part: &Part) -> Result<Layout> {
         .with_fields(entries.iter().map(|(_, t, _)| t.clone()).collect())
         .build()?;
     let descr = SchemaDescriptor::new(Arc::new(root));
-    let arrow = Arc::new(Schema::new(entries.iter().map(|(_, _, f)| f.clone()).collect::<Vec<_>>()));
+    let arrow = Arc::new(Schema::new(
+        entries
+            .iter()
+            .map(|(_, _, f)| f.clone())
+            .collect::<Vec<_>>(),
+    ));
     let sources = entries.into_iter().map(|(s, _, _)| s).collect();
     Ok(Layout {
         sources,
@@ -1017,7 +1481,7 @@ struct Scorer<'a> {
     /// Accuracy of every answer seen (only when the table has confidence rows).
     parents: HashMap<u128, ParentAnswer>,
     /// Verdicts from the pre-pass (only when a confidence precedes its answer).
-    pre: HashMap<u64, Verdict>,
+    pre: HashMap<u64, Verdict<'static>>,
     ext: Option<ExternalVerifier>,
     summary: Summary,
     /// Countdown scores 0, 0.1 and 1 seen.
@@ -1025,13 +1489,28 @@ struct Scorer<'a> {
 }
 
 impl Scorer<'_> {
-    fn verify(&mut self, path: &Path, c: &RgCols, first: u64, ans: &[usize]) -> Result<Vec<Verdict>> {
-        let ctx = Ctx { settings: self.settings, path };
+    fn verify<'b>(
+        &mut self,
+        path: &Path,
+        c: &'b RgCols,
+        first: u64,
+        ans: &[usize],
+    ) -> Result<Vec<Verdict<'b>>> {
+        let ctx = Ctx {
+            settings: self.settings,
+            path,
+        };
         match self.ext.as_mut() {
             Some(e) => {
                 for &i in ans {
-                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
-                        self.summary.verifiers.insert(c.data_source.value(i).to_string(), "external".into());
+                    if !self
+                        .summary
+                        .verifiers
+                        .contains_key(c.data_source.value_at(i))
+                    {
+                        self.summary
+                            .verifiers
+                            .insert(c.data_source.value_at(i).to_string(), "external".into());
                     }
                 }
                 verify_external_rows(e, &ctx, c, first, ans)
@@ -1039,8 +1518,14 @@ impl Scorer<'_> {
             None => {
                 let vk = verify_builtin_rows(&ctx, c, first, ans)?;
                 for (&i, (_, k)) in ans.iter().zip(&vk) {
-                    if !self.summary.verifiers.contains_key(c.data_source.value(i)) {
-                        self.summary.verifiers.insert(c.data_source.value(i).to_string(), k.name().to_string());
+                    if !self
+                        .summary
+                        .verifiers
+                        .contains_key(c.data_source.value_at(i))
+                    {
+                        self.summary
+                            .verifiers
+                            .insert(c.data_source.value_at(i).to_string(), k.name().to_string());
                     }
                 }
                 Ok(vk.into_iter().map(|(v, _)| v).collect())
@@ -1059,8 +1544,9 @@ impl Scorer<'_> {
                 for b in p.batches(rg, &names)? {
                     let b = b?;
                     let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
-                    let ans: Vec<usize> =
-                        (0..c.sample_type.len()).filter(|&i| c.sample_type.value(i) == "answer").collect();
+                    let ans: Vec<usize> = (0..c.sample_type.len())
+                        .filter(|&i| c.sample_type.value_at(i) == "answer")
+                        .collect();
                     let verdicts = self.verify(&p.path, &c, first, &ans)?;
                     for (&i, v) in ans.iter().zip(verdicts) {
                         let a = rows::score_answer(
@@ -1071,8 +1557,14 @@ impl Scorer<'_> {
                             v.countdown,
                             v.extra.clone(),
                         );
-                        self.parents.insert(c.key(i)?, ParentAnswer { correct: a.correct, accuracy: a.accuracy });
-                        self.pre.insert(first + i as u64, v);
+                        self.parents.insert(
+                            c.key(i)?,
+                            ParentAnswer {
+                                correct: a.correct,
+                                accuracy: a.accuracy,
+                            },
+                        );
+                        self.pre.insert(first + i as u64, v.into_owned());
                     }
                     first += b.num_rows() as u64;
                 }
@@ -1082,106 +1574,196 @@ impl Scorer<'_> {
     }
 
     /// Score one batch, appending its rows to `out`.
-    fn batch(&mut self, path: &Path, c: &RgCols, first: u64, out: &mut Vec<Scored>) -> Result<()> {
+    fn batch(
+        &mut self,
+        path: &Path,
+        c: &RgCols,
+        first: u64,
+        out: &mut ScoreBuilders,
+    ) -> Result<()> {
         let settings = self.settings;
         let ctx = Ctx { settings, path };
         let n = c.sample_type.len();
-        let mut kinds = Vec::with_capacity(n);
-        for i in 0..n {
-            let row = first + i as u64;
-            kinds.push(kind_of(str_at(&c.sample_type, i, path, "sample_type", row)?, path, row)?);
-        }
+        let kinds = kinds_of(&c.sample_type, path, first)?;
         let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
-        let verdicts: Vec<Verdict> = if self.links.forward {
-            ans.iter()
-                .map(|&i| self.pre.remove(&(first + i as u64)).context("internal: pre-pass verdict missing"))
-                .collect::<Result<_>>()?
+        // answers: verdict, then every score, in one parallel pass (indexed collects, so the
+        // results land in place)
+        let finish = |i: usize, v, kind| finish_answer(&ctx, c, first, i, v, kind);
+        let answers: Vec<Result<AnswerOut>> = if self.links.forward || self.ext.is_some() {
+            let verdicts: Vec<Verdict> = if self.links.forward {
+                ans.iter()
+                    .map(|&i| {
+                        self.pre
+                            .remove(&(first + i as u64))
+                            .context("internal: pre-pass verdict missing")
+                    })
+                    .collect::<Result<_>>()?
+            } else {
+                self.verify(path, c, first, &ans)?
+            };
+            ans.par_iter()
+                .zip(verdicts.into_par_iter())
+                .map(|(&i, v)| finish(i, v, None))
+                .collect()
         } else {
-            self.verify(path, c, first, &ans)?
+            ans.par_iter()
+                .map_init(VerifyCache::default, |cache, &i| {
+                    let (v, kind) = verify_one(&ctx, c, first, i, cache)?;
+                    finish(i, v, Some(kind))
+                })
+                .collect()
         };
-        let answer_scores: Vec<AnswerScore> = ans
-            .par_iter()
-            .zip(verdicts.into_par_iter())
-            .map(|(&i, v)| rows::score_answer(settings, c.response.value(i), v.answer, v.correct, v.countdown, v.extra))
-            .collect();
-        if self.links.confidences > 0 && !self.links.forward {
-            for (&i, a) in ans.iter().zip(&answer_scores) {
-                self.parents.insert(c.key(i)?, ParentAnswer { correct: a.correct, accuracy: a.accuracy });
+        let has_conf = ans.len() < n;
+        let mut answer_scored: Vec<Scored> =
+            Vec::with_capacity(if has_conf { ans.len() } else { 0 });
+        let mut last_ds: Option<&str> = None;
+        for (&i, r) in ans.iter().zip(answers) {
+            let a = r?;
+            if let Some(k) = a.kind {
+                let ds = c.data_source.value_at(i);
+                if last_ds != Some(ds) {
+                    if !self.summary.verifiers.contains_key(ds) {
+                        self.summary
+                            .verifiers
+                            .insert(ds.to_string(), k.name().to_string());
+                    }
+                    last_ds = Some(ds);
+                }
             }
-        }
-        for a in &answer_scores {
             match a.countdown {
-                Some(s) if s == 0.0 => self.countdown_levels[0] += 1,
-                Some(s) if s == 1.0 => self.countdown_levels[2] += 1,
+                Some(0.0) => self.countdown_levels[0] += 1,
+                Some(1.0) => self.countdown_levels[2] += 1,
                 Some(_) => self.countdown_levels[1] += 1,
                 None => {}
             }
-        }
-        // every row, in order: answers take their score, confidences look up their answer
-        let mut answer_iter = answer_scores.into_iter();
-        let mut jobs: Vec<(usize, Option<AnswerScore>)> = Vec::with_capacity(n);
-        for (i, k) in kinds.iter().enumerate() {
-            if *k == Kind::Answer {
-                jobs.push((i, Some(answer_iter.next().context("internal: answer count")?)));
+            if self.links.confidences > 0 && !self.links.forward {
+                self.parents.insert(c.key(i)?, a.parent);
+            }
+            self.summary.rows += 1;
+            self.summary.answers += 1;
+            self.summary.sum_accuracy += a.scored.acc as f64;
+            self.summary.answer_format_ok += a.scored.format_ok as u64;
+            if has_conf {
+                answer_scored.push(a.scored);
             } else {
-                jobs.push((i, None));
+                out.push(&a.scored);
             }
         }
+        if !has_conf {
+            return Ok(());
+        }
+        // confidences: their answer's accuracy is known by now
+        let confs: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Confidence).collect();
         let parents = &self.parents;
-        let scored: Vec<Scored> = jobs
-            .into_par_iter()
-            .map(|(i, a)| -> Result<Scored> {
+        let conf_scored: Vec<Result<Scored>> = confs
+            .par_iter()
+            .map(|&i| -> Result<Scored> {
                 let row = first + i as u64;
-                match a {
-                    Some(a) => scored_answer(&ctx, c, i, a),
-                    None => {
-                        let resp = str_at(&c.response, i, path, "response_text", row)?;
-                        let parent = *parents.get(&c.key(i)?).context("internal: answer of a confidence row not scored")?;
-                        let s = rows::score_confidence(settings, resp, parent.accuracy);
-                        scored_confidence(&ctx, c, i, &s, parent)
-                    }
-                }
-                .with_context(|| format!("{}, row {row}", path.display()))
+                let resp = str_at(&c.response, i, path, "response_text", row)?;
+                let parent = *parents
+                    .get(&c.key(i)?)
+                    .context("internal: answer of a confidence row not scored")?;
+                let s = rows::score_confidence(settings, resp, parent.accuracy);
+                scored_confidence(&ctx, c, i, &s, parent)
+                    .with_context(|| format!("{}, row {row}", path.display()))
             })
-            .collect::<Result<_>>()?;
-        let sm = &mut self.summary;
-        for (i, s) in scored.iter().enumerate() {
-            sm.rows += 1;
-            match kinds[i] {
-                Kind::Answer => {
-                    sm.answers += 1;
-                    sm.sum_accuracy += s.acc;
-                    sm.answer_format_ok += s.format_ok as u64;
-                }
+            .collect();
+        let mut answer_it = answer_scored.into_iter();
+        let mut conf_it = confs.iter().zip(conf_scored);
+        for k in &kinds {
+            match k {
+                Kind::Answer => out.push(&answer_it.next().context("internal: answer count")?),
                 Kind::Confidence => {
+                    let (&i, r) = conf_it.next().context("internal: confidence count")?;
+                    let s = r?;
+                    let sm = &mut self.summary;
+                    sm.rows += 1;
                     sm.confidences += 1;
                     sm.confidence_format_ok += s.format_ok as u64;
                     sm.confidence_parse_strict += s.confidence.is_some() as u64;
-                    sm.confidence_parse_lenient += rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
+                    sm.confidence_parse_lenient +=
+                        rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
+                    out.push(&s);
                 }
             }
         }
-        out.extend(scored);
         Ok(())
     }
 
-    /// Score one row group; returns its score columns.
-    fn row_group(&mut self, p: &Part, rg: usize, fields: &[Field]) -> Result<Vec<ArrayRef>> {
+    /// Score one row group from the reader thread's batches (ending with `None`); returns its
+    /// score columns.
+    fn row_group(
+        &mut self,
+        p: &Part,
+        rg: usize,
+        fields: &[Field],
+        batches: &Receiver<Result<Option<RecordBatch>>>,
+    ) -> Result<Vec<ArrayRef>> {
         let spec_cols = self.spec_cols.clone();
-        let names = column_names(self.needs, &spec_cols);
-        let mut scored: Vec<Scored> = Vec::with_capacity(p.rg_rows(rg));
+        let mut scored = ScoreBuilders::new(p.rg_rows(rg));
         let mut first = p.rg_first_row(rg);
-        for b in p.batches(rg, &names)? {
-            let b = b?;
+        loop {
+            let b = match batches.recv() {
+                Ok(Ok(Some(b))) => b,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => bail!("internal: the reader thread stopped"),
+            };
             let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
             self.batch(&p.path, &c, first, &mut scored)?;
             first += b.num_rows() as u64;
         }
-        if scored.len() != p.rg_rows(rg) {
-            bail!("{}: row group {rg} read {} rows, its metadata says {}", p.path.display(), scored.len(), p.rg_rows(rg));
+        if scored.rows() != p.rg_rows(rg) {
+            bail!(
+                "{}: row group {rg} read {} rows, its metadata says {}",
+                p.path.display(),
+                scored.rows(),
+                p.rg_rows(rg)
+            );
         }
-        score_arrays(&scored, fields)
+        scored.finish(fields)
     }
+}
+
+/// Complete answer row `i` from its verdict: every score, the components and the reward.
+fn finish_answer<'b>(
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first: u64,
+    i: usize,
+    v: Verdict<'b>,
+    kind: Option<VerifierKind>,
+) -> Result<AnswerOut<'b>> {
+    let countdown = v.countdown;
+    let a = rows::score_answer(
+        ctx.settings,
+        c.response.value(i),
+        v.answer,
+        v.correct,
+        v.countdown,
+        v.extra,
+    );
+    let parent = ParentAnswer {
+        correct: a.correct,
+        accuracy: a.accuracy,
+    };
+    let scored = scored_answer(ctx, c, i, a)
+        .with_context(|| format!("{}, row {}", ctx.path.display(), first + i as u64))?;
+    Ok(AnswerOut {
+        scored,
+        parent,
+        countdown,
+        kind,
+    })
+}
+
+/// An answer row scored: its output, what its confidences need, and what the summary counts.
+struct AnswerOut<'a> {
+    scored: Scored<'a>,
+    parent: ParentAnswer,
+    countdown: Option<f32>,
+    /// The built-in verifier used (None for the external one and pre-pass verdicts).
+    kind: Option<VerifierKind>,
 }
 
 /// The score columns of one row group encoded as Parquet column chunks, one per output leaf in
@@ -1195,13 +1777,19 @@ fn encode_scores(
 ) -> Result<Vec<ArrowColumnChunk>> {
     let writers = factory.create_column_writers(index)?;
     // (output leaf, writer, field index) for every leaf of a score column
-    let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> = writers.into_iter().map(Some).collect();
+    let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> =
+        writers.into_iter().map(Some).collect();
     let mut jobs = Vec::new();
     for (k, src) in lay.sources.iter().enumerate() {
         if let Source::Score(j) = src {
             let leaves: Vec<_> = lay.output_leaves[k]
                 .iter()
-                .map(|&li| writers.get_mut(li).and_then(Option::take).context("internal: no writer for an output leaf"))
+                .map(|&li| {
+                    writers
+                        .get_mut(li)
+                        .and_then(Option::take)
+                        .context("internal: no writer for an output leaf")
+                })
                 .collect::<Result<_>>()?;
             jobs.push((*j, leaves));
         }
@@ -1212,7 +1800,12 @@ fn encode_scores(
             let field = &fields[j];
             let leaves = compute_leaves(field, &arrays[j])?;
             if leaves.len() != ws.len() {
-                bail!("internal: column `{}` has {} leaves, schema {}", field.name(), leaves.len(), ws.len());
+                bail!(
+                    "internal: column `{}` has {} leaves, schema {}",
+                    field.name(),
+                    leaves.len(),
+                    ws.len()
+                );
             }
             leaves
                 .iter()
@@ -1258,13 +1851,22 @@ fn write_row_group<W: std::io::Write + Send>(
                         column_index: None,
                         offset_index: None,
                     };
-                    rgw.append_column(&p.file, close)
-                        .with_context(|| format!("{}: copying column `{}`", p.path.display(), cm.column_path()))?;
+                    rgw.append_column(&CopySource(&p.file), close)
+                        .with_context(|| {
+                            format!(
+                                "{}: copying column `{}`",
+                                p.path.display(),
+                                cm.column_path()
+                            )
+                        })?;
                 }
             }
             Source::Score(_) => {
                 for _ in &lay.output_leaves[k] {
-                    chunks.next().context("internal: missing score chunk")?.append_to_row_group(&mut rgw)?;
+                    chunks
+                        .next()
+                        .context("internal: missing score chunk")?
+                        .append_to_row_group(&mut rgw)?;
                 }
             }
         }
@@ -1283,12 +1885,18 @@ pub fn score_table(
 ) -> Result<Summary> {
     let start = Instant::now();
     let parts = open_parts(input)?;
-    let total_rows: u64 = parts.iter().map(|p| p.meta.metadata().file_metadata().num_rows().max(0) as u64).sum();
+    let total_rows: u64 = parts
+        .iter()
+        .map(|p| p.meta.metadata().file_metadata().num_rows().max(0) as u64)
+        .sum();
     let links = link_pass(&parts)?;
     let lay = layout(&parts[0])?;
     let fields = score_fields()?;
-    let spec_cols: Vec<String> =
-        settings.structured.as_ref().map(|s| s.columns().into_iter().map(str::to_string).collect()).unwrap_or_default();
+    let spec_cols: Vec<String> = settings
+        .structured
+        .as_ref()
+        .map(|s| s.columns().into_iter().map(str::to_string).collect())
+        .unwrap_or_default();
     let needs = Needs {
         ids: links.confidences > 0,
         sample_id: external.is_some(),
@@ -1303,23 +1911,28 @@ pub fn score_table(
     table::io::check_distinct(&[input], out)?;
     let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
     let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        // only the score columns are encoded here; plain + zstd compresses them as well as a
-        // dictionary would, without hashing every value
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
+        // Only the score columns are encoded here: plain + zstd compresses them about as well as
+        // dictionaries would, without hashing every value (measured: dictionaries cost more CPU).
         .set_dictionary_enabled(false)
         .set_key_value_metadata(Some(meta.key_values()))
         .build();
     let mut atomic = table::io::AtomicFile::create(out)?;
-    let file = atomic.take()?;
+    let file = std::io::BufWriter::with_capacity(COPY_BUFFER * 4, atomic.take()?);
     let aw = ArrowWriter::try_new_with_options(
         file,
         lay.arrow.clone(),
-        ArrowWriterOptions::new().with_properties(props).with_parquet_schema(lay.descr.clone()),
+        ArrowWriterOptions::new()
+            .with_properties(props)
+            .with_parquet_schema(lay.descr.clone()),
     )
     .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;
     let (mut fw, factory) = aw.into_serialized_writer()?;
     if !lay.dropped.is_empty() {
-        crate::info!("dropping stale columns derived from the old rewards: {}", lay.dropped.join(", "));
+        crate::info!(
+            "dropping stale columns derived from the old rewards: {}",
+            lay.dropped.join(", ")
+        );
     }
     let mut progress = crate::progress::Progress::new("score", total_rows, "rows");
 
@@ -1332,13 +1945,47 @@ pub fn score_table(
         parents: HashMap::new(),
         pre: HashMap::new(),
         ext,
-        summary: Summary { dropped_columns: lay.dropped.clone(), ..Summary::default() },
+        summary: Summary {
+            dropped_columns: lay.dropped.clone(),
+            ..Summary::default()
+        },
         countdown_levels: [0; 3],
     };
     let parts_ref = &parts;
     let fields_ref = &fields;
+    let names: Vec<String> = column_names(needs, &scorer.spec_cols)
+        .into_iter()
+        .map(str::to_string)
+        .collect();
     let mut summary = std::thread::scope(|scope| -> Result<Summary> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrowColumnChunk>)>>(2);
+        // three stages: decode (reader) -> score and encode (scorer, with rayon) -> write (here)
+        let (btx, brx) = std::sync::mpsc::sync_channel::<Result<Option<RecordBatch>>>(4);
+        scope.spawn(move || {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            for p in parts_ref {
+                for rg in 0..p.row_groups() {
+                    match p.batches(rg, &names) {
+                        Err(e) => {
+                            let _ = btx.send(Err(e));
+                            return;
+                        }
+                        Ok(it) => {
+                            for b in it {
+                                let stop = b.is_err();
+                                if btx.send(b.map(Some)).is_err() || stop {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    if btx.send(Ok(None)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let (tx, rx) =
+            std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrowColumnChunk>)>>(2);
         let factory_ref = &factory;
         let lay_ref = &lay;
         let producer = scope.spawn(move || -> Result<Summary> {
@@ -1349,8 +1996,9 @@ pub fn score_table(
                 let mut index = 0usize;
                 for (pi, p) in parts_ref.iter().enumerate() {
                     for rg in 0..p.row_groups() {
-                        let arrays = scorer.row_group(p, rg, fields_ref)?;
-                        let chunks = encode_scores(factory_ref, lay_ref, fields_ref, index, &arrays)?;
+                        let arrays = scorer.row_group(p, rg, fields_ref, &brx)?;
+                        let chunks =
+                            encode_scores(factory_ref, lay_ref, fields_ref, index, &arrays)?;
                         index += 1;
                         if tx.send(Ok((pi, rg, chunks))).is_err() {
                             return Ok(()); // the writer stopped; it reports why
@@ -1384,11 +2032,21 @@ pub fn score_table(
             write_row_group(&mut fw, lay_ref, RowGroupOut { part, rg }, chunks)?;
             progress.inc(part.rg_rows(rg) as u64);
         }
-        producer.join().map_err(|_| anyhow!("internal: the scoring thread panicked"))?
+        producer
+            .join()
+            .map_err(|_| anyhow!("internal: the scoring thread panicked"))?
     })?;
     summary.seconds = start.elapsed().as_secs_f64();
-    fw.append_key_value_metadata(KeyValue::new("rlcr.score_summary".to_string(), serde_json::to_string(&summary)?));
-    let file = fw.into_inner().with_context(|| format!("{}: finishing Parquet file", out.display()))?;
+    fw.append_key_value_metadata(KeyValue::new(
+        "rlcr.score_summary".to_string(),
+        serde_json::to_string(&summary)?,
+    ));
+    let file = fw
+        .into_inner()
+        .with_context(|| format!("{}: finishing Parquet file", out.display()))?;
+    let file = file
+        .into_inner()
+        .map_err(|e| anyhow!("{}: write failed: {}", out.display(), e.error()))?;
     atomic.commit_file(file)?;
     progress.finish();
     summary.seconds = start.elapsed().as_secs_f64();
@@ -1404,7 +2062,10 @@ mod tests {
         let m = r#"[{"role":"system","content":"S"},{"role":"user","content":"U"}]"#;
         assert_eq!(chatml_prefix(m).unwrap(), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
         let m = r#"[{"role":"user","content":"U"},{"role":"assistant","content":"Let me"}]"#;
-        assert_eq!(chatml_prefix(m).unwrap(), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nLet me");
+        assert_eq!(
+            chatml_prefix(m).unwrap(),
+            "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nLet me"
+        );
         assert!(chatml_prefix("{}").is_err());
         assert_eq!(last_user_content(m).as_deref(), Some("U"));
     }

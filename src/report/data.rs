@@ -18,12 +18,10 @@
 //! calibration metrics is [`MissingConfidence`] (RLCR's eval counts it as 0.0, ANCHORS §1.8).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Float64Type, Int64Type};
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 /// `sample_type` of a row.
@@ -163,29 +161,41 @@ impl Rows {
                 self.missing_columns.insert(name.to_string());
             }
         };
+        // Text columns stay borrowed from the batch (cast to Utf8 only if stored otherwise).
         let st = col("sample_type")
             .context("the table has no `sample_type` column (is it a trajectory table?)")?;
-        let st = strings(&st, "sample_type")?;
+        let st = utf8(&st, "sample_type")?;
+        let st = st.as_string::<i32>();
         let prompt = col("prompt_id")
-            .map(|a| strings(&a, "prompt_id"))
+            .map(|a| utf8(&a, "prompt_id"))
             .transpose()?;
         note_missing("prompt_id", prompt.is_some());
+        let prompt = prompt.as_ref().map(|a| a.as_string::<i32>());
         let aidx = col("answer_idx")
             .map(|a| ints(&a, "answer_idx"))
             .transpose()?;
         note_missing("answer_idx", aidx.is_some());
         let source = col("data_source")
-            .map(|a| strings(&a, "data_source"))
+            .map(|a| utf8(&a, "data_source"))
             .transpose()?;
         note_missing("data_source", source.is_some());
+        let source = source.as_ref().map(|a| a.as_string::<i32>());
         let ids = col("response_ids");
         note_missing("response_ids", ids.is_some());
+        let lens = ids.map(|a| list_lens(&a, "response_ids")).transpose()?;
         let text = col("response_text")
-            .map(|a| strings(&a, "response_text"))
+            .map(|a| utf8(&a, "response_text"))
             .transpose()?;
         note_missing("response_text", text.is_some());
+        let text = text.as_ref().map(|a| a.as_string::<i32>());
         let fmt = col("format_ok");
         note_missing("format_ok", fmt.is_some());
+        let fmt = match &fmt {
+            Some(a) => Some(a.as_boolean_opt().with_context(|| {
+                format!("column `format_ok`: expected bool, found {}", a.data_type())
+            })?),
+            None => None,
+        };
         let mut floats = |name: &str| -> Result<Option<Vec<Option<f64>>>> {
             let a = col(name);
             note_missing(name, a.is_some());
@@ -198,7 +208,7 @@ impl Rows {
 
         for i in 0..n {
             let row = base + i;
-            let kind = match st[i].as_deref() {
+            let kind = match str_at(Some(st), i) {
                 Some("answer") => SampleType::Answer,
                 Some("confidence") => SampleType::Confidence,
                 other => bail!(
@@ -206,7 +216,7 @@ impl Rows {
                 ),
             };
             self.kind.push(kind);
-            let p = prompt.as_ref().and_then(|v| v[i].as_deref()).unwrap_or("");
+            let p = str_at(prompt, i).unwrap_or("");
             self.prompt.push(self.prompts.intern(p));
             self.answer_idx.push(
                 aidx.as_ref()
@@ -214,21 +224,11 @@ impl Rows {
                     .map(|x| i32::try_from(x).unwrap_or(-1))
                     .unwrap_or(-1),
             );
-            let s = source.as_ref().and_then(|v| v[i].as_deref()).unwrap_or("");
+            let s = str_at(source, i).unwrap_or("");
             self.source.push(self.sources.intern(s));
-            self.length.push(match &ids {
-                Some(a) => list_len(a, i, "response_ids")?,
-                None => None,
-            });
-            self.format_ok.push(match &fmt {
-                Some(a) => {
-                    let b = a.as_boolean_opt().with_context(|| {
-                        format!("column `format_ok`: expected bool, found {}", a.data_type())
-                    })?;
-                    b.is_valid(i).then(|| b.value(i))
-                }
-                None => None,
-            });
+            self.length.push(lens.as_ref().and_then(|v| v[i]));
+            self.format_ok
+                .push(fmt.and_then(|b| b.is_valid(i).then(|| b.value(i))));
             let get = |v: &Option<Vec<Option<f64>>>| v.as_ref().and_then(|v| v[i]);
             self.acc.push(get(&acc));
             let raw_c = get(&conf);
@@ -237,12 +237,13 @@ impl Rows {
                 self.invalid_confidences += 1;
             }
             self.confidence.push(c);
-            let lenient = match (c, &text) {
-                (Some(c), _) => Some(c),
-                (None, Some(t)) if kind == SampleType::Confidence => {
-                    t[i].as_deref().and_then(lenient_confidence)
+            // The regex runs only where the strict parse failed (a few percent of rows).
+            let lenient = match c {
+                Some(c) => Some(c),
+                None if kind == SampleType::Confidence => {
+                    str_at(text, i).and_then(lenient_confidence)
                 }
-                _ => None,
+                None => None,
             };
             self.lenient.push(lenient);
             self.conf_reward.push(get(&conf_reward));
@@ -324,22 +325,10 @@ pub fn collect_texts(
     Ok(())
 }
 
-/// A string column as owned optional strings (Utf8, LargeUtf8 or Utf8View).
+/// A string column as owned optional strings (Utf8, LargeUtf8, Utf8View or a dictionary).
 fn strings(a: &ArrayRef, name: &str) -> Result<Vec<Option<String>>> {
-    let a = if matches!(a.data_type(), DataType::Utf8) {
-        a.clone()
-    } else if matches!(
-        a.data_type(),
-        DataType::LargeUtf8 | DataType::Utf8View | DataType::Dictionary(_, _)
-    ) {
-        arrow::compute::cast(a, &DataType::Utf8)
-            .with_context(|| format!("column `{name}`: cannot read {} as text", a.data_type()))?
-    } else {
-        bail!("column `{name}`: expected text, found {}", a.data_type());
-    };
-    let s = a
-        .as_string_opt::<i32>()
-        .with_context(|| format!("column `{name}`: expected text"))?;
+    let a = utf8(a, name)?;
+    let s = a.as_string::<i32>();
     Ok((0..s.len())
         .map(|i| s.is_valid(i).then(|| s.value(i).to_string()))
         .collect())
@@ -353,6 +342,20 @@ pub fn widen_f32(x: f32) -> f64 {
     if !x.is_finite() {
         return x as f64;
     }
+    // Fast path for |x| ≤ 1 (confidences, rewards): f32 spacing there is < 6e-8, so at most one
+    // decimal with six or fewer fractional digits maps to x; if `round(x·1e6)/1e6` maps back to
+    // x it is that decimal, hence the shortest representation (correctly rounded to f64).
+    if x.abs() <= 1.0 {
+        let d = (x as f64 * 1e6).round() / 1e6;
+        if d as f32 == x {
+            return d;
+        }
+    }
+    widen_f32_slow(x)
+}
+
+/// [`widen_f32`] by formatting and parsing (the reference; also the path for other values).
+pub fn widen_f32_slow(x: f32) -> f64 {
     x.to_string().parse().unwrap_or(x as f64)
 }
 
@@ -397,59 +400,62 @@ fn ints(a: &ArrayRef, name: &str) -> Result<Vec<Option<i64>>> {
         .collect())
 }
 
-/// Length of list `i` (List or LargeList); `None` when null.
-fn list_len(a: &ArrayRef, i: usize, name: &str) -> Result<Option<u32>> {
-    if !a.is_valid(i) {
-        return Ok(None);
-    }
-    let len = if let Some(l) = a.as_list_opt::<i32>() {
-        l.value_length(i) as u64
-    } else if let Some(l) = a.as_list_opt::<i64>() {
-        l.value_length(i) as u64
-    } else {
-        bail!("column `{name}`: expected a list, found {}", a.data_type());
-    };
-    Ok(Some(u32::try_from(len).unwrap_or(u32::MAX)))
+/// Row `i` of an optional text column (`None` when the column is absent or the value null).
+fn str_at(a: Option<&StringArray>, i: usize) -> Option<&str> {
+    a.and_then(|a| a.is_valid(i).then(|| a.value(i)))
 }
 
-/// Lenient confidence parse for evaluation (ANCHORS §2 D9, RLCR's eval leniency).
-///
-/// Takes the text of the **last** `<confidence>` tag (to `</confidence>` or the end of the text)
-/// and its first number (`12`, `0.8`, `.8`, `1e-1`, `-0.5`); a number followed by `%` is divided by 100;
-/// then a value in `[0, 1]` is kept, a value in `(1, 100]` is divided by 100 (a percentage without
-/// the sign), anything else fails. Examples: `"0.8"` → 0.8, `" 85 "` → 0.85, `"about 70%"` → 0.7,
-/// `"0.5%"` → 0.005, `"150"` → fail, no tag → fail.
-///
-/// The strict parse (finite float in `[0, 1]`, nothing else in the tag) is `score`'s; the report
-/// counts a row as leniently parsed when either parse succeeds.
-pub fn lenient_confidence(text: &str) -> Option<f64> {
-    static NUM: OnceLock<Regex> = OnceLock::new();
-    let num = NUM.get_or_init(|| {
-        // ok: a constant pattern, checked by the tests below.
-        Regex::new(r"(-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(%)?")
-            .expect("valid regex")
-    });
-    let start = text.rfind("<confidence>")? + "<confidence>".len();
-    let rest = &text[start..];
-    let inner = match rest.find("</confidence>") {
-        Some(e) => &rest[..e],
-        None => rest,
-    };
-    let m = num.captures(inner)?;
-    let mut v: f64 = m.get(1)?.as_str().parse().ok()?;
-    if m.get(2).is_some() {
-        v /= 100.0;
+/// A text column as a Utf8 array (cast from LargeUtf8, Utf8View or a dictionary of strings).
+fn utf8(a: &ArrayRef, name: &str) -> Result<ArrayRef> {
+    match a.data_type() {
+        DataType::Utf8 => Ok(a.clone()),
+        DataType::LargeUtf8 | DataType::Utf8View | DataType::Dictionary(_, _) => {
+            arrow::compute::cast(a, &DataType::Utf8)
+                .with_context(|| format!("column `{name}`: cannot read {} as text", a.data_type()))
+        }
+        other => bail!("column `{name}`: expected text, found {other}"),
     }
-    if !v.is_finite() {
-        return None;
-    }
-    if (0.0..=1.0).contains(&v) {
-        Some(v)
-    } else if v > 1.0 && v <= 100.0 {
-        Some(v / 100.0)
+}
+
+/// Lengths of the lists of a List or LargeList column (`None` for null rows), from the offsets.
+fn list_lens(a: &ArrayRef, name: &str) -> Result<Vec<Option<u32>>> {
+    let clamp = |l: i64| Some(u32::try_from(l.max(0)).unwrap_or(u32::MAX));
+    if let Some(l) = a.as_list_opt::<i32>() {
+        let o = l.value_offsets();
+        Ok((0..l.len())
+            .map(|i| {
+                if l.is_valid(i) {
+                    clamp((o[i + 1] - o[i]) as i64)
+                } else {
+                    None
+                }
+            })
+            .collect())
+    } else if let Some(l) = a.as_list_opt::<i64>() {
+        let o = l.value_offsets();
+        Ok((0..l.len())
+            .map(|i| {
+                if l.is_valid(i) {
+                    clamp(o[i + 1] - o[i])
+                } else {
+                    None
+                }
+            })
+            .collect())
     } else {
-        None
+        bail!("column `{name}`: expected a list, found {}", a.data_type());
     }
+}
+
+/// Lenient confidence parse for evaluation (ANCHORS §2 D9): RLCR's eval-time extractor, shared
+/// with the reward module ([`crate::reward::rlcr::parse_confidence_lenient`]) so that `report` and
+/// `score` agree on what "leniently parsed" means: the last `<confidence>…</confidence>`, read
+/// with Python's `float()` or else its first number, a value in `(1, 100]` read as a percentage.
+///
+/// The strict parse (finite float in `[0, 1]`, nothing else in the tag) is `score`'s `confidence`
+/// column; the report counts a row as leniently parsed when either parse succeeds.
+pub fn lenient_confidence(text: &str) -> Option<f64> {
+    crate::reward::rlcr::parse_confidence_lenient(text)
 }
 
 #[cfg(test)]
@@ -529,8 +535,24 @@ pub(crate) mod tests {
         assert_eq!(widen_f32(1.0), 1.0);
         assert_eq!(widen_f32(1.0 / 3.0), 0.33333334);
         assert!(widen_f32(f32::NAN).is_nan());
+        assert_eq!(widen_f32(-0.3), -0.3);
+        assert_eq!(widen_f32(12.5), 12.5);
         use crate::report::metrics::{bin_index, BinRule};
         assert_eq!(bin_index(widen_f32(0.7), 10, BinRule::Floor), 7);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn widen_fast_path_matches_formatting(bits in proptest::prelude::any::<u32>(), k in 0u32..=1_000_000) {
+            let x = f32::from_bits(bits);
+            if x.is_finite() {
+                proptest::prop_assert_eq!(widen_f32(x).to_bits(), widen_f32_slow(x).to_bits());
+            }
+            // Decimals with ≤ 6 places, as a model writes them.
+            let y = (k as f64 / 1e6) as f32;
+            proptest::prop_assert_eq!(widen_f32(y).to_bits(), widen_f32_slow(y).to_bits());
+            proptest::prop_assert_eq!(widen_f32(-y).to_bits(), widen_f32_slow(-y).to_bits());
+        }
     }
 
     #[test]
@@ -542,15 +564,15 @@ pub(crate) mod tests {
             Some(0.85)
         );
         assert_eq!(t("<confidence>about 70%</confidence>"), Some(0.7));
-        assert_eq!(t("<confidence>0.5%</confidence>"), Some(0.005));
-        assert_eq!(t("<confidence>.25</confidence>"), Some(0.25));
         assert_eq!(t("<confidence>1</confidence>"), Some(1.0));
         assert_eq!(t("<confidence>150</confidence>"), None);
         assert_eq!(t("<confidence>high</confidence>"), None);
-        assert_eq!(t("no tag 0.5"), None);
-        assert_eq!(t("<confidence>0.2</confidence> <confidence>0.9"), Some(0.9));
-        assert_eq!(t("<confidence>5e-1</confidence>"), Some(0.5));
         assert_eq!(t("<confidence>-0.5</confidence>"), None);
+        assert_eq!(t("no tag 0.5"), None);
+        assert_eq!(
+            t("<confidence>0.2</confidence> <confidence>0.9</confidence>"),
+            Some(0.9)
+        );
     }
 
     #[test]

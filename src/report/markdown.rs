@@ -76,14 +76,23 @@ fn pct(v: Option<f64>) -> String {
     }
 }
 
-/// Cut `s` to at most `max` characters, noting how much was left out.
+/// Cut `s` to at most `max` characters, noting how much was left out. Control characters other
+/// than newline and tab (a sampled model emits anything) become `�`, so the page stays text.
 pub fn truncate(s: &str, max: usize) -> String {
+    let clean = |c: char| {
+        if c.is_control() && c != '\n' && c != '\t' {
+            '\u{FFFD}'
+        } else {
+            c
+        }
+    };
     let n = s.chars().count();
+    let cut: String = s.chars().take(max).map(clean).collect();
     if n <= max {
-        return s.to_string();
+        cut
+    } else {
+        format!("{cut}\n… ({} more characters)", n - max)
     }
-    let cut: String = s.chars().take(max).collect();
-    format!("{cut}\n… ({} more characters)", n - max)
 }
 
 /// A fenced code block that survives any content.
@@ -536,5 +545,9 @@ mod tests {
         assert_eq!(truncate("héllo", 10), "héllo");
         assert_eq!(truncate("héllo", 2), "hé\n… (3 more characters)");
         assert_eq!(cell("a|b\nc"), "a\\|b c");
+        assert_eq!(
+            truncate("a\u{0}b\u{1b}[0m\n\tc", 20),
+            "a\u{FFFD}b\u{FFFD}[0m\n\tc"
+        );
     }
 }

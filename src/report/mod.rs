@@ -39,7 +39,7 @@ pub use metrics::{Bin, BinRule};
 pub use probe::{ProbeRows, ProbeSummary};
 pub use summary::{Examples, Metrics, Options, Report, TurnSamples, TurnStats};
 
-/// Examples of each kind shown in `report.md`.
+/// Examples of each kind shown in `report.md` by default.
 pub const EXAMPLES_PER_KIND: usize = 3;
 
 /// One input, analysed.
@@ -54,14 +54,74 @@ pub struct Analysis {
 }
 
 impl Analysis {
-    /// Analyse one table's rows.
-    pub fn new(input: &str, rows: &Rows, opts: &Options) -> Analysis {
+    /// Analyse one table's rows, picking up to `examples` example rows of each kind.
+    pub fn new(input: &str, rows: &Rows, opts: &Options, examples: usize) -> Analysis {
         Analysis {
             report: summary::build(input, rows, opts),
             samples: summary::turn_samples(rows),
-            examples: summary::select_examples(rows, EXAMPLES_PER_KIND),
+            examples: summary::select_examples(rows, examples),
         }
     }
+}
+
+/// Columns read in the second pass, for the example texts.
+pub const TEXT_COLUMNS: &[&str] = &["sample_id", "response_text", "answer", "ground_truth"];
+
+/// Analyse one table on disk: one streaming pass over the columns the report reads (see
+/// [`data::COLUMNS`]), then, when `examples > 0`, a second pass that fetches the texts of the
+/// chosen example rows only (up to `examples` per kind). Memory: ≈ 50 bytes per row plus the
+/// example texts.
+pub fn analyse_file(
+    path: &Path,
+    opts: &Options,
+    examples: usize,
+) -> Result<(Analysis, Option<ExampleSet>)> {
+    let reader = crate::table::Reader::open_columns(path, data::COLUMNS)?;
+    let display = reader.display.clone();
+    let mut progress = crate::progress::Progress::new(
+        &format!("report {display}"),
+        reader.num_rows() as u64,
+        "rows",
+    );
+    let mut rows = Rows::default();
+    for batch in reader {
+        let batch = batch?;
+        rows.push_batch(&batch).with_context(|| display.clone())?;
+        progress.inc(batch.num_rows() as u64);
+    }
+    progress.finish();
+    let analysis = Analysis::new(&display, &rows, opts, examples);
+    if examples == 0 {
+        return Ok((analysis, None));
+    }
+    let wanted = analysis.examples.wanted_rows(&rows);
+    let mut texts = HashMap::new();
+    if !wanted.is_empty() {
+        let reader = crate::table::Reader::open_columns(path, TEXT_COLUMNS)?;
+        let mut base = 0usize;
+        for batch in reader {
+            let batch = batch?;
+            data::collect_texts(&batch, base, &wanted, &mut texts)
+                .with_context(|| display.clone())?;
+            base += batch.num_rows();
+            if wanted.range(base..).next().is_none() {
+                break;
+            }
+        }
+    }
+    let ex = resolve_examples(&rows, &analysis.examples, &texts);
+    Ok((analysis, Some(ex)))
+}
+
+/// Read a probe table (validated: `0 ≤ num_correct ≤ num_samples`, stored confidence = counts).
+pub fn read_probe(path: &Path) -> Result<ProbeRows> {
+    let reader = crate::table::Reader::open(path)?;
+    let display = reader.display.clone();
+    let mut p = ProbeRows::default();
+    for batch in reader {
+        p.push_batch(&batch?).with_context(|| display.clone())?;
+    }
+    Ok(p)
 }
 
 /// Turn chosen example rows and their fetched texts into printable examples.
@@ -339,10 +399,10 @@ pub fn write_outputs(
         probe: probe.map(|p| p.1),
     };
     let json = serde_json::to_string_pretty(&mf).context("serialising metrics.json")?;
-    plot::write_atomic(&dir.join("metrics.json"), format!("{json}\n").as_bytes())?;
+    crate::table::write_atomic(&dir.join("metrics.json"), format!("{json}\n").as_bytes())?;
     written.push("metrics.json".to_string());
     let md = markdown::render(&reports, examples, probe.map(|p| p.1), &figs);
-    plot::write_atomic(&dir.join("report.md"), md.as_bytes())?;
+    crate::table::write_atomic(&dir.join("report.md"), md.as_bytes())?;
     written.push("report.md".to_string());
     Ok(written)
 }
@@ -424,7 +484,12 @@ mod tests {
         ];
         let b = batch(&t);
         let rows = Rows::from_batches([&b]).expect("rows");
-        let a = Analysis::new("scored.parquet", &rows, &Options::default());
+        let a = Analysis::new(
+            "scored.parquet",
+            &rows,
+            &Options::default(),
+            EXAMPLES_PER_KIND,
+        );
         let wanted: BTreeSet<usize> = a.examples.wanted_rows(&rows);
         let mut texts = HashMap::new();
         data::collect_texts(&b, 0, &wanted, &mut texts).expect("texts");

@@ -103,29 +103,7 @@ pub fn write_png(fig: &impl Figure, path: &Path) -> Result<()> {
 /// Render an SVG and write it atomically.
 pub fn write_svg(fig: &impl Figure, path: &Path) -> Result<()> {
     let s = to_svg(fig)?;
-    write_atomic(path, s.as_bytes())
-}
-
-/// Write bytes to `path` via a temp file in the same folder, `sync_all`, rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    let tmp = dir.join(format!(".tmp-{}-{name}", std::process::id()));
-    let res = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.with_context(|| format!("writing {}", path.display()))
+    crate::table::write_atomic(path, s.as_bytes())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,6 +222,8 @@ enum Mark {
     Dashed(ShapeStyle),
     /// A dot.
     Dot(ShapeStyle),
+    /// A box with diagonal hatching (fill style, line style).
+    Hatch(ShapeStyle, ShapeStyle),
 }
 
 /// Height of a legend strip with `rows` rows.
@@ -302,6 +282,13 @@ fn legend_strip<DB: DrawingBackend>(
                     ))
                     .pe()?,
                 Mark::Dot(st) => area.draw(&Circle::new((x + sym / 2, y), 5, st)).pe()?,
+                Mark::Hatch(fill, line) => {
+                    area.draw(&Rectangle::new([(x, y - 7), (x + sym, y + 7)], fill))
+                        .pe()?;
+                    hatch(area, (x, y - 7), (x + sym, y + 7), line, 5)?;
+                    area.draw(&Rectangle::new([(x, y - 7), (x + sym, y + 7)], line))
+                        .pe()?;
+                }
             }
             area.draw(&Text::new(text.clone(), (x + sym + 6, y), font.clone()))
                 .pe()?;
@@ -309,6 +296,40 @@ fn legend_strip<DB: DrawingBackend>(
         }
     }
     Ok(())
+}
+
+/// Diagonal hatching (lines `x − y = c`, `spacing` pixels apart) inside the pixel rectangle with
+/// corners `a` and `b`.
+fn hatch<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    a: (i32, i32),
+    b: (i32, i32),
+    style: ShapeStyle,
+    spacing: i32,
+) -> Result<()> {
+    let (x0, x1) = (a.0.min(b.0), a.0.max(b.0));
+    let (y0, y1) = (a.1.min(b.1), a.1.max(b.1));
+    let mut c = x0 - y1 + spacing / 2;
+    while c < x1 - y0 {
+        let lo = y0.max(x0 - c);
+        let hi = y1.min(x1 - c);
+        if lo < hi {
+            area.draw(&PathElement::new(vec![(lo + c, lo), (hi + c, hi)], style))
+                .pe()?;
+        }
+        c += spacing.max(2);
+    }
+    Ok(())
+}
+
+/// A sample count in at most five characters: `987`, `9876`, `98.8k`, `988k`, `1.23M`.
+pub fn compact_count(n: u64) -> String {
+    match n {
+        0..=9_999 => n.to_string(),
+        10_000..=99_949 => format!("{:.1}k", n as f64 / 1e3),
+        99_950..=999_499 => format!("{:.0}k", n as f64 / 1e3),
+        _ => format!("{:.2}M", n as f64 / 1e6),
+    }
 }
 
 /// Decimals for axis labels over a range of width `span`.
@@ -402,38 +423,46 @@ impl Figure for Reliability {
             .pe()?;
 
         let bar = pal::BLUE.mix(0.8).filled();
-        let gap = pal::RED.mix(0.3).filled();
-        let gap_edge = ShapeStyle::from(&pal::RED.mix(0.8)).stroke_width(1);
+        let gap_fill = pal::RED.mix(0.12).filled();
+        let gap_line = ShapeStyle::from(&pal::RED.mix(0.85)).stroke_width(1);
         let diag = ShapeStyle::from(&MUTED).stroke_width(2);
         let filled: Vec<&Bin> = self.bins.iter().filter(|b| b.count > 0).collect();
         // Bars at the bins' accuracy, separated by thin white edges.
-        chart
-            .draw_series(filled.iter().filter_map(|b| {
-                Some(Rectangle::new(
-                    [(b.lower, 0.0), (b.upper, b.accuracy?)],
-                    bar,
-                ))
-            }))
-            .pe()?;
-        chart
-            .draw_series(filled.iter().filter_map(|b| {
-                Some(Rectangle::new(
-                    [(b.lower, 0.0), (b.upper, b.accuracy?)],
-                    ShapeStyle::from(&WHITE).stroke_width(1),
-                ))
-            }))
-            .pe()?;
-        // The gap between accuracy and mean confidence, shaded with an outline.
-        for style in [gap, gap_edge] {
+        for style in [bar, ShapeStyle::from(&WHITE).stroke_width(1)] {
             chart
                 .draw_series(filled.iter().filter_map(|b| {
                     Some(Rectangle::new(
-                        [(b.lower, b.accuracy?), (b.upper, b.mean_confidence?)],
+                        [(b.lower, 0.0), (b.upper, b.accuracy?)],
                         style,
                     ))
                 }))
                 .pe()?;
         }
+        // The gap between accuracy and mean confidence: light fill, hatching and an outline, so
+        // it reads the same over the bar (under-confident bins) and above it (over-confident).
+        chart
+            .draw_series(filled.iter().filter_map(|b| {
+                Some(Rectangle::new(
+                    [(b.lower, b.accuracy?), (b.upper, b.mean_confidence?)],
+                    gap_fill,
+                ))
+            }))
+            .pe()?;
+        for b in &filled {
+            if let (Some(acc), Some(conf)) = (b.accuracy, b.mean_confidence) {
+                let p = chart.backend_coord(&(b.lower, acc));
+                let q = chart.backend_coord(&(b.upper, conf));
+                hatch(root, p, q, gap_line, 7)?;
+            }
+        }
+        chart
+            .draw_series(filled.iter().filter_map(|b| {
+                Some(Rectangle::new(
+                    [(b.lower, b.accuracy?), (b.upper, b.mean_confidence?)],
+                    gap_line,
+                ))
+            }))
+            .pe()?;
         chart
             .draw_series(DashedLineSeries::new(
                 vec![(0.0, 0.0), (1.0, 1.0)],
@@ -442,30 +471,35 @@ impl Figure for Reliability {
                 diag,
             ))
             .pe()?;
-        // Counts above bars.
+        // Counts above bars, on a white label so that the diagonal does not run through them.
         let count_style = (FONT_FAMILY, 13)
             .into_font()
             .color(&INK)
             .pos(Pos::new(HPos::Center, VPos::Bottom));
-        chart
-            .draw_series(filled.iter().map(|b| {
-                let top = b
-                    .accuracy
-                    .unwrap_or(0.0)
-                    .max(b.mean_confidence.unwrap_or(0.0));
-                Text::new(
-                    b.count.to_string(),
-                    ((b.lower + b.upper) / 2.0, top + 0.012),
-                    count_style.clone(),
-                )
-            }))
+        for b in &filled {
+            let top = b
+                .accuracy
+                .unwrap_or(0.0)
+                .max(b.mean_confidence.unwrap_or(0.0));
+            let (x, y) = chart.backend_coord(&((b.lower + b.upper) / 2.0, top));
+            let y = y - 4;
+            let label = compact_count(b.count);
+            let (w, h) = root.estimate_text_size(&label, &count_style).pe()?;
+            let (w, h) = (w as i32, h as i32);
+            root.draw(&Rectangle::new(
+                [(x - w / 2 - 2, y - h - 1), (x + w / 2 + 2, y + 1)],
+                WHITE.mix(0.85).filled(),
+            ))
             .pe()?;
+            root.draw(&Text::new(label, (x, y), count_style.clone()))
+                .pe()?;
+        }
         legend_strip(
             &foot,
             &[
                 (Mark::Swatch(bar), "Accuracy of the bin".to_string()),
                 (
-                    Mark::Swatch(gap),
+                    Mark::Hatch(gap_fill, gap_line),
                     "Gap to the bin's mean confidence".to_string(),
                 ),
                 (Mark::Dashed(diag), "Perfect calibration".to_string()),
@@ -1199,6 +1233,20 @@ mod tests {
                 let _ = std::fs::copy(dir.path().join(f), std::path::Path::new(&keep).join(f));
             }
         }
+    }
+
+    #[test]
+    fn compact_counts() {
+        let got: Vec<String> = [
+            0, 9_999, 10_000, 99_949, 99_950, 116_528, 999_499, 999_500, 1_234_567,
+        ]
+        .iter()
+        .map(|&n| compact_count(n))
+        .collect();
+        assert_eq!(
+            got,
+            ["0", "9999", "10.0k", "99.9k", "100k", "117k", "999k", "1.00M", "1.23M"]
+        );
     }
 
     #[test]

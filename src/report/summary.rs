@@ -225,8 +225,8 @@ pub fn turn_stats(rows: &Rows, kind: SampleType, keep: &dyn Fn(usize) -> bool) -
     let mut rewards = Vec::new();
     let mut lengths: Vec<u32> = Vec::new();
     let mut n = 0u64;
-    // group → (first reward, differs, size); BTreeMap keeps the count deterministic to read.
-    let mut groups: BTreeMap<(u32, i32), (Option<f64>, bool, u64)> = BTreeMap::new();
+    // group → (first reward, differs, size); only counts leave this map, so order is irrelevant.
+    let mut groups: HashMap<(u32, i32), (Option<f64>, bool, u64)> = HashMap::new();
     for i in 0..rows.len() {
         if rows.kind[i] != kind || !keep(i) {
             continue;
@@ -788,6 +788,33 @@ mod tests {
         assert_eq!(ex.malformed_answers, vec![2]);
         let w = ex.wanted_rows(&rows);
         assert!(w.contains(&2) && w.contains(&1) && w.contains(&9));
+    }
+
+    #[test]
+    fn unscored_table_gives_nulls_not_panics() {
+        use arrow::array::{ArrayRef, RecordBatch, StringArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        use std::sync::Arc;
+        let schema = Schema::new(vec![Field::new("sample_type", DataType::Utf8, false)]);
+        let col: ArrayRef = Arc::new(StringArray::from(vec!["answer", "confidence"]));
+        let b = RecordBatch::try_new(Arc::new(schema), vec![col]).expect("batch");
+        let rows = Rows::from_batches([&b]).expect("rows");
+        let r = build("t", &rows, &Options::default());
+        let m = &r.overall;
+        assert_eq!((m.answers, m.confidences, m.calibration_rows), (1, 1, 0));
+        assert_eq!(
+            (m.accuracy, m.brier, m.ece, m.auroc),
+            (None, None, None, None)
+        );
+        assert_eq!((m.parse_rate_strict, m.parse_rate_lenient), (None, None));
+        assert_eq!(m.answer_turn.groups, 1);
+        assert_eq!(m.answer_turn.groups_with_signal, 0);
+        assert!(r
+            .diagnostics
+            .missing_columns
+            .contains(&"acc_reward".to_string()));
+        let md = crate::report::markdown::render(&[r], None, None, &Default::default());
+        assert!(md.contains("| Brier score | – |"), "{md}");
     }
 
     #[test]

@@ -86,8 +86,8 @@ fn mag_add(a: &[u32], b: &[u32]) -> Vec<u32> {
     let (long, short) = if a.len() >= b.len() { (a, b) } else { (b, a) };
     let mut out = Vec::with_capacity(long.len() + 1);
     let mut carry = 0u64;
-    for i in 0..long.len() {
-        let s = long[i] as u64 + short.get(i).copied().unwrap_or(0) as u64 + carry;
+    for (i, &l) in long.iter().enumerate() {
+        let s = l as u64 + short.get(i).copied().unwrap_or(0) as u64 + carry;
         out.push(s as u32);
         carry = s >> 32;
     }
@@ -101,8 +101,8 @@ fn mag_add(a: &[u32], b: &[u32]) -> Vec<u32> {
 fn mag_sub(a: &[u32], b: &[u32]) -> Vec<u32> {
     let mut out = Vec::with_capacity(a.len());
     let mut borrow = 0i64;
-    for i in 0..a.len() {
-        let d = a[i] as i64 - b.get(i).copied().unwrap_or(0) as i64 - borrow;
+    for (i, &x) in a.iter().enumerate() {
+        let d = x as i64 - b.get(i).copied().unwrap_or(0) as i64 - borrow;
         if d < 0 {
             out.push((d + (1i64 << 32)) as u32);
             borrow = 1;
@@ -259,11 +259,18 @@ fn mag_top64(a: &[u32]) -> (u64, i64, bool) {
     let limb = (shift / 32) as usize;
     let off = (shift % 32) as u32;
     let mut acc: u128 = 0;
-    for i in (limb..a.len()).rev().take(3).collect::<Vec<_>>().into_iter().rev() {
+    for i in (limb..a.len())
+        .rev()
+        .take(3)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
         acc |= (a[i] as u128) << (32 * (i - limb));
     }
     let top = (acc >> off) as u64;
-    let sticky = a[..limb].iter().any(|&l| l != 0) || (off > 0 && (a[limb] & ((1u32 << off) - 1)) != 0);
+    let sticky =
+        a[..limb].iter().any(|&l| l != 0) || (off > 0 && (a[limb] & ((1u32 << off) - 1)) != 0);
     (top, shift as i64, sticky)
 }
 
@@ -527,7 +534,11 @@ impl Int {
             if let Some(q) = a.checked_div(*b) {
                 // ok: b != 0 and a / b did not overflow, so a % b cannot either
                 let r = a % b;
-                let q = if r != 0 && ((r < 0) != (*b < 0)) { q - 1 } else { q };
+                let q = if r != 0 && ((r < 0) != (*b < 0)) {
+                    q - 1
+                } else {
+                    q
+                };
                 return Ok(Int::Small(q));
             }
         }
@@ -686,14 +697,23 @@ mod tests {
             "1606938044258990275541962092341162602522202993782792835301376"
         );
         let q = a.floordiv(&big("-7")).unwrap();
-        assert_eq!(to_dec(&q), "-229562577751284325077423156048737514646028999111827547900197");
+        assert_eq!(
+            to_dec(&q),
+            "-229562577751284325077423156048737514646028999111827547900197"
+        );
         let p = big("99").pow(&big("99")).unwrap();
-        assert_eq!(to_dec(&p.floordiv(&big("99").pow(&big("97")).unwrap()).unwrap()), "9801");
+        assert_eq!(
+            to_dec(&p.floordiv(&big("99").pow(&big("97")).unwrap()).unwrap()),
+            "9801"
+        );
         // 10**400 / 10**399 == 10.0; 10**309 / 1 overflows; 1 / 10**400 == 0.0
         let t400 = big("10").pow(&big("400")).unwrap();
         let t399 = big("10").pow(&big("399")).unwrap();
         assert_eq!(t400.truediv(&t399), Ok(10.0));
-        assert_eq!(big("10").pow(&big("309")).unwrap().truediv(&big("1")), Err(IntError::Overflow));
+        assert_eq!(
+            big("10").pow(&big("309")).unwrap().truediv(&big("1")),
+            Err(IntError::Overflow)
+        );
         assert_eq!(big("1").truediv(&t400), Ok(0.0));
         assert_eq!(
             big("10").pow(&big("309")).unwrap().truediv(&big("10")),
@@ -727,7 +747,10 @@ mod tests {
     #[test]
     fn limits() {
         assert_eq!(big("9").pow(&big("100000")), Err(IntError::TooLarge));
-        assert_eq!(big("1").pow(&big("99999999999999999999999999999999999999999")), Ok(Int::Small(1)));
+        assert_eq!(
+            big("1").pow(&big("99999999999999999999999999999999999999999")),
+            Ok(Int::Small(1))
+        );
         assert_eq!(big("-1").pow(&big("3")), Ok(Int::Small(-1)));
         assert_eq!(big("0").pow(&big("0")), Ok(Int::Small(1)));
         assert_eq!(big("5").floordiv(&big("0")), Err(IntError::ZeroDivision));

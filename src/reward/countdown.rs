@@ -58,7 +58,9 @@ impl Number {
     fn as_integer(&self) -> Option<i128> {
         match *self {
             Number::Int(i) => Some(i),
-            Number::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e38 => Some(f as i128),
+            Number::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e38 => {
+                Some(f as i128)
+            }
             Number::Float(_) => None,
         }
     }
@@ -76,7 +78,8 @@ impl Task {
     pub fn from_json(text: &str) -> Result<Task> {
         let v: serde_json::Value = serde_json::from_str(text)
             .with_context(|| format!("countdown ground truth is not JSON: {}", preview(text)))?;
-        let mut t = Task::from_value(&v).with_context(|| format!("countdown ground truth {}", preview(text)))?;
+        let mut t = Task::from_value(&v)
+            .with_context(|| format!("countdown ground truth {}", preview(text)))?;
         if let Number::Float(_) = t.target {
             // serde_json (without `float_roundtrip`) may be one ulp off on long decimals; read the
             // literal again with Rust's correctly rounded parser
@@ -116,7 +119,9 @@ impl Task {
 fn precise_target(text: &str) -> Option<f64> {
     static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
     let re = RE
-        .get_or_init(|| regex::Regex::new(r#""target"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"#).ok())
+        .get_or_init(|| {
+            regex::Regex::new(r#""target"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"#).ok()
+        })
         .as_ref()?;
     let mut it = re.captures_iter(text);
     let m = it.next()?;
@@ -239,10 +244,19 @@ impl Q {
 
     fn add(self, o: Q, sign: i128) -> Q {
         match (self, o) {
+            // integers (the common case): no gcd
+            (Q::Exact(a, 1), Q::Exact(c, 1)) => {
+                match c.checked_mul(sign).and_then(|c| a.checked_add(c)) {
+                    Some(n) => Q::Exact(n, 1),
+                    None => Q::Approx(a as f64 + sign as f64 * c as f64),
+                }
+            }
             (Q::Exact(a, b), Q::Exact(c, d)) => {
                 let c = c.checked_mul(sign);
                 let n = c.and_then(|c| a.checked_mul(d)?.checked_add(c.checked_mul(b)?));
-                Q::make(n, b.checked_mul(d), || self.to_f64() + sign as f64 * o.to_f64())
+                Q::make(n, b.checked_mul(d), || {
+                    self.to_f64() + sign as f64 * o.to_f64()
+                })
             }
             _ => Q::Approx(self.to_f64() + sign as f64 * o.to_f64()),
         }
@@ -250,6 +264,10 @@ impl Q {
 
     fn mul(self, o: Q) -> Q {
         match (self, o) {
+            (Q::Exact(a, 1), Q::Exact(c, 1)) => match a.checked_mul(c) {
+                Some(n) => Q::Exact(n, 1),
+                None => Q::Approx(a as f64 * c as f64),
+            },
             (Q::Exact(a, b), Q::Exact(c, d)) => {
                 // cross-reduce first to keep the numbers small
                 let g1 = gcd(a, d).max(1);
@@ -266,7 +284,7 @@ impl Q {
     fn div(self, o: Q) -> Option<Q> {
         match o {
             Q::Exact(0, _) => None,
-            Q::Approx(f) if f == 0.0 => None,
+            Q::Approx(0.0) => None,
             Q::Exact(c, d) => match self {
                 Q::Exact(..) => Some(self.mul(Q::make(Some(d), Some(c), || d as f64 / c as f64))),
                 Q::Approx(f) => Some(Q::Approx(f / (c as f64 / d as f64))),
@@ -311,66 +329,141 @@ enum Tk {
     Div,
     LPar,
     RPar,
+    /// A character outside the language.
+    Bad,
+    End,
 }
 
-fn tokenize_default(s: &str) -> Option<Vec<Tk>> {
-    let mut out = Vec::with_capacity(16);
-    let mut chars = s.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let t = match c {
-            '0'..='9' => {
-                let mut end = i + 1;
-                while let Some(&(j, d)) = chars.peek() {
-                    if d.is_ascii_digit() {
-                        end = j + 1;
-                        chars.next();
+/// Tokens of the default mode, read on the fly (no token vector).
+struct Lexer<'a> {
+    s: &'a str,
+    pos: usize,
+}
+
+impl Lexer<'_> {
+    fn next_token(&mut self) -> Tk {
+        let b = self.s.as_bytes();
+        loop {
+            let Some(&c) = b.get(self.pos) else {
+                return Tk::End;
+            };
+            match c {
+                b'0'..=b'9' => {
+                    let start = self.pos;
+                    while self.pos < b.len() && b[self.pos].is_ascii_digit() {
+                        self.pos += 1;
+                    }
+                    let lit = self.s[start..self.pos].trim_start_matches('0');
+                    return if lit.len() > 38 {
+                        Tk::Huge
+                    } else if lit.is_empty() {
+                        Tk::Num(0)
                     } else {
-                        break;
+                        // at most 38 ASCII digits always fit an i128
+                        lit.bytes()
+                            .fold(0i128, |v, d| v * 10 + (d - b'0') as i128)
+                            .into_tk()
+                    };
+                }
+                b'+' => {
+                    self.pos += 1;
+                    return Tk::Plus;
+                }
+                b'-' => {
+                    self.pos += 1;
+                    return Tk::Minus;
+                }
+                b'*' => {
+                    self.pos += 1;
+                    return Tk::Times;
+                }
+                b'/' => {
+                    self.pos += 1;
+                    return Tk::Div;
+                }
+                b'(' => {
+                    self.pos += 1;
+                    return Tk::LPar;
+                }
+                b')' => {
+                    self.pos += 1;
+                    return Tk::RPar;
+                }
+                b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => self.pos += 1,
+                c if c < 0x80 => return Tk::Bad,
+                _ => {
+                    // ok: `pos` is always on a char boundary (ASCII steps, or whole chars below)
+                    let ch = self.s[self.pos..].chars().next().unwrap_or('\u{0}');
+                    self.pos += ch.len_utf8();
+                    match ch {
+                        '\u{2212}' => return Tk::Minus,
+                        '\u{d7}' => return Tk::Times,
+                        '\u{f7}' => return Tk::Div,
+                        c if c.is_whitespace() => {}
+                        _ => return Tk::Bad,
                     }
                 }
-                let lit = s[i..end].trim_start_matches('0');
-                if lit.len() > 38 {
-                    Tk::Huge
-                } else if lit.is_empty() {
-                    Tk::Num(0)
-                } else {
-                    // ok-free: at most 38 ASCII digits always fit an i128
-                    Tk::Num(lit.parse().ok()?)
-                }
             }
-            '+' => Tk::Plus,
-            '-' | '\u{2212}' => Tk::Minus,
-            '*' | '\u{d7}' => Tk::Times,
-            '/' | '\u{f7}' => Tk::Div,
-            '(' => Tk::LPar,
-            ')' => Tk::RPar,
-            c if c.is_whitespace() => continue,
-            _ => return None,
-        };
-        out.push(t);
+        }
     }
-    Some(out)
+}
+
+trait IntoTk {
+    fn into_tk(self) -> Tk;
+}
+
+impl IntoTk for i128 {
+    fn into_tk(self) -> Tk {
+        Tk::Num(self)
+    }
+}
+
+/// Integer literals met while parsing: a few inline, the count of the rest.
+struct Literals {
+    vals: [i128; 8],
+    len: usize,
+    /// A literal no number can equal, or more than fit inline.
+    unmatched: bool,
+}
+
+impl Literals {
+    fn push(&mut self, v: Option<i128>) {
+        match v {
+            Some(v) if self.len < self.vals.len() => {
+                self.vals[self.len] = v;
+                self.len += 1;
+            }
+            _ => {
+                self.len += 1;
+                self.unmatched = true;
+            }
+        }
+    }
 }
 
 /// Parser for the default mode; a `None` value is "undefined" (division by zero), kept separate
 /// from syntax errors (`Err`).
-struct DefaultParser {
-    toks: Vec<Tk>,
-    pos: usize,
-    literals: Vec<Option<i128>>,
+struct DefaultParser<'a> {
+    lex: Lexer<'a>,
+    tok: Tk,
+    literals: Literals,
 }
 
 type Val = Option<Q>;
 
-impl DefaultParser {
-    fn peek(&self) -> Option<Tk> {
-        self.toks.get(self.pos).copied()
+impl DefaultParser<'_> {
+    fn peek(&self) -> Tk {
+        self.tok
+    }
+
+    fn bump(&mut self) {
+        self.tok = self.lex.next_token();
     }
 
     fn expr(&mut self, depth: usize) -> Result<Val, ()> {
         let mut v = self.term(depth)?;
-        while let Some(t @ (Tk::Plus | Tk::Minus)) = self.peek() {
-            self.pos += 1;
+        while let t @ (Tk::Plus | Tk::Minus) = self.peek() {
+            self.bump();
             let r = self.term(depth)?;
             let sign = if t == Tk::Plus { 1 } else { -1 };
             v = match (v, r) {
@@ -383,8 +476,8 @@ impl DefaultParser {
 
     fn term(&mut self, depth: usize) -> Result<Val, ()> {
         let mut v = self.unary(depth)?;
-        while let Some(t @ (Tk::Times | Tk::Div)) = self.peek() {
-            self.pos += 1;
+        while let t @ (Tk::Times | Tk::Div) = self.peek() {
+            self.bump();
             let r = self.unary(depth)?;
             v = match (v, r) {
                 (Some(a), Some(b)) => {
@@ -402,8 +495,8 @@ impl DefaultParser {
 
     fn unary(&mut self, depth: usize) -> Result<Val, ()> {
         let mut negate = false;
-        while let Some(t @ (Tk::Plus | Tk::Minus)) = self.peek() {
-            self.pos += 1;
+        while let t @ (Tk::Plus | Tk::Minus) = self.peek() {
+            self.bump();
             negate ^= t == Tk::Minus;
         }
         let v = self.primary(depth)?;
@@ -412,26 +505,26 @@ impl DefaultParser {
 
     fn primary(&mut self, depth: usize) -> Result<Val, ()> {
         let v = match self.peek() {
-            Some(Tk::Num(n)) => {
-                self.pos += 1;
+            Tk::Num(n) => {
+                self.bump();
                 self.literals.push(Some(n));
                 Some(Q::int(n))
             }
-            Some(Tk::Huge) => {
-                self.pos += 1;
+            Tk::Huge => {
+                self.bump();
                 self.literals.push(None);
                 Some(Q::Approx(f64::INFINITY))
             }
-            Some(Tk::LPar) => {
+            Tk::LPar => {
                 if depth >= MAX_PARENS {
                     return Err(());
                 }
-                self.pos += 1;
+                self.bump();
                 let v = self.expr(depth + 1)?;
-                if self.peek() != Some(Tk::RPar) {
+                if self.peek() != Tk::RPar {
                     return Err(());
                 }
-                self.pos += 1;
+                self.bump();
                 v
             }
             _ => return Err(()),
@@ -445,15 +538,22 @@ pub fn judge_equation(eq: &str, task: &Task) -> Verdict {
     if eq.len() > MAX_EQUATION_BYTES {
         return Verdict::Invalid;
     }
-    let Some(toks) = tokenize_default(eq) else {
-        return Verdict::Invalid;
+    let mut p = DefaultParser {
+        lex: Lexer { s: eq, pos: 0 },
+        tok: Tk::End,
+        literals: Literals {
+            vals: [0; 8],
+            len: 0,
+            unmatched: false,
+        },
     };
-    let mut p = DefaultParser { toks, pos: 0, literals: Vec::with_capacity(6) };
+    p.bump();
     let value = match p.expr(0) {
-        Ok(v) if p.pos == p.toks.len() => v,
+        Ok(v) if p.tok == Tk::End => v,
         _ => return Verdict::Invalid,
     };
-    if !same_multiset(&mut p.literals, &task.numbers) {
+    let lits = &mut p.literals;
+    if lits.unmatched || !same_multiset_ints(&mut lits.vals[..lits.len], &task.numbers) {
         return Verdict::Numbers;
     }
     match value {
@@ -461,6 +561,29 @@ pub fn judge_equation(eq: &str, task: &Task) -> Verdict {
         Some(q) if q.close_to(task.target) => Verdict::Correct,
         Some(_) => Verdict::Wrong,
     }
+}
+
+/// Multiset equality of integer literals and the given numbers (sorting both in place / on the
+/// stack).
+fn same_multiset_ints(lits: &mut [i128], numbers: &[Number]) -> bool {
+    if lits.len() != numbers.len() {
+        return false;
+    }
+    let mut nums = [0i128; 8];
+    if numbers.len() > nums.len() {
+        let mut owned: Vec<Option<i128>> = lits.iter().map(|&v| Some(v)).collect();
+        return same_multiset(&mut owned, numbers);
+    }
+    for (slot, n) in nums.iter_mut().zip(numbers) {
+        match n.as_integer() {
+            Some(v) => *slot = v,
+            None => return false,
+        }
+    }
+    let nums = &mut nums[..numbers.len()];
+    lits.sort_unstable();
+    nums.sort_unstable();
+    lits == nums
 }
 
 /// Multiset equality of integer literals (`None`: a literal no number can equal) and numbers.
@@ -480,8 +603,14 @@ fn same_multiset(lits: &mut [Option<i128>], numbers: &[Number]) -> bool {
 /// Default mode on a response: the last `<answer>…</answer>` anywhere (DOTALL), stripped.
 pub fn score_response<'a>(response: &'a str, task: &Task) -> Outcome<'a> {
     match last_answer(response) {
-        None => Outcome { answer: None, verdict: Verdict::NoAnswer },
-        Some(eq) => Outcome { answer: Some(eq), verdict: judge_equation(eq, task) },
+        None => Outcome {
+            answer: None,
+            verdict: Verdict::NoAnswer,
+        },
+        Some(eq) => Outcome {
+            answer: Some(eq),
+            verdict: judge_equation(eq, task),
+        },
     }
 }
 
@@ -541,7 +670,10 @@ fn tinyzero_validate(eq: &str, numbers: &[Number]) -> bool {
 /// the extracted equation.
 pub fn tinyzero_compute_score<'a>(solution_str: &'a str, task: &Task) -> Outcome<'a> {
     let Some(eq) = tinyzero_extract(solution_str) else {
-        return Outcome { answer: None, verdict: Verdict::NoAnswer };
+        return Outcome {
+            answer: None,
+            verdict: Verdict::NoAnswer,
+        };
     };
     let verdict = if !tinyzero_validate(eq, &task.numbers) {
         Verdict::Numbers
@@ -564,7 +696,10 @@ pub fn tinyzero_compute_score<'a>(solution_str: &'a str, task: &Task) -> Outcome
             }
         }
     };
-    Outcome { answer: Some(eq), verdict }
+    Outcome {
+        answer: Some(eq),
+        verdict,
+    }
 }
 
 #[cfg(test)]
@@ -573,11 +708,16 @@ mod tests {
     use proptest::prelude::*;
 
     fn task(nums: &[i128], target: i128) -> Task {
-        Task { target: Number::Int(target), numbers: nums.iter().map(|&n| Number::Int(n)).collect() }
+        Task {
+            target: Number::Int(target),
+            numbers: nums.iter().map(|&n| Number::Int(n)).collect(),
+        }
     }
 
-    const H: &str = "User: ... Assistant: Let me solve this step by step.\n<think>reasoning</think>\n";
-    const QWEN: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n\
+    const H: &str =
+        "User: ... Assistant: Let me solve this step by step.\n<think>reasoning</think>\n";
+    const QWEN: &str =
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n\
         Using the numbers [2, 3, 7], create an equation that equals 23.<|im_end|>\n\
         <|im_start|>assistant\nLet me solve this step by step.\n<think>reasoning</think>\n";
 
@@ -586,24 +726,96 @@ mod tests {
     fn anchors_3_6_tinyzero_vectors() {
         let cases: &[(&str, &str, &[i128], i128, f32)] = &[
             ("correct", "<answer>3*7+2</answer>", &[2, 3, 7], 23, 1.0),
-            ("qwen marker", "<answer> (3*7)+2 </answer><|im_end|>", &[2, 3, 7], 23, 1.0),
-            ("no marker", "<think>r</think>\n<answer>3*7+2</answer>", &[2, 3, 7], 23, 0.0),
+            (
+                "qwen marker",
+                "<answer> (3*7)+2 </answer><|im_end|>",
+                &[2, 3, 7],
+                23,
+                1.0,
+            ),
+            (
+                "no marker",
+                "<think>r</think>\n<answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                0.0,
+            ),
             ("missing tags", "3*7+2", &[2, 3, 7], 23, 0.0),
-            ("reused number", "<answer>3*7+2+2</answer>", &[2, 3, 7], 23, 0.1),
+            (
+                "reused number",
+                "<answer>3*7+2+2</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
             ("unused number", "<answer>3*7</answer>", &[2, 3, 7], 21, 0.1),
             ("wrong value", "<answer>3*7-2</answer>", &[2, 3, 7], 23, 0.1),
-            ("division by zero", "<answer>7/(3-3)</answer>", &[3, 3, 7], 7, 0.1),
-            ("two answers, last correct", "<answer>3*7-2</answer> <answer>3*7+2</answer>", &[2, 3, 7], 23, 1.0),
-            ("two answers, last wrong", "<answer>3*7+2</answer> <answer>3*7-2</answer>", &[2, 3, 7], 23, 0.1),
-            ("not on last line", "<answer>3*7+2</answer>\nDone.", &[2, 3, 7], 23, 0.0),
-            ("spans lines", "<answer>\n3*7+2\n</answer>", &[2, 3, 7], 23, 0.0),
+            (
+                "division by zero",
+                "<answer>7/(3-3)</answer>",
+                &[3, 3, 7],
+                7,
+                0.1,
+            ),
+            (
+                "two answers, last correct",
+                "<answer>3*7-2</answer> <answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                1.0,
+            ),
+            (
+                "two answers, last wrong",
+                "<answer>3*7+2</answer> <answer>3*7-2</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
+            (
+                "not on last line",
+                "<answer>3*7+2</answer>\nDone.",
+                &[2, 3, 7],
+                23,
+                0.0,
+            ),
+            (
+                "spans lines",
+                "<answer>\n3*7+2\n</answer>",
+                &[2, 3, 7],
+                23,
+                0.0,
+            ),
             ("= 23", "<answer>3*7+2 = 23</answer>", &[2, 3, 7], 23, 0.1),
-            ("unicode times", "<answer>3×7+2</answer>", &[2, 3, 7], 23, 0.1),
+            (
+                "unicode times",
+                "<answer>3×7+2</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
             ("power", "<answer>2**3+5</answer>", &[2, 3, 5], 13, 1.0),
-            ("float literal", "<answer>3*7+2.0</answer>", &[2, 3, 7], 23, 0.1),
+            (
+                "float literal",
+                "<answer>3*7+2.0</answer>",
+                &[2, 3, 7],
+                23,
+                0.1,
+            ),
             ("empty answer", "<answer></answer>", &[2, 3, 7], 23, 0.1),
-            ("non-integer intermediate", "<answer>(8/3)*3+1</answer>", &[1, 3, 3, 8], 9, 1.0),
-            ("floor division", "<answer>7//2+3</answer>", &[2, 3, 7], 6, 1.0),
+            (
+                "non-integer intermediate",
+                "<answer>(8/3)*3+1</answer>",
+                &[1, 3, 3, 8],
+                9,
+                1.0,
+            ),
+            (
+                "floor division",
+                "<answer>7//2+3</answer>",
+                &[2, 3, 7],
+                6,
+                1.0,
+            ),
         ];
         for &(name, s, nums, target, want) in cases {
             let full = match name {
@@ -621,31 +833,91 @@ mod tests {
     fn default_mode_vectors() {
         let cases: &[(&str, &[i128], i128, Verdict)] = &[
             ("<answer>3*7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<think>r</think>\n<answer>3*7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
+            (
+                "<think>r</think>\n<answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
             ("3*7+2", &[2, 3, 7], 23, Verdict::NoAnswer),
             ("<answer>3*7+2+2</answer>", &[2, 3, 7], 23, Verdict::Numbers),
             ("<answer>3*7</answer>", &[2, 3, 7], 21, Verdict::Numbers),
             ("<answer>3*7-2</answer>", &[2, 3, 7], 23, Verdict::Wrong),
-            ("<answer>7/(3-3)</answer>", &[3, 3, 7], 7, Verdict::Undefined),
-            ("<answer>3*7-2</answer> <answer>3*7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>3*7+2</answer>\nDone.", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>\n3*7+2\n</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>3*7+2 = 23</answer>", &[2, 3, 7], 23, Verdict::Invalid),
+            (
+                "<answer>7/(3-3)</answer>",
+                &[3, 3, 7],
+                7,
+                Verdict::Undefined,
+            ),
+            (
+                "<answer>3*7-2</answer> <answer>3*7+2</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
+            (
+                "<answer>3*7+2</answer>\nDone.",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
+            (
+                "<answer>\n3*7+2\n</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Correct,
+            ),
+            (
+                "<answer>3*7+2 = 23</answer>",
+                &[2, 3, 7],
+                23,
+                Verdict::Invalid,
+            ),
             ("<answer>3×7+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
-            ("<answer>(7−3)÷2+2</answer>", &[2, 2, 3, 7], 4, Verdict::Correct),
+            (
+                "<answer>(7−3)÷2+2</answer>",
+                &[2, 2, 3, 7],
+                4,
+                Verdict::Correct,
+            ),
             ("<answer>2**3+5</answer>", &[2, 3, 5], 13, Verdict::Invalid),
             ("<answer>3*7+2.0</answer>", &[2, 3, 7], 23, Verdict::Invalid),
             ("<answer></answer>", &[2, 3, 7], 23, Verdict::Invalid),
-            ("<answer>(8/3)*3+1</answer>", &[1, 3, 3, 8], 9, Verdict::Correct),
+            (
+                "<answer>(8/3)*3+1</answer>",
+                &[1, 3, 3, 8],
+                9,
+                Verdict::Correct,
+            ),
             ("<answer>7//2+3</answer>", &[2, 3, 7], 6, Verdict::Invalid),
-            ("<answer>-3+7*2+12</answer>", &[2, 3, 7, 12], 23, Verdict::Correct),
+            (
+                "<answer>-3+7*2+12</answer>",
+                &[2, 3, 7, 12],
+                23,
+                Verdict::Correct,
+            ),
             ("<answer>2(3+7)</answer>", &[2, 3, 7], 20, Verdict::Invalid),
             ("<answer>07*3+2</answer>", &[2, 3, 7], 23, Verdict::Correct),
             // 1/3 + 1/3 + 1/3 is exactly 1 (f64 would give 0.9999999999999999, also within 1e-5)
-            ("<answer>1/3+1/3+1/3</answer>", &[1, 1, 1, 3, 3, 3], 1, Verdict::Correct),
+            (
+                "<answer>1/3+1/3+1/3</answer>",
+                &[1, 1, 1, 3, 3, 3],
+                1,
+                Verdict::Correct,
+            ),
             // within the 1e-5 tolerance but not equal: 100000/99999 = 1.00001000010...
-            ("<answer>100000/99999</answer>", &[100000, 99999], 1, Verdict::Wrong),
-            ("<answer>1000000/999999</answer>", &[1000000, 999999], 1, Verdict::Correct),
+            (
+                "<answer>100000/99999</answer>",
+                &[100000, 99999],
+                1,
+                Verdict::Wrong,
+            ),
+            (
+                "<answer>1000000/999999</answer>",
+                &[1000000, 999999],
+                1,
+                Verdict::Correct,
+            ),
         ];
         for &(s, nums, target, want) in cases {
             let got = score_response(s, &task(nums, target));
@@ -658,7 +930,12 @@ mod tests {
         let big = 10i128.pow(30);
         let t = Task {
             target: Number::Int(1),
-            numbers: vec![Number::Int(big), Number::Int(big), Number::Int(big), Number::Int(big)],
+            numbers: vec![
+                Number::Int(big),
+                Number::Int(big),
+                Number::Int(big),
+                Number::Int(big),
+            ],
         };
         let eq = format!("({big}*{big})/({big}*{big})");
         assert_eq!(judge_equation(&eq, &t), Verdict::Correct);
@@ -670,7 +947,10 @@ mod tests {
         assert_eq!(t, task(&[2, 3, 7], 23));
         let t = Task::from_json(r#"{"target": 23.0, "nums": [2.0, 3, 7]}"#).unwrap();
         assert_eq!(t.numbers[0], Number::Float(2.0));
-        assert_eq!(score_response("<answer>3*7+2</answer>", &t).verdict, Verdict::Correct);
+        assert_eq!(
+            score_response("<answer>3*7+2</answer>", &t).verdict,
+            Verdict::Correct
+        );
         assert!(Task::from_json("[1,2]").is_err());
         assert!(Task::from_json(r#"{"target": "x", "numbers": [1]}"#).is_err());
         assert!(Task::from_json("not json").is_err());
@@ -693,7 +973,10 @@ mod tests {
         assert_eq!(tinyzero_compute_score(&s, &t).score(), 1.0);
         // complex intermediate that comes back real enough: ((2-3)**(1/2))**2 * -23 = 23 + ~3e-15j
         let s = format!("{H}<answer>((2-3)**(1/2))**2*-23</answer>");
-        assert_eq!(tinyzero_compute_score(&s, &task(&[2, 3, 1, 2, 2, 23], 23)).score(), 1.0);
+        assert_eq!(
+            tinyzero_compute_score(&s, &task(&[2, 3, 1, 2, 2, 23], 23)).score(),
+            1.0
+        );
     }
 
     proptest! {
@@ -751,11 +1034,19 @@ mod cpython_fixture {
             let want = v["score"].as_f64().unwrap() as f32;
             let got = tinyzero_compute_score(s, &task).score();
             if got != want {
-                bad.push(format!("{s:?} target {} numbers {}: python {want} ours {got}", v["target"], v["numbers"]));
+                bad.push(format!(
+                    "{s:?} target {} numbers {}: python {want} ours {got}",
+                    v["target"], v["numbers"]
+                ));
             }
             n += 1;
         }
         assert!(n > 500);
-        assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+        assert!(
+            bad.is_empty(),
+            "{} of {n} differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
     }
 }

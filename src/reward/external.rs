@@ -75,7 +75,10 @@ pub struct ExternalVerifier {
 fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
     let obj = v.as_object().ok_or("not a JSON object")?;
-    let id = obj.get("id").and_then(|x| x.as_u64()).ok_or("no integer \"id\"")?;
+    let id = obj
+        .get("id")
+        .and_then(|x| x.as_u64())
+        .ok_or("no integer \"id\"")?;
     let correct = match obj.get("correct") {
         Some(serde_json::Value::Bool(b)) => {
             if *b {
@@ -84,7 +87,9 @@ fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
                 0.0
             }
         }
-        Some(serde_json::Value::Number(n)) => n.as_f64().ok_or("\"correct\" is not a finite number")?,
+        Some(serde_json::Value::Number(n)) => {
+            n.as_f64().ok_or("\"correct\" is not a finite number")?
+        }
         _ => return Err("\"correct\" missing or not a boolean/number".into()),
     };
     if !correct.is_finite() {
@@ -214,9 +219,14 @@ impl ExternalVerifier {
         while done < requests.len() {
             while next < requests.len() && outstanding.len() < MAX_IN_FLIGHT {
                 let r = &requests[next];
-                let mut line = serde_json::to_string(r).context("serialising a verifier request")?;
+                let mut line =
+                    serde_json::to_string(r).context("serialising a verifier request")?;
                 line.push('\n');
-                let sent = self.to_writer.as_ref().map(|tx| tx.send((r.id, line)).is_ok()).unwrap_or(false);
+                let sent = self
+                    .to_writer
+                    .as_ref()
+                    .map(|tx| tx.send((r.id, line)).is_ok())
+                    .unwrap_or(false);
                 if !sent {
                     let st = self.exit_status();
                     bail!(
@@ -232,7 +242,10 @@ impl ExternalVerifier {
                 Ok(FromReader::Reply(id, rep)) => {
                     let Some(&i) = pos_of.get(&id) else {
                         self.kill();
-                        bail!("external verifier `{}` replied with id {id}, which was not asked", self.cmd);
+                        bail!(
+                            "external verifier `{}` replied with id {id}, which was not asked",
+                            self.cmd
+                        );
                     };
                     if !outstanding.remove(&i) {
                         self.kill();
@@ -250,7 +263,9 @@ impl ExternalVerifier {
                 Ok(FromReader::Eof(err)) => {
                     let first = outstanding.iter().next().copied().unwrap_or(0);
                     let st = self.exit_status();
-                    let last = self.last_answered.map_or("none".to_string(), |x| x.to_string());
+                    let last = self
+                        .last_answered
+                        .map_or("none".to_string(), |x| x.to_string());
                     bail!(
                         "external verifier `{}` closed its output (exit status: {st}{}) while rlcr waited for request id {} (sample_id {}); last id answered: {last}",
                         self.cmd,
@@ -273,13 +288,18 @@ impl ExternalVerifier {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let st = self.exit_status();
-                    bail!("external verifier `{}` reader stopped (exit status: {st})", self.cmd);
+                    bail!(
+                        "external verifier `{}` reader stopped (exit status: {st})",
+                        self.cmd
+                    );
                 }
             }
         }
         out.into_iter()
             .enumerate()
-            .map(|(i, r)| r.ok_or_else(|| anyhow!("internal: no reply for request id {}", requests[i].id)))
+            .map(|(i, r)| {
+                r.ok_or_else(|| anyhow!("internal: no reply for request id {}", requests[i].id))
+            })
             .collect()
     }
 
@@ -302,10 +322,15 @@ impl ExternalVerifier {
                     }
                     return Ok(());
                 }
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
                 Ok(None) => {
                     self.kill();
-                    bail!("external verifier `{}` did not exit after its input closed; killed", self.cmd);
+                    bail!(
+                        "external verifier `{}` did not exit after its input closed; killed",
+                        self.cmd
+                    );
                 }
                 Err(e) => return Err(e).context("waiting for the external verifier"),
             }
@@ -352,7 +377,9 @@ mod tests {
             r#"while IFS= read -r line; do {ID}; case "$line" in *'"answer":"Paris"'*) c=true;; *) c=0.25;; esac; printf '{{"id":%s,"correct":%s,"extra":{{"n":2,"s":"x"}}}}\n' "$id" "$c"; done"#
         );
         let mut v = ExternalVerifier::spawn(&cmd, Duration::from_secs(20)).unwrap();
-        let answers: Vec<&'static str> = (0..600).map(|i| if i % 3 == 0 { "Paris" } else { "Lyon" }).collect();
+        let answers: Vec<&'static str> = (0..600)
+            .map(|i| if i % 3 == 0 { "Paris" } else { "Lyon" })
+            .collect();
         let rq = reqs(&serde_json::json!("Paris"), &answers);
         let got = v.verify(&rq).unwrap();
         for (i, r) in got.iter().enumerate() {
@@ -379,7 +406,9 @@ mod tests {
 
     #[test]
     fn child_dies_error_names_ids() {
-        let cmd = format!(r#"IFS= read -r line; {ID}; printf '{{"id":%s,"correct":true}}\n' "$id"; exit 3"#);
+        let cmd = format!(
+            r#"IFS= read -r line; {ID}; printf '{{"id":%s,"correct":true}}\n' "$id"; exit 3"#
+        );
         let mut v = ExternalVerifier::spawn(&cmd, Duration::from_secs(20)).unwrap();
         let rq = reqs(&serde_json::json!("Paris"), &["a", "b", "c"]);
         let err = format!("{:#}", v.verify(&rq).unwrap_err());
@@ -390,7 +419,11 @@ mod tests {
 
     #[test]
     fn timeout_kills_and_names_the_request() {
-        let mut v = ExternalVerifier::spawn("IFS= read -r line; exec sleep 30", Duration::from_millis(300)).unwrap();
+        let mut v = ExternalVerifier::spawn(
+            "IFS= read -r line; exec sleep 30",
+            Duration::from_millis(300),
+        )
+        .unwrap();
         let rq = reqs(&serde_json::json!("Paris"), &["a"]);
         let t = Instant::now();
         let err = format!("{:#}", v.verify(&rq).unwrap_err());
@@ -401,7 +434,11 @@ mod tests {
 
     #[test]
     fn garbage_on_stdout_is_an_error() {
-        let mut v = ExternalVerifier::spawn("IFS= read -r line; echo hello; exec sleep 5", Duration::from_secs(20)).unwrap();
+        let mut v = ExternalVerifier::spawn(
+            "IFS= read -r line; echo hello; exec sleep 5",
+            Duration::from_secs(20),
+        )
+        .unwrap();
         let rq = reqs(&serde_json::json!("Paris"), &["a"]);
         let err = format!("{:#}", v.verify(&rq).unwrap_err());
         assert!(err.contains("not a reply"), "{err}");
@@ -413,8 +450,18 @@ mod tests {
         assert!(parse_reply(r#"{"id": 1, "correct": "yes"}"#).is_err());
         assert!(parse_reply(r#"{"correct": true}"#).is_err());
         assert!(parse_reply(r#"{"id": 1, "correct": true, "extra": 3}"#).is_err());
-        assert_eq!(parse_reply(r#"{"id": 1, "correct": 0.5}"#).unwrap().1.correct, 0.5);
-        let mut v = ExternalVerifier::spawn(r#"IFS= read -r line; echo '{"id": 999, "correct": true}'; exec sleep 5"#, Duration::from_secs(20)).unwrap();
+        assert_eq!(
+            parse_reply(r#"{"id": 1, "correct": 0.5}"#)
+                .unwrap()
+                .1
+                .correct,
+            0.5
+        );
+        let mut v = ExternalVerifier::spawn(
+            r#"IFS= read -r line; echo '{"id": 999, "correct": true}'; exec sleep 5"#,
+            Duration::from_secs(20),
+        )
+        .unwrap();
         let rq = reqs(&serde_json::json!("Paris"), &["a"]);
         let err = format!("{:#}", v.verify(&rq).unwrap_err());
         assert!(err.contains("id 999"), "{err}");

@@ -91,7 +91,9 @@ impl MathValue {
             (MathValue::Exact(a, b), MathValue::Exact(c, d)) => a == c && b == d,
             _ => {
                 let (x, y) = (self.to_f64(), o.to_f64());
-                x.is_finite() && y.is_finite() && (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
+                x.is_finite()
+                    && y.is_finite()
+                    && (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
             }
         }
     }
@@ -132,7 +134,10 @@ pub fn normalize(s: &str) -> String {
     if let Some(b) = last_boxed(&t) {
         t = b.to_string();
     }
-    t = unwrap_commands(&t, &["text", "textbf", "mathrm", "mathbf", "mbox", "operatorname"]);
+    t = unwrap_commands(
+        &t,
+        &["text", "textbf", "mathrm", "mathbf", "mbox", "operatorname"],
+    );
     for (from, to) in [
         ("\\left", ""),
         ("\\right", ""),
@@ -221,14 +226,20 @@ fn parse_decimal(s: &str) -> Option<MathValue> {
     } else {
         int_part.to_string()
     };
-    if !int_digits.bytes().all(|b| b.is_ascii_digit()) || !frac_part.bytes().all(|b| b.is_ascii_digit()) {
+    if !int_digits.bytes().all(|b| b.is_ascii_digit())
+        || !frac_part.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let digits = format!("{int_digits}{frac_part}");
     let scale = exp10 - frac_part.len() as i32;
     let trimmed = digits.trim_start_matches('0');
     let exact = (|| {
-        let n: i128 = if trimmed.is_empty() { 0 } else { trimmed.parse().ok()? };
+        let n: i128 = if trimmed.is_empty() {
+            0
+        } else {
+            trimmed.parse().ok()?
+        };
         if scale >= 0 {
             let p = 10i128.checked_pow(scale as u32)?;
             MathValue::exact(n.checked_mul(p)?, 1)
@@ -240,7 +251,13 @@ fn parse_decimal(s: &str) -> Option<MathValue> {
     let v = match exact {
         Some(v) => v,
         None => {
-            let f: f64 = format!("{}e{}", if digits.is_empty() { "0" } else { &digits }, scale).parse().ok()?;
+            let f: f64 = format!(
+                "{}e{}",
+                if digits.is_empty() { "0" } else { &digits },
+                scale
+            )
+            .parse()
+            .ok()?;
             MathValue::Approx(f)
         }
     };
@@ -366,7 +383,10 @@ mod tests {
 
     #[test]
     fn extraction() {
-        assert_eq!(extract_answer("<think>..</think><answer>The answer is \\boxed{12}</answer>"), Some("12"));
+        assert_eq!(
+            extract_answer("<think>..</think><answer>The answer is \\boxed{12}</answer>"),
+            Some("12")
+        );
         assert_eq!(extract_answer("so \\boxed{3} and \\boxed{4}"), Some("4"));
         assert_eq!(extract_answer("<answer> 7 </answer>"), Some("7"));
         assert_eq!(extract_answer("nothing"), None);
@@ -374,7 +394,10 @@ mod tests {
 
     #[test]
     fn big_values_fall_back_to_doubles() {
-        assert!(math_equal("1e40", "10000000000000000000000000000000000000000"));
+        assert!(math_equal(
+            "1e40",
+            "10000000000000000000000000000000000000000"
+        ));
         assert!(!math_equal("1e40", "1.0000001e40"));
     }
 }

@@ -69,9 +69,26 @@ pub fn auto_verifier(data_source: &str) -> VerifierKind {
     let has = |keys: &[&str]| keys.iter().any(|k| s.contains(k));
     if has(&["countdown"]) {
         VerifierKind::Countdown
-    } else if has(&["mmlu", "gpqa", "commonsense", "csqa", "arc", "medqa", "choice", "mcq"]) {
+    } else if has(&[
+        "mmlu",
+        "gpqa",
+        "commonsense",
+        "csqa",
+        "arc",
+        "medqa",
+        "choice",
+        "mcq",
+    ]) {
         VerifierKind::Choice
-    } else if has(&["hotpot", "squad", "trivia", "simpleqa", "natural_questions", "nq", "qa"]) {
+    } else if has(&[
+        "hotpot",
+        "squad",
+        "trivia",
+        "simpleqa",
+        "natural_questions",
+        "nq",
+        "qa",
+    ]) {
         VerifierKind::Exact
     } else {
         VerifierKind::Math

@@ -543,7 +543,11 @@ impl<'a> Parser<'a> {
         while let Some(t @ (Tok::Plus | Tok::Minus)) = self.peek() {
             self.pos += 1;
             let (r, rd) = self.term(parens)?;
-            v = if t == Tok::Plus { add(&v, &r)? } else { sub(&v, &r)? };
+            v = if t == Tok::Plus {
+                add(&v, &r)?
+            } else {
+                sub(&v, &r)?
+            };
             d = deeper(d.max(rd))?;
         }
         Ok((v, d))
@@ -706,18 +710,30 @@ mod tests {
         assert_eq!(f(&format!("{}1", "-".repeat(1000))), int(1));
         assert_eq!(f(&format!("{}1", "-".repeat(2990))), int(1));
         assert!(f(&format!("{}1", "-".repeat(5000))).is_err());
-        assert_eq!(f(&format!("{}1{}", "(".repeat(200), ")".repeat(200))), int(1));
+        assert_eq!(
+            f(&format!("{}1{}", "(".repeat(200), ")".repeat(200))),
+            int(1)
+        );
         assert!(f(&format!("{}1{}", "(".repeat(201), ")".repeat(201))).is_err());
         assert_eq!(f("2**-1"), fl(0.5));
         assert_eq!(f("-2**2"), int(-4));
         assert_eq!(f("2**3**2"), int(512));
-        assert_eq!(f("(-8)**(1/3)"), Ok(PyNum::Complex(1.0000000000000002, 1.7320508075688772)));
-        assert_eq!(f("(1-2)**(1/2)"), Ok(PyNum::Complex(6.123233995736766e-17, 1.0)));
-        assert_eq!(f("((1-2)**(1/2))**2"), Ok(PyNum::Complex(-1.0, 1.2246467991473532e-16)));
+        assert_eq!(
+            f("(-8)**(1/3)"),
+            Ok(PyNum::Complex(1.0000000000000002, 1.7320508075688772))
+        );
+        assert_eq!(
+            f("(1-2)**(1/2)"),
+            Ok(PyNum::Complex(6.123233995736766e-17, 1.0))
+        );
+        assert_eq!(
+            f("((1-2)**(1/2))**2"),
+            Ok(PyNum::Complex(-1.0, 1.2246467991473532e-16))
+        );
         assert_eq!(f("7//2"), int(3));
         assert_eq!(f("7.0//2"), fl(3.0));
         assert_eq!(f("-7//2"), int(-4));
-        assert_eq!(f("2**0.5"), fl(1.4142135623730951));
+        assert_eq!(f("2**0.5"), fl(std::f64::consts::SQRT_2));
         assert_eq!(f("1/3"), fl(0.3333333333333333));
         assert_eq!(f("10**400/10**399"), fl(10.0));
         assert_eq!(f("10**400*1.0"), Err(PyError::Overflow));
@@ -732,10 +748,13 @@ mod tests {
         assert_eq!(f("2**--2"), int(4));
         assert_eq!(f("0**-1"), Err(PyError::ZeroDivision));
         assert_eq!(f("0.0**-1"), Err(PyError::ZeroDivision));
-        assert_eq!(f("(-1)**0.5"), Ok(PyNum::Complex(6.123233995736766e-17, 1.0)));
+        assert_eq!(
+            f("(-1)**0.5"),
+            Ok(PyNum::Complex(6.123233995736766e-17, 1.0))
+        );
         assert_eq!(f("8/3*3+1"), fl(9.0));
         assert_eq!(f("\t1+2"), int(3));
-        assert_eq!(f(&"1".repeat(4300)).is_ok(), true);
+        assert!(f(&"1".repeat(4300)).is_ok());
         assert_eq!(f(&"1".repeat(4301)), Err(PyError::Syntax));
         assert_eq!(f(&format!("{}.", "1".repeat(4301))), fl(f64::INFINITY));
         assert_eq!(f("(2**70000)//(2**69999)"), Err(PyError::TooLarge)); // Python: 2 (bounded here)
@@ -791,23 +810,37 @@ mod cpython_fixture {
                 }
                 ("float", Ok(PyNum::Float(f))) => {
                     let want: f64 = py_repr_f64(v["value"].as_str().unwrap());
-                    f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()) || (*f == 0.0 && want == 0.0)
+                    f.to_bits() == want.to_bits()
+                        || (f.is_nan() && want.is_nan())
+                        || (*f == 0.0 && want == 0.0)
                 }
                 ("complex", Ok(PyNum::Complex(r, i))) => {
                     let wr = py_repr_f64(v["value"][0].as_str().unwrap());
                     let wi = py_repr_f64(v["value"][1].as_str().unwrap());
-                    let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || (a == 0.0 && b == 0.0);
+                    let same = |a: f64, b: f64| {
+                        a.to_bits() == b.to_bits()
+                            || (a.is_nan() && b.is_nan())
+                            || (a == 0.0 && b == 0.0)
+                    };
                     same(*r, wr) && same(*i, wi)
                 }
                 _ => false,
             };
             if !ok {
-                bad.push(format!("{expr:?}: python {kind} {} vs ours {got:?}", v["value"]));
+                bad.push(format!(
+                    "{expr:?}: python {kind} {} vs ours {got:?}",
+                    v["value"]
+                ));
             }
             n += 1;
         }
         assert!(n > 1000);
-        assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+        assert!(
+            bad.is_empty(),
+            "{} of {n} differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
     }
 
     fn py_repr_f64(s: &str) -> f64 {

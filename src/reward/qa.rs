@@ -27,7 +27,11 @@ fn is_word(c: char) -> bool {
 
 /// SQuAD `normalize_answer`.
 pub fn normalize_answer(s: &str) -> String {
-    let lowered: String = s.to_lowercase().chars().filter(|&c| !is_py_punct(c)).collect();
+    let lowered: String = s
+        .to_lowercase()
+        .chars()
+        .filter(|&c| !is_py_punct(c))
+        .collect();
     // remove the articles as whole words
     let mut out = String::with_capacity(lowered.len());
     let mut word = String::new();
@@ -48,7 +52,10 @@ pub fn normalize_answer(s: &str) -> String {
         }
     }
     flush(&mut word, &mut out);
-    out.split(py_isspace).filter(|t| !t.is_empty()).collect::<Vec<_>>().join(" ")
+    out.split(py_isspace)
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// SQuAD exact match after normalisation.
@@ -93,7 +100,10 @@ pub fn best_exact(prediction: &str, golds: &[String]) -> bool {
 
 /// Best F1 over the golds (0 without golds).
 pub fn best_f1(prediction: &str, golds: &[String]) -> f64 {
-    golds.iter().map(|g| f1_score(prediction, g)).fold(0.0, f64::max)
+    golds
+        .iter()
+        .map(|g| f1_score(prediction, g))
+        .fold(0.0, f64::max)
 }
 
 /// Gold answers from a parsed ground-truth JSON value.
@@ -127,7 +137,8 @@ pub fn gold_strings(text: &str) -> Vec<String> {
 /// Strip a leading phrase, case-insensitively.
 fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
     let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix).then(|| &s[prefix.len()..])
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
 }
 
 /// The option letter an answer names (see the module docs), upper-case.
@@ -140,7 +151,15 @@ pub fn choice_letter(answer: &str) -> Option<char> {
     if let Some(inner) = t.strip_prefix("\\text{").and_then(|x| x.strip_suffix('}')) {
         t = py_strip(inner);
     }
-    for p in ["the answer is", "the correct answer is", "answer:", "answer is", "answer", "option", "choice"] {
+    for p in [
+        "the answer is",
+        "the correct answer is",
+        "answer:",
+        "answer is",
+        "answer",
+        "option",
+        "choice",
+    ] {
         if let Some(rest) = strip_prefix_ci(t, p) {
             t = py_strip(rest.trim_start_matches(':'));
             break;

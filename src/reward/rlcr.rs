@@ -25,7 +25,9 @@
 use super::text::{find_at, last_tag, py_isspace, py_rstrip, py_strip};
 
 /// RLCR's `format_pattern` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum FormatPattern {
     /// `</think> <answer>…</answer>`.
@@ -67,9 +69,11 @@ impl FormatPattern {
     fn chunks(self) -> &'static [&'static [&'static str]] {
         match self {
             FormatPattern::Ta => &[&["</think>", "<answer>"], &["</answer>"]],
-            FormatPattern::Tac => {
-                &[&["</think>", "<answer>"], &["</answer>", "<confidence>"], &["</confidence>"]]
-            }
+            FormatPattern::Tac => &[
+                &["</think>", "<answer>"],
+                &["</answer>", "<confidence>"],
+                &["</confidence>"],
+            ],
             FormatPattern::Tabc => &[
                 &["</think>", "<answer>"],
                 &["</answer>", "<analysis>"],
@@ -89,7 +93,9 @@ impl FormatPattern {
     pub fn regex(self) -> &'static str {
         match self {
             FormatPattern::Ta => r".*?</think>\s*<answer>.*?</answer>\s*\Z",
-            FormatPattern::Tac => r".*?</think>\s*<answer>.*?</answer>\s*<confidence>.*?</confidence>\s*\Z",
+            FormatPattern::Tac => {
+                r".*?</think>\s*<answer>.*?</answer>\s*<confidence>.*?</confidence>\s*\Z"
+            }
             FormatPattern::Tabc => {
                 r".*?</think>\s*<answer>.*?</answer>\s*<analysis>.*?</analysis>\s*<confidence>.*?</confidence>\s*\Z"
             }
@@ -145,8 +151,7 @@ pub fn structure_ok(s: &str, pattern: FormatPattern) -> bool {
 /// RLCR's `format_reward` with a strict confidence parse: 1 iff the structure matches and, for
 /// patterns with a confidence, [`parse_confidence_strict`] succeeds.
 pub fn format_ok(s: &str, pattern: FormatPattern) -> bool {
-    structure_ok(s, pattern)
-        && (!pattern.has_confidence() || parse_confidence_strict(s).is_some())
+    structure_ok(s, pattern) && (!pattern.has_confidence() || parse_confidence_strict(s).is_some())
 }
 
 /// Turn-2 structure: `\s*(<analysis>.*?</analysis>\s*)?<confidence>.*?</confidence>\s*\Z`
@@ -158,10 +163,7 @@ pub fn confidence_structure_ok(s: &str, require_analysis: bool) -> bool {
     };
     if let Some(after) = body.strip_prefix("<analysis>") {
         // the earliest `</analysis>\s*<confidence>` must end inside the body
-        match find_chunk(after, 0, &["</analysis>", "<confidence>"]) {
-            Some(_) => true,
-            None => false,
-        }
+        find_chunk(after, 0, &["</analysis>", "<confidence>"]).is_some()
     } else {
         !require_analysis && body.starts_with("<confidence>")
     }
@@ -308,18 +310,35 @@ impl RlcrTerms {
     /// The five terms for a single-completion RLCR sample; `correct` is the verifier's verdict on
     /// the last `<answer>`.
     pub fn compute(completion: &str, pattern: FormatPattern, correct: bool) -> RlcrTerms {
-        let format = if format_ok(completion, pattern) { 1.0 } else { 0.0 };
+        let format = if format_ok(completion, pattern) {
+            1.0
+        } else {
+            0.0
+        };
         let accuracy = if format == 1.0 && correct { 1.0 } else { 0.0 };
         let conf = parse_confidence_strict(completion);
-        let brier = if format == 1.0 { brier_reward(accuracy, conf) } else { 0.0 };
+        let brier = if format == 1.0 {
+            brier_reward(accuracy, conf)
+        } else {
+            0.0
+        };
         // RLCR clips whatever float() reads; NaN clips to... max(0, min(nan, 1)) = 0 in Python
         let clipped = last_tag(completion, "<confidence>", "</confidence>")
             .and_then(py_float)
             .map(|c| if c.is_nan() { 0.0 } else { c.clamp(0.0, 1.0) })
             .unwrap_or(0.0);
-        let one_or_zero =
-            if (clipped - 1.0).abs() < 0.01 || clipped.abs() < 0.01 { 1.0 } else { 0.0 };
-        RlcrTerms { format, accuracy, brier, mean_confidence: clipped, confidence_one_or_zero: one_or_zero }
+        let one_or_zero = if (clipped - 1.0).abs() < 0.01 || clipped.abs() < 0.01 {
+            1.0
+        } else {
+            0.0
+        };
+        RlcrTerms {
+            format,
+            accuracy,
+            brier,
+            mean_confidence: clipped,
+            confidence_one_or_zero: one_or_zero,
+        }
     }
 
     /// Weighted sum (TRL `sum_then_normalize`), weights in RLCR's order
@@ -379,7 +398,8 @@ mod tests {
             ),
         ];
         for (s, f, a, b, total) in cases {
-            let correct = last_tag(&s, "<answer>", "</answer>").is_some_and(|x| exact_match(x, "Paris"));
+            let correct =
+                last_tag(&s, "<answer>", "</answer>").is_some_and(|x| exact_match(x, "Paris"));
             let t = RlcrTerms::compute(&s, FormatPattern::Tabc, correct);
             assert_eq!((t.format, t.accuracy), (f, a), "{s}");
             assert!(close(t.brier, b), "{s}: brier {} != {b}", t.brier);
@@ -428,7 +448,9 @@ mod tests {
         assert_eq!(py_float("5."), Some(5.0));
         assert_eq!(py_float("+1"), Some(1.0));
         assert_eq!(py_float("-0"), Some(-0.0));
-        for bad in ["", ".", "1__0", "_1", "1_", "80%", "0,5", "1e", "e5", "0x1", "1 2", "½"] {
+        for bad in [
+            "", ".", "1__0", "_1", "1_", "80%", "0,5", "1e", "e5", "0x1", "1 2", "½",
+        ] {
             assert_eq!(py_float(bad), None, "{bad:?}");
         }
         assert!(py_float("nan").is_some_and(f64::is_nan));
@@ -448,36 +470,71 @@ mod tests {
         assert_eq!(c(""), None);
         assert_eq!(parse_confidence_lenient("no tag"), None);
         // strict refuses what lenient accepts
-        assert_eq!(parse_confidence_strict("<confidence>80%</confidence>"), None);
+        assert_eq!(
+            parse_confidence_strict("<confidence>80%</confidence>"),
+            None
+        );
         assert_eq!(parse_confidence_strict("<confidence>80</confidence>"), None);
     }
 
     #[test]
     fn turn_two_format() {
-        assert!(confidence_format_ok("<analysis>a</analysis><confidence>0.3</confidence>", false));
-        assert!(confidence_format_ok(" <analysis>a</analysis>\n<confidence> 0.3 </confidence>\n", true));
+        assert!(confidence_format_ok(
+            "<analysis>a</analysis><confidence>0.3</confidence>",
+            false
+        ));
+        assert!(confidence_format_ok(
+            " <analysis>a</analysis>\n<confidence> 0.3 </confidence>\n",
+            true
+        ));
         assert!(confidence_format_ok("<confidence>0.3</confidence>", false));
         assert!(!confidence_format_ok("<confidence>0.3</confidence>", true));
-        assert!(!confidence_format_ok("I think <confidence>0.3</confidence>", false));
-        assert!(!confidence_format_ok("<confidence>0.3</confidence> ok", false));
-        assert!(!confidence_format_ok("<analysis>a<confidence>0.3</confidence>", false));
-        assert!(!confidence_format_ok("<analysis>a</analysis><confidence>1.3</confidence>", false));
+        assert!(!confidence_format_ok(
+            "I think <confidence>0.3</confidence>",
+            false
+        ));
+        assert!(!confidence_format_ok(
+            "<confidence>0.3</confidence> ok",
+            false
+        ));
+        assert!(!confidence_format_ok(
+            "<analysis>a<confidence>0.3</confidence>",
+            false
+        ));
+        assert!(!confidence_format_ok(
+            "<analysis>a</analysis><confidence>1.3</confidence>",
+            false
+        ));
         assert!(!confidence_format_ok("<analysis>a</analysis>", false));
     }
 
     #[test]
     fn ta_pattern() {
-        assert!(format_ok("r</think>\n<answer>x</answer>\n", FormatPattern::Ta));
+        assert!(format_ok(
+            "r</think>\n<answer>x</answer>\n",
+            FormatPattern::Ta
+        ));
         assert!(format_ok("</think><answer></answer>", FormatPattern::Ta));
         assert!(!format_ok("<answer>x</answer>", FormatPattern::Ta));
-        assert!(!format_ok("r</think> text <answer>x</answer>", FormatPattern::Ta));
-        assert!(format_ok("r</think> <answer>a</answer> b </think><answer>x</answer>", FormatPattern::Ta));
+        assert!(!format_ok(
+            "r</think> text <answer>x</answer>",
+            FormatPattern::Ta
+        ));
+        assert!(format_ok(
+            "r</think> <answer>a</answer> b </think><answer>x</answer>",
+            FormatPattern::Ta
+        ));
     }
 
     fn reference(s: &str, p: FormatPattern) -> bool {
         // Python's \s is Unicode whitespace plus U+001C..U+001F
-        let re = p.regex().replace(r"\s", r"[\s\x1c-\x1f]").replace(r"\Z", r"\z");
-        regex::Regex::new(&format!("(?s)^(?:{re})")).unwrap().is_match(s)
+        let re = p
+            .regex()
+            .replace(r"\s", r"[\s\x1c-\x1f]")
+            .replace(r"\Z", r"\z");
+        regex::Regex::new(&format!("(?s)^(?:{re})"))
+            .unwrap()
+            .is_match(s)
     }
 
     proptest! {

@@ -10,9 +10,9 @@
 //!
 //! The scalar `reward` is always [`structured::total`] of the row's components, so it can be
 //! recomputed from `reward_components`. The presets are component sets:
-//! - `rlcr` (default): answers `accuracy`·1 + `format`·format_weight (default 0), and, kept with
-//!   weight 0 for logging, `countdown` (the 0/0.1/1 score) and `extra.*`; confidences `brier`·1 and
-//!   `format`·0.
+//! - `rlcr` (default): answers `accuracy`·1 + `format`·format_weight (listed only when the weight
+//!   is not 0: the `format_ok` column has it), and, kept with weight 0 for logging, `countdown`
+//!   (the 0/0.1/1 score) and `extra.*`; confidences `brier`·1.
 //! - `rlcr-single`: RLCR's single-completion reward on answer rows that carry their own
 //!   confidence (`--answer-format tabc`): `format`·0.5 + `accuracy`·0.5 + `brier`·0.5 +
 //!   `mean_confidence`·1e-6 + `confidence_one_or_zero`·1e-6 (its HotpotQA weights; ANCHORS
@@ -20,6 +20,8 @@
 //! - `tinyzero`: answers `countdown`·1 (the 0/0.1/1 score; the countdown verifier is required),
 //!   `accuracy`·0 and `format`·0; confidences as `rlcr`.
 //! - a rewards TOML ([`structured::RewardSpec`]) replaces the preset's components.
+use std::borrow::Cow;
+
 use super::countdown::{self, Task};
 use super::rlcr::{self, FormatPattern, RlcrTerms};
 use super::structured::{self, Component, ComponentSpec, RewardSpec, Source, Value};
@@ -27,7 +29,17 @@ use super::text::last_answer;
 use super::{math, qa, VerifierKind};
 
 /// How countdown answers are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CountdownCompat {
     /// Response only, last `<answer>` anywhere, exact rationals.
@@ -38,7 +50,17 @@ pub enum CountdownCompat {
 }
 
 /// The reward presets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Preset {
     #[default]
@@ -98,11 +120,11 @@ impl GroundTruth {
     }
 }
 
-/// The scores of one answer row.
+/// The scores of one answer row (`'a`: the response it was read from).
 #[derive(Debug, Clone, PartialEq)]
-pub struct AnswerScore {
-    /// The extracted answer.
-    pub answer: Option<String>,
+pub struct AnswerScore<'a> {
+    /// The extracted answer (a slice of the response whenever it is one).
+    pub answer: Option<Cow<'a, str>>,
     pub format_ok: bool,
     /// The verifier's verdict, before gating.
     pub correct: f64,
@@ -118,29 +140,43 @@ pub struct AnswerScore {
     pub rlcr_terms: Option<RlcrTerms>,
 }
 
-/// The verdict of a built-in verifier: (extracted answer, correct, countdown score).
+/// The verdict of a built-in verifier: (extracted answer, correct, countdown score). The answer
+/// borrows from `response` unless it lies (partly) in the TinyZero prompt prefix.
 pub fn verify_builtin<'a>(
     kind: VerifierKind,
     settings: &Settings,
     response: &'a str,
     prompt_prefix: Option<&str>,
     gt: &GroundTruth,
-) -> (Option<String>, f64, Option<f32>) {
+) -> (Option<Cow<'a, str>>, f64, Option<f32>) {
     match (kind, gt) {
         (VerifierKind::Countdown, GroundTruth::Countdown(task)) => {
-            let out = match settings.countdown_compat {
+            let (answer, verdict) = match settings.countdown_compat {
                 CountdownCompat::Default => {
                     let o = countdown::score_response(response, task);
-                    (o.answer.map(str::to_string), o.verdict)
+                    (o.answer.map(Cow::Borrowed), o.verdict)
                 }
                 CountdownCompat::Tinyzero => {
-                    let full = format!("{}{}", prompt_prefix.unwrap_or(""), response);
+                    let prefix = prompt_prefix.unwrap_or("");
+                    let full = format!("{prefix}{response}");
                     let o = countdown::tinyzero_compute_score(&full, task);
-                    (o.answer.map(str::to_string), o.verdict)
+                    let answer = o.answer.map(|a| {
+                        // where the equation sits in `full`
+                        let off = a.as_ptr() as usize - full.as_ptr() as usize;
+                        match off.checked_sub(prefix.len()) {
+                            Some(r) => Cow::Borrowed(&response[r..r + a.len()]),
+                            None => Cow::Owned(a.to_string()),
+                        }
+                    });
+                    (answer, o.verdict)
                 }
             };
-            let correct = if out.1 == countdown::Verdict::Correct { 1.0 } else { 0.0 };
-            (out.0, correct, Some(out.1.score()))
+            let correct = if verdict == countdown::Verdict::Correct {
+                1.0
+            } else {
+                0.0
+            };
+            (answer, correct, Some(verdict.score()))
         }
         (_, GroundTruth::Golds(golds)) => {
             let answer = match kind {
@@ -157,7 +193,7 @@ pub fn verify_builtin<'a>(
                     VerifierKind::Countdown => 0.0,
                 },
             };
-            (answer.map(str::to_string), correct, None)
+            (answer.map(Cow::Borrowed), correct, None)
         }
         // a countdown ground truth given to a text verifier or vice versa cannot happen: the
         // caller parses the ground truth for the verifier it runs
@@ -166,14 +202,14 @@ pub fn verify_builtin<'a>(
 }
 
 /// Complete an answer row's scores from a verdict.
-pub fn score_answer(
+pub fn score_answer<'a>(
     settings: &Settings,
     response: &str,
-    answer: Option<String>,
+    answer: Option<Cow<'a, str>>,
     correct: f64,
     countdown: Option<f32>,
     extra: Vec<(String, f64)>,
-) -> AnswerScore {
+) -> AnswerScore<'a> {
     let format_ok = match settings.answer_format {
         Some(p) => rlcr::format_ok(response, p),
         None => answer.is_some(),
@@ -187,9 +223,25 @@ pub fn score_answer(
         let t = RlcrTerms::compute(response, p, correct >= 1.0);
         (t.accuracy, Some(t))
     } else {
-        (if settings.gate && !format_ok { 0.0 } else { correct }, None)
+        (
+            if settings.gate && !format_ok {
+                0.0
+            } else {
+                correct
+            },
+            None,
+        )
     };
-    AnswerScore { answer, format_ok, correct, accuracy, countdown, extra, confidence, rlcr_terms }
+    AnswerScore {
+        answer,
+        format_ok,
+        correct,
+        accuracy,
+        countdown,
+        extra,
+        confidence,
+        rlcr_terms,
+    }
 }
 
 /// The scores of one confidence row.
@@ -204,11 +256,24 @@ pub struct ConfidenceScore {
 }
 
 /// Score a confidence row given its answer's accuracy.
-pub fn score_confidence(settings: &Settings, response: &str, answer_accuracy: f64) -> ConfidenceScore {
+pub fn score_confidence(
+    settings: &Settings,
+    response: &str,
+    answer_accuracy: f64,
+) -> ConfidenceScore {
     let confidence = rlcr::parse_confidence_strict(response);
-    let format_ok = confidence.is_some() && rlcr::confidence_structure_ok(response, settings.require_analysis);
-    let conf_reward = if format_ok { rlcr::brier_reward(answer_accuracy, confidence) } else { 0.0 };
-    ConfidenceScore { format_ok, confidence, conf_reward }
+    let format_ok =
+        confidence.is_some() && rlcr::confidence_structure_ok(response, settings.require_analysis);
+    let conf_reward = if format_ok {
+        rlcr::brier_reward(answer_accuracy, confidence)
+    } else {
+        0.0
+    };
+    ConfidenceScore {
+        format_ok,
+        confidence,
+        conf_reward,
+    }
 }
 
 /// What a confidence row knows of its answer.
@@ -220,7 +285,7 @@ pub struct ParentAnswer {
 
 /// The row being scored, for component values.
 pub enum RowScore<'a> {
-    Answer(&'a AnswerScore),
+    Answer(&'a AnswerScore<'a>),
     Confidence(&'a ConfidenceScore, ParentAnswer),
 }
 
@@ -233,15 +298,23 @@ pub fn builtin_value(source: &str, row: &RowScore<'_>) -> Value {
             "accuracy" => Value::Scalar(a.accuracy),
             "format_ok" => b(a.format_ok),
             "answer_present" => b(a.answer.is_some()),
-            "countdown" => a.countdown.map_or(Value::Missing, |s| Value::Scalar(s as f64)),
+            "countdown" => a
+                .countdown
+                .map_or(Value::Missing, |s| Value::Scalar(s as f64)),
             "confidence" => a.confidence.map_or(Value::Missing, Value::Scalar),
             "brier" => match (&a.rlcr_terms, a.confidence) {
                 (Some(t), _) => Value::Scalar(t.brier),
-                (None, Some(c)) if a.format_ok => Value::Scalar(rlcr::brier_reward(a.accuracy, Some(c))),
+                (None, Some(c)) if a.format_ok => {
+                    Value::Scalar(rlcr::brier_reward(a.accuracy, Some(c)))
+                }
                 _ => Value::Missing,
             },
             s => match s.strip_prefix("extra.") {
-                Some(name) => a.extra.iter().find(|(k, _)| k == name).map_or(Value::Missing, |(_, v)| Value::Scalar(*v)),
+                Some(name) => a
+                    .extra
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map_or(Value::Missing, |(_, v)| Value::Scalar(*v)),
                 None => Value::Missing,
             },
         },
@@ -265,7 +338,15 @@ pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Compone
             match settings.preset {
                 Preset::Rlcr => {
                     v.push(Component::new("accuracy", 0, a.accuracy, 1.0));
-                    v.push(Component::new("format", 0, b(a.format_ok), settings.format_weight));
+                    // with weight 0 (the default) it would only repeat the format_ok column
+                    if settings.format_weight != 0.0 {
+                        v.push(Component::new(
+                            "format",
+                            0,
+                            b(a.format_ok),
+                            settings.format_weight,
+                        ));
+                    }
                     if let Some(s) = a.countdown {
                         v.push(Component::new("countdown", 0, s as f64, 0.0));
                     }
@@ -282,14 +363,29 @@ pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Compone
                     v.push(Component::new("format", 0, t.format, w[0]));
                     v.push(Component::new("accuracy", 0, t.accuracy, w[1]));
                     v.push(Component::new("brier", 0, t.brier, w[2]));
-                    v.push(Component::new("mean_confidence", 0, t.mean_confidence, w[3]));
-                    v.push(Component::new("confidence_one_or_zero", 0, t.confidence_one_or_zero, w[4]));
+                    v.push(Component::new(
+                        "mean_confidence",
+                        0,
+                        t.mean_confidence,
+                        w[3],
+                    ));
+                    v.push(Component::new(
+                        "confidence_one_or_zero",
+                        0,
+                        t.confidence_one_or_zero,
+                        w[4],
+                    ));
                     if let Some(s) = a.countdown {
                         v.push(Component::new("countdown", 0, s as f64, 0.0));
                     }
                 }
                 Preset::Tinyzero => {
-                    v.push(Component::new("countdown", 0, a.countdown.unwrap_or(0.0) as f64, 1.0));
+                    v.push(Component::new(
+                        "countdown",
+                        0,
+                        a.countdown.unwrap_or(0.0) as f64,
+                        1.0,
+                    ));
                     v.push(Component::new("accuracy", 0, a.accuracy, 0.0));
                     v.push(Component::new("format", 0, b(a.format_ok), 0.0));
                 }
@@ -299,10 +395,7 @@ pub fn preset_components(settings: &Settings, row: &RowScore<'_>) -> Vec<Compone
             }
             v
         }
-        RowScore::Confidence(c, _) => vec![
-            Component::new("brier", 1, c.conf_reward, 1.0),
-            Component::new("format", 1, b(c.format_ok), 0.0),
-        ],
+        RowScore::Confidence(c, _) => vec![Component::new("brier", 1, c.conf_reward, 1.0)],
     }
 }
 
@@ -335,10 +428,19 @@ mod tests {
     use super::*;
 
     fn countdown_gt() -> GroundTruth {
-        GroundTruth::parse(VerifierKind::Countdown, r#"{"target": 23, "numbers": [2, 3, 7]}"#).unwrap()
+        GroundTruth::parse(
+            VerifierKind::Countdown,
+            r#"{"target": 23, "numbers": [2, 3, 7]}"#,
+        )
+        .unwrap()
     }
 
-    fn answer(settings: &Settings, kind: VerifierKind, response: &str, gt: &GroundTruth) -> AnswerScore {
+    fn answer<'a>(
+        settings: &Settings,
+        kind: VerifierKind,
+        response: &'a str,
+        gt: &GroundTruth,
+    ) -> AnswerScore<'a> {
         let (a, c, s) = verify_builtin(kind, settings, response, None, gt);
         score_answer(settings, response, a, c, s, Vec::new())
     }
@@ -347,30 +449,76 @@ mod tests {
     fn rlcr_two_turn_rewards() {
         let s = Settings::default();
         let gt = countdown_gt();
-        let good = answer(&s, VerifierKind::Countdown, "r</think>\n<answer>3*7+2</answer>", &gt);
-        assert_eq!((good.format_ok, good.correct, good.accuracy, good.countdown), (true, 1.0, 1.0, Some(1.0)));
+        let good = answer(
+            &s,
+            VerifierKind::Countdown,
+            "r</think>\n<answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            (good.format_ok, good.correct, good.accuracy, good.countdown),
+            (true, 1.0, 1.0, Some(1.0))
+        );
         let comps = preset_components(&s, &RowScore::Answer(&good));
         assert_eq!(reward(&comps), 1.0);
         // correct but no </think>: gated to 0, the countdown score is kept for logging
         let bad = answer(&s, VerifierKind::Countdown, "<answer>3*7+2</answer>", &gt);
-        assert_eq!((bad.format_ok, bad.correct, bad.accuracy), (false, 1.0, 0.0));
+        assert_eq!(
+            (bad.format_ok, bad.correct, bad.accuracy),
+            (false, 1.0, 0.0)
+        );
         assert_eq!(reward(&preset_components(&s, &RowScore::Answer(&bad))), 0.0);
-        let ungated = Settings { gate: false, format_weight: 0.25, ..Settings::default() };
-        let a = answer(&ungated, VerifierKind::Countdown, "<answer>3*7+2</answer>", &gt);
-        assert_eq!(reward(&preset_components(&ungated, &RowScore::Answer(&a))), 1.0);
-        let a = answer(&ungated, VerifierKind::Countdown, "x</think><answer>3*7+2</answer>", &gt);
-        assert_eq!(reward(&preset_components(&ungated, &RowScore::Answer(&a))), 1.25);
+        let ungated = Settings {
+            gate: false,
+            format_weight: 0.25,
+            ..Settings::default()
+        };
+        let a = answer(
+            &ungated,
+            VerifierKind::Countdown,
+            "<answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
+            1.0
+        );
+        let a = answer(
+            &ungated,
+            VerifierKind::Countdown,
+            "x</think><answer>3*7+2</answer>",
+            &gt,
+        );
+        assert_eq!(
+            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
+            1.25
+        );
         // confidences: Brier against the answer's accuracy (ANCHORS §3.2: acc 1, c 0.9 → 0.99)
-        let c = score_confidence(&s, "<analysis>ok</analysis><confidence>0.9</confidence>", 1.0);
+        let c = score_confidence(
+            &s,
+            "<analysis>ok</analysis><confidence>0.9</confidence>",
+            1.0,
+        );
         assert!((c.conf_reward - 0.99).abs() < 1e-12);
-        let parent = ParentAnswer { correct: 1.0, accuracy: 1.0 };
-        assert!((reward(&preset_components(&s, &RowScore::Confidence(&c, parent))) - 0.99).abs() < 1e-6);
+        let parent = ParentAnswer {
+            correct: 1.0,
+            accuracy: 1.0,
+        };
+        assert!(
+            (reward(&preset_components(&s, &RowScore::Confidence(&c, parent))) - 0.99).abs() < 1e-6
+        );
         let c = score_confidence(&s, "<confidence>0.2</confidence>", 0.0);
         assert!((c.conf_reward - 0.96).abs() < 1e-12);
         let c = score_confidence(&s, "<confidence>nan</confidence>", 0.0);
-        assert_eq!((c.format_ok, c.confidence, c.conf_reward), (false, None, 0.0));
+        assert_eq!(
+            (c.format_ok, c.confidence, c.conf_reward),
+            (false, None, 0.0)
+        );
         let c = score_confidence(&s, "<confidence>0.2</confidence> extra", 0.0);
-        assert_eq!((c.format_ok, c.confidence, c.conf_reward), (false, Some(0.2), 0.0));
+        assert_eq!(
+            (c.format_ok, c.confidence, c.conf_reward),
+            (false, Some(0.2), 0.0)
+        );
     }
 
     #[test]
@@ -391,33 +539,72 @@ mod tests {
         // without the prompt there is no marker: score 0
         let (_, _, sc) = verify_builtin(VerifierKind::Countdown, &s, resp, None, &gt);
         assert_eq!(sc, Some(0.0));
+        // the extracted equation borrows from the response, unless it starts in the prompt
+        let (a, _, _) = verify_builtin(VerifierKind::Countdown, &s, resp, Some(prefix), &gt);
+        assert!(matches!(a, Some(Cow::Borrowed("3*7-2"))), "{a:?}");
+        let (a, _, sc) = verify_builtin(
+            VerifierKind::Countdown,
+            &s,
+            "7+2</answer>",
+            Some("Assistant: <answer>3*"),
+            &gt,
+        );
+        assert!(matches!(&a, Some(Cow::Owned(x)) if x == "3*7+2"), "{a:?}");
+        assert_eq!(sc, Some(1.0));
     }
 
     #[test]
     fn rlcr_single_preset_reproduces_anchor_totals() {
-        let s = Settings { preset: Preset::RlcrSingle, answer_format: Some(FormatPattern::Tabc), ..Settings::default() };
+        let s = Settings {
+            preset: Preset::RlcrSingle,
+            answer_format: Some(FormatPattern::Tabc),
+            ..Settings::default()
+        };
         let gt = GroundTruth::parse(VerifierKind::Exact, "\"Paris\"").unwrap();
         let mk = |ans: &str, conf: &str| {
             format!("<think>t</think><answer>{ans}</answer> <analysis>a</analysis> <confidence>{conf}</confidence>")
         };
-        for (resp, want) in [(mk("Paris", "0.8"), 1.4800008), (mk("Lyon", "0.8"), 0.6800008), (mk("Lyon", "0.0"), 1.0000010)] {
+        for (resp, want) in [
+            (mk("Paris", "0.8"), 1.4800008),
+            (mk("Lyon", "0.8"), 0.6800008),
+            (mk("Lyon", "0.0"), 1.0000010),
+        ] {
             let a = answer(&s, VerifierKind::Exact, &resp, &gt);
             let comps = preset_components(&s, &RowScore::Answer(&a));
             // the components are stored as f32: compare at f32 precision
-            assert!((reward(&comps) - want).abs() < 1e-6, "{resp}: {} vs {want}", reward(&comps));
+            assert!(
+                (reward(&comps) - want).abs() < 1e-6,
+                "{resp}: {} vs {want}",
+                reward(&comps)
+            );
         }
     }
 
     #[test]
     fn other_verifiers() {
-        let s = Settings { answer_format: None, ..Settings::default() };
+        let s = Settings {
+            answer_format: None,
+            ..Settings::default()
+        };
         let gt = GroundTruth::parse(VerifierKind::Math, "\"\\\\frac{1}{2}\"").unwrap();
-        assert_eq!(answer(&s, VerifierKind::Math, "so \\boxed{0.5}", &gt).accuracy, 1.0);
+        assert_eq!(
+            answer(&s, VerifierKind::Math, "so \\boxed{0.5}", &gt).accuracy,
+            1.0
+        );
         let gt = GroundTruth::parse(VerifierKind::F1, "[\"the cat sat down\"]").unwrap();
-        assert!((answer(&s, VerifierKind::F1, "<answer>cat sat</answer>", &gt).accuracy - 0.8).abs() < 1e-12);
+        assert!(
+            (answer(&s, VerifierKind::F1, "<answer>cat sat</answer>", &gt).accuracy - 0.8).abs()
+                < 1e-12
+        );
         let gt = GroundTruth::parse(VerifierKind::Choice, "\"C\"").unwrap();
-        assert_eq!(answer(&s, VerifierKind::Choice, "<answer>(C)</answer>", &gt).accuracy, 1.0);
-        assert_eq!(answer(&s, VerifierKind::Choice, "no tag C", &gt).accuracy, 0.0);
+        assert_eq!(
+            answer(&s, VerifierKind::Choice, "<answer>(C)</answer>", &gt).accuracy,
+            1.0
+        );
+        assert_eq!(
+            answer(&s, VerifierKind::Choice, "no tag C", &gt).accuracy,
+            0.0
+        );
     }
 
     #[test]
@@ -443,9 +630,17 @@ mod tests {
             "#,
         )
         .unwrap();
-        let s = Settings { structured: Some(spec), ..Settings::default() };
+        let s = Settings {
+            structured: Some(spec),
+            ..Settings::default()
+        };
         let gt = countdown_gt();
-        let a = answer(&s, VerifierKind::Countdown, "r</think><answer>3*7+2</answer>", &gt);
+        let a = answer(
+            &s,
+            VerifierKind::Countdown,
+            "r</think><answer>3*7+2</answer>",
+            &gt,
+        );
         let comps = components(&s, &RowScore::Answer(&a), |_, name| {
             assert_eq!(name, "validity");
             Value::PerTurn(vec![Some(1.0), Some(0.0)])

@@ -55,8 +55,18 @@ pub struct Component {
 }
 
 impl Component {
-    pub fn new(name: impl Into<Cow<'static, str>>, turn: i32, value: f64, weight: f64) -> Component {
-        Component { name: name.into(), turn, value: value as f32, weight: weight as f32 }
+    pub fn new(
+        name: impl Into<Cow<'static, str>>,
+        turn: i32,
+        value: f64,
+        weight: f64,
+    ) -> Component {
+        Component {
+            name: name.into(),
+            turn,
+            value: value as f32,
+            weight: weight as f32,
+        }
     }
 
     /// Logging-only components (`_raw_*`) are left out of the total.
@@ -93,15 +103,23 @@ pub fn total(components: &[Component]) -> f64 {
         }
     }
     let count = n_small + more.len();
-    let turn_mean = if count == 0 {
-        0.0
-    } else {
-        // sum in turn order, as the reference does, so the result does not depend on the order
-        // of the components
-        let mut all: Vec<(i32, f64)> = small[..n_small].to_vec();
-        all.extend(more);
-        all.sort_by_key(|t| t.0);
-        all.iter().map(|t| t.1).sum::<f64>() / count as f64
+    let turn_mean = match count {
+        0 => 0.0,
+        1 => small[0].1,
+        _ => {
+            // sum in turn order, as the reference does, so that the result does not depend on
+            // the order of the components
+            if more.is_empty() {
+                let turns = &mut small[..n_small];
+                turns.sort_unstable_by_key(|t| t.0);
+                turns.iter().map(|t| t.1).sum::<f64>() / count as f64
+            } else {
+                let mut all: Vec<(i32, f64)> = small[..n_small].to_vec();
+                all.extend(more);
+                all.sort_unstable_by_key(|t| t.0);
+                all.iter().map(|t| t.1).sum::<f64>() / count as f64
+            }
+        }
     };
     turn_mean + global
 }
@@ -118,7 +136,11 @@ pub fn total_reference(components: &[Component]) -> f64 {
             *turns.entry(c.turn).or_insert(0.0) += wv;
         }
     }
-    let turn_mean = if turns.is_empty() { 0.0 } else { turns.values().sum::<f64>() / turns.len() as f64 };
+    let turn_mean = if turns.is_empty() {
+        0.0
+    } else {
+        turns.values().sum::<f64>() / turns.len() as f64
+    };
     turn_mean + global
 }
 
@@ -143,8 +165,15 @@ pub enum Source {
 }
 
 /// The builtin source names.
-pub const BUILTIN_SOURCES: &[&str] =
-    &["correct", "accuracy", "format_ok", "answer_present", "countdown", "brier", "confidence"];
+pub const BUILTIN_SOURCES: &[&str] = &[
+    "correct",
+    "accuracy",
+    "format_ok",
+    "answer_present",
+    "countdown",
+    "brier",
+    "confidence",
+];
 
 /// One component definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -196,11 +225,31 @@ impl RewardSpec {
         };
         RewardSpec {
             components: vec![
-                c("format_score", 0.15, false, Source::Builtin("format_ok".into())),
-                c("is_answer_score", 0.1, false, Source::Builtin("answer_present".into())),
-                c("kg_query_validity", 0.1, false, Source::Column("kg_query_validity".into())),
+                c(
+                    "format_score",
+                    0.15,
+                    false,
+                    Source::Builtin("format_ok".into()),
+                ),
+                c(
+                    "is_answer_score",
+                    0.1,
+                    false,
+                    Source::Builtin("answer_present".into()),
+                ),
+                c(
+                    "kg_query_validity",
+                    0.1,
+                    false,
+                    Source::Column("kg_query_validity".into()),
+                ),
                 c("exact_match", 0.3, true, Source::Builtin("correct".into())),
-                c("retrieval_quality", 0.4, true, Source::Column("retrieval_quality".into())),
+                c(
+                    "retrieval_quality",
+                    0.4,
+                    true,
+                    Source::Column("retrieval_quality".into()),
+                ),
             ],
         }
     }
@@ -227,12 +276,21 @@ impl RewardSpec {
                         Source::Builtin(s)
                     }
                     (None, Some(c)) => Source::Column(c),
-                    _ => bail!("component {:?}: give exactly one of `source` and `column`", e.name),
+                    _ => bail!(
+                        "component {:?}: give exactly one of `source` and `column`",
+                        e.name
+                    ),
                 };
                 if !e.weight.is_finite() {
                     bail!("component {:?}: weight must be a finite number", e.name);
                 }
-                let c = ComponentSpec { name: e.name, weight: e.weight, global, source, rows: e.rows };
+                let c = ComponentSpec {
+                    name: e.name,
+                    weight: e.weight,
+                    global,
+                    source,
+                    rows: e.rows,
+                };
                 match spec.components.iter_mut().find(|x| x.name == c.name) {
                     Some(x) => *x = c,
                     None => spec.components.push(c),
@@ -246,7 +304,8 @@ impl RewardSpec {
     }
 
     pub fn from_file(path: &Path) -> Result<RewardSpec> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         RewardSpec::from_toml(&text).with_context(|| format!("in {}", path.display()))
     }
 
@@ -295,9 +354,12 @@ pub fn row_components(
         }
         match value(c) {
             Value::Missing => {}
-            Value::Scalar(v) => {
-                out.push(Component::new(c.name.clone(), if c.global { -1 } else { row_turn }, v, c.weight))
-            }
+            Value::Scalar(v) => out.push(Component::new(
+                c.name.clone(),
+                if c.global { -1 } else { row_turn },
+                v,
+                c.weight,
+            )),
             Value::PerTurn(vs) => {
                 if c.global {
                     // a list for a global component: its sum
@@ -372,7 +434,10 @@ mod tests {
         .unwrap();
         assert_eq!(spec.components.len(), 6);
         assert_eq!(spec.components[0].weight, 0.2);
-        assert_eq!(spec.columns(), vec!["kg_query_validity", "retrieval_quality"]);
+        assert_eq!(
+            spec.columns(),
+            vec!["kg_query_validity", "retrieval_quality"]
+        );
         assert!(RewardSpec::from_toml("[[turn]]\nname='x'\nweight=1\n").is_err());
         assert!(RewardSpec::from_toml("[[turn]]\nname='x'\nweight=1\nsource='nope'\n").is_err());
         assert!(RewardSpec::from_toml("preset='zzz'").is_err());

@@ -36,7 +36,11 @@ pub fn find_at(s: &str, from: usize, pat: &str) -> Option<usize> {
     let mut i = from;
     while i <= last_start {
         let at = i + memchr::memchr(first, &h[i..=last_start])?;
-        if h[at + 1..at + p.len()].iter().zip(rest).all(|(a, b)| a == b) {
+        if h[at + 1..at + p.len()]
+            .iter()
+            .zip(rest)
+            .all(|(a, b)| a == b)
+        {
             return Some(at);
         }
         i = at + 1;
@@ -125,7 +129,9 @@ pub fn last_boxed(s: &str) -> Option<&str> {
             }
         } else if let Some(sp) = tail.strip_prefix(' ') {
             // `\boxed 5`: up to the next whitespace or `$`
-            let end = sp.find(|c: char| c.is_whitespace() || c == '$').unwrap_or(sp.len());
+            let end = sp
+                .find(|c: char| c.is_whitespace() || c == '$')
+                .unwrap_or(sp.len());
             if end > 0 {
                 best = Some(&sp[..end]);
             }
@@ -162,7 +168,10 @@ mod tests {
 
     #[test]
     fn boxed() {
-        assert_eq!(last_boxed("\\boxed{1} and \\boxed{\\frac{1}{2}}"), Some("\\frac{1}{2}"));
+        assert_eq!(
+            last_boxed("\\boxed{1} and \\boxed{\\frac{1}{2}}"),
+            Some("\\frac{1}{2}")
+        );
         assert_eq!(last_boxed("so \\boxed 5$"), Some("5"));
         assert_eq!(last_boxed("\\boxed{unclosed"), None);
         assert_eq!(last_boxed("\\fbox{7}"), Some("7"));

@@ -32,9 +32,10 @@
 //!   they recompute `old_log_prob` with the actor (both divide by the rollout temperature there;
 //!   we keep the unscaled model distribution so `update` need not know it).
 //!
-//! [`Processor`] is the fast path (buffers reused across calls, no full sort unless the filters
-//! need one, and then only partially); [`reference_choose`] beside it is the slow, obvious
-//! version, checked equal on random inputs.
+//! [`Processor`] is the fast path (buffers reused across calls, no sort: top-k is a selection,
+//! top-p a weighted quickselect, both turned into rank bounds checked during one inverse-CDF pass
+//! in id order); [`reference_choose`] beside it is the slow, obvious version (full sorts), checked
+//! equal on random inputs.
 use anyhow::{ensure, Result};
 use serde::{Deserialize, Serialize};
 
@@ -99,23 +100,26 @@ impl SamplingParams {
 }
 
 /// `log p(token)` under `softmax(logits)` (temperature 1, every row of the vocabulary), computed
-/// as `logits[token] − logsumexp(logits)` with the sum in f64.
+/// as `logits[token] − logsumexp(logits)`.
 ///
 /// Non-finite logits: `-inf` rows contribute nothing; the result is `-inf` for such a token.
 pub fn logprob_of(logits: &[f32], token: usize) -> f32 {
     (logits[token] as f64 - logsumexp(logits)) as f32
 }
 
-/// `log Σ exp(x_i)` with the maximum subtracted first, accumulated in f64. Empty or all `-inf`
-/// input gives `-inf`.
+/// `log Σ exp(x_i)` with the maximum subtracted first: terms `exp(x_i − max)` in f32 (each within
+/// an ulp), accumulated in f64. Empty or all `-inf` input gives `-inf`; NaN entries are skipped.
 pub fn logsumexp(x: &[f32]) -> f64 {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if m == f32::NEG_INFINITY {
         return f64::NEG_INFINITY;
     }
-    let m = m as f64;
-    let s: f64 = x.iter().map(|&v| ((v as f64) - m).exp()).sum();
-    m + s.ln()
+    let s: f64 = x
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| (v - m).exp() as f64)
+        .sum();
+    m as f64 + s.ln()
 }
 
 /// Index of the largest value among `x[..allowed]`, the lowest index on ties (torch's argmax).
@@ -148,11 +152,56 @@ fn rank_cmp(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     }
 }
 
-/// Reusable buffers for [`Processor::choose`]. One per thread; cheap to create.
+/// A top-p candidate: scaled logit, weight, id (ranked by logit, then id).
+type Cand = (f32, f32, u32);
+
+fn rank3(a: &Cand, b: &Cand) -> std::cmp::Ordering {
+    rank_cmp(&(a.0, a.2), &(b.0, b.2))
+}
+
+/// The lowest-ranked token top-p keeps among `c`: scanning in rank order, a token is kept while
+/// the mass before it is `< target` (at least one is kept). A weighted quickselect: expected
+/// O(n), no full sort.
+fn top_p_boundary(c: &mut [Cand], target: f64) -> (f32, u32) {
+    let (mut lo, mut hi) = (0usize, c.len());
+    let mut base = 0.0f64;
+    let mut last: Option<(f32, u32)> = None;
+    while hi - lo > 32 {
+        let mid = (hi - lo) / 2;
+        let slice = &mut c[lo..hi];
+        slice.select_nth_unstable_by(mid, rank3);
+        let top: f64 = slice[..mid].iter().map(|x| x.1 as f64).sum();
+        if base + top < target {
+            // Every token of the top half and the pivot have less than `target` before them.
+            let pivot = slice[mid];
+            base += top + pivot.1 as f64;
+            last = Some((pivot.0, pivot.2));
+            lo += mid + 1;
+        } else {
+            hi = lo + mid;
+        }
+    }
+    let slice = &mut c[lo..hi];
+    slice.sort_unstable_by(rank3);
+    for x in slice.iter() {
+        if base >= target && last.is_some() {
+            break;
+        }
+        last = Some((x.0, x.2));
+        base += x.1 as f64;
+    }
+    // ok: the scan keeps at least one token (`c` is never empty here).
+    last.unwrap_or((f32::NEG_INFINITY, u32::MAX))
+}
+
+/// Reusable buffers for [`Processor::choose`]. One per row or thread; cheap to create.
 #[derive(Debug, Default)]
 pub struct Processor {
-    /// Candidates as (probability weight, id).
-    cand: Vec<(f32, u32)>,
+    /// Scaled logits `z`, then (in `w`) their weights `exp(z − max z)`.
+    z: Vec<f32>,
+    w: Vec<f32>,
+    pairs: Vec<(f32, u32)>,
+    cands: Vec<Cand>,
 }
 
 impl Processor {
@@ -162,10 +211,6 @@ impl Processor {
 
     /// Choose the next token from `logits` (ids `>= allowed` are never chosen) with settings
     /// `params` and the uniform draw `u` in [0, 1) (ignored when greedy).
-    ///
-    /// Steps: `z = logits / T`; top-k on `z`; weights `w_i = exp(z_i − max z)` (the softmax up to
-    /// its normaliser); top-p on `w`; min-p on `w`; inverse CDF over the kept ids in ascending
-    /// order. Logits that are NaN are treated as `-inf` (never drawn).
     pub fn choose(
         &mut self,
         logits: &[f32],
@@ -173,82 +218,109 @@ impl Processor {
         params: &SamplingParams,
         u: f64,
     ) -> u32 {
+        self.choose_with_logprob(logits, allowed, params, u).0
+    }
+
+    /// [`Self::choose`], also returning the token's behaviour log-prob (temperature 1, full
+    /// vocabulary; see the module docs).
+    ///
+    /// Steps: `z = logits / T`; weights `w = exp(z − max z)` (the softmax up to its normaliser);
+    /// top-k, top-p and min-p each define a bound on the rank or the weight; one pass over the
+    /// ids in ascending order draws by inverse CDF among the tokens within every bound. At
+    /// temperature 1 over the full vocabulary the weights' sum also gives the log-prob's
+    /// normaliser, so one `exp` per logit serves both. NaN logits count as `-inf`.
+    pub fn choose_with_logprob(
+        &mut self,
+        logits: &[f32],
+        allowed: usize,
+        params: &SamplingParams,
+        u: f64,
+    ) -> (u32, f32) {
         let n = allowed.min(logits.len()).max(1);
         if params.is_greedy() {
-            return argmax(logits, n) as u32;
+            let t = argmax(logits, n);
+            return (t as u32, (logits[t] as f64 - logsumexp(logits)) as f32);
         }
         let inv_t = 1.0 / params.temperature;
-        let cand = &mut self.cand;
-        cand.clear();
-        cand.extend(logits[..n].iter().enumerate().map(|(i, &v)| {
-            let z = if v.is_nan() {
+        let z = &mut self.z;
+        z.clear();
+        z.extend(logits[..n].iter().map(|&v| {
+            if v.is_nan() {
                 f32::NEG_INFINITY
             } else {
                 v * inv_t
-            };
-            (z, i as u32)
+            }
         }));
-        // top-k on the scaled logits (same order as on the weights).
-        let k = params.top_k;
-        let mut sorted = false;
-        if k > 0 && k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, rank_cmp);
-            cand.truncate(k);
-        }
-        // Weights relative to the maximum.
-        let m = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
+        let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if m == f32::NEG_INFINITY {
-            // Nothing is finite: fall back to greedy on the raw logits.
-            return argmax(logits, n) as u32;
+            let t = argmax(logits, n);
+            return (t as u32, (logits[t] as f64 - logsumexp(logits)) as f32);
         }
-        for c in cand.iter_mut() {
-            c.0 = (c.0 - m).exp();
+        let w = &mut self.w;
+        w.clear();
+        w.extend(z.iter().map(|&x| (x - m).exp()));
+        // Normaliser of the behaviour log-prob: free when the weights are the T=1 softmax.
+        let lse =
+            if params.temperature == 1.0 && n == logits.len() && !logits.iter().any(|v| v.is_nan())
+            {
+                m as f64 + w.iter().map(|&x| x as f64).sum::<f64>().ln()
+            } else {
+                logsumexp(logits)
+            };
+        // top-k: rank bound (the k-th best (z, id)).
+        let k = params.top_k;
+        let mut kbound: Option<(f32, u32)> = None;
+        if k > 0 && k < n {
+            let pairs = &mut self.pairs;
+            pairs.clear();
+            pairs.extend(z.iter().enumerate().map(|(i, &x)| (x, i as u32)));
+            pairs.select_nth_unstable_by(k - 1, rank_cmp);
+            kbound = Some(pairs[k - 1]);
         }
-        // top-p: keep the most likely prefix whose mass reaches p · total.
+        let within = |b: Option<(f32, u32)>, x: f32, i: usize| match b {
+            None => true,
+            Some(b) => !ranks_before(b, (x, i as u32)),
+        };
+        // top-p over the top-k set, renormalised: rank bound.
+        let mut pbound: Option<(f32, u32)> = None;
         if params.top_p < 1.0 {
-            let total: f64 = cand.iter().map(|c| c.0 as f64).sum();
-            let target = params.top_p as f64 * total;
-            // Sort only a growing head of the candidates until it holds the target mass.
-            let mut head = 64.min(cand.len());
-            loop {
-                if head < cand.len() {
-                    cand.select_nth_unstable_by(head - 1, rank_cmp);
-                }
-                cand[..head].sort_unstable_by(rank_cmp);
-                let mut mass = 0.0f64;
-                let mut keep = None;
-                for (i, c) in cand[..head].iter().enumerate() {
-                    if mass >= target {
-                        keep = Some(i);
-                        break;
-                    }
-                    mass += c.0 as f64;
-                }
-                if keep.is_none() && mass >= target {
-                    keep = Some(head);
-                }
-                match keep {
-                    Some(i) => {
-                        cand.truncate(i.max(1));
-                        break;
-                    }
-                    None if head == cand.len() => break, // rounding: keep everything
-                    None => head = (head * 4).min(cand.len()),
+            let c = &mut self.cands;
+            c.clear();
+            c.extend(
+                z.iter()
+                    .zip(w.iter())
+                    .enumerate()
+                    .filter(|&(i, (&x, _))| within(kbound, x, i))
+                    .map(|(i, (&x, &wt))| (x, wt, i as u32)),
+            );
+            let total: f64 = c.iter().map(|x| x.1 as f64).sum();
+            pbound = Some(top_p_boundary(c, params.top_p as f64 * total));
+        }
+        // min-p: weight bound relative to the most likely token (weight exp(0) = 1).
+        let thr = if params.min_p > 0.0 {
+            params.min_p
+        } else {
+            0.0
+        };
+        let keep = |i: usize| {
+            let x = z[i];
+            w[i] >= thr && within(kbound, x, i) && within(pbound, x, i)
+        };
+        let total: f64 = (0..n).filter(|&i| keep(i)).map(|i| w[i] as f64).sum();
+        let target = u * total;
+        let mut acc = 0.0f64;
+        let mut last = None;
+        for (i, &wi) in w.iter().enumerate() {
+            if keep(i) {
+                acc += wi as f64;
+                last = Some(i);
+                if acc > target {
+                    break;
                 }
             }
-            sorted = true;
         }
-        // min-p relative to the most likely kept token (weight 1 before any truncation; the max
-        // always survives top-k and top-p).
-        if params.min_p > 0.0 {
-            let pmax = cand.iter().map(|c| c.0).fold(0.0f32, f32::max);
-            let thr = params.min_p * pmax;
-            cand.retain(|c| c.0 >= thr);
-        }
-        if sorted || (k > 0 && k < n) {
-            cand.sort_unstable_by_key(|c| c.1);
-        }
-        draw(cand, u)
+        let t = last.unwrap_or_else(|| argmax(logits, n));
+        (t as u32, (logits[t] as f64 - lse) as f32)
     }
 }
 
@@ -341,7 +413,7 @@ mod tests {
     fn logprob_matches_hand_computation() {
         // logits [1, 2, 3]: logsumexp = 3 + ln(1 + e^-1 + e^-2) = 3.40760596444438
         let l = [1.0f32, 2.0, 3.0];
-        assert!((logsumexp(&l) - 3.407_605_964_444_38).abs() < 1e-12);
+        assert!((logsumexp(&l) - 3.407_605_964_444_38).abs() < 1e-7);
         assert!((logprob_of(&l, 0) as f64 - (1.0 - 3.407_605_964_444_38)).abs() < 1e-6);
         assert!((logprob_of(&l, 2) as f64 - (3.0 - 3.407_605_964_444_38)).abs() < 1e-6);
         assert_eq!(logsumexp(&[f32::NEG_INFINITY]), f64::NEG_INFINITY);
@@ -528,10 +600,55 @@ mod tests {
             let allowed = logits.len().saturating_sub(cut).max(1);
             let params = SamplingParams { temperature: t, top_k: k, top_p: p, min_p: m };
             let mut pr = Processor::new();
-            let fast = pr.choose(&logits, allowed, &params, u);
+            let (fast, lp) = pr.choose_with_logprob(&logits, allowed, &params, u);
             let slow = reference_choose(&logits, allowed, &params, u);
             prop_assert_eq!(fast, slow);
             prop_assert!((fast as usize) < allowed);
+            prop_assert!((lp - logprob_of(&logits, fast as usize)).abs() < 1e-5);
         }
+
+        #[test]
+        fn fast_equals_reference_with_ties(
+            logits in proptest::collection::vec((-3i32..3).prop_map(|x| x as f32), 1..200),
+            t in prop_oneof![Just(1.0f32), 0.5f32..1.5],
+            k in prop_oneof![Just(0usize), 1usize..40],
+            p in prop_oneof![Just(1.0f32), 0.05f32..1.0],
+            m in prop_oneof![Just(0.0f32), 0.0f32..0.5],
+            u in 0.0f64..1.0,
+        ) {
+            let params = SamplingParams { temperature: t, top_k: k, top_p: p, min_p: m };
+            let mut pr = Processor::new();
+            let fast = pr.choose(&logits, logits.len(), &params, u);
+            prop_assert_eq!(fast, reference_choose(&logits, logits.len(), &params, u));
+        }
+    }
+
+    #[test]
+    fn behaviour_logprob_is_the_temperature_one_log_softmax() {
+        // p = [0.1, 0.2, 0.3, 0.4]; whatever the sampling settings, the recorded log-prob of the
+        // chosen id is ln p at temperature 1 over every row (including ids >= allowed).
+        let l = from_probs(&[0.1, 0.2, 0.3, 0.4]);
+        let mut pr = Processor::new();
+        for params in [
+            SamplingParams::default(),
+            SamplingParams::greedy(),
+            SamplingParams {
+                temperature: 0.5,
+                top_k: 2,
+                top_p: 0.9,
+                min_p: 0.1,
+            },
+        ] {
+            let (t, lp) = pr.choose_with_logprob(&l, 4, &params, 0.5);
+            let want = [0.1f64, 0.2, 0.3, 0.4][t as usize].ln();
+            assert!(
+                (lp as f64 - want).abs() < 1e-6,
+                "{params:?}: {lp} vs {want}"
+            );
+        }
+        // allowed = 3: id 3 cannot be drawn, but it still counts in the normaliser.
+        let (t, lp) = pr.choose_with_logprob(&l, 3, &SamplingParams::default(), 0.99);
+        assert_eq!(t, 2);
+        assert!((lp as f64 - 0.3f64.ln()).abs() < 1e-6);
     }
 }

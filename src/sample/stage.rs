@@ -20,6 +20,12 @@ use crate::table::cols;
 /// for contexts up to ~1300 tokens, whose results do not depend on how the batch is padded.
 pub const PREFILL_CHUNK: usize = 64;
 
+/// Samples generated together before their rows are written: enough for the sampler to sort
+/// contexts by length into full waves, few enough to keep memory bounded.
+pub fn chunk_samples(batch_size: usize) -> usize {
+    (batch_size * 16).max(256)
+}
+
 /// The sampling configuration of a stage, built from its flags and the policy.
 pub fn gen_config(
     policy: &Policy,

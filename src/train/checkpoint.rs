@@ -124,6 +124,8 @@ pub struct Resumed {
     pub opt: AdamW,
     /// The global step of the trainer state.
     pub global_step: u64,
+    /// The stage that wrote it (`update` or `sft`).
+    pub stage: String,
 }
 
 /// The part of [`TrainerState`] a resume needs (the rest may hold non-finite metrics).
@@ -131,6 +133,15 @@ pub struct Resumed {
 struct ResumeHeader {
     format: String,
     global_step: u64,
+    stage: String,
+}
+
+/// The stage recorded in `dir`'s trainer state, if it has one.
+pub fn saved_stage(dir: &Path) -> Option<String> {
+    let text = fs::read_to_string(dir.join(STATE_DIR).join(TRAINER_STATE)).ok()?;
+    serde_json::from_str::<ResumeHeader>(&text)
+        .ok()
+        .map(|h| h.stage)
 }
 
 /// Whether `dir` holds a trainer state to resume from.
@@ -166,6 +177,7 @@ pub fn load_resume(dir: &Path, cfg: AdamWConfig, device: &burn::tensor::Device) 
     Ok(Resumed {
         opt,
         global_step: state.global_step,
+        stage: state.stage,
     })
 }
 

@@ -10,7 +10,7 @@ use crate::model::Model;
 use crate::progress::Progress;
 
 use super::checkpoint::{
-    has_state, load_resume, metrics_line, previous_metrics, write_checkpoint, Summary,
+    has_state, load_resume, metrics_line, previous_metrics, saved_stage, write_checkpoint, Summary,
     TrainerState, STATE_FORMAT,
 };
 use super::data::TrainRow;
@@ -26,7 +26,9 @@ pub enum ResumeMode {
     No,
     /// Resume; an error when the folder has no trainer state.
     Yes,
-    /// Resume when the folder has a trainer state, else start fresh (the first RL iteration).
+    /// Resume when the folder has a trainer state written by the same stage, else start fresh
+    /// (the first RL iteration, or `update` after `sft`: the SFT moments and step count belong
+    /// to another objective).
     Auto,
 }
 
@@ -51,6 +53,7 @@ pub struct Session {
 /// The optimizer to start from: a fresh one, or the state saved in `dir`.
 pub fn start_optimizer(
     dir: &Path,
+    stage: &str,
     mode: ResumeMode,
     cfg: AdamWConfig,
     model: &crate::model::Transformer,
@@ -67,7 +70,18 @@ pub fn start_optimizer(
             }
             true
         }
-        ResumeMode::Auto => has_state(dir),
+        ResumeMode::Auto => match saved_stage(dir) {
+            Some(s) if s == stage => true,
+            Some(s) => {
+                crate::info!(
+                    "{}: the trainer state was written by `{s}`, not `{stage}`: starting a fresh \
+                     optimizer",
+                    dir.display()
+                );
+                false
+            }
+            None => false,
+        },
     };
     if !resume {
         return Ok((AdamW::new(cfg), false));
@@ -76,7 +90,8 @@ pub fn start_optimizer(
     let r = load_resume(dir, cfg, &inner)?;
     r.opt.check_against(model)?;
     crate::info!(
-        "resuming from {} at global step {}",
+        "resuming the `{}` optimizer state of {} at global step {}",
+        r.stage,
         dir.display(),
         r.global_step
     );
@@ -87,7 +102,17 @@ pub fn start_optimizer(
 pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepMetrics>> {
     s.train.validate()?;
     s.adamw.validate()?;
-    let (mut opt, resumed) = start_optimizer(&model.dir, s.resume, s.adamw, &model.transformer)?;
+    if let (Ok(a), Ok(b)) = (model.dir.canonicalize(), s.out.canonicalize()) {
+        if a == b {
+            bail!(
+                "-o {}: the output folder is the input model folder; write a new folder (inputs are \
+                 never modified in place)",
+                s.out.display()
+            );
+        }
+    }
+    let (mut opt, resumed) =
+        start_optimizer(&model.dir, &s.stage, s.resume, s.adamw, &model.transformer)?;
     let total = (s.train.epochs * s.train.mini_batches) as u64;
     let mut progress = Progress::new(&s.stage, total, "steps");
     let mut lines = if resumed {
@@ -258,6 +283,14 @@ mod tests {
         let m1 = Model::load(&one, &burn::tensor::Device::flex().autodiff()).expect("load one");
         run(m1, &rows, &session(&two, 1e-3, ResumeMode::Yes, 1)).expect("second");
         run(tiny(), &rows, &session(&both, 1e-3, ResumeMode::No, 2)).expect("both");
+        // Writing over the input folder is refused.
+        let e = run(
+            Model::load(&one, &burn::tensor::Device::flex().autodiff()).expect("load"),
+            &rows,
+            &session(&one, 1e-3, ResumeMode::No, 1),
+        )
+        .expect_err("in place");
+        assert!(format!("{e:#}").contains("input model folder"), "{e:#}");
         let a = read_checkpoint(&two).expect("two");
         let b = read_checkpoint(&both).expect("both");
         let c = read_checkpoint(&tiny_dir()).expect("input");
@@ -285,6 +318,7 @@ mod tests {
         let m = tiny();
         let e = start_optimizer(
             &tiny_dir(),
+            "update",
             ResumeMode::Yes,
             AdamWConfig::default(),
             &m.transformer,
@@ -294,12 +328,32 @@ mod tests {
         assert!(format!("{e:#}").contains("no trainer state"), "{e:#}");
         let (opt, resumed) = start_optimizer(
             &tiny_dir(),
+            "update",
             ResumeMode::Auto,
             AdamWConfig::default(),
             &m.transformer,
         )
         .expect("auto");
         assert!(!resumed && opt.step == 0);
+        // `auto` does not carry another stage's state over; `yes` does.
+        let (opt, resumed) = start_optimizer(
+            &one,
+            "sft",
+            ResumeMode::Auto,
+            AdamWConfig::default(),
+            &m.transformer,
+        )
+        .expect("auto");
+        assert!(!resumed && opt.step == 0);
+        let (opt, resumed) = start_optimizer(
+            &one,
+            "sft",
+            ResumeMode::Yes,
+            AdamWConfig::default(),
+            &m.transformer,
+        )
+        .expect("yes");
+        assert!(resumed && opt.step == 1);
     }
 
     /// `rlcr logprobs` semantics on the written folder equal the in-memory trained model.

@@ -604,6 +604,8 @@ pub(crate) mod tests {
 
     /// The gradient of the PPO loss (with KL and entropy terms) against central finite
     /// differences of the loss, at the largest-gradient coordinate of several parameters.
+    /// In f32 (the model's RoPE tables are f32, so an f64 copy of the module does not run): with
+    /// h = 1e-2 the observed relative error is about 1e-4; the tolerance is 2e-3.
     #[test]
     fn ppo_gradient_matches_finite_differences() {
         let m = tiny();

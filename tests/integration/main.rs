@@ -5,13 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod advantage;
 mod cli;
 mod ecosystem;
 mod gguf;
 mod model;
+mod probe;
+mod report;
 mod sample;
 mod score;
-mod advantage;
 mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.

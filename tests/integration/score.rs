@@ -18,7 +18,10 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 fn rlcr(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_rlcr")).args(args).output().expect("running rlcr");
+    let out = Command::new(env!("CARGO_BIN_EXE_rlcr"))
+        .args(args)
+        .output()
+        .expect("running rlcr");
     out
 }
 
@@ -89,53 +92,119 @@ fn list_f32(rows: &[Vec<f32>]) -> ArrayRef {
 
 /// `answer_span`: the whole response on answers, null on confidences.
 fn spans(rows: &[Row]) -> ArrayRef {
-    let fields = Fields::from(vec![Field::new("start", DataType::Int32, false), Field::new("end", DataType::Int32, false)]);
+    let fields = Fields::from(vec![
+        Field::new("start", DataType::Int32, false),
+        Field::new("end", DataType::Int32, false),
+    ]);
     let n = rows.len();
     Arc::new(StructArray::new(
         fields,
         vec![
             Arc::new(Int32Array::from(vec![0; n])),
-            Arc::new(Int32Array::from(rows.iter().map(|r| r.tokens.len() as i32).collect::<Vec<_>>())),
+            Arc::new(Int32Array::from(
+                rows.iter()
+                    .map(|r| r.tokens.len() as i32)
+                    .collect::<Vec<_>>(),
+            )),
         ],
-        Some(rows.iter().map(|r| r.sample_type == "answer").collect::<Vec<_>>().into()),
+        Some(
+            rows.iter()
+                .map(|r| r.sample_type == "answer")
+                .collect::<Vec<_>>()
+                .into(),
+        ),
     ))
 }
 
 /// Write `rows` as a trajectory table with row groups of `rg` rows, plus optional extra columns.
 fn write_table(path: &Path, rows: &[Row], rg: usize, extra: Vec<(&str, ArrayRef)>) {
-    let s = |f: &dyn Fn(&Row) -> String| -> ArrayRef { Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>())) };
+    write_table_with(path, rows, rg, extra, true)
+}
+
+/// [`write_table`], choosing whether the Parquet writer may use dictionary encoding.
+fn write_table_with(
+    path: &Path,
+    rows: &[Row],
+    rg: usize,
+    extra: Vec<(&str, ArrayRef)>,
+    dictionary: bool,
+) {
+    let s = |f: &dyn Fn(&Row) -> String| -> ArrayRef {
+        Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>()))
+    };
     let mut cols: Vec<(&str, ArrayRef)> = vec![
         ("prompt_id", s(&|r| r.prompt_id.clone())),
         ("sample_type", s(&|r| r.sample_type.to_string())),
-        ("answer_idx", Arc::new(Int32Array::from(rows.iter().map(|r| r.answer_idx).collect::<Vec<_>>()))),
-        ("confidence_idx", Arc::new(Int32Array::from(rows.iter().map(|r| r.confidence_idx).collect::<Vec<_>>()))),
+        (
+            "answer_idx",
+            Arc::new(Int32Array::from(
+                rows.iter().map(|r| r.answer_idx).collect::<Vec<_>>(),
+            )),
+        ),
+        (
+            "confidence_idx",
+            Arc::new(Int32Array::from(
+                rows.iter().map(|r| r.confidence_idx).collect::<Vec<_>>(),
+            )),
+        ),
         ("sample_id", s(&|r| r.sample_id())),
         ("data_source", s(&|r| r.data_source.clone())),
         ("ground_truth", s(&|r| r.ground_truth.clone())),
         ("messages", s(&|r| r.messages.clone())),
-        ("context_ids", list_i32(&rows.iter().map(|r| vec![1, 2, r.answer_idx]).collect::<Vec<_>>())),
-        ("response_ids", list_i32(&rows.iter().map(|r| r.tokens.clone()).collect::<Vec<_>>())),
+        (
+            "context_ids",
+            list_i32(
+                &rows
+                    .iter()
+                    .map(|r| vec![1, 2, r.answer_idx])
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "response_ids",
+            list_i32(&rows.iter().map(|r| r.tokens.clone()).collect::<Vec<_>>()),
+        ),
         ("response_text", s(&|r| r.response.clone())),
         (
             "response_logprobs",
-            list_f32(&rows.iter().map(|r| r.tokens.iter().map(|&t| -(t as f32) / 100.0).collect()).collect::<Vec<_>>()),
+            list_f32(
+                &rows
+                    .iter()
+                    .map(|r| r.tokens.iter().map(|&t| -(t as f32) / 100.0).collect())
+                    .collect::<Vec<_>>(),
+            ),
         ),
         ("finish_reason", s(&|_| "stop".to_string())),
         ("answer_span", spans(rows)),
     ];
     cols.extend(extra);
     let schema = Arc::new(Schema::new(
-        cols.iter().map(|(name, a)| Field::new(*name, a.data_type().clone(), a.null_count() > 0 || *name == "confidence_idx")).collect::<Vec<_>>(),
+        cols.iter()
+            .map(|(name, a)| {
+                Field::new(
+                    *name,
+                    a.data_type().clone(),
+                    a.null_count() > 0 || *name == "confidence_idx",
+                )
+            })
+            .collect::<Vec<_>>(),
     ));
-    let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|(_, a)| a).collect()).unwrap();
-    let props = WriterProperties::builder().set_max_row_group_row_count(Some(rg)).build();
+    let batch =
+        RecordBatch::try_new(schema.clone(), cols.into_iter().map(|(_, a)| a).collect()).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rg))
+        .set_dictionary_enabled(dictionary)
+        .build();
     let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, Some(props)).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
 }
 
 fn read_all(path: &Path) -> RecordBatch {
-    let r = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap().build().unwrap();
+    let r = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
     let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
     arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
 }
@@ -145,12 +214,20 @@ fn kv(path: &Path) -> HashMap<String, String> {
     r.metadata()
         .file_metadata()
         .key_value_metadata()
-        .map(|kvs| kvs.iter().map(|k| (k.key.clone(), k.value.clone().unwrap_or_default())).collect())
+        .map(|kvs| {
+            kvs.iter()
+                .map(|k| (k.key.clone(), k.value.clone().unwrap_or_default()))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn col<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> &'a T {
-    b.column_by_name(name).unwrap_or_else(|| panic!("column {name} missing")).as_any().downcast_ref::<T>().unwrap()
+    b.column_by_name(name)
+        .unwrap_or_else(|| panic!("column {name} missing"))
+        .as_any()
+        .downcast_ref::<T>()
+        .unwrap()
 }
 
 /// Countdown prompts × 4 answers × 2 confidences, in generate-confidence order. The expected
@@ -173,15 +250,32 @@ fn countdown_table(prompts: usize) -> (Vec<Row>, Vec<Expect>) {
         let target = a * b + c;
         let gt = format!(r#"{{"target": {target}, "numbers": [{a}, {b}, {c}]}}"#);
         let pid = format!("cd{j:03}");
-        let msgs = format!(r#"[{{"role":"user","content":"Using the numbers [{a}, {b}, {c}], create an equation that equals {target}."}}]"#);
+        let msgs = format!(
+            r#"[{{"role":"user","content":"Using the numbers [{a}, {b}, {c}], create an equation that equals {target}."}}]"#
+        );
         let mut accs = Vec::new();
         for k in 0..4 {
             // k = 0: correct; 1: wrong value; 2: correct but no </think> (format fails, gated);
             // 3: no answer at all
             let (response, fmt, acc, answer) = match k {
-                0 => (format!("I try.</think>\n<answer>{a} × {b} + {c}</answer>"), true, 1.0, Some(format!("{a} × {b} + {c}"))),
-                1 => (format!("hmm</think> <answer>{a}*{b}-{c}</answer>"), true, if a * b - c == target { 1.0 } else { 0.0 }, Some(format!("{a}*{b}-{c}"))),
-                2 => (format!("<answer>({a}*{b})+{c}</answer>"), false, 0.0, Some(format!("({a}*{b})+{c}"))),
+                0 => (
+                    format!("I try.</think>\n<answer>{a} × {b} + {c}</answer>"),
+                    true,
+                    1.0,
+                    Some(format!("{a} × {b} + {c}")),
+                ),
+                1 => (
+                    format!("hmm</think> <answer>{a}*{b}-{c}</answer>"),
+                    true,
+                    if a * b - c == target { 1.0 } else { 0.0 },
+                    Some(format!("{a}*{b}-{c}")),
+                ),
+                2 => (
+                    format!("<answer>({a}*{b})+{c}</answer>"),
+                    false,
+                    0.0,
+                    Some(format!("({a}*{b})+{c}")),
+                ),
                 _ => ("I give up</think>".to_string(), false, 0.0, None),
             };
             accs.push(acc);
@@ -196,21 +290,44 @@ fn countdown_table(prompts: usize) -> (Vec<Row>, Vec<Expect>) {
                 response,
                 tokens: vec![10 + k, 11, 12],
             });
-            exp.push(Expect { format_ok: fmt, acc, confidence: None, conf_reward: None, reward: acc, answer });
+            exp.push(Expect {
+                format_ok: fmt,
+                acc,
+                confidence: None,
+                conf_reward: None,
+                reward: acc,
+                answer,
+            });
         }
         for k in 0..4 {
             for h in 0..2 {
                 // h = 0: a good confidence; h = 1: alternately NaN, 80%, text after the tag, fine
                 let c_val = [0.9f32, 0.25, 0.6, 0.0][k as usize];
                 let (response, conf, fmt) = match (h, (j + k as usize) % 4) {
-                    (0, _) => (format!("<analysis>checked</analysis>\n<confidence>{c_val}</confidence>"), Some(c_val), true),
-                    (_, 0) => ("<analysis>x</analysis><confidence>nan</confidence>".to_string(), None, false),
+                    (0, _) => (
+                        format!("<analysis>checked</analysis>\n<confidence>{c_val}</confidence>"),
+                        Some(c_val),
+                        true,
+                    ),
+                    (_, 0) => (
+                        "<analysis>x</analysis><confidence>nan</confidence>".to_string(),
+                        None,
+                        false,
+                    ),
                     (_, 1) => ("<confidence>80%</confidence>".to_string(), None, false),
-                    (_, 2) => ("<confidence>0.5</confidence> done".to_string(), Some(0.5), false),
+                    (_, 2) => (
+                        "<confidence>0.5</confidence> done".to_string(),
+                        Some(0.5),
+                        false,
+                    ),
                     _ => ("<confidence> 1 </confidence>".to_string(), Some(1.0), true),
                 };
                 let acc = accs[k as usize];
-                let conf_reward = if fmt { 1.0 - (acc - conf.unwrap()) * (acc - conf.unwrap()) } else { 0.0 };
+                let conf_reward = if fmt {
+                    1.0 - (acc - conf.unwrap()) * (acc - conf.unwrap())
+                } else {
+                    0.0
+                };
                 rows.push(Row {
                     prompt_id: pid.clone(),
                     sample_type: "confidence",
@@ -222,7 +339,14 @@ fn countdown_table(prompts: usize) -> (Vec<Row>, Vec<Expect>) {
                     response,
                     tokens: vec![20 + h, 21],
                 });
-                exp.push(Expect { format_ok: fmt, acc, confidence: conf, conf_reward: Some(conf_reward), reward: conf_reward, answer: None });
+                exp.push(Expect {
+                    format_ok: fmt,
+                    acc,
+                    confidence: conf,
+                    conf_reward: Some(conf_reward),
+                    reward: conf_reward,
+                    answer: None,
+                });
             }
         }
     }
@@ -245,15 +369,32 @@ fn check(out: &RecordBatch, rows: &[Row], exp: &[Expect]) {
         let ctx = format!("row {i} {} {:?}", r.sample_id(), r.response);
         assert_eq!(fmt.value(i), e.format_ok, "format_ok {ctx}");
         assert_eq!(acc.value(i), e.acc, "acc {ctx}");
-        assert_eq!(conf.is_null(i), e.confidence.is_none(), "confidence null {ctx}");
+        assert_eq!(
+            conf.is_null(i),
+            e.confidence.is_none(),
+            "confidence null {ctx}"
+        );
         if let Some(c) = e.confidence {
             assert_eq!(conf.value(i), c, "confidence {ctx}");
         }
-        assert_eq!(cr.is_null(i), e.conf_reward.is_none(), "conf_reward null {ctx}");
+        assert_eq!(
+            cr.is_null(i),
+            e.conf_reward.is_none(),
+            "conf_reward null {ctx}"
+        );
         if let Some(c) = e.conf_reward {
-            assert!((cr.value(i) - c).abs() < 1e-6, "conf_reward {ctx}: {} vs {c}", cr.value(i));
+            assert!(
+                (cr.value(i) - c).abs() < 1e-6,
+                "conf_reward {ctx}: {} vs {c}",
+                cr.value(i)
+            );
         }
-        assert!((rw.value(i) - e.reward).abs() < 1e-6, "reward {ctx}: {} vs {}", rw.value(i), e.reward);
+        assert!(
+            (rw.value(i) - e.reward).abs() < 1e-6,
+            "reward {ctx}: {} vs {}",
+            rw.value(i),
+            e.reward
+        );
         assert_eq!(ans.is_null(i), e.answer.is_none(), "answer null {ctx}");
         if let Some(a) = &e.answer {
             assert_eq!(ans.value(i), a, "answer {ctx}");
@@ -281,7 +422,13 @@ fn scores_countdown_two_turn_table() {
     let input = p(&d, "traj.parquet");
     write_table(&input, &rows, 100, vec![]);
     let out = p(&d, "scored.parquet");
-    ok(&["score", "--input", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     let b = read_all(&out);
     check(&b, &rows, &exp);
     // countdown component kept with weight 0 on answers; 480 rows in 5 row groups
@@ -295,7 +442,10 @@ fn scores_countdown_two_turn_table() {
     assert_eq!(summary["answers"], 160);
     assert_eq!(summary["verifiers"]["countdown"], "countdown");
     // the table layer's validator and the polars / DuckDB checker accept the output
-    let batches: Vec<RecordBatch> = rlcr::table::Reader::open(&out).unwrap().map(|b| b.unwrap()).collect();
+    let batches: Vec<RecordBatch> = rlcr::table::Reader::open(&out)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
     rlcr::table::validate::validate_batches(
         out.to_str().unwrap(),
         &rlcr::table::TRAJECTORY,
@@ -318,20 +468,60 @@ fn rescoring_replaces_scores_and_drops_advantages() {
     let (rows, _) = countdown_table(10);
     let input = p(&d, "traj.parquet");
     let n = rows.len();
-    write_table(&input, &rows, 1000, vec![("advantage", Arc::new(Float32Array::from(vec![9.0f32; n])) as ArrayRef)]);
+    write_table(
+        &input,
+        &rows,
+        1000,
+        vec![(
+            "advantage",
+            Arc::new(Float32Array::from(vec![9.0f32; n])) as ArrayRef,
+        )],
+    );
     let s1 = p(&d, "s1.parquet");
-    ok(&["score", "--input", input.to_str().unwrap(), "-o", s1.to_str().unwrap()]);
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        s1.to_str().unwrap(),
+    ]);
     let s2 = p(&d, "s2.parquet");
     let out = ok(&[
-        "score", "--input", s1.to_str().unwrap(), "-o", s2.to_str().unwrap(), "--reward-preset", "tinyzero",
+        "score",
+        "--input",
+        s1.to_str().unwrap(),
+        "-o",
+        s2.to_str().unwrap(),
+        "--reward-preset",
+        "tinyzero",
     ]);
     let _ = out;
     let b = read_all(&s2);
-    let names: Vec<String> = b.schema().fields().iter().map(|f| f.name().clone()).collect();
-    for c in ["answer", "format_ok", "acc_reward", "confidence", "conf_reward", "reward", "reward_components"] {
-        assert_eq!(names.iter().filter(|n| *n == c).count(), 1, "{c} once in {names:?}");
+    let names: Vec<String> = b
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    for c in [
+        "answer",
+        "format_ok",
+        "acc_reward",
+        "confidence",
+        "conf_reward",
+        "reward",
+        "reward_components",
+    ] {
+        assert_eq!(
+            names.iter().filter(|n| *n == c).count(),
+            1,
+            "{c} once in {names:?}"
+        );
     }
-    assert!(!names.contains(&"advantage".to_string()), "stale advantage kept: {names:?}");
+    assert!(
+        !names.contains(&"advantage".to_string()),
+        "stale advantage kept: {names:?}"
+    );
     // tinyzero preset: answers get 0 / 0.1 / 1 without gating
     let rw = col::<Float32Array>(&b, "reward");
     let st = col::<StringArray>(&b, "sample_type");
@@ -344,7 +534,11 @@ fn rescoring_replaces_scores_and_drops_advantages() {
                 _ => 0.0,
             };
             // answer 1 is a*b-c, correct only when c == 0 (never: c >= 1)
-            assert!((rw.value(i) - want).abs() < 1e-6, "row {i}: {} vs {want}", rw.value(i));
+            assert!(
+                (rw.value(i) - want).abs() < 1e-6,
+                "row {i}: {} vs {want}",
+                rw.value(i)
+            );
         }
     }
     let md = kv(&s2);
@@ -358,7 +552,9 @@ fn confidences_before_their_answers_still_get_their_acc() {
     let d = tmp();
     let (rows, exp) = countdown_table(12);
     // put every confidence row first, answers last, in small row groups
-    let mut order: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].sample_type == "confidence").collect();
+    let mut order: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].sample_type == "confidence")
+        .collect();
     order.extend((0..rows.len()).filter(|&i| rows[i].sample_type == "answer"));
     let rows2: Vec<Row> = order.iter().map(|&i| rows[i].clone()).collect();
     let exp2: Vec<Expect> = order
@@ -375,7 +571,13 @@ fn confidences_before_their_answers_still_get_their_acc() {
     let input = p(&d, "traj.parquet");
     write_table(&input, &rows2, 16, vec![]);
     let out = p(&d, "scored.parquet");
-    ok(&["score", "--input", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     check(&read_all(&out), &rows2, &exp2);
 }
 
@@ -386,7 +588,11 @@ fn hotpot_exact_match_with_external_verifier_and_structured_rewards() {
     for j in 0..60 {
         let gold = ["Paris", "Rome", "Berlin"][j % 3];
         for k in 0..3 {
-            let said = if k == 0 { format!("The {gold}.") } else { "Lyon".to_string() };
+            let said = if k == 0 {
+                format!("The {gold}.")
+            } else {
+                "Lyon".to_string()
+            };
             rows.push(Row {
                 prompt_id: format!("h{j}"),
                 sample_type: "answer",
@@ -402,12 +608,20 @@ fn hotpot_exact_match_with_external_verifier_and_structured_rewards() {
     }
     let input = p(&d, "qa.parquet");
     let n = rows.len();
-    let quality: ArrayRef = Arc::new(Float32Array::from((0..n).map(|i| (i % 4) as f32 / 4.0).collect::<Vec<_>>()));
+    let quality: ArrayRef = Arc::new(Float32Array::from(
+        (0..n).map(|i| (i % 4) as f32 / 4.0).collect::<Vec<_>>(),
+    ));
     write_table(&input, &rows, 64, vec![("retrieval_quality", quality)]);
 
     // built-in exact match
     let out = p(&d, "s.parquet");
-    ok(&["score", "--input", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     let b = read_all(&out);
     let acc = col::<Float32Array>(&b, "acc_reward");
     for i in 0..n {
@@ -462,10 +676,20 @@ source = "extra.len"
     let out2 = p(&d, "s2.parquet");
     let cmd = format!("sh {}", script.display());
     let o = ok(&[
-        "score", "--input", input.to_str().unwrap(), "-o", out2.to_str().unwrap(), "--verifier-cmd", &cmd, "--rewards",
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out2.to_str().unwrap(),
+        "--verifier-cmd",
+        &cmd,
+        "--rewards",
         rewards.to_str().unwrap(),
     ]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("verifier started"), "child stderr passes through");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("verifier started"),
+        "child stderr passes through"
+    );
     let b = read_all(&out2);
     let acc = col::<Float32Array>(&b, "acc_reward");
     let rw = col::<Float32Array>(&b, "reward");
@@ -477,7 +701,11 @@ source = "extra.len"
         // 0.4 * quality; `_raw_len` is listed but not summed
         let q = (i % 4) as f32 / 4.0;
         let want = 0.25 + 0.3 * correct + 0.4 * q;
-        assert!((rw.value(i) - want).abs() < 1e-6, "row {i}: {} vs {want}", rw.value(i));
+        assert!(
+            (rw.value(i) - want).abs() < 1e-6,
+            "row {i}: {} vs {want}",
+            rw.value(i)
+        );
         assert_eq!(comps.value(i).len(), 5, "row {i}");
     }
     let md = kv(&out2);
@@ -490,10 +718,21 @@ fn errors_name_the_row() {
     let d = tmp();
     let (mut rows, _) = countdown_table(3);
     // an orphan confidence row
-    rows.push(Row { answer_idx: 7, confidence_idx: Some(0), sample_type: "confidence", ..rows[0].clone() });
+    rows.push(Row {
+        answer_idx: 7,
+        confidence_idx: Some(0),
+        sample_type: "confidence",
+        ..rows[0].clone()
+    });
     let input = p(&d, "bad.parquet");
     write_table(&input, &rows, 100, vec![]);
-    let o = rlcr(&["score", "--input", input.to_str().unwrap(), "-o", p(&d, "x.parquet").to_str().unwrap()]);
+    let o = rlcr(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        p(&d, "x.parquet").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("row 36") && e.contains("answer_idx 7"), "{e}");
@@ -503,12 +742,148 @@ fn errors_name_the_row() {
     rows[3].ground_truth = "{\"target\": 5}".into();
     let input = p(&d, "bad2.parquet");
     write_table(&input, &rows, 100, vec![]);
-    let o = rlcr(&["score", "--input", input.to_str().unwrap(), "-o", p(&d, "y.parquet").to_str().unwrap()]);
+    let o = rlcr(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        p(&d, "y.parquet").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("row 3") && e.contains("ground_truth") && e.contains("numbers"), "{e}");
+    assert!(
+        e.contains("row 3") && e.contains("ground_truth") && e.contains("numbers"),
+        "{e}"
+    );
 
     // usage errors exit 2
-    let o = rlcr(&["score", "--input", "a", "-o", "b", "--reward-preset", "tinyzero", "--verifier", "math"]);
+    let o = rlcr(&[
+        "score",
+        "--input",
+        "a",
+        "-o",
+        "b",
+        "--reward-preset",
+        "tinyzero",
+        "--verifier",
+        "math",
+    ]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+const SCORE: [&str; 7] = [
+    "answer",
+    "format_ok",
+    "acc_reward",
+    "confidence",
+    "conf_reward",
+    "reward",
+    "reward_components",
+];
+
+fn rlcr_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlcr"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("running rlcr");
+    assert!(
+        out.status.success(),
+        "rlcr {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn output_does_not_depend_on_thread_count() {
+    let d = tmp();
+    let (rows, _) = countdown_table(30);
+    let input = p(&d, "traj.parquet");
+    write_table(&input, &rows, 50, vec![]);
+    let mut tables = Vec::new();
+    for threads in ["1", "3"] {
+        let out = p(&d, &format!("s{threads}.parquet"));
+        rlcr_env(
+            &[
+                "score",
+                "--input",
+                input.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            &[("RAYON_NUM_THREADS", threads)],
+        );
+        tables.push(read_all(&out));
+    }
+    // the same table without dictionary pages (read through the plain string path)
+    let plain = p(&d, "plain.parquet");
+    write_table_with(&plain, &rows, 50, vec![], false);
+    let out = p(&d, "splain.parquet");
+    ok(&[
+        "score",
+        "--input",
+        plain.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    tables.push(read_all(&out));
+    for t in &tables[1..] {
+        assert_eq!(tables[0].schema(), t.schema());
+        for (name, (a, b)) in SCORE.iter().map(|n| {
+            (
+                n,
+                (
+                    tables[0].column_by_name(n).unwrap(),
+                    t.column_by_name(n).unwrap(),
+                ),
+            )
+        }) {
+            assert_eq!(a.to_data(), b.to_data(), "{name}");
+        }
+        for (a, b) in tables[0].columns().iter().zip(t.columns()) {
+            assert_eq!(a.len(), b.len());
+        }
+    }
+}
+
+#[test]
+fn tinyzero_compat_reads_prompt_and_response() {
+    let d = tmp();
+    let (mut rows, _) = countdown_table(4);
+    rows.retain(|r| r.sample_type == "answer");
+    // the same equation, correct, on the response's last line but the response has no
+    // `</think>`: TinyZero scores it 1.0 (it never checks the format) ...
+    for r in rows.iter_mut() {
+        r.response = format!("thinking\n{}", r.response.rsplit('\n').next().unwrap());
+    }
+    let input = p(&d, "traj.parquet");
+    write_table(&input, &rows, 100, vec![]);
+    let out = p(&d, "tz.parquet");
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--countdown-compat",
+        "tinyzero",
+        "--reward-preset",
+        "tinyzero",
+    ]);
+    let b = read_all(&out);
+    let rw = col::<Float32Array>(&b, "reward");
+    let ai = col::<Int32Array>(&b, "answer_idx");
+    for i in 0..b.num_rows() {
+        // k = 0 "a × b + c": × is not Python, 0.1; k = 1 wrong value, 0.1; k = 2 "(a*b)+c",
+        // correct, 1.0; k = 3 no answer tag, 0
+        let want = [0.1, 0.1, 1.0, 0.0][ai.value(i) as usize];
+        assert!(
+            (rw.value(i) - want).abs() < 1e-6,
+            "row {i} (answer {}): {} vs {want}",
+            ai.value(i),
+            rw.value(i)
+        );
+    }
 }

@@ -36,7 +36,9 @@ fn need(batch: &RecordBatch, name: &str, to: &DataType) -> Result<ArrayRef> {
 
 /// A string column.
 pub fn strings(batch: &RecordBatch, name: &str) -> Result<StringArray> {
-    Ok(need(batch, name, &DataType::Utf8)?.as_string::<i32>().clone())
+    Ok(need(batch, name, &DataType::Utf8)?
+        .as_string::<i32>()
+        .clone())
 }
 
 /// An integer column as `Int32`.
@@ -102,7 +104,8 @@ fn list_parts(col: &ArrayRef, name: &str) -> Result<(Vec<usize>, ArrayRef)> {
 }
 
 fn validity(col: &ArrayRef) -> Option<Vec<bool>> {
-    col.nulls().map(|n| (0..col.len()).map(|i| n.is_valid(i)).collect())
+    col.nulls()
+        .map(|n| (0..col.len()).map(|i| n.is_valid(i)).collect())
 }
 
 fn no_null_items(values: &ArrayRef, name: &str) -> Result<()> {
@@ -132,9 +135,16 @@ pub fn float_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<f64>>>
     };
     let (offsets, vals) = list_parts(col, name)?;
     no_null_items(&vals, name)?;
-    let v = cast(&vals, &DataType::Float64)
-        .with_context(|| format!("column `{name}`: cannot read {} items as floats", vals.data_type()))?;
-    let values = v.as_primitive::<arrow::datatypes::Float64Type>().values().to_vec();
+    let v = cast(&vals, &DataType::Float64).with_context(|| {
+        format!(
+            "column `{name}`: cannot read {} items as floats",
+            vals.data_type()
+        )
+    })?;
+    let values = v
+        .as_primitive::<arrow::datatypes::Float64Type>()
+        .values()
+        .to_vec();
     Ok(Some(Flat {
         offsets,
         values,
@@ -149,9 +159,16 @@ pub fn int_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<i32>>> {
     };
     let (offsets, vals) = list_parts(col, name)?;
     no_null_items(&vals, name)?;
-    let v = cast(&vals, &DataType::Int32)
-        .with_context(|| format!("column `{name}`: cannot read {} items as int32", vals.data_type()))?;
-    let values = v.as_primitive::<arrow::datatypes::Int32Type>().values().to_vec();
+    let v = cast(&vals, &DataType::Int32).with_context(|| {
+        format!(
+            "column `{name}`: cannot read {} items as int32",
+            vals.data_type()
+        )
+    })?;
+    let values = v
+        .as_primitive::<arrow::datatypes::Int32Type>()
+        .values()
+        .to_vec();
     Ok(Some(Flat {
         offsets,
         values,
@@ -166,8 +183,12 @@ pub fn bool_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<bool>>>
     };
     let (offsets, vals) = list_parts(col, name)?;
     no_null_items(&vals, name)?;
-    let v = cast(&vals, &DataType::Boolean)
-        .with_context(|| format!("column `{name}`: cannot read {} items as booleans", vals.data_type()))?;
+    let v = cast(&vals, &DataType::Boolean).with_context(|| {
+        format!(
+            "column `{name}`: cannot read {} items as booleans",
+            vals.data_type()
+        )
+    })?;
     let b: &BooleanArray = v.as_boolean();
     let values = b.values().iter().collect();
     Ok(Some(Flat {
@@ -207,9 +228,12 @@ pub fn spans(batch: &RecordBatch, name: &str) -> Result<Option<Spans>> {
     let Some(col) = batch.column_by_name(name) else {
         return Ok(None);
     };
-    let s: &StructArray = col
-        .as_struct_opt()
-        .ok_or_else(|| anyhow!("column `{name}`: expected struct<start, end>, found {}", col.data_type()))?;
+    let s: &StructArray = col.as_struct_opt().ok_or_else(|| {
+        anyhow!(
+            "column `{name}`: expected struct<start, end>, found {}",
+            col.data_type()
+        )
+    })?;
     let part = |f: &str| -> Result<Int32Array> {
         let c = s
             .column_by_name(f)
@@ -255,7 +279,10 @@ impl Components {
         }
         for j in self.offsets[i]..self.offsets[i + 1] {
             if self.value.is_null(j) {
-                bail!("reward_components: component {} has a null value", j - self.offsets[i]);
+                bail!(
+                    "reward_components: component {} has a null value",
+                    j - self.offsets[i]
+                );
             }
             out.push(Component {
                 name: if self.name.is_null(j) {
@@ -283,12 +310,17 @@ pub fn components(batch: &RecordBatch, name: &str) -> Result<Option<Components>>
     };
     let (offsets, vals) = list_parts(col, name)?;
     let s: &StructArray = vals.as_struct_opt().ok_or_else(|| {
-        anyhow!("column `{name}`: expected list<struct<name, turn, value, weight>>, found {}", col.data_type())
+        anyhow!(
+            "column `{name}`: expected list<struct<name, turn, value, weight>>, found {}",
+            col.data_type()
+        )
     })?;
     let field = |f: &str, to: &DataType| -> Result<ArrayRef> {
         match s.column_by_name(f) {
             Some(c) => cast(c, to).with_context(|| format!("column `{name}.{f}`")),
-            None if f == "weight" => Ok(Arc::new(Float64Array::from(vec![1.0; s.len()])) as ArrayRef),
+            None if f == "weight" => {
+                Ok(Arc::new(Float64Array::from(vec![1.0; s.len()])) as ArrayRef)
+            }
             None if f == "turn" => Ok(arrow::array::new_null_array(&DataType::Int32, s.len())),
             None => bail!("column `{name}`: no field `{f}`"),
         }
