@@ -79,6 +79,20 @@ fn main() {
             },
         );
     }
+    // gemm against the packed kernel as the number of rows grows.
+    let w = rand([576, 3072], &dev);
+    let p = rlcr::model::cpu::PackedMatrix::pack(&w).unwrap();
+    for m in [8usize, 16, 32, 64] {
+        let xm = rand([m, 576], &dev);
+        time(&format!("gemm   x[{m},576] @ W[576,3072]"), 100, || {
+            let _ = xm.clone().matmul(w.clone()).into_data();
+        });
+        time(&format!("packed x[{m},576] @ W[576,3072]"), 100, || {
+            let _ = rlcr::model::cpu::packed_matmul(&xm, &w, &p)
+                .unwrap()
+                .into_data();
+        });
+    }
     let xb = rand([1024, 576], &dev);
     let w = rand([3072, 576], &dev);
     time("x[1024,576] @ W[3072,576]^T (prefill)", 5, || {

@@ -26,11 +26,14 @@
 //!   itself (so no softmax row is empty and no NaN can appear); real tokens are numbered from 0
 //!   in every row. A batch of ragged left-padded rows therefore computes, row by row, the same
 //!   function as each row alone.
-//! - **The KV cache lives outside the module** ([`KvCache`], passed as `&mut`): preallocated
-//!   `[B, K, capacity, d]` tensors written in place with `slice_assign`; attention reads the whole
-//!   buffer (contiguous, no copy) and the mask hides unwritten slots. Capacity grows in chunks;
-//!   rows can be dropped, reordered or duplicated (`select_rows`), which covers finished rows,
-//!   sharing one prompt's cache across several continuations, and expanding batch 1 to n.
+//! - **The KV cache lives outside the module** ([`KvCache`], passed as `&mut`): `[B, K, capacity,
+//!   d]` tensors written in place with `slice_assign`; attention reads the whole buffer
+//!   (contiguous, no copy) and the mask hides unwritten slots. Capacity grows in chunks of 64
+//!   slots; rows can be dropped, reordered or duplicated (`select_rows`), which covers finished
+//!   rows, sharing one prompt's cache across several continuations, and expanding batch 1 to n.
+//! - **Decode steps use CPU kernels** when they apply ([`super::cpu`]: packed weight panels
+//!   built on the first cached step, ≤ 64 rows); prefill, training and every other device use
+//!   burn's matmul. Both paths are covered by the parity tests (they agree to ~1e-6).
 //! - **Device-agnostic**: nothing here names a backend; the same code runs on Flex, CUDA and on an
 //!   autodiff device for training.
 use anyhow::{bail, ensure, Result};
@@ -41,6 +44,8 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::config::ModelConfig;
+use super::cpu::{self, PackedMatrix};
+use std::sync::{Arc, OnceLock};
 
 // ---------------------------------------------------------------------------------------------
 // Dimensions
@@ -145,18 +150,27 @@ fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
     x * ms.add_scalar(eps).sqrt().recip() * w.val().unsqueeze_dim(0)
 }
 
-/// `x · W`, through the CPU fast path for decode-shaped products when it applies
-/// ([`super::cpu`]), else burn's matmul.
-fn matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
-    match super::cpu::small_matmul(&x, &w) {
+/// `x · W`, through the CPU fast paths for decode-shaped products when they apply (the packed
+/// copy `packed` of `W` if given, else the row-major kernel; see [`super::cpu`]), else burn's
+/// matmul.
+fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
+    if let Some(y) = packed.and_then(|p| cpu::packed_matmul(&x, &w, p)) {
+        return y;
+    }
+    match cpu::small_matmul(&x, &w) {
         Some(y) => y,
         None => x.matmul(w),
     }
 }
 
 /// `x · W (+ b)` with `W` stored `[in, out]` and `x` as `[N, in]`.
-fn linear(x: Tensor<2>, w: &Param<Tensor<2>>, b: &Option<Param<Tensor<1>>>) -> Tensor<2> {
-    let y = matmul(x, w.val());
+fn linear(
+    x: Tensor<2>,
+    w: &Param<Tensor<2>>,
+    b: &Option<Param<Tensor<1>>>,
+    packed: Option<&PackedMatrix>,
+) -> Tensor<2> {
+    let y = matmul(x, w.val(), packed);
     match b {
         Some(b) => y + b.val().unsqueeze_dim(0),
         None => y,
@@ -179,15 +193,25 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let gu = linear(x, &self.gate_up, &self.gate_up_bias);
+    fn forward(&self, x: Tensor<2>, packed: Option<&LayerPacked>) -> Tensor<2> {
+        let gu = linear(
+            x,
+            &self.gate_up,
+            &self.gate_up_bias,
+            packed.and_then(|p| p.gate_up.as_ref()),
+        );
         let [n, two_i] = gu.dims();
         let i = two_i / 2;
         let gate = gu.clone().slice([0..n, 0..i]);
         let up = gu.slice([0..n, i..two_i]);
         // silu(g) = g · sigmoid(g), as torch's silu.
         let h = gate.clone() * sigmoid(gate) * up;
-        linear(h, &self.down, &self.down_bias)
+        linear(
+            h,
+            &self.down,
+            &self.down_bias,
+            packed.and_then(|p| p.down.as_ref()),
+        )
     }
 }
 
@@ -219,21 +243,34 @@ enum KvSource<'a> {
     },
 }
 
+/// What every layer of one forward call shares: dimensions, batch shape, RoPE and the mask.
+struct Step<'a> {
+    dims: &'a Dims,
+    /// `(B, T)`.
+    shape: (usize, usize),
+    rope: &'a Rope,
+    mask: &'a Tensor<4, Bool>,
+}
+
 impl Attention {
     /// `x`: `[B·T, h]` (normalised). Returns `[B·T, h]`.
     fn forward(
         &self,
         x: Tensor<2>,
-        dims: &Dims,
-        shape: (usize, usize),
-        rope: &Rope,
-        mask: &Tensor<4, Bool>,
+        s: &Step<'_>,
         kv: KvSource<'_>,
+        packed: Option<&LayerPacked>,
     ) -> Tensor<2> {
-        let (b, t) = shape;
-        let (h, k, d) = (dims.heads, dims.kv_heads, dims.head_dim);
+        let (b, t) = s.shape;
+        let (rope, mask) = (s.rope, s.mask);
+        let (h, k, d) = (s.dims.heads, s.dims.kv_heads, s.dims.head_dim);
         let g = h / k;
-        let qkv = linear(x, &self.qkv, &self.qkv_bias);
+        let qkv = linear(
+            x,
+            &self.qkv,
+            &self.qkv_bias,
+            packed.and_then(|p| p.qkv.as_ref()),
+        );
         // [B·T, (H+2K)·d] → [B, T, H+2K, d] (free) → [B, H+2K, T, d] (view).
         let qkv = qkv.reshape([b, t, h + 2 * k, d]).swap_dims(1, 2);
         let qk = rope.apply(qkv.clone().slice([0..b, 0..h + k, 0..t, 0..d]));
@@ -267,7 +304,12 @@ impl Attention {
             .reshape([b, h, t, d])
             .swap_dims(1, 2)
             .reshape([b * t, h * d]);
-        linear(out, &self.o, &self.o_bias)
+        linear(
+            out,
+            &self.o,
+            &self.o_bias,
+            packed.and_then(|p| p.o.as_ref()),
+        )
     }
 }
 
@@ -288,24 +330,18 @@ impl Layer {
     fn forward(
         &self,
         x: Tensor<2>,
-        dims: &Dims,
-        shape: (usize, usize),
-        rope: &Rope,
-        mask: &Tensor<4, Bool>,
+        s: &Step<'_>,
         kv: KvSource<'_>,
+        packed: Option<&LayerPacked>,
     ) -> Tensor<2> {
-        let a = self.attn.forward(
-            rms_norm(x.clone(), &self.input_norm, dims.eps),
-            dims,
-            shape,
-            rope,
-            mask,
-            kv,
-        );
+        let eps = s.dims.eps;
+        let a = self
+            .attn
+            .forward(rms_norm(x.clone(), &self.input_norm, eps), s, kv, packed);
         let x = x + a;
         let m = self
             .mlp
-            .forward(rms_norm(x.clone(), &self.post_norm, dims.eps));
+            .forward(rms_norm(x.clone(), &self.post_norm, eps), packed);
         x + m
     }
 }
@@ -326,7 +362,32 @@ pub struct Transformer {
     pub lm_head: Option<Param<Tensor<2>>>,
     #[module(skip)]
     pub dims: Dims,
+    /// Packed copies of the weights for the CPU decode kernel, built on the first cached decode
+    /// step (see [`super::cpu`]); empty until then.
+    #[module(skip)]
+    pub decode: DecodePack,
 }
+
+/// Packed weight copies of one layer (`None` where packing does not apply).
+#[derive(Debug)]
+pub struct LayerPacked {
+    qkv: Option<PackedMatrix>,
+    o: Option<PackedMatrix>,
+    gate_up: Option<PackedMatrix>,
+    down: Option<PackedMatrix>,
+}
+
+/// Packed copies of every matrix used in a decode step.
+#[derive(Debug)]
+pub struct DecodeWeights {
+    layers: Vec<LayerPacked>,
+    lm_head: Option<PackedMatrix>,
+}
+
+/// Lazily built [`DecodeWeights`] (shared by clones of the model). Set `RLCR_DECODE_PACK=0` to
+/// never build them (saves a second copy of the weights in memory; decoding is slower).
+#[derive(Debug, Clone, Default)]
+pub struct DecodePack(OnceLock<Option<Arc<DecodeWeights>>>);
 
 /// Token ids of a batch with a validity flag per slot (`false` = padding).
 ///
@@ -461,11 +522,48 @@ impl Transformer {
 
     /// The LM head on `[N, h]` final-normed hidden states: `[N, V]` logits.
     pub fn lm_head(&self, hidden: Tensor<2>) -> Tensor<2> {
+        self.lm_head_packed(hidden, None)
+    }
+
+    fn lm_head_packed(&self, hidden: Tensor<2>, packed: Option<&DecodeWeights>) -> Tensor<2> {
         let w = match &self.lm_head {
             Some(w) => w.val(),
             None => self.embed.val(),
         };
-        matmul(hidden, w)
+        matmul(hidden, w, packed.and_then(|p| p.lm_head.as_ref()))
+    }
+
+    /// The packed decode weights, built on first use (plain Flex devices only; `None` elsewhere
+    /// or with `RLCR_DECODE_PACK=0`).
+    fn decode_weights(&self) -> Option<&DecodeWeights> {
+        self.decode
+            .0
+            .get_or_init(|| {
+                if std::env::var("RLCR_DECODE_PACK").is_ok_and(|v| v == "0") {
+                    return None;
+                }
+                let pack = |p: &Param<Tensor<2>>| PackedMatrix::pack(&p.val());
+                let head = match &self.lm_head {
+                    Some(w) => pack(w),
+                    None => pack(&self.embed),
+                };
+                head.as_ref()?;
+                let layers = self
+                    .layers
+                    .iter()
+                    .map(|l| LayerPacked {
+                        qkv: pack(&l.attn.qkv),
+                        o: pack(&l.attn.o),
+                        gate_up: pack(&l.mlp.gate_up),
+                        down: pack(&l.mlp.down),
+                    })
+                    .collect();
+                Some(Arc::new(DecodeWeights {
+                    layers,
+                    lm_head: head,
+                }))
+            })
+            .as_deref()
     }
 
     /// Final RMSNorm on `[N, h]`.
@@ -495,9 +593,15 @@ impl Transformer {
         let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
         let valid = |r: usize, s: usize| input.valid[r * t + s];
         let mask = build_mask(b, t, self.dims.group(), t, 0, valid, valid, &device);
+        let step = Step {
+            dims: &self.dims,
+            shape: (b, t),
+            rope: &rope,
+            mask: &mask,
+        };
         let mut x = self.embed_tokens(input, &device);
         for layer in &self.layers {
-            x = layer.forward(x, &self.dims, (b, t), &rope, &mask, KvSource::Fresh);
+            x = layer.forward(x, &step, KvSource::Fresh, None);
         }
         Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
     }
@@ -555,14 +659,26 @@ impl Transformer {
             |r, s| input.valid[r * t + s],
             &device,
         );
+        let packed = if b * t <= cpu::MAX_PACKED_ROWS {
+            self.decode_weights()
+        } else {
+            None
+        };
+        let step = Step {
+            dims: &self.dims,
+            shape: (b, t),
+            rope: &rope,
+            mask: &mask,
+        };
         let mut x = self.embed_tokens(input, &device);
-        for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
+        for (k, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
             let kv = KvSource::Cache {
                 k: &mut lc.0,
                 v: &mut lc.1,
                 start,
             };
-            x = layer.forward(x, &self.dims, (b, t), &rope, &mask, kv);
+            let lp = packed.and_then(|p| p.layers.get(k));
+            x = layer.forward(x, &step, kv, lp);
         }
         Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
     }
@@ -573,7 +689,12 @@ impl Transformer {
         let h = self.hidden_cached(cache, input)?;
         let [b, t, hd] = h.dims();
         let last = h.slice([0..b, t - 1..t, 0..hd]).reshape([b, hd]);
-        Ok(self.lm_head(last))
+        let packed = if b <= cpu::MAX_PACKED_ROWS {
+            self.decode_weights()
+        } else {
+            None
+        };
+        Ok(self.lm_head_packed(last, packed))
     }
 
     /// Run `input` through the cache and return logits `[B, T, V]` at every slot.
@@ -757,9 +878,9 @@ impl KvCache {
 
     /// An empty cache for `batch` rows of `model`. `capacity` (the longest sequence expected) is
     /// only a hint for host-side bookkeeping: device buffers grow by [`Self::CHUNK`] slots as
-    /// tokens arrive, because attention reads the whole buffer and a buffer sized for the longest
-    /// possible sequence makes every decode step attend over unused slots (one copy per chunk
-    /// costs less).
+    /// tokens arrive (one copy of the cache per chunk), because attention reads the whole buffer
+    /// and a buffer sized for the longest possible sequence would make every decode step attend
+    /// over all of its unused slots; this way at most `CHUNK − 1` are.
     pub fn new(model: &Transformer, batch: usize, capacity: usize) -> Self {
         let d = &model.dims;
         let device = model.device();

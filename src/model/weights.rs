@@ -377,6 +377,7 @@ pub fn build(
             norm,
             lm_head,
             dims: Dims::from_config(c),
+            decode: Default::default(),
         },
         dtypes,
     ))
