@@ -9,6 +9,7 @@ mod advantage;
 mod cli;
 mod ecosystem;
 mod gguf;
+mod learning;
 mod model;
 mod probe;
 mod report;

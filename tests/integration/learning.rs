@@ -1,0 +1,284 @@
+//! The loop learns: N iterations of the real RLCR loop on the embedded default (the tiny Qwen2
+//! fixture after an `rlcr sft` warm start), stage by stage through the real binary, exactly as
+//! `scripts/rl.mk` chains them: prepare → generate-answers → generate-confidence → score →
+//! advantage → update, then `report` over every iteration's scored table.
+//!
+//! FIGURES
+//!
+//! Filter: `cargo test --test integration learning_` (it is the slowest test of the suite).
+use std::path::Path;
+
+use crate::{fixtures, Workdir};
+
+/// The task shape: two numbers per task (see the doc comment of the test for why).
+const TASK: &[&str] = &[
+    "--min-numbers",
+    "2",
+    "--max-numbers",
+    "2",
+    "--max-number",
+    "5",
+    "--max-target",
+    "25",
+    "--prompt-style",
+    "short",
+];
+
+/// Settings of one loop (the figures in the module doc were measured with these).
+struct LoopConfig {
+    seed: u64,
+    sft_count: usize,
+    sft_epochs: usize,
+    sft_lr: &'static str,
+    iters: usize,
+    prompts: usize,
+    g_a: usize,
+    g_c: usize,
+    max_new: usize,
+    lr: &'static str,
+    estimator: &'static str,
+    eval_prompts: usize,
+}
+
+/// Seed of the held-out evaluation prompts (plus the loop's seed); far from the iterations' seeds.
+const EVAL_SEED: u64 = 777_777;
+
+const DEFAULT: LoopConfig = LoopConfig {
+    seed: 0,
+    sft_count: 256,
+    sft_epochs: 4,
+    sft_lr: "1e-2",
+    iters: 6,
+    prompts: 16,
+    g_a: 4,
+    g_c: 2,
+    max_new: 24,
+    lr: "3e-3",
+    estimator: "rlcr",
+    eval_prompts: 64,
+};
+
+/// Per-iteration figures of the summary report.
+#[derive(Debug)]
+struct Curve {
+    accuracy: Vec<f64>,
+    brier: Vec<f64>,
+    mean_confidence: Vec<f64>,
+}
+
+fn s(x: impl ToString) -> String {
+    x.to_string()
+}
+
+/// Runs the binary with the global flags `--seed SEED -q` in front.
+struct Runner<'a> {
+    wd: &'a Workdir,
+    seed: u64,
+}
+
+impl Runner<'_> {
+    fn run(&self, seed: u64, args: &[String]) {
+        let mut all = vec![s("--seed"), s(seed), s("-q")];
+        all.extend(args.iter().cloned());
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        self.wd.run(&refs);
+    }
+
+    fn stage(&self, args: &[String]) {
+        self.run(self.seed, args)
+    }
+
+    fn path(&self, p: &str) -> String {
+        self.wd.path(p).to_string_lossy().to_string()
+    }
+
+    /// `prepare --from countdown-synth` with the test's task shape.
+    fn prepare(&self, seed: u64, count: usize, extra: &[String], out: &str) {
+        let mut a = vec![s("prepare"), s("--from"), s("countdown-synth")];
+        a.extend([s("--count"), s(count)]);
+        a.extend(TASK.iter().map(|x| s(x)));
+        a.extend(extra.iter().cloned());
+        a.extend([s("-o"), self.path(out)]);
+        self.run(seed, &a);
+    }
+
+    /// Both sampling turns and the score of one policy on one prompts table, in folder `dir`.
+    fn rollouts(&self, c: &LoopConfig, policy: &str, prompts: &str, dir: &str) -> String {
+        let f = |name: &str| self.path(&format!("{dir}/{name}"));
+        let sampling = |n_flag: &str, n: usize| {
+            vec![
+                s(n_flag),
+                s(n),
+                s("--max-new-tokens"),
+                s(c.max_new),
+                s("--temperature"),
+                s("1.0"),
+                s("--system-prompt"),
+                s(""),
+            ]
+        };
+        let mut a = vec![s("generate-answers"), s("--model"), s(policy)];
+        a.extend([s("--input"), s(prompts), s("-o"), f("answers.parquet")]);
+        a.extend(sampling("--num-answers", c.g_a));
+        self.stage(&a);
+        let mut a = vec![s("generate-confidence"), s("--model"), s(policy)];
+        a.extend([s("--input"), f("answers.parquet")]);
+        a.extend([s("-o"), f("trajectory.parquet")]);
+        a.extend(sampling("--num-confidences", c.g_c));
+        self.stage(&a);
+        self.stage(&[
+            s("score"),
+            s("--input"),
+            f("trajectory.parquet"),
+            s("-o"),
+            f("scored.parquet"),
+            s("--verifier"),
+            s("countdown"),
+        ]);
+        f("scored.parquet")
+    }
+
+    /// `report` over scored tables; returns one point per input.
+    fn report(&self, scored: &[String], dir: &str) -> Curve {
+        let mut a = vec![s("report")];
+        for f in scored {
+            a.extend([s("--input"), f.clone()]);
+        }
+        a.extend([s("-o"), self.path(dir)]);
+        self.stage(&a);
+        read_curve(&self.wd.path(&format!("{dir}/metrics.json")))
+    }
+}
+
+/// What one loop produced: the in-loop curve (each iteration's own rollouts, new prompts every
+/// iteration) and the paired evaluation of the warm start and the last policy on one held-out
+/// prompts table (same prompts, same sampling seed).
+struct Outcome {
+    curve: Curve,
+    eval: Curve,
+}
+
+/// Run the whole loop in `wd`.
+fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
+    let r = Runner { wd, seed: c.seed };
+    let tiny = fixtures().join("tiny-qwen2").to_string_lossy().to_string();
+
+    // Supervised warm start on format examples with known solutions.
+    r.prepare(
+        c.seed,
+        c.sft_count,
+        &[s("--sft"), s("--system-prompt"), s("")],
+        "sft.parquet",
+    );
+    r.stage(&[
+        s("sft"),
+        s("--model"),
+        tiny,
+        s("--input"),
+        r.path("sft.parquet"),
+        s("-o"),
+        r.path("sft"),
+        s("--lr"),
+        s(c.sft_lr),
+        s("--epochs"),
+        s(c.sft_epochs),
+    ]);
+
+    let mut policy = r.path("sft");
+    let mut scored = Vec::new();
+    for i in 1..=c.iters {
+        let d = format!("iter-{i:04}");
+        std::fs::create_dir_all(wd.path(&d)).expect("iteration folder");
+        let f = |name: &str| r.path(&format!("{d}/{name}"));
+        // Each iteration draws new prompts (rl.mk: seed = iteration + 1000 * SEED).
+        r.prepare(
+            i as u64 + 1000 * c.seed,
+            c.prompts,
+            &[],
+            &format!("{d}/prompts.parquet"),
+        );
+        let sc = r.rollouts(c, &policy, &f("prompts.parquet"), &d);
+        r.stage(&[
+            s("advantage"),
+            s("--input"),
+            sc.clone(),
+            s("-o"),
+            f("train.parquet"),
+            s("--estimator"),
+            s(c.estimator),
+        ]);
+        r.stage(&[
+            s("update"),
+            s("--model"),
+            policy.clone(),
+            s("--input"),
+            f("train.parquet"),
+            s("-o"),
+            f("model"),
+            s("--lr"),
+            s(c.lr),
+            s("--micro-batch"),
+            s("16"),
+            s("--loss-agg"),
+            s("token-mean"),
+            s("--grad-clip"),
+            s("1.0"),
+            s("--resume"),
+            s("auto"),
+        ]);
+        scored.push(sc);
+        policy = f("model");
+    }
+    let curve = r.report(&scored, "report");
+
+    // Paired evaluation: the warm start and the last policy on the same held-out prompts.
+    r.prepare(
+        EVAL_SEED + c.seed,
+        c.eval_prompts,
+        &[],
+        "eval-prompts.parquet",
+    );
+    let prompts = r.path("eval-prompts.parquet");
+    let mut pair = Vec::new();
+    for (name, p) in [("eval-start", r.path("sft")), ("eval-end", policy)] {
+        std::fs::create_dir_all(wd.path(name)).expect("eval folder");
+        pair.push(r.rollouts(c, &p, &prompts, name));
+    }
+    let eval = r.report(&pair, "eval-report");
+    Outcome { curve, eval }
+}
+
+fn read_curve(file: &Path) -> Curve {
+    let text = std::fs::read_to_string(file).expect("metrics.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("metrics.json is JSON");
+    let reports = v["reports"].as_array().expect("reports");
+    let col = |key: &str| -> Vec<f64> {
+        reports
+            .iter()
+            .map(|r| r["overall"][key].as_f64().expect("a number"))
+            .collect()
+    };
+    Curve {
+        accuracy: col("accuracy"),
+        brier: col("brier"),
+        mean_confidence: col("mean_confidence"),
+    }
+}
+
+fn mean(x: &[f64]) -> f64 {
+    x.iter().sum::<f64>() / x.len() as f64
+}
+
+#[test]
+fn learning_rlcr_loop_raises_accuracy_and_improves_brier() {
+    let wd = Workdir::new();
+    let o = run_loop(&wd, &DEFAULT);
+    eprintln!("learning curve: {:?}\nevaluation (start, end): {:?}", o.curve, o.eval);
+    let c = o.curve;
+    let n = c.accuracy.len();
+    assert_eq!(n, DEFAULT.iters);
+    let acc_gain = mean(&c.accuracy[n - 2..]) - c.accuracy[0];
+    let brier_gain = c.brier[0] - mean(&c.brier[n - 2..]);
+    assert!(acc_gain >= 0.0, "accuracy gain {acc_gain:.3} (curve {c:?})");
+    assert!(brier_gain >= 0.0, "Brier gain {brier_gain:.3} (curve {c:?})");
+}
