@@ -41,19 +41,19 @@ DEVICE ?= cpu
 
 # Model and task.
 MODEL ?= $(ROOT)/fixtures/tiny-qwen2
-TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 9 --max-target 81 --prompt-style short
+TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 3 --max-target 9 --prompt-style short
 # System prompt of both turns: `default` = rlcr's RLCR prompt; empty = none (tiny models: short
 # contexts); anything else is used as is.
 SYSTEM_PROMPT ?=
 SYS_FLAG = $(if $(filter default,$(SYSTEM_PROMPT)),,--system-prompt "$(SYSTEM_PROMPT)")
-ITERS ?= 4
-PROMPTS_PER_ITER ?= 32
+ITERS ?= 6
+PROMPTS_PER_ITER ?= 16
 G_A ?= 4
 G_C ?= 2
 
 # Sampling.
-MAX_NEW ?= 32
-MAX_NEW_CONF ?= 32
+MAX_NEW ?= 24
+MAX_NEW_CONF ?= 24
 TEMPERATURE ?= 1.0
 TOP_P ?= 1.0
 BATCH ?= 64
@@ -72,16 +72,16 @@ ESTIMATOR := grpo
 else ifneq ($(ABLATION),)
 $(error ABLATION must be empty or `pooled`, not `$(ABLATION)`)
 endif
-LR ?= 1e-3
+LR ?= 2e-3
 # 16 rows per micro-batch: the same gradient as 64 (accumulated), about 30% less CPU on the tiny model.
 MICRO_BATCH ?= 16
 UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0 --resume auto
 
 # Supervised warm start.
 SFT ?= 1
-SFT_COUNT ?= 512
+SFT_COUNT ?= 256
 SFT_LR ?= 1e-2
-SFT_EPOCHS ?= 4
+SFT_EPOCHS ?= 12
 SFT_FLAGS ?=
 
 G := --seed $(SEED) --device $(DEVICE)
@@ -152,15 +152,26 @@ $(DIR)/probe.parquet: $(DIR)/iter-$(lastword $(ITER_IDS))/scored.parquet $(DIR)/
 	$(RLCR) $(G) probe --model $(DIR)/iter-$(lastword $(ITER_IDS))/model --input $< -o $@ \
 	  --cuts $(PROBE_CUTS) --samples $(PROBE_SAMPLES) --max-new-tokens $(MAX_NEW)
 
-# --- the same loop on SmolLM2-135M-Instruct (imported from the GGUF of the PyPI wheel)
+# --- the same loop on SmolLM2-135M-Instruct (imported from the GGUF of the PyPI wheel), TinyZero's
+# countdown prompts and rlcr's system prompt. On 2 CPU cores one iteration at these settings takes
+# long (the update of a 135M model dominates); SMOL_* scale it down, e.g. `make -f scripts/rl.mk
+# smollm2 SMOL_ITERS=1 SMOL_PROMPTS=2 SMOL_G_A=2 SMOL_MAX_NEW=128 SMOL_MAX_NEW_CONF=48`.
 SMOL_DIR ?= $(RUNS)/models/smollm2-135m
+SMOL_ITERS ?= 2
+SMOL_PROMPTS ?= 8
+SMOL_G_A ?= 4
+SMOL_G_C ?= 2
+SMOL_MAX_NEW ?= 256
+SMOL_MAX_NEW_CONF ?= 96
+SMOL_LR ?= 1e-6
 $(SMOL_DIR)/config.json:
 	gguf=$$($(ROOT)/scripts/fetch_smollm2.sh) && $(RLCR) import-gguf --input "$$gguf" -o $(SMOL_DIR)
 smollm2: RLCR_OPT = 1
 smollm2: $(SMOL_DIR)/config.json
 	$(MAKE) -f $(ROOT)/scripts/rl.mk RUN=smollm2 MODEL=$(SMOL_DIR) SFT=0 RLCR_OPT=$(RLCR_OPT) \
-	  TASK_FLAGS="" SYSTEM_PROMPT=default MAX_NEW=256 MAX_NEW_CONF=96 BATCH=8 LR=1e-6 \
-	  PROMPTS_PER_ITER=8 G_A=4 G_C=2 ITERS=$(ITERS)
+	  TASK_FLAGS="" SYSTEM_PROMPT=default MAX_NEW=$(SMOL_MAX_NEW) MAX_NEW_CONF=$(SMOL_MAX_NEW_CONF) \
+	  BATCH=8 MICRO_BATCH=4 LR=$(SMOL_LR) PROMPTS_PER_ITER=$(SMOL_PROMPTS) G_A=$(SMOL_G_A) G_C=$(SMOL_G_C) \
+	  ITERS=$(SMOL_ITERS)
 
 clean:
 	rm -rf $(DIR)
