@@ -3,7 +3,42 @@
 //! `scripts/rl.mk` chains them: prepare → generate-answers → generate-confidence → score →
 //! advantage → update, then `report` over every iteration's scored table.
 //!
-//! FIGURES
+//! Configuration: the main job's (`scripts/rl.mk` defaults): the smallest countdown shape (two
+//! numbers in 1..3, targets up to 9: 25 distinct tasks), warm start of 12 epochs over 256 format
+//! examples at lr 1e-2 (at 4 epochs the model does not copy the prompt's numbers and accuracy stays
+//! at 5–12 %), 6 iterations of 16 prompts × 4 answers × 2 confidences, at most 24 new tokens,
+//! update lr 2e-3 (3e-3 collapsed format and accuracy to 0 within 4 iterations on a 5-number
+//! shape), `--micro-batch 16`.
+//!
+//! What is compared: the warm start and the last policy, sampled on one held-out table of 64
+//! prompts with the same seed (a policy that did not change gives identical figures, so the only
+//! noise left is sampling and the seed of the loop). The in-loop curve (each iteration's own new
+//! prompts) is printed but not asserted: 16 prompts over 25 tasks differ so much in difficulty that
+//! the no-update control (`LR=0`) swings its accuracy 0.11–0.25 across iterations (seed 1).
+//!
+//! Measured (rlcr's opt-level 0 or 1 give byte-identical runs), warm start → last policy:
+//!
+//! | run | accuracy | confidence | Brier | gap = abs(confidence − accuracy) |
+//! |---|---|---|---|---|
+//! | seed 0 | 0.211 → 0.145 | 0.454 → 0.179 | 0.294 → 0.144 (+0.150) | 0.243 → 0.034 (−0.209) |
+//! | seed 1 | 0.180 → 0.305 | 0.477 → 0.117 | 0.302 → 0.250 (+0.053) | 0.297 → 0.188 (−0.109) |
+//! | seed 2 | 0.242 → 0.277 | 0.500 → 0.236 | 0.331 → 0.240 (+0.091) | 0.258 → 0.041 (−0.217) |
+//! | seed 0, answers only (`--lambda-conf 0`) | 0.211 → 0.152 | 0.454 → 0.466 | 0.294 → 0.289 (+0.006) | 0.243 → 0.314 (+0.071) |
+//! | seed 0, lr 1e-3 | 0.211 → 0.227 | 0.454 → 0.312 | 0.294 → 0.241 (+0.053) | 0.243 → 0.085 (−0.158) |
+//! | seed 0, lr 1e-3 × 4 mini-batches | 0.211 → 0.141 | 0.454 → 0.182 | 0.294 → 0.140 (+0.155) | 0.243 → 0.041 (−0.202) |
+//! | no update (`LR=0`), any seed | unchanged | unchanged | +0 | 0 |
+//!
+//! Margins: the loop reliably learns calibration, so the test asserts (1) Brier improves by at least
+//! 0.03: every seed gained ≥ 0.053, while a run whose confidences were not trained gained 0.006
+//! and the sampling noise of a Brier difference over 512 confidence rows is about 0.015 (one SE);
+//! (2) the gap between mean confidence and accuracy narrows by at least 0.05 (seeds: 0.109–0.217;
+//! untrained confidences: it widened by 0.071); (3) accuracy does not fall by more than 0.15
+//! (seeds: −0.066 … +0.125), which catches a collapse (format lost, accuracy → 0 from ≈ 0.2) but
+//! not noise. It does **not** assert that accuracy rises: on this model and budget it does not,
+//! beyond noise (−0.07 … +0.13 over three seeds, also −0.06 when only answers are trained); the
+//! in-loop curves look as if it did, and the `LR=0` control shows why that is prompt noise.
+//!
+//! Cost: LEARNING_TEST_TIME.
 //!
 //! Filter: `cargo test --test integration learning_` (it is the slowest test of the suite).
 use std::path::Path;
@@ -41,11 +76,11 @@ struct LoopConfig {
 }
 
 /// Least Brier improvement (warm start → last policy, paired evaluation); see the module doc.
-const BRIER_MARGIN: f64 = 0.05;
+const BRIER_MARGIN: f64 = 0.03;
 /// Least narrowing of |mean confidence − accuracy|; see the module doc.
-const GAP_MARGIN: f64 = 0.10;
+const GAP_MARGIN: f64 = 0.05;
 /// Largest accuracy drop tolerated; see the module doc.
-const ACC_TOLERANCE: f64 = 0.10;
+const ACC_TOLERANCE: f64 = 0.15;
 
 /// Seed of the held-out evaluation prompts (plus the loop's seed); far from the iterations' seeds.
 const EVAL_SEED: u64 = 777_777;
@@ -103,7 +138,7 @@ impl Runner<'_> {
     fn prepare(&self, seed: u64, count: usize, extra: &[String], out: &str) {
         let mut a = vec![s("prepare"), s("--from"), s("countdown-synth")];
         a.extend([s("--count"), s(count)]);
-        a.extend(TASK.iter().map(|x| s(x)));
+        a.extend(TASK.iter().map(s));
         a.extend(extra.iter().cloned());
         a.extend([s("-o"), self.path(out)]);
         self.run(seed, &a);
