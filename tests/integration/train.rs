@@ -385,7 +385,10 @@ fn hf(args: &[&Path]) -> Option<serde_json::Value> {
         eprintln!("skipped: {stderr}");
         return None;
     }
-    assert!(out.status.success(), "hf_logprobs.py {args:?} failed:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "hf_logprobs.py {args:?} failed:\n{stderr}"
+    );
     if out.stdout.is_empty() {
         return Some(serde_json::Value::Null);
     }
@@ -440,7 +443,10 @@ fn hf_transformers_loads_what_update_and_sft_write() {
         &w.path("sft.parquet"),
         &[vec![
             ("user", "What is 2+3?"),
-            ("assistant", "<answer>5</answer><confidence>0.9</confidence>"),
+            (
+                "assistant",
+                "<answer>5</answer><confidence>0.9</confidence>",
+            ),
         ]],
     );
     let qwen = fixtures().join("tiny-qwen2");
@@ -454,7 +460,11 @@ fn hf_transformers_loads_what_update_and_sft_write() {
     ];
     let mut models: Vec<PathBuf> = Vec::new();
     for (stage, model, out, _) in cases {
-        let input = if stage == "sft" { "sft.parquet" } else { "train.parquet" };
+        let input = if stage == "sft" {
+            "sft.parquet"
+        } else {
+            "train.parquet"
+        };
         w.run(&[
             stage,
             "--model",
@@ -489,7 +499,10 @@ fn hf_transformers_loads_what_update_and_sft_write() {
     for (i, (stage, _, out, dtype)) in cases.iter().enumerate() {
         let ours = logprob_column(&w.path(&format!("{out}.lp.parquet")), "logprobs");
         let (after, before) = (&hf_out[2 * i], &hf_out[2 * i + 1]);
-        assert_eq!(after["dtype"], *dtype, "{out}: dtype of the written tensors");
+        assert_eq!(
+            after["dtype"], *dtype,
+            "{out}: dtype of the written tensors"
+        );
         let (theirs, before) = (lists(after), lists(before));
         assert_eq!(ours.len(), theirs.len());
         let (mut gap, mut moved) = (0f64, 0f64);
