@@ -996,7 +996,7 @@ pub fn chatml_prefix(messages_json: &str) -> Result<String> {
 }
 
 /// The content of the last user message, for the external verifier's `prompt`.
-fn last_user_content(messages_json: &str) -> Option<String> {
+pub(crate) fn last_user_content(messages_json: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(messages_json).ok()?;
     v.as_array()?
         .iter()
