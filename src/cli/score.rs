@@ -735,6 +735,7 @@ struct Links {
 }
 
 fn link_pass(parts: &[Part]) -> Result<Links> {
+    let _t = crate::trace::span("score: link pass");
     let mut answers: HashMap<u128, u64> = HashMap::new(); // key -> row
     let mut pending: Vec<(u128, u64, String, i32)> = Vec::new(); // confidence rows
                                                                  // Answers are only remembered once a confidence row shows they are needed; until then only
@@ -1593,6 +1594,9 @@ impl Scorer<'_> {
         first: u64,
         out: &mut ScoreBuilders,
     ) -> Result<()> {
+        let _t = crate::trace::span_with("score: verify batch", || {
+            vec![("rows", c.sample_type.len().into())]
+        });
         let settings = self.settings;
         let ctx = Ctx { settings, path };
         let n = c.sample_type.len();
@@ -1790,6 +1794,7 @@ fn encode_scores(
     index: usize,
     arrays: &[ArrayRef],
 ) -> Result<Vec<ArrowColumnChunk>> {
+    let _t = crate::trace::span("score: encode columns");
     let writers = factory.create_column_writers(index)?;
     // (output leaf, writer, field index) for every leaf of a score column
     let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> =
@@ -1849,6 +1854,7 @@ fn write_row_group<W: std::io::Write + Send>(
     at: RowGroupOut<'_>,
     chunks: Vec<ArrowColumnChunk>,
 ) -> Result<()> {
+    let _t = crate::trace::span("score: write row group (copy chunks)");
     let p = at.part;
     let mut rgw = fw.next_row_group()?;
     let rg_meta = p.meta.metadata().row_group(at.rg);

@@ -243,6 +243,7 @@ impl Iterator for Reader {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        let _t = crate::trace::span("read batch");
         loop {
             if let Some(r) = &mut self.current {
                 match r.next() {
@@ -590,6 +591,7 @@ impl Writer {
                 self.schema
             );
         }
+        let _t = crate::trace::span_with("write batch", || vec![("rows", batch.num_rows().into())]);
         w.write(batch).context("writing Parquet batch")?;
         self.rows += batch.num_rows();
         Ok(())
@@ -602,6 +604,7 @@ impl Writer {
 
     /// Close the Parquet file, fsync, and rename it into place.
     pub fn finish(mut self) -> Result<usize> {
+        let _t = crate::trace::span("finish table (flush, fsync, rename)");
         let w = self
             .writer
             .take()

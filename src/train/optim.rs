@@ -108,6 +108,7 @@ impl AdamW {
     /// One AdamW step: every parameter of `module` with a gradient in `grads` is updated with
     /// gradient `clip · g`. Returns the updated module.
     pub fn step<M: Module>(&mut self, module: M, grads: GradientsParams, lr: f64, clip: f64) -> M {
+        let _t = crate::trace::span("optimizer step");
         self.step += 1;
         let t = self.step as i32;
         let mut mapper = StepMapper {
