@@ -649,7 +649,9 @@ pub fn copy_side_files(src: &Path, dst: &Path) -> Result<()> {
 }
 
 /// Build a folder atomically: `fill` writes into a fresh temporary folder next to `out`, which is
-/// then renamed to `out` (replacing an existing folder).
+/// then renamed to `out` (replacing an existing folder). What killed runs left beside `out` is
+/// cleaned up first: half-written `.NAME.tmp-PID` folders are removed, and a previous folder moved
+/// aside as `.NAME.old-PID` by a run killed between its two renames is put back.
 pub fn write_folder(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let name = out
         .file_name()
@@ -661,6 +663,26 @@ pub fn write_folder(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Resul
         _ => PathBuf::from("."),
     };
     fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    // A run killed between the two renames below left the previous folder as `.NAME.old-PID`:
+    // put it back first; then drop what killed runs left half written.
+    if !out.exists() {
+        let prefix = format!(".{name}.old-");
+        if let Ok(rd) = fs::read_dir(&parent) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().to_string();
+                let dead = n
+                    .strip_prefix(&prefix)
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
+                if dead && !out.exists() {
+                    fs::rename(e.path(), out)
+                        .with_context(|| format!("restoring {} from {n}", out.display()))?;
+                }
+            }
+        }
+    }
+    crate::table::io::remove_stale(&parent, &format!(".{name}.tmp-"), "");
+    crate::table::io::remove_stale(&parent, &format!(".{name}.old-"), "");
     let pid = std::process::id();
     let tmp = parent.join(format!(".{name}.tmp-{pid}"));
     if tmp.exists() {
@@ -680,6 +702,7 @@ pub fn write_folder(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Resul
         let _ = fs::remove_dir_all(&tmp);
         return Err(e);
     }
+    crate::table::io::slow_write_hook();
     if out.exists() {
         let old = parent.join(format!(".{name}.old-{pid}"));
         fs::rename(out, &old).with_context(|| format!("moving aside {}", out.display()))?;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod advantage;
+mod bad_input;
 mod cli;
 mod ecosystem;
 mod gguf;
