@@ -141,7 +141,10 @@ pub fn temp_names(dir: &Path) -> Vec<String> {
         .into_iter()
         .filter(|n| {
             let base = n.rsplit('/').next().unwrap_or(n);
-            base.contains("rlcr-tmp") || base.contains(".tmp-") || base.starts_with(".tmp")
+            base.contains("rlcr-tmp")
+                || base.contains("rlcr-staging")
+                || base.contains(".tmp-")
+                || base.starts_with(".tmp")
         })
         .collect()
 }

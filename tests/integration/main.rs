@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 mod advantage;
 mod bad_input;
 mod cli;
+mod crash;
 mod ecosystem;
 mod gguf;
 mod model;
