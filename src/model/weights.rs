@@ -719,6 +719,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn write_folder_cleans_up_after_killed_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("ck");
+        // A run killed between its renames: `ck` moved aside as `.ck.old-PID`, its new folder
+        // half written as `.ck.tmp-PID` (PID of a process that is gone).
+        let old = d.path().join(".ck.old-4000000000");
+        fs::create_dir(&old).unwrap();
+        fs::write(old.join("a.txt"), "previous").unwrap();
+        let stale = d.path().join(".ck.tmp-4000000001");
+        fs::create_dir(&stale).unwrap();
+        fs::write(stale.join("junk"), "x").unwrap();
+        // The next write fails: the previous folder is back in place, nothing else is left.
+        let e = write_folder(&out, |_| anyhow::bail!("boom")).unwrap_err();
+        assert!(format!("{e:#}").contains("boom"));
+        assert_eq!(fs::read_to_string(out.join("a.txt")).unwrap(), "previous");
+        let names: Vec<_> = fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names, vec!["ck"]);
+        // A write that succeeds replaces it.
+        write_folder(&out, |tmp| Ok(fs::write(tmp.join("b.txt"), "new")?)).unwrap();
+        assert!(!out.join("a.txt").exists());
+        assert_eq!(fs::read_to_string(out.join("b.txt")).unwrap(), "new");
+    }
+
+    #[test]
     fn bf16_and_f16_round_trip_exactly() {
         let vals: Vec<f32> = vec![0.0, -0.0, 1.0, -2.5, 3.140625, 1e-3, 65504.0, -1.5e-5];
         for dt in [Dtype::BF16, Dtype::F16, Dtype::F32] {

@@ -569,7 +569,7 @@ pub fn edit_safetensors(
         body.extend_from_slice(b);
     }
     let mut hb = serde_json::to_vec(&serde_json::Value::Object(h)).unwrap();
-    while hb.len() % 8 != 0 {
+    while !hb.len().is_multiple_of(8) {
         hb.push(b' ');
     }
     let mut out = (hb.len() as u64).to_le_bytes().to_vec();
@@ -668,6 +668,9 @@ pub enum Input {
     Table(RecordBatch, &'static str),
 }
 
+/// A check on the case folder after the run.
+pub type AfterCheck = fn(&Path) -> Result<(), String>;
+
 /// One bad input for one stage.
 pub struct Case {
     pub label: String,
@@ -686,7 +689,7 @@ pub struct Case {
     /// Wall-time limit of the run.
     pub limit: Duration,
     /// A last check on the case folder after the run.
-    pub after: Option<fn(&Path) -> Result<(), String>>,
+    pub after: Option<AfterCheck>,
 }
 
 impl Case {
@@ -786,8 +789,9 @@ pub fn check_stage(stage: &Stage, cases: Vec<Case>) {
         }
     }
     eprintln!(
-        "bad input: {}: {n} cases + control in {:.1} s",
+        "bad input: {}: {n} cases{} in {:.1} s",
         stage.name,
+        if stage.control { " + control" } else { "" },
         t0.elapsed().as_secs_f64()
     );
     assert!(
@@ -981,10 +985,7 @@ fn generate_answers() {
                 &b,
                 "prompt_id",
                 1,
-                &cols::str_col(&b, "t", "prompt_id")
-                    .unwrap()
-                    .value(0)
-                    .to_string(),
+                cols::str_col(&b, "t", "prompt_id").unwrap().value(0),
             ),
             p,
             &["in.parquet", "row 1", "`prompt_id`"],

@@ -191,13 +191,17 @@ fn update_killed_during_checkpoint_save() {
     ];
     run_ok(dir, &first);
     let ck: PathBuf = dir.join("ck");
-    let before = snapshot(&[ck.clone()]);
+    let before = snapshot(std::slice::from_ref(&ck));
     assert!(ck.join("rlcr-train/trainer_state.json").is_file());
     // The call again with another learning rate, killed during the save.
     let mut second = first.to_vec();
     second.extend(["--lr", "1e-2"]);
     kill_mid_write(spawn(dir, &second, 4000), dir, ".ck.tmp-");
-    assert_eq!(snapshot(&[ck.clone()]), before, "the checkpoint changed");
+    assert_eq!(
+        snapshot(std::slice::from_ref(&ck)),
+        before,
+        "the checkpoint changed"
+    );
     let stale = temp_names(dir);
     assert!(stale.iter().any(|n| n.starts_with(".ck.tmp-")), "{stale:?}");
     // The earlier checkpoint is loadable: the next iteration resumes from it.
