@@ -2,9 +2,10 @@
 //!
 //! Two passes over the input: the first reads only `context_ids` and `response_ids` and checks
 //! every row (nulls, negative ids, ids outside the model's vocabulary, an empty context before a
-//! response), so a bad table fails in seconds with file, row and column named and nothing
-//! written; the second streams the table record batch by record batch, computes the log-probs
-//! with [`crate::model::logprobs`] (the batched, left-padded forward that `update` also uses) and
+//! response, context + response beyond the model's positions; an empty table is an error too), so
+//! a bad table fails in seconds with file, row and column named and nothing written; the second
+//! streams the table record batch by record batch, computes the log-probs with
+//! [`crate::model::logprobs`] (the batched, left-padded forward that `update` also uses) and
 //! writes every input column through unchanged plus the new one (replacing a column of the same
 //! name). Memory stays bounded by one record batch.
 use std::path::PathBuf;
@@ -95,10 +96,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
     }
     let total = reader.num_rows();
+    if total == 0 {
+        bail!("{name}: the table has no rows; nothing was written");
+    }
+    let limits = (config.vocab_size, config.max_position_embeddings);
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
-        rows_of(&batch, &name, first, config.vocab_size)?;
+        rows_of(&batch, &name, first, limits)?;
         first += batch.num_rows();
     }
 
@@ -130,7 +135,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
-        let rows = rows_of(&batch, &name, first, config.vocab_size)?;
+        let rows = rows_of(&batch, &name, first, limits)?;
         first += batch.num_rows();
         let pairs: Vec<(&[u32], &[u32])> = rows
             .iter()
@@ -156,22 +161,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
     }
     let secs = progress.finish();
-    let rows = match writer {
-        Some(w) => w.finish()?,
-        None => {
-            // An empty table: write the empty table with the new column(s).
-            let empty = RecordBatch::new_empty(Reader::open(&a.input)?.schema());
-            let mut new = vec![(
-                a.column.as_str(),
-                cols::build_list_f32(Vec::<Vec<f32>>::new()),
-            )];
-            if let Some(col) = a.entropy_column.as_deref() {
-                new.push((col, cols::build_list_f32(Vec::<Vec<f32>>::new())));
-            }
-            let b = cols::set_columns(&empty, spec, new)?;
-            table::write_table(&a.out, b.schema(), &[b], &meta)?
-        }
-    };
+    let rows = writer
+        .context("internal: the table has rows but no batch was written")?
+        .finish()?;
     crate::info!(
         "logprobs: {rows} rows in {secs:.1} s -> {} (column `{}`)",
         a.out.display(),
@@ -181,11 +173,12 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
 }
 
 /// The (context, response) ids of every row of a batch; errors name the file, row and column.
+/// `(vocab, max_pos)`: the model's vocabulary size and positions (context + response must fit).
 fn rows_of(
     b: &RecordBatch,
     table: &str,
     first_row: usize,
-    vocab: usize,
+    (vocab, max_pos): (usize, usize),
 ) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     let ctx = cols::list_i32(b, table, "context_ids")?;
     let resp = cols::list_i32(b, table, "response_ids")?;
@@ -215,6 +208,15 @@ fn rows_of(
             bail!(
                 "{table}: row {row}, column `context_ids`: empty (the first response token needs \
                  at least one context token)"
+            );
+        }
+        if c.len() + r.len() > max_pos {
+            bail!(
+                "{table}: row {row}, column `context_ids`: context ({}) + response ({}) is {} \
+                 tokens, but the model accepts at most {max_pos} positions",
+                c.len(),
+                r.len(),
+                c.len() + r.len()
             );
         }
         out.push((c, r));

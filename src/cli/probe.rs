@@ -221,10 +221,14 @@ fn is_correct(
     }
 }
 
-fn to_u32s(v: &[i32], loc: &dyn Fn() -> String, col: &str) -> Result<Vec<u32>> {
+fn to_u32s(v: &[i32], loc: &dyn Fn() -> String, col: &str, vocab: usize) -> Result<Vec<u32>> {
     v.iter()
-        .map(|&t| {
-            u32::try_from(t).with_context(|| format!("{}, column `{col}`: negative id {t}", loc()))
+        .map(|&t| match u32::try_from(t) {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => bail!(
+                "{}, column `{col}`: token id {t} is outside the model's vocabulary (0..{vocab})",
+                loc()
+            ),
         })
         .collect()
 }
@@ -272,6 +276,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         .into());
     }
     let batches = reader.read_all()?;
+    if batches.iter().all(|b| b.num_rows() == 0) {
+        bail!("{name}: the table has no rows; nothing was written");
+    }
+    let mut validator = table::Validator::new(&name, &TRAJECTORY);
+    for b in &batches {
+        validator.check_batch(b)?;
+    }
+    validator.finish()?;
 
     // Pass 1: the verbal confidences of the answers (mean over their parsed confidence rows).
     let mut verbal: HashMap<(String, i32), (f64, usize)> = HashMap::new();
@@ -372,8 +384,19 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 }
             }
             total_answers += 1;
-            let context = to_u32s(&ctx.values.values()[ctx.range(i)], &loc, "context_ids")?;
-            let response = to_u32s(&rids.values.values()[rids.range(i)], &loc, "response_ids")?;
+            let vocab = policy.model.config.vocab_size;
+            let context = to_u32s(
+                &ctx.values.values()[ctx.range(i)],
+                &loc,
+                "context_ids",
+                vocab,
+            )?;
+            let response = to_u32s(
+                &rids.values.values()[rids.range(i)],
+                &loc,
+                "response_ids",
+                vocab,
+            )?;
             let ctx_text = policy
                 .decode(&context)
                 .with_context(|| format!("{}, column `context_ids`: decoding", loc()))?;

@@ -474,6 +474,7 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
     let mut parts: Vec<Part> = Vec::with_capacity(files.len());
     let mut first_row = 0u64;
     for path in files {
+        table::io::check_parquet_file(&path)?;
         let file = File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
         let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
@@ -506,6 +507,12 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
     }
     if parts.is_empty() {
         bail!("{}: no Parquet files found", input.display());
+    }
+    if first_row == 0 {
+        bail!(
+            "{}: the table has no rows; nothing was written",
+            input.display()
+        );
     }
     Ok(parts)
 }
@@ -721,7 +728,7 @@ fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
         "answer" => Ok(Kind::Answer),
         "confidence" => Ok(Kind::Confidence),
         other => bail!(
-            "{}, row {row}: sample_type {other:?} is neither \"answer\" nor \"confidence\"",
+            "{}, row {row}, column `sample_type`: {other:?} is neither \"answer\" nor \"confidence\"",
             file.display()
         ),
     }

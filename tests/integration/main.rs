@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod advantage;
+mod bad_input;
 mod cli;
+mod crash;
 mod ecosystem;
 mod gguf;
 mod model;

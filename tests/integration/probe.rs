@@ -131,11 +131,14 @@ fn scored_input(wd: &Workdir) -> Vec<usize> {
         texts.push(tok.decode(&r, false).unwrap());
         ids.push(r.iter().map(|&t| t as i32).collect());
     }
+    // Log-probs as long as the new responses (the trajectory contract; values unused here).
+    let lps = cols::build_list_f32(ids.iter().map(|r| vec![-1.0f32; r.len()]));
     let new = cols::set_columns(
         &b,
         &TRAJECTORY,
         vec![
             ("response_ids", cols::build_list_i32(ids)),
+            ("response_logprobs", lps),
             (
                 "response_text",
                 std::sync::Arc::new(StringArray::from(texts)) as arrow::array::ArrayRef,
