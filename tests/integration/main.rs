@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 mod advantage;
 mod cli;
+mod determinism;
 mod ecosystem;
 mod gguf;
 mod model;
