@@ -15,6 +15,7 @@ mod probe;
 mod report;
 mod sample;
 mod score;
+mod shards;
 mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.
