@@ -9,6 +9,7 @@ mod advantage;
 mod cli;
 mod determinism;
 mod ecosystem;
+mod fuzz_regressions;
 mod gguf;
 mod model;
 mod probe;
