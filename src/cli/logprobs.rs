@@ -17,7 +17,7 @@ use serde_json::json;
 use super::common::{Global, UsageError};
 use crate::model::{self, Model, ModelConfig};
 use crate::progress::Progress;
-use crate::table::{self, cols, Meta, Reader, Writer};
+use crate::table::{self, cols, Meta, Reader, Shard, Writer};
 
 pub const ABOUT: &str = "Add a model's per-token log-probs of response_ids to any table";
 pub const LONG_ABOUT: &str = "\
@@ -28,6 +28,9 @@ entropy of each predicted distribution.
 
 The numbers are those of Hugging Face transformers' forward in float32 (log_softmax of the logits at
 temperature 1). Rows are batched by similar length and left-padded; padding does not change them.
+
+--shard I/N keeps only the rows whose prompt_id falls in shard I of N (FNV-1a hash, as
+generate-answers): N machines each write one part, and the folder of parts reads as the whole table.
 
 Costs: one forward pass per row (no sampling), --batch-size rows at a time.
 Reads: a table with context_ids/response_ids (list<int32>) and a model folder.
@@ -55,6 +58,9 @@ pub struct Args {
     /// Rows per forward batch.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
+    /// Only the rows of shard I of N (`--shard 0/4`), split by prompt_id.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -95,6 +101,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             bail!("{name}: column `{c}` is missing (logprobs needs context_ids and response_ids)");
         }
     }
+    if a.shard.is_some() && !reader.has_column("prompt_id") {
+        bail!("{name}: column `prompt_id` is missing (--shard splits rows by prompt_id)");
+    }
     let total = reader.num_rows();
     if total == 0 {
         bail!("{name}: the table has no rows; nothing was written");
@@ -125,6 +134,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             "column": a.column,
             "entropy_column": a.entropy_column,
             "batch_size": a.batch_size,
+            "shard": a.shard,
             "device": g.device,
             "argv": g.argv,
         }),
@@ -135,8 +145,13 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
-        let rows = rows_of(&batch, &name, first, limits)?;
+        let at = first;
         first += batch.num_rows();
+        let batch = match &a.shard {
+            Some(s) => s.filter(&batch, &name, at)?,
+            None => batch,
+        };
+        let rows = rows_of(&batch, &name, at, limits)?;
         let pairs: Vec<(&[u32], &[u32])> = rows
             .iter()
             .map(|(c, r)| (c.as_slice(), r.as_slice()))

@@ -29,7 +29,7 @@ use crate::sample::policy::Policy;
 use crate::sample::sampler::{Group, SampleId};
 use crate::sample::stage::{self, Summary};
 use crate::sample::stop::offsets_of;
-use crate::table::{self, cols, Meta, Reader, Writer, PROBE, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, Shard, Writer, PROBE, TRAJECTORY};
 
 pub const ABOUT: &str =
     "Faithfulness probe: cut the thinking, force an answer, Monte-Carlo its accuracy";
@@ -43,6 +43,7 @@ countdown 1.0) and write probe_confidence = correct / N, one row per (answer, cu
 verbal confidence (mean parsed confidence of its confidence rows; null without any) and its
 acc_reward. The N samples of a cut share its prefix (prefilled once). Answers without a closed
 </think> are skipped and counted. The context is the answer's recorded context_ids.
+--shard I/N probes only the answers whose prompt_id falls in shard I of N (as generate-answers).
 
 Reads: a scored table and the model folder. Writes: a probe table (schema rlcr.probe).
 Example:
@@ -101,6 +102,9 @@ pub struct Args {
     /// How countdown answers are read (as in score).
     #[arg(long, value_enum)]
     pub countdown_compat: Option<CountdownCompat>,
+    /// Only the answers of shard I of N (`--shard 0/4`), split by prompt_id.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -369,6 +373,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             if st.value(i) != "answer" {
                 continue;
             }
+            if let Some(s) = &a.shard {
+                if pid.is_null(i) {
+                    bail!("{}, column `prompt_id`: null on an answer row", loc());
+                }
+                if !s.contains(pid.value(i)) {
+                    continue;
+                }
+            }
             for (c, null) in [
                 ("sample_id", sid.is_null(i)),
                 ("prompt_id", pid.is_null(i)),
@@ -476,9 +488,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         base_row += b.num_rows();
     }
     if cuts.is_empty() {
+        let in_shard = if a.shard.is_some() {
+            " in this shard"
+        } else {
+            ""
+        };
         bail!(
-            "{name}: none of its {total_answers} answer rows has a closed </think> to cut \
-             ({skipped} skipped); nothing was written"
+            "{name}: none of its {total_answers} answer rows{in_shard} has a closed </think> to \
+             cut ({skipped} skipped); nothing was written"
         );
     }
 
@@ -488,6 +505,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         o.remove("batch_size");
     }
     config["stage"] = "probe".into();
+    config["shard"] = serde_json::to_value(a.shard)?;
     config["samples"] = n.into();
     config["cut_fractions"] = fractions.clone().into();
     config["forced"] = probe::FORCED.into();

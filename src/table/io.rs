@@ -465,6 +465,11 @@ impl AtomicFile {
         })
     }
 
+    /// The temp file's path (removed on drop unless committed).
+    pub fn temp_path(&self) -> &Path {
+        &self.tmp
+    }
+
     /// The open temp file.
     pub fn file(&mut self) -> Result<&mut File> {
         self.file

@@ -9,13 +9,16 @@ mod advantage;
 mod bad_input;
 mod cli;
 mod crash;
+mod determinism;
 mod ecosystem;
+mod fuzz_regressions;
 mod gguf;
 mod model;
 mod probe;
 mod report;
 mod sample;
 mod score;
+mod shards;
 mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.
