@@ -666,6 +666,8 @@ pub fn break_model(d: ModelDefect, dir: &Path) -> Vec<String> {
 pub enum Input {
     Bytes(Vec<u8>),
     Table(RecordBatch, &'static str),
+    /// A folder of part files `parts/` (name, bytes).
+    Folder(Vec<(String, Vec<u8>)>),
 }
 
 /// A check on the case folder after the run.
@@ -771,6 +773,56 @@ pub fn file_cases(file: &Path) -> Vec<Case> {
     ]
 }
 
+/// Defects of an input given as a folder of part files (`golden` is one good part). `dup`: the
+/// stage checks row identities, so the same part twice is an error at the first row of the copy.
+pub fn folder_cases(golden: &Path, schema: &'static str, dup: bool) -> Vec<Case> {
+    let good = std::fs::read(golden).unwrap();
+    let t = read_table(golden);
+    let other = {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.parquet");
+        let name = t.schema().field(t.num_columns() - 1).name().clone();
+        write_batch(&drop_col(&t, &name), &p, schema);
+        std::fs::read(p).unwrap()
+    };
+    let folder = |label: &str, files: Vec<(&str, Vec<u8>)>, needles: &[&str]| {
+        let mut c = Case::new(label, needles);
+        c.input = Some(Input::Folder(
+            files.into_iter().map(|(n, b)| (n.to_string(), b)).collect(),
+        ));
+        c
+    };
+    let rows = t.num_rows().to_string();
+    let mut v = vec![
+        folder(
+            "folder without parts",
+            vec![("notes.txt", b"not a part".to_vec())],
+            &["parts", "no"],
+        ),
+        folder(
+            "parts with different schemas",
+            vec![("part-0.parquet", good.clone()), ("part-1.parquet", other)],
+            &["part-1.parquet", "schema"],
+        ),
+        folder(
+            "a truncated part",
+            vec![
+                ("part-0.parquet", good.clone()),
+                ("part-1.parquet", good[..good.len() / 2].to_vec()),
+            ],
+            &["part-1.parquet"],
+        ),
+    ];
+    if dup {
+        v.push(folder(
+            "the same part twice",
+            vec![("part-0.parquet", good.clone()), ("part-1.parquet", good)],
+            &["parts", &format!("row {rows}")],
+        ));
+    }
+    v
+}
+
 /// Run every case of `stage` (plus the control on the golden input); panics with the list of
 /// failures.
 pub fn check_stage(stage: &Stage, cases: Vec<Case>) {
@@ -814,6 +866,14 @@ fn check_case(stage: &Stage, case: &Case, dir: &Path) -> Result<(), String> {
         Some(Input::Table(b, schema)) => {
             let p = dir.join("in.parquet");
             write_batch(b, &p, schema);
+            p
+        }
+        Some(Input::Folder(files)) => {
+            let p = dir.join("parts");
+            std::fs::create_dir_all(&p).unwrap();
+            for (name, bytes) in files {
+                std::fs::write(p.join(name), bytes).unwrap();
+            }
             p
         }
     };
@@ -1122,6 +1182,7 @@ fn generate_confidence() {
         },
     ]);
     cases.extend(model_cases());
+    cases.extend(folder_cases(&gd.answers, TRAJ, true));
     check_stage(
         &Stage {
             name: "generate-confidence",
@@ -1281,6 +1342,7 @@ fn score() {
             c
         },
     ]);
+    cases.extend(folder_cases(&gd.trajectory, TRAJ, true));
     check_stage(
         &Stage {
             name: "score",
@@ -1346,6 +1408,7 @@ fn advantage() {
         ),
     ]);
     cases.extend(trajectory_cases(&b));
+    cases.extend(folder_cases(&gd.scored, TRAJ, true));
     check_stage(
         &Stage {
             name: "advantage",
@@ -1425,6 +1488,7 @@ fn logprobs() {
     cases.extend(id_cases(&b, "response_ids", 3));
     cases.extend(id_cases(&b, "context_ids", 2));
     cases.extend(model_cases());
+    cases.extend(folder_cases(&gd.scored, TRAJ, false));
     check_stage(
         &Stage {
             name: "logprobs",
@@ -1646,6 +1710,7 @@ fn probe() {
     cases.extend(id_cases(&b, "response_ids", a0));
     cases.extend(id_cases(&b, "context_ids", a0));
     cases.extend(model_cases());
+    cases.extend(folder_cases(&gd.scored, TRAJ, true));
     check_stage(
         &Stage {
             name: "probe",
@@ -1729,6 +1794,7 @@ fn report() {
         ),
     ]);
     cases.extend(trajectory_cases(&b));
+    cases.extend(folder_cases(&gd.scored, TRAJ, true));
     check_stage(
         &Stage {
             name: "report",
