@@ -7,7 +7,8 @@
 //! Writing is atomic: rows go to a temp file in the output's folder (permissions 0644 set first,
 //! since temp files start 0600), which is `fsync`ed and renamed over the output only when the stage
 //! has succeeded. A stage that fails, panics or is killed leaves the previous output intact; a
-//! stale temp file from a killed run is removed by the next run that writes the same output.
+//! stale temp file from a killed run is removed by the next run that writes the same output
+//! ([`remove_stale`]; [`slow_write_hook`] lets the crash tests kill a stage mid-write).
 //! Provenance goes into the file's key-value metadata through the Parquet writer properties (keys
 //! on the Arrow schema would never reach DuckDB's `parquet_kv_metadata()` or polars'
 //! `read_parquet_metadata()`), in a fixed order and without timestamps, so the same inputs give
