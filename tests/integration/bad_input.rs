@@ -1249,6 +1249,29 @@ fn trajectory_cases(b: &RecordBatch) -> Vec<Case> {
     ]
 }
 
+/// The verifier's background `sleep` (pid in `sleeper.pid`) was killed with it (its process group).
+fn sleeper_gone(dir: &Path) -> Result<(), String> {
+    // The verifier's own child was killed with it (its process group).
+    let pid = std::fs::read_to_string(dir.join("sleeper.pid"))
+        .map_err(|e| format!("no sleeper.pid: {e}"))?;
+    let stat = Path::new("/proc").join(pid.trim()).join("stat");
+    for _ in 0..200 {
+        match std::fs::read_to_string(&stat) {
+            Err(_) => return Ok(()),
+            // A zombie (state Z) is dead, waiting for its new parent to reap it.
+            Ok(s)
+                if s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+            {
+                return Ok(())
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    Err(format!("the verifier's child {} outlived rlcr", pid.trim()))
+}
+
 #[test]
 fn score() {
     let gd = golden();
@@ -1318,27 +1341,20 @@ fn score() {
             )
             .flags(&["--verifier-timeout", "0.5"]);
             c.limit = Duration::from_secs(10);
-            c.after = Some(|dir| {
-                // The verifier's own child was killed with it (its process group).
-                let pid = std::fs::read_to_string(dir.join("sleeper.pid"))
-                    .map_err(|e| format!("no sleeper.pid: {e}"))?;
-                let stat = Path::new("/proc").join(pid.trim()).join("stat");
-                for _ in 0..200 {
-                    match std::fs::read_to_string(&stat) {
-                        Err(_) => return Ok(()),
-                        // A zombie (state Z) is dead, waiting for its new parent to reap it.
-                        Ok(s)
-                            if s.rsplit(')')
-                                .next()
-                                .is_some_and(|r| r.trim_start().starts_with('Z')) =>
-                        {
-                            return Ok(())
-                        }
-                        Ok(_) => std::thread::sleep(Duration::from_millis(10)),
-                    }
-                }
-                Err(format!("the verifier's child {} outlived rlcr", pid.trim()))
-            });
+            c.after = Some(sleeper_gone);
+            c
+        },
+        {
+            // Answers every request, then does not exit when its input closes.
+            let mut c = verifier(
+                "verifier does not exit",
+                "sed -u 's/^{\"id\":\\([0-9]*\\).*/{\"id\": \\1, \"correct\": false}/'; \
+                 sleep 30 & echo $! > sleeper.pid; wait",
+                &["external verifier", "did not exit", "killed"],
+            )
+            .flags(&["--verifier-timeout", "1"]);
+            c.limit = Duration::from_secs(10);
+            c.after = Some(sleeper_gone);
             c
         },
     ]);
