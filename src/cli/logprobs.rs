@@ -3,10 +3,11 @@
 //! Two passes over the input: the first reads only `context_ids` and `response_ids` (and
 //! `prompt_id` with `--shard`, to count the shard's rows) and checks every row (nulls, negative
 //! ids, ids outside the model's vocabulary, an empty context before a response), so a bad table
-//! fails in seconds with file, row and column named and nothing written; the second streams the table record batch by record batch, computes the log-probs
-//! with [`crate::model::logprobs`] (the batched, left-padded forward that `update` also uses) and
-//! writes every input column through unchanged plus the new one (replacing a column of the same
-//! name). Memory stays bounded by one record batch.
+//! fails in seconds with file, row and column named and nothing written; the second streams the
+//! table record batch by record batch, computes the log-probs with [`crate::model::logprobs`]
+//! (the batched, left-padded forward that `update` also uses) and writes every input column
+//! through unchanged plus the new one (replacing a column of the same name). Memory stays bounded
+//! by one record batch.
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
