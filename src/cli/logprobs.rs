@@ -1,13 +1,14 @@
 //! `rlcr logprobs`: add a model's per-token log-probs of the responses to a table.
 //!
-//! Two passes over the input: the first reads only `context_ids` and `response_ids` and checks
-//! every row (nulls, negative ids, ids outside the model's vocabulary, an empty context before a
-//! response, context + response beyond the model's positions; an empty table is an error too), so
-//! a bad table fails in seconds with file, row and column named and nothing written; the second
-//! streams the table record batch by record batch, computes the log-probs with
-//! [`crate::model::logprobs`] (the batched, left-padded forward that `update` also uses) and
-//! writes every input column through unchanged plus the new one (replacing a column of the same
-//! name). Memory stays bounded by one record batch.
+//! Two passes over the input: the first reads only `context_ids` and `response_ids` (and
+//! `prompt_id` with `--shard`, to count the shard's rows) and checks every row (nulls, negative
+//! ids, ids outside the model's vocabulary, an empty context before a response, context + response
+//! beyond the model's positions; an empty table is an error too), so a bad table fails in seconds
+//! with file, row and column named and nothing written; the second streams the table record batch
+//! by record batch, computes the log-probs with [`crate::model::logprobs`] (the batched,
+//! left-padded forward that `update` also uses) and writes every input column through unchanged
+//! plus the new one (replacing a column of the same name). Memory stays bounded by one record
+//! batch.
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -95,7 +96,11 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let config = ModelConfig::load(&a.model)
         .with_context(|| format!("reading the model folder {}", a.model.display()))?;
     let name = a.input.display().to_string();
-    let reader = Reader::open_columns(&a.input, &TOKEN_COLUMNS)?;
+    let mut pass1: Vec<&str> = TOKEN_COLUMNS.to_vec();
+    if a.shard.is_some() {
+        pass1.push("prompt_id");
+    }
+    let reader = Reader::open_columns(&a.input, &pass1)?;
     for c in TOKEN_COLUMNS {
         if !reader.has_column(c) {
             bail!("{name}: column `{c}` is missing (logprobs needs context_ids and response_ids)");
@@ -104,15 +109,20 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.shard.is_some() && !reader.has_column("prompt_id") {
         bail!("{name}: column `prompt_id` is missing (--shard splits rows by prompt_id)");
     }
-    let total = reader.num_rows();
-    if total == 0 {
+    if reader.num_rows() == 0 {
         bail!("{name}: the table has no rows; nothing was written");
     }
     let limits = (config.vocab_size, config.max_position_embeddings);
+    // Every row is checked, also those of other shards (a bad table fails in every shard alike).
+    let mut total = 0usize;
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
         rows_of(&batch, &name, first, limits)?;
+        total += match &a.shard {
+            Some(s) => s.filter(&batch, &name, first)?.num_rows(),
+            None => batch.num_rows(),
+        };
         first += batch.num_rows();
     }
 
