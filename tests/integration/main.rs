@@ -13,6 +13,7 @@ mod determinism;
 mod ecosystem;
 mod fuzz_regressions;
 mod gguf;
+mod learning;
 mod model;
 mod probe;
 mod report;
