@@ -81,7 +81,10 @@ fn main() {
     }
     // gemm against the packed kernel as the number of rows grows.
     let w = rand([576, 3072], &dev);
-    let p = rlcr::model::cpu::PackedMatrix::pack(&w).unwrap();
+    let p = rlcr::model::cpu::PackedMatrix::pack(&w, rlcr::model::cpu::PackPrecision::F32).unwrap();
+    let pb =
+        rlcr::model::cpu::PackedMatrix::pack(&w, rlcr::model::cpu::PackPrecision::Bf16Rounded)
+            .unwrap();
     for m in [8usize, 16, 32, 64] {
         let xm = rand([m, 576], &dev);
         time(&format!("gemm   x[{m},576] @ W[576,3072]"), 100, || {
@@ -89,6 +92,11 @@ fn main() {
         });
         time(&format!("packed x[{m},576] @ W[576,3072]"), 100, || {
             let _ = rlcr::model::cpu::packed_matmul(&xm, &w, &p)
+                .unwrap()
+                .into_data();
+        });
+        time(&format!("packed bf16 x[{m},576] @ W[576,3072]"), 100, || {
+            let _ = rlcr::model::cpu::packed_matmul(&xm, &w, &pb)
                 .unwrap()
                 .into_data();
         });

@@ -386,6 +386,9 @@ pub struct DecodeWeights {
 
 /// Lazily built [`DecodeWeights`] (shared by clones of the model). Set `RLCR_DECODE_PACK=0` to
 /// never build them (saves a second copy of the weights in memory; decoding is slower).
+/// Matrices whose values are all bf16 numbers are packed as bf16 (same results, half the
+/// bytes); `RLCR_DECODE_BF16=1` rounds every matrix to bf16 (faster, changes the numbers),
+/// `RLCR_DECODE_BF16=0` keeps f32 panels (see [`cpu::PackPrecision`]).
 #[derive(Debug, Clone, Default)]
 pub struct DecodePack(OnceLock<Option<Arc<DecodeWeights>>>);
 
@@ -542,7 +545,8 @@ impl Transformer {
                 if std::env::var("RLCR_DECODE_PACK").is_ok_and(|v| v == "0") {
                     return None;
                 }
-                let pack = |p: &Param<Tensor<2>>| PackedMatrix::pack(&p.val());
+                let precision = cpu::PackPrecision::from_env();
+                let pack = |p: &Param<Tensor<2>>| PackedMatrix::pack(&p.val(), precision);
                 let head = match &self.lm_head {
                     Some(w) => pack(w),
                     None => pack(&self.embed),
