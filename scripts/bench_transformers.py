@@ -10,11 +10,15 @@ Runs the same workloads as rlcr's harnesses, with torch limited to THREADS threa
                            32000, tied), random weights, B rows x LEN tokens
                            (examples/bench_train.rs)
 
+  gemm                     the matrix products of that forward + backward, each alone
+                           (examples/bench_gemm.rs): GFLOP/s instead of tokens/s
+
 Each measurement prints one line `RESULT <name> <tokens/s> <tokens per CPU-second>` (after a
 warm-up run); scripts/bench.sh collects them.
 
   python scripts/bench_transformers.py sample /tmp/smollm2-hf 8 128 [REPS]
   python scripts/bench_transformers.py train 8 256 [REPS]
+  python scripts/bench_transformers.py gemm [REPS]
 
 Needs torch and transformers (measured with torch 2.15 / transformers 5.23).
 """
@@ -28,6 +32,8 @@ os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
 torch.set_num_threads(THREADS)
 torch.set_num_interop_threads(1)
 
@@ -123,6 +129,29 @@ def train(batch, length, reps):
             report(f"train_b{batch}_l{length}", batch * length, t0, c0)
 
 
+def gemm(reps):
+    n = 8 * 256
+    shapes = [("qkv", 512, 768, 8), ("o", 512, 512, 8), ("gate_up", 512, 2816, 8),
+              ("down", 1408, 512, 8), ("lm_head", 512, 32000, 1)]
+    tf = tw = tc = 0.0
+    for name, i, o, uses in shapes:
+        x, w, dy = torch.randn(n, i), torch.randn(i, o), torch.randn(n, o)
+        flop = 2.0 * n * i * o
+        for kind, f in [("fwd", lambda: x @ w), ("dx", lambda: dy @ w.t()),
+                        ("dw", lambda: x.t() @ dy)]:
+            f()
+            t0, c0 = clocks()
+            for _ in range(reps):
+                f()
+            t1, c1 = clocks()
+            wall, cpu = (t1 - t0) / reps, (c1 - c0) / reps
+            print(f"RESULT gemm_{name}_{kind} {flop / wall * 1e-9:.2f} {flop / cpu * 1e-9:.2f}"
+                  f"   # [{n}x{i}x{o}] {wall * 1e3:.1f} ms wall {cpu * 1e3:.1f} ms cpu", flush=True)
+            tf, tw, tc = tf + flop * uses, tw + wall * uses, tc + cpu * uses
+    print(f"RESULT gemm_all_fwd_bwd {tf / tw * 1e-9:.2f} {tf / tc * 1e-9:.2f}"
+          f"   # {tf * 1e-9:.0f} GFLOP, {tw:.2f} s wall, {tc:.2f} s cpu", flush=True)
+
+
 def main():
     a = sys.argv[1:]
     print(
@@ -134,6 +163,9 @@ def main():
         sample(a[1], int(a[2]), int(a[3]), int(a[4]) if len(a) > 4 else 3)
     elif a and a[0] == "train" and len(a) >= 3:
         train(int(a[1]), int(a[2]), int(a[3]) if len(a) > 3 else 3)
+    elif a and a[0] == "gemm":
+        with torch.no_grad():
+            gemm(int(a[1]) if len(a) > 1 else 3)
     else:
         sys.exit(__doc__)
 

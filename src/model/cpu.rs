@@ -346,6 +346,99 @@ unsafe fn tile_dispatch(
     unreachable!("the CPU fast path is only enabled on x86-64")
 }
 
+/// A Flex f32 tensor's values as a contiguous slice (copying only when it is a strided view).
+fn f32_view<const D: usize>(t: &Tensor<D>) -> Option<FlexTensor> {
+    let f: FlexTensor = t.clone().try_into_primitive::<Flex>().ok()?;
+    if f.dtype() != DType::F32 {
+        return None;
+    }
+    Some(if f.is_contiguous() {
+        f
+    } else {
+        f.to_contiguous()
+    })
+}
+
+fn f32_slice(f: &FlexTensor, len: usize) -> &[f32] {
+    let off = f.layout().start_offset();
+    &f.storage::<f32>()[off..off + len]
+}
+
+/// Attention of one new token per row against a KV cache, on the host (decode steps).
+///
+/// `q: [B, K, g, d]` (the `g` query heads sharing each key/value head), `k`, `v`: `[B, K, cap,
+/// d]` cache buffers of which slots `0..len` are used; `keys_ok: [B · len]` says which slots each
+/// row may attend to. For every row, head and query: scores `s_j = scale · q·k_j` over the
+/// allowed slots, `p = softmax(s)` (max subtracted, f32), output `Σ_j p_j v_j`: `[B, K, g, d]`.
+/// Rows are independent (a row's result does not depend on the batch), work is split over
+/// rayon by (row, key/value head). Same function as burn's `attention` with the boolean mask,
+/// up to rounding (the sums run in another order: ~1e-7 relative).
+///
+/// `None` (use burn's attention) unless every tensor is f32 on a plain Flex device.
+pub fn decode_attention(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    len: usize,
+    keys_ok: &[bool],
+    scale: f32,
+) -> Option<Tensor<4>> {
+    use rayon::prelude::*;
+    let [b, kh, g, d] = q.dims();
+    let [b2, kh2, cap, d2] = k.dims();
+    if b2 != b || kh2 != kh || d2 != d || v.dims() != k.dims() || len > cap || len == 0 {
+        return None;
+    }
+    if keys_ok.len() != b * len {
+        return None;
+    }
+    let (qf, kf, vf) = (f32_view(q)?, f32_view(k)?, f32_view(v)?);
+    let qs = f32_slice(&qf, b * kh * g * d);
+    let ks = f32_slice(&kf, b * kh * cap * d);
+    let vs = f32_slice(&vf, b * kh * cap * d);
+    let mut out = vec![0f32; b * kh * g * d];
+    out.par_chunks_mut(g * d).enumerate().for_each_init(
+        || vec![0f32; len],
+        |scores, (bh, o)| {
+            let row = bh / kh;
+            let ok = &keys_ok[row * len..(row + 1) * len];
+            let kb = &ks[bh * cap * d..bh * cap * d + len * d];
+            let vb = &vs[bh * cap * d..bh * cap * d + len * d];
+            for (qi, oq) in o.chunks_exact_mut(d).enumerate() {
+                let qv = &qs[(bh * g + qi) * d..(bh * g + qi + 1) * d];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    if ok[j] {
+                        let kj = &kb[j * d..(j + 1) * d];
+                        let dot: f32 = qv.iter().zip(kj).map(|(a, b)| a * b).sum();
+                        *s = dot * scale;
+                        max = max.max(*s);
+                    }
+                }
+                let mut sum = 0f32;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = if ok[j] { (*s - max).exp() } else { 0.0 };
+                    sum += *s;
+                }
+                oq.fill(0.0);
+                if sum > 0.0 {
+                    let inv = 1.0 / sum;
+                    for (j, &p) in scores.iter().enumerate() {
+                        if p != 0.0 {
+                            let w = p * inv;
+                            for (x, &y) in oq.iter_mut().zip(&vb[j * d..(j + 1) * d]) {
+                                *x += w * y;
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    );
+    let t = FlexTensor::from_data(TensorData::new(out, [b, kh, g, d]));
+    Some(Tensor::<4>::from_primitive::<Flex>(t))
+}
+
 /// Rows of `x: [m, k]` in groups of up to `size`, each transposed to `[k, r]` so the kernels'
 /// broadcasts read consecutive floats: `(first row, rows, data)`.
 fn transpose_row_groups(
@@ -704,7 +797,10 @@ mod tests {
                 .iter()
                 .map(|&v| half::bf16::from_f32(v).to_f32())
                 .collect();
-            assert!(wb.iter().zip(&w).any(|(a, b)| a != b), "test needs inexact weights");
+            assert!(
+                wb.iter().zip(&w).any(|(a, b)| a != b),
+                "test needs inexact weights"
+            );
             let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
             let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
             let wbt = Tensor::<2>::from_data(TensorData::new(wb.clone(), [k, n]), &dev);
@@ -761,6 +857,68 @@ mod tests {
             let got = crate::model::read_f32(small_matmul(&xt, &wt).unwrap()).unwrap();
             assert_eq!(got, all[..m * n], "row-major kernel, {m} rows");
         }
+    }
+
+    /// The host decode attention is burn's masked attention (every row, with masked slots and
+    /// a capacity larger than the used length).
+    #[test]
+    fn decode_attention_matches_burn_attention() {
+        use burn::tensor::module::attention;
+        use burn::tensor::ops::AttentionModuleOptions;
+        use burn::tensor::Bool;
+        let dev = Device::flex();
+        let (b, kh, g, d, cap, len) = (3, 2, 3, 8, 16, 11);
+        let val = |n: usize, m: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * m % 97) as f32 - 48.0) / 23.0)
+                .collect()
+        };
+        let q = Tensor::<4>::from_data(
+            TensorData::new(val(b * kh * g * d, 13), [b, kh, g, d]),
+            &dev,
+        );
+        let k = Tensor::<4>::from_data(
+            TensorData::new(val(b * kh * cap * d, 17), [b, kh, cap, d]),
+            &dev,
+        );
+        let v = Tensor::<4>::from_data(
+            TensorData::new(val(b * kh * cap * d, 19), [b, kh, cap, d]),
+            &dev,
+        );
+        // Row 0 sees everything, row 1 has two padding slots, row 2 only its last slot.
+        let mut ok = vec![true; b * len];
+        ok[len + 2] = false;
+        ok[len + 5] = false;
+        for s in 0..len - 1 {
+            ok[2 * len + s] = false;
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        let got = decode_attention(&q, &k, &v, len, &ok, scale).unwrap();
+        let mut mask = vec![true; b * g * cap];
+        for r in 0..b {
+            for qi in 0..g {
+                for s in 0..len {
+                    mask[(r * g + qi) * cap + s] = !ok[r * len + s];
+                }
+            }
+        }
+        let mask = Tensor::<4, Bool>::from_data(TensorData::new(mask, [b, 1, g, cap]), &dev);
+        let options = AttentionModuleOptions {
+            scale: Some(scale as f64),
+            softcap: None,
+            is_causal: false,
+        };
+        let want = attention(q, k, v, Some(mask), None, options);
+        let (got, want) = (
+            crate::model::read_f32(got).unwrap(),
+            crate::model::read_f32(want).unwrap(),
+        );
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        // Row 2 attends only to its last slot: its output is that slot's value.
+        let vlast = &val(b * kh * cap * d, 19)[((2 * kh) * cap + len - 1) * d..][..d];
+        assert_eq!(&got[(2 * kh * g) * d..(2 * kh * g + 1) * d], vlast);
     }
 
     #[test]
