@@ -30,6 +30,9 @@ fn cpu_secs() -> f64 {
     ns as f64 * 1e-9
 }
 
+/// One timed matrix product.
+type Product<'a> = Box<dyn Fn() -> Tensor<2> + 'a>;
+
 fn rand(shape: [usize; 2], dev: &Device) -> Tensor<2> {
     let n = shape[0] * shape[1];
     let v: Vec<f32> = (0..n)
@@ -59,7 +62,7 @@ fn main() {
         let w = rand([i, o], &dev);
         let dy = rand([n, o], &dev);
         let flop = 2.0 * (n * i * o) as f64;
-        let products: [(&str, Box<dyn Fn() -> Tensor<2>>); 3] = [
+        let products: [(&str, Product<'_>); 3] = [
             ("fwd", Box::new(|| x.clone().matmul(w.clone()))),
             ("dx", Box::new(|| dy.clone().matmul(w.clone().transpose()))),
             ("dw", Box::new(|| x.clone().transpose().matmul(dy.clone()))),

@@ -257,10 +257,11 @@ pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<T
         Panels::F32(v) => (v.as_ptr() as *const u8, false),
         Panels::Bf16(v) => (v.as_ptr() as *const u8, true),
     };
-    let wptr = WPtr(wptr);
+    let weights = WPtr(wptr);
     (0..jobs).into_par_iter().for_each(|j| {
+        // Whole-struct captures (the wrappers are Send + Sync, their raw pointers are not).
         let out = ptr;
-        let wptr = wptr;
+        let wptr = weights;
         // Panel outer, row groups inner: a panel is read from memory once and stays in cache for
         // the remaining row groups.
         for g in j * per..((j + 1) * per).min(panels) {
