@@ -39,8 +39,30 @@ fn rand(shape: [usize; 2], dev: &Device) -> Tensor<2> {
 }
 
 fn main() {
-    bandwidth();
     let dev = Device::flex();
+    if std::env::args().any(|a| a == "head") {
+        let head = rand([576, 49152], &dev);
+        let x8 = rand([8, 576], &dev);
+        for (name, prec) in [
+            ("f32", rlcr::model::cpu::PackPrecision::F32),
+            ("bf16", rlcr::model::cpu::PackPrecision::Bf16Rounded),
+        ] {
+            let p = rlcr::model::cpu::PackedMatrix::pack(&head, prec).unwrap();
+            for _ in 0..3 {
+                time(
+                    &format!("packed {name} x[8,576] @ W[576,49152]"),
+                    20,
+                    || {
+                        let _ = rlcr::model::cpu::packed_matmul(&x8, &head, &p)
+                            .unwrap()
+                            .into_data();
+                    },
+                );
+            }
+        }
+        return;
+    }
+    bandwidth();
     let x = rand([8, 576], &dev);
     for (o, i) in [(3072usize, 576usize), (576, 1536), (960, 576), (49152, 576)] {
         let w_hf = rand([o, i], &dev); // [out, in]
@@ -81,7 +103,9 @@ fn main() {
     }
     // gemm against the packed kernel as the number of rows grows.
     let w = rand([576, 3072], &dev);
-    let p = rlcr::model::cpu::PackedMatrix::pack(&w).unwrap();
+    let p = rlcr::model::cpu::PackedMatrix::pack(&w, rlcr::model::cpu::PackPrecision::F32).unwrap();
+    let pb = rlcr::model::cpu::PackedMatrix::pack(&w, rlcr::model::cpu::PackPrecision::Bf16Rounded)
+        .unwrap();
     for m in [8usize, 16, 32, 64] {
         let xm = rand([m, 576], &dev);
         time(&format!("gemm   x[{m},576] @ W[576,3072]"), 100, || {
@@ -92,6 +116,15 @@ fn main() {
                 .unwrap()
                 .into_data();
         });
+        time(
+            &format!("packed bf16 x[{m},576] @ W[576,3072]"),
+            100,
+            || {
+                let _ = rlcr::model::cpu::packed_matmul(&xm, &w, &pb)
+                    .unwrap()
+                    .into_data();
+            },
+        );
     }
     let xb = rand([1024, 576], &dev);
     let w = rand([3072, 576], &dev);

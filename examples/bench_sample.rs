@@ -171,6 +171,13 @@ fn run<M: StepModel>(
         secs - model,
         100.0 * (secs - model) / secs
     );
+    // One machine-readable line for scripts/bench.sh.
+    println!(
+        "RESULT sample_b{rows}_n{} {:.2} {:.2}",
+        cfg.stop.max_new_tokens,
+        tokens as f64 / secs,
+        tokens as f64 / cpu
+    );
     Ok(())
 }
 

@@ -158,6 +158,14 @@ fn main() -> anyhow::Result<()> {
             sums.loss,
             peak_rss_mib()
         );
+        if rep > 0 || reps == 1 {
+            // Machine-readable (scripts/bench.sh); the first repetition is a warm-up.
+            println!(
+                "RESULT train_b{batch}_l{len} {:.2} {:.2}",
+                tokens as f64 / t_fb,
+                tokens as f64 / c_fb
+            );
+        }
         fb.push(t_fb);
         st.push(t_step);
     }

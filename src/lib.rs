@@ -24,6 +24,7 @@ pub mod report;
 pub mod reward;
 pub mod sample;
 pub mod table;
+pub mod trace;
 pub mod train;
 
 /// The crate version, written into every output's `rlcr.version` metadata key.

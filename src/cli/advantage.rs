@@ -760,6 +760,10 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let mut gadv: Vec<f64> = Vec::new();
     let mut gret: Vec<f64> = Vec::new();
 
+    // rlcr: each answer's row, and the confidence rows that must find theirs (row, prompt, k).
+    let mut answer_rows: HashMap<(u32, i32), usize> = HashMap::new();
+    let mut conf_refs: Vec<(usize, u32, i32)> = Vec::new();
+
     let est = plan.estimator;
     let mut base = 0usize;
     for batch in reader {
@@ -815,15 +819,23 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                         kinds.push(kind);
                         prompt.push(p);
                         if let Some(a) = &aidx {
-                            // Only confidence rows have an answer group (answer rows: unused 0).
-                            if kind == SampleKind::Answer {
-                                answer.push(0);
-                                return Ok(());
-                            }
                             if a.is_null(i) {
                                 bail!("column `answer_idx`: null");
                             }
                             let k = a.value(i);
+                            // Only confidence rows have an answer group (answer rows: unused 0).
+                            if kind == SampleKind::Answer {
+                                if let Some(first) = answer_rows.insert((p, k), row) {
+                                    bail!(
+                                        "column `answer_idx`: a second answer row for prompt_id \
+                                         {:?}, answer_idx {k} (first at row {first})",
+                                        pid.value(i)
+                                    );
+                                }
+                                answer.push(0);
+                                return Ok(());
+                            }
+                            conf_refs.push((row, p, k));
                             if k < 0 {
                                 bail!("column `answer_idx`: {k} is negative");
                             }
@@ -890,6 +902,18 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         base += n;
     }
     let rows = base;
+    if rows == 0 {
+        bail!("the table has no rows; nothing was written");
+    }
+    if let Some((row, _, k)) = conf_refs
+        .iter()
+        .find(|(_, p, k)| !answer_rows.contains_key(&(*p, *k)))
+    {
+        bail!(
+            "row {row}, column `answer_idx`: confidence row whose answer (same prompt_id, \
+             answer_idx {k}, sample_type \"answer\") is not in the table"
+        );
+    }
     if rows > u32::MAX as usize {
         bail!("{rows} rows: more than the 4 294 967 295 one table may hold for `rlcr advantage`");
     }

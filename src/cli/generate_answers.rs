@@ -183,6 +183,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         &["prompt_id", "messages"],
     )?;
     let total_prompts = reader.num_rows();
+    if total_prompts == 0 {
+        bail!("{name}: the table has no rows; nothing was written");
+    }
     let policy = Policy::load(&a.model, &device)?;
     let s = &a.sampling;
     let cfg = stage::gen_config(
@@ -226,12 +229,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         let mut prepared = Vec::new();
         for i in 0..batch.num_rows() {
             let loc = || format!("{name}, row {}", base_row + i);
-            if pid.is_null(i) || msg.is_null(i) {
-                bail!("{}: prompt_id and messages must not be null", loc());
+            for (c, null) in [("prompt_id", pid.is_null(i)), ("messages", msg.is_null(i))] {
+                if null {
+                    bail!("{}, column `{c}`: null where a value is required", loc());
+                }
             }
             let id = pid.value(i).to_string();
             if !seen.insert(id.clone()) {
-                bail!("{}: duplicate prompt_id {id:?}", loc());
+                bail!("{}, column `prompt_id`: duplicate prompt_id {id:?}", loc());
             }
             if shard.is_some_and(|s| !s.contains(&id)) {
                 continue;

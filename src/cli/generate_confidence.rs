@@ -151,6 +151,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
     }
     let total_answers = reader.num_rows();
+    if total_answers == 0 {
+        bail!("{name}: the table has no rows; nothing was written");
+    }
     let policy = Policy::load(&a.model, &device)?;
     let s = &a.sampling;
     let cfg = stage::gen_config(
@@ -190,8 +193,11 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let mut spliced = 0usize;
     let mut seen = std::collections::HashSet::new();
     let mut base_row = 0usize;
+    let vocab = policy.model.config.vocab_size;
+    let mut validator = table::Validator::new(&name, &TRAJECTORY);
     for batch in reader {
         let batch = batch?;
+        validator.check_batch(&batch)?;
         let pid = cols::str_col(&batch, &name, "prompt_id")?;
         let st = cols::str_col(&batch, &name, "sample_type")?;
         let aidx = cols::i32_col(&batch, &name, "answer_idx")?;
@@ -237,9 +243,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 split_answer_conversation(conv, a.system_prompt.as_deref());
             let mut answer_ids: Vec<u32> = Vec::with_capacity(rids.len_of(i));
             for &t in &rids.values.values()[rids.range(i)] {
-                answer_ids.push(u32::try_from(t).with_context(|| {
-                    format!("{}, column `response_ids`: negative id {t}", loc())
-                })?);
+                match u32::try_from(t) {
+                    Ok(id) if (id as usize) < vocab => answer_ids.push(id),
+                    _ => bail!(
+                        "{}, column `response_ids`: token id {t} is outside the model's \
+                         vocabulary (0..{vocab})",
+                        loc()
+                    ),
+                }
             }
             // The end-of-turn is the template's: a final EOS token is not part of the answer.
             if answer_ids.last().is_some_and(|t| stop_ids.contains(t)) {
@@ -299,6 +310,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         base_row += batch.num_rows();
     }
     progress.finish();
+    validator.finish()?;
     let Some(w) = writer else {
         bail!(
             "{name}: no answers to sample confidences for{}; nothing was written",

@@ -1,12 +1,14 @@
 //! `rlcr logprobs`: add a model's per-token log-probs of the responses to a table.
 //!
-//! Two passes over the input: the first reads only `context_ids` and `response_ids` and checks
-//! every row (nulls, negative ids, ids outside the model's vocabulary, an empty context before a
-//! response), so a bad table fails in seconds with file, row and column named and nothing
-//! written; the second streams the table record batch by record batch, computes the log-probs
-//! with [`crate::model::logprobs`] (the batched, left-padded forward that `update` also uses) and
-//! writes every input column through unchanged plus the new one (replacing a column of the same
-//! name). Memory stays bounded by one record batch.
+//! Two passes over the input: the first reads only `context_ids` and `response_ids` (and
+//! `prompt_id` with `--shard`, to count the shard's rows) and checks every row (nulls, negative
+//! ids, ids outside the model's vocabulary, an empty context before a response, context + response
+//! beyond the model's positions; an empty table is an error too), so a bad table fails in seconds
+//! with file, row and column named and nothing written; the second streams the table record batch
+//! by record batch, computes the log-probs with [`crate::model::logprobs`] (the batched,
+//! left-padded forward that `update` also uses) and writes every input column through unchanged
+//! plus the new one (replacing a column of the same name). Memory stays bounded by one record
+//! batch.
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -16,7 +18,7 @@ use serde_json::json;
 use super::common::{Global, UsageError};
 use crate::model::{self, Model, ModelConfig};
 use crate::progress::Progress;
-use crate::table::{self, cols, Meta, Reader, Writer};
+use crate::table::{self, cols, Meta, Reader, Shard, Writer};
 
 pub const ABOUT: &str = "Add a model's per-token log-probs of response_ids to any table";
 pub const LONG_ABOUT: &str = "\
@@ -27,6 +29,9 @@ entropy of each predicted distribution.
 
 The numbers are those of Hugging Face transformers' forward in float32 (log_softmax of the logits at
 temperature 1). Rows are batched by similar length and left-padded; padding does not change them.
+
+--shard I/N keeps only the rows whose prompt_id falls in shard I of N (FNV-1a hash, as
+generate-answers): N machines each write one part, and the folder of parts reads as the whole table.
 
 Costs: one forward pass per row (no sampling), --batch-size rows at a time.
 Reads: a table with context_ids/response_ids (list<int32>) and a model folder.
@@ -54,6 +59,9 @@ pub struct Args {
     /// Rows per forward batch.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
+    /// Only the rows of shard I of N (`--shard 0/4`), split by prompt_id.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -88,17 +96,33 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let config = ModelConfig::load(&a.model)
         .with_context(|| format!("reading the model folder {}", a.model.display()))?;
     let name = a.input.display().to_string();
-    let reader = Reader::open_columns(&a.input, &TOKEN_COLUMNS)?;
+    let mut pass1: Vec<&str> = TOKEN_COLUMNS.to_vec();
+    if a.shard.is_some() {
+        pass1.push("prompt_id");
+    }
+    let reader = Reader::open_columns(&a.input, &pass1)?;
     for c in TOKEN_COLUMNS {
         if !reader.has_column(c) {
             bail!("{name}: column `{c}` is missing (logprobs needs context_ids and response_ids)");
         }
     }
-    let total = reader.num_rows();
+    if a.shard.is_some() && !reader.has_column("prompt_id") {
+        bail!("{name}: column `prompt_id` is missing (--shard splits rows by prompt_id)");
+    }
+    if reader.num_rows() == 0 {
+        bail!("{name}: the table has no rows; nothing was written");
+    }
+    let limits = (config.vocab_size, config.max_position_embeddings);
+    // Every row is checked, also those of other shards (a bad table fails in every shard alike).
+    let mut total = 0usize;
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
-        rows_of(&batch, &name, first, config.vocab_size)?;
+        rows_of(&batch, &name, first, limits)?;
+        total += match &a.shard {
+            Some(s) => s.filter(&batch, &name, first)?.num_rows(),
+            None => batch.num_rows(),
+        };
         first += batch.num_rows();
     }
 
@@ -120,6 +144,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             "column": a.column,
             "entropy_column": a.entropy_column,
             "batch_size": a.batch_size,
+            "shard": a.shard,
             "device": g.device,
             "argv": g.argv,
         }),
@@ -130,8 +155,13 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
-        let rows = rows_of(&batch, &name, first, config.vocab_size)?;
+        let at = first;
         first += batch.num_rows();
+        let batch = match &a.shard {
+            Some(s) => s.filter(&batch, &name, at)?,
+            None => batch,
+        };
+        let rows = rows_of(&batch, &name, at, limits)?;
         let pairs: Vec<(&[u32], &[u32])> = rows
             .iter()
             .map(|(c, r)| (c.as_slice(), r.as_slice()))
@@ -156,22 +186,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
     }
     let secs = progress.finish();
-    let rows = match writer {
-        Some(w) => w.finish()?,
-        None => {
-            // An empty table: write the empty table with the new column(s).
-            let empty = RecordBatch::new_empty(Reader::open(&a.input)?.schema());
-            let mut new = vec![(
-                a.column.as_str(),
-                cols::build_list_f32(Vec::<Vec<f32>>::new()),
-            )];
-            if let Some(col) = a.entropy_column.as_deref() {
-                new.push((col, cols::build_list_f32(Vec::<Vec<f32>>::new())));
-            }
-            let b = cols::set_columns(&empty, spec, new)?;
-            table::write_table(&a.out, b.schema(), &[b], &meta)?
-        }
-    };
+    let rows = writer
+        .context("internal: the table has rows but no batch was written")?
+        .finish()?;
     crate::info!(
         "logprobs: {rows} rows in {secs:.1} s -> {} (column `{}`)",
         a.out.display(),
@@ -181,11 +198,12 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
 }
 
 /// The (context, response) ids of every row of a batch; errors name the file, row and column.
+/// `(vocab, max_pos)`: the model's vocabulary size and positions (context + response must fit).
 fn rows_of(
     b: &RecordBatch,
     table: &str,
     first_row: usize,
-    vocab: usize,
+    (vocab, max_pos): (usize, usize),
 ) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     let ctx = cols::list_i32(b, table, "context_ids")?;
     let resp = cols::list_i32(b, table, "response_ids")?;
@@ -215,6 +233,15 @@ fn rows_of(
             bail!(
                 "{table}: row {row}, column `context_ids`: empty (the first response token needs \
                  at least one context token)"
+            );
+        }
+        if c.len() + r.len() > max_pos {
+            bail!(
+                "{table}: row {row}, column `context_ids`: context ({}) + response ({}) is {} \
+                 tokens, but the model accepts at most {max_pos} positions",
+                c.len(),
+                r.len(),
+                c.len() + r.len()
             );
         }
         out.push((c, r));

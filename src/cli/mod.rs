@@ -49,6 +49,10 @@ pub struct Cli {
     /// Device for model stages: `cpu` (default) or `cuda[:N]` (needs a build with `--features cuda`).
     #[arg(long, global = true, default_value = "cpu")]
     pub device: String,
+    /// Write a Chrome trace of the stage's phases (read, prefill, decode steps, forward, backward,
+    /// optimizer, write) to FILE when the command ends; open it in ui.perfetto.dev.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -110,7 +114,23 @@ pub fn main() -> ExitCode {
         }
     };
     crate::progress::set_verbosity(if cli.quiet { 0 } else { 1 + cli.verbose });
-    match run(cli) {
+    let trace = cli.trace.clone();
+    if trace.is_some() {
+        crate::trace::enable();
+    }
+    let result = {
+        let _t = crate::trace::span("rlcr");
+        run(cli)
+    };
+    // The trace is written whatever the outcome: a failing run is worth looking at too.
+    if let Some(path) = trace {
+        match crate::trace::write(&path) {
+            Ok(n) => crate::info!("trace: {n} events -> {}", path.display()),
+            Err(e) if result.is_ok() => return exit_for(&e),
+            Err(e) => eprintln!("rlcr: warning: {e:#}"),
+        }
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => exit_for(&e),
     }

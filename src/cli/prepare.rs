@@ -204,7 +204,13 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
     };
     if rows.is_empty() {
-        bail!("no prompts to write (the input holds no rows)");
+        match &a.input {
+            Some(i) => bail!(
+                "{}: the input has no rows; nothing was written",
+                i.display()
+            ),
+            None => bail!("no prompts to write; nothing was written"),
+        }
     }
     let mut seen = std::collections::HashSet::new();
     for (i, r) in rows.iter().enumerate() {

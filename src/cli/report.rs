@@ -28,7 +28,7 @@ a table and line chart follow the metrics across iterations. With --probe, the f
 curves (probe confidence against cut fraction; probe vs verbal confidence vs correctness).
 
 Reads: one or more trajectory tables (usually scored), optionally a probe table.
-Writes into the folder -o (created if needed; files replaced atomically):
+Writes into the folder -o (created if needed; all files replaced together at the end):
   metrics.json          every figure, one entry per input (+ probe summary)
   calibration.parquet   one row per (input, bin): edges, count, mean confidence, accuracy, gap
   reliability.svg/.png  reliability diagram of the last input
@@ -125,9 +125,35 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     };
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("creating the output folder {}", a.out.display()))?;
+    // Every file is made in a staging folder inside the output folder and moved into place only
+    // when all are done, so a failed or killed run leaves the previous report whole (a killed
+    // run's staging folder is removed by the next run).
+    table::io::remove_stale(&a.out, STAGING, "");
+    let staging = a.out.join(format!("{STAGING}{}", std::process::id()));
+    std::fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let probe_ref = probe.as_ref().map(|(r, s)| (r, s));
-    let mut written = report::write_outputs(&a.out, &analyses, examples.as_ref(), probe_ref)?;
-    written.push(write_calibration(g, &a, &analyses)?);
+    let made = report::write_outputs(&staging, &analyses, examples.as_ref(), probe_ref).and_then(
+        |mut w| {
+            w.push(write_calibration(g, &a, &analyses, &staging)?);
+            Ok(w)
+        },
+    );
+    let written = match made {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    };
+    let entries =
+        std::fs::read_dir(&staging).with_context(|| format!("listing {}", staging.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("listing {}", staging.display()))?;
+        let to = a.out.join(e.file_name());
+        std::fs::rename(e.path(), &to)
+            .with_context(|| format!("moving {} into place", to.display()))?;
+    }
+    std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
     crate::info!(
         "report: wrote {} files to {} ({})",
         written.len(),
@@ -151,7 +177,15 @@ fn headline(analyses: &[report::Analysis]) -> String {
     )
 }
 
-fn write_calibration(g: &Global, a: &Args, analyses: &[report::Analysis]) -> Result<String> {
+/// Prefix of the staging folder (`OUT/.rlcr-staging-PID`).
+const STAGING: &str = ".rlcr-staging-";
+
+fn write_calibration(
+    g: &Global,
+    a: &Args,
+    analyses: &[report::Analysis],
+    dir: &Path,
+) -> Result<String> {
     let reports: Vec<report::Report> = analyses.iter().map(|x| x.report.clone()).collect();
     let batch = report::calibration_batch(&reports)?;
     let mut config = serde_json::to_value(a)?;
@@ -170,7 +204,7 @@ fn write_calibration(g: &Global, a: &Args, analyses: &[report::Analysis]) -> Res
         inputs: inputs.iter().map(|p| p.to_path_buf()).collect(),
         extra: Default::default(),
     };
-    let out = a.out.join("calibration.parquet");
+    let out = dir.join("calibration.parquet");
     table::write_table(&out, batch.schema(), &[batch], &meta)?;
     Ok("calibration.parquet".to_string())
 }

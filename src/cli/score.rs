@@ -61,7 +61,7 @@ use crate::reward::rows::{
 use crate::reward::structured::{Component, ComponentSpec, RewardSpec, Value};
 use crate::reward::text::last_answer;
 use crate::reward::{auto_verifier, VerifierKind};
-use crate::table::{self, Meta, TRAJECTORY};
+use crate::table::{self, Meta, Shard, TRAJECTORY};
 
 pub const ABOUT: &str =
     "Score a trajectory table: accuracy, format, confidence, Brier, structured rewards";
@@ -97,6 +97,10 @@ on its stdin, {\"id\", \"sample_id\", \"data_source\", \"prompt\", \"response\",
 \"ground_truth\"}, and reads one reply per line on its stdout, {\"id\", \"correct\": true|false|number,
 \"extra\": {NAME: number}} in any order; its stderr passes through; --verifier-timeout bounds the
 wait for each reply.
+
+--shard I/N scores only the rows whose prompt_id falls in shard I of N (as generate-answers; a
+prompt's answers and confidences stay together): the shard's rows are first copied to a temp file
+beside the output (row numbers in errors count within the shard).
 
 Re-scoring an already scored table replaces every score column and drops the advantage columns.
 Columns the stage does not compute are copied as encoded Parquet chunks, so it streams millions of
@@ -180,6 +184,9 @@ pub struct Args {
     /// Weight of format_ok in the answers' reward (rlcr preset).
     #[arg(long, default_value_t = 0.0)]
     pub format_weight: f64,
+    /// Only the rows of shard I of N (`--shard 0/4`), split by prompt_id.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     #[serde(skip)]
@@ -283,8 +290,11 @@ pub fn run(_g: &Global, a: Args) -> Result<()> {
         .verifier_cmd
         .clone()
         .map(|c| (c, Duration::from_secs_f64(a.verifier_timeout)));
-    let config = serde_json::json!({ "args": &a, "settings": &settings });
-    let summary = score_table(&a.input, &a.out, &settings, external, config)?;
+    let config = serde_json::json!({ "args": &a, "settings": &settings, "shard": a.shard });
+    let summary = match a.shard {
+        None => score_table(&a.input, &a.out, &settings, external, config)?,
+        Some(s) => score_shard(s, &a.input, &a.out, &settings, external, config)?,
+    };
     crate::info!(
         "scored {} rows ({} answers, {} confidences) in {:.2}s ({:.0} rows/s); mean acc {:.4}, answer format ok {:.4}, confidence parse ok {:.4} (lenient {:.4}) -> {}",
         summary.rows,
@@ -474,6 +484,7 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
     let mut parts: Vec<Part> = Vec::with_capacity(files.len());
     let mut first_row = 0u64;
     for path in files {
+        table::io::check_parquet_file(&path)?;
         let file = File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
         let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
@@ -506,6 +517,12 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
     }
     if parts.is_empty() {
         bail!("{}: no Parquet files found", input.display());
+    }
+    if first_row == 0 {
+        bail!(
+            "{}: the table has no rows; nothing was written",
+            input.display()
+        );
     }
     Ok(parts)
 }
@@ -721,7 +738,7 @@ fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
         "answer" => Ok(Kind::Answer),
         "confidence" => Ok(Kind::Confidence),
         other => bail!(
-            "{}, row {row}: sample_type {other:?} is neither \"answer\" nor \"confidence\"",
+            "{}, row {row}, column `sample_type`: {other:?} is neither \"answer\" nor \"confidence\"",
             file.display()
         ),
     }
@@ -735,6 +752,7 @@ struct Links {
 }
 
 fn link_pass(parts: &[Part]) -> Result<Links> {
+    let _t = crate::trace::span("score: link pass");
     let mut answers: HashMap<u128, u64> = HashMap::new(); // key -> row
     let mut pending: Vec<(u128, u64, String, i32)> = Vec::new(); // confidence rows
                                                                  // Answers are only remembered once a confidence row shows they are needed; until then only
@@ -996,7 +1014,7 @@ pub fn chatml_prefix(messages_json: &str) -> Result<String> {
 }
 
 /// The content of the last user message, for the external verifier's `prompt`.
-fn last_user_content(messages_json: &str) -> Option<String> {
+pub(crate) fn last_user_content(messages_json: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(messages_json).ok()?;
     v.as_array()?
         .iter()
@@ -1593,6 +1611,9 @@ impl Scorer<'_> {
         first: u64,
         out: &mut ScoreBuilders,
     ) -> Result<()> {
+        let _t = crate::trace::span_with("score: verify batch", || {
+            vec![("rows", c.sample_type.len().into())]
+        });
         let settings = self.settings;
         let ctx = Ctx { settings, path };
         let n = c.sample_type.len();
@@ -1790,6 +1811,7 @@ fn encode_scores(
     index: usize,
     arrays: &[ArrayRef],
 ) -> Result<Vec<ArrowColumnChunk>> {
+    let _t = crate::trace::span("score: encode columns");
     let writers = factory.create_column_writers(index)?;
     // (output leaf, writer, field index) for every leaf of a score column
     let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> =
@@ -1849,6 +1871,7 @@ fn write_row_group<W: std::io::Write + Send>(
     at: RowGroupOut<'_>,
     chunks: Vec<ArrowColumnChunk>,
 ) -> Result<()> {
+    let _t = crate::trace::span("score: write row group (copy chunks)");
     let p = at.part;
     let mut rgw = fw.next_row_group()?;
     let rg_meta = p.meta.metadata().row_group(at.rg);
@@ -1898,8 +1921,70 @@ pub fn score_table(
     external: Option<(String, Duration)>,
     config: serde_json::Value,
 ) -> Result<Summary> {
+    score_file(input, input, out, settings, external, config)
+}
+
+/// Score the rows of `shard` of `input` into `out`: the rows are copied (decoded, filtered,
+/// re-encoded without compression) to a temp file beside the output, which is scored like a
+/// whole table and removed afterwards. The output records `input`, not the temp file; errors
+/// naming the temp file are rewritten to name `input` and the shard.
+pub fn score_shard(
+    shard: Shard,
+    input: &Path,
+    out: &Path,
+    settings: &Settings,
+    external: Option<(String, Duration)>,
+    config: serde_json::Value,
+) -> Result<Summary> {
+    table::io::check_distinct(&[input], out)?;
+    let name = out
+        .file_name()
+        .with_context(|| format!("{}: not a file path", out.display()))?
+        .to_string_lossy()
+        .to_string();
+    let mut tmp = table::io::AtomicFile::create(
+        &out.with_file_name(format!(".{name}.shard-{}-of-{}", shard.index, shard.count)),
+    )?;
+    let reader = table::Reader::open(input)?;
+    let display = input.display().to_string();
+    let props = WriterProperties::builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .set_max_row_group_row_count(Some(table::io::ROW_GROUP_ROWS))
+        .build();
+    let mut w = ArrowWriter::try_new(tmp.take()?, reader.schema(), Some(props))
+        .context("starting the shard's temp file")?;
+    let mut first = 0usize;
+    for b in reader {
+        let b = b?;
+        let kept = shard.filter(&b, &display, first)?;
+        first += b.num_rows();
+        w.write(&kept).context("writing the shard's temp file")?;
+    }
+    let file = w.into_inner().context("finishing the shard's temp file")?;
+    drop(file);
+    let r = score_file(tmp.temp_path(), input, out, settings, external, config);
+    let t = tmp.temp_path().display().to_string();
+    drop(tmp);
+    r.map_err(|e| {
+        let shown = format!(
+            "{display} (shard {}/{}, rows counted within the shard)",
+            shard.index, shard.count
+        );
+        anyhow!("{}", format!("{e:#}").replace(&t, &shown))
+    })
+}
+
+/// Score the table read from `read` into `out`, recording `input` as its input.
+fn score_file(
+    read: &Path,
+    input: &Path,
+    out: &Path,
+    settings: &Settings,
+    external: Option<(String, Duration)>,
+    config: serde_json::Value,
+) -> Result<Summary> {
     let start = Instant::now();
-    let parts = open_parts(input)?;
+    let parts = open_parts(read)?;
     let total_rows: u64 = parts
         .iter()
         .map(|p| p.meta.metadata().file_metadata().num_rows().max(0) as u64)

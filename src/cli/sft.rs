@@ -7,7 +7,7 @@ use serde_json::json;
 use super::common::Global;
 use super::update::OptimArgs;
 use crate::model::Model;
-use crate::train::data::check_vocab;
+use crate::train::data::{check_positions, check_vocab};
 use crate::train::session::{self, Session};
 use crate::train::sft::{read_sft_rows, SftFilter};
 use crate::train::trainer::Objective;
@@ -81,6 +81,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     }
     let table = a.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
+    check_positions(&rows, model.config.max_position_embeddings, &table)?;
     let tokens: usize = rows.iter().map(|r| r.response.len()).sum();
     crate::info!(
         "{table}: {} rows ({source:?}), {tokens} target tokens",

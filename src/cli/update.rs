@@ -1,13 +1,13 @@
 //! `rlcr update`: one policy-gradient update from a training table; writes a new checkpoint.
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use burn::module::Module;
 use serde_json::json;
 
 use super::common::{Global, UsageError};
 use crate::model::Model;
-use crate::train::data::{check_vocab, read_update_rows, TrainRow};
+use crate::train::data::{check_positions, check_vocab, read_update_rows, TrainRow};
 use crate::train::loss::{ClipConfig, KlEstimator, LossAgg};
 use crate::train::optim::AdamWConfig;
 use crate::train::policy::host_logprobs;
@@ -212,11 +212,18 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     }
     let want_ref_column = use_kl && a.ref_model.is_none();
     let mut rows = read_update_rows(&a.input, want_ref_column)?;
+    if rows.is_empty() {
+        bail!(
+            "{}: the table has no rows to train on; nothing was written",
+            a.input.display()
+        );
+    }
     crate::info!("{}: {} rows", a.input.display(), rows.len());
     let model = Model::load(&a.model, &device.clone().autodiff())
         .with_context(|| format!("loading the policy {}", a.model.display()))?;
     let table = a.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
+    check_positions(&rows, model.config.max_position_embeddings, &table)?;
     if use_kl {
         if let Some(dir) = &a.ref_model {
             let reference = Model::load(dir, &device)

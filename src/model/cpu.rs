@@ -66,21 +66,59 @@ pub fn small_matmul(x: &Tensor<2>, w: &Tensor<2>) -> Option<Tensor<2>> {
     Some(Tensor::<2>::from_primitive::<Flex>(t))
 }
 
-/// A weight `[K, N]` repacked into 8-column panels for [`packed_matmul`].
+/// Storage precision of the packed decode weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackPrecision {
+    /// f32 panels: the same numbers as the unpacked weight.
+    F32,
+    /// bf16 panels when every value of the weight is exactly a bf16 number (a checkpoint stored
+    /// in bf16, the common case), else f32: always the same results as [`PackPrecision::F32`],
+    /// with half the bytes streamed when it applies. The default.
+    Bf16IfExact,
+    /// bf16 panels, rounding f32 weights to the nearest bf16 (ties to even): changes the numbers
+    /// (about 3 significant digits per weight); opt-in only.
+    Bf16Rounded,
+}
+
+impl PackPrecision {
+    /// From the environment: `RLCR_DECODE_BF16=1` (or `round`) → [`Self::Bf16Rounded`], `0` →
+    /// [`Self::F32`], unset / anything else → [`Self::Bf16IfExact`].
+    pub fn from_env() -> Self {
+        match std::env::var("RLCR_DECODE_BF16").as_deref() {
+            Ok("1") | Ok("round") => PackPrecision::Bf16Rounded,
+            Ok("0") => PackPrecision::F32,
+            _ => PackPrecision::Bf16IfExact,
+        }
+    }
+}
+
+/// Columns per packed panel (two AVX registers).
+const PANEL: usize = 16;
+
+/// Packed panels: `ceil(N / 16)` panels of `K × 16` values, row-major within a panel, the last
+/// panel padded with zero columns.
+enum Panels {
+    F32(Vec<f32>),
+    /// bf16 bit patterns (the high half of the f32).
+    Bf16(Vec<u16>),
+}
+
+/// A weight `[K, N]` repacked into 16-column panels for [`packed_matmul`].
 pub struct PackedMatrix {
     k: usize,
     n: usize,
-    /// `(N / 8)` panels of `K × 8` floats, row-major within a panel.
-    panels: Vec<f32>,
-    /// The last `N % 8` columns, `[K, N % 8]` row-major.
-    tail: Vec<f32>,
+    panels: Panels,
     /// The packed tensor: holds its buffer alive, so pointer equality means same values.
     source: FlexTensor,
 }
 
 impl std::fmt::Debug for PackedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedMatrix[{}, {}]", self.k, self.n)
+        let p = match self.panels {
+            Panels::F32(_) => "f32",
+            Panels::Bf16(_) => "bf16",
+        };
+        write!(f, "PackedMatrix[{}, {}, {p}]", self.k, self.n)
     }
 }
 
@@ -90,11 +128,41 @@ fn first_ptr(t: &FlexTensor) -> *const f32 {
     t.storage::<f32>()[off..].as_ptr()
 }
 
+/// f32 → bf16 bits, rounding to nearest, ties to even (NaN stays NaN).
+fn bf16_round(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+/// `[K, N]` row-major → 16-column panels of `T` (zero-padded), panels in parallel.
+fn pack_panels<T: Copy + Default + Send + Sync>(
+    data: &[f32],
+    k: usize,
+    n: usize,
+    conv: impl Fn(f32) -> T + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    let groups = n.div_ceil(PANEL);
+    let mut panels = vec![T::default(); groups * k * PANEL];
+    panels
+        .par_chunks_mut(k * PANEL)
+        .enumerate()
+        .for_each(|(g, panel)| {
+            let c0 = g * PANEL;
+            let cols = (n - c0).min(PANEL);
+            for kk in 0..k {
+                let src = &data[kk * n + c0..kk * n + c0 + cols];
+                for (d, &s) in panel[kk * PANEL..kk * PANEL + cols].iter_mut().zip(src) {
+                    *d = conv(s);
+                }
+            }
+        });
+    panels
+}
+
 impl PackedMatrix {
     /// Pack `w: [K, N]` when the fast path applies to it (contiguous f32 on a plain Flex device,
     /// a CPU with AVX2/FMA); `None` otherwise.
-    pub fn pack(w: &Tensor<2>) -> Option<Self> {
-        use rayon::prelude::*;
+    pub fn pack(w: &Tensor<2>, precision: PackPrecision) -> Option<Self> {
         let [k, n] = w.dims();
         if k == 0 || n < 8 || !supported() {
             return None;
@@ -105,29 +173,35 @@ impl PackedMatrix {
         }
         let off = wf.layout().start_offset();
         let data: &[f32] = &wf.storage::<f32>()[off..off + k * n];
-        let groups = n / 8;
-        let mut panels = vec![0f32; groups * k * 8];
-        panels
-            .par_chunks_mut(k * 8)
-            .enumerate()
-            .for_each(|(g, panel)| {
-                for kk in 0..k {
-                    panel[kk * 8..kk * 8 + 8]
-                        .copy_from_slice(&data[kk * n + g * 8..kk * n + g * 8 + 8]);
-                }
-            });
-        let rem = n - groups * 8;
-        let mut tail = Vec::with_capacity(k * rem);
-        for kk in 0..k {
-            tail.extend_from_slice(&data[kk * n + groups * 8..(kk + 1) * n]);
-        }
+        let bf16 = match precision {
+            PackPrecision::F32 => false,
+            PackPrecision::Bf16Rounded => true,
+            PackPrecision::Bf16IfExact => data.iter().all(|x| x.to_bits() & 0xffff == 0),
+        };
+        let panels = if bf16 {
+            Panels::Bf16(pack_panels(data, k, n, bf16_round))
+        } else {
+            Panels::F32(pack_panels(data, k, n, |x| x))
+        };
         Some(PackedMatrix {
             k,
             n,
             panels,
-            tail,
             source: wf,
         })
+    }
+
+    /// Whether the panels hold bf16 values.
+    pub fn is_bf16(&self) -> bool {
+        matches!(self.panels, Panels::Bf16(_))
+    }
+
+    /// Bytes of packed weights.
+    pub fn bytes(&self) -> usize {
+        match &self.panels {
+            Panels::F32(v) => v.len() * 4,
+            Panels::Bf16(v) => v.len() * 2,
+        }
     }
 
     /// Whether `w` is still the tensor this copy was made from.
@@ -140,8 +214,15 @@ impl PackedMatrix {
     }
 }
 
+/// Rows per register tile of the packed kernel (× 16 columns = 12 accumulators).
+const TILE_ROWS: usize = 6;
+
 /// `x · w` through the packed copy `p` of `w`, when `x` has at most [`MAX_PACKED_ROWS`] rows, lives on
 /// a plain Flex device and `w` is still the tensor `p` was made from; else `None`.
+///
+/// Every output element is `Σ_k x[r, k] · w[k, c]` accumulated from zero in the order of `k`
+/// with one fused multiply-add per term, whatever the number of rows or their grouping, so a
+/// row's result does not depend on the batch it is in.
 pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<Tensor<2>> {
     use rayon::prelude::*;
     let [m, k] = x.dims();
@@ -164,48 +245,44 @@ pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<T
     let x_off = xc.layout().start_offset();
     let x_data: &[f32] = &xc.storage::<f32>()[x_off..x_off + m * k];
     let n = p.n;
-    let row_groups = transpose_row_groups(x_data, m, k);
+    // Row groups of near-equal size, at most TILE_ROWS each.
+    let n_groups = m.div_ceil(TILE_ROWS);
+    let row_groups = transpose_row_groups(x_data, m, k, m.div_ceil(n_groups));
     let mut out = vec![0f32; m * n];
     let ptr = OutPtr(out.as_mut_ptr());
-    let groups = n / 8;
-    let jobs = (rayon::current_num_threads() * 2).clamp(1, groups.max(1));
-    let per = groups.div_ceil(jobs);
+    let panels = n.div_ceil(PANEL);
+    let jobs = (rayon::current_num_threads() * 2).clamp(1, panels);
+    let per = panels.div_ceil(jobs);
+    let (wptr, bf16) = match &p.panels {
+        Panels::F32(v) => (v.as_ptr() as *const u8, false),
+        Panels::Bf16(v) => (v.as_ptr() as *const u8, true),
+    };
+    let weights = WPtr(wptr);
     (0..jobs).into_par_iter().for_each(|j| {
-        let g0 = j * per;
-        let g1 = ((j + 1) * per).min(groups);
+        // Whole-struct captures (the wrappers are Send + Sync, their raw pointers are not).
         let out = ptr;
-        // Panel outer, row groups inner: a panel (k × 8 floats) is read from memory once and
-        // stays in L1 for the remaining row groups.
-        for g in g0..g1 {
+        let wptr = weights;
+        // Panel outer, row groups inner: a panel is read from memory once and stays in cache for
+        // the remaining row groups.
+        for g in j * per..((j + 1) * per).min(panels) {
+            let c0 = g * PANEL;
+            let cols = (n - c0).min(PANEL);
             for (r0, r, xt) in &row_groups {
-                // SAFETY: panel g < groups exists (k×8 floats); columns 8g..8g+8 of rows
-                // r0..r0+r are inside `out` and written only by this job; avx2+fma were checked
-                // when packing.
+                // SAFETY: panel g exists (k × 16 values of the packed type); columns
+                // c0..c0+cols of rows r0..r0+r are inside `out` and written only by this job;
+                // avx2+fma were checked when packing.
                 unsafe {
-                    packed_dispatch(
+                    let off = g * k * PANEL * if bf16 { 2 } else { 4 };
+                    tile_dispatch(
                         *r,
+                        bf16,
                         xt,
                         k,
-                        p.panels.as_ptr().add(g * k * 8),
-                        out.0.add(r0 * n + g * 8),
+                        wptr.0.add(off),
+                        out.0.add(r0 * n + c0),
                         n,
-                        1,
+                        cols,
                     );
-                }
-            }
-        }
-        if j + 1 == jobs {
-            let rem = n - groups * 8;
-            for (r0, r, xt) in &row_groups {
-                for c in 0..rem {
-                    for i in 0..*r {
-                        let mut s = 0f32;
-                        for kk in 0..k {
-                            s = xt[kk * r + i].mul_add(p.tail[kk * rem + c], s);
-                        }
-                        // SAFETY: a tail column, written only by the last job.
-                        unsafe { *out.0.add((r0 + i) * n + groups * 8 + c) = s };
-                    }
                 }
             }
         }
@@ -214,13 +291,167 @@ pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<T
     Some(Tensor::<2>::from_primitive::<Flex>(t))
 }
 
-/// Rows of `x: [m, k]` in groups of up to 8, each transposed to `[k, r]` so the kernels'
+/// Packed-weight pointer shared by the jobs (read only).
+#[derive(Clone, Copy)]
+struct WPtr(*const u8);
+// SAFETY: the panels are only read while `packed_matmul` borrows the packed matrix.
+unsafe impl Send for WPtr {}
+unsafe impl Sync for WPtr {}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_dispatch(
+    r: usize,
+    bf16: bool,
+    xt: &[f32],
+    k: usize,
+    panel: *const u8,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    macro_rules! go {
+        ($r:literal) => {
+            if bf16 {
+                avx::tile16::<$r, true>(xt, k, panel, out, ldo, cols)
+            } else {
+                avx::tile16::<$r, false>(xt, k, panel, out, ldo, cols)
+            }
+        };
+    }
+    // SAFETY: forwarded contract of `packed_matmul`.
+    unsafe {
+        match r {
+            1 => go!(1),
+            2 => go!(2),
+            3 => go!(3),
+            4 => go!(4),
+            5 => go!(5),
+            _ => go!(6),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_dispatch(
+    _r: usize,
+    _bf16: bool,
+    _xt: &[f32],
+    _k: usize,
+    _panel: *const u8,
+    _out: *mut f32,
+    _ldo: usize,
+    _cols: usize,
+) {
+    unreachable!("the CPU fast path is only enabled on x86-64")
+}
+
+/// A Flex f32 tensor's values as a contiguous slice (copying only when it is a strided view).
+fn f32_view<const D: usize>(t: &Tensor<D>) -> Option<FlexTensor> {
+    let f: FlexTensor = t.clone().try_into_primitive::<Flex>().ok()?;
+    if f.dtype() != DType::F32 {
+        return None;
+    }
+    Some(if f.is_contiguous() {
+        f
+    } else {
+        f.to_contiguous()
+    })
+}
+
+fn f32_slice(f: &FlexTensor, len: usize) -> &[f32] {
+    let off = f.layout().start_offset();
+    &f.storage::<f32>()[off..off + len]
+}
+
+/// Attention of one new token per row against a KV cache, on the host (decode steps).
+///
+/// `q: [B, K, g, d]` (the `g` query heads sharing each key/value head), `k`, `v`: `[B, K, cap,
+/// d]` cache buffers of which slots `0..len` are used; `keys_ok: [B · len]` says which slots each
+/// row may attend to. For every row, head and query: scores `s_j = scale · q·k_j` over the
+/// allowed slots, `p = softmax(s)` (max subtracted, f32), output `Σ_j p_j v_j`: `[B, K, g, d]`.
+/// Rows are independent (a row's result does not depend on the batch), work is split over
+/// rayon by (row, key/value head). Same function as burn's `attention` with the boolean mask,
+/// up to rounding (the sums run in another order: ~1e-7 relative).
+///
+/// `None` (use burn's attention) unless every tensor is f32 on a plain Flex device.
+pub fn decode_attention(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    len: usize,
+    keys_ok: &[bool],
+    scale: f32,
+) -> Option<Tensor<4>> {
+    use rayon::prelude::*;
+    let [b, kh, g, d] = q.dims();
+    let [b2, kh2, cap, d2] = k.dims();
+    if b2 != b || kh2 != kh || d2 != d || v.dims() != k.dims() || len > cap || len == 0 {
+        return None;
+    }
+    if keys_ok.len() != b * len {
+        return None;
+    }
+    let (qf, kf, vf) = (f32_view(q)?, f32_view(k)?, f32_view(v)?);
+    let qs = f32_slice(&qf, b * kh * g * d);
+    let ks = f32_slice(&kf, b * kh * cap * d);
+    let vs = f32_slice(&vf, b * kh * cap * d);
+    let mut out = vec![0f32; b * kh * g * d];
+    out.par_chunks_mut(g * d).enumerate().for_each_init(
+        || vec![0f32; len],
+        |scores, (bh, o)| {
+            let row = bh / kh;
+            let ok = &keys_ok[row * len..(row + 1) * len];
+            let kb = &ks[bh * cap * d..bh * cap * d + len * d];
+            let vb = &vs[bh * cap * d..bh * cap * d + len * d];
+            for (qi, oq) in o.chunks_exact_mut(d).enumerate() {
+                let qv = &qs[(bh * g + qi) * d..(bh * g + qi + 1) * d];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    if ok[j] {
+                        let kj = &kb[j * d..(j + 1) * d];
+                        let dot: f32 = qv.iter().zip(kj).map(|(a, b)| a * b).sum();
+                        *s = dot * scale;
+                        max = max.max(*s);
+                    }
+                }
+                let mut sum = 0f32;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = if ok[j] { (*s - max).exp() } else { 0.0 };
+                    sum += *s;
+                }
+                oq.fill(0.0);
+                if sum > 0.0 {
+                    let inv = 1.0 / sum;
+                    for (j, &p) in scores.iter().enumerate() {
+                        if p != 0.0 {
+                            let w = p * inv;
+                            for (x, &y) in oq.iter_mut().zip(&vb[j * d..(j + 1) * d]) {
+                                *x += w * y;
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    );
+    let t = FlexTensor::from_data(TensorData::new(out, [b, kh, g, d]));
+    Some(Tensor::<4>::from_primitive::<Flex>(t))
+}
+
+/// Rows of `x: [m, k]` in groups of up to `size`, each transposed to `[k, r]` so the kernels'
 /// broadcasts read consecutive floats: `(first row, rows, data)`.
-fn transpose_row_groups(x: &[f32], m: usize, k: usize) -> Vec<(usize, usize, Vec<f32>)> {
+fn transpose_row_groups(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    size: usize,
+) -> Vec<(usize, usize, Vec<f32>)> {
     (0..m)
-        .step_by(8)
+        .step_by(size)
         .map(|r0| {
-            let r = (m - r0).min(8);
+            let r = (m - r0).min(size);
             let mut xt = vec![0f32; k * r];
             for kk in 0..k {
                 for i in 0..r {
@@ -230,44 +461,6 @@ fn transpose_row_groups(x: &[f32], m: usize, k: usize) -> Vec<(usize, usize, Vec
             (r0, r, xt)
         })
         .collect()
-}
-
-#[cfg(target_arch = "x86_64")]
-unsafe fn packed_dispatch(
-    r: usize,
-    xt: &[f32],
-    k: usize,
-    panels: *const f32,
-    out: *mut f32,
-    ldo: usize,
-    groups: usize,
-) {
-    // SAFETY: forwarded contract of `packed_matmul`.
-    unsafe {
-        match r {
-            1 => avx::panels8::<1>(xt, k, panels, out, ldo, groups),
-            2 => avx::panels8::<2>(xt, k, panels, out, ldo, groups),
-            3 => avx::panels8::<3>(xt, k, panels, out, ldo, groups),
-            4 => avx::panels8::<4>(xt, k, panels, out, ldo, groups),
-            5 => avx::panels8::<5>(xt, k, panels, out, ldo, groups),
-            6 => avx::panels8::<6>(xt, k, panels, out, ldo, groups),
-            7 => avx::panels8::<7>(xt, k, panels, out, ldo, groups),
-            _ => avx::panels8::<8>(xt, k, panels, out, ldo, groups),
-        }
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn packed_dispatch(
-    _r: usize,
-    _xt: &[f32],
-    _k: usize,
-    _panels: *const f32,
-    _out: *mut f32,
-    _ldo: usize,
-    _groups: usize,
-) {
-    unreachable!("the CPU fast path is only enabled on x86-64")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -296,7 +489,7 @@ fn matmul_rows(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
     let groups = n / 8;
     let jobs = (rayon::current_num_threads() * 2).clamp(1, groups.max(1));
     let per = groups.div_ceil(jobs);
-    let row_groups = transpose_row_groups(x, m, k);
+    let row_groups = transpose_row_groups(x, m, k, 8);
     (0..jobs).into_par_iter().for_each(|j| {
         let g0 = j * per;
         let g1 = ((j + 1) * per).min(groups);
@@ -390,38 +583,59 @@ mod avx {
     /// group stay in registers for `KB` steps.
     const KB: usize = 16;
 
-    /// For `R ≤ 8` rows and `groups` consecutive 8-column panels (each `k × 8` floats):
-    /// `out[r, 8g + c] = Σ_k xt[k·R + r] · panel_g[k, c]`.
+    /// For `R ≤ 6` rows and one 16-column panel (`k × 16` values, f32 or, with `BF16`, bf16
+    /// bit patterns): `out[r, c] = Σ_k xt[k·R + r] · panel[k, c]` for `c < cols`, summed from
+    /// zero in the order of `k` with fused multiply-adds (12 accumulators in registers).
     ///
     /// # Safety
-    /// AVX2 and FMA must be available; `panels` readable for `groups · k · 8` floats, `out`
-    /// writable for `R` rows of stride `ldo` and `8·groups` columns, `xt.len() >= k·R`.
+    /// AVX2 and FMA must be available; `panel` readable for `k · 16` values, `out` writable for
+    /// `R` rows of stride `ldo` and `cols ≤ 16` columns, `xt.len() >= k·R`.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn panels8<const R: usize>(
+    pub unsafe fn tile16<const R: usize, const BF16: bool>(
         xt: &[f32],
         k: usize,
-        panels: *const f32,
+        panel: *const u8,
         out: *mut f32,
         ldo: usize,
-        groups: usize,
+        cols: usize,
     ) {
         debug_assert!(xt.len() >= k * R);
         let xp = xt.as_ptr();
-        for g in 0..groups {
-            // SAFETY: pointer arithmetic stays inside the regions promised by the caller.
-            unsafe {
-                let mut acc = [_mm256_setzero_ps(); R];
-                let panel = panels.add(g * k * 8);
-                for kk in 0..k {
-                    let wv = _mm256_loadu_ps(panel.add(kk * 8));
-                    let xr = xp.add(kk * R);
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let x = _mm256_broadcast_ss(&*xr.add(r));
-                        *a = _mm256_fmadd_ps(x, wv, *a);
-                    }
+        // SAFETY: pointer arithmetic stays inside the regions promised by the caller.
+        unsafe {
+            let mut lo = [_mm256_setzero_ps(); R];
+            let mut hi = [_mm256_setzero_ps(); R];
+            for kk in 0..k {
+                let (w0, w1) = if BF16 {
+                    let p = (panel as *const u16).add(kk * 16);
+                    let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+                    let b = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(8) as *const __m128i));
+                    (
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(a)),
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b)),
+                    )
+                } else {
+                    let p = (panel as *const f32).add(kk * 16);
+                    (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                };
+                let xr = xp.add(kk * R);
+                for r in 0..R {
+                    let x = _mm256_broadcast_ss(&*xr.add(r));
+                    lo[r] = _mm256_fmadd_ps(x, w0, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(x, w1, hi[r]);
                 }
-                for (r, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(out.add(r * ldo + g * 8), *a);
+            }
+            if cols == 16 {
+                for r in 0..R {
+                    _mm256_storeu_ps(out.add(r * ldo), lo[r]);
+                    _mm256_storeu_ps(out.add(r * ldo + 8), hi[r]);
+                }
+            } else {
+                let mut tmp = [0f32; 16];
+                for r in 0..R {
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), lo[r]);
+                    _mm256_storeu_ps(tmp.as_mut_ptr().add(8), hi[r]);
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(r * ldo), cols);
                 }
             }
         }
@@ -548,7 +762,7 @@ mod tests {
                 .collect();
             let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
             let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
-            let p = PackedMatrix::pack(&wt).expect("packable");
+            let p = PackedMatrix::pack(&wt, PackPrecision::F32).expect("packable");
             let got = crate::model::read_f32(packed_matmul(&xt, &wt, &p).unwrap()).unwrap();
             let want = naive(&x, m, k, &w, n);
             for (g, w) in got.iter().zip(&want) {
@@ -563,6 +777,149 @@ mod tests {
             // A clone shares the buffer: still valid.
             assert!(packed_matmul(&xt, &wt.clone(), &p).is_some());
         }
+    }
+
+    /// Weights that are bf16 numbers: the bf16 panels give bit-identical results to the f32
+    /// panels; rounded bf16 panels equal an f32 product with the rounded weights.
+    #[test]
+    fn bf16_panels_are_exact_for_bf16_weights_and_round_otherwise() {
+        if !supported() {
+            return;
+        }
+        let dev = Device::flex();
+        for &(m, k, n) in &[(1, 3, 8), (8, 64, 389), (13, 576, 40), (64, 17, 16)] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 29 % 89) as f32 - 44.0) / 30.0)
+                .collect();
+            let w: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 31 % 83) as f32 - 41.0) / 25.0 + 1e-3 * (i % 7) as f32)
+                .collect();
+            let wb: Vec<f32> = w
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect();
+            assert!(
+                wb.iter().zip(&w).any(|(a, b)| a != b),
+                "test needs inexact weights"
+            );
+            let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
+            let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
+            let wbt = Tensor::<2>::from_data(TensorData::new(wb.clone(), [k, n]), &dev);
+            let run = |w: &Tensor<2>, p: &PackedMatrix| {
+                crate::model::read_f32(packed_matmul(&xt, w, p).unwrap()).unwrap()
+            };
+            // Exact bf16 weights: auto mode packs bf16, results equal the f32 panels bit for bit.
+            let auto = PackedMatrix::pack(&wbt, PackPrecision::Bf16IfExact).unwrap();
+            let f32p = PackedMatrix::pack(&wbt, PackPrecision::F32).unwrap();
+            assert!(auto.is_bf16() && !f32p.is_bf16());
+            assert_eq!(auto.bytes() * 2, f32p.bytes());
+            assert_eq!(run(&wbt, &auto), run(&wbt, &f32p));
+            // Inexact weights: auto mode keeps f32.
+            let keep = PackedMatrix::pack(&wt, PackPrecision::Bf16IfExact).unwrap();
+            assert!(!keep.is_bf16());
+            let want = naive(&x, m, k, &w, n);
+            for (g, w) in run(&wt, &keep).iter().zip(&want) {
+                assert!((*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()));
+            }
+            // Opt-in rounding: the product with the rounded weights, bit for bit.
+            let rounded = PackedMatrix::pack(&wt, PackPrecision::Bf16Rounded).unwrap();
+            assert!(rounded.is_bf16());
+            assert_eq!(run(&wt, &rounded), run(&wbt, &f32p));
+        }
+    }
+
+    /// A row's result does not depend on how many rows are multiplied with it.
+    #[test]
+    fn packed_rows_do_not_depend_on_the_row_count() {
+        if !supported() {
+            return;
+        }
+        let dev = Device::flex();
+        let (k, n) = (97, 45);
+        let x: Vec<f32> = (0..MAX_PACKED_ROWS * k)
+            .map(|i| ((i * 41 % 113) as f32 - 56.0) / 37.0)
+            .collect();
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 43 % 107) as f32 - 53.0) / 31.0)
+            .collect();
+        let wt = Tensor::<2>::from_data(TensorData::new(w, [k, n]), &dev);
+        let p = PackedMatrix::pack(&wt, PackPrecision::F32).unwrap();
+        let first_rows = |m: usize| {
+            let xt = Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &dev);
+            crate::model::read_f32(packed_matmul(&xt, &wt, &p).unwrap()).unwrap()
+        };
+        let all = first_rows(MAX_PACKED_ROWS);
+        for m in 1..MAX_PACKED_ROWS {
+            assert_eq!(first_rows(m), all[..m * n], "{m} rows");
+        }
+        // And the row-major kernel rounds the same way.
+        for m in [1, 5, MAX_ROWS] {
+            let xt = Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &dev);
+            let got = crate::model::read_f32(small_matmul(&xt, &wt).unwrap()).unwrap();
+            assert_eq!(got, all[..m * n], "row-major kernel, {m} rows");
+        }
+    }
+
+    /// The host decode attention is burn's masked attention (every row, with masked slots and
+    /// a capacity larger than the used length).
+    #[test]
+    fn decode_attention_matches_burn_attention() {
+        use burn::tensor::module::attention;
+        use burn::tensor::ops::AttentionModuleOptions;
+        use burn::tensor::Bool;
+        let dev = Device::flex();
+        let (b, kh, g, d, cap, len) = (3, 2, 3, 8, 16, 11);
+        let val = |n: usize, m: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * m % 97) as f32 - 48.0) / 23.0)
+                .collect()
+        };
+        let q = Tensor::<4>::from_data(
+            TensorData::new(val(b * kh * g * d, 13), [b, kh, g, d]),
+            &dev,
+        );
+        let k = Tensor::<4>::from_data(
+            TensorData::new(val(b * kh * cap * d, 17), [b, kh, cap, d]),
+            &dev,
+        );
+        let v = Tensor::<4>::from_data(
+            TensorData::new(val(b * kh * cap * d, 19), [b, kh, cap, d]),
+            &dev,
+        );
+        // Row 0 sees everything, row 1 has two padding slots, row 2 only its last slot.
+        let mut ok = vec![true; b * len];
+        ok[len + 2] = false;
+        ok[len + 5] = false;
+        for s in 0..len - 1 {
+            ok[2 * len + s] = false;
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        let got = decode_attention(&q, &k, &v, len, &ok, scale).unwrap();
+        let mut mask = vec![true; b * g * cap];
+        for r in 0..b {
+            for qi in 0..g {
+                for s in 0..len {
+                    mask[(r * g + qi) * cap + s] = !ok[r * len + s];
+                }
+            }
+        }
+        let mask = Tensor::<4, Bool>::from_data(TensorData::new(mask, [b, 1, g, cap]), &dev);
+        let options = AttentionModuleOptions {
+            scale: Some(scale as f64),
+            softcap: None,
+            is_causal: false,
+        };
+        let want = attention(q, k, v, Some(mask), None, options);
+        let (got, want) = (
+            crate::model::read_f32(got).unwrap(),
+            crate::model::read_f32(want).unwrap(),
+        );
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        // Row 2 attends only to its last slot: its output is that slot's value.
+        let vlast = &val(b * kh * cap * d, 19)[((2 * kh) * cap + len - 1) * d..][..d];
+        assert_eq!(&got[(2 * kh * g) * d..(2 * kh * g + 1) * d], vlast);
     }
 
     #[test]

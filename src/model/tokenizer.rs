@@ -17,7 +17,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 use super::config::{token_ids, ModelConfig};
 
@@ -80,6 +80,22 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| anyhow!("{e}"))
             .with_context(|| format!("loading {}", path.display()))?;
+        if let Some(c) = config {
+            // A tokenizer from another model: an id beyond the embedding would fail mid-run.
+            if let Some((t, id)) = inner
+                .get_vocab(true)
+                .into_iter()
+                .filter(|(_, id)| *id as usize >= c.vocab_size)
+                .min_by_key(|(_, id)| *id)
+            {
+                bail!(
+                    "{}: token {t:?} has id {id}, but the model's vocabulary (config.json \
+                     vocab_size) has {} entries: the tokenizer does not belong to this model",
+                    path.display(),
+                    c.vocab_size
+                );
+            }
+        }
         let tc = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
         let gc = read_json(&dir.join("generation_config.json"))?.unwrap_or_default();
         let mut tok = Tokenizer {

@@ -32,8 +32,8 @@
 //!   slots; rows can be dropped, reordered or duplicated (`select_rows`), which covers finished
 //!   rows, sharing one prompt's cache across several continuations, and expanding batch 1 to n.
 //! - **Decode steps use CPU kernels** when they apply ([`super::cpu`]: packed weight panels
-//!   built on the first cached step, ≤ 64 rows); prefill, training and every other device use
-//!   burn's matmul. Both paths are covered by the parity tests (they agree to ~1e-6).
+//!   built on the first cached step, ≤ 64 rows, and a host attention over the cache for one
+//!   token per row); prefill, training and every other device use burn's matmul and attention. Both paths are covered by the parity tests (they agree to ~1e-6).
 //! - **Device-agnostic**: nothing here names a backend; the same code runs on Flex, CUDA and on an
 //!   autodiff device for training.
 use anyhow::{bail, ensure, Result};
@@ -250,6 +250,9 @@ struct Step<'a> {
     shape: (usize, usize),
     rope: &'a Rope,
     mask: &'a Tensor<4, Bool>,
+    /// Decode steps (one token per row, through the cache): which of the cache's first `start
+    /// + 1` slots each row may attend to (`[B · (start + 1)]`), for the host attention kernel.
+    decode_keys: Option<&'a [bool]>,
 }
 
 impl Attention {
@@ -296,7 +299,15 @@ impl Attention {
                 let ranges = [0..b, 0..k, start..start + t, 0..d];
                 kc.inplace(|c| c.slice_assign(ranges.clone(), k_new));
                 vc.inplace(|c| c.slice_assign(ranges, v));
-                attention(q, kc.clone(), vc.clone(), Some(mask.clone()), None, options)
+                let scale = (1.0 / (d as f64).sqrt()) as f32;
+                let fast = match s.decode_keys {
+                    Some(ok) if t == 1 => cpu::decode_attention(&q, kc, vc, start + 1, ok, scale),
+                    _ => None,
+                };
+                match fast {
+                    Some(out) => out,
+                    None => attention(q, kc.clone(), vc.clone(), Some(mask.clone()), None, options),
+                }
             }
         };
         // [B, K, g·T, d] = [B, H, T, d] → [B, T, H, d] → [B·T, H·d].
@@ -386,6 +397,9 @@ pub struct DecodeWeights {
 
 /// Lazily built [`DecodeWeights`] (shared by clones of the model). Set `RLCR_DECODE_PACK=0` to
 /// never build them (saves a second copy of the weights in memory; decoding is slower).
+/// Matrices whose values are all bf16 numbers are packed as bf16 (same results, half the
+/// bytes); `RLCR_DECODE_BF16=1` rounds every matrix to bf16 (faster, changes the numbers),
+/// `RLCR_DECODE_BF16=0` keeps f32 panels (see [`cpu::PackPrecision`]).
 #[derive(Debug, Clone, Default)]
 pub struct DecodePack(OnceLock<Option<Arc<DecodeWeights>>>);
 
@@ -542,7 +556,8 @@ impl Transformer {
                 if std::env::var("RLCR_DECODE_PACK").is_ok_and(|v| v == "0") {
                     return None;
                 }
-                let pack = |p: &Param<Tensor<2>>| PackedMatrix::pack(&p.val());
+                let precision = cpu::PackPrecision::from_env();
+                let pack = |p: &Param<Tensor<2>>| PackedMatrix::pack(&p.val(), precision);
                 let head = match &self.lm_head {
                     Some(w) => pack(w),
                     None => pack(&self.embed),
@@ -598,6 +613,7 @@ impl Transformer {
             shape: (b, t),
             rope: &rope,
             mask: &mask,
+            decode_keys: None,
         };
         let mut x = self.embed_tokens(input, &device);
         for layer in &self.layers {
@@ -664,11 +680,26 @@ impl Transformer {
         } else {
             None
         };
+        // Decode steps: the same mask on the host, one flag per (row, used slot); a padding
+        // query attends only to itself, as in `build_mask`.
+        let decode_keys: Option<Vec<bool>> = (t == 1).then(|| {
+            let len = start + 1;
+            let mut ok = Vec::with_capacity(b * len);
+            for r in 0..b {
+                if input.valid[r] {
+                    ok.extend((0..len).map(|s| cache.valid[r].get(s).copied().unwrap_or(false)));
+                } else {
+                    ok.extend((0..len).map(|s| s == start));
+                }
+            }
+            ok
+        });
         let step = Step {
             dims: &self.dims,
             shape: (b, t),
             rope: &rope,
             mask: &mask,
+            decode_keys: decode_keys.as_deref(),
         };
         let mut x = self.embed_tokens(input, &device);
         for (k, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {

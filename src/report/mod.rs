@@ -76,8 +76,12 @@ pub fn analyse_file(
     opts: &Options,
     examples: usize,
 ) -> Result<(Analysis, Option<ExampleSet>)> {
-    let reader = crate::table::Reader::open_columns(path, data::COLUMNS)?;
+    // `sample_id` too, for the table checks (duplicates); the figures do not need it.
+    let mut columns = data::COLUMNS.to_vec();
+    columns.push("sample_id");
+    let reader = crate::table::Reader::open_columns(path, &columns)?;
     let display = reader.display.clone();
+    let mut validator = crate::table::Validator::new(&display, &crate::table::TRAJECTORY);
     let mut progress = crate::progress::Progress::new(
         &format!("report {display}"),
         reader.num_rows() as u64,
@@ -86,9 +90,11 @@ pub fn analyse_file(
     let mut rows = Rows::default();
     for batch in reader {
         let batch = batch?;
+        validator.check_batch(&batch)?;
         rows.push_batch(&batch).with_context(|| display.clone())?;
         progress.inc(batch.num_rows() as u64);
     }
+    validator.finish()?;
     progress.finish();
     let analysis = Analysis::new(&display, &rows, opts, examples);
     if examples == 0 {

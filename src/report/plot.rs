@@ -84,8 +84,10 @@ pub fn write_png(fig: &impl Figure, path: &Path) -> Result<()> {
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("figure.png");
-    let tmp = dir.join(format!(".tmp-{}-{name}", std::process::id()));
-    let tmp = tmp.with_extension("png");
+    // `.NAME.rlcr-tmp-PID.png`: the encoder needs the extension; stale ones of killed runs go.
+    let prefix = format!(".{name}.rlcr-tmp-");
+    crate::table::io::remove_stale(dir, &prefix, ".png");
+    let tmp = dir.join(format!("{prefix}{}.png", std::process::id()));
     let res = (|| -> Result<()> {
         let root = BitMapBackend::new(&tmp, fig.size()).into_drawing_area();
         fig.draw(&root)?;
@@ -96,6 +98,7 @@ pub fn write_png(fig: &impl Figure, path: &Path) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e.context(format!("rendering {}", path.display())));
     }
+    crate::table::io::slow_write_hook();
     std::fs::rename(&tmp, path)
         .with_context(|| format!("moving the rendered PNG to {}", path.display()))
 }

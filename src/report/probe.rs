@@ -129,7 +129,7 @@ impl ProbeRows {
             }
             let p = k_i as f64 / n_i as f64;
             if let Some(Some(s)) = stored.as_ref().map(|v| v[i]) {
-                if (s - p).abs() > 1e-6 {
+                if !s.is_finite() || (s - p).abs() > 1e-6 {
                     bail!("probe row {row}: `probe_confidence` {s} ≠ num_correct/num_samples = {k_i}/{n_i}");
                 }
             }

@@ -14,7 +14,8 @@
 //!   other line that is not such a reply is an error (print logs to stderr).
 //!
 //! The command runs through `sh -c`, so arguments and pipes work. Its stderr passes through to
-//! ours. Requests are pipelined (at most [`MAX_IN_FLIGHT`] outstanding) by a writer thread; a reader
+//! ours. It runs in a process group of its own, which is killed as a whole on a timeout or an
+//! error, so no grandchild outlives rlcr. Requests are pipelined (at most [`MAX_IN_FLIGHT`] outstanding) by a writer thread; a reader
 //! thread parses replies. The timeout is per request in the sense that matters for a child that
 //! answers in turn: if no reply arrives for `timeout` while requests are outstanding, the child is
 //! killed and the error names the oldest request waited for. If the child exits or closes its
@@ -114,9 +115,13 @@ fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
 impl ExternalVerifier {
     /// Start `sh -c CMD`.
     pub fn spawn(cmd: &str, timeout: Duration) -> Result<ExternalVerifier> {
+        use std::os::unix::process::CommandExt;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(cmd)
+            // Its own process group, so that killing it also kills what it started (a hung
+            // `sh -c 'python verify.py'` would otherwise leave python running, holding our stderr).
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -198,8 +203,7 @@ impl ExternalVerifier {
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kill_group(&mut self.child);
     }
 
     /// Verify a batch; replies come back in request order. `sample_ids[i]` names request `i` in
@@ -230,7 +234,7 @@ impl ExternalVerifier {
                 if !sent {
                     let st = self.exit_status();
                     bail!(
-                        "external verifier `{}` stopped reading requests (exit status: {st}) at request id {} (sample_id {})",
+                        "external verifier `{}` stopped reading requests ({st}) at request id {} (sample_id {})",
                         self.cmd, r.id, r.sample_id
                     );
                 }
@@ -267,7 +271,7 @@ impl ExternalVerifier {
                         .last_answered
                         .map_or("none".to_string(), |x| x.to_string());
                     bail!(
-                        "external verifier `{}` closed its output (exit status: {st}{}) while rlcr waited for request id {} (sample_id {}); last id answered: {last}",
+                        "external verifier `{}` closed its output ({st}{}) while rlcr waited for request id {} (sample_id {}); last id answered: {last}",
                         self.cmd,
                         err.map(|e| format!(", read error: {e}")).unwrap_or_default(),
                         requests[first].id,
@@ -288,10 +292,7 @@ impl ExternalVerifier {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let st = self.exit_status();
-                    bail!(
-                        "external verifier `{}` reader stopped (exit status: {st})",
-                        self.cmd
-                    );
+                    bail!("external verifier `{}` reader stopped ({st})", self.cmd);
                 }
             }
         }
@@ -342,10 +343,26 @@ impl Drop for ExternalVerifier {
     fn drop(&mut self) {
         self.to_writer.take();
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            kill_group(&mut self.child);
         }
     }
+}
+
+/// SIGKILL the child's process group (the child and everything it started), then reap the child.
+/// Through the shell's `kill` builtin (the standard library has no killpg; `sh` is needed anyway).
+fn kill_group(child: &mut Child) {
+    let _ = Command::new("sh")
+        .args([
+            "-c",
+            "kill -s KILL -- -\"$0\" 2>/dev/null",
+            &child.id().to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[cfg(test)]

@@ -345,6 +345,9 @@ fn run_wave<M: StepModel>(
             cid.extend_from_slice(&ids[r * longest + s..r * longest + e]);
             cv.extend_from_slice(&valid[r * longest + s..r * longest + e]);
         }
+        let _t = crate::trace::span_with("prefill", || {
+            vec![("rows", n_ctx.into()), ("tokens", w.into())]
+        });
         logits = model.step(&mut cache, n_ctx, w, &cid, &cv)?;
     }
     ensure!(
@@ -423,6 +426,7 @@ fn run_wave<M: StepModel>(
             next.push(next[0]);
         }
         let valid = vec![true; next.len()];
+        let _t = crate::trace::span_with("decode step", || vec![("rows", next.len().into())]);
         logits = model.step(&mut cache, next.len(), 1, &next, &valid)?;
         src = (0..rows.len()).collect();
     }

@@ -7,7 +7,8 @@
 //! Writing is atomic: rows go to a temp file in the output's folder (permissions 0644 set first,
 //! since temp files start 0600), which is `fsync`ed and renamed over the output only when the stage
 //! has succeeded. A stage that fails, panics or is killed leaves the previous output intact; a
-//! stale temp file from a killed run is removed by the next run that writes the same output.
+//! stale temp file from a killed run is removed by the next run that writes the same output
+//! ([`remove_stale`]; [`slow_write_hook`] lets the crash tests kill a stage mid-write).
 //! Provenance goes into the file's key-value metadata through the Parquet writer properties (keys
 //! on the Arrow schema would never reach DuckDB's `parquet_kv_metadata()` or polars'
 //! `read_parquet_metadata()`), in a fixed order and without timestamps, so the same inputs give
@@ -243,6 +244,7 @@ impl Iterator for Reader {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        let _t = crate::trace::span("read batch");
         loop {
             if let Some(r) = &mut self.current {
                 match r.next() {
@@ -293,8 +295,21 @@ pub fn input_files(path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn builder(f: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    check_parquet_file(f)?;
     let file = File::open(f).with_context(|| format!("{}: cannot open", f.display()))?;
-    let len = file
+    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a readable Parquet file (truncated or corrupt footer?): {e}",
+            f.display()
+        )
+    })
+}
+
+/// The cheap checks before a Parquet reader opens `f`, with the messages people can act on: the
+/// file is empty, or it does not start with the `PAR1` magic (not Parquet at all).
+pub fn check_parquet_file(f: &Path) -> Result<()> {
+    let mut head = File::open(f).with_context(|| format!("{}: cannot open", f.display()))?;
+    let len = head
         .metadata()
         .with_context(|| format!("{}: cannot stat", f.display()))?
         .len();
@@ -305,19 +320,13 @@ fn builder(f: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
         );
     }
     let mut magic = [0u8; 4];
-    let mut head = File::open(f).with_context(|| format!("{}: cannot open", f.display()))?;
     if len < 12 || head.read_exact(&mut magic).is_err() || &magic != b"PAR1" {
         bail!(
             "{}: not a Parquet file (it does not start with the PAR1 magic bytes)",
             f.display()
         );
     }
-    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not a readable Parquet file (truncated or corrupt footer?): {e}",
-            f.display()
-        )
-    })
+    Ok(())
 }
 
 /// The normalised form of a type: `LargeList`→`List`, `LargeUtf8`/`Utf8View`→`Utf8`, dictionaries
@@ -457,6 +466,11 @@ impl AtomicFile {
         })
     }
 
+    /// The temp file's path (removed on drop unless committed).
+    pub fn temp_path(&self) -> &Path {
+        &self.tmp
+    }
+
     /// The open temp file.
     pub fn file(&mut self) -> Result<&mut File> {
         self.file
@@ -473,6 +487,7 @@ impl AtomicFile {
 
     /// fsync the file and rename it over the target.
     pub fn commit_file(mut self, file: File) -> Result<()> {
+        slow_write_hook();
         file.sync_all()
             .with_context(|| format!("{}: fsync failed", self.tmp.display()))?;
         drop(file);
@@ -509,20 +524,57 @@ impl Drop for AtomicFile {
 
 /// Remove temp files left by killed runs writing the same output (their process is gone).
 fn remove_stale_temps(dir: &Path, name: &str) {
-    let prefix = format!(".{name}.rlcr-tmp-");
+    remove_stale(dir, &format!(".{name}.rlcr-tmp-"), "");
+}
+
+/// Remove the entries of `dir` named `PREFIX<pid>SUFFIX` whose process is gone (files, or folders
+/// with their contents): what a killed run left behind. Returns the names removed.
+pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
+        return removed;
     };
     for e in rd.flatten() {
         let fname = e.file_name().to_string_lossy().to_string();
-        if let Some(pid) = fname.strip_prefix(&prefix) {
-            let alive = pid
-                .parse::<u32>()
-                .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
-            if !alive {
-                let _ = std::fs::remove_file(e.path());
+        let Some(pid) = fname
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_suffix(suffix))
+        else {
+            continue;
+        };
+        let alive = pid
+            .parse::<u32>()
+            .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let p = e.path();
+            let gone = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            if gone.is_ok() {
+                removed.push(p);
             }
         }
+    }
+    removed
+}
+
+/// Test hook: with `RLCR_TEST_SLOW_WRITE=MS` in the environment, every output write pauses MS
+/// milliseconds after each Parquet batch and before each final rename, so a test can kill a
+/// stage while its output is half written (tests/integration/crash.rs). Unset: no effect (one
+/// environment lookup, cached).
+pub fn slow_write_hook() {
+    use std::sync::OnceLock;
+    static MS: OnceLock<u64> = OnceLock::new();
+    let ms = *MS.get_or_init(|| {
+        std::env::var("RLCR_TEST_SLOW_WRITE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 
@@ -590,8 +642,10 @@ impl Writer {
                 self.schema
             );
         }
+        let _t = crate::trace::span_with("write batch", || vec![("rows", batch.num_rows().into())]);
         w.write(batch).context("writing Parquet batch")?;
         self.rows += batch.num_rows();
+        slow_write_hook();
         Ok(())
     }
 
@@ -602,6 +656,7 @@ impl Writer {
 
     /// Close the Parquet file, fsync, and rename it into place.
     pub fn finish(mut self) -> Result<usize> {
+        let _t = crate::trace::span("finish table (flush, fsync, rename)");
         let w = self
             .writer
             .take()

@@ -5,9 +5,15 @@
 //! estimators normalise over (all answers of a prompt, all confidences of an answer) never split.
 //! The union of the N shard outputs holds exactly the rows of the unsharded output; stages accept
 //! a folder of part files as input, so the parts need no merge step.
+//!
+//! Stages with `--shard`: generate-answers and generate-confidence (skip the other prompts before
+//! sampling), logprobs and probe (skip the other rows), score (copies the shard's rows to a temp
+//! file beside the output, then scores it like a whole table). Each records the shard in its
+//! output's `rlcr.config` as `"shard": {"index": I, "count": N}` (null when unsharded).
 use std::str::FromStr;
 
 use anyhow::{bail, Context};
+use arrow::array::{Array, BooleanArray, RecordBatch};
 
 /// Shard `index` of `count` (0-based).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -20,6 +26,34 @@ impl Shard {
     /// Whether the prompt belongs to this shard.
     pub fn contains(&self, prompt_id: &str) -> bool {
         self.count <= 1 || fnv1a64(prompt_id.as_bytes()) % self.count as u64 == self.index as u64
+    }
+}
+
+impl Shard {
+    /// The rows of `batch` whose `prompt_id` belongs to this shard, in order. `first_row` is the
+    /// batch's first row in the table (for errors, which name `table`, the row and the column).
+    pub fn filter(
+        &self,
+        batch: &RecordBatch,
+        table: &str,
+        first_row: usize,
+    ) -> anyhow::Result<RecordBatch> {
+        let pid = super::cols::str_col(batch, table, "prompt_id")
+            .with_context(|| "--shard splits rows by `prompt_id`".to_string())?;
+        let mut keep = Vec::with_capacity(batch.num_rows());
+        for i in 0..batch.num_rows() {
+            if pid.is_null(i) {
+                bail!(
+                    "{table}, row {}, column `prompt_id`: null (--shard splits rows by prompt_id)",
+                    first_row + i
+                );
+            }
+            keep.push(self.contains(pid.value(i)));
+        }
+        Ok(arrow::compute::filter_record_batch(
+            batch,
+            &BooleanArray::from(keep),
+        )?)
     }
 }
 
@@ -66,6 +100,55 @@ mod tests {
         assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
         assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
         assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn filter_keeps_the_shard_rows_in_order() {
+        use arrow::array::{Int32Array, StringArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        use std::sync::Arc;
+        let ids: Vec<String> = (0..40).map(|k| format!("p{}", k / 4)).collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("prompt_id", DataType::Utf8, true),
+            Field::new("k", DataType::Int32, false),
+        ]));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(ids.clone())),
+                Arc::new(Int32Array::from((0..40).collect::<Vec<i32>>())),
+            ],
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        for i in 0..3 {
+            let s = Shard { index: i, count: 3 };
+            let f = s.filter(&b, "t", 0).unwrap();
+            let k = f.column(1).as_any().downcast_ref::<Int32Array>().unwrap();
+            let k: Vec<i32> = k.values().to_vec();
+            assert!(k.windows(2).all(|w| w[0] < w[1]), "order kept");
+            // whole prompts: 4 rows each
+            assert_eq!(k.len() % 4, 0);
+            for &r in &k {
+                assert!(s.contains(&ids[r as usize]));
+            }
+            seen.extend(k);
+        }
+        seen.sort();
+        assert_eq!(seen, (0..40).collect::<Vec<i32>>());
+        // a null prompt_id is an error naming the row
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(vec![Some("a"), None])),
+                Arc::new(Int32Array::from(vec![0, 1])),
+            ],
+        )
+        .unwrap();
+        let e = Shard { index: 0, count: 2 }
+            .filter(&b, "t.parquet", 10)
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("t.parquet, row 11"), "{e:#}");
     }
 
     #[test]

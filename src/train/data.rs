@@ -207,7 +207,18 @@ pub fn rows_from_batch(
                 at("context_ids")
             );
         }
-        let is_confidence = stype.is_some_and(|s| s.is_valid(i) && s.value(i) == "confidence");
+        let is_confidence = match stype {
+            Some(s) if s.is_valid(i) => match s.value(i) {
+                "answer" => false,
+                "confidence" => true,
+                other => bail!(
+                    "{}: unknown value {other:?} (expected \"answer\" or \"confidence\")",
+                    at("sample_type")
+                ),
+            },
+            Some(_) => bail!("{}: null", at("sample_type")),
+            None => false,
+        };
         out.push(TrainRow {
             context,
             response,
@@ -221,17 +232,35 @@ pub fn rows_from_batch(
     Ok(())
 }
 
-/// Check token ids against a vocabulary size, naming the first offending row.
+/// Check token ids against a vocabulary size, naming the first offending row and column.
 pub fn check_vocab(rows: &[TrainRow], vocab: usize, table: &str) -> Result<()> {
     for (i, r) in rows.iter().enumerate() {
-        if let Some(&bad) = r
-            .context
-            .iter()
-            .chain(&r.response)
-            .find(|&&t| t as usize >= vocab)
-        {
-            bail!("{table}: row {i}: token id {bad} is outside the model's vocabulary of {vocab}");
+        for (col, ids) in [("context_ids", &r.context), ("response_ids", &r.response)] {
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                bail!(
+                    "{table}: row {i}, column `{col}`: token id {bad} is outside the model's \
+                     vocabulary of {vocab}"
+                );
+            }
         }
+    }
+    Ok(())
+}
+
+/// Check that every row's context + response fits the model's `max_pos` positions.
+pub fn check_positions(rows: &[TrainRow], max_pos: usize, table: &str) -> Result<()> {
+    if let Some((i, r)) = rows
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.total_len() > max_pos)
+    {
+        bail!(
+            "{table}: row {i}, column `context_ids`: context ({}) + response ({}) is {} tokens, but \
+             the model accepts at most {max_pos} positions",
+            r.context.len(),
+            r.response.len(),
+            r.total_len()
+        );
     }
     Ok(())
 }

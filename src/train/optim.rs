@@ -108,6 +108,7 @@ impl AdamW {
     /// One AdamW step: every parameter of `module` with a gradient in `grads` is updated with
     /// gradient `clip · g`. Returns the updated module.
     pub fn step<M: Module>(&mut self, module: M, grads: GradientsParams, lr: f64, clip: f64) -> M {
+        let _t = crate::trace::span("optimizer step");
         self.step += 1;
         let t = self.step as i32;
         let mut mapper = StepMapper {
@@ -152,7 +153,11 @@ impl AdamW {
             serde_json::to_string(&self.cfg).context("serialising the AdamW config")?,
         );
         meta.insert("format".to_string(), "rlcr.adamw.v1".to_string());
-        safetensors::serialize_to_file(views, Some(meta), path)
+        let bytes = safetensors::serialize(views, Some(meta))
+            .with_context(|| format!("writing optimizer state {}", path.display()))?;
+        let bytes = canonical_safetensors(bytes)
+            .with_context(|| format!("writing optimizer state {}", path.display()))?;
+        std::fs::write(path, bytes)
             .with_context(|| format!("writing optimizer state {}", path.display()))?;
         Ok(())
     }
@@ -365,6 +370,47 @@ impl ModuleMapper for StepMapper<'_> {
     }
 }
 
+/// A safetensors image with its JSON header in a fixed key order. The `safetensors` crate keeps
+/// the `__metadata__` map in a `HashMap` and writes it in that map's (per-process random) order,
+/// so a file with several metadata keys would differ from run to run. The header is rewritten
+/// with every object's keys sorted (and padded with spaces to 8 bytes, as the crate does); the
+/// data section is unchanged, its offsets being relative to the end of the header.
+pub fn canonical_safetensors(bytes: Vec<u8>) -> Result<Vec<u8>> {
+    let n = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as usize)
+        .context("internal: safetensors image shorter than its header length")?;
+    let header = bytes
+        .get(8..8usize.saturating_add(n))
+        .context("internal: safetensors header past the end of the image")?;
+    let v: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(header).context("internal: safetensors header is not JSON")?;
+    let v: BTreeMap<String, serde_json::Value> =
+        v.into_iter().map(|(k, x)| (k, sorted_json(x))).collect();
+    let mut h = serde_json::to_vec(&v).context("internal: safetensors header")?;
+    h.resize(h.len().div_ceil(8) * 8, b' ');
+    let mut out = Vec::with_capacity(8 + h.len() + bytes.len() - 8 - n);
+    out.extend((h.len() as u64).to_le_bytes());
+    out.extend(h);
+    out.extend(&bytes[8 + n..]);
+    Ok(out)
+}
+
+/// `v` with every object's keys in sorted order (whatever serde_json's map type).
+fn sorted_json(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            let sorted: BTreeMap<String, serde_json::Value> =
+                m.into_iter().map(|(k, x)| (k, sorted_json(x))).collect();
+            serde_json::Value::Object(sorted.into_iter().collect())
+        }
+        serde_json::Value::Array(a) => {
+            serde_json::Value::Array(a.into_iter().map(sorted_json).collect())
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,6 +584,43 @@ mod tests {
         let a = flat(&opt.step(m, g1, 0.05, 1.0));
         let b = flat(&opt2.step(m2, g2, 0.05, 1.0));
         assert_eq!(a, b);
+    }
+
+    /// The saved state is the same file every time: the header's metadata keys are sorted
+    /// (the safetensors crate would write its HashMap in a random order per map).
+    #[test]
+    fn saved_state_is_byte_identical() {
+        let d = Device::flex().autodiff();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut m = model(&d);
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let g = GradientsParams::from_grads(loss(&m, &d).backward(), &m);
+        m = opt.step(m, g, 0.05, 1.0);
+        drop(m);
+        let mut files = Vec::new();
+        for k in 0..8 {
+            let p = dir.path().join(format!("{k}.safetensors"));
+            opt.save(&p).expect("save");
+            files.push(std::fs::read(&p).expect("read"));
+        }
+        assert!(files.iter().all(|f| *f == files[0]));
+        let n = u64::from_le_bytes(files[0][..8].try_into().expect("8 bytes")) as usize;
+        assert_eq!(n % 8, 0);
+        let header = std::str::from_utf8(&files[0][8..8 + n]).expect("utf8");
+        let (c, f, s) = (
+            header.find("\"config\"").expect("config"),
+            header.find("\"format\"").expect("format"),
+            header.find("\"step\"").expect("step"),
+        );
+        assert!(c < f && f < s, "{header}");
+        // and it still loads
+        let back = AdamW::load(
+            &dir.path().join("0.safetensors"),
+            AdamWConfig::default(),
+            &Device::flex(),
+        )
+        .expect("load");
+        assert_eq!(back.step, 1);
     }
 
     fn copy_values(mut m: Two, v: &[f32], d: &Device) -> Two {

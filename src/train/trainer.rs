@@ -262,6 +262,9 @@ pub fn batch_gradients(
             .iter()
             .map(|&i| (rows[i].context.as_slice(), rows[i].response.as_slice()))
             .collect();
+        let fwd = crate::trace::span_with("forward (micro-batch)", || {
+            vec![("rows", chunk.len().into())]
+        });
         let out = response_logprobs(model, &pairs, cfg.temperature, cfg.entropy_mode())?;
         let (b, r) = (chunk.len(), out.max_resp);
         let t2 = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, r]), &device);
@@ -320,7 +323,10 @@ pub fn batch_gradients(
             }
         };
         sums.loss += scalar(loss_t.clone().detach())?;
+        drop(fwd);
+        let bwd = crate::trace::span("backward (micro-batch)");
         let grads = GradientsParams::from_grads(loss_t.backward(), model);
+        drop(bwd);
         acc.accumulate(model, grads);
     }
     Ok((acc.grads(), sums))

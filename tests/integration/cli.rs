@@ -358,3 +358,73 @@ fn prepare_countdown_jsonl_and_verl_parquet() {
     assert!(e.contains("bad.jsonl, line 2, column `target`"), "{e}");
     assert!(!wd.path("b.parquet").exists());
 }
+
+/// `--trace FILE` writes a Chrome trace with the stage's phases, also when the stage fails.
+#[test]
+fn trace_flag_writes_a_chrome_trace() {
+    let wd = Workdir::new();
+    let m = crate::fixtures().join("tiny-qwen2").display().to_string();
+    wd.run(&[
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "2",
+        "-o",
+        "p.parquet",
+    ]);
+    wd.run(&[
+        "--trace",
+        "gen.json",
+        "generate-answers",
+        "--model",
+        &m,
+        "--input",
+        "p.parquet",
+        "-o",
+        "a.parquet",
+        "--num-answers",
+        "2",
+        "--max-new-tokens",
+        "4",
+    ]);
+    let names = |f: &str| -> Vec<(String, f64)> {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(wd.path(f)).unwrap()).unwrap();
+        v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["dur"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let ev = names("gen.json");
+    let count = |n: &str| ev.iter().filter(|(k, _)| k == n).count();
+    assert_eq!(count("rlcr"), 1);
+    assert!(count("prefill") >= 1, "{ev:?}");
+    // 4 new tokens: the first comes from the prefill's logits, then at most 3 decode steps
+    assert!((1..=3).contains(&count("decode step")), "{ev:?}");
+    assert_eq!(count("finish table (flush, fsync, rename)"), 1);
+    let total = ev.iter().find(|(k, _)| k == "rlcr").unwrap().1;
+    assert!(ev.iter().all(|(_, d)| *d <= total + 1.0));
+    // A failing run still leaves its trace.
+    wd.fail(
+        &[
+            "--trace",
+            "bad.json",
+            "score",
+            "--input",
+            "missing.parquet",
+            "-o",
+            "s.parquet",
+        ],
+        1,
+    );
+    assert_eq!(names("bad.json").len(), 1);
+}

@@ -6,8 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod advantage;
+mod bad_input;
 mod cli;
+mod crash;
+mod determinism;
 mod ecosystem;
+mod fuzz_regressions;
 mod gguf;
 mod learning;
 mod model;
@@ -15,6 +19,7 @@ mod probe;
 mod report;
 mod sample;
 mod score;
+mod shards;
 mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.

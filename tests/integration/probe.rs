@@ -131,11 +131,14 @@ fn scored_input(wd: &Workdir) -> Vec<usize> {
         texts.push(tok.decode(&r, false).unwrap());
         ids.push(r.iter().map(|&t| t as i32).collect());
     }
+    // Log-probs as long as the new responses (the trajectory contract; values unused here).
+    let lps = cols::build_list_f32(ids.iter().map(|r| vec![-1.0f32; r.len()]));
     let new = cols::set_columns(
         &b,
         &TRAJECTORY,
         vec![
             ("response_ids", cols::build_list_i32(ids)),
+            ("response_logprobs", lps),
             (
                 "response_text",
                 std::sync::Arc::new(StringArray::from(texts)) as arrow::array::ArrayRef,
@@ -325,4 +328,80 @@ fn probe_rejects_unscored_input() {
         "{err}"
     );
     assert!(!wd.listing().iter().any(|f| f.starts_with("probe")));
+}
+
+/// A JSON-lines verifier in plain sh: every request is correct (`yes`) or wrong (`no`); with
+/// `$PROBE_LOG` set, requests are appended to that file.
+const SH_VERIFIER: &str = r#"
+while IFS= read -r line; do
+  [ -n "$PROBE_LOG" ] && printf '%s\n' "$line" >> "$PROBE_LOG"
+  id=${line#*\"id\":}; id=${id%%,*}
+  printf '{"id":%s,"correct":%s}\n' "$id" "$1"
+done
+"#;
+
+#[test]
+fn probe_verifies_with_the_verifier_score_used() {
+    let wd = Workdir::new();
+    scored_input(&wd);
+    wd.write("v.sh", SH_VERIFIER);
+    let m = fixtures().join("tiny-qwen2").display().to_string();
+    // A real score run with an external verifier that calls everything correct.
+    wd.run(&[
+        "score",
+        "--input",
+        "traj.parquet",
+        "-o",
+        "ext.parquet",
+        "--verifier-cmd",
+        "sh v.sh true",
+    ]);
+    let with_input = |out: &str, extra: &[&str]| {
+        let mut args = probe_args(&m, out, "4");
+        args[4] = "ext.parquet";
+        args.extend_from_slice(extra);
+        let o = wd
+            .cmd(&args)
+            .env("PROBE_LOG", wd.path(&format!("{out}.log")))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", crate::describe(&args, &o));
+        read(&wd.path(out))
+    };
+    // No verifier flag: score's command, from the table's metadata. 3 answers x 3 cuts x 6
+    // samples, each asked once, each `<answer>` + the continuation.
+    let p = with_input("inherit.parquet", &[]);
+    assert_eq!(p.num_rows(), 9);
+    assert!(i32s(&p, "num_correct").iter().all(|&c| c == 6));
+    assert!(f32s(&p, "probe_confidence").iter().all(|&c| c == Some(1.0)));
+    let log = std::fs::read_to_string(wd.path("inherit.parquet.log")).unwrap();
+    let reqs: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reqs.len(), 54);
+    let mut ids: Vec<u64> = reqs.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..54).collect::<Vec<u64>>());
+    for r in &reqs {
+        assert!(
+            r["response"].as_str().unwrap().starts_with("<answer>"),
+            "{r}"
+        );
+        assert_eq!(r["data_source"], "countdown");
+        assert!(r["ground_truth"]["target"].is_number(), "{r}");
+    }
+    let meta = Reader::open(&wd.path("inherit.parquet")).unwrap();
+    let cfg: serde_json::Value = serde_json::from_str(&meta.metadata()["rlcr.config"]).unwrap();
+    assert_eq!(cfg["verifier"]["from"], "score metadata");
+    assert_eq!(cfg["verifier"]["verifier_cmd"], "sh v.sh true");
+
+    // An explicit command replaces the recorded one.
+    let p = with_input("no.parquet", &["--verifier-cmd", "sh v.sh false"]);
+    assert!(i32s(&p, "num_correct").iter().all(|&c| c == 0));
+    // An explicit built-in verifier drops the recorded command: no request is made, and the
+    // tiny model's continuations do not solve the tasks.
+    let p = with_input("builtin.parquet", &["--verifier", "countdown"]);
+    assert!(!wd.path("builtin.parquet.log").exists());
+    assert!(i32s(&p, "num_correct").iter().all(|&c| c < 6));
 }

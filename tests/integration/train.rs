@@ -360,3 +360,161 @@ fn sft_only_correct_keeps_correct_answers() {
     let tokens: usize = [0usize, 2, 3].iter().map(|&i| rows[i].response.len()).sum();
     assert_eq!(m[0]["tokens"], tokens);
 }
+
+/// Run `scripts/hf_logprobs.py` with `RLCR_PYTHON` (default `python3`). `None` when torch or
+/// transformers is not importable and `RLCR_REQUIRE_TORCH` is not `1` (`.ci/run` sets it after
+/// installing them), so the test says "skipped" only where the tools are absent.
+fn hf(args: &[&Path]) -> Option<serde_json::Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/hf_logprobs.py");
+    let python = std::env::var("RLCR_PYTHON").unwrap_or_else(|_| "python3".into());
+    let required = std::env::var("RLCR_REQUIRE_TORCH").is_ok_and(|v| v == "1");
+    let out = match std::process::Command::new(&python)
+        .arg(&script)
+        .args(args)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) if !required => {
+            eprintln!("skipped: {python} not runnable: {e}");
+            return None;
+        }
+        Err(e) => panic!("{python} not runnable: {e}"),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(3) && !required {
+        eprintln!("skipped: {stderr}");
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "hf_logprobs.py {args:?} failed:\n{stderr}"
+    );
+    if out.stdout.is_empty() {
+        return Some(serde_json::Value::Null);
+    }
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// Per-row log-probs in column `col` of an rlcr table.
+fn logprob_column(path: &Path, col: &str) -> Vec<Vec<f32>> {
+    use arrow::array::{Array, Float32Array, ListArray};
+    let f = std::fs::File::open(path).unwrap();
+    let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for b in r {
+        let b = b.unwrap();
+        let l = b
+            .column_by_name(col)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<ListArray>()
+            .unwrap();
+        for i in 0..l.len() {
+            let v = l.value(i);
+            let v = v.as_any().downcast_ref::<Float32Array>().unwrap();
+            out.push(v.values().to_vec());
+        }
+    }
+    out
+}
+
+/// Issue #7's "the written folder loads in Hugging Face transformers": folders written by `update`
+/// (from the f32 Qwen2 and Llama fixtures, and from a bf16 copy made by transformers itself) and by
+/// `sft` load with `AutoModelForCausalLM.from_pretrained` with no missing, unexpected or
+/// mismatched tensors, keep their dtype, and transformers' log-probs of the trained model equal
+/// `rlcr logprobs` on the same folder within 1e-4 (the parity tolerance of the model tests; the
+/// observed gap is ~1e-6 in f32). The weights really moved: log-probs differ from the input
+/// model's by more than 1e-3.
+#[test]
+fn hf_transformers_loads_what_update_and_sft_write() {
+    let w = Workdir::new();
+    write_rows(&w.path("train.parquet"), &train_rows());
+    let Some(_) = hf(&[
+        Path::new("--to-bf16"),
+        &fixtures().join("tiny-llama"),
+        &w.path("llama-bf16"),
+    ]) else {
+        return;
+    };
+    write_messages(
+        &w.path("sft.parquet"),
+        &[vec![
+            ("user", "What is 2+3?"),
+            (
+                "assistant",
+                "<answer>5</answer><confidence>0.9</confidence>",
+            ),
+        ]],
+    );
+    let qwen = fixtures().join("tiny-qwen2");
+    let llama = fixtures().join("tiny-llama");
+    let bf16 = w.path("llama-bf16");
+    let cases: [(&str, &Path, &str, &str); 4] = [
+        ("update", &qwen, "qwen-new", "float32"),
+        ("update", &llama, "llama-new", "float32"),
+        ("update", &bf16, "bf16-new", "bfloat16"),
+        ("sft", &qwen, "qwen-sft", "float32"),
+    ];
+    let mut models: Vec<PathBuf> = Vec::new();
+    for (stage, model, out, _) in cases {
+        let input = if stage == "sft" {
+            "sft.parquet"
+        } else {
+            "train.parquet"
+        };
+        w.run(&[
+            stage,
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            input,
+            "-o",
+            out,
+            "--lr",
+            "1e-2",
+        ]);
+        w.run(&[
+            "logprobs",
+            "--model",
+            out,
+            "--input",
+            "train.parquet",
+            "-o",
+            &format!("{out}.lp.parquet"),
+        ]);
+        models.push(w.path(out));
+        models.push(model.to_path_buf());
+    }
+    // One Python process for all eight folders (importing torch dominates its time).
+    let table = w.path("train.parquet");
+    let mut args: Vec<&Path> = vec![&table];
+    args.extend(models.iter().map(|p| p.as_path()));
+    let hf_out = hf(&args).unwrap();
+    let lists = |v: &serde_json::Value| -> Vec<Vec<f64>> {
+        serde_json::from_value(v["logprobs"].clone()).unwrap()
+    };
+    for (i, (stage, _, out, dtype)) in cases.iter().enumerate() {
+        let ours = logprob_column(&w.path(&format!("{out}.lp.parquet")), "logprobs");
+        let (after, before) = (&hf_out[2 * i], &hf_out[2 * i + 1]);
+        assert_eq!(
+            after["dtype"], *dtype,
+            "{out}: dtype of the written tensors"
+        );
+        let (theirs, before) = (lists(after), lists(before));
+        assert_eq!(ours.len(), theirs.len());
+        let (mut gap, mut moved) = (0f64, 0f64);
+        for ((o, t), b) in ours.iter().zip(&theirs).zip(&before) {
+            assert_eq!(o.len(), t.len());
+            for ((&o, &t), &b) in o.iter().zip(t).zip(b) {
+                gap = gap.max((o as f64 - t).abs());
+                moved = moved.max((t - b).abs());
+            }
+        }
+        eprintln!("{stage} {out}: |rlcr - transformers| <= {gap:.2e}, moved {moved:.2e}");
+        assert!(gap <= 1e-4, "{out}: rlcr and transformers differ by {gap}");
+        assert!(moved > 1e-3, "{out}: the weights did not move ({moved})");
+    }
+}

@@ -1,0 +1,102 @@
+//! The matrix products of one forward + backward of the 38.9M Qwen2 config (8 × 256 tokens) on
+//! burn's Flex backend, i.e. the gemm crate (burn-flex calls `gemm::gemm` with rayon
+//! parallelism), each timed alone: where training time goes, and how fast the gemm is on this
+//! machine. `scripts/bench_transformers.py gemm` times the same products with torch.
+//!
+//! ```text
+//! cargo run --example bench_gemm -- [REPS]
+//! ```
+//! Every shape is run forward (`X·W`), as the input gradient (`dY·Wᵀ`, a transposed view) and as
+//! the weight gradient (`Xᵀ·dY`), the way burn's autodiff computes them. Prints one
+//! `RESULT gemm_<name> <GFLOP/s wall> <GFLOP per CPU-second>` line per product and the totals.
+use std::time::Instant;
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// On-CPU seconds of every thread of this process (rayon workers included).
+fn cpu_secs() -> f64 {
+    let mut ns = 0u64;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for e in dir.flatten() {
+            if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    ns as f64 * 1e-9
+}
+
+/// One timed matrix product.
+type Product<'a> = Box<dyn Fn() -> Tensor<2> + 'a>;
+
+fn rand(shape: [usize; 2], dev: &Device) -> Tensor<2> {
+    let n = shape[0] * shape[1];
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919 % 1000) as f32) * 1e-3 - 0.5)
+        .collect();
+    Tensor::from_data(TensorData::new(v, shape), dev)
+}
+
+fn main() {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let dev = Device::flex();
+    let n = 8 * 256;
+    // (name, in, out, uses per forward): the 38.9M Qwen2 config.
+    let shapes = [
+        ("qkv", 512usize, 768usize, 8usize),
+        ("o", 512, 512, 8),
+        ("gate_up", 512, 2816, 8),
+        ("down", 1408, 512, 8),
+        ("lm_head", 512, 32000, 1),
+    ];
+    let (mut total_flop, mut total_wall, mut total_cpu) = (0f64, 0f64, 0f64);
+    for (name, i, o, uses) in shapes {
+        let x = rand([n, i], &dev);
+        let w = rand([i, o], &dev);
+        let dy = rand([n, o], &dev);
+        let flop = 2.0 * (n * i * o) as f64;
+        let products: [(&str, Product<'_>); 3] = [
+            ("fwd", Box::new(|| x.clone().matmul(w.clone()))),
+            ("dx", Box::new(|| dy.clone().matmul(w.clone().transpose()))),
+            ("dw", Box::new(|| x.clone().transpose().matmul(dy.clone()))),
+        ];
+        for (kind, f) in products {
+            let _ = f().into_data(); // warm-up
+            let (w0, c0) = (Instant::now(), cpu_secs());
+            for _ in 0..reps {
+                let _ = f().into_data();
+            }
+            let wall = w0.elapsed().as_secs_f64() / reps as f64;
+            let cpu = (cpu_secs() - c0) / reps as f64;
+            println!(
+                "RESULT gemm_{name}_{kind} {:.2} {:.2}   # [{}x{}x{}] {:.1} ms wall {:.1} ms cpu",
+                flop / wall * 1e-9,
+                flop / cpu * 1e-9,
+                n,
+                i,
+                o,
+                wall * 1e3,
+                cpu * 1e3
+            );
+            total_flop += flop * uses as f64;
+            total_wall += wall * uses as f64;
+            total_cpu += cpu * uses as f64;
+        }
+    }
+    println!(
+        "RESULT gemm_all_fwd_bwd {:.2} {:.2}   # every product of one forward+backward: {:.0} GFLOP, \
+         {:.2} s wall, {:.2} s cpu",
+        total_flop / total_wall * 1e-9,
+        total_flop / total_cpu * 1e-9,
+        total_flop * 1e-9,
+        total_wall,
+        total_cpu
+    );
+}

@@ -1,0 +1,6 @@
+//! Fuzz target `parsers`: see [`harness::parsers`] (shared with the regression tests).
+#![no_main]
+#[path = "../harness.rs"]
+mod harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::parsers(data));

@@ -1,0 +1,2003 @@
+//! Bad inputs for every stage that reads a table or a model, table-driven.
+//!
+//! One set of good ("golden") inputs is made once per test process by running the real pipeline
+//! on the tiny Qwen2 fixture (prompts → answers → trajectory → scored → train, and a probe table);
+//! each case copies one of them with a single defect (not Parquet, truncated, corrupt pages, empty
+//! file, zero rows, a wrong column type, a missing column, a null, a list-length mismatch, a span
+//! out of range, an unknown `sample_type`, a duplicate `sample_id`, a confidence row without its
+//! answer, a non-finite number, a token id outside the vocabulary, a context longer than the
+//! model's, a broken model folder, a failing external verifier) into a folder of its own and runs
+//! the stage on it. Every case must give:
+//! - exit code 1 and, on stderr (with `-q`), exactly one line `rlcr: error: …` naming the file and,
+//!   where the defect sits in a row, the row and the column;
+//! - no panic (`panicked at`, a backtrace);
+//! - nothing in the output folder (no output, no temp file) and no temp file anywhere;
+//! - every input (table files, model folders) byte-identical afterwards.
+//!
+//! Each stage also runs once on the golden input and must succeed (the control: a failure below
+//! is caused by the defect, not by the setup). Failures are collected per stage and reported
+//! together. Zero rows: `inspect` and `report` describe an empty table (exit 0); every other
+//! stage refuses it with exit 1 (README, exit codes).
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, ListArray,
+    RecordBatch, StringArray,
+};
+use arrow::datatypes::{DataType, Field, Schema};
+use rlcr::model::Tokenizer;
+use rlcr::table::{cols, Meta, Reader};
+
+use crate::fixtures;
+
+// ---------------------------------------------------------------------------------------------
+// Running the binary
+
+/// The outcome of one run.
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub secs: f64,
+}
+
+/// Run `rlcr ARGS` in `dir` with stdout/stderr going to files (so a stray grandchild holding
+/// them cannot block the test), killed after `limit`.
+pub fn run_in(dir: &Path, args: &[String], limit: Duration) -> Run {
+    let logs = dir.with_extension("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let (so, se) = (logs.join("stdout"), logs.join("stderr"));
+    let t0 = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rlcr"))
+        .current_dir(dir)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&so).unwrap())
+        .stderr(std::fs::File::create(&se).unwrap())
+        .spawn()
+        .expect("spawning rlcr");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Run {
+        code: status.and_then(|s| s.code()),
+        stdout: std::fs::read_to_string(&so).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&se).unwrap_or_default(),
+        secs: t0.elapsed().as_secs_f64(),
+    }
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// Hash of every file under `paths` (recursively), by path.
+pub fn snapshot(paths: &[PathBuf]) -> BTreeMap<PathBuf, u64> {
+    use std::hash::{Hash, Hasher};
+    fn walk(p: &Path, out: &mut BTreeMap<PathBuf, u64>) {
+        if p.is_dir() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            entries.sort();
+            for e in entries {
+                walk(&e, out);
+            }
+        } else if let Ok(bytes) = std::fs::read(p) {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            out.insert(p.to_path_buf(), h.finish());
+        }
+    }
+    let mut out = BTreeMap::new();
+    for p in paths {
+        walk(p, &mut out);
+    }
+    out
+}
+
+/// Every path under `dir` (relative), recursively.
+pub fn tree(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, p: &Path, out: &mut Vec<String>) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                let path = e.path();
+                out.push(
+                    path.strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .to_string(),
+                );
+                if path.is_dir() {
+                    walk(root, &path, out);
+                }
+            }
+        }
+    }
+    let mut v = Vec::new();
+    walk(dir, dir, &mut v);
+    v.sort();
+    v
+}
+
+/// Names that look like temp files of an atomic write.
+pub fn temp_names(dir: &Path) -> Vec<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|n| {
+            let base = n.rsplit('/').next().unwrap_or(n);
+            base.contains("rlcr-tmp")
+                || base.contains("rlcr-staging")
+                || base.contains(".tmp-")
+                || base.starts_with(".tmp")
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Golden inputs, made once
+
+pub struct Golden {
+    pub dir: PathBuf,
+    pub model: PathBuf,
+    pub prompts: PathBuf,
+    pub sft: PathBuf,
+    pub answers: PathBuf,
+    pub trajectory: PathBuf,
+    pub scored: PathBuf,
+    pub train: PathBuf,
+    pub probe: PathBuf,
+    pub countdown: PathBuf,
+    pub verl: PathBuf,
+}
+
+static GOLDEN: OnceLock<Golden> = OnceLock::new();
+
+fn pid_alive(pid: &str) -> bool {
+    Path::new("/proc").join(pid).exists()
+}
+
+/// The golden inputs (made on first use; a folder under the target's tmp dir, per process).
+pub fn golden() -> &'static Golden {
+    GOLDEN.get_or_init(make_golden)
+}
+
+fn make_golden() -> Golden {
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // Folders of earlier test processes that are gone.
+    if let Ok(rd) = std::fs::read_dir(base) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if let Some(pid) = n.strip_prefix("bad-input-") {
+                if !pid_alive(pid) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+    let dir = base.join(format!("bad-input-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = fixtures().join("tiny-qwen2");
+    let m = model.display().to_string();
+    let ok = |args: &[&str]| {
+        let r = run_in(&dir, &s(args), Duration::from_secs(300));
+        assert!(
+            r.code == Some(0),
+            "golden input: rlcr {args:?} failed:\n{}",
+            r.stderr
+        );
+    };
+    let synth = [
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "2",
+        "--min-numbers",
+        "2",
+        "--max-numbers",
+        "2",
+        "--max-number",
+        "9",
+        "--prompt-style",
+        "short",
+    ];
+    ok(&[&synth[..], &["-o", "prompts.parquet"]].concat());
+    ok(&[&synth[..], &["--sft", "-o", "sft.parquet"]].concat());
+    ok(&[
+        "generate-answers",
+        "--model",
+        &m,
+        "--input",
+        "prompts.parquet",
+        "-o",
+        "raw-answers.parquet",
+        "--num-answers",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--response-prefix",
+        "<think>",
+    ]);
+    // Every answer gets a closed thinking and an answer, so `probe` has something to cut.
+    let tok = Tokenizer::load(&model, None).unwrap();
+    let id = |t: &str| tok.token_id(t).unwrap();
+    let mut ids: Vec<u32> = tok.encode("12", false).unwrap();
+    ids.extend([id("</think>"), id("<answer>")]);
+    ids.extend(tok.encode("3+4", false).unwrap());
+    ids.extend([id("</answer>"), id("<|im_end|>")]);
+    let ids: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+    let raw = read_table(&dir.join("raw-answers.parquet"));
+    let n = raw.num_rows();
+    let b = cols::set_columns(
+        &raw,
+        &rlcr::table::TRAJECTORY,
+        vec![
+            ("response_ids", cols::build_list_i32(vec![ids.clone(); n])),
+            (
+                "response_text",
+                Arc::new(StringArray::from(vec!["12</think><answer>3+4</answer>"; n])),
+            ),
+            (
+                "response_logprobs",
+                cols::build_list_f32(vec![vec![-1.0f32; ids.len()]; n]),
+            ),
+            ("answer_span", cols::build_spans(&vec![None; n])),
+            (
+                "finish_reason",
+                Arc::new(StringArray::from(vec!["stop"; n])),
+            ),
+        ],
+    )
+    .unwrap();
+    write_batch(&b, &dir.join("answers.parquet"), "rlcr.trajectory");
+    ok(&[
+        "generate-confidence",
+        "--model",
+        &m,
+        "--input",
+        "answers.parquet",
+        "-o",
+        "trajectory.parquet",
+        "--num-confidences",
+        "1",
+        "--max-new-tokens",
+        "2",
+    ]);
+    ok(&[
+        "score",
+        "--input",
+        "trajectory.parquet",
+        "-o",
+        "scored.parquet",
+    ]);
+    ok(&[
+        "advantage",
+        "--input",
+        "scored.parquet",
+        "-o",
+        "train.parquet",
+    ]);
+    ok(&[
+        "probe",
+        "--model",
+        &m,
+        "--input",
+        "scored.parquet",
+        "-o",
+        "probe.parquet",
+        "--samples",
+        "1",
+        "--cuts",
+        "1",
+        "--max-new-tokens",
+        "2",
+    ]);
+    // TinyZero's countdown Parquet (target, nums) and a verl dataset Parquet.
+    let cd = RecordBatch::try_from_iter(vec![
+        (
+            "target",
+            Arc::new(Int64Array::from(vec![7, 12, 5])) as ArrayRef,
+        ),
+        (
+            "nums",
+            Arc::new(ListArray::from_iter_primitive::<
+                arrow::datatypes::Int64Type,
+                _,
+                _,
+            >(vec![
+                Some(vec![Some(3), Some(4)]),
+                Some(vec![Some(3), Some(4)]),
+                Some(vec![Some(2), Some(3)]),
+            ])),
+        ),
+    ])
+    .unwrap();
+    write_batch(&cd, &dir.join("countdown.parquet"), "test");
+    let verl = RecordBatch::try_from_iter(vec![
+        (
+            "data_source",
+            Arc::new(StringArray::from(vec!["gsm8k", "gsm8k"])) as ArrayRef,
+        ),
+        (
+            "prompt",
+            Arc::new(StringArray::from(vec!["What is 2+2?", "What is 3*3?"])),
+        ),
+        (
+            "reward_model",
+            Arc::new(arrow::array::StructArray::from(vec![(
+                Arc::new(Field::new("ground_truth", DataType::Utf8, true)),
+                Arc::new(StringArray::from(vec!["4", "9"])) as ArrayRef,
+            )])),
+        ),
+    ])
+    .unwrap();
+    write_batch(&verl, &dir.join("verl.parquet"), "test");
+    Golden {
+        model,
+        prompts: dir.join("prompts.parquet"),
+        sft: dir.join("sft.parquet"),
+        answers: dir.join("answers.parquet"),
+        trajectory: dir.join("trajectory.parquet"),
+        scored: dir.join("scored.parquet"),
+        train: dir.join("train.parquet"),
+        probe: dir.join("probe.parquet"),
+        countdown: dir.join("countdown.parquet"),
+        verl: dir.join("verl.parquet"),
+        dir,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Table surgery (every column made nullable, as other tools write them)
+
+pub fn read_table(p: &Path) -> RecordBatch {
+    let r = Reader::open(p).unwrap();
+    let schema = r.schema();
+    let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
+    arrow::compute::concat_batches(&schema, &batches).unwrap()
+}
+
+pub fn write_batch(b: &RecordBatch, p: &Path, schema_name: &str) {
+    let meta = Meta {
+        schema_name: schema_name.to_string(),
+        schema_version: 1,
+        stage: "test".into(),
+        config: serde_json::json!({}),
+        inputs: vec![],
+        extra: Default::default(),
+    };
+    rlcr::table::write_table(p, b.schema(), std::slice::from_ref(b), &meta).unwrap();
+}
+
+fn rebuild(cols: Vec<(String, ArrayRef)>) -> RecordBatch {
+    let fields: Vec<Field> = cols
+        .iter()
+        .map(|(n, a)| Field::new(n, a.data_type().clone(), true))
+        .collect();
+    let arrays: Vec<ArrayRef> = cols.into_iter().map(|(_, a)| a).collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+fn columns(b: &RecordBatch) -> Vec<(String, ArrayRef)> {
+    b.schema()
+        .fields()
+        .iter()
+        .zip(b.columns())
+        .map(|(f, c)| (f.name().clone(), c.clone()))
+        .collect()
+}
+
+/// `b` with column `name` replaced by `a` (any type).
+pub fn replace(b: &RecordBatch, name: &str, a: ArrayRef) -> RecordBatch {
+    assert!(b.column_by_name(name).is_some(), "no column {name}");
+    rebuild(
+        columns(b)
+            .into_iter()
+            .map(|(n, c)| if n == name { (n, a.clone()) } else { (n, c) })
+            .collect(),
+    )
+}
+
+pub fn drop_col(b: &RecordBatch, name: &str) -> RecordBatch {
+    assert!(b.column_by_name(name).is_some(), "no column {name}");
+    rebuild(columns(b).into_iter().filter(|(n, _)| n != name).collect())
+}
+
+pub fn null_at(b: &RecordBatch, name: &str, row: usize) -> RecordBatch {
+    let c = b.column_by_name(name).unwrap();
+    let mask = BooleanArray::from((0..b.num_rows()).map(|i| i == row).collect::<Vec<_>>());
+    replace(b, name, arrow::compute::nullif(c.as_ref(), &mask).unwrap())
+}
+
+pub fn set_str(b: &RecordBatch, name: &str, row: usize, v: &str) -> RecordBatch {
+    let c = cols::str_col(b, "t", name).unwrap();
+    let vals: Vec<Option<String>> = (0..c.len())
+        .map(|i| {
+            if i == row {
+                Some(v.to_string())
+            } else {
+                c.is_valid(i).then(|| c.value(i).to_string())
+            }
+        })
+        .collect();
+    replace(b, name, Arc::new(StringArray::from(vals)))
+}
+
+pub fn set_f32(b: &RecordBatch, name: &str, row: usize, v: f32) -> RecordBatch {
+    let c = cols::f32_col(b, "t", name).unwrap();
+    let vals: Vec<Option<f32>> = (0..c.len())
+        .map(|i| {
+            if i == row {
+                Some(v)
+            } else {
+                c.is_valid(i).then(|| c.value(i))
+            }
+        })
+        .collect();
+    replace(b, name, Arc::new(Float32Array::from(vals)))
+}
+
+pub fn lists_i32(b: &RecordBatch, name: &str) -> Vec<Vec<i32>> {
+    let v = cols::list_i32(b, "t", name).unwrap();
+    (0..b.num_rows())
+        .map(|i| v.values.values()[v.range(i)].to_vec())
+        .collect()
+}
+
+pub fn lists_f32(b: &RecordBatch, name: &str) -> Vec<Vec<f32>> {
+    let v = cols::list_f32(b, "t", name).unwrap();
+    (0..b.num_rows())
+        .map(|i| v.values.values()[v.range(i)].to_vec())
+        .collect()
+}
+
+/// Edit row `row` of a `list<int32>` column.
+pub fn edit_ids(b: &RecordBatch, name: &str, row: usize, f: impl Fn(&mut Vec<i32>)) -> RecordBatch {
+    let mut l = lists_i32(b, name);
+    f(&mut l[row]);
+    replace(b, name, cols::build_list_i32(l))
+}
+
+/// Edit row `row` of a `list<float32>` column.
+pub fn edit_f32s(
+    b: &RecordBatch,
+    name: &str,
+    row: usize,
+    f: impl Fn(&mut Vec<f32>),
+) -> RecordBatch {
+    let mut l = lists_f32(b, name);
+    f(&mut l[row]);
+    replace(b, name, cols::build_list_f32(l))
+}
+
+pub fn set_span(b: &RecordBatch, name: &str, row: usize, span: (i32, i32)) -> RecordBatch {
+    let mut sp = cols::spans(b, "t", name).unwrap();
+    sp[row] = Some(span);
+    replace(b, name, cols::build_spans(&sp))
+}
+
+pub fn keep_rows(b: &RecordBatch, keep: &[usize]) -> RecordBatch {
+    let idx = arrow::array::UInt32Array::from(keep.iter().map(|&i| i as u32).collect::<Vec<_>>());
+    arrow::compute::take_record_batch(b, &idx).unwrap()
+}
+
+fn row_of(b: &RecordBatch, sample_type: &str, nth: usize) -> usize {
+    let st = cols::str_col(b, "t", "sample_type").unwrap();
+    (0..b.num_rows())
+        .filter(|&i| st.value(i) == sample_type)
+        .nth(nth)
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model surgery
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Rewrite a safetensors file through `edit` on its header (tensors by name: dtype, shape, bytes).
+pub fn edit_safetensors(
+    path: &Path,
+    edit: impl FnOnce(&mut BTreeMap<String, (String, Vec<usize>, Vec<u8>)>),
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut tensors = BTreeMap::new();
+    let mut meta = None;
+    for (k, v) in header.as_object().unwrap() {
+        if k == "__metadata__" {
+            meta = Some(v.clone());
+            continue;
+        }
+        let off = v["data_offsets"].as_array().unwrap();
+        let (a, z) = (
+            off[0].as_u64().unwrap() as usize,
+            off[1].as_u64().unwrap() as usize,
+        );
+        let shape = v["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as usize)
+            .collect();
+        tensors.insert(
+            k.clone(),
+            (
+                v["dtype"].as_str().unwrap().to_string(),
+                shape,
+                data[a..z].to_vec(),
+            ),
+        );
+    }
+    edit(&mut tensors);
+    let mut h = serde_json::Map::new();
+    if let Some(m) = meta {
+        h.insert("__metadata__".into(), m);
+    }
+    let mut body = Vec::new();
+    for (k, (dt, shape, b)) in &tensors {
+        h.insert(
+            k.clone(),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [body.len(), body.len() + b.len()]}),
+        );
+        body.extend_from_slice(b);
+    }
+    let mut hb = serde_json::to_vec(&serde_json::Value::Object(h)).unwrap();
+    while !hb.len().is_multiple_of(8) {
+        hb.push(b' ');
+    }
+    let mut out = (hb.len() as u64).to_le_bytes().to_vec();
+    out.extend(hb);
+    out.extend(body);
+    std::fs::write(path, out).unwrap();
+}
+
+/// Ways to break a model folder (applied to a copy of the tiny Qwen2 fixture).
+#[derive(Clone, Copy, Debug)]
+pub enum ModelDefect {
+    NoFolder,
+    NoConfig,
+    ConfigNotJson,
+    NoWeights,
+    TruncatedWeights,
+    MissingTensor,
+    WrongShape,
+    NoTokenizer,
+    TokenizerBeyondVocab,
+}
+
+pub const MODEL_DEFECTS: [ModelDefect; 9] = [
+    ModelDefect::NoFolder,
+    ModelDefect::NoConfig,
+    ModelDefect::ConfigNotJson,
+    ModelDefect::NoWeights,
+    ModelDefect::TruncatedWeights,
+    ModelDefect::MissingTensor,
+    ModelDefect::WrongShape,
+    ModelDefect::NoTokenizer,
+    ModelDefect::TokenizerBeyondVocab,
+];
+
+/// Make the broken model folder `dir`; returns what the message must contain.
+pub fn break_model(d: ModelDefect, dir: &Path) -> Vec<String> {
+    if !matches!(d, ModelDefect::NoFolder) {
+        copy_dir(&fixtures().join("tiny-qwen2"), dir);
+    }
+    let st = dir.join("model.safetensors");
+    let folder = dir.file_name().unwrap().to_string_lossy().to_string();
+    match d {
+        ModelDefect::NoFolder => vec![folder],
+        ModelDefect::NoConfig => {
+            std::fs::remove_file(dir.join("config.json")).unwrap();
+            vec![folder, "config.json".into()]
+        }
+        ModelDefect::ConfigNotJson => {
+            std::fs::write(dir.join("config.json"), "{\"hidden_size\": 64,").unwrap();
+            vec![folder, "config.json".into()]
+        }
+        ModelDefect::NoWeights => {
+            std::fs::remove_file(&st).unwrap();
+            vec![folder, "safetensors".into()]
+        }
+        ModelDefect::TruncatedWeights => {
+            let b = std::fs::read(&st).unwrap();
+            std::fs::write(&st, &b[..b.len() / 2]).unwrap();
+            vec![folder, "model.safetensors".into()]
+        }
+        ModelDefect::MissingTensor => {
+            edit_safetensors(&st, |t| {
+                t.remove("model.layers.1.mlp.down_proj.weight").unwrap();
+            });
+            vec![folder, "model.layers.1.mlp.down_proj.weight".into()]
+        }
+        ModelDefect::WrongShape => {
+            edit_safetensors(&st, |t| {
+                let e = t.get_mut("model.layers.0.self_attn.q_proj.weight").unwrap();
+                e.1 = vec![32, 128];
+            });
+            vec![folder, "model.layers.0.self_attn.q_proj.weight".into()]
+        }
+        ModelDefect::NoTokenizer => {
+            std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+            vec![folder, "tokenizer".into()]
+        }
+        ModelDefect::TokenizerBeyondVocab => {
+            // A tokenizer with a token id (1000) the model's 384-row embedding does not have.
+            let p = dir.join("tokenizer.json");
+            let mut t: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            t["model"]["vocab"]["zzextra"] = serde_json::json!(1000);
+            std::fs::write(&p, serde_json::to_string(&t).unwrap()).unwrap();
+            vec![folder, "1000".into(), "384".into()]
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cases
+
+/// What the case's input file holds.
+pub enum Input {
+    Bytes(Vec<u8>),
+    Table(RecordBatch, &'static str),
+    /// A folder of part files `parts/` (name, bytes).
+    Folder(Vec<(String, Vec<u8>)>),
+}
+
+/// A check on the case folder after the run.
+pub type AfterCheck = fn(&Path) -> Result<(), String>;
+
+/// One bad input for one stage.
+pub struct Case {
+    pub label: String,
+    /// The stage's `--input` (written as `in.parquet` in the case folder); `None`: the golden one.
+    pub input: Option<Input>,
+    /// A broken model folder (`model/` in the case folder); `None`: the fixture.
+    pub model: Option<ModelDefect>,
+    /// Extra flags.
+    pub extra: Vec<String>,
+    /// What the one-line message must contain (besides `rlcr: error:`).
+    pub needles: Vec<String>,
+    /// The expected exit code (1, or 0 for the controls and zero-row tables where that is the rule).
+    pub code: i32,
+    /// Lines the case's child process (an external verifier) may add to stderr.
+    pub child_stderr: bool,
+    /// Wall-time limit of the run.
+    pub limit: Duration,
+    /// A last check on the case folder after the run.
+    pub after: Option<AfterCheck>,
+}
+
+impl Case {
+    pub fn new(label: &str, needles: &[&str]) -> Self {
+        Case {
+            label: label.to_string(),
+            input: None,
+            model: None,
+            extra: vec![],
+            needles: needles.iter().map(|x| x.to_string()).collect(),
+            code: 1,
+            child_stderr: false,
+            limit: Duration::from_secs(120),
+            after: None,
+        }
+    }
+    pub fn table(label: &str, b: RecordBatch, schema: &'static str, needles: &[&str]) -> Self {
+        let mut c = Case::new(label, needles);
+        c.input = Some(Input::Table(b, schema));
+        c
+    }
+    pub fn bytes(label: &str, b: Vec<u8>, needles: &[&str]) -> Self {
+        let mut c = Case::new(label, needles);
+        c.input = Some(Input::Bytes(b));
+        c
+    }
+    fn ok(mut self) -> Self {
+        self.code = 0;
+        self
+    }
+    fn flags(mut self, f: &[&str]) -> Self {
+        self.extra.extend(f.iter().map(|x| x.to_string()));
+        self
+    }
+}
+
+/// How a stage is called.
+pub struct Stage {
+    pub name: &'static str,
+    /// The golden input the cases start from.
+    pub golden: PathBuf,
+    /// Whether the stage reads a model (`--model`).
+    pub model: bool,
+    /// The command line, given the input, the model and the output path.
+    pub argv: fn(&str, &str, &str) -> Vec<String>,
+    /// The output path inside the case's `out/` folder.
+    pub out: &'static str,
+    /// Whether to run the golden input first as a control (it must succeed).
+    pub control: bool,
+}
+
+/// The file-level defects every table reader must survive (`file` = golden table).
+pub fn file_cases(file: &Path) -> Vec<Case> {
+    let bytes = std::fs::read(file).unwrap();
+    let mut corrupt = bytes.clone();
+    // Garbage over the data pages, footer intact.
+    let end = corrupt.len() * 2 / 3;
+    for (k, x) in corrupt[8..end].iter_mut().enumerate() {
+        *x = (k as u8).wrapping_mul(37).wrapping_add(11);
+    }
+    vec![
+        Case::bytes(
+            "not Parquet",
+            b"prompt_id,messages\nq1,hello\n".to_vec(),
+            &["in.parquet", "not a Parquet file"],
+        ),
+        Case::bytes("empty file", vec![], &["in.parquet", "empty"]),
+        Case::bytes(
+            "truncated",
+            bytes[..bytes.len() / 2].to_vec(),
+            &["in.parquet"],
+        ),
+        Case::bytes(
+            "truncated by 1 byte",
+            bytes[..bytes.len() - 1].to_vec(),
+            &["in.parquet"],
+        ),
+        Case::bytes("corrupt pages", corrupt, &["in.parquet"]),
+    ]
+}
+
+/// Defects of an input given as a folder of part files (`golden` is one good part). `dup`: the
+/// stage checks row identities, so the same part twice is an error at the first row of the copy.
+pub fn folder_cases(golden: &Path, schema: &'static str, dup: bool) -> Vec<Case> {
+    let good = std::fs::read(golden).unwrap();
+    let t = read_table(golden);
+    let other = {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.parquet");
+        let name = t.schema().field(t.num_columns() - 1).name().clone();
+        write_batch(&drop_col(&t, &name), &p, schema);
+        std::fs::read(p).unwrap()
+    };
+    let folder = |label: &str, files: Vec<(&str, Vec<u8>)>, needles: &[&str]| {
+        let mut c = Case::new(label, needles);
+        c.input = Some(Input::Folder(
+            files.into_iter().map(|(n, b)| (n.to_string(), b)).collect(),
+        ));
+        c
+    };
+    let rows = t.num_rows().to_string();
+    let mut v = vec![
+        folder(
+            "folder without parts",
+            vec![("notes.txt", b"not a part".to_vec())],
+            &["parts", "no"],
+        ),
+        folder(
+            "parts with different schemas",
+            vec![("part-0.parquet", good.clone()), ("part-1.parquet", other)],
+            &["part-1.parquet", "schema"],
+        ),
+        folder(
+            "a truncated part",
+            vec![
+                ("part-0.parquet", good.clone()),
+                ("part-1.parquet", good[..good.len() / 2].to_vec()),
+            ],
+            &["part-1.parquet"],
+        ),
+    ];
+    if dup {
+        v.push(folder(
+            "the same part twice",
+            vec![("part-0.parquet", good.clone()), ("part-1.parquet", good)],
+            &["parts", &format!("row {rows}")],
+        ));
+    }
+    v
+}
+
+/// Run every case of `stage` (plus the control on the golden input); panics with the list of
+/// failures.
+pub fn check_stage(stage: &Stage, cases: Vec<Case>) {
+    let wd = crate::Workdir::new();
+    let mut failures = Vec::new();
+    let control = stage
+        .control
+        .then(|| Case::new("control (golden input)", &[]).ok());
+    let t0 = Instant::now();
+    let n = cases.len();
+    for (k, case) in control.into_iter().chain(cases).enumerate() {
+        let dir = wd.path(&format!("case-{k:02}"));
+        std::fs::create_dir_all(dir.join("out")).unwrap();
+        if let Err(e) = check_case(stage, &case, &dir) {
+            failures.push(format!("[{} #{k} {}] {e}", stage.name, case.label));
+        }
+    }
+    eprintln!(
+        "bad input: {}: {n} cases{} in {:.1} s",
+        stage.name,
+        if stage.control { " + control" } else { "" },
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n\n{}",
+        failures.len(),
+        n + 1,
+        failures.join("\n\n")
+    );
+}
+
+fn check_case(stage: &Stage, case: &Case, dir: &Path) -> Result<(), String> {
+    let input = match &case.input {
+        None => stage.golden.clone(),
+        Some(Input::Bytes(b)) => {
+            let p = dir.join("in.parquet");
+            std::fs::write(&p, b).unwrap();
+            p
+        }
+        Some(Input::Table(b, schema)) => {
+            let p = dir.join("in.parquet");
+            write_batch(b, &p, schema);
+            p
+        }
+        Some(Input::Folder(files)) => {
+            let p = dir.join("parts");
+            std::fs::create_dir_all(&p).unwrap();
+            for (name, bytes) in files {
+                std::fs::write(p.join(name), bytes).unwrap();
+            }
+            p
+        }
+    };
+    let mut needles = case.needles.clone();
+    let model = match case.model {
+        None => fixtures().join("tiny-qwen2"),
+        Some(d) => {
+            let m = dir.join("model");
+            needles.extend(break_model(d, &m));
+            m
+        }
+    };
+    let out = dir.join("out").join(stage.out);
+    let mut args = vec!["-q".to_string()];
+    args.extend((stage.argv)(
+        &input.display().to_string(),
+        &model.display().to_string(),
+        &out.display().to_string(),
+    ));
+    args.extend(case.extra.iter().cloned());
+    let watched = vec![input.clone(), model.clone(), golden().dir.clone()];
+    let before = snapshot(&watched);
+    let r = run_in(dir, &args, case.limit);
+    let after = snapshot(&watched);
+    let cmd = format!("rlcr {}", args.join(" "));
+    let ctx = |what: &str| {
+        format!(
+            "{what}\n  command: {cmd}\n  exit: {:?} after {:.2} s\n  stderr: {}",
+            r.code,
+            r.secs,
+            r.stderr.trim_end().replace('\n', "\n          ")
+        )
+    };
+    if r.stderr.contains("panicked") || r.stderr.contains("RUST_BACKTRACE") {
+        return Err(ctx("panic"));
+    }
+    if r.code != Some(case.code) {
+        return Err(ctx(&format!("expected exit code {}", case.code)));
+    }
+    if before != after {
+        let changed: Vec<_> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|k| before.get(*k) != after.get(*k))
+            .collect();
+        return Err(ctx(&format!("inputs changed: {changed:?}")));
+    }
+    let temps = temp_names(dir);
+    if !temps.is_empty() {
+        return Err(ctx(&format!("temp files left: {temps:?}")));
+    }
+    if case.code == 0 {
+        return Ok(());
+    }
+    let written = tree(&dir.join("out"));
+    if !written.is_empty() {
+        return Err(ctx(&format!("wrote into the output folder: {written:?}")));
+    }
+    // One message: a line `rlcr: error: …`, possibly with indented detail lines under it (a
+    // list of every problem of a model folder); a verifier's own stderr lines may come before.
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let ours: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("rlcr"))
+        .collect();
+    let details_ok = ours.len() == 1
+        && lines[ours[0] + 1..]
+            .iter()
+            .all(|l| l.starts_with(' ') || l.starts_with('\t'));
+    if !details_ok || (!case.child_stderr && ours[0] != 0) {
+        return Err(ctx(
+            "expected exactly one message `rlcr: error: …` on stderr",
+        ));
+    }
+    let msg = lines[ours[0]..].join("\n");
+    let msg = msg.as_str();
+    if !msg.starts_with("rlcr: error: ") {
+        return Err(ctx("the line does not start with `rlcr: error: `"));
+    }
+    let missing: Vec<&String> = needles
+        .iter()
+        .filter(|n| !msg.contains(n.as_str()))
+        .collect();
+    if !missing.is_empty() {
+        return Err(ctx(&format!("the message does not name {missing:?}")));
+    }
+    if let Some(f) = case.after {
+        f(dir).map_err(|e| ctx(&e))?;
+    }
+    Ok(())
+}
+
+/// The model cases of a model stage.
+pub fn model_cases() -> Vec<Case> {
+    MODEL_DEFECTS
+        .iter()
+        .map(|&d| {
+            let mut c = Case::new(&format!("model: {d:?}"), &[]);
+            c.model = Some(d);
+            c
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stages
+
+const TRAJ: &str = "rlcr.trajectory";
+
+fn g(p: &Path) -> RecordBatch {
+    read_table(p)
+}
+
+fn zero_rows(p: &Path, schema: &'static str) -> Case {
+    let b = g(p);
+    Case::table(
+        "zero rows",
+        b.slice(0, 0),
+        schema,
+        &["in.parquet", "no rows"],
+    )
+}
+
+/// A long context: `n` copies of an ordinary token.
+fn long_ids(n: usize) -> Vec<i32> {
+    vec![20; n]
+}
+
+#[test]
+fn generate_answers() {
+    let gd = golden();
+    let b = g(&gd.prompts);
+    let p = "rlcr.prompts";
+    let mut cases = file_cases(&gd.prompts);
+    cases.extend([
+        zero_rows(&gd.prompts, p),
+        Case::table(
+            "missing column",
+            drop_col(&b, "messages"),
+            p,
+            &["in.parquet", "`messages`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(&b, "prompt_id", Arc::new(Int64Array::from(vec![1, 2]))),
+            p,
+            &["in.parquet", "`prompt_id`", "Int64"],
+        ),
+        Case::table(
+            "null messages",
+            null_at(&b, "messages", 1),
+            p,
+            &["in.parquet", "row 1", "`messages`"],
+        ),
+        Case::table(
+            "messages not JSON",
+            set_str(&b, "messages", 1, "[{\"role\": \"user\""),
+            p,
+            &["in.parquet", "row 1", "`messages`"],
+        ),
+        Case::table(
+            "messages not a list",
+            set_str(&b, "messages", 1, "{\"role\": \"user\"}"),
+            p,
+            &["in.parquet", "row 1", "`messages`"],
+        ),
+        Case::table(
+            "duplicate prompt_id",
+            set_str(
+                &b,
+                "prompt_id",
+                1,
+                cols::str_col(&b, "t", "prompt_id").unwrap().value(0),
+            ),
+            p,
+            &["in.parquet", "row 1", "`prompt_id`"],
+        ),
+    ]);
+    cases.extend(model_cases());
+    check_stage(
+        &Stage {
+            name: "generate-answers",
+            golden: gd.prompts.clone(),
+            model: true,
+            argv: |i, m, o| {
+                s(&[
+                    "generate-answers",
+                    "--model",
+                    m,
+                    "--input",
+                    i,
+                    "-o",
+                    o,
+                    "--num-answers",
+                    "1",
+                    "--max-new-tokens",
+                    "2",
+                ])
+            },
+            out: "answers.parquet",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn generate_confidence() {
+    let gd = golden();
+    let b = g(&gd.answers);
+    let mut cases = file_cases(&gd.answers);
+    let sid0 = cols::str_col(&b, "t", "sample_id")
+        .unwrap()
+        .value(0)
+        .to_string();
+    cases.extend([
+        zero_rows(&gd.answers, TRAJ),
+        Case::table(
+            "missing column",
+            drop_col(&b, "response_text"),
+            TRAJ,
+            &["in.parquet", "`response_text`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(
+                &b,
+                "response_ids",
+                Arc::new(StringArray::from(vec!["1 2 3"; 4])),
+            ),
+            TRAJ,
+            &["in.parquet", "`response_ids`", "Utf8"],
+        ),
+        Case::table(
+            "null response_ids",
+            null_at(&b, "response_ids", 2),
+            TRAJ,
+            &["in.parquet", "row 2", "`response_ids`"],
+        ),
+        Case::table(
+            "unknown sample_type",
+            set_str(&b, "sample_type", 1, "bogus"),
+            TRAJ,
+            &["in.parquet", "row 1", "`sample_type`", "bogus"],
+        ),
+        Case::table(
+            "duplicate sample_id",
+            set_str(&b, "sample_id", 1, &sid0),
+            TRAJ,
+            &["in.parquet", "row 1", "`sample_id`"],
+        ),
+        Case::table(
+            "duplicated row",
+            keep_rows(&b, &[0, 1, 1, 2, 3]),
+            TRAJ,
+            &["in.parquet", "row 2"],
+        ),
+        Case::table(
+            "list length mismatch",
+            edit_f32s(&b, "response_logprobs", 1, |v| {
+                v.pop();
+            }),
+            TRAJ,
+            &["in.parquet", "row 1", "`response_logprobs`"],
+        ),
+        Case::table(
+            "span out of range",
+            set_span(&b, "answer_span", 1, (0, 99)),
+            TRAJ,
+            &["in.parquet", "row 1", "`answer_span`"],
+        ),
+        Case::table(
+            "token id outside the vocabulary",
+            edit_ids(&b, "response_ids", 1, |v| v[0] = 5000),
+            TRAJ,
+            &["in.parquet", "row 1", "`response_ids`", "5000"],
+        ),
+        Case::table(
+            "negative token id",
+            edit_ids(&b, "response_ids", 1, |v| v[0] = -3),
+            TRAJ,
+            &["in.parquet", "row 1", "`response_ids`", "-3"],
+        ),
+        {
+            let long = long_ids(2100);
+            let b = replace(
+                &b,
+                "response_ids",
+                cols::build_list_i32(vec![long.clone(); 4]),
+            );
+            let b = replace(
+                &b,
+                "response_logprobs",
+                cols::build_list_f32(vec![vec![-1.0f32; long.len()]; 4]),
+            );
+            let b = replace(
+                &b,
+                "response_text",
+                Arc::new(StringArray::from(vec!["x ".repeat(2100); 4])),
+            );
+            Case::table(
+                "context longer than the model's",
+                b,
+                TRAJ,
+                &["in.parquet", "row 0", "2048"],
+            )
+        },
+    ]);
+    cases.extend(model_cases());
+    cases.extend(folder_cases(&gd.answers, TRAJ, true));
+    check_stage(
+        &Stage {
+            name: "generate-confidence",
+            golden: gd.answers.clone(),
+            model: true,
+            argv: |i, m, o| {
+                s(&[
+                    "generate-confidence",
+                    "--model",
+                    m,
+                    "--input",
+                    i,
+                    "-o",
+                    o,
+                    "--num-confidences",
+                    "1",
+                    "--max-new-tokens",
+                    "2",
+                ])
+            },
+            out: "trajectory.parquet",
+            control: true,
+        },
+        cases,
+    );
+}
+
+/// Defects of a trajectory table that every stage reading one checks (rows: `b` is the table).
+fn trajectory_cases(b: &RecordBatch) -> Vec<Case> {
+    let a1 = row_of(b, "answer", 1);
+    // The same answer row twice (a part file copied twice, a bad concat): the second copy.
+    let mut dup: Vec<usize> = (0..b.num_rows()).collect();
+    dup.insert(a1 + 1, a1);
+    let orphan: Vec<usize> = (0..b.num_rows()).filter(|&i| i != a1).collect();
+    let orphan_row = a1; // its confidence row moves up into its place
+    vec![
+        Case::table(
+            "unknown sample_type",
+            set_str(b, "sample_type", 1, "bogus"),
+            TRAJ,
+            &["in.parquet", "row 1", "`sample_type`", "bogus"],
+        ),
+        Case::table(
+            "null sample_type",
+            null_at(b, "sample_type", 1),
+            TRAJ,
+            &["in.parquet", "row 1", "`sample_type`"],
+        ),
+        Case::table(
+            "duplicated row",
+            keep_rows(b, &dup),
+            TRAJ,
+            &["in.parquet", &format!("row {}", a1 + 1)],
+        ),
+        Case {
+            label: "confidence row without its answer".into(),
+            ..Case::table(
+                "",
+                keep_rows(b, &orphan),
+                TRAJ,
+                &["in.parquet", &format!("row {orphan_row}"), "answer"],
+            )
+        },
+    ]
+}
+
+/// The verifier's background `sleep` (pid in `sleeper.pid`) was killed with it (its process group).
+fn sleeper_gone(dir: &Path) -> Result<(), String> {
+    // The verifier's own child was killed with it (its process group).
+    let pid = std::fs::read_to_string(dir.join("sleeper.pid"))
+        .map_err(|e| format!("no sleeper.pid: {e}"))?;
+    let stat = Path::new("/proc").join(pid.trim()).join("stat");
+    for _ in 0..200 {
+        match std::fs::read_to_string(&stat) {
+            Err(_) => return Ok(()),
+            // A zombie (state Z) is dead, waiting for its new parent to reap it.
+            Ok(s)
+                if s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+            {
+                return Ok(())
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    Err(format!("the verifier's child {} outlived rlcr", pid.trim()))
+}
+
+#[test]
+fn score() {
+    let gd = golden();
+    let b = g(&gd.trajectory);
+    let mut cases = file_cases(&gd.trajectory);
+    cases.extend([
+        zero_rows(&gd.trajectory, TRAJ),
+        Case::table(
+            "missing column",
+            drop_col(&b, "response_text"),
+            TRAJ,
+            &["in.parquet", "`response_text`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(&b, "sample_type", Arc::new(Int32Array::from(vec![0; 8]))),
+            TRAJ,
+            &["in.parquet", "`sample_type`", "Int32"],
+        ),
+        Case::table(
+            "null response_text",
+            null_at(&b, "response_text", 2),
+            TRAJ,
+            &["in.parquet", "row 2", "`response_text`"],
+        ),
+        Case::table(
+            "null ground_truth",
+            null_at(&b, "ground_truth", 2),
+            TRAJ,
+            &["in.parquet", "row 2", "`ground_truth`"],
+        ),
+    ]);
+    cases.extend(trajectory_cases(&b));
+    // External verifiers that crash, die, hang, talk nonsense or do not exist.
+    let verifier = |label: &str, cmd: &str, needles: &[&str]| {
+        let mut c = Case::new(label, needles).flags(&["--verifier-cmd", cmd]);
+        c.child_stderr = true;
+        c
+    };
+    cases.extend([
+        verifier(
+            "verifier exits 3",
+            "exit 3",
+            &["external verifier", "exit status: 3"],
+        ),
+        verifier(
+            "verifier killed by a signal",
+            "kill -SEGV $$",
+            &["external verifier", "SIGSEGV"],
+        ),
+        verifier(
+            "verifier writes garbage",
+            "echo garbage; cat > /dev/null",
+            &["external verifier", "garbage"],
+        ),
+        verifier(
+            "verifier does not exist",
+            "/no/such/verifier-program",
+            &["external verifier", "/no/such/verifier-program"],
+        ),
+        {
+            // Hangs (a grandchild holding its pipes); --verifier-timeout 0.5 must end it.
+            let mut c = verifier(
+                "verifier hangs",
+                "sleep 30 & echo $! > sleeper.pid; wait",
+                &["external verifier", "0.5", "killed"],
+            )
+            .flags(&["--verifier-timeout", "0.5"]);
+            c.limit = Duration::from_secs(10);
+            c.after = Some(sleeper_gone);
+            c
+        },
+        {
+            // Answers every request, then does not exit when its input closes.
+            let mut c = verifier(
+                "verifier does not exit",
+                "sed -u 's/^{\"id\":\\([0-9]*\\).*/{\"id\": \\1, \"correct\": false}/'; \
+                 sleep 30 & echo $! > sleeper.pid; wait",
+                &["external verifier", "did not exit", "killed"],
+            )
+            .flags(&["--verifier-timeout", "1"]);
+            c.limit = Duration::from_secs(10);
+            c.after = Some(sleeper_gone);
+            c
+        },
+    ]);
+    cases.extend(folder_cases(&gd.trajectory, TRAJ, true));
+    check_stage(
+        &Stage {
+            name: "score",
+            golden: gd.trajectory.clone(),
+            model: false,
+            argv: |i, _, o| s(&["score", "--input", i, "-o", o]),
+            out: "scored.parquet",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn advantage() {
+    let gd = golden();
+    let b = g(&gd.scored);
+    let mut cases = file_cases(&gd.scored);
+    let a0 = row_of(&b, "answer", 0);
+    cases.extend([
+        zero_rows(&gd.scored, TRAJ),
+        Case::table(
+            "missing column",
+            drop_col(&b, "reward"),
+            TRAJ,
+            &["in.parquet", "`reward`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(&b, "reward", Arc::new(Float64Array::from(vec![0.0; 8]))),
+            TRAJ,
+            &["in.parquet", "`reward`", "Float64"],
+        ),
+        Case::table(
+            "null reward",
+            null_at(&b, "reward", 2),
+            TRAJ,
+            &["in.parquet", "row 2", "`reward`"],
+        ),
+        Case::table(
+            "NaN reward",
+            set_f32(&b, "reward", 3, f32::NAN),
+            TRAJ,
+            &["in.parquet", "row 3", "`reward`", "NaN"],
+        ),
+        Case::table(
+            "infinite reward",
+            set_f32(&b, "reward", 3, f32::NEG_INFINITY),
+            TRAJ,
+            &["in.parquet", "row 3", "`reward`", "inf"],
+        ),
+        Case::table(
+            "null response_ids",
+            null_at(&b, "response_ids", 2),
+            TRAJ,
+            &["in.parquet", "row 2", "`response_ids`"],
+        ),
+        Case::table(
+            "span out of range",
+            set_span(&b, "answer_span", a0, (1, 999)),
+            TRAJ,
+            &["in.parquet", &format!("row {a0}"), "`answer_span`"],
+        ),
+    ]);
+    cases.extend(trajectory_cases(&b));
+    cases.extend(folder_cases(&gd.scored, TRAJ, true));
+    check_stage(
+        &Stage {
+            name: "advantage",
+            golden: gd.scored.clone(),
+            model: false,
+            argv: |i, _, o| s(&["advantage", "--input", i, "-o", o]),
+            out: "train.parquet",
+            control: true,
+        },
+        cases,
+    );
+}
+
+/// Token-id defects of `col` at `row` (outside the vocabulary, negative).
+fn id_cases(b: &RecordBatch, col: &str, row: usize) -> Vec<Case> {
+    let r = format!("row {row}");
+    let c = format!("`{col}`");
+    vec![
+        Case::table(
+            &format!("{col}: token id outside the vocabulary"),
+            edit_ids(b, col, row, |v| v[0] = 5000),
+            TRAJ,
+            &["in.parquet", &r, &c, "5000"],
+        ),
+        Case::table(
+            &format!("{col}: negative token id"),
+            edit_ids(b, col, row, |v| v[0] = -3),
+            TRAJ,
+            &["in.parquet", &r, &c, "-3"],
+        ),
+    ]
+}
+
+/// `context_ids` of `row` made longer than the model's 2048 positions.
+fn too_long(b: &RecordBatch, row: usize) -> Case {
+    Case::table(
+        "context longer than the model's",
+        edit_ids(b, "context_ids", row, |v| {
+            v.splice(0..0, long_ids(2100));
+        }),
+        TRAJ,
+        &["in.parquet", &format!("row {row}"), "2048"],
+    )
+}
+
+#[test]
+fn logprobs() {
+    let gd = golden();
+    let b = g(&gd.scored);
+    let mut cases = file_cases(&gd.scored);
+    cases.extend([
+        zero_rows(&gd.scored, TRAJ),
+        Case::table(
+            "missing column",
+            drop_col(&b, "context_ids"),
+            TRAJ,
+            &["in.parquet", "`context_ids`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(
+                &b,
+                "response_ids",
+                Arc::new(StringArray::from(vec!["1 2"; 8])),
+            ),
+            TRAJ,
+            &["in.parquet", "`response_ids`", "Utf8"],
+        ),
+        Case::table(
+            "null context_ids",
+            null_at(&b, "context_ids", 1),
+            TRAJ,
+            &["in.parquet", "row 1", "`context_ids`"],
+        ),
+        too_long(&b, 3),
+    ]);
+    cases.extend(id_cases(&b, "response_ids", 3));
+    cases.extend(id_cases(&b, "context_ids", 2));
+    cases.extend(model_cases());
+    cases.extend(folder_cases(&gd.scored, TRAJ, false));
+    check_stage(
+        &Stage {
+            name: "logprobs",
+            golden: gd.scored.clone(),
+            model: true,
+            argv: |i, m, o| s(&["logprobs", "--model", m, "--input", i, "-o", o]),
+            out: "with-logprobs.parquet",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn update() {
+    let gd = golden();
+    let b = g(&gd.train);
+    let mut cases = file_cases(&gd.train);
+    cases.extend([
+        zero_rows(&gd.train, TRAJ),
+        Case::table(
+            "missing column",
+            drop_col(&b, "token_advantages"),
+            TRAJ,
+            &["in.parquet", "`token_advantages`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(
+                &b,
+                "loss_mask",
+                cols::build_list_i32(
+                    lists_f32(&b, "token_advantages")
+                        .iter()
+                        .map(|v| vec![1; v.len()]),
+                ),
+            ),
+            TRAJ,
+            &["in.parquet", "`loss_mask`"],
+        ),
+        Case::table(
+            "null response_ids",
+            null_at(&b, "response_ids", 1),
+            TRAJ,
+            &["in.parquet", "row 1", "`response_ids`"],
+        ),
+        Case::table(
+            "list length mismatch (token_advantages)",
+            edit_f32s(&b, "token_advantages", 1, |v| {
+                v.pop();
+            }),
+            TRAJ,
+            &["in.parquet", "row 1", "`token_advantages`"],
+        ),
+        Case::table(
+            "list length mismatch (response_logprobs)",
+            edit_f32s(&b, "response_logprobs", 2, |v| v.push(-1.0)),
+            TRAJ,
+            &["in.parquet", "row 2", "`response_logprobs`"],
+        ),
+        Case::table(
+            "NaN advantage",
+            edit_f32s(&b, "token_advantages", 1, |v| v[0] = f32::NAN),
+            TRAJ,
+            &["in.parquet", "row 1", "`token_advantages`", "NaN"],
+        ),
+        Case::table(
+            "infinite log-prob",
+            edit_f32s(&b, "response_logprobs", 1, |v| v[0] = f32::NEG_INFINITY),
+            TRAJ,
+            &["in.parquet", "row 1", "`response_logprobs`", "inf"],
+        ),
+        Case::table(
+            "positive log-prob",
+            edit_f32s(&b, "response_logprobs", 1, |v| v[0] = 0.5),
+            TRAJ,
+            &["in.parquet", "row 1", "`response_logprobs`", "0.5"],
+        ),
+        Case::table(
+            "unknown sample_type",
+            set_str(&b, "sample_type", 1, "bogus"),
+            TRAJ,
+            &["in.parquet", "row 1", "`sample_type`", "bogus"],
+        ),
+        too_long(&b, 3),
+    ]);
+    cases.extend(id_cases(&b, "response_ids", 3));
+    cases.extend(id_cases(&b, "context_ids", 2));
+    cases.extend(model_cases());
+    check_stage(
+        &Stage {
+            name: "update",
+            golden: gd.train.clone(),
+            model: true,
+            argv: |i, m, o| s(&["update", "--model", m, "--input", i, "-o", o]),
+            out: "ckpt",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn sft() {
+    let gd = golden();
+    let b = g(&gd.sft);
+    let p = "rlcr.prompts";
+    let t = g(&gd.scored);
+    let mut cases = file_cases(&gd.sft);
+    let mut trajectory = vec![too_long(&t, 1)];
+    trajectory.extend(id_cases(&t, "response_ids", 1));
+    trajectory.extend(id_cases(&t, "context_ids", 1));
+    for c in &mut trajectory {
+        c.label = format!("trajectory table: {}", c.label);
+    }
+    cases.extend([
+        zero_rows(&gd.sft, p),
+        Case::table(
+            "missing column",
+            drop_col(&b, "messages"),
+            p,
+            &["in.parquet", "`messages`"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(
+                &b,
+                "messages",
+                Arc::new(Int32Array::from(vec![1; b.num_rows()])),
+            ),
+            p,
+            &["in.parquet", "`messages`"],
+        ),
+        Case::table(
+            "null messages",
+            null_at(&b, "messages", 1),
+            p,
+            &["in.parquet", "row 1", "`messages`"],
+        ),
+        Case::table(
+            "messages not JSON",
+            set_str(&b, "messages", 1, "[{"),
+            p,
+            &["in.parquet", "row 1", "`messages`"],
+        ),
+        Case::table(
+            "messages without an assistant turn",
+            set_str(
+                &b,
+                "messages",
+                1,
+                "[{\"role\": \"user\", \"content\": \"hi\"}]",
+            ),
+            p,
+            &["in.parquet", "row 1", "`messages`", "assistant"],
+        ),
+    ]);
+    cases.extend(trajectory);
+    cases.extend(model_cases());
+    check_stage(
+        &Stage {
+            name: "sft",
+            golden: gd.sft.clone(),
+            model: true,
+            argv: |i, m, o| s(&["sft", "--model", m, "--input", i, "-o", o]),
+            out: "ckpt",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn probe() {
+    let gd = golden();
+    let b = g(&gd.scored);
+    let a0 = row_of(&b, "answer", 0);
+    let mut cases = file_cases(&gd.scored);
+    cases.extend([
+        zero_rows(&gd.scored, TRAJ),
+        Case::table(
+            "missing column",
+            drop_col(&b, "acc_reward"),
+            TRAJ,
+            &["in.parquet", "`acc_reward`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(&b, "acc_reward", Arc::new(Float64Array::from(vec![0.0; 8]))),
+            TRAJ,
+            &["in.parquet", "`acc_reward`", "Float64"],
+        ),
+        Case::table(
+            "null acc_reward",
+            null_at(&b, "acc_reward", a0),
+            TRAJ,
+            &["in.parquet", &format!("row {a0}"), "`acc_reward`"],
+        ),
+        Case::table(
+            "NaN acc_reward",
+            set_f32(&b, "acc_reward", a0, f32::NAN),
+            TRAJ,
+            &["in.parquet", &format!("row {a0}"), "`acc_reward`", "NaN"],
+        ),
+        Case::table(
+            "NaN confidence",
+            set_f32(&b, "confidence", row_of(&b, "confidence", 0), f32::NAN),
+            TRAJ,
+            &[
+                "in.parquet",
+                &format!("row {}", row_of(&b, "confidence", 0)),
+                "`confidence`",
+                "NaN",
+            ],
+        ),
+        too_long(&b, a0),
+    ]);
+    cases.extend(trajectory_cases(&b));
+    cases.extend(id_cases(&b, "response_ids", a0));
+    cases.extend(id_cases(&b, "context_ids", a0));
+    cases.extend(model_cases());
+    cases.extend(folder_cases(&gd.scored, TRAJ, true));
+    check_stage(
+        &Stage {
+            name: "probe",
+            golden: gd.scored.clone(),
+            model: true,
+            argv: |i, m, o| {
+                s(&[
+                    "probe",
+                    "--model",
+                    m,
+                    "--input",
+                    i,
+                    "-o",
+                    o,
+                    "--samples",
+                    "1",
+                    "--cuts",
+                    "1",
+                    "--max-new-tokens",
+                    "2",
+                ])
+            },
+            out: "probe.parquet",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn report() {
+    let gd = golden();
+    let b = g(&gd.scored);
+    let c0 = row_of(&b, "confidence", 0);
+    let mut cases = file_cases(&gd.scored);
+    cases.extend([
+        zero_rows(&gd.scored, TRAJ).ok(),
+        // An unscored table has no acc_reward: report describes what there is (by design).
+        Case::table(
+            "no acc_reward column",
+            drop_col(&b, "acc_reward"),
+            TRAJ,
+            &[],
+        )
+        .ok(),
+        // Numbers of any width are read (float64 from pandas); text is not a number.
+        Case::table(
+            "float64 confidence",
+            replace(&b, "confidence", Arc::new(Float64Array::from(vec![0.5; 8]))),
+            TRAJ,
+            &[],
+        )
+        .ok(),
+        Case::table(
+            "wrong column type",
+            replace(
+                &b,
+                "confidence",
+                Arc::new(StringArray::from(vec!["0.5"; 8])),
+            ),
+            TRAJ,
+            &["in.parquet", "`confidence`", "Utf8"],
+        ),
+        Case::table(
+            "NaN confidence",
+            set_f32(&b, "confidence", c0, f32::NAN),
+            TRAJ,
+            &["in.parquet", &format!("row {c0}"), "`confidence`", "NaN"],
+        ),
+        Case::table(
+            "NaN acc_reward",
+            set_f32(&b, "acc_reward", 0, f32::NAN),
+            TRAJ,
+            &["in.parquet", "row 0", "`acc_reward`", "NaN"],
+        ),
+        Case::table(
+            "null acc_reward",
+            null_at(&b, "acc_reward", 0),
+            TRAJ,
+            &["in.parquet", "row 0", "`acc_reward`"],
+        ),
+    ]);
+    cases.extend(trajectory_cases(&b));
+    cases.extend(folder_cases(&gd.scored, TRAJ, true));
+    check_stage(
+        &Stage {
+            name: "report",
+            golden: gd.scored.clone(),
+            model: false,
+            argv: |i, _, o| s(&["report", "--input", i, "-o", o, "--examples", "1"]),
+            out: "report",
+            control: true,
+        },
+        cases,
+    );
+    // The probe table (--probe); the golden scored table stays the --input.
+    let pb = g(&gd.probe);
+    let pr = "rlcr.probe";
+    let mut cases = file_cases(&gd.probe);
+    cases.extend([
+        Case::table(
+            "missing column",
+            drop_col(&pb, "num_correct"),
+            pr,
+            &["in.parquet", "`num_correct`"],
+        ),
+        Case::table(
+            "NaN probe_confidence",
+            set_f32(&pb, "probe_confidence", 1, f32::NAN),
+            pr,
+            &["in.parquet", "row 1", "`probe_confidence`", "NaN"],
+        ),
+        Case::table(
+            "null cut_fraction",
+            null_at(&pb, "cut_fraction", 1),
+            pr,
+            &["in.parquet", "row 1", "`cut_fraction`"],
+        ),
+    ]);
+    check_stage(
+        &Stage {
+            name: "report --probe",
+            golden: gd.probe.clone(),
+            model: false,
+            argv: |i, _, o| {
+                let scored = golden().scored.display().to_string();
+                s(&[
+                    "report",
+                    "--input",
+                    &scored,
+                    "--probe",
+                    i,
+                    "-o",
+                    o,
+                    "--examples",
+                    "1",
+                ])
+            },
+            out: "report",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn prepare() {
+    let gd = golden();
+    let b = g(&gd.countdown);
+    let mut cases = file_cases(&gd.countdown);
+    // `--from countdown` reads JSON lines unless the file starts with PAR1.
+    cases[0].needles = vec!["in.parquet".into(), "line 1".into()];
+    cases[1].needles = vec!["in.parquet".into(), "no rows".into()];
+    cases.extend([
+        zero_rows(&gd.countdown, "test"),
+        Case::table(
+            "missing column",
+            drop_col(&b, "nums"),
+            "test",
+            &["in.parquet", "`nums`", "missing"],
+        ),
+        Case::table(
+            "wrong column type",
+            replace(
+                &b,
+                "target",
+                Arc::new(StringArray::from(vec!["7", "12", "5"])),
+            ),
+            "test",
+            &["in.parquet", "row 0", "`target`"],
+        ),
+        Case::table(
+            "null target",
+            null_at(&b, "target", 1),
+            "test",
+            &["in.parquet", "row 1", "`target`"],
+        ),
+    ]);
+    check_stage(
+        &Stage {
+            name: "prepare --from countdown",
+            golden: gd.countdown.clone(),
+            model: false,
+            argv: |i, _, o| s(&["prepare", "--from", "countdown", "--input", i, "-o", o]),
+            out: "prompts.parquet",
+            control: true,
+        },
+        cases,
+    );
+    let v = g(&gd.verl);
+    let mut cases = file_cases(&gd.verl);
+    cases.extend([
+        zero_rows(&gd.verl, "test"),
+        Case::table(
+            "missing column",
+            drop_col(&v, "prompt"),
+            "test",
+            &["in.parquet", "`prompt`", "missing"],
+        ),
+        Case::table(
+            "null prompt",
+            null_at(&v, "prompt", 1),
+            "test",
+            &["in.parquet", "row 1", "`prompt`"],
+        ),
+        Case::table(
+            "null reward_model",
+            null_at(&v, "reward_model", 1),
+            "test",
+            &["in.parquet", "row 1", "`reward_model"],
+        ),
+    ]);
+    check_stage(
+        &Stage {
+            name: "prepare --from verl",
+            golden: gd.verl.clone(),
+            model: false,
+            argv: |i, _, o| s(&["prepare", "--from", "verl", "--input", i, "-o", o]),
+            out: "prompts.parquet",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn inspect() {
+    let gd = golden();
+    let mut cases = file_cases(&gd.scored);
+    cases.push(zero_rows(&gd.scored, TRAJ).ok());
+    check_stage(
+        &Stage {
+            name: "inspect",
+            golden: gd.scored.clone(),
+            model: false,
+            argv: |i, _, _| s(&["inspect", i]),
+            out: "nothing",
+            control: true,
+        },
+        cases,
+    );
+}
+
+#[test]
+fn import_gguf() {
+    // The GGUF reader's own defects (truncation, corrupt bytes) are tested in gguf.rs; here the
+    // file-level ones every input reader must survive.
+    let mut cases = vec![
+        Case::bytes("empty file", vec![], &["in.parquet"]),
+        Case::bytes(
+            "not GGUF",
+            b"GGUF is not this\n".repeat(10),
+            &["in.parquet", "GGUF"],
+        ),
+        Case::bytes(
+            "GGUF magic, then nothing",
+            b"GGUF\x03\x00\x00\x00".to_vec(),
+            &["in.parquet"],
+        ),
+    ];
+    cases.push(Case::new("no such file", &["in.parquet"]));
+    // (the last case's input is missing: the golden path below does not exist)
+    check_stage(
+        &Stage {
+            name: "import-gguf",
+            golden: PathBuf::from("in.parquet"),
+            model: false,
+            argv: |i, _, o| s(&["import-gguf", "--input", i, "-o", o]),
+            out: "model",
+            control: false,
+        },
+        cases,
+    );
+}
