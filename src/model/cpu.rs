@@ -12,16 +12,28 @@
 //!
 //! **Packed weights** ([`PackedMatrix`]): the row-major kernel still walks 16 weight rows at a
 //! stride of a whole row, which caches and prefetchers handle poorly for wide matrices. A copy of
-//! a weight in 8-column panels (`[N/8][K][8]`, each panel one contiguous stream) runs the same
-//! arithmetic about twice as fast (measured on the SmolLM2 LM head: 17 ms CPU against 35 ms), and
-//! beats gemm up to 64 rows (`[64, 576] × [576, 3072]`: 5.0 ms CPU against 7.7 ms). The
-//! transformer builds such copies lazily, on its first cached decode step (sampling processes
-//! only; training and log-prob scoring never decode), at the cost of a second copy of the
-//! weights in memory. A packed copy keeps its source buffer alive and is used only while the
-//! parameter still points at that buffer, so a model whose weights changed falls back to the
-//! unpacked path instead of computing with stale values.
+//! a weight in 16-column panels (`[N/16][K][16]`, each panel one contiguous stream, the last one
+//! zero-padded) is read once per step by a kernel that keeps a 6-row × 16-column tile of
+//! accumulators in 12 AVX registers (2 weight loads and 6 broadcasts per 12 FMAs), panel outer
+//! and row groups inner (the panel stays in cache for the other row groups), columns split over
+//! rayon. It beats gemm up to 64 rows. The transformer builds such copies lazily, on its first
+//! cached decode step (sampling processes only; training and log-prob scoring never decode), at
+//! the cost of a second copy of the weights in memory. A packed copy keeps its source buffer
+//! alive and is used only while the parameter still points at that buffer, so a model whose
+//! weights changed falls back to the unpacked path instead of computing with stale values.
 //!
-//! On SmolLM2-135M (batch 8) the two kernels took a decode step from 338 ms to 121 ms of CPU.
+//! **bf16 panels** ([`PackPrecision`]): a matrix whose values are all bf16 numbers is packed as
+//! bf16 and widened to f32 in registers (a shift), giving the same results bit for bit with half
+//! the bytes streamed; rounding other weights to bf16 is opt-in (`RLCR_DECODE_BF16=1`) because it
+//! changes the numbers.
+//!
+//! **Decode attention** ([`decode_attention`]): one query token per row against the KV cache, on
+//! the host, split over rayon by (row, KV head), instead of burn's per-head small gemm calls.
+//!
+//! Row-count invariance: every product output is summed from zero in the order of K with one
+//! fused multiply-add per term, whatever the number of rows and their grouping (both kernels
+//! agree bit for bit), and attention rows are independent, so a row's result never depends on
+//! the batch it is in (the sampler relies on this: it never pads batches).
 //!
 //! Scope and fallbacks: only f32 tensors on a plain (non-autodiff) Flex device, at most
 //! [`MAX_ROWS`] rows ([`MAX_PACKED_ROWS`] packed), a contiguous weight, and an x86-64 CPU with
