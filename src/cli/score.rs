@@ -488,6 +488,11 @@ fn open_parts(input: &Path) -> Result<Vec<Part>> {
         let file = File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
         let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+        let len = file
+            .metadata()
+            .with_context(|| format!("{}: cannot stat", path.display()))?
+            .len();
+        table::io::check_footer(&path, meta.metadata(), len)?;
         if let Some(p0) = parts.first() {
             if p0
                 .meta

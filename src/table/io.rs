@@ -297,12 +297,18 @@ pub fn input_files(path: &Path) -> Result<Vec<PathBuf>> {
 fn builder(f: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     check_parquet_file(f)?;
     let file = File::open(f).with_context(|| format!("{}: cannot open", f.display()))?;
-    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+    let len = file
+        .metadata()
+        .with_context(|| format!("{}: cannot stat", f.display()))?
+        .len();
+    let b = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
         anyhow::anyhow!(
             "{}: not a readable Parquet file (truncated or corrupt footer?): {e}",
             f.display()
         )
-    })
+    })?;
+    check_footer(f, b.metadata(), len)?;
+    Ok(b)
 }
 
 /// The cheap checks before a Parquet reader opens `f`, with the messages people can act on: the
@@ -325,6 +331,37 @@ pub fn check_parquet_file(f: &Path) -> Result<()> {
             "{}: not a Parquet file (it does not start with the PAR1 magic bytes)",
             f.display()
         );
+    }
+    Ok(())
+}
+
+/// Reject a footer whose column chunks do not lie inside the file: the parquet crate asserts
+/// (panics) on a negative offset or size when it reads such a chunk (found by fuzzing,
+/// `fixtures/fuzz/parquet/`).
+pub fn check_footer(
+    f: &Path,
+    md: &parquet::file::metadata::ParquetMetaData,
+    len: u64,
+) -> Result<()> {
+    for (r, rg) in md.row_groups().iter().enumerate() {
+        for c in rg.columns() {
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            let size = c.compressed_size();
+            let inside = start >= 0
+                && size >= 0
+                && c.data_page_offset() >= 0
+                && (start as u64)
+                    .checked_add(size as u64)
+                    .is_some_and(|e| e <= len);
+            if !inside {
+                bail!(
+                    "{}: corrupt Parquet footer: row group {r}, column `{}` claims bytes \
+                     {start}..+{size} of a {len}-byte file",
+                    f.display(),
+                    c.column_path()
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -827,6 +864,16 @@ mod tests {
         std::fs::write(&trunc, &bytes[..bytes.len() / 2]).unwrap();
         let e = Reader::open(&trunc).err().unwrap();
         assert!(format!("{e:#}").contains("tr.parquet"), "{e:#}");
+    }
+
+    /// Fuzzing found a footer with a negative column offset, on which the parquet crate panics
+    /// while reading; the reader refuses it when it opens the file.
+    #[test]
+    fn footer_with_a_negative_offset_is_an_error() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/fuzz/parquet/crash-negative-column-offset.parquet");
+        let e = Reader::open(&p).err().expect("an error");
+        assert!(format!("{e:#}").contains("corrupt Parquet footer"), "{e:#}");
     }
 
     #[test]
