@@ -114,8 +114,8 @@ pub struct Args {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Only the prompts of shard I of N (`--shard 0/4`), split by prompt_id.
-    #[arg(long)]
-    pub shard: Option<String>,
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -171,7 +171,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.num_answers == 0 {
         bail!("--num-answers must be at least 1");
     }
-    let shard = a.shard.as_deref().map(str::parse::<Shard>).transpose()?;
+    let shard = a.shard;
     let system = system_prompt(&a)?;
     let device = crate::model::device_from_str(&g.device)?;
     let reader = Reader::open(&a.input)?;

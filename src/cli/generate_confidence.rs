@@ -69,8 +69,8 @@ pub struct Args {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Only the prompts of shard I of N (`--shard 0/4`).
-    #[arg(long)]
-    pub shard: Option<String>,
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -117,7 +117,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.num_confidences == 0 {
         bail!("--num-confidences must be at least 1");
     }
-    let shard = a.shard.as_deref().map(str::parse::<Shard>).transpose()?;
+    let shard = a.shard;
     let query = a
         .confidence_prompt
         .clone()

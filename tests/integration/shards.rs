@@ -262,6 +262,25 @@ fn shard_flag_errors() {
         ],
         2,
     );
+    // The sampling stages take the same typed flag: a usage error too.
+    for stage in ["generate-answers", "generate-confidence"] {
+        let e = wd.fail(
+            &[
+                stage,
+                "--model",
+                &m,
+                "--input",
+                "prompts.parquet",
+                "-o",
+                "g.parquet",
+                "--shard",
+                "2/2",
+            ],
+            2,
+        );
+        assert!(e.contains("--shard"), "{stage}: {e}");
+    }
+    assert!(!wd.path("g.parquet").exists());
     assert!(!wd.path("s.parquet").exists() && !wd.path("l.parquet").exists());
     assert!(Path::new(&wd.path("prompts.parquet")).exists());
 }
