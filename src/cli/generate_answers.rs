@@ -277,11 +277,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 &mut progress,
                 &mut summary,
             )?;
-            let w = match &mut writer {
-                Some(w) => w,
-                None => writer.insert(Writer::create(&a.out, out.schema(), &meta)?),
-            };
-            w.write(&out)?;
+            table::io::write_lazily(&mut writer, &a.out, &meta, &out)?;
         }
         base_row += batch.num_rows();
     }

@@ -609,11 +609,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             out.push(&answers[c.answer], c, fractions[c.cut_index], n, correct)?;
         }
         let batch = out.into_batch()?;
-        let w = match &mut writer {
-            Some(w) => w,
-            None => writer.insert(Writer::create(&a.out, batch.schema(), &meta)?),
-        };
-        w.write(&batch)?;
+        table::io::write_lazily(&mut writer, &a.out, &meta, &batch)?;
     }
     progress.finish();
     if let Some(ext) = external {

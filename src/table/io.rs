@@ -705,6 +705,21 @@ impl Writer {
     }
 }
 
+/// Append `batch` to `writer`, creating the output file on the first batch (with the batch's
+/// schema): stages that stream their output and write nothing when no row was produced.
+pub fn write_lazily(
+    writer: &mut Option<Writer>,
+    out: &Path,
+    meta: &Meta,
+    batch: &RecordBatch,
+) -> Result<()> {
+    let w = match writer {
+        Some(w) => w,
+        None => writer.insert(Writer::create(out, batch.schema(), meta)?),
+    };
+    w.write(batch)
+}
+
 /// Write a whole table in one go.
 pub fn write_table(
     out: &Path,
