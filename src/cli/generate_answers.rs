@@ -89,6 +89,30 @@ impl SamplingArgs {
             min_p: self.min_p,
         }
     }
+
+    /// Load the policy and resolve the generation settings of both sampling stages: the model,
+    /// the [`stage::gen_config`] and the metadata object [`stage::sampling_meta`] starts with
+    /// `"stage"` set to `stage_name`.
+    pub fn load(
+        &self,
+        model: &std::path::Path,
+        device: &burn::tensor::Device,
+        seed: u64,
+        stage_name: &str,
+    ) -> Result<(Policy, crate::sample::GenConfig, serde_json::Value)> {
+        let policy = Policy::load(model, device)?;
+        let cfg = stage::gen_config(
+            &policy,
+            self.params(),
+            self.max_new_tokens,
+            self.stop.clone(),
+            seed,
+            self.batch_size,
+        )?;
+        let mut config = stage::sampling_meta(&cfg, &policy, model);
+        config["stage"] = stage_name.into();
+        Ok((policy, cfg, config))
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -186,18 +210,8 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if total_prompts == 0 {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = Policy::load(&a.model, &device)?;
     let s = &a.sampling;
-    let cfg = stage::gen_config(
-        &policy,
-        s.params(),
-        s.max_new_tokens,
-        s.stop.clone(),
-        g.seed,
-        s.batch_size,
-    )?;
-    let mut config = stage::sampling_meta(&cfg, &policy, &a.model);
-    config["stage"] = "generate-answers".into();
+    let (policy, cfg, mut config) = s.load(&a.model, &device, g.seed, "generate-answers")?;
     config["num_answers"] = a.num_answers.into();
     config["system_prompt"] = match &system {
         Some(s) => s.clone().into(),

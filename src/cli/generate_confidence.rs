@@ -154,18 +154,8 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if total_answers == 0 {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = Policy::load(&a.model, &device)?;
     let s = &a.sampling;
-    let cfg = stage::gen_config(
-        &policy,
-        s.params(),
-        s.max_new_tokens,
-        s.stop.clone(),
-        g.seed,
-        s.batch_size,
-    )?;
-    let mut config = stage::sampling_meta(&cfg, &policy, &a.model);
-    config["stage"] = "generate-confidence".into();
+    let (policy, cfg, mut config) = s.load(&a.model, &device, g.seed, "generate-confidence")?;
     config["num_confidences"] = a.num_confidences.into();
     config["confidence_prompt"] = query.clone().into();
     config["system_prompt"] = match &a.system_prompt {
