@@ -5,43 +5,46 @@
 //!
 //! Configuration: the main job's (`scripts/rl.mk` defaults): the smallest countdown shape (two
 //! numbers in 1..3, targets up to 9: 25 distinct tasks), warm start of 12 epochs over 256 format
-//! examples at lr 1e-2 (at 4 epochs the model does not copy the prompt's numbers and accuracy stays
-//! at 5–12 %), 6 iterations of 16 prompts × 4 answers × 2 confidences, at most 24 new tokens,
-//! update lr 2e-3 (3e-3 collapsed format and accuracy to 0 within 4 iterations on a 5-number
-//! shape), `--micro-batch 16`.
+//! examples at lr 1e-2, the short confidence question `Confidence?` (in the warm-start examples and
+//! in generate-confidence), 20 iterations of 16 prompts × 4 answers × 2 confidences, at most 24 new
+//! tokens, `advantage --estimator rlcr --norm-conf mean`, `update --lr 1e-3 --epochs 2
+//! --mini-batches 4 --micro-batch 16` (8 optimizer steps per iteration).
 //!
-//! What is compared: the warm start and the last policy, sampled on one held-out table of 64
-//! prompts with the same seed (a policy that did not change gives identical figures, so the only
-//! noise left is sampling and the seed of the loop). The in-loop curve (each iteration's own new
-//! prompts) is printed but not asserted: 16 prompts over 25 tasks differ so much in difficulty that
-//! the no-update control (`LR=0`) swings its accuracy 0.11–0.25 across iterations (seed 1).
+//! What is compared: the warm start and the last policy, sampled on one held-out table of 256
+//! prompts with the same seed (a policy that did not change gives identical figures, so the noise
+//! left is sampling and the seed of the loop). The in-loop curve (each iteration's own 16 new
+//! prompts) is printed, not asserted: prompts differ so much in difficulty that a no-update control
+//! swings its accuracy 0.11–0.25 across iterations.
 //!
-//! Measured (rlcr's opt-level 0 or 1 give byte-identical runs), warm start → last policy:
+//! Measured, warm start → last policy (256 prompts: 1024 answers, 2048 confidences):
 //!
-//! | run | accuracy | confidence | Brier | gap = abs(confidence − accuracy) |
-//! |---|---|---|---|---|
-//! | seed 0 | 0.211 → 0.145 | 0.454 → 0.179 | 0.294 → 0.144 (+0.150) | 0.243 → 0.034 (−0.209) |
-//! | seed 1 | 0.180 → 0.305 | 0.477 → 0.117 | 0.302 → 0.250 (+0.053) | 0.297 → 0.188 (−0.109) |
-//! | seed 2 | 0.242 → 0.277 | 0.500 → 0.236 | 0.331 → 0.240 (+0.091) | 0.258 → 0.041 (−0.217) |
-//! | seed 3 | 0.160 → 0.215 | 0.576 → 0.298 | 0.392 → 0.233 (+0.159) | 0.416 → 0.083 (−0.333) |
-//! | seed 4 | 0.168 → 0.215 | 0.520 → 0.410 | 0.330 → 0.248 (+0.082) | 0.352 → 0.195 (−0.157) |
-//! | seed 0, answers only (`--lambda-conf 0`) | 0.211 → 0.152 | 0.454 → 0.466 | 0.294 → 0.289 (+0.006) | 0.243 → 0.314 (+0.071) |
-//! | seed 0, lr 1e-3 | 0.211 → 0.227 | 0.454 → 0.312 | 0.294 → 0.241 (+0.053) | 0.243 → 0.085 (−0.158) |
-//! | seed 0, lr 1e-3 × 4 mini-batches | 0.211 → 0.141 | 0.454 → 0.182 | 0.294 → 0.140 (+0.155) | 0.243 → 0.041 (−0.202) |
-//! | no update (`LR=0`), any seed | unchanged | unchanged | +0 | 0 |
+//! | run | accuracy | Brier gain | gap narrowing |
+//! |---|---|---|---|
+//! | seed 0 | +0.207 | +0.040 | see the closing note of issue 9 / BENCHMARKS.md |
+//! | seed 1 | +0.288 | +0.034 | |
+//! | seed 2 | +0.081 | +0.076 | |
+//! | seed 3 | +0.124 | +0.100 | |
+//! | seed 4 | +0.077 | +0.109 | |
+//! | seed 0, `--lambda-ans 0` (confidences only) | accuracy 0.207 → 0.028 | | |
+//! | seed 0, `--lambda-conf 0` (answers only) | accuracy → 0.304, no confidences left | | |
+//! | seed 0, `LR=0` | identical | 0 | 0 |
 //!
-//! Margins: the loop reliably learns calibration, so the test asserts (1) Brier improves by at least
-//! 0.03: every seed (0–4) gained ≥ 0.053, while a run whose confidences were not trained gained 0.006
-//! and the sampling noise of a Brier difference over 512 confidence rows is about 0.015 (one SE);
-//! (2) the gap between mean confidence and accuracy narrows by at least 0.05 (seeds: 0.109–0.333;
-//! untrained confidences: it widened by 0.071); (3) accuracy does not fall by more than 0.15
-//! (seeds: −0.066 … +0.125), which catches a collapse (format lost, accuracy → 0 from ≈ 0.2) but
-//! not noise. It does **not** assert that accuracy rises: on this model and budget it does not,
-//! beyond noise (−0.07 … +0.13 over five seeds, also −0.06 when only answers are trained); the
-//! in-loop curves look as if it did, and the `LR=0` control shows why that is prompt noise.
+//! Margins, and how they were chosen: (1) accuracy rises by at least 0.05: every seed rose by
+//! ≥ 0.077, and one standard error of an accuracy difference over 1024 answers is about 0.02–0.03,
+//! so 0.05 sits ≥ 2 SE above noise and below the weakest seed; (2) Brier improves by at least 0.02
+//! (seeds ≥ 0.034; an SE is ≈ 0.01 over 2048 confidences); (3) the gap |mean confidence −
+//! accuracy| narrows by at least 0.05 (seeds 0.16–0.29); (4) at least 70 % of answers and of
+//! confidences are well formed after the loop (weakest seed: 0.82 / 0.73), which catches a policy
+//! that games the reward by dropping the format. What failed on the way (and why the defaults are
+//! what they are): lr 2e-3 with 8 steps breaks the format; one step per iteration at 2e-3 learns
+//! calibration but not accuracy; `--norm-conf std` with G_c = 2 pushes every confidence to the
+//! majority outcome (Brier worse); 30 iterations at a constant lr collapsed seed 4; an entropy bonus
+//! hurt.
 //!
-//! Cost: 250 CPU-seconds (545 s wall on 2 cores at load average ≈ 13); the warm start (192 steps) is
-//! about half of it.
+//! The ablation of seed 000's choice (confidence rewards normalised over all answers of a prompt,
+//! `--estimator grpo`, instead of per answer) is `learning_ablation_pooled_confidence_norm`,
+//! `#[ignore]`d: it reports, it does not judge. `RLCR_LEARNING_SEED=N` runs either with another
+//! seed.
 //!
 //! Filter: `cargo test --test integration learning_` (it is the slowest test of the suite).
 use std::path::Path;
@@ -74,16 +77,21 @@ struct LoopConfig {
     g_c: usize,
     max_new: usize,
     lr: &'static str,
+    epochs: usize,
+    mini_batches: usize,
     estimator: &'static str,
+    confidence_prompt: &'static str,
     eval_prompts: usize,
 }
 
-/// Least Brier improvement (warm start → last policy, paired evaluation); see the module doc.
-const BRIER_MARGIN: f64 = 0.03;
+/// Least accuracy rise (warm start → last policy, paired evaluation); see the module doc.
+const ACC_MARGIN: f64 = 0.05;
+/// Least Brier improvement; see the module doc.
+const BRIER_MARGIN: f64 = 0.02;
 /// Least narrowing of |mean confidence − accuracy|; see the module doc.
 const GAP_MARGIN: f64 = 0.05;
-/// Largest accuracy drop tolerated; see the module doc.
-const ACC_TOLERANCE: f64 = 0.15;
+/// Least fraction of well-formed answers and of well-formed confidences after the loop.
+const FORMAT_FLOOR: f64 = 0.70;
 
 /// Seed of the held-out evaluation prompts (plus the loop's seed); far from the iterations' seeds.
 const EVAL_SEED: u64 = 777_777;
@@ -93,15 +101,27 @@ const DEFAULT: LoopConfig = LoopConfig {
     sft_count: 256,
     sft_epochs: 12,
     sft_lr: "1e-2",
-    iters: 6,
+    iters: 20,
     prompts: 16,
     g_a: 4,
     g_c: 2,
     max_new: 24,
-    lr: "2e-3",
+    lr: "1e-3",
+    epochs: 2,
+    mini_batches: 4,
     estimator: "rlcr",
-    eval_prompts: 64,
+    confidence_prompt: "Confidence?",
+    eval_prompts: 256,
 };
+
+/// The default configuration with the seed of `RLCR_LEARNING_SEED` (if set).
+fn config() -> LoopConfig {
+    let seed = match std::env::var("RLCR_LEARNING_SEED") {
+        Ok(v) => v.parse().expect("RLCR_LEARNING_SEED is an integer"),
+        Err(_) => DEFAULT.seed,
+    };
+    LoopConfig { seed, ..DEFAULT }
+}
 
 /// Per-iteration figures of the summary report.
 #[derive(Debug)]
@@ -109,6 +129,9 @@ struct Curve {
     accuracy: Vec<f64>,
     brier: Vec<f64>,
     mean_confidence: Vec<f64>,
+    ece: Vec<f64>,
+    format_answers: Vec<f64>,
+    format_confidences: Vec<f64>,
 }
 
 fn s(x: impl ToString) -> String {
@@ -167,6 +190,7 @@ impl Runner<'_> {
         a.extend(sampling("--num-answers", c.g_a));
         self.stage(&a);
         let mut a = vec![s("generate-confidence"), s("--model"), s(policy)];
+        a.extend([s("--confidence-prompt"), s(c.confidence_prompt)]);
         a.extend([s("--input"), f("answers.parquet")]);
         a.extend([s("-o"), f("trajectory.parquet")]);
         a.extend(sampling("--num-confidences", c.g_c));
@@ -212,7 +236,13 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
     r.prepare(
         c.seed,
         c.sft_count,
-        &[s("--sft"), s("--system-prompt"), s("")],
+        &[
+            s("--sft"),
+            s("--system-prompt"),
+            s(""),
+            s("--confidence-prompt"),
+            s(c.confidence_prompt),
+        ],
         "sft.parquet",
     );
     r.stage(&[
@@ -251,6 +281,8 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
             f("train.parquet"),
             s("--estimator"),
             s(c.estimator),
+            s("--norm-conf"),
+            s("mean"),
         ]);
         r.stage(&[
             s("update"),
@@ -262,6 +294,10 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
             f("model"),
             s("--lr"),
             s(c.lr),
+            s("--epochs"),
+            s(c.epochs),
+            s("--mini-batches"),
+            s(c.mini_batches),
             s("--micro-batch"),
             s("16"),
             s("--loss-agg"),
@@ -307,6 +343,9 @@ fn read_curve(file: &Path) -> Curve {
         accuracy: col("accuracy"),
         brier: col("brier"),
         mean_confidence: col("mean_confidence"),
+        ece: col("ece"),
+        format_answers: col("format_rate_answers"),
+        format_confidences: col("format_rate_confidences"),
     }
 }
 
@@ -335,16 +374,23 @@ impl Pair {
 }
 
 #[test]
-fn learning_rlcr_loop_improves_brier_and_calibration() {
+fn learning_rlcr_loop_raises_accuracy_and_improves_brier() {
+    let c = config();
     let wd = Workdir::new();
-    let o = run_loop(&wd, &DEFAULT);
+    let o = run_loop(&wd, &c);
     eprintln!(
-        "learning: in-loop curve {:?}\nlearning: evaluation (start, end) {:?}",
-        o.curve, o.eval
+        "learning (seed {}): in-loop curve {:?}\nlearning: evaluation (start, end) {:?}",
+        c.seed, o.curve, o.eval
     );
-    assert_eq!(o.curve.accuracy.len(), DEFAULT.iters);
+    assert_eq!(o.curve.accuracy.len(), c.iters);
     assert_eq!(o.eval.accuracy.len(), 2);
     let p = Pair::of(&o.eval);
+    let acc_gain = p.acc.1 - p.acc.0;
+    assert!(
+        acc_gain >= ACC_MARGIN,
+        "accuracy rose by {acc_gain:.3} < {ACC_MARGIN} (evaluation {:?})",
+        o.eval
+    );
     let brier_gain = p.brier.0 - p.brier.1;
     assert!(
         brier_gain >= BRIER_MARGIN,
@@ -358,11 +404,46 @@ fn learning_rlcr_loop_improves_brier_and_calibration() {
          (evaluation {:?})",
         o.eval
     );
-    assert!(
-        p.acc.1 >= p.acc.0 - ACC_TOLERANCE,
-        "accuracy fell {:.3} -> {:.3}, more than {ACC_TOLERANCE} (evaluation {:?})",
+    for (what, rate) in [
+        ("answers", o.eval.format_answers[1]),
+        ("confidences", o.eval.format_confidences[1]),
+    ] {
+        assert!(
+            rate >= FORMAT_FLOOR,
+            "only {rate:.3} of the last policy's {what} are well formed (< {FORMAT_FLOOR}; \
+             evaluation {:?})",
+            o.eval
+        );
+    }
+}
+
+/// Seed 000's ablation: confidence rewards normalised over all G_a·G_c confidences of a prompt
+/// (`--estimator grpo`: groups by prompt and sample type) instead of over the G_c confidences of
+/// their own answer. Reports the same paired figures as the learning test; no pass/fail on them.
+#[test]
+#[ignore = "an ablation report (about 3 minutes): cargo test --test integration learning_ablation -- --ignored --nocapture"]
+fn learning_ablation_pooled_confidence_norm() {
+    let c = LoopConfig {
+        estimator: "grpo",
+        ..config()
+    };
+    let wd = Workdir::new();
+    let o = run_loop(&wd, &c);
+    assert_eq!(o.eval.accuracy.len(), 2);
+    let p = Pair::of(&o.eval);
+    let (g0, g1) = p.gap();
+    eprintln!(
+        "ablation pooled (seed {}): accuracy {:.3} -> {:.3}, Brier {:.3} -> {:.3}, gap {g0:.3} -> \
+         {g1:.3}, ECE {:.3} -> {:.3}, format {:.3}/{:.3}\nin-loop curve {:?}",
+        c.seed,
         p.acc.0,
         p.acc.1,
-        o.eval
+        p.brier.0,
+        p.brier.1,
+        o.eval.ece[0],
+        o.eval.ece[1],
+        o.eval.format_answers[1],
+        o.eval.format_confidences[1],
+        o.curve
     );
 }
