@@ -18,16 +18,16 @@
 //!
 //! Measured, warm start → last policy (256 prompts: 1024 answers, 2048 confidences):
 //!
-//! | run | accuracy | Brier gain | gap narrowing |
-//! |---|---|---|---|
-//! | seed 0 | +0.207 | +0.040 | see the closing note of issue 9 / BENCHMARKS.md |
-//! | seed 1 | +0.288 | +0.034 | |
-//! | seed 2 | +0.081 | +0.076 | |
-//! | seed 3 | +0.124 | +0.100 | |
-//! | seed 4 | +0.077 | +0.109 | |
-//! | seed 0, `--lambda-ans 0` (confidences only) | accuracy 0.207 → 0.028 | | |
-//! | seed 0, `--lambda-conf 0` (answers only) | accuracy → 0.304, no confidences left | | |
-//! | seed 0, `LR=0` | identical | 0 | 0 |
+//! | run | accuracy | mean confidence | Brier | gap abs(conf − acc) | format ok: answers / confidences |
+//! |---|---|---|---|---|---|
+//! | seed 0 | 0.207 → 0.414 (+0.207) | 0.519 → 0.264 | 0.316 → 0.277 (+0.040) | 0.312 → 0.150 | 1.00 / 0.99 |
+//! | seed 1 | 0.199 → 0.487 (+0.288) | 0.450 → 0.399 | 0.295 → 0.261 (+0.034) | 0.251 → 0.088 | 0.99 / 0.99 |
+//! | seed 2 | 0.204 → 0.285 (+0.081) | 0.424 → 0.290 | 0.291 → 0.215 (+0.076) | 0.220 → 0.004 | 0.99 / 0.96 |
+//! | seed 3 | 0.244 → 0.368 (+0.124) | 0.539 → 0.376 | 0.340 → 0.240 (+0.100) | 0.295 → 0.008 | 0.99 / 0.98 |
+//! | seed 4 | 0.271 → 0.348 (+0.077) | 0.518 → 0.374 | 0.318 → 0.209 (+0.109) | 0.247 → 0.026 | 0.82 / 0.73 |
+//! | seed 0, `--lambda-ans 0` (confidences only) | 0.207 → 0.028 | | | | |
+//! | seed 0, `--lambda-conf 0` (answers only) | 0.207 → 0.304 | no confidences left | | | |
+//! | seed 0, `LR=0` | identical | identical | identical | identical | |
 //!
 //! Margins, and how they were chosen: (1) accuracy rises by at least 0.05: every seed rose by
 //! ≥ 0.077, and one standard error of an accuracy difference over 1024 answers is about 0.02–0.03,
@@ -433,11 +433,14 @@ fn learning_ablation_pooled_confidence_norm() {
     let p = Pair::of(&o.eval);
     let (g0, g1) = p.gap();
     eprintln!(
-        "ablation pooled (seed {}): accuracy {:.3} -> {:.3}, Brier {:.3} -> {:.3}, gap {g0:.3} -> \
-         {g1:.3}, ECE {:.3} -> {:.3}, format {:.3}/{:.3}\nin-loop curve {:?}",
+        "ablation pooled (seed {}): accuracy {:.3} -> {:.3}, mean confidence {:.3} -> {:.3}, Brier \
+         {:.3} -> {:.3}, gap {g0:.3} -> {g1:.3}, ECE {:.3} -> {:.3}, format {:.3}/{:.3}\n\
+         in-loop curve {:?}",
         c.seed,
         p.acc.0,
         p.acc.1,
+        p.conf.0,
+        p.conf.1,
         p.brier.0,
         p.brier.1,
         o.eval.ece[0],
