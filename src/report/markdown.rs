@@ -389,7 +389,8 @@ pub fn render(
             let m = &r.overall;
             let _ = writeln!(
                 out,
-                "| {i} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                i + 1,
                 cell(&r.input).replace('`', "'"),
                 fmt_opt(m.accuracy, 4),
                 fmt_opt(m.mean_confidence, 4),

@@ -211,7 +211,7 @@ pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
     };
     plot::LineCharts {
         title: "Metrics by iteration".to_string(),
-        x_label: "iteration (input order)".to_string(),
+        x_label: "iteration (input order, from 1)".to_string(),
         x_names: reports.iter().map(|r| r.input.clone()).collect(),
         grid: (2, 2),
         panels: vec![
@@ -535,6 +535,13 @@ mod tests {
         let md = std::fs::read_to_string(dir.path().join("report.md")).expect("md");
         assert!(md.contains("````text\n   garbage ``` fence"), "{md}");
         assert!(md.contains("## Across iterations"));
+        // Iterations are numbered from 1, like the loop's iter-0001 folders.
+        let rows: Vec<&str> = md
+            .lines()
+            .filter(|l| l.starts_with("| 1 | `") || l.starts_with("| 2 | `"))
+            .collect();
+        assert_eq!(rows.len(), 2, "{md}");
+        assert!(!md.contains("| 0 | `"), "{md}");
         assert!(md.contains("## Faithfulness probe"));
         let json: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(dir.path().join("metrics.json")).expect("json"),

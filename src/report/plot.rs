@@ -796,10 +796,11 @@ fn draw_line_panel<DB: DrawingBackend>(
         .configure_mesh()
         .x_labels(n_labels)
         .y_labels(6)
+        // Points sit at 0-based indices; labels count from 1, like the loop's iter-0001 folders.
         .x_label_formatter(&|v| {
             let r = v.round();
             if (v - r).abs() < 1e-6 && r >= 0.0 {
-                format!("{r:.0}")
+                format!("{:.0}", r + 1.0)
             } else {
                 String::new()
             }
