@@ -13,7 +13,7 @@ use arrow::array::{
     StructArray,
 };
 use arrow::compute::cast;
-use arrow::datatypes::DataType;
+use arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int32Type};
 
 use crate::advantage::Span;
 
@@ -128,52 +128,39 @@ pub fn list_lengths(batch: &RecordBatch, name: &str) -> Result<Option<Flat<()>>>
     }))
 }
 
-/// A list-of-floats column as `f64`; `None` when absent.
-pub fn float_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<f64>>> {
+/// A list-of-numbers column with its items cast to `T` (`what` names `T` in errors); `None` when
+/// absent.
+fn primitive_lists<T: ArrowPrimitiveType>(
+    batch: &RecordBatch,
+    name: &str,
+    what: &str,
+) -> Result<Option<Flat<T::Native>>> {
     let Some(col) = batch.column_by_name(name) else {
         return Ok(None);
     };
     let (offsets, vals) = list_parts(col, name)?;
     no_null_items(&vals, name)?;
-    let v = cast(&vals, &DataType::Float64).with_context(|| {
+    let v = cast(&vals, &T::DATA_TYPE).with_context(|| {
         format!(
-            "column `{name}`: cannot read {} items as floats",
+            "column `{name}`: cannot read {} items as {what}",
             vals.data_type()
         )
     })?;
-    let values = v
-        .as_primitive::<arrow::datatypes::Float64Type>()
-        .values()
-        .to_vec();
     Ok(Some(Flat {
         offsets,
-        values,
+        values: v.as_primitive::<T>().values().to_vec(),
         valid: validity(col),
     }))
 }
 
+/// A list-of-floats column as `f64`; `None` when absent.
+pub fn float_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<f64>>> {
+    primitive_lists::<Float64Type>(batch, name, "floats")
+}
+
 /// A list-of-ints column as `i32`; `None` when absent.
 pub fn int_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<i32>>> {
-    let Some(col) = batch.column_by_name(name) else {
-        return Ok(None);
-    };
-    let (offsets, vals) = list_parts(col, name)?;
-    no_null_items(&vals, name)?;
-    let v = cast(&vals, &DataType::Int32).with_context(|| {
-        format!(
-            "column `{name}`: cannot read {} items as int32",
-            vals.data_type()
-        )
-    })?;
-    let values = v
-        .as_primitive::<arrow::datatypes::Int32Type>()
-        .values()
-        .to_vec();
-    Ok(Some(Flat {
-        offsets,
-        values,
-        valid: validity(col),
-    }))
+    primitive_lists::<Int32Type>(batch, name, "int32")
 }
 
 /// A list-of-bools column (integers accepted: non-zero is true); `None` when absent.
