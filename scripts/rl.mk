@@ -53,11 +53,14 @@ TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 3 --max-target 9 --pr
 # System prompt of both turns: `default` = rlcr's RLCR prompt; empty = none (tiny models: short
 # contexts); anything else is used as is.
 SYSTEM_PROMPT ?=
-SYS_FLAG = $(if $(filter default,$(SYSTEM_PROMPT)),,--system-prompt "$(SYSTEM_PROMPT)")
+# True when $(1) is exactly the word `default` (a prompt that merely contains it is used as is).
+is_default = $(and $(filter default,$(1)),$(if $(word 2,$(1)),,1))
+SYS_FLAG = $(if $(call is_default,$(SYSTEM_PROMPT)),,--system-prompt "$(SYSTEM_PROMPT)")
 # The user message that asks for a confidence (SFT examples and generate-confidence): `default` =
-# rlcr's RLCR request (probability in <confidence> tags, optional <analysis>); anything else as is.
+# rlcr's RLCR request (probability in <confidence> tags, optional <analysis>); anything else as is
+# (both prompts are passed in double quotes: no `"` inside).
 CONFIDENCE_PROMPT ?= Confidence?
-CONF_FLAG = $(if $(filter default,$(CONFIDENCE_PROMPT)),,--confidence-prompt "$(CONFIDENCE_PROMPT)")
+CONF_FLAG = $(if $(call is_default,$(CONFIDENCE_PROMPT)),,--confidence-prompt "$(CONFIDENCE_PROMPT)")
 ITERS ?= 20
 PROMPTS_PER_ITER ?= 16
 G_A ?= 4
