@@ -19,7 +19,7 @@
 # answers x 2 confidences, 2 epochs x 4 mini-batches (8 optimizer steps) per iteration at lr 1e-3,
 # confidence advantages mean-centred per answer (`--norm-conf mean`), and the short confidence
 # question `Confidence?` (the tiny model's context is short: rlcr's full request makes every
-# confidence row 2.6x longer and the update 4x slower). About 4 minutes on 2 idle cores. It learns
+# confidence row 2.6x longer and the update 4x slower). About 2.5 minutes on 2 idle cores. It learns
 # both to answer (accuracy about 0.19 -> 0.45) and to say how sure it is (Brier, ECE): see the
 # README and tests/integration/learning.rs.
 # `make -f scripts/rl.mk smollm2` runs the same loop on SmolLM2-135M-Instruct imported from its
