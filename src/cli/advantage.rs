@@ -750,6 +750,7 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let reader = table::Reader::open_columns(input, &projection(plan))?;
     let display = reader.display.clone();
     let mut validator = Validator::new(&display, &TRAJECTORY);
+    validator.reserve(reader.num_rows());
 
     let mut prompts = Interner::default();
     let mut max_answer: Vec<i32> = Vec::new(); // per prompt: largest answer_idx of a confidence row
