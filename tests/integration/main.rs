@@ -15,6 +15,7 @@ mod fuzz_regressions;
 mod gguf;
 mod learning;
 mod model;
+mod multiturn;
 mod probe;
 mod report;
 mod sample;

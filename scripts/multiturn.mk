@@ -1,0 +1,117 @@
+# Seed 001's multi-turn loop as a Makefile (`make -f scripts/rl.mk multiturn` runs it): the policy
+# asks the example knowledge-base environment (scripts/kb_env.py) with <query>relation(entity)</query>,
+# reads the <information> it gets back, and answers in <answer></answer>.
+#
+# Layout:
+#   runs/$(RUN)/sft.jsonl, sft.parquet, sft/      supervised warm start on worked rollouts
+#   runs/$(RUN)/iter-0001/prompts.parquet         this iteration's questions (kb_env.py prompts)
+#                         rollouts.parquet        generate-multiturn (G rollouts per prompt)
+#                         scored.parquet          score: per-turn env rewards + exact match
+#                         train.parquet           advantage (grpo-multiturn)
+#                         model/                  update -> the next iteration's policy
+#   runs/$(RUN)/curve.tsv                         turn reward, exact match, turns per iteration
+#
+# Rewards (scripts/kb_rewards.toml): the environment's turn reward of every model turn
+# (kg_query_validity 0.1 + is_answer_score 0.1 + format_score 0.15, seed 001's weights) as a turn
+# component, exact match as a global one: reward = mean over turns + exact match.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DELETE_ON_ERROR:
+.SUFFIXES:
+MAKEFLAGS += --no-builtin-rules
+
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/..)
+CARGO ?= cargo
+RLCR_OPT ?= 0
+build_rlcr = $(or $(shell $(CARGO) build --config 'profile.dev.package.rlcr.opt-level=$(RLCR_OPT)' \
+  --manifest-path $(ROOT)/Cargo.toml --bin rlcr --message-format=json-render-diagnostics \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1),$(error multiturn.mk: building rlcr failed))
+ifeq ($(origin RLCR),undefined)
+RLCR = $(eval RLCR := $$(build_rlcr))$(RLCR)
+endif
+PYTHON ?= python3
+RUN ?= multiturn
+RUNS ?= runs
+DIR := $(RUNS)/$(RUN)
+SEED ?= 0
+DEVICE ?= cpu
+MODEL ?= $(ROOT)/fixtures/tiny-qwen2
+ENV := $(PYTHON) $(ROOT)/scripts/kb_env.py
+
+ITERS ?= 6
+PROMPTS_PER_ITER ?= 16
+G ?= 4
+MAX_TURNS ?= 3
+MAX_NEW ?= 24
+MAX_RESPONSE ?= 96
+TEMPERATURE ?= 1.0
+BATCH ?= 64
+ENV_TIMEOUT ?= 30
+REWARDS ?= $(ROOT)/scripts/kb_rewards.toml
+ESTIMATOR ?= grpo-multiturn
+ADV_FLAGS ?=
+LR ?= 1e-3
+EPOCHS ?= 2
+MINI_BATCHES ?= 4
+MICRO_BATCH ?= 16
+UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0
+
+SFT ?= 1
+SFT_COUNT ?= 256
+SFT_LR ?= 1e-2
+SFT_EPOCHS ?= 8
+
+GF := --seed $(SEED) --device $(DEVICE)
+ITER_IDS := $(shell seq -f '%04g' 1 $(ITERS))
+ifeq ($(SFT),1)
+START := $(DIR)/sft
+else
+START := $(MODEL)
+endif
+
+.PHONY: all curve clean
+all: curve
+
+$(DIR)/sft.parquet:
+	@mkdir -p $(DIR)
+	$(ENV) sft --count $(SFT_COUNT) --seed 1000 > $(DIR)/sft.jsonl
+	$(RLCR) $(GF) prepare --from jsonl --input $(DIR)/sft.jsonl -o $@
+
+$(DIR)/sft/config.json: $(DIR)/sft.parquet
+	$(RLCR) $(GF) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS)
+
+define ITER
+$(DIR)/iter-$(1)/prompts.parquet:
+	@mkdir -p $(DIR)/iter-$(1)
+	$(ENV) prompts --count $(PROMPTS_PER_ITER) --seed $$$$((10#$(1) + 1000 * $(SEED))) > $(DIR)/iter-$(1)/prompts.jsonl
+	$$(RLCR) $(GF) prepare --from jsonl --input $(DIR)/iter-$(1)/prompts.jsonl -o $$@
+
+$(DIR)/iter-$(1)/rollouts.parquet: $(DIR)/iter-$(1)/prompts.parquet $(2)/config.json
+	$$(RLCR) $(GF) generate-multiturn --model $(2) --input $$< -o $$@ --num-answers $(G) \
+	  --env-cmd '$(ENV) serve' --env-timeout $(ENV_TIMEOUT) --stop '</query>' --stop '</answer>' \
+	  --max-turns $(MAX_TURNS) --max-new-tokens $(MAX_NEW) --max-response-tokens $(MAX_RESPONSE) \
+	  --temperature $(TEMPERATURE) --batch-size $(BATCH)
+
+$(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/rollouts.parquet
+	$$(RLCR) $(GF) score --input $$< -o $$@ --verifier exact --rewards $(REWARDS)
+
+$(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
+	$$(RLCR) $(GF) advantage --input $$< -o $$@ --estimator $(ESTIMATOR) $(ADV_FLAGS)
+
+$(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
+	$$(RLCR) $(GF) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $(LR) \
+	  --epochs $(EPOCHS) --mini-batches $(MINI_BATCHES) --micro-batch $(MICRO_BATCH) $(UPDATE_FLAGS)
+endef
+
+prev = $(if $(filter 0001,$(1)),$(START),$(DIR)/iter-$(shell printf '%04d' $$((10#$(1) - 1)))/model)
+$(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)))))
+
+SCORED := $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/scored.parquet)
+$(DIR)/curve.tsv: $(SCORED) $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
+	$(PYTHON) $(ROOT)/scripts/multiturn_curve.py $(SCORED) > $@
+	@cat $@
+
+curve: $(DIR)/curve.tsv
+
+clean:
+	rm -rf $(DIR)
