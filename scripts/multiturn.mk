@@ -93,7 +93,7 @@ $(DIR)/iter-$(1)/rollouts.parquet: $(DIR)/iter-$(1)/prompts.parquet $(2)/config.
 	  --temperature $(TEMPERATURE) --batch-size $(BATCH)
 
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/rollouts.parquet
-	$$(RLCR) $(GF) score --input $$< -o $$@ --verifier exact --rewards $(REWARDS)
+	$$(RLCR) $(GF) score --input $$< -o $$@ --verifier exact --format-gate off --rewards $(REWARDS)
 
 $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
 	$$(RLCR) $(GF) advantage --input $$< -o $$@ --estimator $(ESTIMATOR) $(ADV_FLAGS)
@@ -108,7 +108,7 @@ $(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)))))
 
 SCORED := $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/scored.parquet)
 $(DIR)/curve.tsv: $(SCORED) $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
-	$(PYTHON) $(ROOT)/scripts/multiturn_curve.py $(SCORED) > $@
+	$(PYTHON) $(ROOT)/scripts/multiturn_curve.py $(RLCR) $(SCORED) > $@
 	@cat $@
 
 curve: $(DIR)/curve.tsv

@@ -125,7 +125,7 @@ else
 START := $(MODEL)
 endif
 
-.PHONY: all loop summary clean smollm2 probe
+.PHONY: all loop summary clean smollm2 probe multiturn
 all: summary
 loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
 
@@ -210,3 +210,11 @@ smollm2: $(SMOL_DIR)/config.json
 
 clean:
 	rm -rf $(DIR)
+
+# --- seed 001's multi-turn loop with the example knowledge-base environment (scripts/multiturn.mk;
+# its variables pass through, e.g. `make -f scripts/rl.mk multiturn MT_ITERS=3`).
+MT_RUN ?= multiturn
+MT_ITERS ?= 6
+multiturn:
+	$(MAKE) -f $(ROOT)/scripts/multiturn.mk RUN=$(MT_RUN) RUNS=$(RUNS) ITERS=$(MT_ITERS) SEED=$(SEED) \
+	  DEVICE=$(DEVICE) RLCR=$(RLCR)

@@ -195,7 +195,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     config["system_prompt"] = plan.system_prompt.clone().into();
     config["response_prefix"] = plan.response_prefix.clone().into();
     config["argv"] = plan.argv.clone().into();
-    let meta = Meta::new(
+    let mut meta = Meta::new(
         &TRAJECTORY,
         "generate-multiturn",
         config,
@@ -228,13 +228,40 @@ pub fn run(plan: &Plan) -> Result<String> {
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();
 
+    // Statistics (summary line and the `rlcr.multiturn_summary` metadata).
+    let all: Vec<&Rollout> = results.iter().flatten().collect();
+    let n_rows = all.len().max(1) as f64;
+    let turn_rewards: Vec<f64> = all
+        .iter()
+        .flat_map(|r| r.turns.iter().filter_map(|t| t.reward))
+        .collect();
+    let turns_total: usize = all.iter().map(|r| r.turns.len()).sum();
+    let done_rows = all
+        .iter()
+        .filter(|r| r.turns.last().is_some_and(|t| t.done))
+        .count();
+    let info_tokens: usize = all
+        .iter()
+        .map(|r| r.info_mask.iter().filter(|&&m| !m).count())
+        .sum();
+    let mean_turn_reward = (!turn_rewards.is_empty())
+        .then(|| turn_rewards.iter().sum::<f64>() / turn_rewards.len() as f64);
+    let stats = serde_json::json!({
+        "rollouts": all.len(),
+        "turns_per_rollout": turns_total as f64 / n_rows,
+        "ended_by_environment": done_rows,
+        "environment_requests": requests,
+        "mean_turn_reward": mean_turn_reward,
+        "model_tokens": tokens,
+        "observation_tokens": info_tokens,
+        "seconds": seconds,
+    });
+    meta.extra
+        .insert("multiturn_summary".into(), stats.to_string());
+
     // Rows, per input batch, in prompt order.
     let mut summary = Summary::default();
     let mut writer: Option<Writer> = None;
-    let mut turn_reward_sum = 0f64;
-    let mut turn_reward_n = 0usize;
-    let mut turns_total = 0usize;
-    let mut done_rows = 0usize;
     for (bi, b) in batches.iter().enumerate() {
         let mut take = Vec::new();
         let mut c = stage::SampledColumns::default();
@@ -263,14 +290,6 @@ pub fn run(plan: &Plan) -> Result<String> {
                 info.push(r.info_mask.clone());
                 turn_ids.push(r.turn_ids.clone());
                 rewards.push(r.turns.iter().map(|t| t.reward.map(|x| x as f32)).collect());
-                for t in &r.turns {
-                    if let Some(x) = t.reward {
-                        turn_reward_sum += x;
-                        turn_reward_n += 1;
-                    }
-                }
-                turns_total += r.turns.len();
-                done_rows += r.turns.last().is_some_and(|t| t.done) as usize;
                 num_turns.push(stage::to_i32(r.turns.len(), "num_turns")?);
                 extra.push(extras_json(r));
             }
@@ -298,19 +317,15 @@ pub fn run(plan: &Plan) -> Result<String> {
     w.finish()?;
     summary.tokens = tokens;
     summary.seconds = seconds;
-    let rows = summary.rows.max(1) as f64;
     Ok(format!(
-        "{}; {} environment requests, {:.2} turns per rollout, {} of {} ended by the environment, mean turn reward {}",
+        "{}; {} environment requests, {:.2} turns per rollout, {} of {} ended by the environment, {} observation tokens, mean turn reward {}",
         summary.line("generate-multiturn", "answer_span"),
         requests,
-        turns_total as f64 / rows,
+        turns_total as f64 / n_rows,
         done_rows,
         summary.rows,
-        if turn_reward_n == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.4}", turn_reward_sum / turn_reward_n as f64)
-        }
+        info_tokens,
+        mean_turn_reward.map_or("-".to_string(), |x| format!("{x:.4}"))
     ))
 }
 

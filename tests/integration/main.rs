@@ -9,6 +9,7 @@ mod advantage;
 mod bad_input;
 mod cli;
 mod crash;
+mod critic;
 mod determinism;
 mod ecosystem;
 mod fuzz_regressions;
