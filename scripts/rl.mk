@@ -240,7 +240,7 @@ clean:
 # --- seed 001's multi-turn loop with the example knowledge-base environment (scripts/multiturn.mk;
 # its variables pass through, e.g. `make -f scripts/rl.mk multiturn MT_ITERS=3`).
 MT_RUN ?= multiturn
-MT_ITERS ?= 6
+MT_ITERS ?= 8
 multiturn:
 	$(MAKE) -f $(ROOT)/scripts/multiturn.mk RUN=$(MT_RUN) RUNS=$(RUNS) ITERS=$(MT_ITERS) SEED=$(SEED) \
 	  DEVICE=$(DEVICE) RLCR=$(RLCR)

@@ -243,6 +243,19 @@ fn critic_trains_gae_matches_numpy_and_the_folder_loads_back() {
             "--reward-distribution",
             dist,
         ]);
+        // Observation tokens: never learnable in GAE mode either.
+        let (info, mask) = (
+            bool_lists(&w.path(&out), "info_mask"),
+            bool_lists(&w.path(&out), "loss_mask"),
+        );
+        let mut observations = 0;
+        for (i, m) in info.iter().zip(&mask) {
+            for (&x, &y) in i.iter().zip(m) {
+                assert!(x || !y, "{dist}: an observation token is learnable");
+                observations += usize::from(!x);
+            }
+        }
+        assert!(observations > 50, "{dist}: {observations}");
         let Some(r) = check(&[
             "gae",
             &w.path(&out).display().to_string(),
