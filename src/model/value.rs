@@ -227,7 +227,7 @@ pub fn save(
         },
     ));
     let arch = token_classification_arch(config);
-    weights::write_folder(out, |tmp| {
+    crate::fs::write_folder(out, |tmp| {
         weights::write_safetensors(tmp, &tensors, weights::MAX_SHARD_BYTES)?;
         weights::copy_side_files(src_dir, tmp)?;
         let path = tmp.join("config.json");

@@ -451,7 +451,7 @@ pub fn run_values(plan: &ValuesPlan) -> Result<String> {
         "--column `{}`: choose a new column name",
         plan.column
     );
-    table::check_distinct(&[&plan.input], &plan.out)?;
+    crate::fs::check_distinct(&[&plan.input], &plan.out)?;
     let device = crate::model::device_from_str(&plan.device)?;
     let critic = Critic::load(&plan.critic, &device)?;
     let (vocab, max_pos) = (
