@@ -517,3 +517,45 @@ fn bad_environments_fail_cleanly() {
         .success();
     assert!(!alive, "grandchild {pid} outlived rlcr");
 }
+
+/// Bad flags and tables: exit 1 (or 2 for usage), a message, nothing written.
+#[test]
+fn multiturn_and_values_reject_bad_input() {
+    let w = Workdir::new();
+    prompts(&w, 2);
+    for (extra, expect) in [
+        (&["--max-turns", "0"][..], "--max-turns must be at least 1"),
+        (&["--max-response-tokens", "0"][..], "--max-response-tokens"),
+        (
+            &["--env-timeout", "0"][..],
+            "--env-timeout must be a positive",
+        ),
+    ] {
+        let o = rollouts(&w, "x.parquet", 4, &env_cmd(""), extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains(expect), "{extra:?}: {err}");
+    }
+    let o = rollouts(&w, "x.parquet", 4, "exit 0", &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("closed its output") || err.contains("exited"),
+        "{err}"
+    );
+    // `values` needs token columns; a prompts table has none.
+    let err = w.fail(
+        &[
+            "values",
+            "--critic",
+            &tiny(),
+            "--input",
+            "prompts.parquet",
+            "-o",
+            "v.parquet",
+        ],
+        1,
+    );
+    assert!(err.contains("context_ids"), "{err}");
+    assert!(!w.path("x.parquet").exists() && !w.path("v.parquet").exists());
+}
