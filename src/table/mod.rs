@@ -1,18 +1,22 @@
-//! Tables: schemas, Parquet I/O, metadata, validation, atomic writes.
+//! Tables: schemas, Parquet I/O, metadata, validation (atomic writes go through [`crate::fs`]).
 //!
 //! - [`schema`]: the column lists of the trajectory, prompts and probe tables (the contract).
 //! - [`io`]: streaming [`Reader`] (file or folder of parts; LargeList/LargeUtf8 normalised) and
 //!   atomic [`Writer`] (zstd, rlcr key-value metadata, refuses to overwrite an input).
 //! - [`cols`]: typed column getters and builders.
-//! - [`validate`]: schema and row checks with file/row/column in every message.
+//! - [`validate`]: schema and row checks with file/row/column in every message: the one
+//!   [`Validator`] every stage runs over its input.
+//! - [`splice`]: the row-preserving writer: an input's column chunks copied as they are, only new
+//!   columns encoded.
 pub mod cols;
 pub mod io;
 pub mod json;
 pub mod schema;
 pub mod shard;
+pub mod splice;
 pub mod validate;
 
-pub use io::{check_distinct, write_atomic, write_table, AtomicFile, Meta, Reader, Writer};
+pub use io::{write_table, Meta, Reader, Writer};
 pub use schema::{ColType, ColumnSpec, TableSpec, PROBE, PROMPTS, TRAJECTORY};
 pub use shard::Shard;
 pub use validate::{check_schema, Validator};
