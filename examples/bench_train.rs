@@ -166,6 +166,12 @@ fn main() -> anyhow::Result<()> {
                 tokens as f64 / t_fb,
                 tokens as f64 / c_fb
             );
+            // The whole update step: forward + backward, global clipping, AdamW.
+            println!(
+                "RESULT step_b{batch}_l{len} {:.2} {:.2}",
+                tokens as f64 / t0.elapsed().as_secs_f64(),
+                tokens as f64 / (cpu_seconds() - c0)
+            );
         }
         fb.push(t_fb);
         st.push(t_step);
