@@ -10,6 +10,7 @@ mod bad_input;
 mod cli;
 mod crash;
 mod determinism;
+mod devices;
 mod ecosystem;
 mod fuzz_regressions;
 mod gguf;
