@@ -7,7 +7,8 @@
 //! `cli` module, which parses flags, reads tables, calls the library and writes tables.
 //!
 //! Module map:
-//! - [`table`]: schemas, Parquet I/O, metadata, validation, atomic writes.
+//! - [`fs`]: atomic files and folders, stale-temp cleanup (used by every writer).
+//! - [`table`]: schemas, Parquet I/O, metadata, validation.
 //! - [`model`]: Llama/Qwen2 decoder in burn, weights, tokenizer, chat template, GGUF import.
 //! - [`sample`]: batched sampling with a KV cache and per-sample seeded RNG.
 //! - [`reward`]: verifiers, parsers, Brier, structured rewards.
@@ -17,6 +18,7 @@
 
 pub mod advantage;
 pub mod cli;
+pub mod fs;
 pub mod model;
 pub mod probe;
 pub mod progress;

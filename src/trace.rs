@@ -150,7 +150,7 @@ pub fn write(path: &Path) -> Result<usize> {
         "displayTimeUnit": "ms",
     }))
     .context("encoding the trace")?;
-    crate::table::write_atomic(path, &json)
+    crate::fs::write_atomic(path, &json)
         .with_context(|| format!("writing the trace {}", path.display()))?;
     Ok(events.len())
 }

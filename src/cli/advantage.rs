@@ -51,7 +51,7 @@ use crate::advantage::{
     MaskedMoments, MissingSpan, MultiTurnConfig, Norm, RewardDistribution, SampleKind, Singleton,
     StdKind, TreeConfig, TurnReward,
 };
-use crate::table::{self, Meta, TRAJECTORY};
+use crate::table::{self, Meta, Validator, TRAJECTORY};
 
 mod cols;
 mod splice;
@@ -375,16 +375,16 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::new(&a)?;
     let input = a.input.clone();
     // The output may be neither the input nor one of its part files.
-    table::check_distinct(&[&input], &a.out)?;
+    crate::fs::check_distinct(&[&input], &a.out)?;
     let files = table::io::input_files(&input)?;
-    table::check_distinct(
+    crate::fs::check_distinct(
         &files.iter().map(|f| f.as_path()).collect::<Vec<_>>(),
         &a.out,
     )?;
     let schema = table::Reader::open(&input)?.file_schema();
     check_columns(&plan, &schema, &input.display().to_string())?;
     let (t, c) = (std::time::Instant::now(), cpu_seconds());
-    let prep = pass1(&plan, &input).with_context(|| format!("{}", input.display()))?;
+    let prep = pass1(&plan, &input)?;
     let (t2, c2) = (std::time::Instant::now(), cpu_seconds());
     crate::debug!(
         "keys pass: {} rows in {:.2} s ({:.2} s CPU)",
@@ -713,13 +713,20 @@ struct Prepared {
     kl: serde_json::Value,
 }
 
-/// Columns the keys pass decodes.
+/// Columns the keys pass decodes: the keys and rewards, and the identities the validator's
+/// cross-row rules read.
 fn projection(plan: &Plan) -> Vec<&'static str> {
-    let mut names = vec!["prompt_id", "sample_type", "reward"];
+    let mut names = vec![
+        "prompt_id",
+        "sample_type",
+        "reward",
+        "answer_idx",
+        "sample_id",
+        "confidence_idx",
+    ];
     match plan.estimator {
-        Estimator::Rlcr => names.push("answer_idx"),
         Estimator::GrpoMultiturn | Estimator::Gae => names.push("reward_components"),
-        Estimator::Grpo | Estimator::Rloo => {}
+        Estimator::Rlcr | Estimator::Grpo | Estimator::Rloo => {}
     }
     if plan.tokens_in_pass1() {
         names.extend([
@@ -736,8 +743,13 @@ fn projection(plan: &Plan) -> Vec<&'static str> {
     names
 }
 
+/// The keys pass. Validates the table as it goes (the one [`Validator`]: the rules of the columns
+/// read here and the cross-row rules; pass 2 checks the token columns), so its errors name the
+/// file, row and column.
 fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let reader = table::Reader::open_columns(input, &projection(plan))?;
+    let display = reader.display.clone();
+    let mut validator = Validator::new(&display, &TRAJECTORY);
 
     let mut prompts = Interner::default();
     let mut max_answer: Vec<i32> = Vec::new(); // per prompt: largest answer_idx of a confidence row
@@ -760,19 +772,16 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let mut gadv: Vec<f64> = Vec::new();
     let mut gret: Vec<f64> = Vec::new();
 
-    // rlcr: each answer's row, and the confidence rows that must find theirs (row, prompt, k).
-    let mut answer_rows: HashMap<(u32, i32), usize> = HashMap::new();
-    let mut conf_refs: Vec<(usize, u32, i32)> = Vec::new();
-
     let est = plan.estimator;
     let mut base = 0usize;
     for batch in reader {
         let batch = batch.context("decoding a record batch")?;
+        validator.check_batch(&batch)?;
         let n = batch.num_rows();
         let pid = cols::strings(&batch, "prompt_id")?;
         let st = cols::strings(&batch, "sample_type")?;
         let aidx = if est == Estimator::Rlcr {
-            Some(cols::ints(&batch, "answer_idx")?)
+            Some(cols::ints(&batch, "answer_idx").with_context(|| display.clone())?)
         } else {
             None
         };
@@ -823,19 +832,12 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                                 bail!("column `answer_idx`: null");
                             }
                             let k = a.value(i);
-                            // Only confidence rows have an answer group (answer rows: unused 0).
+                            // Only confidence rows have an answer group (answer rows: unused 0);
+                            // the validator checked the links (one answer per key, none missing).
                             if kind == SampleKind::Answer {
-                                if let Some(first) = answer_rows.insert((p, k), row) {
-                                    bail!(
-                                        "column `answer_idx`: a second answer row for prompt_id \
-                                         {:?}, answer_idx {k} (first at row {first})",
-                                        pid.value(i)
-                                    );
-                                }
                                 answer.push(0);
                                 return Ok(());
                             }
-                            conf_refs.push((row, p, k));
                             if k < 0 {
                                 bail!("column `answer_idx`: {k} is negative");
                             }
@@ -897,25 +899,20 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                 }
                 Ok(())
             })()
-            .with_context(|| format!("row {row}"))?;
+            .with_context(|| format!("{display}, row {row}"))?;
         }
         base += n;
     }
     let rows = base;
     if rows == 0 {
-        bail!("the table has no rows; nothing was written");
+        bail!("{display}: the table has no rows; nothing was written");
     }
-    if let Some((row, _, k)) = conf_refs
-        .iter()
-        .find(|(_, p, k)| !answer_rows.contains_key(&(*p, *k)))
-    {
-        bail!(
-            "row {row}, column `answer_idx`: confidence row whose answer (same prompt_id, \
-             answer_idx {k}, sample_type \"answer\") is not in the table"
-        );
-    }
+    validator.finish()?;
     if rows > u32::MAX as usize {
-        bail!("{rows} rows: more than the 4 294 967 295 one table may hold for `rlcr advantage`");
+        bail!(
+            "{display}: {rows} rows: more than the 4 294 967 295 one table may hold for \
+             `rlcr advantage`"
+        );
     }
 
     let mut prep = Prepared {
@@ -1221,6 +1218,9 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
         let parts = &parts;
         let jobs = &jobs;
         s.spawn(move || {
+            // The rules of single rows on the token columns (pass 1 checked the keys).
+            let validator = Validator::new(&a.input.display().to_string(), &TRAJECTORY);
+            let mut invalid = None;
             let mut base = 0usize;
             for (index, &(p, rg)) in jobs.iter().enumerate() {
                 let part = &parts[p];
@@ -1243,6 +1243,10 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
                             format!("row group {rg}: corrupt or truncated Parquet data")
                         })?;
                         let n = batch.num_rows();
+                        if let Err(e) = validator.check_rows(&batch, base) {
+                            invalid = Some(e);
+                            return Ok(());
+                        }
                         let built = build_batch(plan, prep, &batch, base)?;
                         base += n;
                         rows += n;
@@ -1260,6 +1264,10 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
                     Ok(())
                 })()
                 .with_context(|| format!("{}", part.path.display()));
+                let r = match invalid.take() {
+                    Some(e) => Err(e),
+                    None => r,
+                };
                 if let Err(e) = r {
                     let _ = tx.send(Err(e));
                     return;
@@ -1343,7 +1351,8 @@ fn pass2(g: &Global, plan: &Plan, a: &Args, prep: Prepared) -> Result<()> {
     splice.finish(meta.key_values())
 }
 
-/// Columns pass 2 decodes (everything else is copied without decoding).
+/// Columns pass 2 decodes (everything else is copied without decoding): what the masks and
+/// token advantages need, and the per-token lists the validator checks against `response_ids`.
 fn pass2_projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
     let mut names = vec![
         "sample_type",
@@ -1353,12 +1362,12 @@ fn pass2_projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
         "confidence_span",
         "info_mask",
         "token_turn_ids",
+        "response_logprobs",
+        "ref_logprobs",
+        "values",
     ];
     if plan.estimator == Estimator::Gae {
-        names.extend(["values", "reward_components"]);
-    }
-    if plan.kl.is_some() {
-        names.extend(["response_logprobs", "ref_logprobs"]);
+        names.push("reward_components");
     }
     names
         .iter()

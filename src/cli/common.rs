@@ -32,11 +32,3 @@ impl fmt::Display for UsageError {
 }
 
 impl std::error::Error for UsageError {}
-
-/// The error for a subcommand whose stage is not built yet: one line, exit code 2, no output.
-pub fn not_built(name: &str) -> anyhow::Error {
-    UsageError(format!(
-        "`rlcr {name}` is not built yet in this version; nothing was written"
-    ))
-    .into()
-}

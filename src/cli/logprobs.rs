@@ -90,17 +90,19 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         return Err(UsageError("--entropy-column must differ from --column".into()).into());
     }
     let device = model::device_from_str(&g.device).map_err(|e| UsageError(format!("{e:#}")))?;
-    table::check_distinct(&[&a.input], &a.out)?;
+    crate::fs::check_distinct(&[&a.input], &a.out)?;
 
-    // Pass 1: validate the token columns against the model's vocabulary (config only).
+    // Pass 1: validate the table (the one validator) and the token columns against the model's
+    // vocabulary (config only).
     let config = ModelConfig::load(&a.model)
         .with_context(|| format!("reading the model folder {}", a.model.display()))?;
     let name = a.input.display().to_string();
+    // The token columns and what the validator's rules read (prompt_id among them, for --shard).
     let mut pass1: Vec<&str> = TOKEN_COLUMNS.to_vec();
-    if a.shard.is_some() {
-        pass1.push("prompt_id");
-    }
+    pass1.extend(table::validate::RULE_COLUMNS);
     let reader = Reader::open_columns(&a.input, &pass1)?;
+    table::check_schema(&name, &reader.file_schema(), &table::TRAJECTORY, &[])?;
+    let mut validator = table::Validator::new(&name, &table::TRAJECTORY);
     for c in TOKEN_COLUMNS {
         if !reader.has_column(c) {
             bail!("{name}: column `{c}` is missing (logprobs needs context_ids and response_ids)");
@@ -118,6 +120,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
+        validator.check_batch(&batch)?;
         rows_of(&batch, &name, first, limits)?;
         total += match &a.shard {
             Some(s) => s.filter(&batch, &name, first)?.num_rows(),
@@ -125,6 +128,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         };
         first += batch.num_rows();
     }
+    validator.finish()?;
 
     // Pass 2: compute and write.
     let m = Model::load(&a.model, &device)

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
 use super::common::{Global, UsageError};
-use crate::table::{self, cols, Meta, Reader, PROMPTS};
+use crate::table::{self, Meta, Reader, PROMPTS};
 
 pub const ABOUT: &str =
     "Build a prompts table (countdown-synth, TinyZero countdown, verl Parquet, JSONL)";
@@ -740,68 +740,6 @@ fn read_jsonl(path: &Path) -> Result<Vec<PromptRow>> {
             ground_truth: gt,
             extra_info: extra,
         });
-    }
-    Ok(out)
-}
-
-/// Read a prompts table into rows (used by generate-answers). Validates the schema and nulls.
-pub fn read_prompts(path: &Path) -> Result<Vec<PromptRow>> {
-    let r = Reader::open(path)?;
-    let name = path.display().to_string();
-    crate::table::check_schema(
-        &name,
-        &r.schema(),
-        &PROMPTS,
-        &["prompt_id", "messages", "data_source", "ground_truth"],
-    )?;
-    let mut v = crate::table::Validator::new(&name, &PROMPTS);
-    let mut out = vec![];
-    let mut row = 0usize;
-    for b in r {
-        let b = b?;
-        v.check_batch(&b)?;
-        let pid = cols::str_col(&b, &name, "prompt_id")?;
-        let msg = cols::str_col(&b, &name, "messages")?;
-        let ds = cols::str_col(&b, &name, "data_source")?;
-        let gt = cols::str_col(&b, &name, "ground_truth")?;
-        let extra = cols::str_col(&b, &name, "extra_info").ok();
-        for i in 0..b.num_rows() {
-            let messages: Value = serde_json::from_str(msg.value(i)).with_context(|| {
-                format!("{name}, row {}, column `messages`: not valid JSON", row + i)
-            })?;
-            let loc = || format!("{name}, row {}", row + i);
-            let messages = messages_from(&messages, &loc, "messages")?;
-            let ground_truth: Value = serde_json::from_str(gt.value(i)).with_context(|| {
-                format!(
-                    "{name}, row {}, column `ground_truth`: not valid JSON",
-                    row + i
-                )
-            })?;
-            let extra_info = match extra {
-                Some(e) if e.is_valid(i) => serde_json::from_str(e.value(i)).ok(),
-                _ => None,
-            };
-            out.push(PromptRow {
-                prompt_id: pid.value(i).to_string(),
-                messages,
-                data_source: ds.value(i).to_string(),
-                ground_truth,
-                extra_info,
-            });
-        }
-        row += b.num_rows();
-    }
-    if out.is_empty() {
-        bail!("{name}: the table has no rows");
-    }
-    let mut seen = std::collections::HashSet::new();
-    for (i, r) in out.iter().enumerate() {
-        if !seen.insert(r.prompt_id.as_str()) {
-            bail!(
-                "{name}, row {i}, column `prompt_id`: duplicate prompt id {:?}",
-                r.prompt_id
-            );
-        }
     }
     Ok(out)
 }

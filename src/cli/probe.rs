@@ -249,7 +249,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         return Err(UsageError("--samples must be at least 1".into()).into());
     }
     let n = a.samples;
-    table::check_distinct(&[a.input.as_path()], &a.out)?;
+    crate::fs::check_distinct(&[a.input.as_path()], &a.out)?;
     let device = crate::model::device_from_str(&g.device)?;
     let reader = Reader::open(&a.input)?;
     let name = a.input.display().to_string();

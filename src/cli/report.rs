@@ -128,7 +128,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     // Every file is made in a staging folder inside the output folder and moved into place only
     // when all are done, so a failed or killed run leaves the previous report whole (a killed
     // run's staging folder is removed by the next run).
-    table::io::remove_stale(&a.out, STAGING, "");
+    crate::fs::remove_stale(&a.out, STAGING, "");
     let staging = a.out.join(format!("{STAGING}{}", std::process::id()));
     std::fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let probe_ref = probe.as_ref().map(|(r, s)| (r, s));

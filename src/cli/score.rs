@@ -10,12 +10,13 @@
 //! derives from rewards (`advantage`, `token_advantages`, `loss_mask`, `returns`,
 //! `trajectory_score`) are dropped, so a re-scored table never carries stale values.
 //!
-//! Confidence rows need their own answer's accuracy. A first pass links each confidence row to
-//! its answer row by `(prompt_id, answer_idx)` (reading `sample_type` alone while no confidence
-//! row has been seen), rejecting duplicate answers and orphans. When every answer comes before its
-//! confidences (tables written by generate-confidence), the scoring pass handles a batch's
-//! answers before its confidences and remembers the accuracies; otherwise a pre-pass verifies all
-//! answers first (and the external verifier is asked once per answer either way).
+//! Confidence rows need their own answer's accuracy. A first pass validates the table with the
+//! one [`Validator`] (reading only the columns its rules need: identities, token lists, spans),
+//! which also links each confidence row to its answer row by `(prompt_id, answer_idx)`,
+//! rejecting duplicates and orphans. When every answer comes before its confidences (tables
+//! written by generate-confidence), the scoring pass handles a batch's answers before its
+//! confidences and remembers the accuracies; otherwise a pre-pass verifies all answers first (and
+//! the external verifier is asked once per answer either way).
 //!
 //! Three threads: a reader decodes batches; a scorer verifies and scores each batch with rayon
 //! (rows in parallel, collected in row order, so the output does not depend on the thread count)
@@ -25,7 +26,6 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -43,10 +43,8 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowWriterOptions};
 use parquet::arrow::{ArrowSchemaConverter, ArrowWriter, ProjectionMask};
-use parquet::basic::{Compression, ZstdLevel};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
 use parquet::schema::types::{SchemaDescriptor, Type};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -61,7 +59,8 @@ use crate::reward::rows::{
 use crate::reward::structured::{Component, ComponentSpec, RewardSpec, Value};
 use crate::reward::text::last_answer;
 use crate::reward::{auto_verifier, VerifierKind};
-use crate::table::{self, Meta, Shard, TRAJECTORY};
+use crate::table::validate::{answer_key, Links};
+use crate::table::{self, Meta, Shard, Validator, TRAJECTORY};
 
 pub const ABOUT: &str =
     "Score a trajectory table: accuracy, format, confidence, Brier, structured rewards";
@@ -719,19 +718,6 @@ fn kinds_of(st: &StrCol, path: &Path, first: u64) -> Result<Vec<Kind>> {
     Ok(kinds)
 }
 
-/// The key linking a confidence row to its answer: 128 bits of two SipHash digests of
-/// `(prompt_id, answer_idx)` (collisions are out of reach at any table size).
-fn answer_key(prompt_id: &str, answer_idx: i32) -> u128 {
-    let h = |salt: u8| {
-        let mut s = std::collections::hash_map::DefaultHasher::new();
-        salt.hash(&mut s);
-        prompt_id.hash(&mut s);
-        answer_idx.hash(&mut s);
-        s.finish()
-    };
-    ((h(0) as u128) << 64) | h(1) as u128
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Answer,
@@ -749,128 +735,22 @@ fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
     }
 }
 
-/// The first pass: which rows link to which answers.
-struct Links {
-    confidences: u64,
-    /// Some confidence row comes before its answer row.
-    forward: bool,
-}
-
-fn link_pass(parts: &[Part]) -> Result<Links> {
-    let _t = crate::trace::span("score: link pass");
-    let mut answers: HashMap<u128, u64> = HashMap::new(); // key -> row
-    let mut pending: Vec<(u128, u64, String, i32)> = Vec::new(); // confidence rows
-                                                                 // Answers are only remembered once a confidence row shows they are needed; until then only
-                                                                 // `sample_type` is read (a table of answers alone costs one small column).
-    let mut linking = false;
-    let mut seen_answers_before_linking = false;
-    for p in parts {
-        for rg in 0..p.row_groups() {
-            let cols: &[&str] = if linking {
-                &["sample_type", "prompt_id", "answer_idx"]
-            } else {
-                &["sample_type"]
-            };
-            let mut row = p.rg_first_row(rg);
-            for b in p.batches(rg, cols)? {
-                let b = b?;
-                let st = str_col(&b, &p.path, "sample_type")?;
-                let kinds = kinds_of(&st, &p.path, row)?;
-                if !linking && kinds.contains(&Kind::Confidence) {
-                    if seen_answers_before_linking {
-                        // answers read before the first confidence row: start again, linking all
-                        return link_all(parts);
-                    }
-                    linking = true;
-                }
-                if linking {
-                    let b = if b.column_by_name("prompt_id").is_some() {
-                        b
-                    } else {
-                        return link_all(parts);
-                    };
-                    link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
-                } else {
-                    seen_answers_before_linking |= !kinds.is_empty();
-                }
-                row += st.len() as u64;
-            }
-        }
+/// The first pass: the one [`Validator`] over the columns its rules read (types, identities,
+/// list lengths, spans, answer<->confidence links), before anything is scored. Its links tell the
+/// scoring pass whether confidence rows need their answers looked up ahead.
+fn validate(read: &Path) -> Result<Links> {
+    let _t = crate::trace::span("score: validate");
+    let names: Vec<&str> = table::validate::RULE_COLUMNS
+        .into_iter()
+        .filter(|c| !STALE_COLUMNS.contains(c))
+        .collect();
+    let reader = table::Reader::open_columns(read, &names)?;
+    table::check_schema(&reader.display, &reader.file_schema(), &TRAJECTORY, &[])?;
+    let mut v = Validator::new(&reader.display.clone(), &TRAJECTORY);
+    for b in reader {
+        v.check_batch(&b?)?;
     }
-    finish_links(parts, &answers, &pending)
-}
-
-/// The link pass reading the key columns everywhere.
-fn link_all(parts: &[Part]) -> Result<Links> {
-    let mut answers: HashMap<u128, u64> = HashMap::new();
-    let mut pending: Vec<(u128, u64, String, i32)> = Vec::new();
-    for p in parts {
-        for rg in 0..p.row_groups() {
-            let mut row = p.rg_first_row(rg);
-            for b in p.batches(rg, &["sample_type", "prompt_id", "answer_idx"])? {
-                let b = b?;
-                let st = str_col(&b, &p.path, "sample_type")?;
-                let kinds = kinds_of(&st, &p.path, row)?;
-                link_batch(&b, &p.path, row, &kinds, &mut answers, &mut pending)?;
-                row += st.len() as u64;
-            }
-        }
-    }
-    finish_links(parts, &answers, &pending)
-}
-
-fn link_batch(
-    b: &RecordBatch,
-    path: &Path,
-    first: u64,
-    kinds: &[Kind],
-    answers: &mut HashMap<u128, u64>,
-    pending: &mut Vec<(u128, u64, String, i32)>,
-) -> Result<()> {
-    let pid = utf8(b, path, "prompt_id")?;
-    let aidx = int32(b, path, "answer_idx")?;
-    for (i, kind) in kinds.iter().enumerate() {
-        let row = first + i as u64;
-        let pr = str_at(&pid, i, path, "prompt_id", row)?;
-        if aidx.is_null(i) {
-            bail!("{}, row {row}: column `answer_idx` is null", path.display());
-        }
-        let k = answer_key(pr, aidx.value(i));
-        match kind {
-            Kind::Answer => {
-                if let Some(other) = answers.insert(k, row) {
-                    bail!(
-                        "{}, row {row}: a second answer row for prompt_id {pr:?}, answer_idx {} (first at row {other})",
-                        path.display(),
-                        aidx.value(i)
-                    );
-                }
-            }
-            Kind::Confidence => pending.push((k, row, pr.to_string(), aidx.value(i))),
-        }
-    }
-    Ok(())
-}
-
-fn finish_links(
-    parts: &[Part],
-    answers: &HashMap<u128, u64>,
-    pending: &[(u128, u64, String, i32)],
-) -> Result<Links> {
-    let mut forward = false;
-    for (k, row, pr, ai) in pending {
-        match answers.get(k) {
-            None => bail!(
-                "{}, row {row}: confidence row without an answer row (prompt_id {pr:?}, answer_idx {ai})",
-                parts[0].path.display()
-            ),
-            Some(arow) => forward |= arow > row,
-        }
-    }
-    Ok(Links {
-        confidences: pending.len() as u64,
-        forward,
-    })
+    v.finish()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1941,21 +1821,18 @@ pub fn score_shard(
     external: Option<(String, Duration)>,
     config: serde_json::Value,
 ) -> Result<Summary> {
-    table::io::check_distinct(&[input], out)?;
+    crate::fs::check_distinct(&[input], out)?;
     let name = out
         .file_name()
         .with_context(|| format!("{}: not a file path", out.display()))?
         .to_string_lossy()
         .to_string();
-    let mut tmp = table::io::AtomicFile::create(
+    let mut tmp = crate::fs::AtomicFile::create(
         &out.with_file_name(format!(".{name}.shard-{}-of-{}", shard.index, shard.count)),
     )?;
     let reader = table::Reader::open(input)?;
     let display = input.display().to_string();
-    let props = WriterProperties::builder()
-        .set_compression(Compression::UNCOMPRESSED)
-        .set_max_row_group_row_count(Some(table::io::ROW_GROUP_ROWS))
-        .build();
+    let props = table::io::writer_properties(table::io::Encoding::Scratch, None)?;
     let mut w = ArrowWriter::try_new(tmp.take()?, reader.schema(), Some(props))
         .context("starting the shard's temp file")?;
     let mut first = 0usize;
@@ -1994,7 +1871,7 @@ fn score_file(
         .iter()
         .map(|p| p.meta.metadata().file_metadata().num_rows().max(0) as u64)
         .sum();
-    let links = link_pass(&parts)?;
+    let links = validate(read)?;
     let lay = layout(&parts[0])?;
     let fields = score_fields()?;
     let spec_cols: Vec<String> = settings
@@ -2013,16 +1890,11 @@ fn score_file(
     };
 
     // output
-    table::io::check_distinct(&[input], out)?;
+    crate::fs::check_distinct(&[input], out)?;
     let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
-        // Only the score columns are encoded here: plain + zstd compresses them about as well as
-        // dictionaries would, without hashing every value (measured: dictionaries cost more CPU).
-        .set_dictionary_enabled(false)
-        .set_key_value_metadata(Some(meta.key_values()))
-        .build();
-    let mut atomic = table::io::AtomicFile::create(out)?;
+    let props =
+        table::io::writer_properties(table::io::Encoding::Scalars, Some(meta.key_values()))?;
+    let mut atomic = crate::fs::AtomicFile::create(out)?;
     let file = std::io::BufWriter::with_capacity(COPY_BUFFER * 4, atomic.take()?);
     let aw = ArrowWriter::try_new_with_options(
         file,

@@ -629,7 +629,7 @@ pub fn save(
         _ => Dtype::F32,
     };
     let tensors = export(model, c, dtypes, default)?;
-    write_folder(out, |tmp| {
+    crate::fs::write_folder(out, |tmp| {
         write_safetensors(tmp, &tensors, MAX_SHARD_BYTES)?;
         copy_side_files(src_dir, tmp)
     })
@@ -648,102 +648,9 @@ pub fn copy_side_files(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Build a folder atomically: `fill` writes into a fresh temporary folder next to `out`, which is
-/// then renamed to `out` (replacing an existing folder). What killed runs left beside `out` is
-/// cleaned up first: half-written `.NAME.tmp-PID` folders are removed, and a previous folder moved
-/// aside as `.NAME.old-PID` by a run killed between its two renames is put back.
-pub fn write_folder(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let name = out
-        .file_name()
-        .with_context(|| format!("{}: not a folder name", out.display()))?
-        .to_string_lossy()
-        .to_string();
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
-    // A run killed between the two renames below left the previous folder as `.NAME.old-PID`:
-    // put it back first; then drop what killed runs left half written.
-    if !out.exists() {
-        let prefix = format!(".{name}.old-");
-        if let Ok(rd) = fs::read_dir(&parent) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().to_string();
-                let dead = n
-                    .strip_prefix(&prefix)
-                    .and_then(|p| p.parse::<u32>().ok())
-                    .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
-                if dead && !out.exists() {
-                    fs::rename(e.path(), out)
-                        .with_context(|| format!("restoring {} from {n}", out.display()))?;
-                }
-            }
-        }
-    }
-    crate::table::io::remove_stale(&parent, &format!(".{name}.tmp-"), "");
-    crate::table::io::remove_stale(&parent, &format!(".{name}.old-"), "");
-    let pid = std::process::id();
-    let tmp = parent.join(format!(".{name}.tmp-{pid}"));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp).with_context(|| format!("removing stale {}", tmp.display()))?;
-    }
-    fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let result = fill(&tmp).and_then(|()| {
-        for entry in fs::read_dir(&tmp)? {
-            let path = entry?.path();
-            fs::File::open(&path)
-                .and_then(|f| f.sync_all())
-                .with_context(|| format!("syncing {}", path.display()))?;
-        }
-        Ok(())
-    });
-    if let Err(e) = result {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    crate::table::io::slow_write_hook();
-    if out.exists() {
-        let old = parent.join(format!(".{name}.old-{pid}"));
-        fs::rename(out, &old).with_context(|| format!("moving aside {}", out.display()))?;
-        fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))?;
-        fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
-    } else {
-        fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn write_folder_cleans_up_after_killed_runs() {
-        let d = tempfile::tempdir().unwrap();
-        let out = d.path().join("ck");
-        // A run killed between its renames: `ck` moved aside as `.ck.old-PID`, its new folder
-        // half written as `.ck.tmp-PID` (PID of a process that is gone).
-        let old = d.path().join(".ck.old-4000000000");
-        fs::create_dir(&old).unwrap();
-        fs::write(old.join("a.txt"), "previous").unwrap();
-        let stale = d.path().join(".ck.tmp-4000000001");
-        fs::create_dir(&stale).unwrap();
-        fs::write(stale.join("junk"), "x").unwrap();
-        // The next write fails: the previous folder is back in place, nothing else is left.
-        let e = write_folder(&out, |_| anyhow::bail!("boom")).unwrap_err();
-        assert!(format!("{e:#}").contains("boom"));
-        assert_eq!(fs::read_to_string(out.join("a.txt")).unwrap(), "previous");
-        let names: Vec<_> = fs::read_dir(d.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-            .collect();
-        assert_eq!(names, vec!["ck"]);
-        // A write that succeeds replaces it.
-        write_folder(&out, |tmp| Ok(fs::write(tmp.join("b.txt"), "new")?)).unwrap();
-        assert!(!out.join("a.txt").exists());
-        assert_eq!(fs::read_to_string(out.join("b.txt")).unwrap(), "new");
-    }
 
     #[test]
     fn bf16_and_f16_round_trip_exactly() {

@@ -9,7 +9,6 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::data::SampleType;
 use super::metrics::BinRule;
 use super::plot::fmt_opt;
 use super::probe::ProbeSummary;
@@ -528,11 +527,6 @@ pub fn render(
         d.label_mismatches
     );
     out
-}
-
-/// `sample_type` label for a row kind.
-pub fn kind_name(k: SampleType) -> String {
-    k.as_str().to_string()
 }
 
 #[cfg(test)]

@@ -76,9 +76,14 @@ pub fn analyse_file(
     opts: &Options,
     examples: usize,
 ) -> Result<(Analysis, Option<ExampleSet>)> {
-    // `sample_id` too, for the table checks (duplicates); the figures do not need it.
+    // The columns the validator's rules read too (identities, token lists, spans); the figures
+    // do not need them.
     let mut columns = data::COLUMNS.to_vec();
-    columns.push("sample_id");
+    columns.extend(
+        crate::table::validate::RULE_COLUMNS
+            .iter()
+            .filter(|c| !data::COLUMNS.contains(c)),
+    );
     let reader = crate::table::Reader::open_columns(path, &columns)?;
     let display = reader.display.clone();
     let mut validator = crate::table::Validator::new(&display, &crate::table::TRAJECTORY);
@@ -405,10 +410,10 @@ pub fn write_outputs(
         probe: probe.map(|p| p.1),
     };
     let json = serde_json::to_string_pretty(&mf).context("serialising metrics.json")?;
-    crate::table::write_atomic(&dir.join("metrics.json"), format!("{json}\n").as_bytes())?;
+    crate::fs::write_atomic(&dir.join("metrics.json"), format!("{json}\n").as_bytes())?;
     written.push("metrics.json".to_string());
     let md = markdown::render(&reports, examples, probe.map(|p| p.1), &figs);
-    crate::table::write_atomic(&dir.join("report.md"), md.as_bytes())?;
+    crate::fs::write_atomic(&dir.join("report.md"), md.as_bytes())?;
     written.push("report.md".to_string());
     Ok(written)
 }

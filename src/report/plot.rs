@@ -86,7 +86,7 @@ pub fn write_png(fig: &impl Figure, path: &Path) -> Result<()> {
         .unwrap_or("figure.png");
     // `.NAME.rlcr-tmp-PID.png`: the encoder needs the extension; stale ones of killed runs go.
     let prefix = format!(".{name}.rlcr-tmp-");
-    crate::table::io::remove_stale(dir, &prefix, ".png");
+    crate::fs::remove_stale(dir, &prefix, ".png");
     let tmp = dir.join(format!("{prefix}{}.png", std::process::id()));
     let res = (|| -> Result<()> {
         let root = BitMapBackend::new(&tmp, fig.size()).into_drawing_area();
@@ -98,7 +98,7 @@ pub fn write_png(fig: &impl Figure, path: &Path) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e.context(format!("rendering {}", path.display())));
     }
-    crate::table::io::slow_write_hook();
+    crate::fs::slow_write_hook();
     std::fs::rename(&tmp, path)
         .with_context(|| format!("moving the rendered PNG to {}", path.display()))
 }
@@ -106,7 +106,7 @@ pub fn write_png(fig: &impl Figure, path: &Path) -> Result<()> {
 /// Render an SVG and write it atomically.
 pub fn write_svg(fig: &impl Figure, path: &Path) -> Result<()> {
     let s = to_svg(fig)?;
-    crate::table::write_atomic(path, s.as_bytes())
+    crate::fs::write_atomic(path, s.as_bytes())
 }
 
 // ---------------------------------------------------------------------------------------------

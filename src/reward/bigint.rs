@@ -632,22 +632,6 @@ impl Int {
         let v = round_to_f64(top, sticky_q || !r.is_empty(), e - k)?;
         Ok(if neg { -v } else { v })
     }
-
-    /// Three-way comparison.
-    pub fn cmp_int(&self, o: &Int) -> Ordering {
-        match (self, o) {
-            (Int::Small(a), Int::Small(b)) => a.cmp(b),
-            _ => {
-                let (a, b) = (self.to_big(), o.to_big());
-                match (a.neg, b.neg) {
-                    (false, true) => Ordering::Greater,
-                    (true, false) => Ordering::Less,
-                    (false, false) => mag_cmp(&a.mag, &b.mag),
-                    (true, true) => mag_cmp(&b.mag, &a.mag),
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -166,31 +166,6 @@ where
     )
 }
 
-/// Build a nullable `list<float32>` array.
-pub fn build_list_f32_opt<I, R>(rows: I) -> ArrayRef
-where
-    I: IntoIterator<Item = Option<R>>,
-    R: AsRef<[f32]>,
-{
-    let mut offsets: Vec<i32> = vec![0];
-    let mut values: Vec<f32> = Vec::new();
-    let mut valid: Vec<bool> = Vec::new();
-    for r in rows {
-        if let Some(r) = &r {
-            values.extend_from_slice(r.as_ref());
-        }
-        valid.push(r.is_some());
-        offsets.push(values.len() as i32);
-    }
-    let field = Arc::new(Field::new("item", DataType::Float32, true));
-    Arc::new(ListArray::new(
-        field,
-        OffsetBuffer::new(ScalarBuffer::from(offsets)),
-        Arc::new(Float32Array::from(values)),
-        Some(valid.into()),
-    ))
-}
-
 /// Build a `list<bool>` array.
 pub fn build_list_bool<I, R>(rows: I) -> ArrayRef
 where

@@ -4,11 +4,8 @@
 //! `Utf8View`, dictionaries) into the plain types rlcr's code expects, so stages never see them. An
 //! input may be a file or a folder of part files (`*.parquet`, read in name order).
 //!
-//! Writing is atomic: rows go to a temp file in the output's folder (permissions 0644 set first,
-//! since temp files start 0600), which is `fsync`ed and renamed over the output only when the stage
-//! has succeeded. A stage that fails, panics or is killed leaves the previous output intact; a
-//! stale temp file from a killed run is removed by the next run that writes the same output
-//! ([`remove_stale`]; [`slow_write_hook`] lets the crash tests kill a stage mid-write).
+//! Writing is atomic, through [`crate::fs::AtomicFile`]: a stage that fails, panics or is killed
+//! leaves the previous output intact.
 //! Provenance goes into the file's key-value metadata through the Parquet writer properties (keys
 //! on the Arrow schema would never reach DuckDB's `parquet_kv_metadata()` or polars'
 //! `read_parquet_metadata()`), in a fixed order and without timestamps, so the same inputs give
@@ -29,6 +26,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use super::schema::TableSpec;
+use crate::fs::{check_distinct, slow_write_hook, AtomicFile};
 
 /// Rows per record batch when reading.
 pub const READ_BATCH_ROWS: usize = 8192;
@@ -423,206 +421,46 @@ fn normalize_batch(b: &RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(out_schema, cols)?)
 }
 
-/// Refuse to write `out` when it is the same file as one of `inputs` (also through links).
-pub fn check_distinct(inputs: &[&Path], out: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(om) = std::fs::metadata(out) else {
-        // A new output can alias an input only through a not-yet-existing path: compare names.
-        for i in inputs {
-            if let (Ok(a), Some(b)) = (std::fs::canonicalize(i), canonical_new(out)) {
-                if a == b {
-                    bail!(
-                        "the output {} is the input {}: rlcr never modifies an input",
-                        out.display(),
-                        i.display()
-                    );
-                }
-            }
-        }
-        return Ok(());
-    };
-    for i in inputs {
-        if let Ok(im) = std::fs::metadata(i) {
-            if im.dev() == om.dev() && im.ino() == om.ino() {
-                bail!(
-                    "the output {} is the same file as the input {}: rlcr never modifies an input",
-                    out.display(),
-                    i.display()
-                );
-            }
-        }
-    }
-    Ok(())
+/// How a Parquet file is encoded. [`writer_properties`] is the one place that turns this into
+/// compression, dictionary, statistics and row-group settings for everything rlcr writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// Whole tables ([`Writer`]): zstd level 3, Parquet's dictionaries and statistics, row
+    /// groups of [`ROW_GROUP_ROWS`].
+    Table,
+    /// The score columns a row-preserving stage encodes beside copied chunks (`score`): zstd 1,
+    /// no dictionaries (plain + zstd compresses these scalars about as well, without hashing
+    /// every value; measured), statistics kept (people filter on rewards).
+    Scalars,
+    /// Per-token columns encoded beside copied chunks (`advantage`): zstd 1, no dictionaries
+    /// (interning every float of a token list would cost more than the stage's math), no
+    /// statistics (min/max of token lists help no query), 32k-value write batches.
+    TokenLists,
+    /// A scratch copy read back once: uncompressed.
+    Scratch,
 }
 
-fn canonical_new(p: &Path) -> Option<PathBuf> {
-    let parent = p.parent().filter(|x| !x.as_os_str().is_empty());
-    let dir = std::fs::canonicalize(parent.unwrap_or(Path::new("."))).ok()?;
-    Some(dir.join(p.file_name()?))
-}
-
-/// An atomically written file: a temp file beside the target, renamed into place on `commit`,
-/// removed on drop otherwise.
-pub struct AtomicFile {
-    target: PathBuf,
-    tmp: PathBuf,
-    file: Option<File>,
-}
-
-impl AtomicFile {
-    /// Create the temp file for `target` (creating the target's folder if needed).
-    pub fn create(target: &Path) -> Result<Self> {
-        use std::os::unix::fs::PermissionsExt;
-        let name = target
-            .file_name()
-            .with_context(|| format!("{}: not a file path", target.display()))?
-            .to_string_lossy()
-            .to_string();
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("{}: cannot create folder", dir.display()))?;
-        if target.is_dir() {
-            bail!(
-                "{}: the output is a folder, expected a file",
-                target.display()
-            );
-        }
-        remove_stale_temps(&dir, &name);
-        let tmp = dir.join(format!(".{name}.rlcr-tmp-{}", std::process::id()));
-        let file = File::create(&tmp)
-            .with_context(|| format!("{}: cannot create temp file", tmp.display()))?;
-        file.set_permissions(std::fs::Permissions::from_mode(0o644))
-            .with_context(|| format!("{}: cannot set permissions", tmp.display()))?;
-        Ok(AtomicFile {
-            target: target.to_path_buf(),
-            tmp,
-            file: Some(file),
-        })
+/// The writer properties for `enc`, with `kv` as the file's key-value metadata.
+pub fn writer_properties(enc: Encoding, kv: Option<Vec<KeyValue>>) -> Result<WriterProperties> {
+    use parquet::file::properties::EnabledStatistics;
+    let b = WriterProperties::builder().set_key_value_metadata(kv);
+    Ok(match enc {
+        Encoding::Table => b
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS)),
+        Encoding::Scalars => b
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
+            .set_dictionary_enabled(false),
+        Encoding::TokenLists => b
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
+            .set_dictionary_enabled(false)
+            .set_statistics_enabled(EnabledStatistics::None)
+            .set_write_batch_size(32 * 1024),
+        Encoding::Scratch => b
+            .set_compression(Compression::UNCOMPRESSED)
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS)),
     }
-
-    /// The temp file's path (removed on drop unless committed).
-    pub fn temp_path(&self) -> &Path {
-        &self.tmp
-    }
-
-    /// The open temp file.
-    pub fn file(&mut self) -> Result<&mut File> {
-        self.file
-            .as_mut()
-            .context("internal error: atomic file already committed")
-    }
-
-    /// Take the file out (to hand it to a writer that owns it); give it back with `commit_file`.
-    pub fn take(&mut self) -> Result<File> {
-        self.file
-            .take()
-            .context("internal error: atomic file already taken")
-    }
-
-    /// fsync the file and rename it over the target.
-    pub fn commit_file(mut self, file: File) -> Result<()> {
-        slow_write_hook();
-        file.sync_all()
-            .with_context(|| format!("{}: fsync failed", self.tmp.display()))?;
-        drop(file);
-        std::fs::rename(&self.tmp, &self.target).with_context(|| {
-            format!(
-                "cannot rename {} to {}",
-                self.tmp.display(),
-                self.target.display()
-            )
-        })?;
-        if let Some(dir) = self.target.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
-        }
-        self.tmp = PathBuf::new();
-        Ok(())
-    }
-
-    /// Commit the file held inside.
-    pub fn commit(mut self) -> Result<()> {
-        let f = self.take()?;
-        self.commit_file(f)
-    }
-}
-
-impl Drop for AtomicFile {
-    fn drop(&mut self) {
-        if !self.tmp.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
-/// Remove temp files left by killed runs writing the same output (their process is gone).
-fn remove_stale_temps(dir: &Path, name: &str) {
-    remove_stale(dir, &format!(".{name}.rlcr-tmp-"), "");
-}
-
-/// Remove the entries of `dir` named `PREFIX<pid>SUFFIX` whose process is gone (files, or folders
-/// with their contents): what a killed run left behind. Returns the names removed.
-pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
-    let mut removed = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return removed;
-    };
-    for e in rd.flatten() {
-        let fname = e.file_name().to_string_lossy().to_string();
-        let Some(pid) = fname
-            .strip_prefix(prefix)
-            .and_then(|r| r.strip_suffix(suffix))
-        else {
-            continue;
-        };
-        let alive = pid
-            .parse::<u32>()
-            .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
-        if !alive {
-            let p = e.path();
-            let gone = if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            };
-            if gone.is_ok() {
-                removed.push(p);
-            }
-        }
-    }
-    removed
-}
-
-/// Test hook: with `RLCR_TEST_SLOW_WRITE=MS` in the environment, every output write pauses MS
-/// milliseconds after each Parquet batch and before each final rename, so a test can kill a
-/// stage while its output is half written (tests/integration/crash.rs). Unset: no effect (one
-/// environment lookup, cached).
-pub fn slow_write_hook() {
-    use std::sync::OnceLock;
-    static MS: OnceLock<u64> = OnceLock::new();
-    let ms = *MS.get_or_init(|| {
-        std::env::var("RLCR_TEST_SLOW_WRITE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
-    if ms > 0 {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
-}
-
-/// Write a small text/JSON file atomically.
-pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut a = AtomicFile::create(target)?;
-    a.file()?
-        .write_all(bytes)
-        .with_context(|| format!("{}: write failed", target.display()))?;
-    a.commit()
+    .build())
 }
 
 /// A Parquet table writer: zstd, row groups of [`ROW_GROUP_ROWS`], rlcr metadata, atomic.
@@ -645,11 +483,7 @@ impl Writer {
             }
         }
         let mut atomic = AtomicFile::create(out)?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .set_key_value_metadata(Some(meta.key_values()))
-            .build();
+        let props = writer_properties(Encoding::Table, Some(meta.key_values()))?;
         let file = atomic.take()?;
         let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
             .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;

@@ -1,4 +1,4 @@
-//! Tables: schemas, Parquet I/O, metadata, validation, atomic writes.
+//! Tables: schemas, Parquet I/O, metadata, validation (atomic writes go through [`crate::fs`]).
 //!
 //! - [`schema`]: the column lists of the trajectory, prompts and probe tables (the contract).
 //! - [`io`]: streaming [`Reader`] (file or folder of parts; LargeList/LargeUtf8 normalised) and
@@ -12,7 +12,7 @@ pub mod schema;
 pub mod shard;
 pub mod validate;
 
-pub use io::{check_distinct, write_atomic, write_table, AtomicFile, Meta, Reader, Writer};
+pub use io::{write_table, Meta, Reader, Writer};
 pub use schema::{ColType, ColumnSpec, TableSpec, PROBE, PROMPTS, TRAJECTORY};
 pub use shard::Shard;
 pub use validate::{check_schema, Validator};

@@ -219,7 +219,7 @@ pub fn write_checkpoint(
     state: &TrainerState,
     metrics: &[String],
 ) -> Result<()> {
-    crate::model::weights::write_folder(out, |tmp| {
+    crate::fs::write_folder(out, |tmp| {
         // The model's own atomic save into a scratch subfolder, then its files moved up.
         let scratch = tmp.join(".model");
         model.save(&scratch)?;

@@ -10,7 +10,8 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use arrow::array::{Array, RecordBatch};
 
-use crate::table::{cols, Reader};
+use crate::table::validate::RULE_COLUMNS;
+use crate::table::{check_schema, cols, Reader, Validator, TRAJECTORY};
 
 /// One training sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,11 +55,16 @@ pub const UPDATE_COLUMNS: &[&str] = &[
     "ref_logprobs",
 ];
 
-/// Read a training table into rows (`update`). `want_ref` reads the `ref_logprobs` column too
-/// (required then).
+/// Read a training table into rows (`update`), validated with the one [`Validator`] (identities,
+/// links, list lengths, spans) as every stage's input is. `want_ref` reads the `ref_logprobs`
+/// column too (required then).
 pub fn read_update_rows(path: &Path, want_ref: bool) -> Result<Vec<TrainRow>> {
-    let reader = Reader::open_columns(path, UPDATE_COLUMNS)?;
+    let mut names: Vec<&str> = UPDATE_COLUMNS.to_vec();
+    names.extend(RULE_COLUMNS.iter().filter(|c| !UPDATE_COLUMNS.contains(c)));
+    let reader = Reader::open_columns(path, &names)?;
     let name = path.display().to_string();
+    check_schema(&name, &reader.file_schema(), &TRAJECTORY, &[])?;
+    let mut validator = Validator::new(&name, &TRAJECTORY);
     for c in [
         "context_ids",
         "response_ids",
@@ -81,8 +87,10 @@ pub fn read_update_rows(path: &Path, want_ref: bool) -> Result<Vec<TrainRow>> {
     let mut rows = Vec::with_capacity(reader.num_rows());
     for batch in reader {
         let batch = batch?;
+        validator.check_batch(&batch)?;
         rows_from_batch(&batch, &name, rows.len(), want_ref, &mut rows)?;
     }
+    validator.finish()?;
     Ok(rows)
 }
 

@@ -89,6 +89,12 @@ fn write_table(path: &Path, rows: &[Row]) {
 
 /// Like [`write_table`], with extra columns appended.
 fn write_table_with(path: &Path, rows: &[Row], extra: Vec<(Field, ArrayRef)>) {
+    write_part(path, rows, extra, 0);
+}
+
+/// Like [`write_table_with`], for a part of a table whose first row is row `first` (sample ids
+/// are unique across the parts).
+fn write_part(path: &Path, rows: &[Row], extra: Vec<(Field, ArrayRef)>, first: usize) {
     let mut fields = vec![
         Field::new("prompt_id", DataType::Utf8, false),
         Field::new("sample_type", DataType::Utf8, false),
@@ -122,7 +128,9 @@ fn write_table_with(path: &Path, rows: &[Row], extra: Vec<(Field, ArrayRef)>) {
             rows.iter().map(|r| r.answer_idx).collect::<Vec<_>>(),
         )),
         Arc::new(StringArray::from(
-            (0..rows.len()).map(|i| format!("s{i}")).collect::<Vec<_>>(),
+            (0..rows.len())
+                .map(|i| format!("s{}", first + i))
+                .collect::<Vec<_>>(),
         )),
         Arc::new(ListArray::new(
             Arc::new(Field::new("item", DataType::Int32, true)),
@@ -953,7 +961,7 @@ fn advantage_reads_a_folder_of_parts() {
     let parts = d.path("parts");
     std::fs::create_dir_all(&parts).unwrap();
     write_table(&parts.join("part-0.parquet"), &rows[..7]);
-    write_table(&parts.join("part-1.parquet"), &rows[7..]);
+    write_part(&parts.join("part-1.parquet"), &rows[7..], vec![], 7);
     let o2 = d.path("from-parts.parquet");
     ok(&[
         "advantage",

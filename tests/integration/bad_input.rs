@@ -1210,7 +1210,9 @@ fn generate_confidence() {
     );
 }
 
-/// Defects of a trajectory table that every stage reading one checks (rows: `b` is the table).
+/// Defects of a trajectory table that every stage reading one checks (rows: `b` is the table):
+/// broken identities and links (a duplicated row, an orphan confidence row, a confidence row with
+/// its answer's `sample_id`), per-token lists and spans that disagree with `response_ids`.
 fn trajectory_cases(b: &RecordBatch) -> Vec<Case> {
     let a1 = row_of(b, "answer", 1);
     // The same answer row twice (a part file copied twice, a bad concat): the second copy.
@@ -1218,7 +1220,40 @@ fn trajectory_cases(b: &RecordBatch) -> Vec<Case> {
     dup.insert(a1 + 1, a1);
     let orphan: Vec<usize> = (0..b.num_rows()).filter(|&i| i != a1).collect();
     let orphan_row = a1; // its confidence row moves up into its place
+                         // A confidence row carrying its own answer's sample_id.
+    let c0 = row_of(b, "confidence", 0);
+    let (pid, aidx) = (
+        cols::str_col(b, "t", "prompt_id").unwrap(),
+        cols::i32_col(b, "t", "answer_idx").unwrap(),
+    );
+    let parent = (0..b.num_rows())
+        .find(|&i| i != c0 && pid.value(i) == pid.value(c0) && aidx.value(i) == aidx.value(c0))
+        .unwrap();
+    let parent_id = cols::str_col(b, "t", "sample_id")
+        .unwrap()
+        .value(parent)
+        .to_string();
+    let second = parent.max(c0);
+    let resp_len = lists_i32(b, "response_ids")[a1].len() as i32;
     vec![
+        Case::table(
+            "confidence row with its answer's sample_id",
+            set_str(b, "sample_id", c0, &parent_id),
+            TRAJ,
+            &["in.parquet", &format!("row {second}"), "`sample_id`"],
+        ),
+        Case::table(
+            "response_logprobs longer than response_ids",
+            edit_f32s(b, "response_logprobs", a1, |v| v.push(-1.0)),
+            TRAJ,
+            &["in.parquet", &format!("row {a1}"), "`response_logprobs`"],
+        ),
+        Case::table(
+            "answer_span past the end of the response",
+            set_span(b, "answer_span", a1, (0, resp_len + 3)),
+            TRAJ,
+            &["in.parquet", &format!("row {a1}"), "`answer_span`"],
+        ),
         Case::table(
             "unknown sample_type",
             set_str(b, "sample_type", 1, "bogus"),
@@ -1501,10 +1536,11 @@ fn logprobs() {
         ),
         too_long(&b, 3),
     ]);
+    cases.extend(trajectory_cases(&b));
     cases.extend(id_cases(&b, "response_ids", 3));
     cases.extend(id_cases(&b, "context_ids", 2));
     cases.extend(model_cases());
-    cases.extend(folder_cases(&gd.scored, TRAJ, false));
+    cases.extend(folder_cases(&gd.scored, TRAJ, true));
     check_stage(
         &Stage {
             name: "logprobs",
@@ -1591,6 +1627,7 @@ fn update() {
         ),
         too_long(&b, 3),
     ]);
+    cases.extend(trajectory_cases(&b));
     cases.extend(id_cases(&b, "response_ids", 3));
     cases.extend(id_cases(&b, "context_ids", 2));
     cases.extend(model_cases());

@@ -3,7 +3,7 @@
 //! the same output removes it and succeeds.
 //!
 //! To kill "while it writes" without racing a fast stage, the runs under test set
-//! `RLCR_TEST_SLOW_WRITE=MS`, the test hook of `rlcr::table::io::slow_write_hook`: every output
+//! `RLCR_TEST_SLOW_WRITE=MS`, the test hook of `rlcr::fs::slow_write_hook`: every output
 //! write pauses after each Parquet batch and before its final rename. The test waits until the
 //! temp file (or folder) of the output exists, then kills the process.
 use std::path::{Path, PathBuf};

@@ -66,6 +66,7 @@ const TASK: &[&str] = &[
 ];
 
 /// Settings of one loop (the figures in the module doc were measured with these).
+#[derive(Clone, Copy)]
 struct LoopConfig {
     seed: u64,
     sft_count: usize,
@@ -80,6 +81,8 @@ struct LoopConfig {
     epochs: usize,
     mini_batches: usize,
     estimator: &'static str,
+    /// `advantage --lambda-ans` (weight of the answers' advantages; 1 by default).
+    lambda_ans: &'static str,
     confidence_prompt: &'static str,
     eval_prompts: usize,
 }
@@ -110,17 +113,27 @@ const DEFAULT: LoopConfig = LoopConfig {
     epochs: 2,
     mini_batches: 4,
     estimator: "rlcr",
+    lambda_ans: "1",
     confidence_prompt: "Confidence?",
     eval_prompts: 256,
 };
 
-/// The default configuration with the seed of `RLCR_LEARNING_SEED` (if set).
-fn config() -> LoopConfig {
-    let seed = match std::env::var("RLCR_LEARNING_SEED") {
-        Ok(v) => v.parse().expect("RLCR_LEARNING_SEED is an integer"),
-        Err(_) => DEFAULT.seed,
-    };
-    LoopConfig { seed, ..DEFAULT }
+/// Seeds the check runs (in parallel): `RLCR_LEARNING_SEEDS=0,1,2,3,4` to run others.
+const SEEDS: &[u64] = &[0, 1, 2];
+
+/// The seeds of `RLCR_LEARNING_SEEDS` (comma-separated), or [`SEEDS`].
+fn seeds() -> Vec<u64> {
+    match std::env::var("RLCR_LEARNING_SEEDS") {
+        Ok(v) => v
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .expect("RLCR_LEARNING_SEEDS is a comma-separated list of integers")
+            })
+            .collect(),
+        Err(_) => SEEDS.to_vec(),
+    }
 }
 
 /// Per-iteration figures of the summary report.
@@ -132,6 +145,7 @@ struct Curve {
     ece: Vec<f64>,
     format_answers: Vec<f64>,
     format_confidences: Vec<f64>,
+    auroc: Vec<Option<f64>>,
 }
 
 fn s(x: impl ToString) -> String {
@@ -283,6 +297,8 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
             s(c.estimator),
             s("--norm-conf"),
             s("mean"),
+            s("--lambda-ans"),
+            s(c.lambda_ans),
         ]);
         r.stage(&[
             s("update"),
@@ -346,107 +362,269 @@ fn read_curve(file: &Path) -> Curve {
         ece: col("ece"),
         format_answers: col("format_rate_answers"),
         format_confidences: col("format_rate_confidences"),
+        auroc: reports
+            .iter()
+            .map(|r| r["overall"]["auroc"].as_f64())
+            .collect(),
     }
 }
 
-/// Paired evaluation figures: the warm start against the last policy on the same prompts.
-struct Pair {
+/// Paired figures of one seed: the warm start and the last policy on the same held-out prompts.
+#[derive(Debug, Clone, Copy)]
+struct SeedFigures {
+    seed: u64,
     acc: (f64, f64),
     brier: (f64, f64),
     conf: (f64, f64),
+    ece: (f64, f64),
+    auroc: (Option<f64>, Option<f64>),
+    /// Well-formed answers / confidences of the last policy.
+    format: (f64, f64),
 }
 
-impl Pair {
-    fn of(c: &Curve) -> Pair {
-        Pair {
+impl SeedFigures {
+    fn of(seed: u64, c: &Curve) -> SeedFigures {
+        SeedFigures {
+            seed,
             acc: (c.accuracy[0], c.accuracy[1]),
             brier: (c.brier[0], c.brier[1]),
             conf: (c.mean_confidence[0], c.mean_confidence[1]),
+            ece: (c.ece[0], c.ece[1]),
+            auroc: (c.auroc[0], c.auroc[1]),
+            format: (c.format_answers[1], c.format_confidences[1]),
         }
     }
-    /// |mean confidence − accuracy| before and after.
-    fn gap(&self) -> (f64, f64) {
-        (
+    fn acc_gain(&self) -> f64 {
+        self.acc.1 - self.acc.0
+    }
+    fn brier_gain(&self) -> f64 {
+        self.brier.0 - self.brier.1
+    }
+    /// How much closer |mean confidence − accuracy| came.
+    fn gap_narrowing(&self) -> f64 {
+        (self.conf.0 - self.acc.0).abs() - (self.conf.1 - self.acc.1).abs()
+    }
+    /// One line of the README's table.
+    fn row(&self) -> String {
+        let a = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+        format!(
+            "| {} | {:.3} → {:.3} ({:+.3}) | {:.3} → {:.3} | {:.3} → {:.3} ({:+.3}) | {:.3} → {:.3} ({:+.3}) | {:.3} → {:.3} | {} → {} | {:.2} / {:.2} |",
+            self.seed,
+            self.acc.0,
+            self.acc.1,
+            self.acc_gain(),
+            self.conf.0,
+            self.conf.1,
+            self.brier.0,
+            self.brier.1,
+            self.brier_gain(),
             (self.conf.0 - self.acc.0).abs(),
             (self.conf.1 - self.acc.1).abs(),
+            -self.gap_narrowing(),
+            self.ece.0,
+            self.ece.1,
+            a(self.auroc.0),
+            a(self.auroc.1),
+            self.format.0,
+            self.format.1,
         )
     }
 }
 
+/// The table the test prints (and the README copies).
+fn table(figs: &[SeedFigures]) -> String {
+    let mut t = String::from(
+        "| seed | accuracy (gain) | mean confidence | Brier (gain) | gap abs(conf − acc) (change) | ECE | AUROC | format ok: answers / confidences |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for f in figs {
+        t.push_str(&f.row());
+        t.push('\n');
+    }
+    t
+}
+
+fn mean(figs: &[SeedFigures], f: impl Fn(&SeedFigures) -> f64) -> f64 {
+    figs.iter().map(f).sum::<f64>() / figs.len() as f64
+}
+
+/// The verdict over several seeds: the mean accuracy gain, Brier gain and gap narrowing reach
+/// their margins, and every seed's last policy keeps the format. Means, not single seeds: one
+/// seed's trajectory follows the float rounding of the CPU's matrix kernels (issue 17: the same
+/// seed gave Brier +0.040 on an AVX2 machine and +0.003 on an AVX-512 one), the mean of three
+/// moves far less (see the module doc for the spread that chose the margins).
+fn judge(figs: &[SeedFigures]) -> Result<(), String> {
+    if figs.is_empty() {
+        return Err("no seeds".into());
+    }
+    let mut why = Vec::new();
+    let acc = mean(figs, SeedFigures::acc_gain);
+    if acc < ACC_MARGIN {
+        why.push(format!("mean accuracy gain {acc:.3} < {ACC_MARGIN}"));
+    }
+    let brier = mean(figs, SeedFigures::brier_gain);
+    if brier < BRIER_MARGIN {
+        why.push(format!("mean Brier gain {brier:.3} < {BRIER_MARGIN}"));
+    }
+    let gap = mean(figs, SeedFigures::gap_narrowing);
+    if gap < GAP_MARGIN {
+        why.push(format!(
+            "mean narrowing of abs(confidence − accuracy) {gap:.3} < {GAP_MARGIN}"
+        ));
+    }
+    for f in figs {
+        for (what, rate) in [("answers", f.format.0), ("confidences", f.format.1)] {
+            if rate < FORMAT_FLOOR {
+                why.push(format!(
+                    "seed {}: only {rate:.3} of the last policy's {what} are well formed (< {FORMAT_FLOOR})",
+                    f.seed
+                ));
+            }
+        }
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(why.join("; "))
+    }
+}
+
+/// Runs the loop of `c` for every seed, the seeds in parallel (each its own folder).
+fn run_seeds(c: &LoopConfig, seeds: &[u64]) -> Vec<SeedFigures> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = seeds
+            .iter()
+            .map(|&seed| {
+                scope.spawn(move || {
+                    let c = LoopConfig { seed, ..*c };
+                    let wd = Workdir::new();
+                    let o = run_loop(&wd, &c);
+                    assert_eq!(o.curve.accuracy.len(), c.iters);
+                    assert_eq!(o.eval.accuracy.len(), 2);
+                    eprintln!(
+                        "learning (seed {seed}): in-loop curve {:?}\nlearning (seed {seed}): evaluation (start, end) {:?}",
+                        o.curve, o.eval
+                    );
+                    SeedFigures::of(seed, &o.eval)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .expect("a seed's loop panicked (its message is above)")
+            })
+            .collect()
+    })
+}
+
 #[test]
 fn learning_rlcr_loop_raises_accuracy_and_improves_brier() {
-    let c = config();
-    let wd = Workdir::new();
-    let o = run_loop(&wd, &c);
-    eprintln!(
-        "learning (seed {}): in-loop curve {:?}\nlearning: evaluation (start, end) {:?}",
-        c.seed, o.curve, o.eval
-    );
-    assert_eq!(o.curve.accuracy.len(), c.iters);
-    assert_eq!(o.eval.accuracy.len(), 2);
-    let p = Pair::of(&o.eval);
-    let acc_gain = p.acc.1 - p.acc.0;
-    assert!(
-        acc_gain >= ACC_MARGIN,
-        "accuracy rose by {acc_gain:.3} < {ACC_MARGIN} (evaluation {:?})",
-        o.eval
-    );
-    let brier_gain = p.brier.0 - p.brier.1;
-    assert!(
-        brier_gain >= BRIER_MARGIN,
-        "Brier improved by {brier_gain:.3} < {BRIER_MARGIN} (evaluation {:?})",
-        o.eval
-    );
-    let (g0, g1) = p.gap();
-    assert!(
-        g0 - g1 >= GAP_MARGIN,
-        "calibration gap |conf - acc| went {g0:.3} -> {g1:.3}, less than {GAP_MARGIN} closer \
-         (evaluation {:?})",
-        o.eval
-    );
-    for (what, rate) in [
-        ("answers", o.eval.format_answers[1]),
-        ("confidences", o.eval.format_confidences[1]),
+    let seeds = seeds();
+    let figs = run_seeds(&DEFAULT, &seeds);
+    let t = table(&figs);
+    eprintln!("learning: seeds {seeds:?}\n{t}");
+    if let Err(why) = judge(&figs) {
+        panic!("the loop did not learn: {why}\n{t}");
+    }
+}
+
+/// The controls of the check: a loop that does not learn (`--lr 0`: the policy never changes) and
+/// one that games the reward (`--lambda-ans 0`: only confidences are trained, accuracy collapses)
+/// must both be judged failures. Slow (two more sets of loops), so run by hand.
+#[test]
+#[ignore = "controls of the learning check (several minutes): cargo test --test integration learning_controls -- --ignored --nocapture"]
+fn learning_controls_fail_the_check() {
+    let seeds = seeds();
+    for (name, c) in [
+        ("lr 0", LoopConfig { lr: "0", ..DEFAULT }),
+        (
+            "lambda-ans 0",
+            LoopConfig {
+                lambda_ans: "0",
+                ..DEFAULT
+            },
+        ),
     ] {
+        let figs = run_seeds(&c, &seeds);
+        let t = table(&figs);
+        let verdict = judge(&figs);
+        eprintln!("control {name}: {verdict:?}\n{t}");
         assert!(
-            rate >= FORMAT_FLOOR,
-            "only {rate:.3} of the last policy's {what} are well formed (< {FORMAT_FLOOR}; \
-             evaluation {:?})",
-            o.eval
+            verdict.is_err(),
+            "control {name} passed the learning check:\n{t}"
         );
     }
+}
+
+#[test]
+fn learning_judge_margins() {
+    let good = SeedFigures {
+        seed: 0,
+        acc: (0.2, 0.4),
+        brier: (0.31, 0.27),
+        conf: (0.5, 0.3),
+        ece: (0.3, 0.15),
+        auroc: (Some(0.5), Some(0.5)),
+        format: (0.99, 0.98),
+    };
+    assert_eq!(judge(&[good, good, good]), Ok(()));
+    assert!(judge(&[]).is_err());
+    // One seed below a margin is carried by the others when the mean holds: 0.003 Brier on one
+    // seed (issue 17's AVX-512 run) with two seeds at 0.04 gives a mean of 0.028.
+    let weak = SeedFigures {
+        brier: (0.314, 0.311),
+        ..good
+    };
+    assert_eq!(judge(&[weak, good, good]), Ok(()));
+    // A policy that did not change fails every margin.
+    let same = SeedFigures {
+        acc: (0.2, 0.2),
+        brier: (0.3, 0.3),
+        conf: (0.5, 0.5),
+        ..good
+    };
+    let e = judge(&[same, same, same]).unwrap_err();
+    assert!(
+        e.contains("accuracy") && e.contains("Brier") && e.contains("narrowing"),
+        "{e}"
+    );
+    // Accuracy collapsing (confidences trained alone) fails on accuracy even when Brier improves.
+    let collapse = SeedFigures {
+        acc: (0.207, 0.028),
+        brier: (0.316, 0.05),
+        conf: (0.5, 0.03),
+        ..good
+    };
+    let e = judge(&[collapse, collapse, collapse]).unwrap_err();
+    assert!(e.contains("accuracy gain -0.179"), "{e}");
+    // A lost format on one seed fails whatever the means say.
+    let unformatted = SeedFigures {
+        format: (0.99, 0.69),
+        ..good
+    };
+    let e = judge(&[good, unformatted, good]).unwrap_err();
+    assert!(
+        e.contains("seed 0: only 0.690 of the last policy's confidences"),
+        "{e}"
+    );
 }
 
 /// Seed 000's ablation: confidence rewards normalised over all G_a·G_c confidences of a prompt
 /// (`--estimator grpo`: groups by prompt and sample type) instead of over the G_c confidences of
 /// their own answer. Reports the same paired figures as the learning test; no pass/fail on them.
 #[test]
-#[ignore = "an ablation report (about 3 minutes): cargo test --test integration learning_ablation -- --ignored --nocapture"]
+#[ignore = "an ablation report (several minutes): cargo test --test integration learning_ablation -- --ignored --nocapture"]
 fn learning_ablation_pooled_confidence_norm() {
+    let seeds = seeds();
     let c = LoopConfig {
         estimator: "grpo",
-        ..config()
+        ..DEFAULT
     };
-    let wd = Workdir::new();
-    let o = run_loop(&wd, &c);
-    assert_eq!(o.eval.accuracy.len(), 2);
-    let p = Pair::of(&o.eval);
-    let (g0, g1) = p.gap();
+    let figs = run_seeds(&c, &seeds);
     eprintln!(
-        "ablation pooled (seed {}): accuracy {:.3} -> {:.3}, mean confidence {:.3} -> {:.3}, Brier \
-         {:.3} -> {:.3}, gap {g0:.3} -> {g1:.3}, ECE {:.3} -> {:.3}, format {:.3}/{:.3}\n\
-         in-loop curve {:?}",
-        c.seed,
-        p.acc.0,
-        p.acc.1,
-        p.conf.0,
-        p.conf.1,
-        p.brier.0,
-        p.brier.1,
-        o.eval.ece[0],
-        o.eval.ece[1],
-        o.eval.format_answers[1],
-        o.eval.format_confidences[1],
-        o.curve
+        "ablation pooled (seeds {seeds:?}): {:?}\n{}",
+        judge(&figs),
+        table(&figs)
     );
 }

@@ -11,7 +11,7 @@
 //! The output's Parquet schema reuses the input's schema nodes for the kept columns (so the copied
 //! chunks' descriptors match whatever tool wrote the input) and converts only the new fields; the
 //! Arrow schema hint (`ARROW:schema`) becomes the input's Arrow schema plus the new fields. Writing
-//! goes through [`table::AtomicFile`]: a temp file beside the output, renamed into place only when
+//! goes through [`crate::fs::AtomicFile`]: a temp file beside the output, renamed into place only when
 //! everything succeeded.
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -24,10 +24,8 @@ use parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
 };
 use parquet::arrow::{encode_arrow_schema, ArrowSchemaConverter};
-use parquet::basic::Compression;
 use parquet::column::writer::ColumnCloseResult;
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::Type;
 
@@ -85,7 +83,7 @@ pub struct Splice {
     /// Input leaf columns to copy, in order.
     copy_leaves: Vec<usize>,
     writer: Option<SerializedFileWriter<File>>,
-    atomic: Option<table::AtomicFile>,
+    atomic: Option<crate::fs::AtomicFile>,
     factory: ArrowRowGroupWriterFactory,
     out: PathBuf,
 }
@@ -145,21 +143,13 @@ impl Splice {
             in_schema.metadata().clone(),
         ));
 
-        let props = Arc::new(
-            WriterProperties::builder()
-                .set_compression(Compression::ZSTD(Default::default()))
-                // Only the new columns are encoded here: float lists of repeated values compress
-                // well with zstd alone, and dictionary interning of every value would cost more
-                // than everything else together.
-                .set_dictionary_enabled(false)
-                .set_statistics_enabled(EnabledStatistics::None)
-                .set_write_batch_size(32 * 1024)
-                .set_key_value_metadata(Some(vec![KeyValue::new(
-                    "ARROW:schema".to_string(),
-                    encode_arrow_schema(&out_arrow),
-                )]))
-                .build(),
-        );
+        let props = Arc::new(table::io::writer_properties(
+            table::io::Encoding::TokenLists,
+            Some(vec![KeyValue::new(
+                "ARROW:schema".to_string(),
+                encode_arrow_schema(&out_arrow),
+            )]),
+        )?);
         // Column writers for the new columns only, from a throw-away file writer over them; their
         // descriptors equal those of the same fields in the output schema.
         let probe =
@@ -168,7 +158,7 @@ impl Splice {
         let factory = ArrowRowGroupWriterFactory::new(&probe, new_schema);
         drop(probe);
 
-        let mut atomic = table::AtomicFile::create(out)?;
+        let mut atomic = crate::fs::AtomicFile::create(out)?;
         let f = atomic.take()?;
         let writer = SerializedFileWriter::new(f, out_root, props)
             .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;

@@ -601,17 +601,6 @@ pub fn write_folder(g: &GgufFile, plan: &Plan, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Removes a temporary folder unless disarmed.
-struct TempDir(Option<PathBuf>);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_dir_all(p);
-        }
-    }
-}
-
 /// Is `out` usable as a destination: absent, an empty folder, or (with `force`) anything that is
 /// a folder.
 pub fn check_destination(out: &Path, force: bool) -> Result<()> {
@@ -653,42 +642,14 @@ pub fn import(input: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportSu
         );
     }
 
-    let name = out
-        .file_name()
-        .ok_or_else(|| anyhow!("output path {} has no folder name", out.display()))?
-        .to_string_lossy()
-        .into_owned();
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
-    let pid = std::process::id();
-    let tmp = parent.join(format!(".{name}.rlcr-tmp-{pid}"));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp).with_context(|| format!("removing stale {}", tmp.display()))?;
-    }
-    fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut guard = TempDir(Some(tmp.clone()));
-
-    write_folder(&g, &plan, &tmp).with_context(|| format!("writing {}", out.display()))?;
-
-    // Move into place. Re-check: the destination may have appeared while we worked.
-    check_destination(out, opts.force)?;
-    if out.exists() {
-        let old = parent.join(format!(".{name}.rlcr-old-{pid}"));
-        fs::rename(out, &old).with_context(|| format!("moving {} aside", out.display()))?;
-        if let Err(e) = fs::rename(&tmp, out) {
-            let _ = fs::rename(&old, out);
-            return Err(e)
-                .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()));
-        }
-        fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
-    } else {
-        fs::rename(&tmp, out)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
-    }
-    guard.0 = None;
+    // The same atomic folder write as checkpoints: filled beside `out`, every file fsynced,
+    // renamed into place; what a killed import left behind is cleaned up by the next one.
+    crate::fs::write_folder(out, |tmp| {
+        write_folder(&g, &plan, tmp)?;
+        // Re-check: the destination may have appeared while we worked.
+        check_destination(out, opts.force)
+    })
+    .with_context(|| format!("writing {}", out.display()))?;
 
     let mut types = BTreeMap::new();
     for t in g.tensors() {
