@@ -366,7 +366,10 @@ mod tests {
         }
         #[cfg(feature = "wgpu")]
         {
-            assert_eq!("wgpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Wgpu(None));
+            assert_eq!(
+                "wgpu".parse::<DeviceSpec>().unwrap(),
+                DeviceSpec::Wgpu(None)
+            );
             assert_eq!(
                 " wgpu:3 ".parse::<DeviceSpec>().unwrap(),
                 DeviceSpec::Wgpu(Some(3))

@@ -166,11 +166,17 @@ mod wgpu {
         for batch in [1, 3, 8] {
             let out = model::logprobs(&m.transformer, &borrowed, batch, true, None).unwrap();
             let again = model::logprobs(&m.transformer, &borrowed, batch, true, None).unwrap();
-            assert_eq!(out, again, "batch {batch}: the same call twice gives the same bits");
+            assert_eq!(
+                out, again,
+                "batch {batch}: the same call twice gives the same bits"
+            );
             for (k, lps) in out.logprobs.iter().enumerate() {
                 for (i, &lp) in lps.iter().enumerate() {
                     let d = (lp as f64 - want[k][i]).abs();
-                    assert!(d < 1e-4, "batch {batch} row {k} tok {i}: {d} to transformers");
+                    assert!(
+                        d < 1e-4,
+                        "batch {batch} row {k} tok {i}: {d} to transformers"
+                    );
                     worst_batch = worst_batch.max((lp - alone.logprobs[k][i]).abs());
                 }
             }
@@ -216,7 +222,10 @@ mod wgpu {
         let dev = spec();
         for name in ["tiny-qwen2", "tiny-llama"] {
             let wd = Workdir::new();
-            prompts(&wd, &["What is 12 + 7?", "Name a prime.", "What is 99 * 3?"]);
+            prompts(
+                &wd,
+                &["What is 12 + 7?", "Name a prime.", "What is 99 * 3?"],
+            );
             let args = [
                 "--num-answers",
                 "2",
@@ -444,7 +453,10 @@ mod wgpu {
         }
         assert!((worst as f64) < CPU_BOUND, "ref_logprobs: {worst}");
         // Iteration 2 ran from each device's own update; its tables are complete.
-        let (c, g) = (t("cpu", "2-trajectory.parquet"), t("gpu", "2-trajectory.parquet"));
+        let (c, g) = (
+            t("cpu", "2-trajectory.parquet"),
+            t("gpu", "2-trajectory.parquet"),
+        );
         assert_eq!(c.num_rows(), g.num_rows());
         let same = id_lists(&c, "response_ids")
             .iter()
