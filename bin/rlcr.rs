@@ -3,5 +3,7 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Before any thread exists: freed tensor buffers are reused, not faulted in again.
+    rlcr::alloc::retain_freed_memory();
     rlcr::cli::main()
 }

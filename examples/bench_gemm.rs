@@ -42,6 +42,7 @@ fn rand(shape: [usize; 2], dev: &Device) -> Tensor<2> {
 }
 
 fn main() {
+    rlcr::alloc::retain_freed_memory();
     let reps: usize = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())

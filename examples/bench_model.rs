@@ -37,6 +37,7 @@ fn cpu_secs() -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
+    rlcr::alloc::retain_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map(String::as_str).unwrap_or("smollm2");
     let batch: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(8);

@@ -39,6 +39,7 @@ fn rand(shape: [usize; 2], dev: &Device) -> Tensor<2> {
 }
 
 fn main() {
+    rlcr::alloc::retain_freed_memory();
     let dev = Device::flex();
     if std::env::args().any(|a| a == "head") {
         let head = rand([576, 49152], &dev);

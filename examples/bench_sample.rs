@@ -182,6 +182,7 @@ fn run<M: StepModel>(
 }
 
 fn main() -> anyhow::Result<()> {
+    rlcr::alloc::retain_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map(String::as_str).unwrap_or("smollm2");
     let batch: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(8);

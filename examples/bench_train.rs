@@ -69,6 +69,7 @@ fn cpu_seconds() -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
+    rlcr::alloc::retain_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map(String::as_str).unwrap_or("qwen39m");
     let batch: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(8);
@@ -164,6 +165,12 @@ fn main() -> anyhow::Result<()> {
                 "RESULT train_b{batch}_l{len} {:.2} {:.2}",
                 tokens as f64 / t_fb,
                 tokens as f64 / c_fb
+            );
+            // The whole update step: forward + backward, global clipping, AdamW.
+            println!(
+                "RESULT step_b{batch}_l{len} {:.2} {:.2}",
+                tokens as f64 / t0.elapsed().as_secs_f64(),
+                tokens as f64 / (cpu_seconds() - c0)
             );
         }
         fb.push(t_fb);

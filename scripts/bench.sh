@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side speed of rlcr and Hugging Face transformers on this machine, in one run.
 #
-#   scripts/bench.sh [sample|train|gemm|all]
+#   scripts/bench.sh [peak|sample|train|gemm|all]
 #
 # Environment:
 #   SMOLLM2   SmolLM2-135M-Instruct folder (default /tmp/smollm2-hf; make it with
@@ -21,8 +21,13 @@
 #           on a 38.9M-parameter Qwen2 config, 8 x 256 tokens, fp32
 #   gemm    examples/bench_gemm.rs vs scripts/bench_transformers.py gemm: the matrix products of
 #           that forward + backward one at a time (GFLOP/s instead of tokens/s)
-# Prints every measurement, then the medians (tokens/s wall and tokens per CPU-second) and the
-# ratio rlcr / transformers.
+#   peak    examples/bench_peak.rs only (always run first): the CPU's SIMD flags, its measured
+#           f32 FMA peak on zmm and ymm registers, bf16 dot-product peak (VDPBF16PS, where the
+#           CPU has avx512_bf16) and memory bandwidth (copy, triad), on THREADS threads
+# Prints every measurement, then the medians (tokens/s wall and tokens per CPU-second), the
+# ratio rlcr / transformers and each side's FLOP rate as a fraction of the measured f32 peak
+# (sampling at batch 8 also as a fraction of the weight-streaming bound at the measured copy
+# bandwidth).
 set -euo pipefail
 { # the whole script is parsed before it runs (safe to edit while a benchmark is running)
 cd "$(dirname "$0")/.."
@@ -38,7 +43,7 @@ export RAYON_NUM_THREADS=$THREADS THREADS OMP_NUM_THREADS=$THREADS
 
 # rlcr itself at opt-level 3 (dependencies are always optimised, see Cargo.toml).
 CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build -q --example bench_sample --example bench_train \
-  --example bench_gemm
+  --example bench_gemm --example bench_peak
 ex=${CARGO_TARGET_DIR:-target}/debug/examples
 out=${RESULTS:-$(mktemp /tmp/rlcr-bench.XXXXXX)}
 echo "raw results: $out"
@@ -50,6 +55,11 @@ echo "raw results: $out"
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+
+# The roofline of this run: flags, measured peaks and bandwidth (PEAK lines -> "peak NAME VALUE").
+"$ex/bench_peak" >"$log"
+cat "$log"
+awk '/^PEAK /{print "peak", $2, $3}' "$log" >>"$out"
 run() { # SIDE CMD...: run, show its output, keep its RESULT lines tagged with the side
   local side=$1
   shift
@@ -58,6 +68,9 @@ run() { # SIDE CMD...: run, show its output, keep its RESULT lines tagged with t
   awk -v s="$side" '/^RESULT /{print s, $2, $3, $4}' "$log" >>"$out"
 }
 
+if [ "$what" = peak ]; then
+  exit 0
+fi
 if [ "$what" = sample ] || [ "$what" = all ]; then
   [ -f "$SMOLLM2/config.json" ] || { echo "no SmolLM2 folder at $SMOLLM2 (scripts/fetch_smollm2.sh)" >&2; exit 1; }
   for b in $BATCHES; do
@@ -70,7 +83,7 @@ fi
 if [ "$what" = train ] || [ "$what" = all ]; then
   for _ in $(seq "$REPS"); do
     run rlcr "$ex/bench_train" qwen39m 8 256 8 2
-    run transformers "$PY" scripts/bench_transformers.py train 8 256 1
+    run transformers "$PY" scripts/bench_transformers.py train 8 256 1 fp32,bf16
   done
 fi
 if [ "$what" = gemm ] || [ "$what" = all ]; then
@@ -84,23 +97,72 @@ echo
 "$PY" - "$out" <<'EOF'
 import collections, statistics, sys
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
+peak = {}
 for line in open(sys.argv[1]):
     if line.startswith("#"):
         print(line.rstrip())
         continue
-    side, name, wall, cpu = line.split()
+    f = line.split()
+    if f[0] == "peak":
+        peak[f[1]] = f[2]
+        continue
+    side, name, wall, cpu = f
     rows[name][side].append((float(wall), float(cpu)))
-print("(sample/train: tokens; gemm: GFLOP; per second wall and per CPU-second)")
+print("roofline:", ", ".join(f"{k} {v}" for k, v in peak.items()))
+fpeak = float(peak.get("f32_fma_zmm", peak.get("f32_fma_ymm", "nan")))
+bw = float(peak.get("bw_copy", "nan"))
+
+# Useful FLOP per token (2 per multiply-add), from the model shapes:
+# - Qwen2 38.9M training (bench_train qwen39m, 8 x 256): per token per layer q/k/v/o
+#   512*(512+128+128+512) + gate/up/down 3*512*1408 = 2.818M multiply-adds, x 8 layers, + the
+#   tied LM head 512*32000 = 16.384M, + causal attention 2*512*128 (mean 128 keys) x 8 = 1.05M:
+#   39.97M multiply-adds forward, x 3 for forward + backward = 239.8 MFLOP per token.
+# - SmolLM2-135M sampling: 30 layers x (576*(576+192+192+576) + 3*576*1536) + 576*49152 =
+#   134.5M multiply-adds = 269 MFLOP per token (attention over <= 160 positions < 2 %: left out);
+#   a decode step streams all 538 MB of f32 weights once (bandwidth bound: B * BW / 538 MB).
+def flop_per_unit(name):
+    if name.startswith(("train_", "step_")):
+        return 239.8e6
+    if name.startswith("sample_"):
+        return 269e6
+    if name.startswith("gemm_"):
+        return 1e9  # already GFLOP/s
+    return float("nan")
+
+print("(sample/train/step: tokens; gemm: GFLOP; per second wall and per CPU-second;")
+print(f" %peak: FLOP rate against the measured f32 peak {fpeak:.0f} GFLOP/s on these threads)")
 print(f"{'workload':22} {'n':>3} {'rlcr /s':>11} {'HF /s':>9} {'ratio':>6}"
-      f" {'rlcr /cpu-s':>15} {'HF /cpu-s':>13} {'ratio':>6}")
+      f" {'rlcr /cpu-s':>12} {'HF /cpu-s':>10} {'ratio':>6} {'rlcr %pk':>8} {'HF %pk':>7}")
 for name, sides in rows.items():
     r, h = sides.get("rlcr", []), sides.get("transformers", [])
-    if not r or not h:
+    if not r:
         continue
     rw, rc = statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)
+    fl = flop_per_unit(name)
+    rp = 100 * rw * fl / 1e9 / fpeak
+    extra = ""
+    if name.startswith("sample_b"):
+        b = int(name.split("_")[1][1:])
+        bound = b * bw * 1e9 / 538e6
+        extra = f"  (bandwidth bound {bound:.0f} tok/s: rlcr {100 * rw / bound:.0f} %)"
+    if not h:
+        print(f"{name:22.22} {len(r):>3} {rw:>11.1f} {'-':>9} {'-':>6} {rc:>12.1f} {'-':>10}"
+              f" {'-':>6} {rp:>7.0f}% {'-':>7}{extra}")
+        continue
     hw, hc = statistics.median(x[0] for x in h), statistics.median(x[1] for x in h)
+    hp = 100 * hw * fl / 1e9 / fpeak
     print(f"{name:22.22} {min(len(r), len(h)):>3} {rw:>11.1f} {hw:>9.1f} {rw / hw:>6.2f}"
-          f" {rc:>15.1f} {hc:>13.1f} {rc / hc:>6.2f}")
+          f" {rc:>12.1f} {hc:>10.1f} {rc / hc:>6.2f} {rp:>7.0f}% {hp:>6.0f}%{extra}")
+for name, sides in rows.items():
+    # References without an rlcr counterpart (torch bf16 autocast): their rate and the ratio
+    # of rlcr's fp32 figure of the same workload to them.
+    if "rlcr" in sides or "transformers" not in sides:
+        continue
+    hw = statistics.median(x[0] for x in sides["transformers"])
+    base = name.removesuffix("_bf16")
+    rr = rows.get(base, {}).get("rlcr", [])
+    ratio = f"{statistics.median(x[0] for x in rr) / hw:.2f}" if rr else "-"
+    print(f"{name:22.22}   transformers only: {hw:.1f} /s; rlcr fp32 / this = {ratio}")
 EOF
 exit
 }

@@ -5,10 +5,13 @@ Runs the same workloads as rlcr's harnesses, with torch limited to THREADS threa
 
   sample MODEL_DIR B NEW   sampling: B rows (B/8 distinct chat prompts, EOS ignored) x NEW new
                            tokens, temperature 1, no top-k/top-p (examples/bench_sample.rs)
-  train B LEN              forward + backward of the causal-LM loss on a 38.9M-parameter Qwen2
+  train B LEN [REPS [PRECISIONS]]
+                           forward + backward of the causal-LM loss on a 38.9M-parameter Qwen2
                            config (hidden 512, 8 layers, 8 heads, 2 KV heads, FFN 1408, vocab
                            32000, tied), random weights, B rows x LEN tokens
-                           (examples/bench_train.rs)
+                           (examples/bench_train.rs; RESULT train_*), then the full step with
+                           global clipping and AdamW (RESULT step_*); PRECISIONS is a comma list
+                           of fp32 (default) and bf16 (torch.autocast bf16, names end in _bf16)
 
   gemm                     the matrix products of that forward + backward, each alone
                            (examples/bench_gemm.rs): GFLOP/s instead of tokens/s
@@ -17,7 +20,7 @@ Each measurement prints one line `RESULT <name> <tokens/s> <tokens per CPU-secon
 warm-up run); scripts/bench.sh collects them.
 
   python scripts/bench_transformers.py sample /tmp/smollm2-hf 8 128 [REPS]
-  python scripts/bench_transformers.py train 8 256 [REPS]
+  python scripts/bench_transformers.py train 8 256 [REPS] [fp32,bf16]
   python scripts/bench_transformers.py gemm [REPS]
 
 Needs torch and transformers (measured with torch 2.15 / transformers 5.23).
@@ -97,7 +100,7 @@ def sample(model_dir, batch, new, reps):
             report(f"sample_b{batch}_n{new}", made, t0, c0)
 
 
-def train(batch, length, reps):
+def train(batch, length, reps, precisions=("fp32",)):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
@@ -120,13 +123,35 @@ def train(batch, length, reps):
     ids = (
         torch.arange(batch)[:, None] * 7919 + torch.arange(length)[None, :] * 104729
     ) % 32000
-    for rep in range(reps + 1):
-        model.zero_grad(set_to_none=True)
-        t0, c0 = clocks()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        if rep > 0:  # the first run is the warm-up
-            report(f"train_b{batch}_l{length}", batch * length, t0, c0)
+    # Forward + backward alone (`train_*`), then the full step with AdamW (`step_*`), in fp32 and
+    # under bf16 autocast (`*_bf16`: bf16 products through oneDNN, fp32 master weights and
+    # optimizer state, as rlcr's opt-in bf16 mode would be).
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    for precision in precisions:
+        suffix = "" if precision == "fp32" else "_bf16"
+        ctx = (
+            torch.autocast("cpu", dtype=torch.bfloat16)
+            if precision == "bf16"
+            else torch.autocast("cpu", enabled=False)
+        )
+        for rep in range(reps + 1):
+            model.zero_grad(set_to_none=True)
+            t0, c0 = clocks()
+            with ctx:
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            if rep > 0:  # the first run is the warm-up
+                report(f"train_b{batch}_l{length}{suffix}", batch * length, t0, c0)
+        for rep in range(reps + 1):
+            t0, c0 = clocks()
+            model.zero_grad(set_to_none=True)
+            with ctx:
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if rep > 0:
+                report(f"step_b{batch}_l{length}{suffix}", batch * length, t0, c0)
 
 
 def gemm(reps):
@@ -162,7 +187,8 @@ def main():
     if a and a[0] == "sample" and len(a) >= 4:
         sample(a[1], int(a[2]), int(a[3]), int(a[4]) if len(a) > 4 else 3)
     elif a and a[0] == "train" and len(a) >= 3:
-        train(int(a[1]), int(a[2]), int(a[3]) if len(a) > 3 else 3)
+        prec = tuple(a[4].split(",")) if len(a) > 4 else ("fp32",)
+        train(int(a[1]), int(a[2]), int(a[3]) if len(a) > 3 else 3, prec)
     elif a and a[0] == "gemm":
         with torch.no_grad():
             gemm(int(a[1]) if len(a) > 1 else 3)

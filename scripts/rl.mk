@@ -89,7 +89,18 @@ ESTIMATOR ?= rlcr
 # confidence reproduction). Dividing by their std as well (`--norm-conf std`) turns any difference
 # between two confidences into +-1: with G_c = 2 that pushes every confidence towards the majority
 # outcome and Brier got worse in the runs of tests/integration/learning.rs.
+ifeq ($(ESTIMATOR),gae)
+# PPO with a critic (seed 001, verl's default): `rlcr values` fills `values` with the critic of the
+# previous iteration (the first starts from the policy folder with a zero value head), advantage
+# runs GAE with the KL penalty in the reward (reference: the starting policy) spread with
+# turn_proportional, and update trains the critic next to the policy (verl's clipped value loss).
+ADV_FLAGS ?= --gamma 1.0 --lam 1.0 --kl-coef $(GAE_KL) --reward-distribution turn_proportional
+GAE_KL ?= 0.001
+CRITIC_LR ?= 1e-4
+CRITIC_FLAGS ?= --vf-coef 1.0 --cliprange-value 0.5 --critic-lr $(CRITIC_LR)
+else
 ADV_FLAGS ?= --norm-conf mean
+endif
 # Ablation of seed 000's choice: `ABLATION=pooled` normalises each confidence reward over all
 # G_a·G_c confidences of its prompt (ANCHORS §3.2 variant (b): `--estimator grpo`, which groups by
 # prompt and sample type) instead of over the G_c confidences of its own answer (the rlcr tree).
@@ -125,7 +136,7 @@ else
 START := $(MODEL)
 endif
 
-.PHONY: all loop summary clean smollm2 probe
+.PHONY: all loop summary clean smollm2 probe multiturn
 all: summary
 loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
 
@@ -156,19 +167,34 @@ $(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(2)/confi
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
 	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER)
 
+ifeq ($(ESTIMATOR),gae)
+$(DIR)/iter-$(1)/valued.parquet: $(DIR)/iter-$(1)/scored.parquet $(2)/config.json
+	$$(RLCR) $$(G) values --critic $(3) --input $$< -o $(DIR)/iter-$(1)/valued-noref.parquet
+	$$(RLCR) $$(G) logprobs --model $(START) --input $(DIR)/iter-$(1)/valued-noref.parquet -o $$@ \
+	  --column ref_logprobs
+	rm -f $(DIR)/iter-$(1)/valued-noref.parquet
+
+$(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/valued.parquet
+	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator gae $$(ADV_FLAGS)
+else
 $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
 	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator $$(ESTIMATOR) $$(ADV_FLAGS)
+endif
 
 $(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
 	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) \
-	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS)
+	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
+	  $(if $(filter gae,$(ESTIMATOR)),--critic $(3) --critic-out $(DIR)/iter-$(1)/critic $$(CRITIC_FLAGS))
 
 $(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet
 	$$(RLCR) $$(G) report --input $$< -o $(DIR)/iter-$(1)/report
 endef
 
 prev = $(if $(filter 0001,$(1)),$(START),$(DIR)/iter-$(shell printf '%04d' $$((10#$(1) - 1)))/model)
-$(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)))))
+# The critic an iteration starts from (ESTIMATOR=gae): the previous iteration's, or the starting
+# policy (zero value head). It is written by the previous update, so it depends on its model.
+prev_critic = $(if $(filter 0001,$(1)),$(START),$(DIR)/iter-$(shell printf '%04d' $$((10#$(1) - 1)))/critic)
+$(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)),$(call prev_critic,$(i)))))
 
 SCORED := $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/scored.parquet)
 $(DIR)/report/metrics.json: $(SCORED) $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/report/metrics.json) $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
@@ -210,3 +236,11 @@ smollm2: $(SMOL_DIR)/config.json
 
 clean:
 	rm -rf $(DIR)
+
+# --- seed 001's multi-turn loop with the example knowledge-base environment (scripts/multiturn.mk;
+# its variables pass through, e.g. `make -f scripts/rl.mk multiturn MT_ITERS=3`).
+MT_RUN ?= multiturn
+MT_ITERS ?= 8
+multiturn:
+	$(MAKE) -f $(ROOT)/scripts/multiturn.mk RUN=$(MT_RUN) RUNS=$(RUNS) ITERS=$(MT_ITERS) SEED=$(SEED) \
+	  DEVICE=$(DEVICE) RLCR=$(RLCR)

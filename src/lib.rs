@@ -15,8 +15,10 @@
 //! - [`advantage`]: advantage estimators (pure math).
 //! - [`train`]: log-probs, losses, optimizer, checkpoints.
 //! - [`probe`], [`report`]: faithfulness probe; calibration metrics and plots.
+//! - [`alloc`]: allocator settings applied at startup (freed tensor buffers stay in the process).
 
 pub mod advantage;
+pub mod alloc;
 pub mod cli;
 pub mod fs;
 pub mod model;

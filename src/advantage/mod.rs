@@ -32,6 +32,7 @@ pub mod group;
 pub mod kl;
 pub mod multiturn;
 pub mod outcome;
+pub mod stage;
 pub mod tokens;
 
 use serde::{Deserialize, Serialize};

@@ -103,6 +103,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let reader = Reader::open_columns(&a.input, &pass1)?;
     table::check_schema(&name, &reader.file_schema(), &table::TRAJECTORY, &[])?;
     let mut validator = table::Validator::new(&name, &table::TRAJECTORY);
+    validator.reserve(reader.num_rows());
     for c in TOKEN_COLUMNS {
         if !reader.has_column(c) {
             bail!("{name}: column `{c}` is missing (logprobs needs context_ids and response_ids)");

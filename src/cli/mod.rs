@@ -15,6 +15,7 @@ pub mod advantage;
 pub mod common;
 pub mod generate_answers;
 pub mod generate_confidence;
+pub mod generate_multiturn;
 pub mod import_gguf;
 pub mod inspect;
 pub mod logprobs;
@@ -25,6 +26,7 @@ pub mod schema;
 pub mod score;
 pub mod sft;
 pub mod update;
+pub mod values;
 
 pub use common::{Global, UsageError};
 
@@ -68,6 +70,8 @@ pub enum Command {
     GenerateAnswers(generate_answers::Args),
     #[command(about = generate_confidence::ABOUT, long_about = generate_confidence::LONG_ABOUT)]
     GenerateConfidence(generate_confidence::Args),
+    #[command(about = generate_multiturn::ABOUT, long_about = generate_multiturn::LONG_ABOUT)]
+    GenerateMultiturn(generate_multiturn::Args),
     #[command(about = score::ABOUT, long_about = score::LONG_ABOUT)]
     Score(score::Args),
     #[command(about = advantage::ABOUT, long_about = advantage::LONG_ABOUT)]
@@ -82,6 +86,8 @@ pub enum Command {
     Report(report::Args),
     #[command(about = logprobs::ABOUT, long_about = logprobs::LONG_ABOUT)]
     Logprobs(logprobs::Args),
+    #[command(about = values::ABOUT, long_about = values::LONG_ABOUT)]
+    Values(values::Args),
     #[command(name = "import-gguf", about = import_gguf::ABOUT, long_about = import_gguf::LONG_ABOUT)]
     ImportGguf(import_gguf::Args),
     #[command(about = schema::ABOUT, long_about = schema::LONG_ABOUT)]
@@ -169,6 +175,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Prepare(a) => prepare::run(&g, a),
         Command::GenerateAnswers(a) => generate_answers::run(&g, a),
         Command::GenerateConfidence(a) => generate_confidence::run(&g, a),
+        Command::GenerateMultiturn(a) => generate_multiturn::run(&g, a),
         Command::Score(a) => score::run(&g, a),
         Command::Advantage(a) => advantage::run(&g, a),
         Command::Update(a) => update::run(&g, a),
@@ -176,6 +183,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Probe(a) => probe::run(&g, a),
         Command::Report(a) => report::run(&g, a),
         Command::Logprobs(a) => logprobs::run(&g, a),
+        Command::Values(a) => values::run(&g, a),
         Command::ImportGguf(a) => import_gguf::run(&g, a),
         Command::Schema(a) => schema::run(&g, a),
         Command::Inspect(a) => inspect::run(&g, a),

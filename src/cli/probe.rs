@@ -434,7 +434,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
                 (Some(t), serde_json::Value::Null)
             };
             let prompt = match msgs {
-                Some(m) if m.is_valid(i) => super::score::last_user_content(m.value(i)),
+                Some(m) if m.is_valid(i) => crate::reward::stage::last_user_content(m.value(i)),
                 _ => None,
             };
             let key = (pid.value(i).to_string(), aidx.value(i));

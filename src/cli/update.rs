@@ -185,6 +185,8 @@ pub struct Args {
     pub recompute_old_logprobs: bool,
     #[command(flatten)]
     pub optim: OptimArgs,
+    #[command(flatten)]
+    pub critic: super::values::CriticArgs,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -285,6 +287,8 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         inputs: vec![a.model.display().to_string(), table],
     };
     session::run(model, &rows, &s)?;
+    a.critic
+        .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
     Ok(())
 }
 

@@ -35,10 +35,19 @@
 //! agree bit for bit), and attention rows are independent, so a row's result never depends on
 //! the batch it is in (the sampler relies on this: it never pads batches).
 //!
+//! **Instruction sets** ([`Isa`], chosen at run time): on a CPU with AVX-512F the packed kernel
+//! keeps a 12-row × 32-column tile (two panels) in 24 zmm registers, one weight load per panel
+//! and one broadcast per row for every step of K; with AVX2 + FMA, the 6 × 16 tile above. Both
+//! sum every output from zero in the order of K with one FMA per term, so they give the same
+//! numbers bit for bit (tested by forcing the AVX2 kernel on an AVX-512 machine).
+//! `RLCR_CPU_ISA=avx2|avx512|scalar` forces a lower level for the whole process (read once; see
+//! [`isa`]); `scalar` turns rlcr's kernels off, as on a CPU without AVX2.
+//!
 //! Scope and fallbacks: only f32 tensors on a plain (non-autodiff) Flex device, at most
 //! [`MAX_ROWS`] rows ([`MAX_PACKED_ROWS`] packed), a contiguous weight, and an x86-64 CPU with
 //! AVX2 and FMA; anything else returns `None` and the caller uses burn's `matmul`, so model code
-//! stays device-agnostic and training never sees this path. The sum over K runs in order with
+//! stays device-agnostic and training never sees this path. The row-major kernel (used only
+//! before weights are packed, or with `RLCR_DECODE_PACK=0`) stays AVX2. The sum over K runs in order with
 //! fused multiply-adds, so results differ from gemm's in the last bits only (the parity tests
 //! cover both paths).
 use burn::backend::flex::FlexTensor;
@@ -226,8 +235,11 @@ impl PackedMatrix {
     }
 }
 
-/// Rows per register tile of the packed kernel (× 16 columns = 12 accumulators).
+/// Rows per register tile of the packed AVX2 kernel (× 16 columns = 12 accumulators).
 const TILE_ROWS: usize = 6;
+
+/// Rows per register tile of the packed AVX-512 kernel (× 32 columns = 24 of the 32 registers).
+const TILE_ROWS_512: usize = 12;
 
 /// `x · w` through the packed copy `p` of `w`, when `x` has at most [`MAX_PACKED_ROWS`] rows, lives on
 /// a plain Flex device and `w` is still the tensor `p` was made from; else `None`.
@@ -236,9 +248,22 @@ const TILE_ROWS: usize = 6;
 /// with one fused multiply-add per term, whatever the number of rows or their grouping, so a
 /// row's result does not depend on the batch it is in.
 pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<Tensor<2>> {
+    packed_matmul_isa(x, w, p, isa())
+}
+
+/// [`packed_matmul`] on the kernels of `isa` (lowered to what the CPU has): `None` for
+/// [`Isa::Scalar`]. Every level gives the same numbers bit for bit (tested), so this exists to
+/// test and measure the fallbacks on a machine that has the faster path.
+pub fn packed_matmul_isa(
+    x: &Tensor<2>,
+    w: &Tensor<2>,
+    p: &PackedMatrix,
+    isa: Isa,
+) -> Option<Tensor<2>> {
     use rayon::prelude::*;
+    let isa = isa.clamp();
     let [m, k] = x.dims();
-    if m == 0 || m > MAX_PACKED_ROWS || k != p.k {
+    if m == 0 || m > MAX_PACKED_ROWS || k != p.k || isa < Isa::Avx2 {
         return None;
     }
     let wf: FlexTensor = w.clone().try_into_primitive::<Flex>().ok()?;
@@ -257,14 +282,28 @@ pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<T
     let x_off = xc.layout().start_offset();
     let x_data: &[f32] = &xc.storage::<f32>()[x_off..x_off + m * k];
     let n = p.n;
-    // Row groups of near-equal size, at most TILE_ROWS each.
-    let n_groups = m.div_ceil(TILE_ROWS);
+    let avx512 = isa == Isa::Avx512;
+    // Row groups of near-equal size, at most TILE_ROWS (AVX2) or TILE_ROWS_512 each.
+    let tile_rows = if avx512 { TILE_ROWS_512 } else { TILE_ROWS };
+    let n_groups = m.div_ceil(tile_rows);
     let row_groups = transpose_row_groups(x_data, m, k, m.div_ceil(n_groups));
     let mut out = vec![0f32; m * n];
     let ptr = OutPtr(out.as_mut_ptr());
     let panels = n.div_ceil(PANEL);
     let jobs = (rayon::current_num_threads() * 2).clamp(1, panels);
-    let per = panels.div_ceil(jobs);
+    // The AVX-512 tile takes two panels at a time: jobs start on even panels.
+    let per = if avx512 {
+        panels.div_ceil(jobs).next_multiple_of(2)
+    } else {
+        panels.div_ceil(jobs)
+    };
+    let panel_bytes = k
+        * PANEL
+        * if matches!(p.panels, Panels::Bf16(_)) {
+            2
+        } else {
+            4
+        };
     let (wptr, bf16) = match &p.panels {
         Panels::F32(v) => (v.as_ptr() as *const u8, false),
         Panels::Bf16(v) => (v.as_ptr() as *const u8, true),
@@ -274,9 +313,38 @@ pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<T
         // Whole-struct captures (the wrappers are Send + Sync, their raw pointers are not).
         let out = ptr;
         let wptr = weights;
+        let (g0, g1) = ((j * per).min(panels), ((j + 1) * per).min(panels));
+        if avx512 {
+            // Two panels (32 columns) outer, row groups inner.
+            for g in (g0..g1).step_by(2) {
+                let pair = if g + 1 < g1 { 2 } else { 1 };
+                let c0 = g * PANEL;
+                let cols = (n - c0).min(pair * PANEL) - (pair - 1) * PANEL;
+                for (r0, r, xt) in &row_groups {
+                    // SAFETY: panels g..g+pair exist; columns c0..c0+(pair-1)*16+cols of rows
+                    // r0..r0+r are inside `out` and written only by this job; avx512f was
+                    // detected (`isa` is clamped to the CPU).
+                    unsafe {
+                        tile512_dispatch(
+                            *r,
+                            pair,
+                            bf16,
+                            xt,
+                            k,
+                            wptr.0.add(g * panel_bytes),
+                            panel_bytes,
+                            out.0.add(r0 * n + c0),
+                            n,
+                            cols,
+                        );
+                    }
+                }
+            }
+            return;
+        }
         // Panel outer, row groups inner: a panel is read from memory once and stays in cache for
         // the remaining row groups.
-        for g in j * per..((j + 1) * per).min(panels) {
+        for g in g0..g1 {
             let c0 = g * PANEL;
             let cols = (n - c0).min(PANEL);
             for (r0, r, xt) in &row_groups {
@@ -284,7 +352,7 @@ pub fn packed_matmul(x: &Tensor<2>, w: &Tensor<2>, p: &PackedMatrix) -> Option<T
                 // c0..c0+cols of rows r0..r0+r are inside `out` and written only by this job;
                 // avx2+fma were checked when packing.
                 unsafe {
-                    let off = g * k * PANEL * if bf16 { 2 } else { 4 };
+                    let off = g * panel_bytes;
                     tile_dispatch(
                         *r,
                         bf16,
@@ -342,6 +410,74 @@ unsafe fn tile_dispatch(
             _ => go!(6),
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile512_dispatch(
+    r: usize,
+    pair: usize,
+    bf16: bool,
+    xt: &[f32],
+    k: usize,
+    panels: *const u8,
+    panel_bytes: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    macro_rules! go {
+        ($r:literal) => {
+            match (pair, bf16) {
+                (2, true) => {
+                    avx512::tile::<$r, 2, true>(xt, k, panels, panel_bytes, out, ldo, cols)
+                }
+                (2, false) => {
+                    avx512::tile::<$r, 2, false>(xt, k, panels, panel_bytes, out, ldo, cols)
+                }
+                (_, true) => {
+                    avx512::tile::<$r, 1, true>(xt, k, panels, panel_bytes, out, ldo, cols)
+                }
+                (_, false) => {
+                    avx512::tile::<$r, 1, false>(xt, k, panels, panel_bytes, out, ldo, cols)
+                }
+            }
+        };
+    }
+    // SAFETY: forwarded contract of `packed_matmul_isa`.
+    unsafe {
+        match r {
+            1 => go!(1),
+            2 => go!(2),
+            3 => go!(3),
+            4 => go!(4),
+            5 => go!(5),
+            6 => go!(6),
+            7 => go!(7),
+            8 => go!(8),
+            9 => go!(9),
+            10 => go!(10),
+            11 => go!(11),
+            _ => go!(12),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile512_dispatch(
+    _r: usize,
+    _pair: usize,
+    _bf16: bool,
+    _xt: &[f32],
+    _k: usize,
+    _panels: *const u8,
+    _panel_bytes: usize,
+    _out: *mut f32,
+    _ldo: usize,
+    _cols: usize,
+) {
+    unreachable!("the CPU fast path is only enabled on x86-64")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -475,14 +611,91 @@ fn transpose_row_groups(
         .collect()
 }
 
-#[cfg(target_arch = "x86_64")]
-fn supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+/// Which of rlcr's own CPU kernels run (ordered: each level includes the one below).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// None of rlcr's SIMD kernels: every product goes through burn's `matmul` (gemm, which
+    /// dispatches on the CPU by itself). What a CPU without AVX2/FMA, or another architecture,
+    /// runs.
+    Scalar,
+    /// 256-bit kernels (AVX2 + FMA): 6 rows × 16 columns per register tile.
+    Avx2,
+    /// 512-bit kernels (AVX-512F): up to 12 rows × 32 columns per register tile.
+    Avx512,
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+impl Isa {
+    /// The best level this CPU runs.
+    pub fn detected() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+            if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if avx2 {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// `scalar`, `avx2`, `avx512` (as `RLCR_CPU_ISA` spells them).
+    pub fn parse(s: &str) -> Option<Isa> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" | "none" => Some(Isa::Scalar),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" | "avx-512" => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+
+    /// The level's name, as [`Isa::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// `self`, lowered to what the CPU has (a request above it cannot run).
+    fn clamp(self) -> Isa {
+        self.min(Isa::detected())
+    }
+}
+
+/// The kernels in use: [`Isa::detected`], or lower when the environment variable
+/// `RLCR_CPU_ISA` (`avx512`, `avx2`, `scalar`; `auto` or unset: the best the CPU has) asks for
+/// it. Read once per process. A level above the CPU's is lowered to the CPU's; an unknown value
+/// is reported on stderr once and ignored.
+///
+/// The AVX-512 and AVX2 kernels give the same results bit for bit (one fused multiply-add per
+/// term, summed from zero in the order of K, in both), so forcing `avx2` on an AVX-512 machine
+/// changes the speed only; `scalar` sends every product through burn's matmul (gemm), whose
+/// sums run in another order (differences in the last bits, as between gemm and these kernels).
+/// gemm itself picks its own AVX-512 / AVX2 path from the CPU, whatever this says.
+pub fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| match std::env::var("RLCR_CPU_ISA") {
+        Err(_) => Isa::detected(),
+        Ok(v) if v.is_empty() || v.eq_ignore_ascii_case("auto") => Isa::detected(),
+        Ok(v) => match Isa::parse(&v) {
+            Some(want) => want.clamp(),
+            None => {
+                eprintln!(
+                    "warning: RLCR_CPU_ISA={v:?} is not one of auto, avx512, avx2, scalar; using {}",
+                    Isa::detected().name()
+                );
+                Isa::detected()
+            }
+        },
+    })
+}
+
 fn supported() -> bool {
-    false
+    isa() >= Isa::Avx2
 }
 
 /// Output pointer shared by the column-block jobs (each writes disjoint columns).
@@ -703,6 +916,75 @@ mod avx {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// For `R ≤ 12` rows and `P` (1 or 2) consecutive 16-column panels (each `k × 16` values,
+    /// f32 or, with `BF16`, bf16 bit patterns; panel `p` starts `p · panel_bytes` after
+    /// `panels`): `out[r, 16·p + c] = Σ_k xt[k·R + r] · panel_p[k, c]`, for every column of the
+    /// first `P − 1` panels and the first `cols` columns of the last one. Summed from zero in the
+    /// order of `k` with one fused multiply-add per term: the same numbers, bit for bit, as the
+    /// AVX2 kernel (`R·P` accumulators in zmm registers, one weight load per panel and one
+    /// broadcast per row for every `k`).
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `panels` readable for `P` panels, `out` writable for `R` rows
+    /// of stride `ldo` and the columns above, `xt.len() >= k·R`, `1 ≤ cols ≤ 16`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile<const R: usize, const P: usize, const BF16: bool>(
+        xt: &[f32],
+        k: usize,
+        panels: *const u8,
+        panel_bytes: usize,
+        out: *mut f32,
+        ldo: usize,
+        cols: usize,
+    ) {
+        debug_assert!(xt.len() >= k * R && (1..=16).contains(&cols));
+        let xp = xt.as_ptr();
+        // SAFETY: pointer arithmetic stays inside the regions promised by the caller.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            for kk in 0..k {
+                let mut w = [_mm512_setzero_ps(); P];
+                for (p, wp) in w.iter_mut().enumerate() {
+                    let base = panels.add(p * panel_bytes);
+                    *wp = if BF16 {
+                        let q = (base as *const u16).add(kk * 16);
+                        let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(q as *const __m256i));
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
+                    } else {
+                        _mm512_loadu_ps((base as *const f32).add(kk * 16))
+                    };
+                }
+                let xr = xp.add(kk * R);
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_ps(*xr.add(r));
+                    for (a, wp) in row.iter_mut().zip(&w) {
+                        *a = _mm512_fmadd_ps(x, *wp, *a);
+                    }
+                }
+            }
+            let tail: __mmask16 = if cols >= 16 {
+                0xffff
+            } else {
+                ((1u32 << cols) - 1) as __mmask16
+            };
+            for (r, row) in acc.iter().enumerate() {
+                for (p, a) in row.iter().enumerate() {
+                    let o = out.add(r * ldo + p * 16);
+                    if p + 1 == P {
+                        _mm512_mask_storeu_ps(o, tail, *a);
+                    } else {
+                        _mm512_storeu_ps(o, *a);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -840,6 +1122,61 @@ mod tests {
         }
     }
 
+    /// The AVX-512 and AVX2 kernels (forced on this machine) give the same numbers bit for bit,
+    /// for every row count up to [`MAX_PACKED_ROWS`] (row groups of every size, both tile
+    /// widths), odd panel counts and a partial last panel, f32 and bf16 panels; `scalar` leaves
+    /// the product to burn. On a CPU without AVX-512 both requests run the AVX2 kernel.
+    #[test]
+    fn every_isa_gives_the_same_bits() {
+        if !supported() {
+            return;
+        }
+        let dev = Device::flex();
+        for &(k, n) in &[(37, 13), (64, 48), (29, 85), (576, 200)] {
+            let w: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 43 % 107) as f32 - 53.0) / 31.0 + 1e-3 * (i % 5) as f32)
+                .collect();
+            let x: Vec<f32> = (0..MAX_PACKED_ROWS * k)
+                .map(|i| ((i * 41 % 113) as f32 - 56.0) / 37.0)
+                .collect();
+            let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
+            for precision in [PackPrecision::F32, PackPrecision::Bf16Rounded] {
+                let p = PackedMatrix::pack(&wt, precision).unwrap();
+                for m in (1..=MAX_PACKED_ROWS).filter(|m| m % 7 < 3 || *m == MAX_PACKED_ROWS) {
+                    let xt =
+                        Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &dev);
+                    let run = |isa| {
+                        crate::model::read_f32(packed_matmul_isa(&xt, &wt, &p, isa).unwrap())
+                            .unwrap()
+                    };
+                    let (a512, a2) = (run(Isa::Avx512), run(Isa::Avx2));
+                    assert_eq!(a512, a2, "{m}x{k}x{n} {precision:?}");
+                    assert!(packed_matmul_isa(&xt, &wt, &p, Isa::Scalar).is_none());
+                    if precision == PackPrecision::F32 {
+                        let want = naive(&x[..m * k], m, k, &w, n);
+                        for (g, w) in a512.iter().zip(&want) {
+                            assert!((*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn isa_names_parse_and_clamp() {
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            assert_eq!(Isa::parse(isa.name()), Some(isa));
+        }
+        assert_eq!(Isa::parse(" AVX512 "), Some(Isa::Avx512));
+        assert_eq!(Isa::parse("sse2"), None);
+        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512);
+        // A request is never above what the CPU has, and the process-wide choice neither.
+        assert!(Isa::Avx512.clamp() <= Isa::detected());
+        assert!(isa() <= Isa::detected());
+        assert_eq!(Isa::Scalar.clamp(), Isa::Scalar);
+    }
+
     /// A row's result does not depend on how many rows are multiplied with it.
     #[test]
     fn packed_rows_do_not_depend_on_the_row_count() {
@@ -856,13 +1193,15 @@ mod tests {
             .collect();
         let wt = Tensor::<2>::from_data(TensorData::new(w, [k, n]), &dev);
         let p = PackedMatrix::pack(&wt, PackPrecision::F32).unwrap();
-        let first_rows = |m: usize| {
+        let first_rows = |m: usize, isa: Isa| {
             let xt = Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &dev);
-            crate::model::read_f32(packed_matmul(&xt, &wt, &p).unwrap()).unwrap()
+            crate::model::read_f32(packed_matmul_isa(&xt, &wt, &p, isa).unwrap()).unwrap()
         };
-        let all = first_rows(MAX_PACKED_ROWS);
-        for m in 1..MAX_PACKED_ROWS {
-            assert_eq!(first_rows(m), all[..m * n], "{m} rows");
+        let all = first_rows(MAX_PACKED_ROWS, Isa::Avx512);
+        for isa in [Isa::Avx512, Isa::Avx2] {
+            for m in 1..MAX_PACKED_ROWS {
+                assert_eq!(first_rows(m, isa), all[..m * n], "{m} rows, {isa:?}");
+            }
         }
         // And the row-major kernel rounds the same way.
         for m in [1, 5, MAX_ROWS] {

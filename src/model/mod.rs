@@ -25,6 +25,7 @@ pub mod cpu;
 pub mod gguf;
 pub mod tokenizer;
 pub mod transformer;
+pub mod value;
 pub mod weights;
 
 pub use chat::{ChatTemplate, Message};

@@ -87,6 +87,7 @@ pub fn analyse_file(
     let reader = crate::table::Reader::open_columns(path, &columns)?;
     let display = reader.display.clone();
     let mut validator = crate::table::Validator::new(&display, &crate::table::TRAJECTORY);
+    validator.reserve(reader.num_rows());
     let mut progress = crate::progress::Progress::new(
         &format!("report {display}"),
         reader.num_rows() as u64,

@@ -350,7 +350,7 @@ impl Drop for ExternalVerifier {
 
 /// SIGKILL the child's process group (the child and everything it started), then reap the child.
 /// Through the shell's `kill` builtin (the standard library has no killpg; `sh` is needed anyway).
-fn kill_group(child: &mut Child) {
+pub(crate) fn kill_group(child: &mut Child) {
     let _ = Command::new("sh")
         .args([
             "-c",

@@ -1,6 +1,6 @@
 //! Rewards without a model: verifiers, answer and confidence parsing, format checks, the Brier
-//! reward and seed 001's structured rewards. Pure functions over strings; the `rlcr score` stage
-//! (`cli::score`) streams a table through [`rows`].
+//! reward and seed 001's structured rewards. Pure functions over strings; the `rlcr score` engine
+//! ([`stage`]) streams a table through [`rows`].
 //!
 //! Map:
 //! - [`countdown`]: the countdown verifier, default mode (response only, last `<answer>` anywhere,
@@ -15,6 +15,8 @@
 //! - [`rows`]: one answer row or confidence row scored under the stage's settings (presets,
 //!   gating, components).
 //! - [`text`]: Python-compatible whitespace, stripping and tag search.
+//! - [`stage`]: the `rlcr score` engine: a clap-free [`stage::Plan`] → [`stage::run`] over a
+//!   trajectory table (validate, verify, score, splice the score columns into the copied rows).
 //!
 //! Design decisions: every parser is total (no input string can panic, each has a property test
 //! on arbitrary strings) and bounded (nesting, length, integer size); defaults follow ANCHORS §2
@@ -27,6 +29,7 @@ pub mod pyexpr;
 pub mod qa;
 pub mod rlcr;
 pub mod rows;
+pub mod stage;
 pub mod structured;
 pub mod text;
 

@@ -13,9 +13,14 @@
 //! Over a model:
 //! - [`sampler`]: the batched sampler (prefill once per shared context, expand, decode with a KV
 //!   cache, rows leave the batch as they finish), written against the small [`StepModel`] trait;
-//! - [`fingerprint`]: the model fingerprint recorded in the tables' metadata.
+//! - [`fingerprint`]: the model fingerprint recorded in the tables' metadata;
+//! - [`multiturn`]: multi-turn rollouts against an [`env`]ironment process (information tokens,
+//!   turn ids, per-turn rewards), run as a stage by [`multiturn_stage`].
+pub mod env;
 pub mod fingerprint;
 pub mod logits;
+pub mod multiturn;
+pub mod multiturn_stage;
 pub mod policy;
 pub mod prompts;
 pub mod rng;

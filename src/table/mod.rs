@@ -4,12 +4,16 @@
 //! - [`io`]: streaming [`Reader`] (file or folder of parts; LargeList/LargeUtf8 normalised) and
 //!   atomic [`Writer`] (zstd, rlcr key-value metadata, refuses to overwrite an input).
 //! - [`cols`]: typed column getters and builders.
-//! - [`validate`]: schema and row checks with file/row/column in every message.
+//! - [`validate`]: schema and row checks with file/row/column in every message: the one
+//!   [`Validator`] every stage runs over its input.
+//! - [`splice`]: the row-preserving writer: an input's column chunks copied as they are, only new
+//!   columns encoded.
 pub mod cols;
 pub mod io;
 pub mod json;
 pub mod schema;
 pub mod shard;
+pub mod splice;
 pub mod validate;
 
 pub use io::{write_table, Meta, Reader, Writer};

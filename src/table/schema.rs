@@ -227,10 +227,10 @@ pub static TRAJECTORY: TableSpec = TableSpec {
         col!("token_advantages", ListFloat32, false, "advantage", "per response token, 0 outside the mask"),
         col!("loss_mask", ListBool, false, "advantage", "per response token, learnable or not"),
         col!("ref_logprobs", ListFloat32, true, "logprobs", "reference-policy log-probs per response token (KL)"),
-        col!("values", ListFloat32, true, "external", "critic values per response token (GAE)"),
+        col!("values", ListFloat32, true, "values", "critic values per response token (GAE)"),
         col!("returns", ListFloat32, true, "advantage", "per-token returns (GAE)"),
-        col!("token_turn_ids", ListInt32, true, "external", "per response token: turn id (>=0) or -1 for non-trainable tokens"),
-        col!("info_mask", ListBool, true, "external", "per response token: false for environment/information tokens"),
+        col!("token_turn_ids", ListInt32, true, "generate-multiturn", "per response token: turn id (>=0) or -1 for non-trainable tokens"),
+        col!("info_mask", ListBool, true, "generate-multiturn", "per response token: false for environment/information tokens"),
         col!("trajectory_score", Float32, true, "advantage", "sum_t returns_t * mask_t (seed 001)"),
     ],
 };

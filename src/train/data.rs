@@ -65,6 +65,7 @@ pub fn read_update_rows(path: &Path, want_ref: bool) -> Result<Vec<TrainRow>> {
     let name = path.display().to_string();
     check_schema(&name, &reader.file_schema(), &TRAJECTORY, &[])?;
     let mut validator = Validator::new(&name, &TRAJECTORY);
+    validator.reserve(reader.num_rows());
     for c in [
         "context_ids",
         "response_ids",

@@ -15,6 +15,7 @@
 //! weights are computed once over the whole update batch, so micro-batching (gradient
 //! accumulation) never changes the loss or its gradient.
 pub mod checkpoint;
+pub mod critic;
 pub mod data;
 pub mod loss;
 pub mod optim;

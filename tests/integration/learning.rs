@@ -16,35 +16,60 @@
 //! prompts) is printed, not asserted: prompts differ so much in difficulty that a no-update control
 //! swings its accuracy 0.11–0.25 across iterations.
 //!
-//! Measured, warm start → last policy (256 prompts: 1024 answers, 2048 confidences):
+//! The check runs five seeds (0–4) in parallel and judges their **means** (`judge`): a single
+//! seed's trajectory follows the float rounding of the matrix kernels, which differs between CPUs
+//! (gemm picks its blocking and, with AVX-512, its kernels at run time), so one seed's margins
+//! chosen on one machine failed on another (issue 17: seed 0 gave Brier +0.040 on a Zen 3 and
+//! +0.003 on a Zen 5). Measured, warm start → last policy (256 prompts: 1024 answers, 2048
+//! confidences per seed), on three CPU code paths:
 //!
-//! | run | accuracy | mean confidence | Brier | gap abs(conf − acc) | format ok: answers / confidences |
+//! | path | seed | accuracy | Brier | gap abs(conf − acc) | format ok: answers / confidences |
 //! |---|---|---|---|---|---|
-//! | seed 0 | 0.207 → 0.414 (+0.207) | 0.519 → 0.264 | 0.316 → 0.277 (+0.040) | 0.312 → 0.150 | 1.00 / 0.99 |
-//! | seed 1 | 0.199 → 0.487 (+0.288) | 0.450 → 0.399 | 0.295 → 0.261 (+0.034) | 0.251 → 0.088 | 0.99 / 0.99 |
-//! | seed 2 | 0.204 → 0.285 (+0.081) | 0.424 → 0.290 | 0.291 → 0.215 (+0.076) | 0.220 → 0.004 | 0.99 / 0.96 |
-//! | seed 3 | 0.244 → 0.368 (+0.124) | 0.539 → 0.376 | 0.340 → 0.240 (+0.100) | 0.295 → 0.008 | 0.99 / 0.98 |
-//! | seed 4 | 0.271 → 0.348 (+0.077) | 0.518 → 0.374 | 0.318 → 0.209 (+0.109) | 0.247 → 0.026 | 0.82 / 0.73 |
-//! | seed 0, `--lambda-ans 0` (confidences only) | 0.207 → 0.028 | | | | |
-//! | seed 0, `--lambda-conf 0` (answers only) | 0.207 → 0.304 | no confidences left | | | |
-//! | seed 0, `LR=0` | identical | identical | identical | identical | |
+//! | Zen 3, AVX2 (2026-11-23) | 0 | 0.207 → 0.414 (+0.207) | 0.316 → 0.277 (+0.040) | 0.312 → 0.150 | 1.00 / 0.99 |
+//! | | 1 | 0.199 → 0.487 (+0.288) | 0.295 → 0.261 (+0.034) | 0.251 → 0.088 | 0.99 / 0.99 |
+//! | | 2 | 0.204 → 0.285 (+0.081) | 0.291 → 0.215 (+0.076) | 0.220 → 0.004 | 0.99 / 0.96 |
+//! | | 3 | 0.244 → 0.368 (+0.124) | 0.340 → 0.240 (+0.100) | 0.295 → 0.008 | 0.99 / 0.98 |
+//! | | 4 | 0.271 → 0.348 (+0.077) | 0.318 → 0.209 (+0.109) | 0.247 → 0.026 | 0.82 / 0.73 |
+//! | Xeon (AVX-512), gemm's AVX2 kernels (build without burn's `x86-v4`, 2026-11-24) | 0 | 0.201 → 0.477 (+0.275) | 0.314 → 0.310 (+0.003) | 0.314 → 0.211 | 0.99 / 0.98 |
+//! | | 1 | 0.229 → 0.465 (+0.236) | 0.301 → 0.252 (+0.049) | 0.240 → 0.011 | 0.99 / 0.99 |
+//! | | 2 | 0.199 → 0.364 (+0.165) | 0.296 → 0.240 (+0.056) | 0.242 → 0.064 | 0.98 / 0.98 |
+//! | | 3 | 0.169 → 0.457 (+0.288) | 0.382 → 0.259 (+0.123) | 0.417 → 0.071 | 0.99 / 0.98 |
+//! | | 4 | 0.180 → 0.511 (+0.331) | 0.284 → 0.277 (+0.007) | 0.275 → 0.118 | 0.94 / 0.92 |
+//! | Xeon, gemm's AVX-512 kernels (`x86-v4`, as built now) | 0 | 0.201 → 0.438 (+0.237) | 0.314 → 0.298 (+0.016) | 0.314 → 0.187 | 0.98 / 0.98 |
+//! | | 1 | 0.229 → 0.471 (+0.242) | 0.301 → 0.251 (+0.050) | 0.240 → 0.018 | 0.99 / 0.98 |
+//! | | 2 | 0.199 → 0.330 (+0.131) | 0.296 → 0.232 (+0.065) | 0.242 → 0.000 | 1.00 / 0.94 |
+//! | | 3 | 0.169 → 0.350 (+0.181) | 0.382 → 0.190 (+0.192) | 0.417 → 0.039 | 0.68 / 0.71 |
+//! | | 4 | 0.180 → 0.518 (+0.338) | 0.284 → 0.262 (+0.022) | 0.275 → 0.076 | 0.99 / 0.99 |
 //!
-//! Margins, and how they were chosen: (1) accuracy rises by at least 0.05: every seed rose by
-//! ≥ 0.077, and one standard error of an accuracy difference over 1024 answers is about 0.02–0.03,
-//! so 0.05 sits ≥ 2 SE above noise and below the weakest seed; (2) Brier improves by at least 0.02
-//! (seeds ≥ 0.034; an SE is ≈ 0.01 over 2048 confidences); (3) the gap |mean confidence −
-//! accuracy| narrows by at least 0.05 (seeds 0.16–0.29); (4) at least 70 % of answers and of
-//! confidences are well formed after the loop (weakest seed: 0.82 / 0.73), which catches a policy
-//! that games the reward by dropping the format. What failed on the way (and why the defaults are
-//! what they are): lr 2e-3 with 8 steps breaks the format; one step per iteration at 2e-3 learns
+//! Means over seeds 0–4 (Zen 3 / Xeon AVX2 / Xeon AVX-512): accuracy +0.155 / +0.259 / +0.226,
+//! Brier +0.072 / +0.048 / +0.069, gap narrowing 0.210 / 0.203 / 0.233, well-formed answers
+//! 0.96 / 0.98 / 0.93. Single seeds range from +0.003 to +0.192 in Brier and 0.68 to 1.00 in
+//! answer format: a seed's figures are one draw, a path's mean of five is what the margins judge.
+//!
+//! Margins, and how they were chosen: (1) the mean accuracy gain is at least 0.05 (path means
+//! 0.155–0.259; one SE of a seed's accuracy difference over 1024 clustered answers is ≈ 0.02–0.03,
+//! and the seed-to-seed SD ≈ 0.08, so a five-seed mean has an SE ≈ 0.04 and the lowest path mean
+//! sits 2.6 SE above the margin); (2) the mean Brier gain is at least 0.02 (path means 0.048–0.072;
+//! seed SD ≈ 0.05, five-seed SE ≈ 0.02, so the lowest path mean sits only 1.3 SE above it and
+//! the mean of all three ≈ 2 SE: the margin most likely to miss on a new CPU path, and a miss
+//! there says "run more seeds", not "the loop broke"; a Brier SE within a seed is ≈ 0.01 over 2048
+//! confidences); (3) the mean narrowing of |mean confidence − accuracy| is at least 0.05 (path
+//! means 0.20–0.23); (4) on average at least 70 % of answers and of confidences are well formed
+//! after the loop and no seed falls below 50 % (weakest seed 0.68 / 0.71, x86-v4 seed 3), which
+//! catches a policy that games the reward by dropping the format. The controls fail the check
+//! (`learning_controls_fail_the_check`, `#[ignore]`d: they cost two more sets of loops): with
+//! `--lr 0` every gain is exactly 0; with `--lambda-ans 0` (confidences trained alone) accuracy
+//! fell 0.207 → 0.028 on Zen 3 seed 0. What failed on the way (and why the defaults are what
+//! they are): lr 2e-3 with 8 steps breaks the format; one step per iteration at 2e-3 learns
 //! calibration but not accuracy; `--norm-conf std` with G_c = 2 pushes every confidence to the
-//! majority outcome (Brier worse); 30 iterations at a constant lr collapsed seed 4; an entropy bonus
-//! hurt.
+//! majority outcome (Brier worse); 30 iterations at a constant lr collapsed seed 4; an entropy
+//! bonus hurt. The model's confidence does not tell right from wrong answers (AUROC ≈ 0.5, the
+//! table's AUROC column): it learns the base rate.
 //!
 //! The ablation of seed 000's choice (confidence rewards normalised over all answers of a prompt,
 //! `--estimator grpo`, instead of per answer) is `learning_ablation_pooled_confidence_norm`,
-//! `#[ignore]`d: it reports, it does not judge. `RLCR_LEARNING_SEED=N` runs either with another
-//! seed.
+//! `#[ignore]`d: it reports, it does not judge. `RLCR_LEARNING_SEEDS=5,6,7` runs any of the
+//! loops with other seeds.
 //!
 //! Filter: `cargo test --test integration learning_` (it is the slowest test of the suite).
 use std::path::Path;
@@ -93,8 +118,11 @@ const ACC_MARGIN: f64 = 0.05;
 const BRIER_MARGIN: f64 = 0.02;
 /// Least narrowing of |mean confidence − accuracy|; see the module doc.
 const GAP_MARGIN: f64 = 0.05;
-/// Least fraction of well-formed answers and of well-formed confidences after the loop.
+/// Least fraction of well-formed answers and of well-formed confidences after the loop, on average
+/// over the seeds.
 const FORMAT_FLOOR: f64 = 0.70;
+/// Least fraction of well-formed answers and of well-formed confidences of every seed's last policy.
+const FORMAT_FLOOR_EACH: f64 = 0.50;
 
 /// Seed of the held-out evaluation prompts (plus the loop's seed); far from the iterations' seeds.
 const EVAL_SEED: u64 = 777_777;
@@ -119,7 +147,7 @@ const DEFAULT: LoopConfig = LoopConfig {
 };
 
 /// Seeds the check runs (in parallel): `RLCR_LEARNING_SEEDS=0,1,2,3,4` to run others.
-const SEEDS: &[u64] = &[0, 1, 2];
+const SEEDS: &[u64] = &[0, 1, 2, 3, 4];
 
 /// The seeds of `RLCR_LEARNING_SEEDS` (comma-separated), or [`SEEDS`].
 fn seeds() -> Vec<u64> {
@@ -447,11 +475,11 @@ fn mean(figs: &[SeedFigures], f: impl Fn(&SeedFigures) -> f64) -> f64 {
     figs.iter().map(f).sum::<f64>() / figs.len() as f64
 }
 
-/// The verdict over several seeds: the mean accuracy gain, Brier gain and gap narrowing reach
-/// their margins, and every seed's last policy keeps the format. Means, not single seeds: one
-/// seed's trajectory follows the float rounding of the CPU's matrix kernels (issue 17: the same
-/// seed gave Brier +0.040 on an AVX2 machine and +0.003 on an AVX-512 one), the mean of three
-/// moves far less (see the module doc for the spread that chose the margins).
+/// The verdict over several seeds: the mean accuracy gain, Brier gain, gap narrowing and format
+/// rates reach their margins, and no seed's last policy has lost the format. Means, not single
+/// seeds: one seed's trajectory follows the float rounding of the CPU's matrix kernels (the same
+/// seed 0 gave Brier +0.040 on a Zen 3 and +0.003 on a Zen 5 or a Xeon), the mean of five moves
+/// far less (see the module doc for the spread that chose the margins).
 fn judge(figs: &[SeedFigures]) -> Result<(), String> {
     if figs.is_empty() {
         return Err("no seeds".into());
@@ -471,11 +499,21 @@ fn judge(figs: &[SeedFigures]) -> Result<(), String> {
             "mean narrowing of abs(confidence − accuracy) {gap:.3} < {GAP_MARGIN}"
         ));
     }
+    for (what, rate) in [
+        ("answers", mean(figs, |f| f.format.0)),
+        ("confidences", mean(figs, |f| f.format.1)),
+    ] {
+        if rate < FORMAT_FLOOR {
+            why.push(format!(
+                "on average only {rate:.3} of the last policies' {what} are well formed (< {FORMAT_FLOOR})"
+            ));
+        }
+    }
     for f in figs {
         for (what, rate) in [("answers", f.format.0), ("confidences", f.format.1)] {
-            if rate < FORMAT_FLOOR {
+            if rate < FORMAT_FLOOR_EACH {
                 why.push(format!(
-                    "seed {}: only {rate:.3} of the last policy's {what} are well formed (< {FORMAT_FLOOR})",
+                    "seed {}: only {rate:.3} of the last policy's {what} are well formed (< {FORMAT_FLOOR_EACH})",
                     f.seed
                 ));
             }
@@ -598,14 +636,30 @@ fn learning_judge_margins() {
     };
     let e = judge(&[collapse, collapse, collapse]).unwrap_err();
     assert!(e.contains("accuracy gain -0.179"), "{e}");
-    // A lost format on one seed fails whatever the means say.
-    let unformatted = SeedFigures {
-        format: (0.99, 0.69),
+    // One seed at issue 17's weakest format (0.68 answers on the x86-v4 build) is carried by the
+    // mean; a seed that lost the format (< 0.5) fails whatever the means say.
+    let weak_format = SeedFigures {
+        format: (0.68, 0.71),
         ..good
     };
-    let e = judge(&[good, unformatted, good]).unwrap_err();
+    assert_eq!(judge(&[good, weak_format, good, good, good]), Ok(()));
+    let unformatted = SeedFigures {
+        format: (0.99, 0.49),
+        ..good
+    };
+    let e = judge(&[good, unformatted, good, good, good]).unwrap_err();
     assert!(
-        e.contains("seed 0: only 0.690 of the last policy's confidences"),
+        e.contains("seed 0: only 0.490 of the last policy's confidences"),
+        "{e}"
+    );
+    // A format that erodes on every seed fails on the mean.
+    let eroded = SeedFigures {
+        format: (0.65, 0.95),
+        ..good
+    };
+    let e = judge(&[eroded, eroded, eroded]).unwrap_err();
+    assert!(
+        e.contains("on average only 0.650 of the last policies' answers"),
         "{e}"
     );
 }

@@ -1,0 +1,1422 @@
+//! The `rlcr advantage` engine: advantage estimators over a scored table (no model), behind a
+//! clap-free [`Plan`] and [`run`]; the estimators themselves are the pure functions of
+//! [`crate::advantage`].
+//!
+//! Two passes over the input, so that memory stays bounded by a few scalars per row (about 48 bytes
+//! for the rlcr tree) whatever the response lengths:
+//! 1. **keys pass**: decodes only the group keys and rewards (plus, for KL in the reward or GAE,
+//!    the token columns needed for the penalty or the whitening moments) and computes every row's
+//!    sequence-level advantage with the pure functions of [`crate::advantage`];
+//! 2. **write pass**: streams the table row group by row group, builds `loss_mask`,
+//!    `token_advantages` (and `returns`, `trajectory_score` for GAE) for each row, and writes the
+//!    output with [`splice`]: every input column is copied as encoded Parquet chunks, only the new
+//!    columns are encoded (stale ones of the same name are replaced). One thread decodes and
+//!    computes, the encoders run in parallel on rayon.
+//!
+//! Statistics (reward and advantage mean/std per sample type, group counts with the zero-std
+//! fraction, masked-token and null-span counts, the KL controller's state, the whitening moments)
+//! are printed and stored in the output's `rlcr.statistics` metadata; the resolved plan goes into
+//! `rlcr.config`. They are accumulated row by row in row order, so they (like every output value)
+//! do not depend on `--batch-size`, the row-group layout or the thread count.
+//!
+//! Choices the seeds leave open (also in `--help`):
+//! - group keys: rlcr = answers by `prompt_id`, confidences by `(prompt_id, answer_idx)`; grpo and
+//!   rloo = `(prompt_id, sample_type)`; grpo-multiturn = `prompt_id` (all rows and turns).
+//! - the scalar `advantage` of a grpo-multiturn row is `w_turn · mean_k A_turn + w_global ·
+//!   A_global`; of a GAE row, the whitened advantage of its first learnable token (the estimate
+//!   for the whole response).
+//! - KL in the reward uses the row's loss mask as verl uses its response mask; the controller's
+//!   measured KL is the mean over rows of the per-row masked mean (0 for an empty mask); the
+//!   coefficient applied is the current one, the updated one is stored as `kl.next_coef` for
+//!   `--kl-state`.
+//! - `reward_components`: turn ≥ 0 is a turn reward (`Σ weight · value` per turn), turn −1 or
+//!   null is global, `_raw_*` names are skipped; a row without components uses `reward` as its
+//!   global reward.
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, Float32Array, ListArray, RecordBatch, StringArray,
+};
+use arrow::buffer::{BooleanBuffer, OffsetBuffer, ScalarBuffer};
+use arrow::datatypes::{DataType, Field, Schema};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use serde_json::json;
+
+use crate::advantage::{
+    self as adv, gae, Estimator, GroupSummary, KlController, KlEstimator, MaskedMoments,
+    MissingSpan, MultiTurnConfig, RewardDistribution, SampleKind, TreeConfig, TurnReward,
+};
+use crate::table::{self, splice, Meta, Validator, TRAJECTORY};
+
+mod cols;
+use cols::{Component, Flat};
+
+/// Parity presets for the group normalisation (explicit flags win).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// verl: std, unbiased, eps 1e-6, singleton → r/(1+eps).
+    Verl,
+    /// TRL GRPOTrainer: std, unbiased, eps 1e-4, singleton → 0.
+    Trl,
+    /// RLCR's training runs: mean only (`scale_rewards: false`), eps 1e-4, singleton → 0.
+    Rlcr,
+    /// KG-R1: std, unbiased, eps 1e-6, singleton verl, turn weight 0.5.
+    KgR1,
+}
+
+/// The validated plan: every choice resolved, KL state loaded.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    pub estimator: Estimator,
+    pub tree: TreeConfig,
+    pub multiturn: MultiTurnConfig,
+    pub drop_zero_std: bool,
+    pub on_missing_span: MissingSpan,
+    pub gamma: f64,
+    pub lam: f64,
+    pub reward_distribution: RewardDistribution,
+    pub kl: Option<KlPlan>,
+    pub preset: Option<Preset>,
+    #[serde(skip)]
+    pub batch_size: usize,
+    /// The scored table (a file or a folder of part files).
+    #[serde(skip)]
+    pub input: PathBuf,
+    /// The training table written.
+    #[serde(skip)]
+    pub out: PathBuf,
+    /// The command line, stored in `rlcr.config`.
+    #[serde(skip)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct KlPlan {
+    pub estimator: KlEstimator,
+    pub controller: KlController,
+}
+
+impl Plan {
+    /// Does the keys pass need token-level columns?
+    fn tokens_in_pass1(&self) -> bool {
+        self.kl.is_some() || self.estimator == Estimator::Gae
+    }
+}
+
+/// The coefficient for this iteration from a previous output's metadata (`kl_controller.next_coef`).
+pub fn read_kl_state(p: &Path) -> Result<f64> {
+    let r = table::Reader::open(p).with_context(|| format!("--kl-state {}", p.display()))?;
+    let stats = r.metadata().get("rlcr.statistics").ok_or_else(|| {
+        anyhow!(
+            "--kl-state {}: no rlcr.statistics metadata (not written by `rlcr advantage`)",
+            p.display()
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(stats)
+        .with_context(|| format!("--kl-state {}: rlcr.statistics is not JSON", p.display()))?;
+    v.pointer("/kl/next_coef")
+        .and_then(|x| x.as_f64())
+        .ok_or_else(|| {
+            anyhow!(
+                "--kl-state {}: no kl.next_coef in its statistics (written without KL in the reward?)",
+                p.display()
+            )
+        })
+}
+
+/// Compute the advantages of `plan.input` into `plan.out`: the keys pass, then the write pass.
+pub fn run(plan: &Plan) -> Result<()> {
+    let input = plan.input.clone();
+    // The output may be neither the input nor one of its part files.
+    crate::fs::check_distinct(&[&input], &plan.out)?;
+    let files = table::io::input_files(&input)?;
+    crate::fs::check_distinct(
+        &files.iter().map(|f| f.as_path()).collect::<Vec<_>>(),
+        &plan.out,
+    )?;
+    let schema = table::Reader::open(&input)?.file_schema();
+    check_columns(plan, &schema, &input.display().to_string())?;
+    let (t, c) = (std::time::Instant::now(), cpu_seconds());
+    let prep = pass1(plan, &input)?;
+    let (t2, c2) = (std::time::Instant::now(), cpu_seconds());
+    crate::debug!(
+        "keys pass: {} rows in {:.2} s ({:.2} s CPU)",
+        prep.rows,
+        (t2 - t).as_secs_f64(),
+        c2 - c
+    );
+    pass2(plan, prep)?;
+    crate::debug!(
+        "write pass: {:.2} s ({:.2} s CPU)",
+        t2.elapsed().as_secs_f64(),
+        cpu_seconds() - c2
+    );
+    Ok(())
+}
+
+/// CPU time (user + system) of this process so far, for `-v` timing lines; 0 where
+/// `/proc/self/stat` is not available.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let Some(rest) = stat.rsplit_once(')').map(|x| x.1) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Every column the plan needs must exist (optional ones are optional).
+fn check_columns(plan: &Plan, schema: &Schema, file: &str) -> Result<()> {
+    let has = |c: &str| schema.field_with_name(c).is_ok();
+    let mut need: Vec<&str> = vec!["prompt_id", "sample_type", "response_ids"];
+    match plan.estimator {
+        Estimator::Rlcr => need.extend(["answer_idx", "reward"]),
+        Estimator::Grpo | Estimator::Rloo | Estimator::Gae => need.push("reward"),
+        Estimator::GrpoMultiturn => {
+            if !has("reward_components") {
+                need.push("reward");
+            }
+        }
+    }
+    if plan.estimator == Estimator::Gae {
+        need.push("values");
+    }
+    if plan.kl.is_some() {
+        need.extend(["ref_logprobs", "response_logprobs"]);
+    }
+    table::check_schema(file, schema, &TRAJECTORY, &need)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Per-batch column views and per-row token work shared by both passes.
+
+/// The token-level columns of one batch (only those present / needed).
+struct TokCols {
+    lens: Flat<()>,
+    ans_span: Option<cols::Spans>,
+    conf_span: Option<cols::Spans>,
+    info: Option<Flat<bool>>,
+    turns: Option<Flat<i32>>,
+    logp: Option<Flat<f64>>,
+    refp: Option<Flat<f64>>,
+    values: Option<Flat<f64>>,
+}
+
+impl TokCols {
+    fn read(b: &RecordBatch, plan: &Plan) -> Result<TokCols> {
+        let kl = plan.kl.is_some();
+        let gae = plan.estimator == Estimator::Gae;
+        Ok(TokCols {
+            lens: cols::list_lengths(b, "response_ids")?
+                .ok_or_else(|| anyhow!("missing column `response_ids`"))?,
+            ans_span: cols::spans(b, "answer_span")?,
+            conf_span: cols::spans(b, "confidence_span")?,
+            info: cols::bool_lists(b, "info_mask")?,
+            turns: cols::int_lists(b, "token_turn_ids")?,
+            logp: if kl {
+                cols::float_lists(b, "response_logprobs")?
+            } else {
+                None
+            },
+            refp: if kl {
+                cols::float_lists(b, "ref_logprobs")?
+            } else {
+                None
+            },
+            values: if gae {
+                cols::float_lists(b, "values")?
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Fill row i's loss mask; returns whether its span was null.
+    fn mask(
+        &self,
+        i: usize,
+        kind: SampleKind,
+        missing: MissingSpan,
+        out: &mut Vec<bool>,
+    ) -> Result<bool> {
+        let len = self.response_len(i)?;
+        out.clear();
+        out.resize(len, false);
+        let span = match kind {
+            SampleKind::Answer => self.ans_span.as_ref().and_then(|s| s.get(i)),
+            SampleKind::Confidence => self.conf_span.as_ref().and_then(|s| s.get(i)),
+        };
+        let col = match kind {
+            SampleKind::Answer => "answer_span",
+            SampleKind::Confidence => "confidence_span",
+        };
+        let info = opt_row(&self.info, i, "info_mask")?;
+        let turns = opt_row(&self.turns, i, "token_turn_ids")?;
+        adv::fill_loss_mask(out, span, missing, info, turns)
+            .with_context(|| format!("column `{col}`"))?;
+        Ok(span.is_none())
+    }
+
+    fn response_len(&self, i: usize) -> Result<usize> {
+        if let Some(v) = &self.lens.valid {
+            if !v[i] {
+                bail!("column `response_ids`: null");
+            }
+        }
+        Ok(self.lens.len_of(i))
+    }
+
+    /// Row i's per-token KL `kl_t · m_t` into `out`; returns `(Σ, masked count)`.
+    fn kl(
+        &self,
+        i: usize,
+        plan: &KlPlan,
+        mask: &[bool],
+        out: &mut Vec<f64>,
+    ) -> Result<(f64, usize)> {
+        let lp = req_row(&self.logp, i, "response_logprobs", mask.len())?;
+        let rf = req_row(&self.refp, i, "ref_logprobs", mask.len())?;
+        out.clear();
+        let (mut s, mut n) = (0.0, 0);
+        for t in 0..mask.len() {
+            let k = if mask[t] {
+                let k = adv::kl_value(lp[t], rf[t], plan.estimator);
+                if !k.is_finite() {
+                    bail!(
+                        "token {t}: KL is not finite (log-probs {} and {})",
+                        lp[t],
+                        rf[t]
+                    );
+                }
+                s += k;
+                n += 1;
+                k
+            } else {
+                0.0
+            };
+            out.push(k);
+        }
+        Ok((s, n))
+    }
+}
+
+fn opt_row<'a, T>(f: &'a Option<Flat<T>>, i: usize, name: &str) -> Result<Option<&'a [T]>> {
+    match f {
+        None => Ok(None),
+        Some(f) => match f.row(i) {
+            Some(r) => Ok(Some(r)),
+            None => bail!("column `{name}`: null"),
+        },
+    }
+}
+
+fn req_row<'a>(f: &'a Option<Flat<f64>>, i: usize, name: &str, len: usize) -> Result<&'a [f64]> {
+    let r = opt_row(f, i, name)?.ok_or_else(|| anyhow!("missing column `{name}`"))?;
+    if r.len() != len {
+        bail!(
+            "column `{name}` has {} entries for a response of {len} tokens",
+            r.len()
+        );
+    }
+    Ok(r)
+}
+
+fn kind_of(s: &StringArray, i: usize) -> Result<SampleKind> {
+    if s.is_null(i) {
+        bail!("column `sample_type`: null");
+    }
+    match s.value(i) {
+        "answer" => Ok(SampleKind::Answer),
+        "confidence" => Ok(SampleKind::Confidence),
+        other => bail!("column `sample_type`: `{other}` is neither `answer` nor `confidence`"),
+    }
+}
+
+fn reward_of(r: &arrow::array::Float64Array, i: usize) -> Result<f64> {
+    if r.is_null(i) {
+        bail!("column `reward`: null (run `rlcr score` first)");
+    }
+    let v = r.value(i);
+    if !v.is_finite() {
+        bail!("column `reward`: {v} is not finite");
+    }
+    Ok(v)
+}
+
+/// Split a row's components into sorted per-turn rewards `Σ w·v` and the global sum (`_raw_*`
+/// skipped); returns `None` when the row has no component.
+fn structured(comps: &[Component], turns: &mut Vec<(i32, f64)>) -> Result<Option<f64>> {
+    turns.clear();
+    let mut global = 0.0;
+    let mut any = false;
+    for c in comps {
+        if c.name.starts_with("_raw_") {
+            continue;
+        }
+        let v = c.weight * c.value;
+        if !v.is_finite() {
+            bail!("column `reward_components`: `{}` is not finite", c.name);
+        }
+        any = true;
+        match c.turn {
+            Some(k) if k >= 0 => match turns.iter_mut().find(|t| t.0 == k) {
+                Some(t) => t.1 += v,
+                None => turns.push((k, v)),
+            },
+            _ => global += v,
+        }
+    }
+    turns.sort_by_key(|t| t.0);
+    Ok(any.then_some(global))
+}
+
+/// FxHash (rustc's hasher): a multiply-rotate per word, several times faster than SipHash on the
+/// short keys used here. Keys come from the user's own table, so hash flooding is not a concern.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    fn write_i32(&mut self, i: i32) {
+        self.add(i as u32 as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+
+/// Dense ids for string keys, with a fast path for runs of equal keys (rows of a prompt are
+/// usually contiguous).
+#[derive(Default)]
+struct Interner {
+    map: FastMap<String, u32>,
+    last: Option<(String, u32)>,
+}
+
+impl Interner {
+    fn id(&mut self, s: &str) -> u32 {
+        if let Some((k, v)) = &self.last {
+            if k == s {
+                return *v;
+            }
+        }
+        let n = self.map.len() as u32;
+        let id = *self.map.entry(s.to_string()).or_insert(n);
+        self.last = Some((s.to_string(), id));
+        id
+    }
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Pass 1: keys and rewards → per-row advantages.
+
+/// What pass 1 hands to pass 2.
+#[derive(Default)]
+struct Prepared {
+    rows: usize,
+    /// Sequence-level advantage per row (outcome estimators and grpo-multiturn).
+    adv: Vec<f32>,
+    zero_std: Vec<bool>,
+    /// grpo-multiturn: row r's `(turn, A_turn)` are `turns[turn_start[r]..turn_start[r+1]]`.
+    turn_start: Vec<u32>,
+    turns: Vec<(i32, f64)>,
+    global_adv: Vec<f64>,
+    /// gae: whitening moments of the raw advantages over masked tokens.
+    whiten: Option<(f64, f64, u64)>,
+    groups: serde_json::Value,
+    kl: serde_json::Value,
+}
+
+/// Columns the keys pass decodes: the keys and rewards, and the identities the validator's
+/// cross-row rules read.
+fn projection(plan: &Plan) -> Vec<&'static str> {
+    let mut names = vec![
+        "prompt_id",
+        "sample_type",
+        "reward",
+        "answer_idx",
+        "sample_id",
+        "confidence_idx",
+    ];
+    match plan.estimator {
+        Estimator::GrpoMultiturn | Estimator::Gae => names.push("reward_components"),
+        Estimator::Rlcr | Estimator::Grpo | Estimator::Rloo => {}
+    }
+    if plan.tokens_in_pass1() {
+        names.extend([
+            "response_ids",
+            "answer_span",
+            "confidence_span",
+            "info_mask",
+            "token_turn_ids",
+            "response_logprobs",
+            "ref_logprobs",
+            "values",
+        ]);
+    }
+    names
+}
+
+/// The keys pass. Validates the table as it goes (the one [`Validator`]: the rules of the columns
+/// read here and the cross-row rules; pass 2 checks the token columns), so its errors name the
+/// file, row and column.
+fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
+    let reader = table::Reader::open_columns(input, &projection(plan))?;
+    let display = reader.display.clone();
+    let mut validator = Validator::new(&display, &TRAJECTORY);
+    validator.reserve(reader.num_rows());
+
+    let mut prompts = Interner::default();
+    let mut max_answer: Vec<i32> = Vec::new(); // per prompt: largest answer_idx of a confidence row
+    let mut rewards: Vec<f64> = Vec::new();
+    let mut kinds: Vec<SampleKind> = Vec::new();
+    let mut prompt: Vec<u32> = Vec::new();
+    let mut answer: Vec<u32> = Vec::new();
+    // grpo-multiturn
+    let mut turn_rewards: Vec<TurnReward> = Vec::new();
+    let mut globals: Vec<f64> = Vec::new();
+    let mut comps: Vec<Component> = Vec::new();
+    let mut row_turns: Vec<(i32, f64)> = Vec::new();
+    // KL and GAE
+    let mut kl_rows_mean = 0.0f64; // Σ_rows masked-mean KL
+    let mut kl_tokens = 0u64;
+    let mut moments = MaskedMoments::default();
+    let mut m: Vec<bool> = Vec::new();
+    let mut klbuf: Vec<f64> = Vec::new();
+    let mut tokr: Vec<f64> = Vec::new();
+    let mut gadv: Vec<f64> = Vec::new();
+    let mut gret: Vec<f64> = Vec::new();
+
+    let est = plan.estimator;
+    let mut base = 0usize;
+    for batch in reader {
+        let batch = batch.context("decoding a record batch")?;
+        validator.check_batch(&batch)?;
+        let n = batch.num_rows();
+        let pid = cols::strings(&batch, "prompt_id")?;
+        let st = cols::strings(&batch, "sample_type")?;
+        let aidx = if est == Estimator::Rlcr {
+            Some(cols::ints(&batch, "answer_idx").with_context(|| display.clone())?)
+        } else {
+            None
+        };
+        let rew = if batch.column_by_name("reward").is_some() {
+            Some(cols::floats(&batch, "reward")?)
+        } else {
+            None
+        };
+        let comp = if matches!(est, Estimator::GrpoMultiturn | Estimator::Gae) {
+            cols::components(&batch, "reward_components")?
+        } else {
+            None
+        };
+        let tok = if plan.tokens_in_pass1() {
+            Some(TokCols::read(&batch, plan)?)
+        } else {
+            None
+        };
+        for i in 0..n {
+            let row = base + i;
+            (|| -> Result<()> {
+                let kind = kind_of(&st, i)?;
+                if pid.is_null(i) {
+                    bail!("column `prompt_id`: null");
+                }
+                let p = prompts.id(pid.value(i));
+                let mut score = match (est, &rew) {
+                    (Estimator::GrpoMultiturn, _) => 0.0,
+                    (_, Some(r)) => reward_of(r, i)?,
+                    (_, None) => bail!("missing column `reward`"),
+                };
+                if let (Some(tok), Some(kl)) = (&tok, &plan.kl) {
+                    tok.mask(i, kind, plan.on_missing_span, &mut m)?;
+                    let (s, c) = tok.kl(i, kl, &m, &mut klbuf)?;
+                    kl_rows_mean += if c > 0 { s / c as f64 } else { 0.0 };
+                    kl_tokens += c as u64;
+                    if est != Estimator::Gae {
+                        score -= kl.controller.coef() * s;
+                    }
+                }
+                match est {
+                    Estimator::Rlcr | Estimator::Grpo | Estimator::Rloo => {
+                        rewards.push(score);
+                        kinds.push(kind);
+                        prompt.push(p);
+                        if let Some(a) = &aidx {
+                            if a.is_null(i) {
+                                bail!("column `answer_idx`: null");
+                            }
+                            let k = a.value(i);
+                            // Only confidence rows have an answer group (answer rows: unused 0);
+                            // the validator checked the links (one answer per key, none missing).
+                            if kind == SampleKind::Answer {
+                                answer.push(0);
+                                return Ok(());
+                            }
+                            if k < 0 {
+                                bail!("column `answer_idx`: {k} is negative");
+                            }
+                            // Raw index for now; made dense after the pass (see `dense_answers`).
+                            let pi = p as usize;
+                            if max_answer.len() <= pi {
+                                max_answer.resize(pi + 1, -1);
+                            }
+                            max_answer[pi] = max_answer[pi].max(k);
+                            answer.push(k as u32);
+                        }
+                    }
+                    Estimator::GrpoMultiturn => {
+                        if let Some(c) = &comp {
+                            c.row(i, &mut comps)?;
+                        } else {
+                            comps.clear();
+                        }
+                        let g = match structured(&comps, &mut row_turns)? {
+                            Some(g) => g,
+                            None => match &rew {
+                                Some(r) => reward_of(r, i)?,
+                                None => bail!("no reward_components and no reward"),
+                            },
+                        };
+                        for &(k, v) in &row_turns {
+                            turn_rewards.push(TurnReward {
+                                row: row as u32,
+                                turn: k,
+                                value: v,
+                            });
+                        }
+                        globals.push(g);
+                        prompt.push(p);
+                    }
+                    Estimator::Gae => {
+                        let tok = tok
+                            .as_ref()
+                            .ok_or_else(|| anyhow!("internal: no token columns"))?;
+                        if plan.kl.is_none() {
+                            tok.mask(i, kind, plan.on_missing_span, &mut m)?;
+                        }
+                        gae_raw(
+                            plan,
+                            tok,
+                            comp.as_ref(),
+                            i,
+                            score,
+                            &m,
+                            &klbuf,
+                            &mut comps,
+                            &mut row_turns,
+                            &mut tokr,
+                            &mut gadv,
+                            &mut gret,
+                        )?;
+                        moments.extend(&gadv, &m);
+                    }
+                }
+                Ok(())
+            })()
+            .with_context(|| format!("{display}, row {row}"))?;
+        }
+        base += n;
+    }
+    let rows = base;
+    if rows == 0 {
+        bail!("{display}: the table has no rows; nothing was written");
+    }
+    validator.finish()?;
+    if rows > u32::MAX as usize {
+        bail!(
+            "{display}: {rows} rows: more than the 4 294 967 295 one table may hold for \
+             `rlcr advantage`"
+        );
+    }
+
+    let mut prep = Prepared {
+        rows,
+        ..Default::default()
+    };
+    let n_prompts = prompts.len();
+    match est {
+        Estimator::Rlcr => {
+            let n_answers = dense_answers(&kinds, &prompt, &mut answer, &max_answer);
+            let out = adv::rlcr_tree(
+                &rewards, &kinds, &prompt, &answer, n_prompts, n_answers, &plan.tree,
+            );
+            prep.adv = out.advantages.iter().map(|&x| x as f32).collect();
+            prep.zero_std = out.zero_std;
+            prep.groups = json!({
+                "answer": summary_json(&out.answers),
+                "confidence": summary_json(&out.confidences),
+                "prompt_level": out.prompt_level.as_ref().map(summary_json),
+            });
+        }
+        Estimator::Grpo | Estimator::Rloo => {
+            // Groups are (prompt, sample_type): id = 2·prompt + type.
+            let gid: Vec<u32> = prompt
+                .iter()
+                .zip(&kinds)
+                .map(|(&p, &k)| 2 * p + (k == SampleKind::Confidence) as u32)
+                .collect();
+            let out = if est == Estimator::Grpo {
+                adv::grpo(&rewards, &gid, 2 * n_prompts, &plan.tree.ans)
+            } else {
+                adv::rloo(&rewards, &gid, 2 * n_prompts, plan.tree.ans.singleton)
+            };
+            let conf_cfg = plan.tree.conf;
+            prep.adv = (0..rows)
+                .map(|i| match kinds[i] {
+                    SampleKind::Answer => (plan.tree.lambda_ans * out.advantages[i]) as f32,
+                    SampleKind::Confidence => {
+                        // --norm-conf may differ from --norm: recompute from the group stats.
+                        let a = if est == Estimator::Grpo && conf_cfg.norm != plan.tree.ans.norm {
+                            adv::normalized(rewards[i], &out.stats[gid[i] as usize], &conf_cfg)
+                        } else {
+                            out.advantages[i]
+                        };
+                        (plan.tree.lambda_conf * a) as f32
+                    }
+                })
+                .collect();
+            prep.zero_std = out.zero_std;
+            let ans: Vec<_> = out.stats.iter().step_by(2).copied().collect();
+            let conf: Vec<_> = out.stats.iter().skip(1).step_by(2).copied().collect();
+            prep.groups = json!({
+                "answer": summary_json(&GroupSummary::of(&ans)),
+                "confidence": summary_json(&GroupSummary::of(&conf)),
+            });
+        }
+        Estimator::GrpoMultiturn => {
+            let out =
+                adv::grpo_multiturn(&turn_rewards, &globals, &prompt, n_prompts, &plan.multiturn);
+            prep.adv = out.row_adv.iter().map(|&x| x as f32).collect();
+            prep.zero_std = out.zero_std;
+            prep.turn_start = Vec::with_capacity(rows + 1);
+            prep.turns = Vec::with_capacity(turn_rewards.len());
+            let mut e = 0usize;
+            for r in 0..rows {
+                prep.turn_start.push(prep.turns.len() as u32);
+                while e < turn_rewards.len() && turn_rewards[e].row as usize == r {
+                    prep.turns.push((turn_rewards[e].turn, out.turn_adv[e]));
+                    e += 1;
+                }
+            }
+            prep.turn_start.push(prep.turns.len() as u32);
+            prep.global_adv = out.global_adv;
+            prep.groups = json!({
+                "turn": summary_json(&out.turns),
+                "global": summary_json(&out.globals),
+            });
+        }
+        Estimator::Gae => {
+            prep.whiten = Some((moments.mean(), moments.var_unbiased(), moments.count()));
+            prep.groups = json!(null);
+        }
+    }
+    if let Some(kl) = &plan.kl {
+        let current = if rows > 0 {
+            kl_rows_mean / rows as f64
+        } else {
+            0.0
+        };
+        let mut next = kl.controller;
+        next.update(current, rows as u64);
+        prep.kl = json!({
+            "estimator": kl.estimator,
+            "controller": kl.controller,
+            "coef": kl.controller.coef(),
+            "current_kl": current,
+            "masked_tokens": kl_tokens,
+            "next_coef": next.coef(),
+        });
+    }
+    Ok(prep)
+}
+
+/// Turn the raw `answer_idx` of confidence rows into dense ids of `(prompt, answer_idx)`:
+/// `base[prompt] + answer_idx`, with `base` the prefix sums of `max_answer + 1` per prompt (no
+/// hashing; answer indices are small). When the indices are so sparse that this space would be much
+/// larger than the number of rows, fall back to numbering the distinct pairs with a hash map.
+/// Returns the number of ids.
+fn dense_answers(
+    kinds: &[SampleKind],
+    prompt: &[u32],
+    answer: &mut [u32],
+    max_answer: &[i32],
+) -> usize {
+    let mut base = Vec::with_capacity(max_answer.len());
+    let mut total = 0usize;
+    for &m in max_answer {
+        base.push(total);
+        total += (m + 1) as usize;
+    }
+    if total <= 2 * answer.len() + 1024 {
+        for i in 0..answer.len() {
+            if kinds[i] == SampleKind::Confidence {
+                answer[i] = (base[prompt[i] as usize] + answer[i] as usize) as u32;
+            }
+        }
+        return total;
+    }
+    let mut ids: FastMap<(u32, u32), u32> = FastMap::default();
+    for i in 0..answer.len() {
+        if kinds[i] == SampleKind::Confidence {
+            let n = ids.len() as u32;
+            answer[i] = *ids.entry((prompt[i], answer[i])).or_insert(n);
+        }
+    }
+    ids.len()
+}
+
+fn summary_json(s: &GroupSummary) -> serde_json::Value {
+    json!({
+        "groups": s.groups,
+        "singletons": s.singletons,
+        "zero_std": s.zero_std,
+        "zero_std_fraction": s.zero_std_fraction(),
+    })
+}
+
+/// Raw (unwhitened) GAE of one row into `adv`, `ret`: the sequence reward on tokens by the chosen
+/// distribution, minus `β·kl`, then [`gae::gae_row`].
+#[allow(clippy::too_many_arguments)]
+fn gae_raw(
+    plan: &Plan,
+    tok: &TokCols,
+    comp: Option<&cols::Components>,
+    i: usize,
+    reward: f64,
+    mask: &[bool],
+    kl: &[f64],
+    comps: &mut Vec<Component>,
+    turns: &mut Vec<(i32, f64)>,
+    tokr: &mut Vec<f64>,
+    adv_out: &mut Vec<f64>,
+    ret_out: &mut Vec<f64>,
+) -> Result<()> {
+    let len = mask.len();
+    let values = req_row(&tok.values, i, "values", len)?;
+    if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+        bail!("column `values`: {v} is not finite");
+    }
+    match comp {
+        Some(c) => c.row(i, comps)?,
+        None => comps.clear(),
+    }
+    let global = structured(comps, turns)?;
+    tokr.clear();
+    tokr.resize(len, 0.0);
+    match (plan.reward_distribution, global) {
+        (RewardDistribution::FinalTokenOnly, Some(g)) => {
+            adv::distribute_final_token(adv::final_token_total(turns, g), mask, tokr);
+        }
+        (RewardDistribution::FinalTokenOnly, None) => {
+            adv::distribute_final_token(reward, mask, tokr);
+        }
+        (RewardDistribution::TurnProportional, Some(g)) => {
+            let ids = opt_row(&tok.turns, i, "token_turn_ids")?;
+            adv::distribute_turn_proportional(turns, g, ids, mask, tokr);
+        }
+        (RewardDistribution::TurnProportional, None) => {
+            adv::distribute_turn_proportional(&[], reward, None, mask, tokr);
+        }
+    }
+    if let Some(k) = &plan.kl {
+        let beta = k.controller.coef();
+        for (r, kv) in tokr.iter_mut().zip(kl) {
+            *r -= beta * kv;
+        }
+    }
+    adv_out.clear();
+    adv_out.resize(len, 0.0);
+    ret_out.clear();
+    ret_out.resize(len, 0.0);
+    gae::gae_row(tokr, values, mask, plan.gamma, plan.lam, adv_out, ret_out);
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Pass 2: stream, build token columns, write.
+
+/// Per-sample-type statistics gathered in pass 2.
+#[derive(Default)]
+struct TypeStats {
+    rows: u64,
+    reward: MaskedMoments,
+    adv: MaskedMoments,
+    tokens: u64,
+    masked_tokens: u64,
+    null_span: u64,
+    empty_mask: u64,
+    dropped_zero_std: u64,
+}
+
+impl TypeStats {
+    fn json(&self) -> serde_json::Value {
+        let sd = |m: &MaskedMoments| m.var_unbiased().sqrt();
+        json!({
+            "rows": self.rows,
+            "reward_mean": self.reward.mean(),
+            "reward_std": sd(&self.reward),
+            "advantage_mean": self.adv.mean(),
+            "advantage_std": sd(&self.adv),
+            "tokens": self.tokens,
+            "masked_tokens": self.masked_tokens,
+            "null_span": self.null_span,
+            "empty_mask": self.empty_mask,
+            "dropped_zero_std": self.dropped_zero_std,
+        })
+    }
+    /// Add the integer counters of `o` (the moments are pushed row by row by the writer thread, in
+    /// row order, so that they do not depend on the batch size).
+    fn merge_counts(&mut self, o: &TypeStats) {
+        self.rows += o.rows;
+        self.tokens += o.tokens;
+        self.masked_tokens += o.masked_tokens;
+        self.null_span += o.null_span;
+        self.empty_mask += o.empty_mask;
+        self.dropped_zero_std += o.dropped_zero_std;
+    }
+}
+
+/// The names of the columns this stage writes (replaced when present in the input).
+fn new_fields(plan: &Plan) -> Result<Vec<Field>> {
+    let mut names = vec!["advantage", "token_advantages", "loss_mask"];
+    if plan.estimator == Estimator::Gae {
+        names.extend(["returns", "trajectory_score"]);
+    }
+    let schema = table::trajectory_schema();
+    names
+        .iter()
+        .map(|n| {
+            schema
+                .field_with_name(n)
+                .cloned()
+                .with_context(|| format!("internal: `{n}` is not a trajectory column"))
+        })
+        .collect()
+}
+
+struct Built {
+    /// The new columns, in the order of [`new_fields`].
+    columns: Vec<ArrayRef>,
+    rows: usize,
+    stats: [TypeStats; 2],
+    /// Per row: (is confidence, reward if any, scalar advantage).
+    values: Vec<(bool, Option<f64>, f64)>,
+}
+
+/// Messages from the decoding thread to the encoding thread.
+enum Msg {
+    Batch(usize, Box<Built>),
+    EndRowGroup(usize),
+}
+
+fn pass2(plan: &Plan, prep: Prepared) -> Result<()> {
+    let parts = splice::open_parts(&plan.input)?;
+    let fields = new_fields(plan)?;
+    let mut splice = splice::Splice::create(&parts, &fields, &plan.out)?;
+    let mut progress = crate::progress::Progress::new("advantage", prep.rows as u64, "rows");
+    let config = json!({
+        "estimator": plan.estimator,
+        "plan": plan,
+        "argv": plan.argv,
+    });
+    let mut stats = [TypeStats::default(), TypeStats::default()];
+    // (part, row group) in output order.
+    let jobs: Vec<(usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, part)| (0..part.row_groups()).map(move |rg| (p, rg)))
+        .collect();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Msg>>(2);
+    std::thread::scope(|s| -> Result<()> {
+        let prep = &prep;
+        let parts = &parts;
+        let jobs = &jobs;
+        s.spawn(move || {
+            // The rules of single rows on the token columns (pass 1 checked the keys).
+            let validator = Validator::new(&plan.input.display().to_string(), &TRAJECTORY);
+            let mut invalid = None;
+            let mut base = 0usize;
+            for (index, &(p, rg)) in jobs.iter().enumerate() {
+                let part = &parts[p];
+                let r = (|| -> Result<()> {
+                    // A file handle of this thread's own: a clone would share the file offset
+                    // with the writer thread, which reads the same file to copy chunks.
+                    let f = File::open(&part.path).context("reopening the input")?;
+                    let descr = part.meta.metadata().file_metadata().schema_descr();
+                    let mask =
+                        ProjectionMask::roots(descr, pass2_projection(plan, part.meta.schema()));
+                    let reader =
+                        ParquetRecordBatchReaderBuilder::new_with_metadata(f, part.meta.clone())
+                            .with_projection(mask)
+                            .with_row_groups(vec![rg])
+                            .with_batch_size(plan.batch_size)
+                            .build()?;
+                    let mut rows = 0;
+                    for batch in reader {
+                        let batch = batch.with_context(|| {
+                            format!("row group {rg}: corrupt or truncated Parquet data")
+                        })?;
+                        let n = batch.num_rows();
+                        if let Err(e) = validator.check_rows(&batch, base) {
+                            invalid = Some(e);
+                            return Ok(());
+                        }
+                        let built = build_batch(plan, prep, &batch, base)?;
+                        base += n;
+                        rows += n;
+                        if tx.send(Ok(Msg::Batch(index, Box::new(built)))).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    if rows != part.rg_rows(rg) {
+                        bail!(
+                            "row group {rg} read {rows} rows, its metadata says {}",
+                            part.rg_rows(rg)
+                        );
+                    }
+                    let _ = tx.send(Ok(Msg::EndRowGroup(index)));
+                    Ok(())
+                })()
+                .with_context(|| format!("{}", part.path.display()));
+                let r = match invalid.take() {
+                    Some(e) => Err(e),
+                    None => r,
+                };
+                if let Err(e) = r {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        });
+        let mut writers: Option<Vec<parquet::arrow::arrow_writer::ArrowColumnWriter>> = None;
+        for msg in rx {
+            match msg? {
+                Msg::Batch(index, built) => {
+                    if writers.is_none() {
+                        writers = Some(splice.column_writers(index)?);
+                    }
+                    let ws = writers
+                        .as_mut()
+                        .ok_or_else(|| anyhow!("internal: no column writers"))?;
+                    if ws.len() != built.columns.len() {
+                        bail!(
+                            "internal: {} column writers for {} new columns",
+                            ws.len(),
+                            built.columns.len()
+                        );
+                    }
+                    // Every new column is a single leaf; encode them in parallel (each writer still
+                    // sees its batches in order, so the bytes do not depend on the thread count).
+                    use rayon::prelude::*;
+                    ws.par_iter_mut()
+                        .zip(built.columns.par_iter())
+                        .zip(fields.par_iter())
+                        .map(|((w, col), field)| -> Result<()> {
+                            for leaf in parquet::arrow::arrow_writer::compute_leaves(field, col)? {
+                                w.write(&leaf)
+                                    .with_context(|| format!("encoding `{}`", field.name()))?;
+                            }
+                            Ok(())
+                        })
+                        .collect::<Result<Vec<()>>>()?;
+                    progress.inc(built.rows as u64);
+                    for (acc, b) in stats.iter_mut().zip(&built.stats) {
+                        acc.merge_counts(b);
+                    }
+                    for &(conf, r, a) in &built.values {
+                        let t = &mut stats[conf as usize];
+                        if let Some(r) = r {
+                            t.reward.push(r);
+                        }
+                        t.adv.push(a);
+                    }
+                }
+                Msg::EndRowGroup(index) => {
+                    let ws = match writers.take() {
+                        Some(ws) => ws,
+                        None => splice.column_writers(index)?,
+                    };
+                    let chunks = ws
+                        .into_iter()
+                        .map(|w| w.close())
+                        .collect::<parquet::errors::Result<Vec<_>>>()
+                        .context("encoding the new columns")?;
+                    let (p, rg) = jobs[index];
+                    splice.write_row_group(&parts[p], rg, chunks)?;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    progress.finish();
+
+    let statistics = json!({
+        "rows": prep.rows,
+        "answer": stats[0].json(),
+        "confidence": stats[1].json(),
+        "groups": prep.groups,
+        "kl": prep.kl,
+        "whitening": prep.whiten.map(|(m, v, n)| json!({"mean": m, "var": v, "tokens": n})),
+    });
+    print_stats(&statistics);
+    let mut meta = Meta::new(&TRAJECTORY, "advantage", config, &[plan.input.as_path()]);
+    meta.extra
+        .insert("statistics".into(), statistics.to_string());
+    splice.finish(meta.key_values())
+}
+
+/// Columns pass 2 decodes (everything else is copied without decoding): what the masks and
+/// token advantages need, and the per-token lists the validator checks against `response_ids`.
+fn pass2_projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
+    let mut names = vec![
+        "sample_type",
+        "reward",
+        "response_ids",
+        "answer_span",
+        "confidence_span",
+        "info_mask",
+        "token_turn_ids",
+        "response_logprobs",
+        "ref_logprobs",
+        "values",
+    ];
+    if plan.estimator == Estimator::Gae {
+        names.push("reward_components");
+    }
+    names
+        .iter()
+        .filter_map(|n| schema.index_of(n).ok())
+        .collect()
+}
+
+fn print_stats(s: &serde_json::Value) {
+    for t in ["answer", "confidence"] {
+        let v = &s[t];
+        if v["rows"].as_u64().unwrap_or(0) == 0 {
+            continue;
+        }
+        crate::info!(
+            "{t}: {} rows, reward {:.4} ± {:.4}, advantage {:.4} ± {:.4}, {} of {} tokens in the loss mask",
+            v["rows"],
+            v["reward_mean"].as_f64().unwrap_or(f64::NAN),
+            v["reward_std"].as_f64().unwrap_or(f64::NAN),
+            v["advantage_mean"].as_f64().unwrap_or(f64::NAN),
+            v["advantage_std"].as_f64().unwrap_or(f64::NAN),
+            v["masked_tokens"],
+            v["tokens"],
+        );
+    }
+    if let Some(g) = s["groups"].as_object() {
+        for (k, v) in g {
+            if v.is_null() {
+                continue;
+            }
+            crate::info!(
+                "{k} groups: {} ({} singletons), zero-std fraction {:.3}",
+                v["groups"],
+                v["singletons"],
+                v["zero_std_fraction"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    if !s["kl"].is_null() {
+        crate::info!(
+            "KL in reward: coef {} , mean KL {:.6}, next coef {}",
+            s["kl"]["coef"],
+            s["kl"]["current_kl"].as_f64().unwrap_or(f64::NAN),
+            s["kl"]["next_coef"]
+        );
+    }
+}
+
+fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -> Result<Built> {
+    let n = batch.num_rows();
+    let st = cols::strings(batch, "sample_type")?;
+    let rew = match batch.column_by_name("reward") {
+        Some(_) => Some(cols::floats(batch, "reward")?),
+        None => None,
+    };
+    let tok = TokCols::read(batch, plan)?;
+    let comp = if plan.estimator == Estimator::Gae {
+        cols::components(batch, "reward_components")?
+    } else {
+        None
+    };
+    let gae = plan.estimator == Estimator::Gae;
+    let mt = plan.estimator == Estimator::GrpoMultiturn;
+
+    let total: usize = (0..n).map(|i| tok.lens.len_of(i)).sum();
+    let mut offsets: Vec<i32> = Vec::with_capacity(n + 1);
+    offsets.push(0);
+    let mut tadv: Vec<f32> = Vec::with_capacity(total);
+    let mut lmask: Vec<bool> = Vec::with_capacity(total);
+    let mut rets: Vec<f32> = if gae {
+        Vec::with_capacity(total)
+    } else {
+        Vec::new()
+    };
+    let mut scalar: Vec<f32> = Vec::with_capacity(n);
+    let mut traj: Vec<f32> = Vec::new();
+    let mut stats = [TypeStats::default(), TypeStats::default()];
+    let mut values: Vec<(bool, Option<f64>, f64)> = Vec::with_capacity(n);
+
+    let mut m: Vec<bool> = Vec::new();
+    let mut klbuf: Vec<f64> = Vec::new();
+    let mut comps: Vec<Component> = Vec::new();
+    let mut row_turns: Vec<(i32, f64)> = Vec::new();
+    let mut tokr: Vec<f64> = Vec::new();
+    let mut gadv: Vec<f64> = Vec::new();
+    let mut gret: Vec<f64> = Vec::new();
+    let mut tbuf: Vec<f32> = Vec::new();
+    let mut synth_turns: Vec<i32> = Vec::new();
+
+    for i in 0..n {
+        let row = base + i;
+        (|| -> Result<()> {
+            let kind = kind_of(&st, i)?;
+            let ts = &mut stats[(kind == SampleKind::Confidence) as usize];
+            let null_span = tok.mask(i, kind, plan.on_missing_span, &mut m)?;
+            let len = m.len();
+            ts.rows += 1;
+            ts.tokens += len as u64;
+            ts.null_span += null_span as u64;
+            let reward = match &rew {
+                Some(r) if !r.is_null(i) => Some(r.value(i)),
+                _ => None,
+            };
+            let a: f64;
+            if gae {
+                let score = reward.ok_or_else(|| anyhow!("column `reward`: null"))?;
+                if let Some(kl) = &plan.kl {
+                    tok.kl(i, kl, &m, &mut klbuf)?;
+                }
+                gae_raw(plan, &tok, comp.as_ref(), i, score, &m, &klbuf, &mut comps, &mut row_turns, &mut tokr, &mut gadv, &mut gret)?;
+                let (mean, var, _) = prep.whiten.ok_or_else(|| anyhow!("internal: no whitening moments"))?;
+                let mut first = None;
+                let mut score_sum = 0.0;
+                for t in 0..len {
+                    if m[t] {
+                        let w = gae::whiten_value(gadv[t], mean, var);
+                        first.get_or_insert(w);
+                        tadv.push(w as f32);
+                        score_sum += gret[t];
+                    } else {
+                        tadv.push(0.0);
+                    }
+                    rets.push(gret[t] as f32);
+                }
+                a = first.unwrap_or(0.0);
+                traj.push(score_sum as f32);
+            } else {
+                if plan.drop_zero_std && prep.zero_std[row] {
+                    if m.iter().any(|&x| x) {
+                        ts.dropped_zero_std += 1;
+                    }
+                    m.fill(false);
+                }
+                a = prep.adv[row] as f64;
+                if mt {
+                    tbuf.clear();
+                    tbuf.resize(len, 0.0);
+                    let (s, e) = (prep.turn_start[row] as usize, prep.turn_start[row + 1] as usize);
+                    let turns = &prep.turns[s..e];
+                    let ids: &[i32] = match opt_row(&tok.turns, i, "token_turn_ids")? {
+                        Some(ids) => ids,
+                        None => {
+                            // No turn ids: the whole response is one turn, the row's only rewarded
+                            // turn (or turn 0 when it has only global rewards).
+                            let k = match turns {
+                                [] => 0,
+                                [(k, _)] => *k,
+                                _ => bail!(
+                                    "the row has rewards for {} turns but the table has no `token_turn_ids` to place them",
+                                    turns.len()
+                                ),
+                            };
+                            synth_turns.clear();
+                            synth_turns.resize(len, k);
+                            &synth_turns
+                        }
+                    };
+                    adv::multiturn_token_advantages(ids, &m, turns, prep.global_adv[row], &plan.multiturn, &mut tbuf);
+                    tadv.extend_from_slice(&tbuf);
+                } else {
+                    // adv::fill_token_advantages, written straight into the batch's buffer.
+                    let af = a as f32;
+                    tadv.extend(m.iter().map(|&b| if b { af } else { 0.0 }));
+                }
+            }
+            let masked = m.iter().filter(|&&x| x).count();
+            ts.masked_tokens += masked as u64;
+            ts.empty_mask += (masked == 0) as u64;
+            values.push((kind == SampleKind::Confidence, reward, a));
+            scalar.push(a as f32);
+            lmask.extend_from_slice(&m);
+            offsets.push(lmask.len() as i32);
+            Ok(())
+        })()
+        .with_context(|| format!("row {row}"))?;
+    }
+
+    let offs = OffsetBuffer::new(ScalarBuffer::from(offsets));
+    let list_f = |v: Vec<f32>| -> ArrayRef {
+        Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Float32, true)),
+            offs.clone(),
+            Arc::new(Float32Array::from(v)),
+            None,
+        ))
+    };
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(Float32Array::from(scalar)),
+        list_f(tadv),
+        Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Boolean, true)),
+            offs.clone(),
+            Arc::new(BooleanArray::new(BooleanBuffer::from(lmask), None)),
+            None,
+        )),
+    ];
+    if gae {
+        columns.push(list_f(rets));
+        columns.push(Arc::new(Float32Array::from(traj)));
+    }
+    Ok(Built {
+        columns,
+        rows: n,
+        stats,
+        values,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comp(name: &str, turn: Option<i32>, value: f64, weight: f64) -> Component {
+        Component {
+            name: name.into(),
+            turn,
+            value,
+            weight,
+        }
+    }
+
+    #[test]
+    fn structured_sums_weighted_turns_and_globals_skipping_raw() {
+        let mut turns = vec![];
+        let g = structured(
+            &[
+                comp("format_score", Some(2), 1.0, 0.15),
+                comp("kg_query_validity", Some(1), 0.5, 0.1),
+                comp("format_score", Some(1), 1.0, 0.15),
+                comp("exact_match", Some(-1), 1.0, 0.3),
+                comp("retrieval_quality", None, 0.5, 0.4),
+                comp("_raw_exact_match", None, 1.0, 1.0),
+            ],
+            &mut turns,
+        )
+        .unwrap();
+        assert!((g.unwrap() - 0.5).abs() < 1e-12);
+        assert_eq!(turns.len(), 2);
+        assert_eq!(turns[0].0, 1);
+        assert!((turns[0].1 - 0.2).abs() < 1e-12);
+        assert_eq!(turns[1].0, 2);
+        assert!((turns[1].1 - 0.15).abs() < 1e-12);
+        assert_eq!(structured(&[], &mut turns).unwrap(), None);
+        assert_eq!(
+            structured(&[comp("_raw_x", None, 1.0, 1.0)], &mut turns).unwrap(),
+            None
+        );
+        assert!(structured(&[comp("x", None, f64::NAN, 1.0)], &mut turns).is_err());
+    }
+
+    #[test]
+    fn dense_answer_ids_both_paths_agree() {
+        use SampleKind::{Answer as A, Confidence as C};
+        let kinds = [A, C, C, C, C, A, C];
+        let prompt = [0, 0, 0, 1, 1, 1, 0];
+        // (prompt, answer_idx) pairs: (0,1) (0,0) (1,0) (1,1) (0,1): four distinct answers.
+        let check = |raw: [u32; 7], max: Vec<i32>, n_expected: Option<usize>| {
+            let mut ans = raw;
+            let n = dense_answers(&kinds, &prompt, &mut ans, &max);
+            if let Some(e) = n_expected {
+                assert_eq!(n, e);
+            }
+            let ids: Vec<u32> = (0..7).filter(|&i| kinds[i] == C).map(|i| ans[i]).collect();
+            assert!(ids.iter().all(|&i| (i as usize) < n));
+            // same pair ⇔ same id
+            assert_eq!(ids[0], ids[4]);
+            let mut d = ids.clone();
+            d.sort();
+            d.dedup();
+            assert_eq!(d.len(), 4, "{ids:?}");
+        };
+        // Small indices: prefix sums (ids 0..2 for prompt 0, 2..4 for prompt 1).
+        check([0, 1, 0, 0, 1, 0, 1], vec![1, 1], Some(4));
+        // Huge indices: the hash-map fallback numbers the distinct pairs.
+        let big = 1_000_000_000;
+        check(
+            [0, big, 0, 0, big, 0, big],
+            vec![big as i32, big as i32],
+            Some(4),
+        );
+    }
+
+    #[test]
+    fn interner_ids_are_dense_and_stable() {
+        let mut it = Interner::default();
+        let ids: Vec<u32> = ["a", "a", "b", "a", "c", "b"]
+            .iter()
+            .map(|s| it.id(s))
+            .collect();
+        assert_eq!(ids, vec![0, 0, 1, 0, 2, 1]);
+        assert_eq!(it.len(), 3);
+    }
+}

@@ -1,0 +1,125 @@
+//! `rlcr values`: a critic's value of every response token (the `values` column GAE needs), and
+//! the critic flags of `rlcr update` ([`CriticArgs`]). Thin shells over [`crate::train::critic`].
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use super::common::{Global, UsageError};
+use super::update::OptimArgs;
+use crate::train::critic::{self, CriticConfig, CriticPlan, ValuesPlan};
+
+pub const ABOUT: &str = "Add a critic's per-token values to a table (the `values` column of GAE)";
+pub const LONG_ABOUT: &str = "\
+Run a critic (a value model: the policy's architecture with a scalar value head) over every row's
+context + response and write its value of each response token as column `values` (--column);
+every other column passes through. The value of response token i is the head applied to the hidden
+state of the slot before it (verl's critic). Then `rlcr advantage --estimator gae` computes
+advantages and returns from it, and `rlcr update --critic DIR --critic-out NEW` trains the critic
+(verl's clipped value loss) next to the policy.
+
+--critic takes a critic folder written by `update --critic-out` (a Hugging Face
+`*ForTokenClassification` folder with num_labels = 1: score.weight [1, h], score.bias [1]) or any
+policy folder, which starts a critic with a zero value head (every value 0 until it is trained).
+In transformers: AutoModelForTokenClassification.from_pretrained(DIR).logits[..., 0] are the values
+of every position (the value of response token i sits at the position before it).
+
+Reads: a table with context_ids and response_ids. Writes: the same rows plus the values column.
+Example:
+  rlcr values --critic ckpt/critic-0 --input scored.parquet -o valued.parquet";
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Critic folder (or a policy folder: zero value head).
+    #[arg(long)]
+    pub critic: PathBuf,
+    /// Input table.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output table.
+    #[arg(short = 'o', long)]
+    pub out: PathBuf,
+    /// Name of the new column.
+    #[arg(long, default_value = "values")]
+    pub column: String,
+    /// Rows per forward pass.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Resolved configuration file (TOML); flags win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<()> {
+    if a.batch_size == 0 {
+        return Err(UsageError("--batch-size must be at least 1".into()).into());
+    }
+    let line = critic::run_values(&ValuesPlan {
+        critic: a.critic,
+        input: a.input,
+        out: a.out,
+        column: a.column,
+        batch_size: a.batch_size,
+        device: g.device.clone(),
+        argv: g.argv.clone(),
+    })?;
+    crate::info!("{line}");
+    Ok(())
+}
+
+/// The critic flags of `rlcr update`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CriticArgs {
+    /// Also train this critic (critic or policy folder) on the table's values/returns/loss_mask
+    /// with verl's clipped value loss; needs --critic-out.
+    #[arg(long, requires = "critic_out")]
+    pub critic: Option<PathBuf>,
+    /// Output folder of the trained critic.
+    #[arg(long, requires = "critic")]
+    pub critic_out: Option<PathBuf>,
+    /// Weight of the value loss (scales the critic's gradient before clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub vf_coef: f64,
+    /// verl's critic.cliprange_value: predictions move at most this far from the old values
+    /// before the clipped term takes over.
+    #[arg(long, default_value_t = 0.5)]
+    pub cliprange_value: f64,
+    /// Learning rate of the critic (verl: 1e-5).
+    #[arg(long, default_value_t = 1e-5)]
+    pub critic_lr: f64,
+}
+
+impl CriticArgs {
+    /// Train the critic after the policy (same epochs, mini-batches, micro-batch, grad clip,
+    /// loss aggregation and AdamW settings as the policy's update).
+    pub fn run_after_update(
+        &self,
+        g: &Global,
+        input: &Path,
+        optim: &OptimArgs,
+        mini_batches: usize,
+    ) -> Result<()> {
+        let (Some(dir), Some(out)) = (&self.critic, &self.critic_out) else {
+            return Ok(());
+        };
+        let line = critic::run_critic(&CriticPlan {
+            critic: dir.clone(),
+            input: input.to_path_buf(),
+            out: out.clone(),
+            cfg: CriticConfig {
+                vf_coef: self.vf_coef,
+                cliprange_value: self.cliprange_value,
+                loss_agg: optim.loss_agg,
+                agg_len: optim.agg_len.unwrap_or(0),
+                lr: self.critic_lr,
+                grad_clip: optim.grad_clip,
+                micro_batch: optim.micro_batch,
+                mini_batches,
+                epochs: optim.epochs,
+                adam: optim.adamw(),
+            },
+            device: g.device.clone(),
+        })?;
+        crate::info!("{line}");
+        Ok(())
+    }
+}

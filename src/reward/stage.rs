@@ -1,0 +1,1853 @@
+//! The scoring stage's engine (`rlcr score`): verifiers, Brier, format checks and structured
+//! rewards over a trajectory table (no model), behind a clap-free [`Plan`] and [`run`].
+//!
+//! Streaming design. The output has the input's row groups, row for row. Columns the stage does
+//! not compute are copied from the input as encoded Parquet column chunks (no decoding, no
+//! re-compression: token lists and log-probs never reach memory as Arrow arrays); only the
+//! columns the verifiers read are decoded, in batches of [`BATCH_ROWS`] (the repetitive
+//! `sample_type`, `data_source` and `ground_truth` as dictionaries), and only the seven score
+//! columns are encoded. Old score columns are replaced, and the columns the `advantage` stage
+//! derives from rewards (`advantage`, `token_advantages`, `loss_mask`, `returns`,
+//! `trajectory_score`) are dropped, so a re-scored table never carries stale values.
+//!
+//! Confidence rows need their own answer's accuracy. A first pass validates the table with the
+//! one [`Validator`] (reading only the columns its rules need: identities, token lists, spans),
+//! which also links each confidence row to its answer row by `(prompt_id, answer_idx)`,
+//! rejecting duplicates and orphans. When every answer comes before its confidences (tables
+//! written by generate-confidence), the scoring pass handles a batch's answers before its
+//! confidences and remembers the accuracies; otherwise a pre-pass verifies all answers first (and
+//! the external verifier is asked once per answer either way).
+//!
+//! Three threads: a reader decodes batches; a scorer verifies and scores each batch with rayon
+//! (rows in parallel, collected in row order, so the output does not depend on the thread count)
+//! and encodes the score columns of each finished row group; the calling thread splices them and
+//! copies the other column chunks into the output (1 MiB reads, 4 MiB writes), which is written
+//! atomically with the settings in `rlcr.config` and a summary in `rlcr.score_summary`.
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use arrow::array::{
+    Array, ArrayRef, BooleanBuilder, Float32Builder, Int32Array, Int32Builder, ListArray,
+    RecordBatch, StringArray, StringBuilder, StructArray,
+};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowWriterOptions};
+use parquet::arrow::{ArrowSchemaConverter, ArrowWriter, ProjectionMask};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::KeyValue;
+use parquet::schema::types::{SchemaDescriptor, Type};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::reward::external::{ExternalVerifier, Reply, Request};
+use crate::reward::rlcr;
+use crate::reward::rows::{
+    self, AnswerScore, ConfidenceScore, CountdownCompat, GroundTruth, ParentAnswer, Preset,
+    RowScore, Settings,
+};
+use crate::reward::structured::{Component, ComponentSpec, Value};
+use crate::reward::text::last_answer;
+use crate::reward::{auto_verifier, VerifierKind};
+use crate::table::validate::{answer_key, Links};
+use crate::table::{self, Meta, Shard, Validator, TRAJECTORY};
+
+/// The columns the stage writes, in the trajectory schema's order.
+pub const SCORE_COLUMNS: [&str; 7] = [
+    "answer",
+    "format_ok",
+    "acc_reward",
+    "confidence",
+    "conf_reward",
+    "reward",
+    "reward_components",
+];
+/// Columns derived from rewards by later stages: dropped, never left stale.
+pub const STALE_COLUMNS: [&str; 5] = [
+    "advantage",
+    "token_advantages",
+    "loss_mask",
+    "returns",
+    "trajectory_score",
+];
+
+/// What to score, and how: the validated form of `rlcr score`'s flags.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The trajectory table (a file or a folder of part files).
+    pub input: PathBuf,
+    /// The scored table.
+    pub out: PathBuf,
+    /// Verifiers, formats and rewards.
+    pub settings: Settings,
+    /// An external verifier command (`sh -c`) and how long it may take for each reply.
+    pub external: Option<(String, Duration)>,
+    /// Only the rows of this shard.
+    pub shard: Option<Shard>,
+    /// The resolved configuration, stored as `rlcr.config`.
+    pub config: serde_json::Value,
+}
+
+/// Score the table of `plan`; the summary is also stored in the output's metadata.
+pub fn run(plan: &Plan) -> Result<Summary> {
+    let (s, ext, cfg) = (&plan.settings, plan.external.clone(), plan.config.clone());
+    match plan.shard {
+        None => score_table(&plan.input, &plan.out, s, ext, cfg),
+        Some(sh) => score_shard(sh, &plan.input, &plan.out, s, ext, cfg),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// summary
+
+/// What a scoring run saw (printed, and stored as `rlcr.score_summary` in the output).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub rows: u64,
+    pub answers: u64,
+    pub confidences: u64,
+    pub sum_accuracy: f64,
+    pub answer_format_ok: u64,
+    pub confidence_format_ok: u64,
+    pub confidence_parse_strict: u64,
+    pub confidence_parse_lenient: u64,
+    /// data_source → verifier used.
+    pub verifiers: BTreeMap<String, String>,
+    /// Countdown score level → count.
+    pub countdown_scores: BTreeMap<String, u64>,
+    pub dropped_columns: Vec<String>,
+    /// Wall time (printed; not stored, so that the same input gives the same file).
+    #[serde(skip)]
+    pub seconds: f64,
+}
+
+impl Summary {
+    pub fn mean_accuracy(&self) -> f64 {
+        self.sum_accuracy / (self.answers.max(1) as f64)
+    }
+    pub fn answer_format_rate(&self) -> f64 {
+        self.answer_format_ok as f64 / (self.answers.max(1) as f64)
+    }
+    pub fn strict_parse_rate(&self) -> f64 {
+        self.confidence_parse_strict as f64 / (self.confidences.max(1) as f64)
+    }
+    pub fn lenient_parse_rate(&self) -> f64 {
+        self.confidence_parse_lenient as f64 / (self.confidences.max(1) as f64)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// input
+
+/// One input part file with its Parquet metadata.
+struct Part {
+    path: PathBuf,
+    /// Used only by the writer thread (column-chunk copies); readers open their own.
+    file: File,
+    /// The file's metadata and Arrow schema (layout, copies).
+    meta: ArrowReaderMetadata,
+    /// The same, reading [`DICTIONARY_COLUMNS`] as dictionaries.
+    read_meta: ArrowReaderMetadata,
+    /// Global row index of the part's first row.
+    first_row: u64,
+}
+
+impl Part {
+    fn row_groups(&self) -> usize {
+        self.meta.metadata().num_row_groups()
+    }
+    fn rg_rows(&self, rg: usize) -> usize {
+        self.meta.metadata().row_group(rg).num_rows().max(0) as usize
+    }
+    fn rg_first_row(&self, rg: usize) -> u64 {
+        self.first_row + (0..rg).map(|i| self.rg_rows(i) as u64).sum::<u64>()
+    }
+
+    /// Read `columns` (those present) of one row group, in batches of [`BATCH_ROWS`].
+    fn batches(
+        &self,
+        rg: usize,
+        columns: &[&str],
+    ) -> Result<impl Iterator<Item = Result<RecordBatch>> + '_> {
+        let schema = self.read_meta.schema();
+        let idx: Vec<usize> = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| columns.contains(&f.name().as_str()))
+            .map(|(i, _)| i)
+            .collect();
+        // a fresh open file description: `try_clone` would share the file offset with the writer
+        // thread, which copies column chunks from `self.file` at the same time
+        let file = File::open(&self.path)
+            .with_context(|| format!("{}: cannot reopen", self.path.display()))?;
+        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.read_meta.clone());
+        let mask = ProjectionMask::roots(b.parquet_schema(), idx);
+        let r = b
+            .with_projection(mask)
+            .with_row_groups(vec![rg])
+            .with_batch_size(BATCH_ROWS)
+            .build()
+            .with_context(|| format!("{}: cannot read row group {rg}", self.path.display()))?;
+        Ok(r.map(move |b| {
+            b.with_context(|| {
+                format!(
+                    "{}: corrupt or truncated Parquet data in row group {rg}",
+                    self.path.display()
+                )
+            })
+        }))
+    }
+}
+
+/// Rows decoded at a time.
+const BATCH_ROWS: usize = 32768;
+
+/// Fewest rows a rayon task scores: smaller tasks cost more in scheduling (and in rayon's idle
+/// spinning between them) than they gain in balance.
+const MIN_TASK_ROWS: usize = 1024;
+
+/// Buffer size for copying column chunks: parquet's own `File` reader and its writer both buffer
+/// 8 KiB, which turns a gigabyte of copying into a quarter of a million system calls.
+const COPY_BUFFER: usize = 1 << 20;
+
+/// The input file as a [`ChunkReader`] with large reads (for the column-chunk copies).
+struct CopySource<'a>(&'a File);
+
+impl parquet::file::reader::Length for CopySource<'_> {
+    fn len(&self) -> u64 {
+        parquet::file::reader::Length::len(self.0)
+    }
+}
+
+impl parquet::file::reader::ChunkReader for CopySource<'_> {
+    type T = std::io::BufReader<File>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        use std::io::Seek;
+        let mut f = self.0.try_clone()?;
+        f.seek(std::io::SeekFrom::Start(start))?;
+        Ok(std::io::BufReader::with_capacity(COPY_BUFFER, f))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        self.0.get_bytes(start, length)
+    }
+}
+
+/// Columns read as Arrow dictionaries: they repeat within a table (one or two sample types, a few
+/// data sources, one ground truth per prompt), so their Parquet dictionary pages are used as they
+/// are instead of materialising a string per row.
+const DICTIONARY_COLUMNS: [&str; 3] = ["sample_type", "data_source", "ground_truth"];
+
+/// Reader metadata asking for [`DICTIONARY_COLUMNS`] as dictionaries (the plain reader when the
+/// hint does not apply).
+fn dictionary_hints(meta: &ArrowReaderMetadata) -> ArrowReaderMetadata {
+    let schema = meta.schema();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let f = f.as_ref().clone();
+            if DICTIONARY_COLUMNS.contains(&f.name().as_str()) && f.data_type() == &DataType::Utf8 {
+                let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+                f.with_data_type(dt)
+            } else {
+                f
+            }
+        })
+        .collect();
+    let hint = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+    ArrowReaderMetadata::try_new(
+        meta.metadata().clone(),
+        ArrowReaderOptions::new().with_schema(hint),
+    )
+    .unwrap_or_else(|_| meta.clone())
+}
+
+fn open_parts(input: &Path) -> Result<Vec<Part>> {
+    let files = table::io::input_files(input)?;
+    let mut parts: Vec<Part> = Vec::with_capacity(files.len());
+    let mut first_row = 0u64;
+    for path in files {
+        table::io::check_parquet_file(&path)?;
+        let file = File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+            .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+        let len = file
+            .metadata()
+            .with_context(|| format!("{}: cannot stat", path.display()))?
+            .len();
+        table::io::check_footer(&path, meta.metadata(), len)?;
+        if let Some(p0) = parts.first() {
+            if p0
+                .meta
+                .metadata()
+                .file_metadata()
+                .schema_descr()
+                .root_schema()
+                != meta.metadata().file_metadata().schema_descr().root_schema()
+            {
+                bail!(
+                    "{}: part file has a different schema from {}",
+                    path.display(),
+                    p0.path.display()
+                );
+            }
+        }
+        let n = meta.metadata().file_metadata().num_rows().max(0) as u64;
+        let read_meta = dictionary_hints(&meta);
+        parts.push(Part {
+            path,
+            file,
+            meta,
+            read_meta,
+            first_row,
+        });
+        first_row += n;
+    }
+    if parts.is_empty() {
+        bail!("{}: no Parquet files found", input.display());
+    }
+    if first_row == 0 {
+        bail!(
+            "{}: the table has no rows; nothing was written",
+            input.display()
+        );
+    }
+    Ok(parts)
+}
+
+/// A utf8 column (Utf8, LargeUtf8 or Utf8View read as Utf8).
+fn utf8(b: &RecordBatch, file: &Path, name: &str) -> Result<StringArray> {
+    let c = b.column_by_name(name).ok_or_else(|| {
+        anyhow!(
+            "{}: column `{name}` is missing (is this a trajectory table?)",
+            file.display()
+        )
+    })?;
+    let c = match c.data_type() {
+        DataType::Utf8 => c.clone(),
+        DataType::LargeUtf8 | DataType::Utf8View => arrow::compute::cast(c, &DataType::Utf8)?,
+        other => bail!(
+            "{}: column `{name}` has type {other}, expected utf8",
+            file.display()
+        ),
+    };
+    Ok(c.as_any()
+        .downcast_ref::<StringArray>()
+        .context("internal: utf8 cast")?
+        .clone())
+}
+
+fn int32(b: &RecordBatch, file: &Path, name: &str) -> Result<Int32Array> {
+    let c = b.column_by_name(name).ok_or_else(|| {
+        anyhow!(
+            "{}: column `{name}` is missing (is this a trajectory table?)",
+            file.display()
+        )
+    })?;
+    let c = match c.data_type() {
+        DataType::Int32 => c.clone(),
+        DataType::Int64
+        | DataType::Int16
+        | DataType::Int8
+        | DataType::UInt32
+        | DataType::UInt16
+        | DataType::UInt8 => arrow::compute::cast(c, &DataType::Int32)?,
+        other => bail!(
+            "{}: column `{name}` has type {other}, expected int32",
+            file.display()
+        ),
+    };
+    Ok(c.as_any()
+        .downcast_ref::<Int32Array>()
+        .context("internal: int32 cast")?
+        .clone())
+}
+
+/// Row access to a utf8 column, plain or dictionary-encoded.
+trait Strs {
+    fn is_null_at(&self, i: usize) -> bool;
+    fn value_at(&self, i: usize) -> &str;
+}
+
+impl Strs for StringArray {
+    fn is_null_at(&self, i: usize) -> bool {
+        self.is_null(i)
+    }
+    fn value_at(&self, i: usize) -> &str {
+        self.value(i)
+    }
+}
+
+/// A utf8 column read either way: a dictionary keeps its keys, so that equal keys can skip a
+/// string comparison.
+enum StrCol {
+    Plain(StringArray),
+    Dict {
+        keys: Int32Array,
+        values: StringArray,
+    },
+}
+
+impl StrCol {
+    fn len(&self) -> usize {
+        match self {
+            StrCol::Plain(a) => a.len(),
+            StrCol::Dict { keys, .. } => keys.len(),
+        }
+    }
+
+    /// The dictionary key of row `i` (`None` for plain columns).
+    fn key(&self, i: usize) -> Option<i32> {
+        match self {
+            StrCol::Plain(_) => None,
+            StrCol::Dict { keys, .. } => Some(keys.value(i)),
+        }
+    }
+}
+
+impl Strs for StrCol {
+    fn is_null_at(&self, i: usize) -> bool {
+        match self {
+            StrCol::Plain(a) => a.is_null(i),
+            StrCol::Dict { keys, values } => {
+                keys.is_null(i) || values.is_null(keys.value(i) as usize)
+            }
+        }
+    }
+    fn value_at(&self, i: usize) -> &str {
+        match self {
+            StrCol::Plain(a) => a.value(i),
+            StrCol::Dict { keys, values } => values.value(keys.value(i) as usize),
+        }
+    }
+}
+
+/// A utf8 column that may have been read as a dictionary.
+fn str_col(b: &RecordBatch, file: &Path, name: &str) -> Result<StrCol> {
+    let c = b.column_by_name(name).ok_or_else(|| {
+        anyhow!(
+            "{}: column `{name}` is missing (is this a trajectory table?)",
+            file.display()
+        )
+    })?;
+    if let DataType::Dictionary(kt, vt) = c.data_type() {
+        let c = if **kt == DataType::Int32 && **vt == DataType::Utf8 {
+            c.clone()
+        } else {
+            let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+            arrow::compute::cast(c, &dt)?
+        };
+        let d = c
+            .as_any()
+            .downcast_ref::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>()
+            .context("internal: dictionary cast")?;
+        let values = d
+            .values()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .context("internal: dictionary values")?
+            .clone();
+        return Ok(StrCol::Dict {
+            keys: d.keys().clone(),
+            values,
+        });
+    }
+    Ok(StrCol::Plain(utf8(b, file, name)?))
+}
+
+fn str_at<'a, S: Strs + ?Sized>(
+    a: &'a S,
+    i: usize,
+    file: &Path,
+    name: &str,
+    row: u64,
+) -> Result<&'a str> {
+    if a.is_null_at(i) {
+        bail!("{}, row {row}: column `{name}` is null", file.display());
+    }
+    Ok(a.value_at(i))
+}
+
+/// The kind of every row of a batch (dictionaries: once per distinct value).
+fn kinds_of(st: &StrCol, path: &Path, first: u64) -> Result<Vec<Kind>> {
+    let n = st.len();
+    let mut kinds = Vec::with_capacity(n);
+    match st {
+        StrCol::Dict { keys, values } if keys.null_count() == 0 && values.null_count() == 0 => {
+            let per_value: Vec<Option<Kind>> = (0..values.len())
+                .map(|v| match values.value(v) {
+                    "answer" => Some(Kind::Answer),
+                    "confidence" => Some(Kind::Confidence),
+                    _ => None,
+                })
+                .collect();
+            for i in 0..n {
+                match per_value[keys.value(i) as usize] {
+                    Some(k) => kinds.push(k),
+                    None => kinds.push(kind_of(st.value_at(i), path, first + i as u64)?),
+                }
+            }
+        }
+        _ => {
+            for i in 0..n {
+                let row = first + i as u64;
+                kinds.push(kind_of(
+                    str_at(st, i, path, "sample_type", row)?,
+                    path,
+                    row,
+                )?);
+            }
+        }
+    }
+    Ok(kinds)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Answer,
+    Confidence,
+}
+
+fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
+    match s {
+        "answer" => Ok(Kind::Answer),
+        "confidence" => Ok(Kind::Confidence),
+        other => bail!(
+            "{}, row {row}, column `sample_type`: {other:?} is neither \"answer\" nor \"confidence\"",
+            file.display()
+        ),
+    }
+}
+
+/// The first pass: the one [`Validator`] over the columns its rules read (types, identities,
+/// list lengths, spans, answer<->confidence links), before anything is scored. Its links tell the
+/// scoring pass whether confidence rows need their answers looked up ahead.
+fn validate(read: &Path) -> Result<Links> {
+    let _t = crate::trace::span("score: validate");
+    let names: Vec<&str> = table::validate::RULE_COLUMNS
+        .into_iter()
+        .filter(|c| !STALE_COLUMNS.contains(c))
+        .collect();
+    let reader = table::Reader::open_columns(read, &names)?;
+    table::check_schema(&reader.display, &reader.file_schema(), &TRAJECTORY, &[])?;
+    let mut v = Validator::new(&reader.display.clone(), &TRAJECTORY);
+    v.reserve(reader.num_rows());
+    for b in reader {
+        v.check_batch(&b?)?;
+    }
+    v.finish()
+}
+
+// ---------------------------------------------------------------------------------------------
+// scoring one row group
+
+/// The columns a batch is scored from (the optional ones only when some setting needs them).
+struct RgCols {
+    sample_type: StrCol,
+    prompt_id: Option<StringArray>,
+    answer_idx: Option<Int32Array>,
+    sample_id: Option<StringArray>,
+    data_source: StrCol,
+    ground_truth: StrCol,
+    response: StringArray,
+    messages: Option<StringArray>,
+    extra: HashMap<String, ArrayRef>,
+}
+
+/// Which optional columns to read.
+#[derive(Clone, Copy)]
+struct Needs {
+    ids: bool,
+    sample_id: bool,
+    messages: bool,
+}
+
+fn column_names(needs: Needs, spec_cols: &[String]) -> Vec<&str> {
+    let mut names: Vec<&str> = vec![
+        "sample_type",
+        "data_source",
+        "ground_truth",
+        "response_text",
+    ];
+    if needs.ids {
+        names.extend(["prompt_id", "answer_idx"]);
+    }
+    if needs.sample_id {
+        names.push("sample_id");
+    }
+    if needs.messages {
+        names.push("messages");
+    }
+    names.extend(spec_cols.iter().map(String::as_str));
+    names
+}
+
+impl RgCols {
+    fn from_batch(
+        b: &RecordBatch,
+        path: &Path,
+        needs: Needs,
+        spec_cols: &[String],
+    ) -> Result<RgCols> {
+        let mut extra = HashMap::new();
+        for c in spec_cols {
+            let a = b.column_by_name(c).ok_or_else(|| {
+                anyhow!(
+                    "{}: column `{c}` (read by the rewards TOML) is missing",
+                    path.display()
+                )
+            })?;
+            extra.insert(c.clone(), a.clone());
+        }
+        Ok(RgCols {
+            sample_type: str_col(b, path, "sample_type")?,
+            prompt_id: if needs.ids {
+                Some(utf8(b, path, "prompt_id")?)
+            } else {
+                None
+            },
+            answer_idx: if needs.ids {
+                Some(int32(b, path, "answer_idx")?)
+            } else {
+                None
+            },
+            sample_id: if needs.sample_id {
+                Some(utf8(b, path, "sample_id")?)
+            } else {
+                None
+            },
+            data_source: str_col(b, path, "data_source")?,
+            ground_truth: str_col(b, path, "ground_truth")?,
+            response: utf8(b, path, "response_text")?,
+            messages: if needs.messages {
+                Some(utf8(b, path, "messages")?)
+            } else {
+                None
+            },
+            extra,
+        })
+    }
+
+    /// The answer key of row `i` (only when the ids were read).
+    fn key(&self, i: usize) -> Result<u128> {
+        match (&self.prompt_id, &self.answer_idx) {
+            (Some(p), Some(a)) => Ok(answer_key(p.value(i), a.value(i))),
+            _ => bail!("internal: answer ids not read"),
+        }
+    }
+}
+
+/// A verifier's verdict on one answer row.
+#[derive(Debug, Clone)]
+struct Verdict<'a> {
+    /// The extracted answer, borrowed from the response when it is a slice of it.
+    answer: Option<Cow<'a, str>>,
+    correct: f64,
+    countdown: Option<f32>,
+    extra: Vec<(String, f64)>,
+}
+
+impl Verdict<'_> {
+    fn into_owned(self) -> Verdict<'static> {
+        Verdict {
+            answer: self.answer.map(|a| Cow::Owned(a.into_owned())),
+            correct: self.correct,
+            countdown: self.countdown,
+            extra: self.extra,
+        }
+    }
+}
+
+/// The prompt text TinyZero's scorer sees before the response, rendered from `messages` as
+/// ChatML (Qwen's template): `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
+/// `<|im_start|>assistant\n`, or a final assistant message left open as a prefill.
+pub fn chatml_prefix(messages_json: &str) -> Result<String> {
+    let v: serde_json::Value =
+        serde_json::from_str(messages_json).context("`messages` is not JSON")?;
+    let msgs = v.as_array().context("`messages` is not a JSON list")?;
+    let mut s = String::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m
+            .get("role")
+            .and_then(|r| r.as_str())
+            .context("a message has no string `role`")?;
+        let content = m.get("content").and_then(|c| c.as_str()).unwrap_or("");
+        let last = i + 1 == msgs.len();
+        if last && role == "assistant" {
+            s.push_str(&format!("<|im_start|>assistant\n{content}"));
+            return Ok(s);
+        }
+        s.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
+    }
+    s.push_str("<|im_start|>assistant\n");
+    Ok(s)
+}
+
+/// The content of the last user message, for the external verifier's `prompt`.
+pub fn last_user_content(messages_json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(messages_json).ok()?;
+    v.as_array()?
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
+        .and_then(|m| m.get("content")?.as_str().map(str::to_string))
+}
+
+struct Ctx<'a> {
+    settings: &'a Settings,
+    path: &'a Path,
+}
+
+/// Per-thread caches of [`verify_one`]: the last ground truth parsed, the last prompt rendered,
+/// the last data_source resolved (rows of one prompt are adjacent and share them).
+#[derive(Default)]
+struct VerifyCache {
+    /// Dictionary key of the cached ground truth (keys are per batch, as is a cache).
+    gt_key: Option<i32>,
+    gt_text: String,
+    gt: Option<(VerifierKind, GroundTruth)>,
+    msg_text: String,
+    prefix: String,
+    ds: Option<(String, VerifierKind)>,
+}
+
+/// Verify answer row `i` with the built-in verifiers.
+fn verify_one<'b>(
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first_row: u64,
+    i: usize,
+    cache: &mut VerifyCache,
+) -> Result<(Verdict<'b>, VerifierKind)> {
+    let row = first_row + i as u64;
+    let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
+    let kind = match (ctx.settings.verifier, cache.ds.as_ref()) {
+        (Some(k), _) => k,
+        (None, Some((d, k))) if d == ds => *k,
+        (None, _) => {
+            let k = auto_verifier(ds);
+            cache.ds = Some((ds.to_string(), k));
+            k
+        }
+    };
+    if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
+        bail!(
+            "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
+            ctx.path.display(),
+            kind.name()
+        );
+    }
+    let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+    let key = c.ground_truth.key(i);
+    let same_text = match (key, cache.gt_key) {
+        (Some(a), Some(b)) if a == b => true,
+        _ => cache.gt_text.as_str() == gts,
+    };
+    let cached = matches!(&cache.gt, Some((k, _)) if *k == kind) && same_text;
+    if !cached {
+        let gt = GroundTruth::parse(kind, gts)
+            .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
+        cache.gt = Some((kind, gt));
+        cache.gt_text.clear();
+        cache.gt_text.push_str(gts);
+        cache.gt_key = key;
+    }
+    let (_, gt) = cache.gt.as_ref().context("internal: ground-truth cache")?;
+    let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
+    let pre = if kind == VerifierKind::Countdown
+        && ctx.settings.countdown_compat == CountdownCompat::Tinyzero
+    {
+        let m = c.messages.as_ref().context("internal: messages not read")?;
+        let mt = str_at(m, i, ctx.path, "messages", row)?;
+        if cache.msg_text.as_str() != mt {
+            cache.prefix = chatml_prefix(mt)
+                .with_context(|| format!("{}, row {row}, column `messages`", ctx.path.display()))?;
+            cache.msg_text.clear();
+            cache.msg_text.push_str(mt);
+        }
+        Some(cache.prefix.as_str())
+    } else {
+        None
+    };
+    let (answer, correct, countdown) = rows::verify_builtin(kind, ctx.settings, response, pre, gt);
+    Ok((
+        Verdict {
+            answer,
+            correct,
+            countdown,
+            extra: Vec::new(),
+        },
+        kind,
+    ))
+}
+
+/// Verify the answer rows `rows` (indices into the batch) with the built-in verifiers.
+fn verify_builtin_rows<'b>(
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first_row: u64,
+    rows: &[usize],
+) -> Result<Vec<(Verdict<'b>, VerifierKind)>> {
+    let out: Vec<Result<(Verdict<'b>, VerifierKind)>> = rows
+        .par_iter()
+        .with_min_len(MIN_TASK_ROWS)
+        .map_init(VerifyCache::default, |cache, &i| {
+            verify_one(ctx, c, first_row, i, cache)
+        })
+        .collect();
+    out.into_iter().collect()
+}
+
+/// Verify answer rows with the external verifier.
+fn verify_external_rows<'b>(
+    ext: &mut ExternalVerifier,
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first_row: u64,
+    rows: &[usize],
+) -> Result<Vec<Verdict<'b>>> {
+    let mut gts: Vec<serde_json::Value> = Vec::with_capacity(rows.len());
+    let mut prompts: Vec<Option<String>> = Vec::with_capacity(rows.len());
+    for &i in rows {
+        let row = first_row + i as u64;
+        let t = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+        gts.push(
+            serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.to_string())),
+        );
+        prompts.push(match &c.messages {
+            Some(m) if !m.is_null(i) => last_user_content(m.value(i)),
+            _ => None,
+        });
+    }
+    let mut reqs: Vec<Request<'_>> = Vec::with_capacity(rows.len());
+    for (n, &i) in rows.iter().enumerate() {
+        let row = first_row + i as u64;
+        let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
+        reqs.push(Request {
+            id: row,
+            sample_id: str_at(
+                c.sample_id
+                    .as_ref()
+                    .context("internal: sample_id not read")?,
+                i,
+                ctx.path,
+                "sample_id",
+                row,
+            )?,
+            data_source: str_at(&c.data_source, i, ctx.path, "data_source", row)?,
+            prompt: prompts[n].as_deref(),
+            response,
+            answer: last_answer(response),
+            ground_truth: &gts[n],
+        });
+    }
+    let replies: Vec<Reply> = ext.verify(&reqs)?;
+    drop(reqs);
+    Ok(rows
+        .iter()
+        .zip(replies)
+        .map(|(&i, rep)| Verdict {
+            answer: last_answer(c.response.value(i)).map(Cow::Borrowed),
+            correct: rep.correct,
+            countdown: None,
+            extra: rep.extra,
+        })
+        .collect())
+}
+
+/// Values of a column used by the rewards TOML, at row `i`.
+fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
+    if a.is_null(i) {
+        return Ok(Value::Missing);
+    }
+    let scalar = |a: &dyn Array, i: usize| -> Result<Option<f64>> {
+        if a.is_null(i) {
+            return Ok(None);
+        }
+        Ok(Some(match a.data_type() {
+            DataType::Float32 => a.as_primitive::<Float32Type>().value(i) as f64,
+            DataType::Float64 => a.as_primitive::<Float64Type>().value(i),
+            DataType::Int32 => a.as_primitive::<Int32Type>().value(i) as f64,
+            DataType::Int64 => a.as_primitive::<Int64Type>().value(i) as f64,
+            DataType::Boolean => a.as_boolean().value(i) as u8 as f64,
+            other => bail!("type {other} is not a number, a boolean or a list of them"),
+        }))
+    };
+    match a.data_type() {
+        DataType::List(_) => {
+            let l = a.as_list::<i32>();
+            let v = l.value(i);
+            Ok(Value::PerTurn(
+                (0..v.len())
+                    .map(|j| scalar(v.as_ref(), j))
+                    .collect::<Result<_>>()?,
+            ))
+        }
+        DataType::LargeList(_) => {
+            let l = a.as_list::<i64>();
+            let v = l.value(i);
+            Ok(Value::PerTurn(
+                (0..v.len())
+                    .map(|j| scalar(v.as_ref(), j))
+                    .collect::<Result<_>>()?,
+            ))
+        }
+        _ => Ok(scalar(a.as_ref(), i)?.map_or(Value::Missing, Value::Scalar)),
+    }
+}
+
+/// One scored row.
+/// One scored row, on its way to the column builders.
+struct Scored<'a> {
+    answer: Option<Cow<'a, str>>,
+    components: Vec<Component>,
+    acc: f32,
+    reward: f32,
+    confidence: Option<f32>,
+    conf_reward: Option<f32>,
+    format_ok: bool,
+}
+
+fn scored_answer<'a>(
+    ctx: &Ctx<'_>,
+    c: &RgCols,
+    i: usize,
+    a: AnswerScore<'a>,
+) -> Result<Scored<'a>> {
+    let row = RowScore::Answer(&a);
+    let mut err = None;
+    let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
+        column_value(&c.extra[name], i).unwrap_or_else(|e| {
+            err = Some(anyhow!("column `{name}`: {e}"));
+            Value::Missing
+        })
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let reward = rows::reward(&components);
+    let conf_reward = a.rlcr_terms.map(|t| t.brier).or_else(|| {
+        a.confidence.map(|cf| {
+            if a.format_ok {
+                rlcr::brier_reward(a.accuracy, Some(cf))
+            } else {
+                0.0
+            }
+        })
+    });
+    Ok(Scored {
+        answer: a.answer,
+        format_ok: a.format_ok,
+        acc: a.accuracy as f32,
+        confidence: a.confidence.map(|x| x as f32),
+        conf_reward: conf_reward.map(|x| x as f32),
+        components,
+        reward: reward as f32,
+    })
+}
+
+fn scored_confidence(
+    ctx: &Ctx<'_>,
+    c: &RgCols,
+    i: usize,
+    s: &ConfidenceScore,
+    parent: ParentAnswer,
+) -> Result<Scored<'static>> {
+    let row = RowScore::Confidence(s, parent);
+    let mut err = None;
+    let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
+        column_value(&c.extra[name], i).unwrap_or_else(|e| {
+            err = Some(anyhow!("column `{name}`: {e}"));
+            Value::Missing
+        })
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let reward = rows::reward(&components);
+    Ok(Scored {
+        answer: None,
+        format_ok: s.format_ok,
+        acc: parent.accuracy as f32,
+        confidence: s.confidence.map(|x| x as f32),
+        conf_reward: Some(s.conf_reward as f32),
+        components,
+        reward: reward as f32,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// output columns
+
+fn score_fields() -> Result<Vec<Field>> {
+    SCORE_COLUMNS
+        .iter()
+        .map(|n| {
+            TRAJECTORY
+                .column(n)
+                .map(|c| c.field())
+                .ok_or_else(|| anyhow!("internal: {n} missing from the trajectory schema"))
+        })
+        .collect()
+}
+
+/// Builders of the seven score columns of one row group, filled row by row.
+struct ScoreBuilders {
+    answer: StringBuilder,
+    format_ok: BooleanBuilder,
+    acc: Float32Builder,
+    conf: Float32Builder,
+    conf_reward: Float32Builder,
+    reward: Float32Builder,
+    names: StringBuilder,
+    turns: Int32Builder,
+    values: Float32Builder,
+    weights: Float32Builder,
+    offsets: Vec<i32>,
+}
+
+impl ScoreBuilders {
+    fn new(rows: usize) -> ScoreBuilders {
+        let comps = rows * 3;
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        ScoreBuilders {
+            answer: StringBuilder::with_capacity(rows, rows * 16),
+            format_ok: BooleanBuilder::with_capacity(rows),
+            acc: Float32Builder::with_capacity(rows),
+            conf: Float32Builder::with_capacity(rows),
+            conf_reward: Float32Builder::with_capacity(rows),
+            reward: Float32Builder::with_capacity(rows),
+            names: StringBuilder::with_capacity(comps, comps * 10),
+            turns: Int32Builder::with_capacity(comps),
+            values: Float32Builder::with_capacity(comps),
+            weights: Float32Builder::with_capacity(comps),
+            offsets,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    fn push(&mut self, r: &Scored<'_>) {
+        self.answer.append_option(r.answer.as_deref());
+        self.format_ok.append_value(r.format_ok);
+        self.acc.append_value(r.acc);
+        self.conf.append_option(r.confidence);
+        self.conf_reward.append_option(r.conf_reward);
+        self.reward.append_value(r.reward);
+        for c in &r.components {
+            self.names.append_value(&c.name);
+            self.turns.append_value(c.turn);
+            self.values.append_value(c.value);
+            self.weights.append_value(c.weight);
+        }
+        let last = self.offsets.last().copied().unwrap_or(0);
+        self.offsets.push(last + r.components.len() as i32);
+    }
+
+    /// The arrays, in [`SCORE_COLUMNS`] order, typed as `fields`.
+    fn finish(mut self, fields: &[Field]) -> Result<Vec<ArrayRef>> {
+        let DataType::List(item) = fields[6].data_type() else {
+            bail!("internal: reward_components is not a list");
+        };
+        let DataType::Struct(sfields) = item.data_type() else {
+            bail!("internal: reward_components items are not structs");
+        };
+        let st = StructArray::try_new(
+            sfields.clone(),
+            vec![
+                Arc::new(self.names.finish()),
+                Arc::new(self.turns.finish()),
+                Arc::new(self.values.finish()),
+                Arc::new(self.weights.finish()),
+            ],
+            None,
+        )?;
+        let comps = ListArray::try_new(
+            item.clone(),
+            OffsetBuffer::new(std::mem::take(&mut self.offsets).into()),
+            Arc::new(st),
+            None,
+        )?;
+        Ok(vec![
+            Arc::new(self.answer.finish()),
+            Arc::new(self.format_ok.finish()) as ArrayRef,
+            Arc::new(self.acc.finish()),
+            Arc::new(self.conf.finish()),
+            Arc::new(self.conf_reward.finish()),
+            Arc::new(self.reward.finish()),
+            Arc::new(comps),
+        ])
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the stage
+
+/// Output layout: for each output root field, where it comes from.
+enum Source {
+    /// Input root field index.
+    Copy(usize),
+    /// Index into [`SCORE_COLUMNS`].
+    Score(usize),
+}
+
+struct Layout {
+    sources: Vec<Source>,
+    descr: SchemaDescriptor,
+    arrow: SchemaRef,
+    /// Leaf column indices of each input root field.
+    input_leaves: Vec<Vec<usize>>,
+    /// Leaf column indices of each output root field.
+    output_leaves: Vec<Vec<usize>>,
+    dropped: Vec<String>,
+}
+
+fn leaves_by_root(d: &SchemaDescriptor) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new(); d.root_schema().get_fields().len()];
+    for leaf in 0..d.num_columns() {
+        out[d.get_column_root_idx(leaf)].push(leaf);
+    }
+    out
+}
+
+fn layout(part: &Part) -> Result<Layout> {
+    let in_descr = part.meta.metadata().file_metadata().schema_descr();
+    let in_arrow = part.meta.schema();
+    let in_root = in_descr.root_schema();
+    let in_fields = in_root.get_fields();
+    if in_fields.len() != in_arrow.fields().len() {
+        bail!(
+            "{}: the Arrow and Parquet schemas disagree on the number of columns",
+            part.path.display()
+        );
+    }
+    let fields = score_fields()?;
+    let score_schema = Schema::new(fields.clone());
+    let score_descr = ArrowSchemaConverter::new().convert(&score_schema)?;
+    let score_types = score_descr.root_schema().get_fields();
+    // kept input fields, then score fields inserted at their canonical place
+    let mut dropped = Vec::new();
+    let mut entries: Vec<(Source, Arc<Type>, Field)> = Vec::new();
+    for (i, (pt, af)) in in_fields.iter().zip(in_arrow.fields()).enumerate() {
+        let name = pt.name();
+        if SCORE_COLUMNS.contains(&name) || STALE_COLUMNS.contains(&name) {
+            if STALE_COLUMNS.contains(&name) {
+                dropped.push(name.to_string());
+            }
+            continue;
+        }
+        entries.push((Source::Copy(i), pt.clone(), af.as_ref().clone()));
+    }
+    for (j, f) in fields.iter().enumerate() {
+        let order = TRAJECTORY.order(f.name());
+        let pos = entries
+            .iter()
+            .position(|(_, t, _)| TRAJECTORY.order(t.name()) > order)
+            .unwrap_or(entries.len());
+        entries.insert(pos, (Source::Score(j), score_types[j].clone(), f.clone()));
+    }
+    let root = Type::group_type_builder(in_root.name())
+        .with_fields(entries.iter().map(|(_, t, _)| t.clone()).collect())
+        .build()?;
+    let descr = SchemaDescriptor::new(Arc::new(root));
+    let arrow = Arc::new(Schema::new(
+        entries
+            .iter()
+            .map(|(_, _, f)| f.clone())
+            .collect::<Vec<_>>(),
+    ));
+    let sources = entries.into_iter().map(|(s, _, _)| s).collect();
+    Ok(Layout {
+        sources,
+        input_leaves: leaves_by_root(in_descr),
+        output_leaves: leaves_by_root(&descr),
+        descr,
+        arrow,
+        dropped,
+    })
+}
+
+/// The scoring side of the pipeline: state carried from batch to batch.
+struct Scorer<'a> {
+    settings: &'a Settings,
+    links: Links,
+    needs: Needs,
+    spec_cols: Vec<String>,
+    /// Accuracy of every answer seen (only when the table has confidence rows).
+    parents: HashMap<u128, ParentAnswer>,
+    /// Verdicts from the pre-pass (only when a confidence precedes its answer).
+    pre: HashMap<u64, Verdict<'static>>,
+    ext: Option<ExternalVerifier>,
+    summary: Summary,
+    /// Countdown scores 0, 0.1 and 1 seen.
+    countdown_levels: [u64; 3],
+}
+
+impl Scorer<'_> {
+    fn verify<'b>(
+        &mut self,
+        path: &Path,
+        c: &'b RgCols,
+        first: u64,
+        ans: &[usize],
+    ) -> Result<Vec<Verdict<'b>>> {
+        let ctx = Ctx {
+            settings: self.settings,
+            path,
+        };
+        match self.ext.as_mut() {
+            Some(e) => {
+                for &i in ans {
+                    if !self
+                        .summary
+                        .verifiers
+                        .contains_key(c.data_source.value_at(i))
+                    {
+                        self.summary
+                            .verifiers
+                            .insert(c.data_source.value_at(i).to_string(), "external".into());
+                    }
+                }
+                verify_external_rows(e, &ctx, c, first, ans)
+            }
+            None => {
+                let vk = verify_builtin_rows(&ctx, c, first, ans)?;
+                for (&i, (_, k)) in ans.iter().zip(&vk) {
+                    if !self
+                        .summary
+                        .verifiers
+                        .contains_key(c.data_source.value_at(i))
+                    {
+                        self.summary
+                            .verifiers
+                            .insert(c.data_source.value_at(i).to_string(), k.name().to_string());
+                    }
+                }
+                Ok(vk.into_iter().map(|(v, _)| v).collect())
+            }
+        }
+    }
+
+    /// Pre-pass: verify every answer and remember its accuracy (when a confidence row comes
+    /// before its answer).
+    fn pre_pass(&mut self, parts: &[Part]) -> Result<()> {
+        let spec_cols = self.spec_cols.clone();
+        let names = column_names(self.needs, &spec_cols);
+        for p in parts {
+            for rg in 0..p.row_groups() {
+                let mut first = p.rg_first_row(rg);
+                for b in p.batches(rg, &names)? {
+                    let b = b?;
+                    let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
+                    let ans: Vec<usize> = (0..c.sample_type.len())
+                        .filter(|&i| c.sample_type.value_at(i) == "answer")
+                        .collect();
+                    let verdicts = self.verify(&p.path, &c, first, &ans)?;
+                    for (&i, v) in ans.iter().zip(verdicts) {
+                        let a = rows::score_answer(
+                            self.settings,
+                            c.response.value(i),
+                            v.answer.clone(),
+                            v.correct,
+                            v.countdown,
+                            v.extra.clone(),
+                        );
+                        self.parents.insert(
+                            c.key(i)?,
+                            ParentAnswer {
+                                correct: a.correct,
+                                accuracy: a.accuracy,
+                            },
+                        );
+                        self.pre.insert(first + i as u64, v.into_owned());
+                    }
+                    first += b.num_rows() as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Score one batch, appending its rows to `out`.
+    fn batch(
+        &mut self,
+        path: &Path,
+        c: &RgCols,
+        first: u64,
+        out: &mut ScoreBuilders,
+    ) -> Result<()> {
+        let _t = crate::trace::span_with("score: verify batch", || {
+            vec![("rows", c.sample_type.len().into())]
+        });
+        let settings = self.settings;
+        let ctx = Ctx { settings, path };
+        let n = c.sample_type.len();
+        let kinds = kinds_of(&c.sample_type, path, first)?;
+        let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
+        // answers: verdict, then every score, in one parallel pass (indexed collects, so the
+        // results land in place)
+        let finish = |i: usize, v, kind| finish_answer(&ctx, c, first, i, v, kind);
+        let answers: Vec<Result<AnswerOut>> = if self.links.forward || self.ext.is_some() {
+            let verdicts: Vec<Verdict> = if self.links.forward {
+                ans.iter()
+                    .map(|&i| {
+                        self.pre
+                            .remove(&(first + i as u64))
+                            .context("internal: pre-pass verdict missing")
+                    })
+                    .collect::<Result<_>>()?
+            } else {
+                self.verify(path, c, first, &ans)?
+            };
+            ans.par_iter()
+                .zip(verdicts.into_par_iter())
+                .with_min_len(MIN_TASK_ROWS)
+                .map(|(&i, v)| finish(i, v, None))
+                .collect()
+        } else {
+            ans.par_iter()
+                .with_min_len(MIN_TASK_ROWS)
+                .map_init(VerifyCache::default, |cache, &i| {
+                    let (v, kind) = verify_one(&ctx, c, first, i, cache)?;
+                    finish(i, v, Some(kind))
+                })
+                .collect()
+        };
+        let has_conf = ans.len() < n;
+        let mut answer_scored: Vec<Scored> =
+            Vec::with_capacity(if has_conf { ans.len() } else { 0 });
+        let mut last_ds: Option<&str> = None;
+        for (&i, r) in ans.iter().zip(answers) {
+            let a = r?;
+            if let Some(k) = a.kind {
+                let ds = c.data_source.value_at(i);
+                if last_ds != Some(ds) {
+                    if !self.summary.verifiers.contains_key(ds) {
+                        self.summary
+                            .verifiers
+                            .insert(ds.to_string(), k.name().to_string());
+                    }
+                    last_ds = Some(ds);
+                }
+            }
+            match a.countdown {
+                Some(0.0) => self.countdown_levels[0] += 1,
+                Some(1.0) => self.countdown_levels[2] += 1,
+                Some(_) => self.countdown_levels[1] += 1,
+                None => {}
+            }
+            if self.links.confidences > 0 && !self.links.forward {
+                self.parents.insert(c.key(i)?, a.parent);
+            }
+            self.summary.rows += 1;
+            self.summary.answers += 1;
+            self.summary.sum_accuracy += a.scored.acc as f64;
+            self.summary.answer_format_ok += a.scored.format_ok as u64;
+            if has_conf {
+                answer_scored.push(a.scored);
+            } else {
+                out.push(&a.scored);
+            }
+        }
+        if !has_conf {
+            return Ok(());
+        }
+        // confidences: their answer's accuracy is known by now
+        let confs: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Confidence).collect();
+        let parents = &self.parents;
+        let conf_scored: Vec<Result<Scored>> = confs
+            .par_iter()
+            .with_min_len(MIN_TASK_ROWS)
+            .map(|&i| -> Result<Scored> {
+                let row = first + i as u64;
+                let resp = str_at(&c.response, i, path, "response_text", row)?;
+                let parent = *parents
+                    .get(&c.key(i)?)
+                    .context("internal: answer of a confidence row not scored")?;
+                let s = rows::score_confidence(settings, resp, parent.accuracy);
+                scored_confidence(&ctx, c, i, &s, parent)
+                    .with_context(|| format!("{}, row {row}", path.display()))
+            })
+            .collect();
+        let mut answer_it = answer_scored.into_iter();
+        let mut conf_it = confs.iter().zip(conf_scored);
+        for k in &kinds {
+            match k {
+                Kind::Answer => out.push(&answer_it.next().context("internal: answer count")?),
+                Kind::Confidence => {
+                    let (&i, r) = conf_it.next().context("internal: confidence count")?;
+                    let s = r?;
+                    let sm = &mut self.summary;
+                    sm.rows += 1;
+                    sm.confidences += 1;
+                    sm.confidence_format_ok += s.format_ok as u64;
+                    sm.confidence_parse_strict += s.confidence.is_some() as u64;
+                    sm.confidence_parse_lenient +=
+                        rlcr::parse_confidence_lenient(c.response.value(i)).is_some() as u64;
+                    out.push(&s);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Score one row group from the reader thread's batches (ending with `None`); returns its
+    /// score columns.
+    fn row_group(
+        &mut self,
+        p: &Part,
+        rg: usize,
+        fields: &[Field],
+        batches: &Receiver<Result<Option<RecordBatch>>>,
+    ) -> Result<Vec<ArrayRef>> {
+        let spec_cols = self.spec_cols.clone();
+        let mut scored = ScoreBuilders::new(p.rg_rows(rg));
+        let mut first = p.rg_first_row(rg);
+        loop {
+            let b = match batches.recv() {
+                Ok(Ok(Some(b))) => b,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => bail!("internal: the reader thread stopped"),
+            };
+            let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
+            self.batch(&p.path, &c, first, &mut scored)?;
+            first += b.num_rows() as u64;
+        }
+        if scored.rows() != p.rg_rows(rg) {
+            bail!(
+                "{}: row group {rg} read {} rows, its metadata says {}",
+                p.path.display(),
+                scored.rows(),
+                p.rg_rows(rg)
+            );
+        }
+        scored.finish(fields)
+    }
+}
+
+/// Complete answer row `i` from its verdict: every score, the components and the reward.
+fn finish_answer<'b>(
+    ctx: &Ctx<'_>,
+    c: &'b RgCols,
+    first: u64,
+    i: usize,
+    v: Verdict<'b>,
+    kind: Option<VerifierKind>,
+) -> Result<AnswerOut<'b>> {
+    let countdown = v.countdown;
+    let a = rows::score_answer(
+        ctx.settings,
+        c.response.value(i),
+        v.answer,
+        v.correct,
+        v.countdown,
+        v.extra,
+    );
+    let parent = ParentAnswer {
+        correct: a.correct,
+        accuracy: a.accuracy,
+    };
+    let scored = scored_answer(ctx, c, i, a)
+        .with_context(|| format!("{}, row {}", ctx.path.display(), first + i as u64))?;
+    Ok(AnswerOut {
+        scored,
+        parent,
+        countdown,
+        kind,
+    })
+}
+
+/// An answer row scored: its output, what its confidences need, and what the summary counts.
+struct AnswerOut<'a> {
+    scored: Scored<'a>,
+    parent: ParentAnswer,
+    countdown: Option<f32>,
+    /// The built-in verifier used (None for the external one and pre-pass verdicts).
+    kind: Option<VerifierKind>,
+}
+
+/// The score columns of one row group encoded as Parquet column chunks, one per output leaf in
+/// output order (encoded on the scoring side, in parallel, so the writer thread only splices).
+fn encode_scores(
+    factory: &parquet::arrow::arrow_writer::ArrowRowGroupWriterFactory,
+    lay: &Layout,
+    fields: &[Field],
+    index: usize,
+    arrays: &[ArrayRef],
+) -> Result<Vec<ArrowColumnChunk>> {
+    let _t = crate::trace::span("score: encode columns");
+    let writers = factory.create_column_writers(index)?;
+    // (output leaf, writer, field index) for every leaf of a score column
+    let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> =
+        writers.into_iter().map(Some).collect();
+    let mut jobs = Vec::new();
+    for (k, src) in lay.sources.iter().enumerate() {
+        if let Source::Score(j) = src {
+            let leaves: Vec<_> = lay.output_leaves[k]
+                .iter()
+                .map(|&li| {
+                    writers
+                        .get_mut(li)
+                        .and_then(Option::take)
+                        .context("internal: no writer for an output leaf")
+                })
+                .collect::<Result<_>>()?;
+            jobs.push((*j, leaves));
+        }
+    }
+    let encoded: Vec<Vec<ArrowColumnChunk>> = jobs
+        .into_par_iter()
+        .map(|(j, ws)| -> Result<Vec<ArrowColumnChunk>> {
+            let field = &fields[j];
+            let leaves = compute_leaves(field, &arrays[j])?;
+            if leaves.len() != ws.len() {
+                bail!(
+                    "internal: column `{}` has {} leaves, schema {}",
+                    field.name(),
+                    leaves.len(),
+                    ws.len()
+                );
+            }
+            leaves
+                .iter()
+                .zip(ws)
+                .map(|(leaf, mut w)| {
+                    w.write(leaf)?;
+                    Ok(w.close()?)
+                })
+                .collect()
+        })
+        .collect::<Result<_>>()?;
+    Ok(encoded.into_iter().flatten().collect())
+}
+
+/// Where one row group goes: the input part and row group, and its index in the output.
+struct RowGroupOut<'a> {
+    part: &'a Part,
+    rg: usize,
+}
+
+/// Write one row group: the encoded score chunks spliced in, every other column copied as
+/// encoded chunks from the input.
+fn write_row_group<W: std::io::Write + Send>(
+    fw: &mut parquet::file::writer::SerializedFileWriter<W>,
+    lay: &Layout,
+    at: RowGroupOut<'_>,
+    chunks: Vec<ArrowColumnChunk>,
+) -> Result<()> {
+    let _t = crate::trace::span("score: write row group (copy chunks)");
+    let p = at.part;
+    let mut rgw = fw.next_row_group()?;
+    let rg_meta = p.meta.metadata().row_group(at.rg);
+    let mut chunks = chunks.into_iter();
+    for (k, src) in lay.sources.iter().enumerate() {
+        match src {
+            Source::Copy(ri) => {
+                for &leaf in &lay.input_leaves[*ri] {
+                    let cm = rg_meta.column(leaf);
+                    let close = ColumnCloseResult {
+                        bytes_written: cm.compressed_size() as u64,
+                        rows_written: rg_meta.num_rows() as u64,
+                        metadata: cm.clone(),
+                        bloom_filter: None,
+                        column_index: None,
+                        offset_index: None,
+                    };
+                    rgw.append_column(&CopySource(&p.file), close)
+                        .with_context(|| {
+                            format!(
+                                "{}: copying column `{}`",
+                                p.path.display(),
+                                cm.column_path()
+                            )
+                        })?;
+                }
+            }
+            Source::Score(_) => {
+                for _ in &lay.output_leaves[k] {
+                    chunks
+                        .next()
+                        .context("internal: missing score chunk")?
+                        .append_to_row_group(&mut rgw)?;
+                }
+            }
+        }
+    }
+    rgw.close()?;
+    Ok(())
+}
+
+/// Score `input` into `out`; returns the summary.
+pub fn score_table(
+    input: &Path,
+    out: &Path,
+    settings: &Settings,
+    external: Option<(String, Duration)>,
+    config: serde_json::Value,
+) -> Result<Summary> {
+    score_file(input, input, out, settings, external, config)
+}
+
+/// Score the rows of `shard` of `input` into `out`: the rows are copied (decoded, filtered,
+/// re-encoded without compression) to a temp file beside the output, which is scored like a
+/// whole table and removed afterwards. The output records `input`, not the temp file; errors
+/// naming the temp file are rewritten to name `input` and the shard.
+pub fn score_shard(
+    shard: Shard,
+    input: &Path,
+    out: &Path,
+    settings: &Settings,
+    external: Option<(String, Duration)>,
+    config: serde_json::Value,
+) -> Result<Summary> {
+    crate::fs::check_distinct(&[input], out)?;
+    let name = out
+        .file_name()
+        .with_context(|| format!("{}: not a file path", out.display()))?
+        .to_string_lossy()
+        .to_string();
+    let mut tmp = crate::fs::AtomicFile::create(
+        &out.with_file_name(format!(".{name}.shard-{}-of-{}", shard.index, shard.count)),
+    )?;
+    let reader = table::Reader::open(input)?;
+    let display = input.display().to_string();
+    let props = table::io::writer_properties(table::io::Encoding::Scratch, None)?;
+    let mut w = ArrowWriter::try_new(tmp.take()?, reader.schema(), Some(props))
+        .context("starting the shard's temp file")?;
+    let mut first = 0usize;
+    for b in reader {
+        let b = b?;
+        let kept = shard.filter(&b, &display, first)?;
+        first += b.num_rows();
+        w.write(&kept).context("writing the shard's temp file")?;
+    }
+    let file = w.into_inner().context("finishing the shard's temp file")?;
+    drop(file);
+    let r = score_file(tmp.temp_path(), input, out, settings, external, config);
+    let t = tmp.temp_path().display().to_string();
+    drop(tmp);
+    r.map_err(|e| {
+        let shown = format!(
+            "{display} (shard {}/{}, rows counted within the shard)",
+            shard.index, shard.count
+        );
+        anyhow!("{}", format!("{e:#}").replace(&t, &shown))
+    })
+}
+
+/// Score the table read from `read` into `out`, recording `input` as its input.
+fn score_file(
+    read: &Path,
+    input: &Path,
+    out: &Path,
+    settings: &Settings,
+    external: Option<(String, Duration)>,
+    config: serde_json::Value,
+) -> Result<Summary> {
+    let start = Instant::now();
+    let parts = open_parts(read)?;
+    let total_rows: u64 = parts
+        .iter()
+        .map(|p| p.meta.metadata().file_metadata().num_rows().max(0) as u64)
+        .sum();
+    let links = validate(read)?;
+    let lay = layout(&parts[0])?;
+    let fields = score_fields()?;
+    let spec_cols: Vec<String> = settings
+        .structured
+        .as_ref()
+        .map(|s| s.columns().into_iter().map(str::to_string).collect())
+        .unwrap_or_default();
+    let needs = Needs {
+        ids: links.confidences > 0,
+        sample_id: external.is_some(),
+        messages: settings.countdown_compat == CountdownCompat::Tinyzero || external.is_some(),
+    };
+    let ext = match &external {
+        Some((cmd, t)) => Some(ExternalVerifier::spawn(cmd, *t)?),
+        None => None,
+    };
+
+    // output
+    crate::fs::check_distinct(&[input], out)?;
+    let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
+    let props =
+        table::io::writer_properties(table::io::Encoding::Scalars, Some(meta.key_values()))?;
+    let mut atomic = crate::fs::AtomicFile::create(out)?;
+    let file = std::io::BufWriter::with_capacity(COPY_BUFFER * 4, atomic.take()?);
+    let aw = ArrowWriter::try_new_with_options(
+        file,
+        lay.arrow.clone(),
+        ArrowWriterOptions::new()
+            .with_properties(props)
+            .with_parquet_schema(lay.descr.clone()),
+    )
+    .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;
+    let (mut fw, factory) = aw.into_serialized_writer()?;
+    if !lay.dropped.is_empty() {
+        crate::info!(
+            "dropping stale columns derived from the old rewards: {}",
+            lay.dropped.join(", ")
+        );
+    }
+    let mut progress = crate::progress::Progress::new("score", total_rows, "rows");
+
+    // Two threads: one scores row group i + 1 while the other writes row group i.
+    let mut scorer = Scorer {
+        settings,
+        links,
+        needs,
+        spec_cols,
+        parents: HashMap::new(),
+        pre: HashMap::new(),
+        ext,
+        summary: Summary {
+            dropped_columns: lay.dropped.clone(),
+            ..Summary::default()
+        },
+        countdown_levels: [0; 3],
+    };
+    let parts_ref = &parts;
+    let fields_ref = &fields;
+    let names: Vec<String> = column_names(needs, &scorer.spec_cols)
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    let mut summary = std::thread::scope(|scope| -> Result<Summary> {
+        // three stages: decode (reader) -> score and encode (scorer, with rayon) -> write (here)
+        let (btx, brx) = std::sync::mpsc::sync_channel::<Result<Option<RecordBatch>>>(4);
+        scope.spawn(move || {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            for p in parts_ref {
+                for rg in 0..p.row_groups() {
+                    match p.batches(rg, &names) {
+                        Err(e) => {
+                            let _ = btx.send(Err(e));
+                            return;
+                        }
+                        Ok(it) => {
+                            for b in it {
+                                let stop = b.is_err();
+                                if btx.send(b.map(Some)).is_err() || stop {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    if btx.send(Ok(None)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let (tx, rx) =
+            std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrowColumnChunk>)>>(2);
+        let factory_ref = &factory;
+        let lay_ref = &lay;
+        let producer = scope.spawn(move || -> Result<Summary> {
+            let mut run = || -> Result<()> {
+                if scorer.links.forward {
+                    scorer.pre_pass(parts_ref)?;
+                }
+                let mut index = 0usize;
+                for (pi, p) in parts_ref.iter().enumerate() {
+                    for rg in 0..p.row_groups() {
+                        let arrays = scorer.row_group(p, rg, fields_ref, &brx)?;
+                        let chunks =
+                            encode_scores(factory_ref, lay_ref, fields_ref, index, &arrays)?;
+                        index += 1;
+                        if tx.send(Ok((pi, rg, chunks))).is_err() {
+                            return Ok(()); // the writer stopped; it reports why
+                        }
+                    }
+                }
+                Ok(())
+            };
+            let r = run();
+            let r = match (r, scorer.ext.take()) {
+                (Ok(()), Some(e)) => e.finish(),
+                (r, _) => r,
+            };
+            for (level, n) in ["0", "0.1", "1"].iter().zip(scorer.countdown_levels) {
+                if n > 0 {
+                    scorer.summary.countdown_scores.insert(level.to_string(), n);
+                }
+            }
+            match r {
+                Ok(()) => Ok(scorer.summary),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    let _ = tx.send(Err(e));
+                    Err(anyhow!(msg))
+                }
+            }
+        });
+        for msg in rx {
+            let (pi, rg, chunks) = msg?;
+            let part = &parts_ref[pi];
+            write_row_group(&mut fw, lay_ref, RowGroupOut { part, rg }, chunks)?;
+            progress.inc(part.rg_rows(rg) as u64);
+        }
+        producer
+            .join()
+            .map_err(|_| anyhow!("internal: the scoring thread panicked"))?
+    })?;
+    summary.seconds = start.elapsed().as_secs_f64();
+    fw.append_key_value_metadata(KeyValue::new(
+        "rlcr.score_summary".to_string(),
+        serde_json::to_string(&summary)?,
+    ));
+    let file = fw
+        .into_inner()
+        .with_context(|| format!("{}: finishing Parquet file", out.display()))?;
+    let file = file
+        .into_inner()
+        .map_err(|e| anyhow!("{}: write failed: {}", out.display(), e.error()))?;
+    atomic.commit_file(file)?;
+    progress.finish();
+    summary.seconds = start.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_rendering() {
+        let m = r#"[{"role":"system","content":"S"},{"role":"user","content":"U"}]"#;
+        assert_eq!(chatml_prefix(m).unwrap(), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+        let m = r#"[{"role":"user","content":"U"},{"role":"assistant","content":"Let me"}]"#;
+        assert_eq!(
+            chatml_prefix(m).unwrap(),
+            "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nLet me"
+        );
+        assert!(chatml_prefix("{}").is_err());
+        assert_eq!(last_user_content(m).as_deref(), Some("U"));
+    }
+
+    #[test]
+    fn answer_keys_differ() {
+        assert_ne!(answer_key("p1", 0), answer_key("p1", 1));
+        assert_ne!(answer_key("p1", 0), answer_key("p10", 0));
+        assert_eq!(answer_key("p", 3), answer_key("p", 3));
+    }
+}
