@@ -65,10 +65,10 @@ mod wgpu {
     use crate::{fixtures, Workdir};
 
     /// Largest |Δ log-prob| between a row alone and the same row in a left-padded batch, on
-    /// wgpu (measured on lavapipe: see the test).
+    /// wgpu (measured on lavapipe: 0, bit for bit; other adapters may tile differently).
     pub const BATCH_BOUND: f32 = 1e-5;
     /// Largest |Δ log-prob| between the wgpu and the CPU path (both are within 1e-4 of
-    /// transformers; measured on lavapipe: see the test).
+    /// transformers; measured on lavapipe: 2.6e-6, and 2.7e-6 to transformers).
     pub const CPU_BOUND: f64 = 1e-4;
 
     /// The `--device` value of these tests.
@@ -259,6 +259,12 @@ mod wgpu {
     /// Largest |Δ| between the same float tensors of two checkpoint folders, and the largest
     /// change of any weight from `base` (the update's own size).
     fn weight_diff(a: &Path, b: &Path, base: &Path) -> (f32, f32) {
+        let (diff, step, _, _) = weight_diff_counts(a, b, base, f32::INFINITY);
+        (diff, step)
+    }
+
+    /// [`weight_diff`], plus how many weights differ by more than `above`, out of how many.
+    fn weight_diff_counts(a: &Path, b: &Path, base: &Path, above: f32) -> (f32, f32, usize, usize) {
         let f = |bytes: &[u8]| -> Vec<f32> {
             bytes
                 .chunks_exact(4)
@@ -267,7 +273,7 @@ mod wgpu {
         };
         let (ta, tb, t0) = (tensors(a), tensors(b), tensors(base));
         assert_eq!(ta.keys().collect::<Vec<_>>(), tb.keys().collect::<Vec<_>>());
-        let (mut diff, mut step) = (0f32, 0f32);
+        let (mut diff, mut step, mut over, mut total) = (0f32, 0f32, 0usize, 0usize);
         for (k, (dtype, shape, bytes)) in &ta {
             assert_eq!(dtype, "F32", "{k}");
             assert_eq!(shape, &tb[k].1, "{k}");
@@ -275,17 +281,23 @@ mod wgpu {
             for ((x, y), z) in va.iter().zip(&vb).zip(&v0) {
                 diff = diff.max((x - y).abs());
                 step = step.max((x - z).abs());
+                over += usize::from((x - y).abs() > above);
+                total += 1;
             }
         }
-        (diff, step)
+        (diff, step, over, total)
     }
 
     /// One `update` step on the CPU and on wgpu from the same rows: the loss and gradient norm
-    /// agree to 1e-5 relative and the new weights to [`UPDATE_BOUND`].
+    /// agree to 1e-5 relative, and the new weights within [`UPDATE_BOUND`], with fewer than
+    /// [`UPDATE_OUTLIERS`] of them more than 1e-6 apart.
     ///
-    /// AdamW's first step moves every weight by `lr · g/(|g| + eps)` ≈ `± lr`, so a gradient
-    /// component that is tiny and differs in sign between the devices moves its weight the other
-    /// way: the bound is stated relative to `lr` (1e-3 here).
+    /// Why the weights agree less than the log-probs: AdamW's first step moves every weight by
+    /// `lr · g/(|g| + eps)` (eps = 1e-8), ≈ `± lr` whatever |g|, so for a gradient component near
+    /// eps a difference of 1e-9 between the devices' sums (last bits of a reduction) changes
+    /// that weight's step by a sizeable fraction of `lr`. Measured on lavapipe (lr 1e-3, two
+    /// builds of the CPU path): loss relative Δ 8.3e-7–1.9e-6, gradient norm 1.2e-7–2.4e-7, max
+    /// |Δw| 1.8e-5–5.5e-5 (≤ 0.055 lr), 9 of 98 880 weights more than 1e-6 apart.
     #[test]
     fn wgpu_update_step_gives_the_cpu_weights() {
         let wd = Workdir::new();
@@ -319,15 +331,25 @@ mod wgpu {
             eprintln!("update {key}: cpu {a} wgpu {b} (relative Δ {rel:.1e})");
             assert!(rel < 1e-5, "{key}: cpu {a} vs wgpu {b}");
         }
-        let (diff, step) = weight_diff(&wd.path("cpu"), &wd.path("gpu"), &tiny("tiny-qwen2"));
-        eprintln!("update: max |w_wgpu − w_cpu| {diff:.2e}, largest weight change {step:.2e}");
+        let (diff, step, over, total) =
+            weight_diff_counts(&wd.path("cpu"), &wd.path("gpu"), &tiny("tiny-qwen2"), 1e-6);
+        eprintln!(
+            "update: max |w_wgpu − w_cpu| {diff:.2e}, largest weight change {step:.2e}, \
+             {over} of {total} weights more than 1e-6 apart"
+        );
         assert!(step > 5e-4, "the step moved the weights ({step})");
         assert!(diff <= UPDATE_BOUND, "weights differ by {diff}");
+        assert!(
+            (over as f64) < UPDATE_OUTLIERS * total as f64,
+            "{over} of {total} weights more than 1e-6 apart"
+        );
     }
 
-    /// Largest |Δ weight| between one AdamW step (lr 1e-3) on wgpu and on the CPU (measured on
-    /// lavapipe: see the test).
-    pub const UPDATE_BOUND: f32 = 1e-5;
+    /// Largest |Δ weight| between one AdamW step at lr 1e-3 on wgpu and on the CPU: 0.1 lr
+    /// (measured ≤ 0.055 lr on lavapipe; see the test for why it is not ~1e-6).
+    pub const UPDATE_BOUND: f32 = 1e-4;
+    /// Largest fraction of weights more than 1e-6 apart after that step.
+    pub const UPDATE_OUTLIERS: f64 = 1e-3;
 
     /// Every model stage on wgpu, two iterations of the loop on the tiny Qwen2, next to the same
     /// run on the CPU: prepare → generate-answers → generate-confidence → score → advantage →
