@@ -163,8 +163,8 @@ impl ChatTemplate {
 /// Remove transformers' `{% generation %}` / `{% endgeneration %}` marker tags (with any
 /// whitespace-control dashes).
 fn strip_generation_tags(source: &str) -> String {
-    // ok: a constant, valid pattern.
-    let re = regex::Regex::new(r"\{%-?\s*(end)?generation\s*-?%\}").expect("valid regex");
+    let pattern = r"\{%-?\s*(end)?generation\s*-?%\}";
+    let re = regex::Regex::new(pattern).expect("valid regex"); // ok: a constant, valid pattern
     re.replace_all(source, "").into_owned()
 }
 
