@@ -12,6 +12,15 @@ pub struct Global {
     pub argv: Vec<String>,
 }
 
+/// clap value parser of `--device`: the syntax and that this build has the backend (so a device
+/// the build lacks is a usage error, exit 2, on every subcommand); the value stays a string, opened
+/// by the model stages with [`crate::model::device_from_str`].
+pub fn parse_device(s: &str) -> Result<String, String> {
+    s.parse::<crate::model::DeviceSpec>()
+        .map(|_| s.trim().to_string())
+        .map_err(|e| format!("{e:#}"))
+}
+
 /// A usage error: the command line asks for something that cannot be done (exit code 2).
 #[derive(Debug)]
 pub struct UsageError(pub String);

@@ -89,7 +89,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.entropy_column.as_deref() == Some(a.column.as_str()) {
         return Err(UsageError("--entropy-column must differ from --column".into()).into());
     }
-    let device = model::device_from_str(&g.device).map_err(|e| UsageError(format!("{e:#}")))?;
+    let device = model::device_from_str(&g.device)?;
     crate::fs::check_distinct(&[&a.input], &a.out)?;
 
     // Pass 1: validate the table (the one validator) and the token columns against the model's

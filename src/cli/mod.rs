@@ -48,8 +48,10 @@ pub struct Cli {
     /// No progress bars or informational lines; errors only.
     #[arg(short, long, global = true)]
     pub quiet: bool,
-    /// Device for model stages: `cpu` (default) or `cuda[:N]` (needs a build with `--features cuda`).
-    #[arg(long, global = true, default_value = "cpu")]
+    /// Device for model stages: `cpu` (default), `wgpu[:N]` (a GPU through Vulkan/Metal/DX12; a
+    /// build with `--features wgpu`) or `cuda[:N]` (a build with `--features cuda`). A device this
+    /// build lacks is a usage error.
+    #[arg(long, global = true, default_value = "cpu", value_parser = common::parse_device)]
     pub device: String,
     /// Write a Chrome trace of the stage's phases (read, prefill, decode steps, forward, backward,
     /// optimizer, write) to FILE when the command ends; open it in ui.perfetto.dev.

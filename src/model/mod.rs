@@ -12,8 +12,8 @@
 //!
 //! [`Model`] bundles them for the stages; [`logprobs`] is the batched per-token log-prob routine
 //! shared by `rlcr logprobs` and (on an autodiff device, through
-//! [`Transformer::response_logprobs`]) by `update`. [`device_from_str`] maps `--device` to a burn
-//! device; nothing else in this module names a backend.
+//! [`Transformer::response_logprobs`]) by `update`. [`DeviceSpec`] / [`device_from_str`] map `--device`
+//! to a burn device; nothing else in this module names a backend.
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -36,37 +36,160 @@ pub use weights::WeightDtypes;
 
 use crate::progress::Progress;
 
-/// Parse `--device`: `cpu` (the Flex backend) or `cuda` / `cuda:N` (builds with `--features
-/// cuda` only).
-pub fn device_from_str(s: &str) -> Result<Device> {
-    let s = s.trim();
-    if s == "cpu" {
-        return Ok(Device::flex());
+/// A `--device` value: which backend and which device of it.
+///
+/// - `cpu`: burn's Flex backend (always built).
+/// - `wgpu` / `wgpu:N` (builds with `--features wgpu`): a GPU through wgpu (Vulkan, Metal, DX12
+///   or GL). `wgpu` is wgpu's own choice (a high-performance GPU first; `CUBECL_WGPU_DEFAULT_DEVICE`
+///   overrides it, e.g. `IntegratedGpu(0)` or `Cpu`), `wgpu:N` the N-th adapter in wgpu's
+///   enumeration order (0-based; the error for a bad N lists them).
+/// - `cuda` / `cuda:N` (builds with `--features cuda`): NVIDIA GPU N (default 0).
+///
+/// Parsing ([`str::parse`]) checks the syntax and that this build has the backend (a usage
+/// error otherwise); [`DeviceSpec::open`] finds the device on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Wgpu(Option<usize>),
+    Cuda(usize),
+}
+
+/// The backends this build has, for messages: `cpu`, then `wgpu[:N]` / `cuda[:N]` when built.
+pub fn built_devices() -> &'static str {
+    match (cfg!(feature = "wgpu"), cfg!(feature = "cuda")) {
+        (false, false) => "cpu",
+        (true, false) => "cpu, wgpu or wgpu:N",
+        (false, true) => "cpu, cuda or cuda:N",
+        (true, true) => "cpu, wgpu, wgpu:N, cuda or cuda:N",
     }
-    if let Some(rest) = s.strip_prefix("cuda") {
-        let index: usize = match rest {
-            "" => 0,
-            r => r
-                .strip_prefix(':')
-                .and_then(|n| n.parse().ok())
-                .with_context(|| format!("--device {s}: expected cuda or cuda:N"))?,
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        // `name` or `name:N`.
+        let (name, index) = match s.split_once(':') {
+            None => (s, None),
+            Some((n, i)) => match i.parse::<usize>() {
+                Ok(i) => (n, Some(i)),
+                Err(_) => bail!("--device {s}: `{i}` is not a device index (expected {n}:N)"),
+            },
         };
-        return cuda_device(index, s);
+        let spec = match (name, index) {
+            ("cpu", None) => DeviceSpec::Cpu,
+            ("wgpu", i) => DeviceSpec::Wgpu(i),
+            ("cuda", i) => DeviceSpec::Cuda(i.unwrap_or(0)),
+            _ => bail!(
+                "--device {s}: expected cpu, wgpu, wgpu:N, cuda or cuda:N (this build has {})",
+                built_devices()
+            ),
+        };
+        match spec {
+            DeviceSpec::Wgpu(_) if !cfg!(feature = "wgpu") => bail!(
+                "--device {s}: this rlcr was built without wgpu support; rebuild with \
+                 `cargo build --release --features wgpu` (it has {})",
+                built_devices()
+            ),
+            DeviceSpec::Cuda(_) if !cfg!(feature = "cuda") => bail!(
+                "--device {s}: this rlcr was built without CUDA support; rebuild with \
+                 `cargo build --release --features cuda` on a machine with the CUDA toolkit \
+                 (it has {})",
+                built_devices()
+            ),
+            spec => Ok(spec),
+        }
     }
-    bail!("--device {s}: expected cpu, cuda or cuda:N")
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Wgpu(None) => f.write_str("wgpu"),
+            DeviceSpec::Wgpu(Some(i)) => write!(f, "wgpu:{i}"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// The burn device. For wgpu, the adapter is looked up now, so that a machine without one
+    /// (no Vulkan/Metal/GL driver) gets an error here instead of a panic at the first tensor.
+    pub fn open(self) -> Result<Device> {
+        match self {
+            DeviceSpec::Cpu => Ok(Device::flex()),
+            DeviceSpec::Wgpu(index) => open_wgpu(index),
+            DeviceSpec::Cuda(index) => open_cuda(index),
+        }
+    }
+}
+
+/// Parse and open a `--device` value (see [`DeviceSpec`]).
+pub fn device_from_str(s: &str) -> Result<Device> {
+    s.parse::<DeviceSpec>()?.open()
+}
+
+/// Whether `device` runs on the host through Flex (where the [`cpu`] kernels apply).
+pub fn is_flex(device: &Device) -> bool {
+    *device == Device::flex()
+}
+
+#[cfg(feature = "wgpu")]
+fn open_wgpu(index: Option<usize>) -> Result<Device> {
+    use burn::tensor::{DeviceKind, DeviceType};
+    let all = Device::enumerate(DeviceType::Wgpu).into_vec();
+    let name = |d: &Device| {
+        d.identity()
+            .map(|i| i.name)
+            .unwrap_or_else(|| "unnamed adapter".into())
+    };
+    if all.is_empty() {
+        bail!(
+            "--device {}: wgpu found no adapter (no Vulkan, Metal, DX12 or GL driver?); on \
+             Debian/Ubuntu `apt-get install mesa-vulkan-drivers` provides a software Vulkan \
+             device (lavapipe)",
+            DeviceSpec::Wgpu(index)
+        );
+    }
+    let device = match index {
+        None => Device::wgpu(DeviceKind::DefaultDevice),
+        Some(i) => match all.get(i) {
+            Some(d) => d.clone(),
+            None => {
+                let list: Vec<String> = all
+                    .iter()
+                    .enumerate()
+                    .map(|(k, d)| format!("wgpu:{k} = {}", name(d)))
+                    .collect();
+                bail!(
+                    "--device wgpu:{i}: this machine has {} wgpu adapter(s): {}",
+                    all.len(),
+                    list.join(", ")
+                );
+            }
+        },
+    };
+    crate::info!("device: {} ({})", DeviceSpec::Wgpu(index), name(&device));
+    Ok(device)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn open_wgpu(_index: Option<usize>) -> Result<Device> {
+    // Unreachable through `parse`, which refuses wgpu in such a build.
+    bail!("--device wgpu: this rlcr was built without wgpu support")
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_device(index: usize, _s: &str) -> Result<Device> {
+fn open_cuda(index: usize) -> Result<Device> {
     Ok(Device::cuda(index))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_device(_index: usize, s: &str) -> Result<Device> {
-    bail!(
-        "--device {s}: this rlcr was built without CUDA support; rebuild with \
-         `cargo build --release --features cuda` on a machine with the CUDA toolkit"
-    )
+fn open_cuda(_index: usize) -> Result<Device> {
+    // Unreachable through `parse`, which refuses cuda in such a build.
+    bail!("--device cuda: this rlcr was built without CUDA support")
 }
 
 /// A model folder loaded for use: config, weights, tokenizer and chat template.
@@ -225,14 +348,35 @@ mod tests {
 
     #[test]
     fn device_strings() {
+        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
         assert!(device_from_str("cpu").is_ok());
         let e = device_from_str("tpu").unwrap_err();
-        assert!(format!("{e}").contains("expected cpu"));
-        assert!(device_from_str("cuda:x").is_err());
+        assert!(format!("{e}").contains("expected cpu, wgpu"), "{e}");
+        for bad in ["cuda:x", "wgpu:", "wgpu:-1", "cpu:0", "gpu", ""] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
         #[cfg(not(feature = "cuda"))]
         {
             let e = device_from_str("cuda:1").unwrap_err();
             assert!(format!("{e}").contains("--features cuda"));
         }
+        #[cfg(not(feature = "wgpu"))]
+        for s in ["wgpu", "wgpu:0"] {
+            let e = device_from_str(s).unwrap_err();
+            assert!(format!("{e}").contains("--features wgpu"), "{e}");
+        }
+        #[cfg(feature = "wgpu")]
+        {
+            assert_eq!(
+                "wgpu".parse::<DeviceSpec>().unwrap(),
+                DeviceSpec::Wgpu(None)
+            );
+            assert_eq!(
+                " wgpu:3 ".parse::<DeviceSpec>().unwrap(),
+                DeviceSpec::Wgpu(Some(3))
+            );
+        }
+        assert_eq!(DeviceSpec::Wgpu(Some(2)).to_string(), "wgpu:2");
+        assert!(is_flex(&Device::flex()));
     }
 }

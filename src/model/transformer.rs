@@ -33,9 +33,13 @@
 //!   rows, sharing one prompt's cache across several continuations, and expanding batch 1 to n.
 //! - **Decode steps use CPU kernels** when they apply ([`super::cpu`]: packed weight panels
 //!   built on the first cached step, ≤ 64 rows, and a host attention over the cache for one
-//!   token per row); prefill, training and every other device use burn's matmul and attention. Both paths are covered by the parity tests (they agree to ~1e-6).
-//! - **Device-agnostic**: nothing here names a backend; the same code runs on Flex, CUDA and on an
-//!   autodiff device for training.
+//!   token per row); prefill, training and every other device use burn's matmul and attention.
+//!   Both paths are covered by the parity tests (they agree to ~1e-6).
+//! - **Device-agnostic**: nothing here names a backend; the same code runs on Flex, wgpu, CUDA
+//!   and on an autodiff device for training. The CPU kernels are entered only on a plain Flex
+//!   device ([`super::is_flex`]); elsewhere every operation is a burn op on the device. Per call,
+//!   the host sends the token ids, RoPE cos/sin (`B·T·d` floats) and the boolean mask; nothing is
+//!   read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the bus").
 use anyhow::{bail, ensure, Result};
 use burn::module::{Module, Param};
 use burn::tensor::activation::{log_softmax, sigmoid};
@@ -152,8 +156,12 @@ fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
 
 /// `x · W`, through the CPU fast paths for decode-shaped products when they apply (the packed
 /// copy `packed` of `W` if given, else the row-major kernel; see [`super::cpu`]), else burn's
-/// matmul.
+/// matmul. On any device but plain Flex (a GPU, an autodiff device) it is burn's matmul, with no
+/// host round trip.
 fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
+    if !super::is_flex(&x.device()) {
+        return x.matmul(w);
+    }
     if let Some(y) = packed.and_then(|p| cpu::packed_matmul(&x, &w, p)) {
         return y;
     }
@@ -550,6 +558,9 @@ impl Transformer {
     /// The packed decode weights, built on first use (plain Flex devices only; `None` elsewhere
     /// or with `RLCR_DECODE_PACK=0`).
     fn decode_weights(&self) -> Option<&DecodeWeights> {
+        if !super::is_flex(&self.device()) {
+            return None;
+        }
         self.decode
             .0
             .get_or_init(|| {
@@ -680,9 +691,11 @@ impl Transformer {
         } else {
             None
         };
-        // Decode steps: the same mask on the host, one flag per (row, used slot); a padding
-        // query attends only to itself, as in `build_mask`.
-        let decode_keys: Option<Vec<bool>> = (t == 1).then(|| {
+        // Decode steps on Flex: the same mask on the host, one flag per (row, used slot), for the
+        // host attention kernel; a padding query attends only to itself, as in `build_mask`.
+        // Other devices use burn's attention with `mask`.
+        let host = super::is_flex(&device);
+        let decode_keys: Option<Vec<bool>> = (t == 1 && host).then(|| {
             let len = start + 1;
             let mut ok = Vec::with_capacity(b * len);
             for r in 0..b {

@@ -303,26 +303,43 @@ pub fn batch_gradients(
                     &clip,
                     &coefs,
                 );
-                sums.pg_loss += scalar(m.pg_loss)?;
-                sums.kl_loss += scalar(m.kl_loss)?;
-                sums.entropy += scalar(m.entropy_sum)?;
-                sums.neg_log_ratio += scalar(m.neg_log_ratio_sum)?;
+                // Every metric of the micro-batch in one read (one host round trip on a GPU).
                 let [a, bb, c] = m.clipped;
-                sums.clipped[0] += scalar(a)?;
-                sums.clipped[1] += scalar(bb)?;
-                sums.clipped[2] += scalar(c)?;
+                let v = scalars(vec![
+                    m.loss.clone().detach(),
+                    m.pg_loss,
+                    m.kl_loss,
+                    m.entropy_sum,
+                    m.neg_log_ratio_sum,
+                    a,
+                    bb,
+                    c,
+                ])?;
+                sums.loss += v[0];
+                sums.pg_loss += v[1];
+                sums.kl_loss += v[2];
+                sums.entropy += v[3];
+                sums.neg_log_ratio += v[4];
+                sums.clipped[0] += v[5];
+                sums.clipped[1] += v[6];
+                sums.clipped[2] += v[7];
                 m.loss
             }
             Objective::Sft => {
                 let nll = (out.logp.neg() * weight).sum();
+                let mut read = vec![nll.clone().detach()];
                 if let Some(h) = out.entropy {
-                    sums.entropy += scalar((h * mask).sum().detach())?;
+                    read.push((h * mask).sum().detach());
                 }
-                sums.pg_loss += scalar(nll.clone().detach())?;
+                let v = scalars(read)?;
+                sums.loss += v[0];
+                sums.pg_loss += v[0];
+                if let Some(e) = v.get(1) {
+                    sums.entropy += e;
+                }
                 nll
             }
         };
-        sums.loss += scalar(loss_t.clone().detach())?;
         drop(fwd);
         let bwd = crate::trace::span("backward (micro-batch)");
         let grads = GradientsParams::from_grads(loss_t.backward(), model);
@@ -332,15 +349,16 @@ pub fn batch_gradients(
     Ok((acc.grads(), sums))
 }
 
-fn scalar(t: Tensor<1>) -> Result<f64> {
-    let v = t
+/// One-element tensors read back together (one host round trip), as f64.
+fn scalars(ts: Vec<Tensor<1>>) -> Result<Vec<f64>> {
+    let n = ts.len();
+    let v = Tensor::cat(ts, 0)
         .into_data()
         .convert::<f64>()
         .try_into_vec::<f64>()
-        .map_err(|e| anyhow::anyhow!("reading a loss value: {e:?}"))?;
-    v.first()
-        .copied()
-        .ok_or_else(|| anyhow::anyhow!("empty loss tensor"))
+        .map_err(|e| anyhow::anyhow!("reading the loss values: {e:?}"))?;
+    ensure!(v.len() == n, "{} loss values for {n} tensors", v.len());
+    Ok(v)
 }
 
 /// Run the whole loop: `epochs × mini_batches` optimizer steps over `rows`. `on_step` sees the

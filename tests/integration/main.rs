@@ -11,6 +11,7 @@ mod cli;
 mod crash;
 mod critic;
 mod determinism;
+mod devices;
 mod ecosystem;
 mod fuzz_regressions;
 mod gguf;

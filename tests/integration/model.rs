@@ -14,9 +14,9 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
-struct RefSeq {
-    ids: Vec<u32>,
-    logprobs: Vec<f64>,
+pub(crate) struct RefSeq {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) logprobs: Vec<f64>,
     greedy: Vec<u32>,
     entropy: Vec<f64>,
     logsumexp: Vec<f64>,
@@ -25,7 +25,7 @@ struct RefSeq {
     rendered: Option<String>,
 }
 
-fn load_refs(name: &str) -> Vec<RefSeq> {
+pub(crate) fn load_refs(name: &str) -> Vec<RefSeq> {
     let path = fixtures().join("refs").join(name);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -68,7 +68,7 @@ fn cpu() -> Device {
 }
 
 /// Compare every figure of every reference sequence; returns the largest log-prob difference.
-fn check_refs(m: &Model, file: &str) -> f64 {
+pub(crate) fn check_refs(m: &Model, file: &str) -> f64 {
     let refs = load_refs(file);
     let vocab = m.config.vocab_size;
     let mut worst = 0f64;

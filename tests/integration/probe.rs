@@ -16,7 +16,7 @@ fn read(path: &Path) -> RecordBatch {
     arrow::compute::concat_batches(&schema, &batches).unwrap()
 }
 
-fn i32s(b: &RecordBatch, name: &str) -> Vec<i32> {
+pub(crate) fn i32s(b: &RecordBatch, name: &str) -> Vec<i32> {
     let a = b
         .column_by_name(name)
         .unwrap()
@@ -53,7 +53,7 @@ fn strs(b: &RecordBatch, name: &str) -> Vec<String> {
 /// are the thinking, then `</think><answer>1+2</answer>`. The last answer keeps no `</think>`.
 /// Each answer gets 2 confidence rows whose parsed `confidence` is then set to known values.
 /// Returns the thinking lengths of the answers with a closed think.
-fn scored_input(wd: &Workdir) -> Vec<usize> {
+pub(crate) fn scored_input(wd: &Workdir) -> Vec<usize> {
     let model = fixtures().join("tiny-qwen2");
     let m = model.display().to_string();
     wd.run(&[
@@ -200,7 +200,7 @@ fn scored_input(wd: &Workdir) -> Vec<usize> {
     think_lens
 }
 
-fn probe_args<'a>(m: &'a str, out: &'a str, batch: &'a str) -> Vec<&'a str> {
+pub(crate) fn probe_args<'a>(m: &'a str, out: &'a str, batch: &'a str) -> Vec<&'a str> {
     vec![
         "probe",
         "--model",

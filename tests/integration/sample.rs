@@ -11,12 +11,12 @@ use rlcr::table::Reader;
 
 use crate::{fixtures, Workdir};
 
-fn model(name: &str) -> String {
+pub(crate) fn model(name: &str) -> String {
     fixtures().join(name).display().to_string()
 }
 
 /// Prompts as JSONL for `rlcr prepare --from jsonl`.
-fn prompts(wd: &Workdir, questions: &[&str]) -> PathBuf {
+pub(crate) fn prompts(wd: &Workdir, questions: &[&str]) -> PathBuf {
     let lines: Vec<String> = questions
         .iter()
         .enumerate()
@@ -41,14 +41,14 @@ fn prompts(wd: &Workdir, questions: &[&str]) -> PathBuf {
 const QUESTIONS: &[&str] = &["What is 12 + 7?", "What is 99 * 3?", "Name a prime."];
 
 /// All rows of a table in one batch.
-fn read(path: &Path) -> RecordBatch {
+pub(crate) fn read(path: &Path) -> RecordBatch {
     let r = Reader::open(path).unwrap();
     let schema = r.schema();
     let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
     arrow::compute::concat_batches(&schema, &batches).unwrap()
 }
 
-fn strs(b: &RecordBatch, name: &str) -> Vec<Option<String>> {
+pub(crate) fn strs(b: &RecordBatch, name: &str) -> Vec<Option<String>> {
     let a = b
         .column_by_name(name)
         .unwrap()
@@ -72,7 +72,7 @@ fn ints(b: &RecordBatch, name: &str) -> Vec<Option<i32>> {
         .collect()
 }
 
-fn id_lists(b: &RecordBatch, name: &str) -> Vec<Vec<u32>> {
+pub(crate) fn id_lists(b: &RecordBatch, name: &str) -> Vec<Vec<u32>> {
     let a = b
         .column_by_name(name)
         .unwrap()
@@ -88,7 +88,7 @@ fn id_lists(b: &RecordBatch, name: &str) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn f32_lists(b: &RecordBatch, name: &str) -> Vec<Vec<f32>> {
+pub(crate) fn f32_lists(b: &RecordBatch, name: &str) -> Vec<Vec<f32>> {
     let a = b
         .column_by_name(name)
         .unwrap()

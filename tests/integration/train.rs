@@ -17,7 +17,7 @@ fn tiny() -> PathBuf {
 
 /// Six rows of fixed token ids with on-policy behaviour log-probs; even rows positive, odd rows
 /// negative advantages.
-fn train_rows() -> Vec<TrainRow> {
+pub(crate) fn train_rows() -> Vec<TrainRow> {
     let m = Model::load(&tiny(), &Device::flex()).unwrap();
     let mut rows: Vec<TrainRow> = (0..6u32)
         .map(|i| {
@@ -47,13 +47,13 @@ fn train_rows() -> Vec<TrainRow> {
     rows
 }
 
-fn write_rows(path: &Path, rows: &[TrainRow]) {
+pub(crate) fn write_rows(path: &Path, rows: &[TrainRow]) {
     let b = rows_to_batch(rows).unwrap();
     let meta = Meta::new(&TRAJECTORY, "advantage", serde_json::json!({}), &[]);
     write_table(path, b.schema(), &[b], &meta).unwrap();
 }
 
-fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+pub(crate) fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
     let mut out = BTreeMap::new();
     for f in rlcr::model::weights::weight_files(dir).unwrap() {
         let bytes = std::fs::read(&f).unwrap();
@@ -72,7 +72,7 @@ fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
     out
 }
 
-fn metrics(dir: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn metrics(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("train_metrics.jsonl"))
         .unwrap()
         .lines()
