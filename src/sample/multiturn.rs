@@ -36,7 +36,9 @@ use rayon::prelude::*;
 use super::env::{EnvReply, EnvRequest, Environment};
 use super::logits::Processor;
 use super::rng::{sample_rng, uniform};
-use super::sampler::{plan_waves, prefill, reselect, GenConfig, Generated, SampleId, StepModel};
+use super::sampler::{
+    plan_waves, prefill, reselect, retire_finished, GenConfig, Generated, SampleId, StepModel,
+};
 use super::stop::{DecodeFn, Detokenizer, FinishReason};
 use crate::model::Message;
 
@@ -463,30 +465,24 @@ fn run_wave<M: StepModel>(
         }
         // Finished rows leave.
         let before = rows.len();
-        let mut keep = Vec::with_capacity(before);
-        let mut next_rows = Vec::with_capacity(before);
-        for (i, row) in rows.into_iter().enumerate() {
-            match row.finish {
-                Some(f) => {
-                    let (text, ends) = row.detok.into_parts();
-                    results[row.out] = Some(Rollout {
-                        ids: row.ids,
-                        logprobs: row.logprobs,
-                        info_mask: row.info,
-                        turn_ids: row.turn_ids,
-                        text,
-                        ends,
-                        turns: row.turns,
-                        finish: f,
-                    });
-                }
-                None => {
-                    keep.push(i);
-                    next_rows.push(row);
-                }
-            }
-        }
-        rows = next_rows;
+        let keep;
+        (rows, keep) = retire_finished(
+            rows,
+            |r| r.finish,
+            |row, f| {
+                let (text, ends) = row.detok.into_parts();
+                results[row.out] = Some(Rollout {
+                    ids: row.ids,
+                    logprobs: row.logprobs,
+                    info_mask: row.info,
+                    turn_ids: row.turn_ids,
+                    text,
+                    ends,
+                    turns: row.turns,
+                    finish: f,
+                });
+            },
+        );
         on_step(Report {
             tokens: before,
             finished: before - rows.len(),

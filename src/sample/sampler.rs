@@ -306,6 +306,27 @@ pub(crate) fn reselect<M: StepModel>(
     Ok(())
 }
 
+/// After a decode step: hand every finished row (`finish` gives its reason) to `done` and keep
+/// the others in order. Returns the rows kept and their indices in `rows` (for [`reselect`]).
+pub(crate) fn retire_finished<R>(
+    rows: Vec<R>,
+    finish: impl Fn(&R) -> Option<FinishReason>,
+    mut done: impl FnMut(R, FinishReason),
+) -> (Vec<R>, Vec<usize>) {
+    let mut keep = Vec::with_capacity(rows.len());
+    let mut next = Vec::with_capacity(rows.len());
+    for (i, row) in rows.into_iter().enumerate() {
+        match finish(&row) {
+            Some(f) => done(row, f),
+            None => {
+                keep.push(i);
+                next.push(row);
+            }
+        }
+    }
+    (next, keep)
+}
+
 /// Prefill: run the `contexts`, left-padded to the longest, through `cache` (empty, one row per
 /// context) in column chunks of about `chunk` tokens ([`prefill_chunks`]). Returns the logits of
 /// every context's last token, `contexts.len() · vocab`, checked for that length.
@@ -403,27 +424,21 @@ fn run_wave<M: StepModel>(
                 row.advance(&logits[k * vocab..(k + 1) * vocab], cfg, decode)
             })?;
         let before = rows.len();
-        let mut keep = Vec::with_capacity(before);
-        let mut next_rows = Vec::with_capacity(before);
-        for (i, row) in rows.into_iter().enumerate() {
-            match row.finish {
-                Some(f) => {
-                    let (text, ends) = row.detok.into_parts();
-                    results[row.out] = Some(Generated {
-                        ids: row.ids,
-                        logprobs: row.logprobs,
-                        text,
-                        ends,
-                        finish: f,
-                    });
-                }
-                None => {
-                    keep.push(i);
-                    next_rows.push(row);
-                }
-            }
-        }
-        rows = next_rows;
+        let keep;
+        (rows, keep) = retire_finished(
+            rows,
+            |r| r.finish,
+            |row, f| {
+                let (text, ends) = row.detok.into_parts();
+                results[row.out] = Some(Generated {
+                    ids: row.ids,
+                    logprobs: row.logprobs,
+                    text,
+                    ends,
+                    finish: f,
+                });
+            },
+        );
         on_step(StepReport {
             tokens: before,
             finished: before - rows.len(),
