@@ -197,6 +197,22 @@ pub fn kill_group(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// A reply line of either protocol read as far as they agree: a JSON object with an integer
+/// `id`. The error says what is wrong (`not JSON (…)`, `not a JSON object`, `no integer "id"`).
+pub fn reply_object(
+    line: &str,
+) -> std::result::Result<(u64, serde_json::Map<String, serde_json::Value>), String> {
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
+    let serde_json::Value::Object(obj) = v else {
+        return Err("not a JSON object".into());
+    };
+    let id = obj
+        .get("id")
+        .and_then(|x| x.as_u64())
+        .ok_or("no integer \"id\"")?;
+    Ok((id, obj))
+}
+
 /// At most 200 characters of a line, with `…` when cut (for error messages).
 pub fn shown(line: &str) -> String {
     let mut shown: String = line.chars().take(200).collect();

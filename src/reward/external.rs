@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
-use crate::child::{shown, FinishError, FromChild, LineChild};
+use crate::child::{reply_object, shown, FinishError, FromChild, LineChild};
 
 /// Most requests outstanding at once.
 pub const MAX_IN_FLIGHT: usize = 256;
@@ -63,12 +63,7 @@ pub struct ExternalVerifier {
 }
 
 fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
-    let obj = v.as_object().ok_or("not a JSON object")?;
-    let id = obj
-        .get("id")
-        .and_then(|x| x.as_u64())
-        .ok_or("no integer \"id\"")?;
+    let (id, obj) = reply_object(line)?;
     let correct = match obj.get("correct") {
         Some(serde_json::Value::Bool(b)) => {
             if *b {

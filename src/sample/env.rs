@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::child::{shown, FinishError, FromChild, LineChild};
+use crate::child::{reply_object, shown, FinishError, FromChild, LineChild};
 use crate::model::Message;
 
 /// One request: a model turn has ended.
@@ -68,12 +68,7 @@ pub trait Environment {
 
 /// Parse one reply line: `(id, reply)` or what is wrong with it.
 pub fn parse_reply(line: &str) -> std::result::Result<(u64, EnvReply), String> {
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
-    let obj = v.as_object().ok_or("not a JSON object")?;
-    let id = obj
-        .get("id")
-        .and_then(|x| x.as_u64())
-        .ok_or("no integer \"id\"")?;
+    let (id, obj) = reply_object(line)?;
     let observation = match obj.get("observation") {
         Some(serde_json::Value::String(s)) => s.clone(),
         None | Some(serde_json::Value::Null) => String::new(),
