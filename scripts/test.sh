@@ -11,6 +11,7 @@ cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 cargo test
 if [ "${RLCR_TEST_GPU:-0}" = 1 ]; then
+  cargo clippy --features wgpu --all-targets -- -D warnings
   cargo test --features wgpu --lib --test integration -- devices device_strings
   DOCS_RS=1 cargo check --features cuda
 fi

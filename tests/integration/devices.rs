@@ -140,8 +140,11 @@ mod wgpu {
         }
     }
 
+    /// (context ids, response ids) rows and the reference log-probs of each response.
+    type RefRows = (Vec<(Vec<u32>, Vec<u32>)>, Vec<Vec<f64>>);
+
     /// Sequences of the rand references cut into (context, response) rows.
-    fn ref_rows(name: &str) -> (Vec<(Vec<u32>, Vec<u32>)>, Vec<Vec<f64>>) {
+    fn ref_rows(name: &str) -> RefRows {
         let refs = load_refs(&format!("{name}.rand.f64.json"));
         let mut rows = Vec::new();
         let mut want = Vec::new();
