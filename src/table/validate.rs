@@ -276,6 +276,8 @@ pub struct Validator {
     spec: &'static TableSpec,
     row: usize,
     ids: IdLog,
+    /// The identity digests of the current prompt's rows (a run of rows of one prompt).
+    prompt_ids: (Option<u32>, Vec<u128>),
     answers: AnswerSet,
     conf_refs: Vec<(u32, usize, i32)>,
     links: Links,
@@ -354,6 +356,7 @@ impl Validator {
             spec,
             row: 0,
             ids: IdLog::new(),
+            prompt_ids: (None, Vec::new()),
             answers: AnswerSet::default(),
             conf_refs: Vec::new(),
             links: Links::default(),
@@ -484,12 +487,16 @@ impl Validator {
     pub fn check_links(&mut self, b: &RecordBatch) -> Result<()> {
         let file = self.file.as_str();
         let n = b.num_rows();
+        // the prompt number of every row, when the batch has the ids
+        let mut prompt_of: Vec<u32> = Vec::new();
         if let Ok(st) = cols::str_col(b, file, "sample_type") {
             let pid = cols::str_col(b, file, "prompt_id").ok();
             let aidx = cols::i32_col(b, file, "answer_idx").ok();
             if let (Some(pid), Some(aidx)) = (pid, aidx) {
+                prompt_of.reserve(n);
                 for i in 0..n {
                     let p = self.answers.prompt(pid.value(i));
+                    prompt_of.push(p);
                     let a = aidx.value(i);
                     if st.value(i) == "answer" {
                         self.links.answers += 1;
@@ -515,7 +522,24 @@ impl Validator {
         }
         if let Ok(ids) = cols::str_col(b, file, "sample_id") {
             for i in 0..n {
-                self.ids.push(id_key(ids.value(i)), self.row + i)?;
+                let key = id_key(ids.value(i));
+                // A repeat within the rows of one prompt (a confidence row carrying its answer's
+                // id) is found here, with its value; any other repeat when the table is finished.
+                if let Some(&p) = prompt_of.get(i) {
+                    if self.prompt_ids.0 != Some(p) {
+                        self.prompt_ids.0 = Some(p);
+                        self.prompt_ids.1.clear();
+                    }
+                    if self.prompt_ids.1.contains(&key) {
+                        bail!(
+                            "{file}, row {}, column `sample_id`: duplicate sample_id {:?}",
+                            self.row + i,
+                            ids.value(i)
+                        );
+                    }
+                    self.prompt_ids.1.push(key);
+                }
+                self.ids.push(key, self.row + i)?;
             }
         }
         self.row += n;
@@ -688,7 +712,7 @@ mod tests {
         let e = check(&b).unwrap_err().to_string();
         assert_eq!(
             e,
-            "t.parquet, row 1, column `sample_id`: duplicate sample_id (row 0 has the same)"
+            "t.parquet, row 1, column `sample_id`: duplicate sample_id \"p/a0\""
         );
         // the first repeat in table order, whichever bucket its digest falls in
         let mut log = IdLog::new();
