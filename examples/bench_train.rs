@@ -142,6 +142,13 @@ fn main() -> anyhow::Result<()> {
     let tokens = batch * len;
     let mut fb = Vec::new();
     let mut st = Vec::new();
+    // RESULT names: `train_b8_l256` for the 38.9M config (as before), `train_smollm2_b8_l512`
+    // for SmolLM2's shape (scripts/bench_transformers.py uses the same names).
+    let tag = match which {
+        "qwen39m" => String::new(),
+        "smollm2" => "_smollm2".to_string(),
+        _ => "_model".to_string(),
+    };
     for rep in 0..reps {
         let t0 = Instant::now();
         let c0 = cpu_seconds();
@@ -162,13 +169,13 @@ fn main() -> anyhow::Result<()> {
         if rep > 0 || reps == 1 {
             // Machine-readable (scripts/bench.sh); the first repetition is a warm-up.
             println!(
-                "RESULT train_b{batch}_l{len} {:.2} {:.2}",
+                "RESULT train{tag}_b{batch}_l{len} {:.2} {:.2}",
                 tokens as f64 / t_fb,
                 tokens as f64 / c_fb
             );
             // The whole update step: forward + backward, global clipping, AdamW.
             println!(
-                "RESULT step_b{batch}_l{len} {:.2} {:.2}",
+                "RESULT step{tag}_b{batch}_l{len} {:.2} {:.2}",
                 tokens as f64 / t0.elapsed().as_secs_f64(),
                 tokens as f64 / (cpu_seconds() - c0)
             );
@@ -183,6 +190,12 @@ fn main() -> anyhow::Result<()> {
             .copied()
             .fold(f64::INFINITY, f64::min)
     };
+    // Peak resident memory (MiB) in both columns of a RESULT line.
+    println!(
+        "RESULT rss{tag}_b{batch}_l{len} {:.0} {:.0}",
+        peak_rss_mib(),
+        peak_rss_mib()
+    );
     println!(
         "{which} batch {batch}x{len} micro {micro}: forward+backward {:.0} tokens/s (best), AdamW step {:.2} s, peak rss {:.0} MiB",
         tokens as f64 / best(&fb),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side speed of rlcr and Hugging Face transformers on this machine, in one run.
 #
-#   scripts/bench.sh [peak|sample|train|gemm|all]
+#   scripts/bench.sh [peak|sample|train|trainsmol|gemm|all]
 #
 # Environment:
 #   SMOLLM2   SmolLM2-135M-Instruct folder (default /tmp/smollm2-hf; make it with
@@ -19,6 +19,8 @@
 #           chat prompts), NEW new tokens each, temperature 1, EOS ignored, fp32
 #   train   examples/bench_train.rs vs scripts/bench_transformers.py train: forward + backward
 #           on a 38.9M-parameter Qwen2 config, 8 x 256 tokens, fp32
+#   trainsmol  the same full step on SmolLM2-135M's shape (random weights), 8 x 512 tokens in
+#           micro-batches of 4 on both sides, fp32, with each side's peak RSS (not in `all`: long)
 #   gemm    examples/bench_gemm.rs vs scripts/bench_transformers.py gemm: the matrix products of
 #           that forward + backward one at a time (GFLOP/s instead of tokens/s)
 #   peak    examples/bench_peak.rs only (always run first): the CPU's SIMD flags, its measured
@@ -86,6 +88,12 @@ if [ "$what" = train ] || [ "$what" = all ]; then
     run transformers "$PY" scripts/bench_transformers.py train 8 256 1 fp32,bf16
   done
 fi
+if [ "$what" = trainsmol ]; then
+  for _ in $(seq "$REPS"); do
+    run rlcr "$ex/bench_train" smollm2 8 512 4 1
+    run transformers "$PY" scripts/bench_transformers.py train 8 512 1 fp32 smollm2 4
+  done
+fi
 if [ "$what" = gemm ] || [ "$what" = all ]; then
   for _ in $(seq "$REPS"); do
     run rlcr "$ex/bench_gemm" 3
@@ -110,6 +118,8 @@ for line in open(sys.argv[1]):
     rows[name][side].append((float(wall), float(cpu)))
 print("roofline:", ", ".join(f"{k} {v}" for k, v in peak.items()))
 fpeak = float(peak.get("f32_fma_zmm", peak.get("f32_fma_ymm", "nan")))
+# Per CPU-second of one thread: the denominator of the per-CPU-second rates (load-independent).
+fcpu = float(peak.get("f32_fma_zmm_cpu", peak.get("f32_fma_ymm_cpu", "nan")))
 bw = float(peak.get("bw_copy", "nan"))
 
 # Useful FLOP per token (2 per multiply-add), from the model shapes:
@@ -120,7 +130,11 @@ bw = float(peak.get("bw_copy", "nan"))
 # - SmolLM2-135M sampling: 30 layers x (576*(576+192+192+576) + 3*576*1536) + 576*49152 =
 #   134.5M multiply-adds = 269 MFLOP per token (attention over <= 160 positions < 2 %: left out);
 #   a decode step streams all 538 MB of f32 weights once (bandwidth bound: B * BW / 538 MB).
+# - SmolLM2-135M training (bench_train smollm2, 8 x 512): 134.5M multiply-adds as above + causal
+#   attention 2*576*256 (mean 256 keys) x 30 = 8.8M: 143.3M forward, x 6 = 860 MFLOP per token.
 def flop_per_unit(name):
+    if name.startswith(("train_smollm2_", "step_smollm2_")):
+        return 860e6
     if name.startswith(("train_", "step_")):
         return 239.8e6
     if name.startswith("sample_"):
@@ -130,16 +144,23 @@ def flop_per_unit(name):
     return float("nan")
 
 print("(sample/train/step: tokens; gemm: GFLOP; per second wall and per CPU-second;")
-print(f" %peak: FLOP rate against the measured f32 peak {fpeak:.0f} GFLOP/s on these threads)")
+print(f" %pk: FLOP rate against the measured f32 peak {fpeak:.0f} GFLOP/s on these threads;")
+print(f" %pk/cpu: FLOP per CPU-second against one thread's {fcpu:.0f} GFLOP per CPU-second)")
 print(f"{'workload':22} {'n':>3} {'rlcr /s':>11} {'HF /s':>9} {'ratio':>6}"
-      f" {'rlcr /cpu-s':>12} {'HF /cpu-s':>10} {'ratio':>6} {'rlcr %pk':>8} {'HF %pk':>7}")
+      f" {'rlcr /cpu-s':>12} {'HF /cpu-s':>10} {'ratio':>6} {'rlcr %pk':>8} {'HF %pk':>7}"
+      f" {'%pk/cpu':>8} {'HF':>5}")
 for name, sides in rows.items():
+    if name.startswith("rss"):
+        mem = {k: statistics.median(x[0] for x in v) for k, v in sides.items()}
+        print(f"{name:22.22} peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in mem.items()))
+        continue
     r, h = sides.get("rlcr", []), sides.get("transformers", [])
     if not r:
         continue
     rw, rc = statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)
     fl = flop_per_unit(name)
     rp = 100 * rw * fl / 1e9 / fpeak
+    rpc = 100 * rc * fl / 1e9 / fcpu
     extra = ""
     if name.startswith("sample_b"):
         b = int(name.split("_")[1][1:])
@@ -147,16 +168,18 @@ for name, sides in rows.items():
         extra = f"  (bandwidth bound {bound:.0f} tok/s: rlcr {100 * rw / bound:.0f} %)"
     if not h:
         print(f"{name:22.22} {len(r):>3} {rw:>11.1f} {'-':>9} {'-':>6} {rc:>12.1f} {'-':>10}"
-              f" {'-':>6} {rp:>7.0f}% {'-':>7}{extra}")
+              f" {'-':>6} {rp:>7.0f}% {'-':>7} {rpc:>7.0f}% {'-':>5}{extra}")
         continue
     hw, hc = statistics.median(x[0] for x in h), statistics.median(x[1] for x in h)
     hp = 100 * hw * fl / 1e9 / fpeak
+    hpc = 100 * hc * fl / 1e9 / fcpu
     print(f"{name:22.22} {min(len(r), len(h)):>3} {rw:>11.1f} {hw:>9.1f} {rw / hw:>6.2f}"
-          f" {rc:>12.1f} {hc:>10.1f} {rc / hc:>6.2f} {rp:>7.0f}% {hp:>6.0f}%{extra}")
+          f" {rc:>12.1f} {hc:>10.1f} {rc / hc:>6.2f} {rp:>7.0f}% {hp:>6.0f}%"
+          f" {rpc:>7.0f}% {hpc:>4.0f}%{extra}")
 for name, sides in rows.items():
     # References without an rlcr counterpart (torch bf16 autocast): their rate and the ratio
     # of rlcr's fp32 figure of the same workload to them.
-    if "rlcr" in sides or "transformers" not in sides:
+    if "rlcr" in sides or "transformers" not in sides or name.startswith("rss"):
         continue
     hw = statistics.median(x[0] for x in sides["transformers"])
     base = name.removesuffix("_bf16")

@@ -5,13 +5,16 @@ Runs the same workloads as rlcr's harnesses, with torch limited to THREADS threa
 
   sample MODEL_DIR B NEW   sampling: B rows (B/8 distinct chat prompts, EOS ignored) x NEW new
                            tokens, temperature 1, no top-k/top-p (examples/bench_sample.rs)
-  train B LEN [REPS [PRECISIONS]]
+  train B LEN [REPS [PRECISIONS [MODEL [MICRO]]]]
                            forward + backward of the causal-LM loss on a 38.9M-parameter Qwen2
                            config (hidden 512, 8 layers, 8 heads, 2 KV heads, FFN 1408, vocab
                            32000, tied), random weights, B rows x LEN tokens
                            (examples/bench_train.rs; RESULT train_*), then the full step with
                            global clipping and AdamW (RESULT step_*); PRECISIONS is a comma list
-                           of fp32 (default) and bf16 (torch.autocast bf16, names end in _bf16)
+                           of fp32 (default) and bf16 (torch.autocast bf16, names end in _bf16);
+                           MODEL qwen39m (default) or smollm2 (SmolLM2-135M's Llama shape, random
+                           weights; names train_smollm2_*), MICRO rows per micro-batch (gradient
+                           accumulation, default B); prints the peak RSS as RESULT rss_* (MiB)
 
   gemm                     the matrix products of that forward + backward, each alone
                            (examples/bench_gemm.rs): GFLOP/s instead of tokens/s
@@ -100,35 +103,59 @@ def sample(model_dir, batch, new, reps):
             report(f"sample_b{batch}_n{new}", made, t0, c0)
 
 
-def train(batch, length, reps, precisions=("fp32",)):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def train(batch, length, reps, precisions=("fp32",), which="qwen39m", micro=None):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(
-        vocab_size=32000,
-        hidden_size=512,
-        intermediate_size=1408,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
+    if which == "smollm2":
+        cfg = LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+        )
+        arch, tag = LlamaForCausalLM, "_smollm2"
+    else:
+        cfg = Qwen2Config(
+            vocab_size=32000,
+            hidden_size=512,
+            intermediate_size=1408,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            rope_theta=1e6,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+        )
+        arch, tag = Qwen2ForCausalLM, ""
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).float()
+    model = arch(cfg).float()
     model.train()
     n = sum(p.numel() for p in model.parameters())
-    print(f"# qwen39m: {n / 1e6:.1f}M parameters", flush=True)
+    print(f"# {which}: {n / 1e6:.1f}M parameters", flush=True)
     ids = (
         torch.arange(batch)[:, None] * 7919 + torch.arange(length)[None, :] * 104729
-    ) % 32000
-    # Forward + backward alone (`train_*`), then the full step with AdamW (`step_*`), in fp32 and
-    # under bf16 autocast (`*_bf16`: bf16 products through oneDNN, fp32 master weights and
-    # optimizer state, as rlcr's opt-in bf16 mode would be).
+    ) % cfg.vocab_size
+    micro = micro or batch
+
+    def fwd_bwd(ctx):
+        # Gradient accumulation over micro-batches (the same loss as one batch of equal rows).
+        for s in range(0, batch, micro):
+            part = ids[s:s + micro]
+            with ctx:
+                loss = model(input_ids=part, labels=part).loss * (part.shape[0] / batch)
+            loss.backward()
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     for precision in precisions:
         suffix = "" if precision == "fp32" else "_bf16"
+        name = f"b{batch}_l{length}{suffix}"
         ctx = (
             torch.autocast("cpu", dtype=torch.bfloat16)
             if precision == "bf16"
@@ -137,21 +164,20 @@ def train(batch, length, reps, precisions=("fp32",)):
         for rep in range(reps + 1):
             model.zero_grad(set_to_none=True)
             t0, c0 = clocks()
-            with ctx:
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
+            fwd_bwd(ctx)
             if rep > 0:  # the first run is the warm-up
-                report(f"train_b{batch}_l{length}{suffix}", batch * length, t0, c0)
-        for rep in range(reps + 1):
+                report(f"train{tag}_{name}", batch * length, t0, c0)
+        for rep in range(reps):  # warm already (the loop above)
             t0, c0 = clocks()
             model.zero_grad(set_to_none=True)
-            with ctx:
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
+            fwd_bwd(ctx)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            if rep > 0:
-                report(f"step_b{batch}_l{length}{suffix}", batch * length, t0, c0)
+            report(f"step{tag}_{name}", batch * length, t0, c0)
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"RESULT rss{tag}_b{batch}_l{length} {rss:.0f} {rss:.0f}", flush=True)
 
 
 def gemm(reps):
@@ -188,7 +214,9 @@ def main():
         sample(a[1], int(a[2]), int(a[3]), int(a[4]) if len(a) > 4 else 3)
     elif a and a[0] == "train" and len(a) >= 3:
         prec = tuple(a[4].split(",")) if len(a) > 4 else ("fp32",)
-        train(int(a[1]), int(a[2]), int(a[3]) if len(a) > 3 else 3, prec)
+        which = a[5] if len(a) > 5 else "qwen39m"
+        micro = int(a[6]) if len(a) > 6 else None
+        train(int(a[1]), int(a[2]), int(a[3]) if len(a) > 3 else 3, prec, which, micro)
     elif a and a[0] == "gemm":
         with torch.no_grad():
             gemm(int(a[1]) if len(a) > 1 else 3)

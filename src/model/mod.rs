@@ -23,6 +23,7 @@ pub mod chat;
 pub mod config;
 pub mod cpu;
 pub mod gguf;
+pub mod head;
 pub mod tokenizer;
 pub mod transformer;
 pub mod value;

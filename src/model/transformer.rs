@@ -42,7 +42,7 @@
 //!   read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the bus").
 use anyhow::{bail, ensure, Result};
 use burn::module::{Module, Param};
-use burn::tensor::activation::{log_softmax, sigmoid};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
@@ -767,8 +767,6 @@ impl Transformer {
         let hs = h
             .slice([0..b, t - r - 1..t - 1, 0..hd])
             .reshape([b * r, hd]);
-        let targets: Vec<i32> = batch.targets_right.iter().map(|&x| x as i32).collect();
-        let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [b * r]), &device);
         let n = b * r;
         let chunk = chunk_rows.max(1);
         let mut lps = Vec::new();
@@ -777,12 +775,10 @@ impl Transformer {
         while s < n {
             let e = (s + chunk).min(n);
             let logits = self.lm_head(hs.clone().slice([s..e, 0..hd]));
-            let lp = log_softmax(logits, 1);
-            let tg = targets.clone().narrow(0, s, e - s).reshape([e - s, 1]);
-            lps.push(lp.clone().gather(1, tg).reshape([e - s]));
-            if entropy {
-                ents.push((lp.clone().exp() * lp).sum_dim(1).neg().reshape([e - s]));
-            }
+            let (lp, ent) =
+                super::head::logprob_entropy(logits, &batch.targets_right[s..e], 1.0, entropy)?;
+            lps.push(lp);
+            ents.extend(ent);
             s = e;
         }
         let left =

@@ -12,12 +12,9 @@
 //! At temperature 1 the numbers are those of `rlcr logprobs` ([`crate::model::logprobs`]); a test
 //! checks it.
 use anyhow::{ensure, Result};
-use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::Tensor;
 
-use crate::model::{ResponseBatch, Transformer};
-
-use super::tensor::entropy_from_log_probs;
+use crate::model::{head, ResponseBatch, Transformer};
 
 /// Log-probs and (optionally) entropies of a batch of responses, right-aligned `[B, R]`.
 pub struct ResponseLogprobs {
@@ -60,36 +57,30 @@ pub fn response_logprobs<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     let h = model.hidden(&batch.tokens)?;
     let [b, t, hd] = h.dims();
     ensure!(t > r, "every row needs at least one context token");
-    let device = h.device();
     // Slot s predicts slot s+1: the R right-aligned response slots are predicted by t-r-1..t-1.
     let hs = h
         .slice([0..b, t - r - 1..t - 1, 0..hd])
         .reshape([b * r, hd]);
-    let mut logits = model.lm_head(hs);
-    if temperature != 1.0 {
-        logits = logits.div_scalar(temperature);
-    }
-    let lp_all = log_softmax(logits, 1);
-    let vocab = lp_all.dims()[1];
-    let mut targets = vec![0i32; b * r];
+    let logits = model.lm_head(hs);
+    // Right-aligned targets `[B·R]` (padding columns ask for token 0; their weight is 0).
+    let mut targets = vec![0u32; b * r];
     for (i, (_, resp)) in rows.iter().enumerate() {
         let resp = resp.as_ref();
         let off = i * r + (r - resp.len());
-        for (k, &id) in resp.iter().enumerate() {
-            targets[off + k] = id as i32;
-        }
+        targets[off..off + resp.len()].copy_from_slice(resp);
     }
-    let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [b * r, 1]), &device);
-    let ent = match entropy {
-        EntropyMode::Off => None,
-        EntropyMode::Detached => Some(
-            entropy_from_log_probs(lp_all.clone().detach().reshape([b, r, vocab])).reshape([b, r]),
-        ),
-        EntropyMode::Differentiable => {
-            Some(entropy_from_log_probs(lp_all.clone().reshape([b, r, vocab])).reshape([b, r]))
+    // Log-softmax, gather and entropy in one pass over the logits (crate::model::head).
+    let want_entropy = entropy != EntropyMode::Off;
+    let (logp, ent) = head::logprob_entropy(logits, &targets, temperature, want_entropy)?;
+    let logp = logp.reshape([b, r]);
+    let ent = ent.map(|h| {
+        let h = h.reshape([b, r]);
+        if entropy == EntropyMode::Detached {
+            h.detach()
+        } else {
+            h
         }
-    };
-    let logp = lp_all.gather(1, targets).reshape([b, r]);
+    });
     Ok(ResponseLogprobs {
         logp,
         entropy: ent,
