@@ -32,7 +32,6 @@
 //! - `reward_components`: turn ≥ 0 is a turn reward (`Σ weight · value` per turn), turn −1 or
 //!   null is global, `_raw_*` names are skipped; a row without components uses `reward` as its
 //!   global reward.
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -51,6 +50,7 @@ use crate::advantage::{
     self as adv, gae, Estimator, GroupSummary, KlController, KlEstimator, MaskedMoments,
     MissingSpan, MultiTurnConfig, RewardDistribution, SampleKind, TreeConfig, TurnReward,
 };
+use crate::table::intern::{FastMap, Interner};
 use crate::table::{self, splice, Meta, Validator, TRAJECTORY};
 
 mod cols;
@@ -381,77 +381,6 @@ fn structured(comps: &[Component], turns: &mut Vec<(i32, f64)>) -> Result<Option
     Ok(any.then_some(global))
 }
 
-/// FxHash (rustc's hasher): a multiply-rotate per word, several times faster than SipHash on the
-/// short keys used here. Keys come from the user's own table, so hash flooding is not a concern.
-#[derive(Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl std::hash::Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w));
-        }
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.add(i as u64);
-    }
-    fn write_i32(&mut self, i: i32) {
-        self.add(i as u32 as u64);
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
-
-/// Dense ids for string keys, with a fast path for runs of equal keys (rows of a prompt are
-/// usually contiguous).
-#[derive(Default)]
-struct Interner {
-    map: FastMap<String, u32>,
-    last: Option<(String, u32)>,
-}
-
-impl Interner {
-    fn id(&mut self, s: &str) -> u32 {
-        if let Some((k, v)) = &self.last {
-            if k == s {
-                return *v;
-            }
-        }
-        let n = self.map.len() as u32;
-        let id = *self.map.entry(s.to_string()).or_insert(n);
-        self.last = Some((s.to_string(), id));
-        id
-    }
-    fn len(&self) -> usize {
-        self.map.len()
-    }
-}
-
 // ------------------------------------------------------------------------------------------------
 // Pass 1: keys and rewards → per-row advantages.
 
@@ -567,7 +496,7 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                 if pid.is_null(i) {
                     bail!("column `prompt_id`: null");
                 }
-                let p = prompts.id(pid.value(i));
+                let p = prompts.intern(pid.value(i));
                 let mut score = match (est, &rew) {
                     (Estimator::GrpoMultiturn, _) => 0.0,
                     (_, Some(r)) => reward_of(r, i)?,
@@ -958,7 +887,9 @@ enum Msg {
 fn pass2(plan: &Plan, prep: Prepared) -> Result<()> {
     let parts = splice::open_parts(&plan.input)?;
     let fields = new_fields(plan)?;
-    let mut splice = splice::Splice::create(&parts, &fields, &plan.out)?;
+    let layout = splice::Layout::new(&parts[0], &fields, &[], splice::Placement::Append, true)?;
+    let props = table::io::writer_properties(table::io::Encoding::TokenLists, None)?;
+    let (mut splice, encoders) = splice::create(layout, props, &plan.out)?;
     let mut progress = crate::progress::Progress::new("advantage", prep.rows as u64, "rows");
     let config = json!({
         "estimator": plan.estimator,
@@ -1039,7 +970,7 @@ fn pass2(plan: &Plan, prep: Prepared) -> Result<()> {
             match msg? {
                 Msg::Batch(index, built) => {
                     if writers.is_none() {
-                        writers = Some(splice.column_writers(index)?);
+                        writers = Some(encoders.new_column_writers(index)?);
                     }
                     let ws = writers
                         .as_mut()
@@ -1080,7 +1011,7 @@ fn pass2(plan: &Plan, prep: Prepared) -> Result<()> {
                 Msg::EndRowGroup(index) => {
                     let ws = match writers.take() {
                         Some(ws) => ws,
-                        None => splice.column_writers(index)?,
+                        None => encoders.new_column_writers(index)?,
                     };
                     let chunks = ws
                         .into_iter()
@@ -1407,16 +1338,5 @@ mod tests {
             vec![big as i32, big as i32],
             Some(4),
         );
-    }
-
-    #[test]
-    fn interner_ids_are_dense_and_stable() {
-        let mut it = Interner::default();
-        let ids: Vec<u32> = ["a", "a", "b", "a", "c", "b"]
-            .iter()
-            .map(|s| it.id(s))
-            .collect();
-        assert_eq!(ids, vec![0, 0, 1, 0, 2, 1]);
-        assert_eq!(it.len(), 3);
     }
 }

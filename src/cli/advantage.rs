@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::common::{Global, UsageError};
+use super::flags::TableIo;
 use crate::advantage::stage::{self, read_kl_state, KlPlan, Plan, Preset};
 use crate::advantage::{
     ConfNorm, Estimator, GroupNorm, KlController, KlEstimator, MissingSpan, MultiTurnConfig, Norm,
@@ -60,12 +61,8 @@ pub enum KlCtrl {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Scored table.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Output training table.
-    #[arg(short = 'o', long)]
-    pub out: PathBuf,
+    #[command(flatten)]
+    pub io: TableIo,
     /// Estimator.
     #[arg(long, value_enum, default_value = "rlcr")]
     pub estimator: Estimator,
@@ -261,8 +258,8 @@ impl TryFrom<(&Global, &Args)> for Plan {
             kl,
             preset: a.preset,
             batch_size: a.batch_size,
-            input: a.input.clone(),
-            out: a.out.clone(),
+            input: a.io.input.clone(),
+            out: a.io.out.clone(),
             argv: g.argv.clone(),
         })
     }

@@ -1,26 +1,14 @@
-//! `rlcr generate-confidence`: turn 2 of the RLCR rollout.
-//!
-//! Answers table in; out: every answer row unchanged (plus null `confidence_idx` /
-//! `confidence_span` if it lacked them), each followed by its G_c confidence rows. A confidence
-//! row is its answer row taken again (so prompt columns and any extra column pass through) with
-//! the sampled columns set and `answer_span` null (it refers to another response). Its context is
-//! the answer's conversation + `assistant(answer)` + `user(confidence query)`, with the answer's
-//! **sampled ids** spliced in (see [`crate::sample::policy`]); the G_c samples of one answer share
-//! that context, prefilled once.
+//! `rlcr generate-confidence`: the command line of turn 2 of the RLCR rollout (help, flags,
+//! plan, summary line). The engine is [`crate::sample::confidence_stage`].
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use arrow::array::{Array, RecordBatch, UInt32Array};
+use anyhow::{bail, Result};
 
 use super::common::Global;
-use super::generate_answers::SamplingArgs;
-use crate::model::Message;
-use crate::sample::policy::Policy;
+use super::flags::{ModelFolder, SamplingArgs, TableIo};
+use crate::sample::confidence_stage::{self, Plan};
 use crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT;
-use crate::sample::sampler::{Group, SampleId};
-use crate::sample::spans::{confidence_span, context_opens_confidence};
-use crate::sample::stage::{self, Summary};
-use crate::table::{self, cols, Meta, Reader, Shard, Writer, TRAJECTORY};
+use crate::table::Shard;
 
 pub const ABOUT: &str =
     "Sample G_c confidences per answer, each for exactly one fixed answer (turn 2)";
@@ -47,15 +35,10 @@ Example:
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Hugging Face model folder.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Answers table (`generate-answers`).
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Output trajectory table.
-    #[arg(short = 'o', long)]
-    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelFolder,
+    #[command(flatten)]
+    pub io: TableIo,
     /// Confidences per answer (G_c).
     #[arg(long, default_value_t = 4)]
     pub num_confidences: usize,
@@ -76,327 +59,36 @@ pub struct Args {
     pub config: Option<PathBuf>,
 }
 
-/// Columns of later stages: an input that has them is not an answers table.
-const LATER_COLUMNS: &[&str] = &[
-    "acc_reward",
-    "reward",
-    "advantage",
-    "token_advantages",
-    "loss_mask",
-];
-
-/// One answer ready for its confidences.
-struct Prepared {
-    row: usize,
-    prompt_id: String,
-    answer_idx: u32,
-    messages: Vec<Message>,
-    context_ids: Vec<u32>,
-    opened: bool,
-}
-
-/// Turn-2 conversation pieces of an answer row: (messages before the answer, the answer's
-/// response prefix). A final partial assistant message in the answer's `messages` is its prefix.
-fn split_answer_conversation(mut m: Vec<Message>, system: Option<&str>) -> (Vec<Message>, String) {
-    let prefix = match m.last() {
-        Some(last) if last.role == "assistant" => m.pop().map(|x| x.content).unwrap_or_default(),
-        _ => String::new(),
-    };
-    if let Some(s) = system {
-        if m.first().is_some_and(|x| x.role == "system") {
-            m.remove(0);
+impl Plan {
+    fn from_args(g: &Global, a: &Args) -> Result<Plan> {
+        if a.num_confidences == 0 {
+            bail!("--num-confidences must be at least 1");
         }
-        if !s.is_empty() {
-            m.insert(0, Message::new("system", s));
+        let query = a
+            .confidence_prompt
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CONFIDENCE_PROMPT.to_string());
+        if query.trim().is_empty() {
+            bail!("--confidence-prompt is empty");
         }
+        Ok(Plan {
+            model: a.model.model.clone(),
+            device: g.device.clone(),
+            input: a.io.input.clone(),
+            out: a.io.out.clone(),
+            num_confidences: a.num_confidences,
+            confidence_prompt: query,
+            system_prompt: a.system_prompt.clone(),
+            sampling: a.sampling.plan(),
+            shard: a.shard,
+            seed: g.seed,
+            argv: g.argv.clone(),
+        })
     }
-    (m, prefix)
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    if a.num_confidences == 0 {
-        bail!("--num-confidences must be at least 1");
-    }
-    let shard = a.shard;
-    let query = a
-        .confidence_prompt
-        .clone()
-        .unwrap_or_else(|| DEFAULT_CONFIDENCE_PROMPT.to_string());
-    if query.trim().is_empty() {
-        bail!("--confidence-prompt is empty");
-    }
-    let device = crate::model::device_from_str(&g.device)?;
-    let reader = Reader::open(&a.input)?;
-    let name = a.input.display().to_string();
-    table::check_schema(
-        &name,
-        &reader.schema(),
-        &TRAJECTORY,
-        &[
-            "prompt_id",
-            "sample_type",
-            "answer_idx",
-            "messages",
-            "response_ids",
-            "response_text",
-            "finish_reason",
-        ],
-    )?;
-    for c in LATER_COLUMNS {
-        if reader.has_column(c) {
-            bail!(
-                "{name}: has the column `{c}` of a later stage; generate-confidence reads the \
-                 answers table written by generate-answers"
-            );
-        }
-    }
-    let total_answers = reader.num_rows();
-    if total_answers == 0 {
-        bail!("{name}: the table has no rows; nothing was written");
-    }
-    let s = &a.sampling;
-    let (policy, cfg, mut config) = s.load(&a.model, &device, g.seed, "generate-confidence")?;
-    config["num_confidences"] = a.num_confidences.into();
-    config["confidence_prompt"] = query.clone().into();
-    config["system_prompt"] = match &a.system_prompt {
-        Some(s) => s.clone().into(),
-        None => "as recorded in the answers' messages".into(),
-    };
-    config["response_prefix"] = s.response_prefix.clone().into();
-    config["shard"] = serde_json::to_value(shard)?;
-    config["argv"] = g.argv.clone().into();
-    let meta = Meta::new(
-        &TRAJECTORY,
-        "generate-confidence",
-        config,
-        &[a.input.as_path(), a.model.as_path()],
-    );
-
-    let stop_ids = policy.model.tokenizer.stop_ids.clone();
-    let mut progress = crate::progress::Progress::new(
-        "generate-confidence",
-        (total_answers * a.num_confidences) as u64,
-        "rows",
-    );
-    let mut summary = Summary::default();
-    let mut writer: Option<Writer> = None;
-    let mut spliced = 0usize;
-    let mut seen = std::collections::HashSet::new();
-    let mut base_row = 0usize;
-    let vocab = policy.model.config.vocab_size;
-    let mut validator = table::Validator::new(&name, &TRAJECTORY);
-    for batch in reader {
-        let batch = batch?;
-        validator.check_batch(&batch)?;
-        let pid = cols::str_col(&batch, &name, "prompt_id")?;
-        let st = cols::str_col(&batch, &name, "sample_type")?;
-        let aidx = cols::i32_col(&batch, &name, "answer_idx")?;
-        let msg = cols::str_col(&batch, &name, "messages")?;
-        let text = cols::str_col(&batch, &name, "response_text")?;
-        let rids = cols::list_i32(&batch, &name, "response_ids")?;
-        let mut prepared = Vec::new();
-        for i in 0..batch.num_rows() {
-            let loc = || format!("{name}, row {}", base_row + i);
-            for (c, null) in [
-                ("prompt_id", pid.is_null(i)),
-                ("sample_type", st.is_null(i)),
-                ("answer_idx", aidx.is_null(i)),
-                ("messages", msg.is_null(i)),
-                ("response_text", text.is_null(i)),
-                ("response_ids", rids.is_null(i)),
-            ] {
-                if null {
-                    bail!("{}, column `{c}`: null", loc());
-                }
-            }
-            if st.value(i) != "answer" {
-                bail!(
-                    "{}: sample_type is {:?}; the input must hold answer rows only (generate-answers' output)",
-                    loc(),
-                    st.value(i)
-                );
-            }
-            let id = pid.value(i).to_string();
-            let k = aidx.value(i);
-            let answer_idx = u32::try_from(k)
-                .with_context(|| format!("{}, column `answer_idx`: negative ({k})", loc()))?;
-            if !seen.insert((id.clone(), answer_idx)) {
-                bail!("{}: duplicate answer ({id:?}, answer_idx {k})", loc());
-            }
-            if shard.is_some_and(|s| !s.contains(&id)) {
-                continue;
-            }
-            let v: serde_json::Value = serde_json::from_str(msg.value(i))
-                .with_context(|| format!("{}, column `messages`: not valid JSON", loc()))?;
-            let conv = stage::parse_messages(&v, &loc)?;
-            let (before, answer_prefix) =
-                split_answer_conversation(conv, a.system_prompt.as_deref());
-            let mut answer_ids: Vec<u32> = Vec::with_capacity(rids.len_of(i));
-            for &t in &rids.values.values()[rids.range(i)] {
-                match u32::try_from(t) {
-                    Ok(id) if (id as usize) < vocab => answer_ids.push(id),
-                    _ => bail!(
-                        "{}, column `response_ids`: token id {t} is outside the model's \
-                         vocabulary (0..{vocab})",
-                        loc()
-                    ),
-                }
-            }
-            // The end-of-turn is the template's: a final EOS token is not part of the answer.
-            if answer_ids.last().is_some_and(|t| stop_ids.contains(t)) {
-                answer_ids.pop();
-            }
-            let mut after = vec![Message::new("user", &query)];
-            if let Some(p) = s.response_prefix.as_deref().filter(|p| !p.is_empty()) {
-                after.push(Message::new("assistant", p));
-            }
-            let answer_text = text.value(i);
-            let (ctx_text, context_ids, ok) = policy
-                .encode_with_answer(&before, &answer_prefix, answer_text, &answer_ids, &after)
-                .with_context(|| format!("{}: building the confidence context", loc()))?;
-            spliced += ok as usize;
-            let max_pos = policy.model.config.max_position_embeddings;
-            if context_ids.len() >= max_pos {
-                bail!(
-                    "{}: the confidence context of answer {id:?}/a{k} is {} tokens, but the model \
-                     accepts at most {max_pos} positions (context + response); use shorter answers \
-                     (--max-new-tokens in generate-answers)",
-                    loc(),
-                    context_ids.len()
-                );
-            }
-            let mut messages = before;
-            messages.push(Message::new(
-                "assistant",
-                &format!("{answer_prefix}{answer_text}"),
-            ));
-            messages.extend(after);
-            prepared.push(Prepared {
-                row: i,
-                prompt_id: id,
-                answer_idx,
-                messages,
-                context_ids,
-                opened: context_opens_confidence(&ctx_text),
-            });
-        }
-        let per_chunk = (stage::chunk_samples(s.batch_size) / a.num_confidences).max(1);
-        for chunk in prepared.chunks(per_chunk) {
-            let out = sample_chunk(
-                &policy,
-                &batch,
-                chunk,
-                a.num_confidences,
-                &cfg,
-                &mut progress,
-                &mut summary,
-            )?;
-            table::io::write_lazily(&mut writer, &a.out, &meta, &out)?;
-        }
-        base_row += batch.num_rows();
-    }
-    progress.finish();
-    validator.finish()?;
-    let Some(w) = writer else {
-        bail!(
-            "{name}: no answers to sample confidences for{}; nothing was written",
-            if shard.is_some() {
-                " in this shard"
-            } else {
-                ""
-            }
-        );
-    };
-    w.finish()?;
+    let summary = confidence_stage::run(&Plan::from_args(g, &a)?)?;
     crate::info!("{}", summary.line("generate-confidence", "confidence_span"));
-    let answers = summary.rows / a.num_confidences;
-    if spliced < answers {
-        crate::info!(
-            "warning: for {} of {answers} answers the chat template rewrites the assistant message, \
-             so the confidence context re-tokenizes the answer text instead of reusing its sampled ids",
-            answers - spliced
-        );
-    }
     Ok(())
-}
-
-/// Sample `g_c` confidences for each answer of `chunk`; rows: each answer followed by its
-/// confidences.
-fn sample_chunk(
-    policy: &Policy,
-    batch: &RecordBatch,
-    chunk: &[Prepared],
-    g_c: usize,
-    cfg: &crate::sample::GenConfig,
-    progress: &mut crate::progress::Progress,
-    summary: &mut Summary,
-) -> Result<RecordBatch> {
-    let groups: Vec<Group> = chunk
-        .iter()
-        .map(|p| Group {
-            context: p.context_ids.clone(),
-            samples: (0..g_c as u32)
-                .map(|h| SampleId {
-                    prompt_id: p.prompt_id.clone(),
-                    answer_idx: p.answer_idx,
-                    confidence_idx: Some(h),
-                })
-                .collect(),
-        })
-        .collect();
-    let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
-    let mut take = Vec::with_capacity(chunk.len() * g_c);
-    let mut c = stage::SampledColumns::default();
-    for (p, res) in chunk.iter().zip(&results) {
-        for (h, gen) in res.iter().enumerate() {
-            let span = confidence_span(&gen.text, &gen.ends, p.opened);
-            summary.add(gen, span);
-            take.push(p.row as u32);
-            c.push(
-                "confidence",
-                stage::to_i32(p.answer_idx as usize, "answer_idx")?,
-                Some(stage::to_i32(h, "confidence_idx")?),
-                format!("{}/a{}/c{h}", p.prompt_id, p.answer_idx),
-                &p.messages,
-                &p.context_ids,
-                gen,
-                None,
-                span,
-            )?;
-        }
-    }
-    let n_conf = take.len();
-    let conf_base = arrow::compute::take_record_batch(batch, &UInt32Array::from(take))?;
-    let conf = cols::set_columns(&conf_base, &TRAJECTORY, c.into_arrays())?;
-    // The answers themselves, unchanged but for the two confidence columns (added null if absent).
-    let rows: Vec<u32> = chunk.iter().map(|p| p.row as u32).collect();
-    let ans_base = arrow::compute::take_record_batch(batch, &UInt32Array::from(rows))?;
-    let n_ans = ans_base.num_rows();
-    let mut add = Vec::new();
-    if ans_base.column_by_name("confidence_idx").is_none() {
-        add.push((
-            "confidence_idx",
-            std::sync::Arc::new(arrow::array::Int32Array::from(vec![None::<i32>; n_ans]))
-                as arrow::array::ArrayRef,
-        ));
-    }
-    if ans_base.column_by_name("confidence_span").is_none() {
-        add.push(("confidence_span", cols::build_spans(&vec![None; n_ans])));
-    }
-    let answers = cols::set_columns(&ans_base, &TRAJECTORY, add)?;
-    let answers = RecordBatch::try_new(conf.schema(), answers.columns().to_vec())
-        .context("internal: answer and confidence rows have different columns")?;
-    let both = arrow::compute::concat_batches(&conf.schema(), &[answers, conf])?;
-    // Interleave: answer j, then its g_c confidences.
-    let mut order = Vec::with_capacity(n_ans + n_conf);
-    for j in 0..n_ans {
-        order.push(j as u32);
-        for h in 0..g_c {
-            order.push((n_ans + j * g_c + h) as u32);
-        }
-    }
-    Ok(arrow::compute::take_record_batch(
-        &both,
-        &UInt32Array::from(order),
-    )?)
 }

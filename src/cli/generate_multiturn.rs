@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::common::Global;
-use super::generate_answers::SamplingArgs;
+use super::flags::{ModelFolder, SamplingArgs, TableIo};
 use crate::sample::multiturn::Limits;
 use crate::sample::multiturn_stage::{self, Plan};
 
@@ -47,15 +47,10 @@ Example:
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Hugging Face model folder.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Prompts table.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Output table.
-    #[arg(short = 'o', long)]
-    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelFolder,
+    #[command(flatten)]
+    pub io: TableIo,
     /// Rollouts per prompt.
     #[arg(long, default_value_t = 4)]
     pub num_answers: usize,
@@ -87,9 +82,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     }
     let s = &a.sampling;
     let plan = Plan {
-        model: a.model,
-        input: a.input,
-        out: a.out,
+        model: a.model.model,
+        input: a.io.input,
+        out: a.io.out,
         num_answers: a.num_answers,
         env_cmd: a.env_cmd,
         env_timeout: Duration::from_secs_f64(a.env_timeout),

@@ -16,6 +16,7 @@ use arrow::array::RecordBatch;
 use serde_json::json;
 
 use super::common::{Global, UsageError};
+use super::flags::{ModelFolder, TableIo};
 use crate::model::{self, Model, ModelConfig};
 use crate::progress::Progress;
 use crate::table::{self, cols, Meta, Reader, Shard, Writer};
@@ -41,15 +42,10 @@ Example:
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Model folder (Hugging Face layout: config.json, *.safetensors, tokenizer files).
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Input table.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Output table.
-    #[arg(short = 'o', long)]
-    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelFolder,
+    #[command(flatten)]
+    pub io: TableIo,
     /// Name of the column to write.
     #[arg(long, default_value = "logprobs")]
     pub column: String,
@@ -90,17 +86,17 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         return Err(UsageError("--entropy-column must differ from --column".into()).into());
     }
     let device = model::device_from_str(&g.device)?;
-    crate::fs::check_distinct(&[&a.input], &a.out)?;
+    crate::fs::check_distinct(&[&a.io.input], &a.io.out)?;
 
     // Pass 1: validate the table (the one validator) and the token columns against the model's
     // vocabulary (config only).
-    let config = ModelConfig::load(&a.model)
-        .with_context(|| format!("reading the model folder {}", a.model.display()))?;
-    let name = a.input.display().to_string();
+    let config = ModelConfig::load(&a.model.model)
+        .with_context(|| format!("reading the model folder {}", a.model.model.display()))?;
+    let name = a.io.input.display().to_string();
     // The token columns and what the validator's rules read (prompt_id among them, for --shard).
     let mut pass1: Vec<&str> = TOKEN_COLUMNS.to_vec();
     pass1.extend(table::validate::RULE_COLUMNS);
-    let reader = Reader::open_columns(&a.input, &pass1)?;
+    let reader = Reader::open_columns(&a.io.input, &pass1)?;
     table::check_schema(&name, &reader.file_schema(), &table::TRAJECTORY, &[])?;
     let mut validator = table::Validator::new(&name, &table::TRAJECTORY);
     validator.reserve(reader.num_rows());
@@ -132,9 +128,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     validator.finish()?;
 
     // Pass 2: compute and write.
-    let m = Model::load(&a.model, &device)
-        .with_context(|| format!("loading the model {}", a.model.display()))?;
-    let reader = Reader::open(&a.input)?;
+    let m = Model::load(&a.model.model, &device)
+        .with_context(|| format!("loading the model {}", a.model.model.display()))?;
+    let reader = Reader::open(&a.io.input)?;
     let spec = reader
         .metadata()
         .get("rlcr.schema")
@@ -144,8 +140,8 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         spec,
         "logprobs",
         json!({
-            "model": a.model,
-            "input": a.input,
+            "model": a.model.model,
+            "input": a.io.input,
             "column": a.column,
             "entropy_column": a.entropy_column,
             "batch_size": a.batch_size,
@@ -153,7 +149,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             "device": g.device,
             "argv": g.argv,
         }),
-        &[&a.input, &a.model],
+        &[&a.io.input, &a.model.model],
     );
     let mut progress = Progress::new("logprobs", total as u64, "rows");
     let mut writer: Option<Writer> = None;
@@ -184,7 +180,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
         let b = cols::set_columns(&batch, spec, new)?;
         if writer.is_none() {
-            writer = Some(Writer::create(&a.out, b.schema(), &meta)?);
+            writer = Some(Writer::create(&a.io.out, b.schema(), &meta)?);
         }
         if let Some(w) = writer.as_mut() {
             w.write(&b)?;
@@ -196,7 +192,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         .finish()?;
     crate::info!(
         "logprobs: {rows} rows in {secs:.1} s -> {} (column `{}`)",
-        a.out.display(),
+        a.io.out.display(),
         a.column
     );
     Ok(())

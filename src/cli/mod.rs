@@ -13,6 +13,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub mod advantage;
 pub mod common;
+pub mod flags;
 pub mod generate_answers;
 pub mod generate_confidence;
 pub mod generate_multiturn;

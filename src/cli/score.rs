@@ -7,11 +7,12 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::common::{Global, UsageError};
+use super::flags::{TableIo, VerifierArgs};
 use crate::reward::rlcr::FormatPattern;
-use crate::reward::rows::{CountdownCompat, Preset, Settings};
+use crate::reward::rows::{Preset, Settings};
 use crate::reward::stage::{self, Plan};
 use crate::reward::structured::RewardSpec;
-use crate::reward::VerifierKind;
+use crate::reward::{VerifierChoice, VerifierKind};
 use crate::table::Shard;
 
 pub const ABOUT: &str =
@@ -50,8 +51,8 @@ on its stdin, {\"id\", \"sample_id\", \"data_source\", \"prompt\", \"response\",
 wait for each reply.
 
 --shard I/N scores only the rows whose prompt_id falls in shard I of N (as generate-answers; a
-prompt's answers and confidences stay together): the shard's rows are first copied to a temp file
-beside the output (row numbers in errors count within the shard).
+prompt's answers and confidences stay together), in one pass without a temp copy (their columns
+are encoded again); row numbers in errors count over the whole input, which is validated whole.
 
 Re-scoring an already scored table replaces every score column and drops the advantage columns.
 Columns the stage does not compute are copied as encoded Parquet chunks, so it streams millions of
@@ -61,18 +62,6 @@ Reads: a trajectory table. Writes: the same rows with answer, format_ok, acc_rew
 conf_reward, reward, reward_components.
 Example:
   rlcr score --input trajectory.parquet -o scored.parquet --verifier countdown";
-
-/// `--verifier` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VerifierChoice {
-    Auto,
-    Countdown,
-    Math,
-    Exact,
-    F1,
-    Choice,
-}
 
 /// `--answer-format` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -96,26 +85,13 @@ pub enum OnOff {
 
 #[derive(clap::Args, Debug, Serialize)]
 pub struct Args {
-    /// Trajectory table (a Parquet file or a folder of part files).
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Output scored table.
-    #[arg(short = 'o', long)]
-    pub out: PathBuf,
-    /// Verifier; auto picks by data_source.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub verifier: VerifierChoice,
-    /// External verifier command (run with `sh -c`) speaking JSON lines on stdin/stdout; replaces
-    /// the built-in verifiers.
-    #[arg(long)]
-    pub verifier_cmd: Option<String>,
-    /// Seconds the external verifier may take to send its next reply.
-    #[arg(long, default_value_t = 60.0)]
-    pub verifier_timeout: f64,
-    /// How countdown answers are read: default (response only) or tinyzero (TinyZero's
-    /// compute_score on prompt + response).
-    #[arg(long, value_enum, default_value = "default")]
-    pub countdown_compat: CountdownCompat,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub io: TableIo,
+    /// Recorded in `rlcr.config` with the defaults filled in (see [`Plan::try_from`]).
+    #[command(flatten)]
+    #[serde(skip)]
+    pub verifier: VerifierArgs,
     /// Reward preset.
     #[arg(long, value_enum, default_value = "rlcr")]
     pub reward_preset: Preset,
@@ -146,25 +122,15 @@ pub struct Args {
 
 /// Turn the flags into validated settings.
 pub fn settings_from_args(a: &Args) -> Result<Settings> {
-    let verifier = match a.verifier {
-        VerifierChoice::Auto => None,
-        VerifierChoice::Countdown => Some(VerifierKind::Countdown),
-        VerifierChoice::Math => Some(VerifierKind::Math),
-        VerifierChoice::Exact => Some(VerifierKind::Exact),
-        VerifierChoice::F1 => Some(VerifierKind::F1),
-        VerifierChoice::Choice => Some(VerifierKind::Choice),
-    };
-    if a.verifier_cmd.is_some() && verifier.is_some() {
+    let v = &a.verifier;
+    let verifier = v.verifier.and_then(VerifierChoice::kind);
+    if v.verifier_cmd.is_some() && verifier.is_some() {
         return Err(UsageError(
             "--verifier-cmd replaces the built-in verifiers; drop --verifier".into(),
         )
         .into());
     }
-    if !(a.verifier_timeout.is_finite() && a.verifier_timeout > 0.0) {
-        return Err(
-            UsageError("--verifier-timeout must be a positive number of seconds".into()).into(),
-        );
-    }
+    v.timeout()?;
     if !a.format_weight.is_finite() {
         return Err(UsageError("--format-weight must be a finite number".into()).into());
     }
@@ -175,7 +141,7 @@ pub fn settings_from_args(a: &Args) -> Result<Settings> {
             UsageError("--reward-preset tinyzero needs the countdown verifier".into()).into(),
         );
     }
-    if a.reward_preset == Preset::Tinyzero && a.verifier_cmd.is_some() {
+    if a.reward_preset == Preset::Tinyzero && v.verifier_cmd.is_some() {
         return Err(UsageError(
             "--reward-preset tinyzero needs the countdown verifier, not --verifier-cmd".into(),
         )
@@ -206,7 +172,7 @@ pub fn settings_from_args(a: &Args) -> Result<Settings> {
     };
     Ok(Settings {
         verifier,
-        countdown_compat: a.countdown_compat,
+        countdown_compat: v.countdown_compat.unwrap_or_default(),
         answer_format,
         require_analysis: a.require_analysis,
         gate,
@@ -222,14 +188,22 @@ impl TryFrom<&Args> for Plan {
     /// The validated plan (usage errors exit 2).
     fn try_from(a: &Args) -> Result<Plan> {
         let settings = settings_from_args(a)?;
-        let external = a
+        let v = &a.verifier;
+        let timeout = v.timeout()?.unwrap_or(60.0);
+        let external = v
             .verifier_cmd
             .clone()
-            .map(|c| (c, Duration::from_secs_f64(a.verifier_timeout)));
-        let config = serde_json::json!({ "args": a, "settings": &settings, "shard": a.shard });
+            .map(|c| (c, Duration::from_secs_f64(timeout)));
+        // the flags with their defaults, as `probe` reads them back
+        let mut args = serde_json::to_value(a)?;
+        args["verifier"] = serde_json::to_value(v.verifier.unwrap_or(VerifierChoice::Auto))?;
+        args["verifier_cmd"] = serde_json::to_value(&v.verifier_cmd)?;
+        args["verifier_timeout"] = timeout.into();
+        args["countdown_compat"] = serde_json::to_value(settings.countdown_compat)?;
+        let config = serde_json::json!({ "args": args, "settings": &settings, "shard": a.shard });
         Ok(Plan {
-            input: a.input.clone(),
-            out: a.out.clone(),
+            input: a.io.input.clone(),
+            out: a.io.out.clone(),
             settings,
             external,
             shard: a.shard,
@@ -252,7 +226,7 @@ pub fn run(_g: &Global, a: Args) -> Result<()> {
         summary.answer_format_rate(),
         summary.strict_parse_rate(),
         summary.lenient_parse_rate(),
-        a.out.display()
+        a.io.out.display()
     );
     Ok(())
 }

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use super::common::Global;
-use super::update::OptimArgs;
+use super::common::{Global, UsageError};
+use super::flags::{ModelFolder, OptimArgs};
 use crate::model::Model;
 use crate::train::data::{check_positions, check_vocab};
 use crate::train::session::{self, Session};
@@ -30,9 +30,8 @@ Example:
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Model folder.
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelFolder,
     /// Table with assistant targets (messages) or a trajectory table.
     #[arg(long)]
     pub input: PathBuf,
@@ -60,14 +59,14 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
     if a.batch_size == 0 {
-        return Err(super::UsageError("--batch-size must be at least 1".into()).into());
+        return Err(UsageError("--batch-size must be at least 1".into()).into());
     }
     // Check every flag before reading anything (usage errors, exit code 2).
     a.optim
         .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
     let device = crate::model::device_from_str(&g.device)?;
-    let model = Model::load(&a.model, &device.autodiff())
-        .with_context(|| format!("loading {}", a.model.display()))?;
+    let model = Model::load(&a.model.model, &device.autodiff())
+        .with_context(|| format!("loading {}", a.model.model.display()))?;
     let filter = SftFilter {
         only_correct: a.only_correct,
         min_conf_reward: a.min_conf_reward,
@@ -92,7 +91,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         .optim
         .train_config(Objective::Sft, a.lr, mini_batches, 1.0, &rows, g.seed)?;
     let config = json!({
-        "model": a.model,
+        "model": a.model.model,
         "input": a.input,
         "source": format!("{source:?}"),
         "lr": a.lr,
@@ -113,7 +112,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         adamw: a.optim.adamw(),
         train,
         config,
-        inputs: vec![a.model.display().to_string(), table],
+        inputs: vec![a.model.model.display().to_string(), table],
     };
     session::run(model, &rows, &s)?;
     Ok(())

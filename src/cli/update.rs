@@ -5,15 +5,14 @@ use anyhow::{bail, Context, Result};
 use burn::module::Module;
 use serde_json::json;
 
-use super::common::{Global, UsageError};
+use super::common::Global;
+use super::flags::ModelFolder;
 use crate::model::Model;
 use crate::train::data::{check_positions, check_vocab, read_update_rows, TrainRow};
-use crate::train::loss::{ClipConfig, KlEstimator, LossAgg};
-use crate::train::optim::AdamWConfig;
+use crate::train::loss::{ClipConfig, KlEstimator};
 use crate::train::policy::host_logprobs;
-use crate::train::schedule::{Schedule, ScheduleKind};
-use crate::train::session::{self, ResumeMode, Session};
-use crate::train::trainer::{Objective, TrainConfig};
+use crate::train::session::{self, Session};
+use crate::train::trainer::Objective;
 
 pub const ABOUT: &str =
     "Train the policy on a training table (PPO/GRPO clipped loss); write a new HF checkpoint";
@@ -38,109 +37,13 @@ Reads: a training table (`rlcr advantage`) and a model folder. Writes: NEW_DIR.
 Example:
   rlcr update --model ckpt/iter-0 --input train.parquet -o ckpt/iter-1 --lr 1e-5 --resume auto";
 
-/// Optimizer, schedule and checkpoint flags shared by `update` and `sft`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct OptimArgs {
-    /// Rows per micro-batch (one forward/backward; gradients are accumulated over the update batch).
-    #[arg(long, default_value_t = 4)]
-    pub micro_batch: usize,
-    /// Passes over the table.
-    #[arg(long, default_value_t = 1)]
-    pub epochs: usize,
-    /// Max global gradient norm (PyTorch clip_grad_norm_); 0 or inf turns clipping off.
-    #[arg(long, default_value_t = 1.0)]
-    pub grad_clip: f64,
-    /// Warmup: steps, or a fraction of --total-steps when below 1.
-    #[arg(long, default_value_t = 0.0)]
-    pub warmup: f64,
-    /// Learning-rate shape after warmup.
-    #[arg(long, value_enum, default_value_t = ScheduleKind::Constant)]
-    pub schedule: ScheduleKind,
-    /// Optimizer steps of the whole run (all iterations); needed by linear/cosine schedules.
-    #[arg(long)]
-    pub total_steps: Option<u64>,
-    /// AdamW β₁.
-    #[arg(long, default_value_t = 0.9)]
-    pub beta1: f64,
-    /// AdamW β₂.
-    #[arg(long, default_value_t = 0.999)]
-    pub beta2: f64,
-    /// AdamW ε.
-    #[arg(long, default_value_t = 1e-8)]
-    pub adam_eps: f64,
-    /// Decoupled weight decay.
-    #[arg(long, default_value_t = 0.01)]
-    pub weight_decay: f64,
-    /// Loss aggregation over the update batch.
-    #[arg(long, value_enum, default_value_t = LossAgg::TokenMean)]
-    pub loss_agg: LossAgg,
-    /// L_max of seq-mean-token-sum-norm (default: the longest response of the table).
-    #[arg(long)]
-    pub agg_len: Option<usize>,
-    /// Shuffle the rows before each epoch (with --seed).
-    #[arg(long)]
-    pub shuffle: bool,
-    /// Continue the optimizer state and step counter saved in the --model folder
-    /// (`--resume` = yes; `auto` resumes when there is a state).
-    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "yes", default_value_t = ResumeMode::No)]
-    pub resume: ResumeMode,
-}
-
-impl OptimArgs {
-    /// The AdamW configuration.
-    pub fn adamw(&self) -> AdamWConfig {
-        AdamWConfig {
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.adam_eps,
-            weight_decay: self.weight_decay,
-        }
-    }
-
-    /// The resolved loop configuration; `rows` gives the default `--agg-len` (the longest
-    /// response) when there are any. Flag errors are usage errors (exit code 2).
-    pub fn train_config(
-        &self,
-        objective: Objective,
-        lr: f64,
-        mini_batches: usize,
-        temperature: f64,
-        rows: &[TrainRow],
-        seed: u64,
-    ) -> Result<TrainConfig> {
-        let usage = |e: anyhow::Error| -> anyhow::Error { UsageError(format!("{e:#}")).into() };
-        let agg_len = self.agg_len.unwrap_or_else(|| {
-            rows.iter()
-                .map(|r| r.response.len())
-                .max()
-                .unwrap_or(1)
-                .max(1)
-        });
-        let cfg = TrainConfig {
-            objective,
-            loss_agg: self.loss_agg,
-            agg_len,
-            schedule: Schedule::new(lr, self.warmup, self.schedule, self.total_steps)
-                .map_err(usage)?,
-            grad_clip: self.grad_clip,
-            micro_batch: self.micro_batch,
-            mini_batches,
-            epochs: self.epochs,
-            temperature,
-            shuffle: self.shuffle,
-            seed,
-        };
-        cfg.validate().map_err(usage)?;
-        self.adamw().validate().map_err(usage)?;
-        Ok(cfg)
-    }
-}
+// `values` (a file of its own) imports the group from here.
+pub use super::flags::OptimArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Policy model folder.
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelFolder,
     /// Training table.
     #[arg(long)]
     pub input: PathBuf,
@@ -221,8 +124,8 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         );
     }
     crate::info!("{}: {} rows", a.input.display(), rows.len());
-    let model = Model::load(&a.model, &device.clone().autodiff())
-        .with_context(|| format!("loading the policy {}", a.model.display()))?;
+    let model = Model::load(&a.model.model, &device.clone().autodiff())
+        .with_context(|| format!("loading the policy {}", a.model.model.display()))?;
     let table = a.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
     check_positions(&rows, model.config.max_position_embeddings, &table)?;
@@ -265,7 +168,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         g.seed,
     )?;
     let config = json!({
-        "model": a.model,
+        "model": a.model.model,
         "input": a.input,
         "lr": a.lr,
         "ref_model": a.ref_model,
@@ -284,7 +187,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         adamw: a.optim.adamw(),
         train,
         config,
-        inputs: vec![a.model.display().to_string(), table],
+        inputs: vec![a.model.model.display().to_string(), table],
     };
     session::run(model, &rows, &s)?;
     a.critic

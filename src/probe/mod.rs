@@ -1,6 +1,6 @@
 //! The faithfulness probe of seed 002 (ANCHORS §1.7), pure half: where the thinking of an answer
 //! lies, where it is cut, the forced prefix each cut is continued from, and the binomial standard
-//! error of a probe confidence. The `rlcr probe` stage (`cli::probe`) runs the model over these.
+//! error of a probe confidence. The `rlcr probe` engine ([`stage`]) runs the model over these.
 //!
 //! Design decisions:
 //! - Everything is in **token** space over the answer's sampled `response_ids` (never a
@@ -13,6 +13,8 @@
 //!   from zero), so 0 keeps none and 1 keeps all of them.
 //! - The forced text is [`FORCED`] = `</think><answer>` encoded on its own (no special tokens
 //!   added), appended after the kept ids: the same tags the answer format uses.
+pub mod stage;
+
 use anyhow::{bail, Context, Result};
 
 use crate::model::Tokenizer;

@@ -55,6 +55,33 @@ pub enum VerifierKind {
     Choice,
 }
 
+/// The verifier a stage is asked for: a built-in one, or `auto` (picked per row by
+/// `data_source`, [`auto_verifier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifierChoice {
+    Auto,
+    Countdown,
+    Math,
+    Exact,
+    F1,
+    Choice,
+}
+
+impl VerifierChoice {
+    /// The fixed verifier, `None` for `auto`.
+    pub fn kind(self) -> Option<VerifierKind> {
+        match self {
+            VerifierChoice::Auto => None,
+            VerifierChoice::Countdown => Some(VerifierKind::Countdown),
+            VerifierChoice::Math => Some(VerifierKind::Math),
+            VerifierChoice::Exact => Some(VerifierKind::Exact),
+            VerifierChoice::F1 => Some(VerifierKind::F1),
+            VerifierChoice::Choice => Some(VerifierKind::Choice),
+        }
+    }
+}
+
 impl VerifierKind {
     pub fn name(self) -> &'static str {
         match self {

@@ -37,15 +37,13 @@ use arrow::array::{
     RecordBatch, StringArray, StringBuilder, StructArray,
 };
 use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
-use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowWriterOptions};
-use parquet::arrow::{ArrowSchemaConverter, ArrowWriter, ProjectionMask};
-use parquet::column::writer::ColumnCloseResult;
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowColumnWriter};
+use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::KeyValue;
-use parquet::schema::types::{SchemaDescriptor, Type};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -58,6 +56,7 @@ use crate::reward::rows::{
 use crate::reward::structured::{Component, ComponentSpec, Value};
 use crate::reward::text::last_answer;
 use crate::reward::{auto_verifier, VerifierKind};
+use crate::table::splice::{self, Part, Source};
 use crate::table::validate::{answer_key, Links};
 use crate::table::{self, Meta, Shard, Validator, TRAJECTORY};
 
@@ -99,11 +98,7 @@ pub struct Plan {
 
 /// Score the table of `plan`; the summary is also stored in the output's metadata.
 pub fn run(plan: &Plan) -> Result<Summary> {
-    let (s, ext, cfg) = (&plan.settings, plan.external.clone(), plan.config.clone());
-    match plan.shard {
-        None => score_table(&plan.input, &plan.out, s, ext, cfg),
-        Some(sh) => score_shard(sh, &plan.input, &plan.out, s, ext, cfg),
-    }
+    score(plan)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -148,63 +143,93 @@ impl Summary {
 // ---------------------------------------------------------------------------------------------
 // input
 
-/// One input part file with its Parquet metadata.
-struct Part {
-    path: PathBuf,
-    /// Used only by the writer thread (column-chunk copies); readers open their own.
-    file: File,
-    /// The file's metadata and Arrow schema (layout, copies).
-    meta: ArrowReaderMetadata,
-    /// The same, reading [`DICTIONARY_COLUMNS`] as dictionaries.
-    read_meta: ArrowReaderMetadata,
-    /// Global row index of the part's first row.
-    first_row: u64,
+/// The input row numbers of a batch's rows: errors and the external verifier's request ids
+/// name rows of the whole input table, also when a shard keeps only some of them.
+#[derive(Debug, Clone)]
+enum RowIds {
+    /// Consecutive rows from this one.
+    Run(u64),
+    /// The rows a filter kept.
+    Picked(Vec<u64>),
 }
 
-impl Part {
-    fn row_groups(&self) -> usize {
-        self.meta.metadata().num_row_groups()
+impl RowIds {
+    #[inline]
+    fn at(&self, i: usize) -> u64 {
+        match self {
+            RowIds::Run(first) => first + i as u64,
+            RowIds::Picked(rows) => rows[i],
+        }
     }
-    fn rg_rows(&self, rg: usize) -> usize {
-        self.meta.metadata().row_group(rg).num_rows().max(0) as usize
-    }
-    fn rg_first_row(&self, rg: usize) -> u64 {
-        self.first_row + (0..rg).map(|i| self.rg_rows(i) as u64).sum::<u64>()
-    }
+}
 
-    /// Read `columns` (those present) of one row group, in batches of [`BATCH_ROWS`].
+/// The input parts, how they are decoded, and the optional row filter (`--shard`).
+struct Input<'a> {
+    parts: &'a [Part],
+    /// Per part: the metadata reading [`DICTIONARY_COLUMNS`] as dictionaries.
+    read_metas: Vec<ArrowReaderMetadata>,
+    shard: Option<Shard>,
+}
+
+impl Input<'_> {
+    /// Read `columns` (those present) of row group `rg` of part `pi`, in batches of
+    /// [`BATCH_ROWS`], with their input row numbers. With a shard, every column is read (the
+    /// kept rows' columns are encoded again, not copied) and only the shard's rows are kept.
     fn batches(
         &self,
+        pi: usize,
         rg: usize,
         columns: &[&str],
-    ) -> Result<impl Iterator<Item = Result<RecordBatch>> + '_> {
-        let schema = self.read_meta.schema();
-        let idx: Vec<usize> = schema
+    ) -> Result<impl Iterator<Item = Result<(RecordBatch, RowIds)>> + '_> {
+        let p = &self.parts[pi];
+        let meta = match self.shard {
+            None => &self.read_metas[pi],
+            Some(_) => &p.meta,
+        };
+        let idx: Vec<usize> = meta
+            .schema()
             .fields()
             .iter()
             .enumerate()
-            .filter(|(_, f)| columns.contains(&f.name().as_str()))
+            .filter(|(_, f)| self.shard.is_some() || columns.contains(&f.name().as_str()))
             .map(|(i, _)| i)
             .collect();
         // a fresh open file description: `try_clone` would share the file offset with the writer
-        // thread, which copies column chunks from `self.file` at the same time
-        let file = File::open(&self.path)
-            .with_context(|| format!("{}: cannot reopen", self.path.display()))?;
-        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.read_meta.clone());
+        // thread, which copies column chunks from `p.file` at the same time
+        let file =
+            File::open(&p.path).with_context(|| format!("{}: cannot reopen", p.path.display()))?;
+        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone());
         let mask = ProjectionMask::roots(b.parquet_schema(), idx);
         let r = b
             .with_projection(mask)
             .with_row_groups(vec![rg])
             .with_batch_size(BATCH_ROWS)
             .build()
-            .with_context(|| format!("{}: cannot read row group {rg}", self.path.display()))?;
+            .with_context(|| format!("{}: cannot read row group {rg}", p.path.display()))?;
+        let mut first = p.rg_first_row(rg);
+        let shard = self.shard;
         Ok(r.map(move |b| {
-            b.with_context(|| {
+            let b = b.with_context(|| {
                 format!(
                     "{}: corrupt or truncated Parquet data in row group {rg}",
-                    self.path.display()
+                    p.path.display()
                 )
-            })
+            })?;
+            let start = first;
+            first += b.num_rows() as u64;
+            match shard {
+                None => Ok((b, RowIds::Run(start))),
+                Some(sh) => {
+                    let name = p.path.display().to_string();
+                    let keep = sh.selection(&b, &name, start as usize)?;
+                    let rows = (0..b.num_rows())
+                        .filter(|&i| keep.value(i))
+                        .map(|i| start + i as u64)
+                        .collect();
+                    let kept = arrow::compute::filter_record_batch(&b, &keep)?;
+                    Ok((kept, RowIds::Picked(rows)))
+                }
+            }
         }))
     }
 }
@@ -215,34 +240,6 @@ const BATCH_ROWS: usize = 32768;
 /// Fewest rows a rayon task scores: smaller tasks cost more in scheduling (and in rayon's idle
 /// spinning between them) than they gain in balance.
 const MIN_TASK_ROWS: usize = 1024;
-
-/// Buffer size for copying column chunks: parquet's own `File` reader and its writer both buffer
-/// 8 KiB, which turns a gigabyte of copying into a quarter of a million system calls.
-const COPY_BUFFER: usize = 1 << 20;
-
-/// The input file as a [`ChunkReader`] with large reads (for the column-chunk copies).
-struct CopySource<'a>(&'a File);
-
-impl parquet::file::reader::Length for CopySource<'_> {
-    fn len(&self) -> u64 {
-        parquet::file::reader::Length::len(self.0)
-    }
-}
-
-impl parquet::file::reader::ChunkReader for CopySource<'_> {
-    type T = std::io::BufReader<File>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        use std::io::Seek;
-        let mut f = self.0.try_clone()?;
-        f.seek(std::io::SeekFrom::Start(start))?;
-        Ok(std::io::BufReader::with_capacity(COPY_BUFFER, f))
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
-        self.0.get_bytes(start, length)
-    }
-}
 
 /// Columns read as Arrow dictionaries: they repeat within a table (one or two sample types, a few
 /// data sources, one ground truth per prompt), so their Parquet dictionary pages are used as they
@@ -272,59 +269,6 @@ fn dictionary_hints(meta: &ArrowReaderMetadata) -> ArrowReaderMetadata {
         ArrowReaderOptions::new().with_schema(hint),
     )
     .unwrap_or_else(|_| meta.clone())
-}
-
-fn open_parts(input: &Path) -> Result<Vec<Part>> {
-    let files = table::io::input_files(input)?;
-    let mut parts: Vec<Part> = Vec::with_capacity(files.len());
-    let mut first_row = 0u64;
-    for path in files {
-        table::io::check_parquet_file(&path)?;
-        let file = File::open(&path).with_context(|| format!("{}: cannot open", path.display()))?;
-        let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
-            .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
-        let len = file
-            .metadata()
-            .with_context(|| format!("{}: cannot stat", path.display()))?
-            .len();
-        table::io::check_footer(&path, meta.metadata(), len)?;
-        if let Some(p0) = parts.first() {
-            if p0
-                .meta
-                .metadata()
-                .file_metadata()
-                .schema_descr()
-                .root_schema()
-                != meta.metadata().file_metadata().schema_descr().root_schema()
-            {
-                bail!(
-                    "{}: part file has a different schema from {}",
-                    path.display(),
-                    p0.path.display()
-                );
-            }
-        }
-        let n = meta.metadata().file_metadata().num_rows().max(0) as u64;
-        let read_meta = dictionary_hints(&meta);
-        parts.push(Part {
-            path,
-            file,
-            meta,
-            read_meta,
-            first_row,
-        });
-        first_row += n;
-    }
-    if parts.is_empty() {
-        bail!("{}: no Parquet files found", input.display());
-    }
-    if first_row == 0 {
-        bail!(
-            "{}: the table has no rows; nothing was written",
-            input.display()
-        );
-    }
-    Ok(parts)
 }
 
 /// A utf8 column (Utf8, LargeUtf8 or Utf8View read as Utf8).
@@ -481,7 +425,7 @@ fn str_at<'a, S: Strs + ?Sized>(
 }
 
 /// The kind of every row of a batch (dictionaries: once per distinct value).
-fn kinds_of(st: &StrCol, path: &Path, first: u64) -> Result<Vec<Kind>> {
+fn kinds_of(st: &StrCol, path: &Path, rows: &RowIds) -> Result<Vec<Kind>> {
     let n = st.len();
     let mut kinds = Vec::with_capacity(n);
     match st {
@@ -496,13 +440,13 @@ fn kinds_of(st: &StrCol, path: &Path, first: u64) -> Result<Vec<Kind>> {
             for i in 0..n {
                 match per_value[keys.value(i) as usize] {
                     Some(k) => kinds.push(k),
-                    None => kinds.push(kind_of(st.value_at(i), path, first + i as u64)?),
+                    None => kinds.push(kind_of(st.value_at(i), path, rows.at(i))?),
                 }
             }
         }
         _ => {
             for i in 0..n {
-                let row = first + i as u64;
+                let row = rows.at(i);
                 kinds.push(kind_of(
                     str_at(st, i, path, "sample_type", row)?,
                     path,
@@ -555,6 +499,8 @@ fn validate(read: &Path) -> Result<Links> {
 
 /// The columns a batch is scored from (the optional ones only when some setting needs them).
 struct RgCols {
+    /// Input row numbers.
+    rows: RowIds,
     sample_type: StrCol,
     prompt_id: Option<StringArray>,
     answer_idx: Option<Int32Array>,
@@ -597,6 +543,7 @@ fn column_names(needs: Needs, spec_cols: &[String]) -> Vec<&str> {
 impl RgCols {
     fn from_batch(
         b: &RecordBatch,
+        rows: RowIds,
         path: &Path,
         needs: Needs,
         spec_cols: &[String],
@@ -612,6 +559,7 @@ impl RgCols {
             extra.insert(c.clone(), a.clone());
         }
         Ok(RgCols {
+            rows,
             sample_type: str_col(b, path, "sample_type")?,
             prompt_id: if needs.ids {
                 Some(utf8(b, path, "prompt_id")?)
@@ -727,11 +675,10 @@ struct VerifyCache {
 fn verify_one<'b>(
     ctx: &Ctx<'_>,
     c: &'b RgCols,
-    first_row: u64,
     i: usize,
     cache: &mut VerifyCache,
 ) -> Result<(Verdict<'b>, VerifierKind)> {
-    let row = first_row + i as u64;
+    let row = c.rows.at(i);
     let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
     let kind = match (ctx.settings.verifier, cache.ds.as_ref()) {
         (Some(k), _) => k,
@@ -797,14 +744,13 @@ fn verify_one<'b>(
 fn verify_builtin_rows<'b>(
     ctx: &Ctx<'_>,
     c: &'b RgCols,
-    first_row: u64,
     rows: &[usize],
 ) -> Result<Vec<(Verdict<'b>, VerifierKind)>> {
     let out: Vec<Result<(Verdict<'b>, VerifierKind)>> = rows
         .par_iter()
         .with_min_len(MIN_TASK_ROWS)
         .map_init(VerifyCache::default, |cache, &i| {
-            verify_one(ctx, c, first_row, i, cache)
+            verify_one(ctx, c, i, cache)
         })
         .collect();
     out.into_iter().collect()
@@ -815,13 +761,12 @@ fn verify_external_rows<'b>(
     ext: &mut ExternalVerifier,
     ctx: &Ctx<'_>,
     c: &'b RgCols,
-    first_row: u64,
     rows: &[usize],
 ) -> Result<Vec<Verdict<'b>>> {
     let mut gts: Vec<serde_json::Value> = Vec::with_capacity(rows.len());
     let mut prompts: Vec<Option<String>> = Vec::with_capacity(rows.len());
     for &i in rows {
-        let row = first_row + i as u64;
+        let row = c.rows.at(i);
         let t = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
         gts.push(
             serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.to_string())),
@@ -833,7 +778,7 @@ fn verify_external_rows<'b>(
     }
     let mut reqs: Vec<Request<'_>> = Vec::with_capacity(rows.len());
     for (n, &i) in rows.iter().enumerate() {
-        let row = first_row + i as u64;
+        let row = c.rows.at(i);
         let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
         reqs.push(Request {
             id: row,
@@ -922,15 +867,16 @@ struct Scored<'a> {
     format_ok: bool,
 }
 
-fn scored_answer<'a>(
+/// The reward components of row `i` (columns the rewards TOML reads come from the batch) and
+/// their total.
+fn components_and_reward(
     ctx: &Ctx<'_>,
     c: &RgCols,
     i: usize,
-    a: AnswerScore<'a>,
-) -> Result<Scored<'a>> {
-    let row = RowScore::Answer(&a);
+    row: &RowScore<'_>,
+) -> Result<(Vec<Component>, f64)> {
     let mut err = None;
-    let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
+    let components = rows::components(ctx.settings, row, |_: &ComponentSpec, name| {
         column_value(&c.extra[name], i).unwrap_or_else(|e| {
             err = Some(anyhow!("column `{name}`: {e}"));
             Value::Missing
@@ -940,6 +886,17 @@ fn scored_answer<'a>(
         return Err(e);
     }
     let reward = rows::reward(&components);
+    Ok((components, reward))
+}
+
+fn scored_answer<'a>(
+    ctx: &Ctx<'_>,
+    c: &RgCols,
+    i: usize,
+    a: AnswerScore<'a>,
+) -> Result<Scored<'a>> {
+    let row = RowScore::Answer(&a);
+    let (components, reward) = components_and_reward(ctx, c, i, &row)?;
     let conf_reward = a.rlcr_terms.map(|t| t.brier).or_else(|| {
         a.confidence.map(|cf| {
             if a.format_ok {
@@ -968,17 +925,7 @@ fn scored_confidence(
     parent: ParentAnswer,
 ) -> Result<Scored<'static>> {
     let row = RowScore::Confidence(s, parent);
-    let mut err = None;
-    let components = rows::components(ctx.settings, &row, |_: &ComponentSpec, name| {
-        column_value(&c.extra[name], i).unwrap_or_else(|e| {
-            err = Some(anyhow!("column `{name}`: {e}"));
-            Value::Missing
-        })
-    });
-    if let Some(e) = err {
-        return Err(e);
-    }
-    let reward = rows::reward(&components);
+    let (components, reward) = components_and_reward(ctx, c, i, &row)?;
     Ok(Scored {
         answer: None,
         format_ok: s.format_ok,
@@ -1040,10 +987,6 @@ impl ScoreBuilders {
         }
     }
 
-    fn rows(&self) -> usize {
-        self.offsets.len() - 1
-    }
-
     fn push(&mut self, r: &Scored<'_>) {
         self.answer.append_option(r.answer.as_deref());
         self.format_ok.append_value(r.format_ok);
@@ -1100,90 +1043,6 @@ impl ScoreBuilders {
 // ---------------------------------------------------------------------------------------------
 // the stage
 
-/// Output layout: for each output root field, where it comes from.
-enum Source {
-    /// Input root field index.
-    Copy(usize),
-    /// Index into [`SCORE_COLUMNS`].
-    Score(usize),
-}
-
-struct Layout {
-    sources: Vec<Source>,
-    descr: SchemaDescriptor,
-    arrow: SchemaRef,
-    /// Leaf column indices of each input root field.
-    input_leaves: Vec<Vec<usize>>,
-    /// Leaf column indices of each output root field.
-    output_leaves: Vec<Vec<usize>>,
-    dropped: Vec<String>,
-}
-
-fn leaves_by_root(d: &SchemaDescriptor) -> Vec<Vec<usize>> {
-    let mut out = vec![Vec::new(); d.root_schema().get_fields().len()];
-    for leaf in 0..d.num_columns() {
-        out[d.get_column_root_idx(leaf)].push(leaf);
-    }
-    out
-}
-
-fn layout(part: &Part) -> Result<Layout> {
-    let in_descr = part.meta.metadata().file_metadata().schema_descr();
-    let in_arrow = part.meta.schema();
-    let in_root = in_descr.root_schema();
-    let in_fields = in_root.get_fields();
-    if in_fields.len() != in_arrow.fields().len() {
-        bail!(
-            "{}: the Arrow and Parquet schemas disagree on the number of columns",
-            part.path.display()
-        );
-    }
-    let fields = score_fields()?;
-    let score_schema = Schema::new(fields.clone());
-    let score_descr = ArrowSchemaConverter::new().convert(&score_schema)?;
-    let score_types = score_descr.root_schema().get_fields();
-    // kept input fields, then score fields inserted at their canonical place
-    let mut dropped = Vec::new();
-    let mut entries: Vec<(Source, Arc<Type>, Field)> = Vec::new();
-    for (i, (pt, af)) in in_fields.iter().zip(in_arrow.fields()).enumerate() {
-        let name = pt.name();
-        if SCORE_COLUMNS.contains(&name) || STALE_COLUMNS.contains(&name) {
-            if STALE_COLUMNS.contains(&name) {
-                dropped.push(name.to_string());
-            }
-            continue;
-        }
-        entries.push((Source::Copy(i), pt.clone(), af.as_ref().clone()));
-    }
-    for (j, f) in fields.iter().enumerate() {
-        let order = TRAJECTORY.order(f.name());
-        let pos = entries
-            .iter()
-            .position(|(_, t, _)| TRAJECTORY.order(t.name()) > order)
-            .unwrap_or(entries.len());
-        entries.insert(pos, (Source::Score(j), score_types[j].clone(), f.clone()));
-    }
-    let root = Type::group_type_builder(in_root.name())
-        .with_fields(entries.iter().map(|(_, t, _)| t.clone()).collect())
-        .build()?;
-    let descr = SchemaDescriptor::new(Arc::new(root));
-    let arrow = Arc::new(Schema::new(
-        entries
-            .iter()
-            .map(|(_, _, f)| f.clone())
-            .collect::<Vec<_>>(),
-    ));
-    let sources = entries.into_iter().map(|(s, _, _)| s).collect();
-    Ok(Layout {
-        sources,
-        input_leaves: leaves_by_root(in_descr),
-        output_leaves: leaves_by_root(&descr),
-        descr,
-        arrow,
-        dropped,
-    })
-}
-
 /// The scoring side of the pipeline: state carried from batch to batch.
 struct Scorer<'a> {
     settings: &'a Settings,
@@ -1205,7 +1064,6 @@ impl Scorer<'_> {
         &mut self,
         path: &Path,
         c: &'b RgCols,
-        first: u64,
         ans: &[usize],
     ) -> Result<Vec<Verdict<'b>>> {
         let ctx = Ctx {
@@ -1225,10 +1083,10 @@ impl Scorer<'_> {
                             .insert(c.data_source.value_at(i).to_string(), "external".into());
                     }
                 }
-                verify_external_rows(e, &ctx, c, first, ans)
+                verify_external_rows(e, &ctx, c, ans)
             }
             None => {
-                let vk = verify_builtin_rows(&ctx, c, first, ans)?;
+                let vk = verify_builtin_rows(&ctx, c, ans)?;
                 for (&i, (_, k)) in ans.iter().zip(&vk) {
                     if !self
                         .summary
@@ -1247,19 +1105,18 @@ impl Scorer<'_> {
 
     /// Pre-pass: verify every answer and remember its accuracy (when a confidence row comes
     /// before its answer).
-    fn pre_pass(&mut self, parts: &[Part]) -> Result<()> {
+    fn pre_pass(&mut self, input: &Input) -> Result<()> {
         let spec_cols = self.spec_cols.clone();
         let names = column_names(self.needs, &spec_cols);
-        for p in parts {
+        for (pi, p) in input.parts.iter().enumerate() {
             for rg in 0..p.row_groups() {
-                let mut first = p.rg_first_row(rg);
-                for b in p.batches(rg, &names)? {
-                    let b = b?;
-                    let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
+                for b in input.batches(pi, rg, &names)? {
+                    let (b, rows) = b?;
+                    let c = RgCols::from_batch(&b, rows, &p.path, self.needs, &spec_cols)?;
                     let ans: Vec<usize> = (0..c.sample_type.len())
                         .filter(|&i| c.sample_type.value_at(i) == "answer")
                         .collect();
-                    let verdicts = self.verify(&p.path, &c, first, &ans)?;
+                    let verdicts = self.verify(&p.path, &c, &ans)?;
                     for (&i, v) in ans.iter().zip(verdicts) {
                         let a = rows::score_answer(
                             self.settings,
@@ -1276,9 +1133,8 @@ impl Scorer<'_> {
                                 accuracy: a.accuracy,
                             },
                         );
-                        self.pre.insert(first + i as u64, v.into_owned());
+                        self.pre.insert(c.rows.at(i), v.into_owned());
                     }
-                    first += b.num_rows() as u64;
                 }
             }
         }
@@ -1286,35 +1142,29 @@ impl Scorer<'_> {
     }
 
     /// Score one batch, appending its rows to `out`.
-    fn batch(
-        &mut self,
-        path: &Path,
-        c: &RgCols,
-        first: u64,
-        out: &mut ScoreBuilders,
-    ) -> Result<()> {
+    fn batch(&mut self, path: &Path, c: &RgCols, out: &mut ScoreBuilders) -> Result<()> {
         let _t = crate::trace::span_with("score: verify batch", || {
             vec![("rows", c.sample_type.len().into())]
         });
         let settings = self.settings;
         let ctx = Ctx { settings, path };
         let n = c.sample_type.len();
-        let kinds = kinds_of(&c.sample_type, path, first)?;
+        let kinds = kinds_of(&c.sample_type, path, &c.rows)?;
         let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
         // answers: verdict, then every score, in one parallel pass (indexed collects, so the
         // results land in place)
-        let finish = |i: usize, v, kind| finish_answer(&ctx, c, first, i, v, kind);
+        let finish = |i: usize, v, kind| finish_answer(&ctx, c, i, v, kind);
         let answers: Vec<Result<AnswerOut>> = if self.links.forward || self.ext.is_some() {
             let verdicts: Vec<Verdict> = if self.links.forward {
                 ans.iter()
                     .map(|&i| {
                         self.pre
-                            .remove(&(first + i as u64))
+                            .remove(&c.rows.at(i))
                             .context("internal: pre-pass verdict missing")
                     })
                     .collect::<Result<_>>()?
             } else {
-                self.verify(path, c, first, &ans)?
+                self.verify(path, c, &ans)?
             };
             ans.par_iter()
                 .zip(verdicts.into_par_iter())
@@ -1325,7 +1175,7 @@ impl Scorer<'_> {
             ans.par_iter()
                 .with_min_len(MIN_TASK_ROWS)
                 .map_init(VerifyCache::default, |cache, &i| {
-                    let (v, kind) = verify_one(&ctx, c, first, i, cache)?;
+                    let (v, kind) = verify_one(&ctx, c, i, cache)?;
                     finish(i, v, Some(kind))
                 })
                 .collect()
@@ -1376,7 +1226,7 @@ impl Scorer<'_> {
             .par_iter()
             .with_min_len(MIN_TASK_ROWS)
             .map(|&i| -> Result<Scored> {
-                let row = first + i as u64;
+                let row = c.rows.at(i);
                 let resp = str_at(&c.response, i, path, "response_text", row)?;
                 let parent = *parents
                     .get(&c.key(i)?)
@@ -1409,37 +1259,45 @@ impl Scorer<'_> {
     }
 
     /// Score one row group from the reader thread's batches (ending with `None`); returns its
-    /// score columns.
+    /// score columns and, with a row filter, the kept rows' batches (their other columns are
+    /// encoded again).
     fn row_group(
         &mut self,
         p: &Part,
         rg: usize,
         fields: &[Field],
-        batches: &Receiver<Result<Option<RecordBatch>>>,
-    ) -> Result<Vec<ArrayRef>> {
+        batches: &Receiver<Result<Option<(RecordBatch, RowIds)>>>,
+        filtered: bool,
+    ) -> Result<(Vec<ArrayRef>, Vec<RecordBatch>)> {
         let spec_cols = self.spec_cols.clone();
         let mut scored = ScoreBuilders::new(p.rg_rows(rg));
-        let mut first = p.rg_first_row(rg);
+        let mut kept = Vec::new();
+        let mut read = 0usize;
         loop {
-            let b = match batches.recv() {
+            let (b, rows) = match batches.recv() {
                 Ok(Ok(Some(b))) => b,
                 Ok(Ok(None)) => break,
                 Ok(Err(e)) => return Err(e),
                 Err(_) => bail!("internal: the reader thread stopped"),
             };
-            let c = RgCols::from_batch(&b, &p.path, self.needs, &spec_cols)?;
-            self.batch(&p.path, &c, first, &mut scored)?;
-            first += b.num_rows() as u64;
+            read += match &rows {
+                RowIds::Run(_) => b.num_rows(),
+                RowIds::Picked(_) => 0,
+            };
+            let c = RgCols::from_batch(&b, rows, &p.path, self.needs, &spec_cols)?;
+            self.batch(&p.path, &c, &mut scored)?;
+            if filtered {
+                kept.push(b);
+            }
         }
-        if scored.rows() != p.rg_rows(rg) {
+        if !filtered && read != p.rg_rows(rg) {
             bail!(
-                "{}: row group {rg} read {} rows, its metadata says {}",
+                "{}: row group {rg} read {read} rows, its metadata says {}",
                 p.path.display(),
-                scored.rows(),
                 p.rg_rows(rg)
             );
         }
-        scored.finish(fields)
+        Ok((scored.finish(fields)?, kept))
     }
 }
 
@@ -1447,7 +1305,6 @@ impl Scorer<'_> {
 fn finish_answer<'b>(
     ctx: &Ctx<'_>,
     c: &'b RgCols,
-    first: u64,
     i: usize,
     v: Verdict<'b>,
     kind: Option<VerifierKind>,
@@ -1466,7 +1323,7 @@ fn finish_answer<'b>(
         accuracy: a.accuracy,
     };
     let scored = scored_answer(ctx, c, i, a)
-        .with_context(|| format!("{}, row {}", ctx.path.display(), first + i as u64))?;
+        .with_context(|| format!("{}, row {}", ctx.path.display(), c.rows.at(i)))?;
     Ok(AnswerOut {
         scored,
         parent,
@@ -1484,40 +1341,70 @@ struct AnswerOut<'a> {
     kind: Option<VerifierKind>,
 }
 
-/// The score columns of one row group encoded as Parquet column chunks, one per output leaf in
-/// output order (encoded on the scoring side, in parallel, so the writer thread only splices).
-fn encode_scores(
-    factory: &parquet::arrow::arrow_writer::ArrowRowGroupWriterFactory,
-    lay: &Layout,
+/// Encode the columns of one output row group on the scoring side (in parallel, so the writer
+/// thread only splices): the score columns' leaves in output order, or, for a row group a filter
+/// thinned (`kept` holds its rows), every leaf.
+fn encode_row_group(
+    enc: &splice::Encoders,
     fields: &[Field],
     index: usize,
     arrays: &[ArrayRef],
+    kept: &[RecordBatch],
 ) -> Result<Vec<ArrowColumnChunk>> {
     let _t = crate::trace::span("score: encode columns");
-    let writers = factory.create_column_writers(index)?;
-    // (output leaf, writer, field index) for every leaf of a score column
-    let mut writers: Vec<Option<parquet::arrow::arrow_writer::ArrowColumnWriter>> =
-        writers.into_iter().map(Some).collect();
-    let mut jobs = Vec::new();
-    for (k, src) in lay.sources.iter().enumerate() {
-        if let Source::Score(j) = src {
-            let leaves: Vec<_> = lay.output_leaves[k]
-                .iter()
-                .map(|&li| {
-                    writers
-                        .get_mut(li)
-                        .and_then(Option::take)
-                        .context("internal: no writer for an output leaf")
-                })
-                .collect::<Result<_>>()?;
-            jobs.push((*j, leaves));
+    let lay = enc.layout();
+    let filtered = !kept.is_empty();
+    let mut writers: Vec<Option<ArrowColumnWriter>> = if filtered {
+        enc.column_writers(index)?.into_iter().map(Some).collect()
+    } else {
+        // only the new columns' writers, in output order: give them their output leaf indices
+        let mut w = enc.new_column_writers(index)?.into_iter();
+        let mut all: Vec<Option<ArrowColumnWriter>> =
+            (0..lay.descr.num_columns()).map(|_| None).collect();
+        for (k, src) in lay.sources.iter().enumerate() {
+            if let Source::New(_) = src {
+                for &leaf in &lay.output_leaves[k] {
+                    all[leaf] = w.next();
+                }
+            }
         }
+        all
+    };
+    // (field, array, writers of its leaves) for every column to encode
+    let mut jobs: Vec<(Field, ArrayRef, Vec<ArrowColumnWriter>)> = Vec::new();
+    for (k, src) in lay.sources.iter().enumerate() {
+        let (field, array) = match src {
+            Source::New(j) => (fields[*j].clone(), arrays[*j].clone()),
+            Source::Copy(_) if !filtered => continue,
+            Source::Copy(_) => {
+                let f = lay.arrow.field(k).clone();
+                let parts: Vec<&dyn Array> = kept
+                    .iter()
+                    .map(|b| {
+                        b.column_by_name(f.name())
+                            .map(|c| c.as_ref())
+                            .context("internal: a kept column was not read")
+                    })
+                    .collect::<Result<_>>()?;
+                let a = arrow::compute::concat(&parts)?;
+                (f, a)
+            }
+        };
+        let ws = lay.output_leaves[k]
+            .iter()
+            .map(|&leaf| {
+                writers
+                    .get_mut(leaf)
+                    .and_then(Option::take)
+                    .context("internal: no writer for an output leaf")
+            })
+            .collect::<Result<_>>()?;
+        jobs.push((field, array, ws));
     }
     let encoded: Vec<Vec<ArrowColumnChunk>> = jobs
         .into_par_iter()
-        .map(|(j, ws)| -> Result<Vec<ArrowColumnChunk>> {
-            let field = &fields[j];
-            let leaves = compute_leaves(field, &arrays[j])?;
+        .map(|(field, array, ws)| -> Result<Vec<ArrowColumnChunk>> {
+            let leaves = compute_leaves(&field, &array)?;
             if leaves.len() != ws.len() {
                 bail!(
                     "internal: column `{}` has {} leaves, schema {}",
@@ -1539,138 +1426,36 @@ fn encode_scores(
     Ok(encoded.into_iter().flatten().collect())
 }
 
-/// Where one row group goes: the input part and row group, and its index in the output.
-struct RowGroupOut<'a> {
-    part: &'a Part,
-    rg: usize,
+/// What the scoring thread sends the writer for one input row group.
+enum RowGroupOut {
+    /// The row group whole: copy its chunks, splice in these score chunks.
+    Spliced(usize, usize, Vec<ArrowColumnChunk>),
+    /// A thinned row group: every column encoded.
+    Encoded(usize, usize, Vec<ArrowColumnChunk>),
+    /// No row of it is kept.
+    Skipped(usize, usize),
 }
 
-/// Write one row group: the encoded score chunks spliced in, every other column copied as
-/// encoded chunks from the input.
-fn write_row_group<W: std::io::Write + Send>(
-    fw: &mut parquet::file::writer::SerializedFileWriter<W>,
-    lay: &Layout,
-    at: RowGroupOut<'_>,
-    chunks: Vec<ArrowColumnChunk>,
-) -> Result<()> {
-    let _t = crate::trace::span("score: write row group (copy chunks)");
-    let p = at.part;
-    let mut rgw = fw.next_row_group()?;
-    let rg_meta = p.meta.metadata().row_group(at.rg);
-    let mut chunks = chunks.into_iter();
-    for (k, src) in lay.sources.iter().enumerate() {
-        match src {
-            Source::Copy(ri) => {
-                for &leaf in &lay.input_leaves[*ri] {
-                    let cm = rg_meta.column(leaf);
-                    let close = ColumnCloseResult {
-                        bytes_written: cm.compressed_size() as u64,
-                        rows_written: rg_meta.num_rows() as u64,
-                        metadata: cm.clone(),
-                        bloom_filter: None,
-                        column_index: None,
-                        offset_index: None,
-                    };
-                    rgw.append_column(&CopySource(&p.file), close)
-                        .with_context(|| {
-                            format!(
-                                "{}: copying column `{}`",
-                                p.path.display(),
-                                cm.column_path()
-                            )
-                        })?;
-                }
-            }
-            Source::Score(_) => {
-                for _ in &lay.output_leaves[k] {
-                    chunks
-                        .next()
-                        .context("internal: missing score chunk")?
-                        .append_to_row_group(&mut rgw)?;
-                }
-            }
-        }
-    }
-    rgw.close()?;
-    Ok(())
-}
-
-/// Score `input` into `out`; returns the summary.
-pub fn score_table(
-    input: &Path,
-    out: &Path,
-    settings: &Settings,
-    external: Option<(String, Duration)>,
-    config: serde_json::Value,
-) -> Result<Summary> {
-    score_file(input, input, out, settings, external, config)
-}
-
-/// Score the rows of `shard` of `input` into `out`: the rows are copied (decoded, filtered,
-/// re-encoded without compression) to a temp file beside the output, which is scored like a
-/// whole table and removed afterwards. The output records `input`, not the temp file; errors
-/// naming the temp file are rewritten to name `input` and the shard.
-pub fn score_shard(
-    shard: Shard,
-    input: &Path,
-    out: &Path,
-    settings: &Settings,
-    external: Option<(String, Duration)>,
-    config: serde_json::Value,
-) -> Result<Summary> {
-    crate::fs::check_distinct(&[input], out)?;
-    let name = out
-        .file_name()
-        .with_context(|| format!("{}: not a file path", out.display()))?
-        .to_string_lossy()
-        .to_string();
-    let mut tmp = crate::fs::AtomicFile::create(
-        &out.with_file_name(format!(".{name}.shard-{}-of-{}", shard.index, shard.count)),
-    )?;
-    let reader = table::Reader::open(input)?;
-    let display = input.display().to_string();
-    let props = table::io::writer_properties(table::io::Encoding::Scratch, None)?;
-    let mut w = ArrowWriter::try_new(tmp.take()?, reader.schema(), Some(props))
-        .context("starting the shard's temp file")?;
-    let mut first = 0usize;
-    for b in reader {
-        let b = b?;
-        let kept = shard.filter(&b, &display, first)?;
-        first += b.num_rows();
-        w.write(&kept).context("writing the shard's temp file")?;
-    }
-    let file = w.into_inner().context("finishing the shard's temp file")?;
-    drop(file);
-    let r = score_file(tmp.temp_path(), input, out, settings, external, config);
-    let t = tmp.temp_path().display().to_string();
-    drop(tmp);
-    r.map_err(|e| {
-        let shown = format!(
-            "{display} (shard {}/{}, rows counted within the shard)",
-            shard.index, shard.count
-        );
-        anyhow!("{}", format!("{e:#}").replace(&t, &shown))
-    })
-}
-
-/// Score the table read from `read` into `out`, recording `input` as its input.
-fn score_file(
-    read: &Path,
-    input: &Path,
-    out: &Path,
-    settings: &Settings,
-    external: Option<(String, Duration)>,
-    config: serde_json::Value,
-) -> Result<Summary> {
+/// Score the table of `plan` into its output (the rows of its shard, if any; their row numbers
+/// in errors count over the whole input); returns the summary.
+fn score(plan: &Plan) -> Result<Summary> {
+    let (input, out, settings) = (&plan.input, &plan.out, &plan.settings);
     let start = Instant::now();
-    let parts = open_parts(read)?;
-    let total_rows: u64 = parts
-        .iter()
-        .map(|p| p.meta.metadata().file_metadata().num_rows().max(0) as u64)
-        .sum();
-    let links = validate(read)?;
-    let lay = layout(&parts[0])?;
+    crate::fs::check_distinct(&[input.as_path()], out)?;
+    let parts = splice::open_parts(input)?;
+    let total_rows: u64 = parts.iter().map(Part::rows).sum();
+    if total_rows == 0 {
+        bail!(
+            "{}: the table has no rows; nothing was written",
+            input.display()
+        );
+    }
+    let links = validate(input)?;
     let fields = score_fields()?;
+    let drop: Vec<&str> = STALE_COLUMNS.to_vec();
+    let placement = splice::Placement::Canonical(&TRAJECTORY);
+    let lay = splice::Layout::new(&parts[0], &fields, &drop, placement, false)?;
+    let dropped = lay.dropped.clone();
     let spec_cols: Vec<String> = settings
         .structured
         .as_ref()
@@ -1678,39 +1463,26 @@ fn score_file(
         .unwrap_or_default();
     let needs = Needs {
         ids: links.confidences > 0,
-        sample_id: external.is_some(),
-        messages: settings.countdown_compat == CountdownCompat::Tinyzero || external.is_some(),
+        sample_id: plan.external.is_some(),
+        messages: settings.countdown_compat == CountdownCompat::Tinyzero || plan.external.is_some(),
     };
-    let ext = match &external {
+    let ext = match &plan.external {
         Some((cmd, t)) => Some(ExternalVerifier::spawn(cmd, *t)?),
         None => None,
     };
 
     // output
-    crate::fs::check_distinct(&[input], out)?;
-    let meta = Meta::new(&TRAJECTORY, "score", config, &[input]);
+    let meta = Meta::new(&TRAJECTORY, "score", plan.config.clone(), &[input]);
     let props =
         table::io::writer_properties(table::io::Encoding::Scalars, Some(meta.key_values()))?;
-    let mut atomic = crate::fs::AtomicFile::create(out)?;
-    let file = std::io::BufWriter::with_capacity(COPY_BUFFER * 4, atomic.take()?);
-    let aw = ArrowWriter::try_new_with_options(
-        file,
-        lay.arrow.clone(),
-        ArrowWriterOptions::new()
-            .with_properties(props)
-            .with_parquet_schema(lay.descr.clone()),
-    )
-    .with_context(|| format!("{}: cannot start Parquet writer", out.display()))?;
-    let (mut fw, factory) = aw.into_serialized_writer()?;
-    if !lay.dropped.is_empty() {
+    let (mut writer, encoders) = splice::create(lay, props, out)?;
+    if !dropped.is_empty() {
         crate::info!(
             "dropping stale columns derived from the old rewards: {}",
-            lay.dropped.join(", ")
+            dropped.join(", ")
         );
     }
     let mut progress = crate::progress::Progress::new("score", total_rows, "rows");
-
-    // Two threads: one scores row group i + 1 while the other writes row group i.
     let mut scorer = Scorer {
         settings,
         links,
@@ -1720,12 +1492,19 @@ fn score_file(
         pre: HashMap::new(),
         ext,
         summary: Summary {
-            dropped_columns: lay.dropped.clone(),
+            dropped_columns: dropped,
             ..Summary::default()
         },
         countdown_levels: [0; 3],
     };
-    let parts_ref = &parts;
+    let read_metas = parts.iter().map(|p| dictionary_hints(&p.meta)).collect();
+    let input = Input {
+        parts: &parts,
+        read_metas,
+        shard: plan.shard,
+    };
+    let input = &input;
+    let filtered = plan.shard.is_some();
     let fields_ref = &fields;
     let names: Vec<String> = column_names(needs, &scorer.spec_cols)
         .into_iter()
@@ -1733,12 +1512,12 @@ fn score_file(
         .collect();
     let mut summary = std::thread::scope(|scope| -> Result<Summary> {
         // three stages: decode (reader) -> score and encode (scorer, with rayon) -> write (here)
-        let (btx, brx) = std::sync::mpsc::sync_channel::<Result<Option<RecordBatch>>>(4);
+        let (btx, brx) = std::sync::mpsc::sync_channel::<Result<Option<(RecordBatch, RowIds)>>>(4);
         scope.spawn(move || {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            for p in parts_ref {
+            for (pi, p) in input.parts.iter().enumerate() {
                 for rg in 0..p.row_groups() {
-                    match p.batches(rg, &names) {
+                    match input.batches(pi, rg, &names) {
                         Err(e) => {
                             let _ = btx.send(Err(e));
                             return;
@@ -1758,23 +1537,31 @@ fn score_file(
                 }
             }
         });
-        let (tx, rx) =
-            std::sync::mpsc::sync_channel::<Result<(usize, usize, Vec<ArrowColumnChunk>)>>(2);
-        let factory_ref = &factory;
-        let lay_ref = &lay;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<RowGroupOut>>(2);
+        let encoders = &encoders;
         let producer = scope.spawn(move || -> Result<Summary> {
             let mut run = || -> Result<()> {
                 if scorer.links.forward {
-                    scorer.pre_pass(parts_ref)?;
+                    scorer.pre_pass(input)?;
                 }
                 let mut index = 0usize;
-                for (pi, p) in parts_ref.iter().enumerate() {
+                for (pi, p) in input.parts.iter().enumerate() {
                     for rg in 0..p.row_groups() {
-                        let arrays = scorer.row_group(p, rg, fields_ref, &brx)?;
-                        let chunks =
-                            encode_scores(factory_ref, lay_ref, fields_ref, index, &arrays)?;
-                        index += 1;
-                        if tx.send(Ok((pi, rg, chunks))).is_err() {
+                        let (arrays, kept) = scorer.row_group(p, rg, fields_ref, &brx, filtered)?;
+                        let msg = if !filtered {
+                            let chunks =
+                                encode_row_group(encoders, fields_ref, index, &arrays, &[])?;
+                            index += 1;
+                            RowGroupOut::Spliced(pi, rg, chunks)
+                        } else if kept.iter().all(|b| b.num_rows() == 0) {
+                            RowGroupOut::Skipped(pi, rg)
+                        } else {
+                            let chunks =
+                                encode_row_group(encoders, fields_ref, index, &arrays, &kept)?;
+                            index += 1;
+                            RowGroupOut::Encoded(pi, rg, chunks)
+                        };
+                        if tx.send(Ok(msg)).is_err() {
                             return Ok(()); // the writer stopped; it reports why
                         }
                     }
@@ -1801,27 +1588,34 @@ fn score_file(
             }
         });
         for msg in rx {
-            let (pi, rg, chunks) = msg?;
-            let part = &parts_ref[pi];
-            write_row_group(&mut fw, lay_ref, RowGroupOut { part, rg }, chunks)?;
-            progress.inc(part.rg_rows(rg) as u64);
+            let (pi, rg) = match msg? {
+                RowGroupOut::Spliced(pi, rg, chunks) => {
+                    writer.write_row_group(&input.parts[pi], rg, chunks)?;
+                    (pi, rg)
+                }
+                RowGroupOut::Encoded(pi, rg, chunks) => {
+                    writer.write_encoded_row_group(chunks)?;
+                    (pi, rg)
+                }
+                RowGroupOut::Skipped(pi, rg) => (pi, rg),
+            };
+            progress.inc(input.parts[pi].rg_rows(rg) as u64);
         }
         producer
             .join()
             .map_err(|_| anyhow!("internal: the scoring thread panicked"))?
     })?;
+    if summary.rows == 0 {
+        bail!(
+            "{}: no rows in this shard; nothing was written",
+            plan.input.display()
+        );
+    }
     summary.seconds = start.elapsed().as_secs_f64();
-    fw.append_key_value_metadata(KeyValue::new(
+    writer.finish(vec![KeyValue::new(
         "rlcr.score_summary".to_string(),
         serde_json::to_string(&summary)?,
-    ));
-    let file = fw
-        .into_inner()
-        .with_context(|| format!("{}: finishing Parquet file", out.display()))?;
-    let file = file
-        .into_inner()
-        .map_err(|e| anyhow!("{}: write failed: {}", out.display(), e.error()))?;
-    atomic.commit_file(file)?;
+    )])?;
     progress.finish();
     summary.seconds = start.elapsed().as_secs_f64();
     Ok(summary)

@@ -15,7 +15,11 @@
 //!   cache, rows leave the batch as they finish), written against the small [`StepModel`] trait;
 //! - [`fingerprint`]: the model fingerprint recorded in the tables' metadata;
 //! - [`multiturn`]: multi-turn rollouts against an [`env`]ironment process (information tokens,
-//!   turn ids, per-turn rewards), run as a stage by [`multiturn_stage`].
+//!   turn ids, per-turn rewards), run as a stage by [`multiturn_stage`];
+//! - the stage engines behind clap-free plans: [`answer_stage`] (`generate-answers`),
+//!   [`confidence_stage`] (`generate-confidence`), with what they share in [`stage`].
+pub mod answer_stage;
+pub mod confidence_stage;
 pub mod env;
 pub mod fingerprint;
 pub mod logits;

@@ -35,26 +35,70 @@ number between 0 and 1 (inclusive), within <confidence> </confidence> tags.";
 
 pub use crate::model::Message;
 
-/// Turn 1: `[system?, user]`. An empty system prompt is left out (the template's own default
-/// system message, if any, then applies).
-pub fn answer_messages(system: &str, user: &str) -> Vec<Message> {
-    let mut m = Vec::with_capacity(2);
+/// Turn 1, the conversation an answer responds to: `system` (a `--system-prompt`) replaces the
+/// prompt's own system message; otherwise the prompt's system message is kept, and
+/// [`DEFAULT_SYSTEM_PROMPT`] is added when it has none. An empty system prompt is left out (the
+/// template's own default system message, if any, then applies). A response `prefix` becomes a
+/// final partial assistant message.
+pub fn answer_messages(
+    prompt: &[Message],
+    system: Option<&str>,
+    prefix: Option<&str>,
+) -> Vec<Message> {
+    let has_system = prompt.first().is_some_and(|m| m.role == "system");
+    let rest = if has_system { &prompt[1..] } else { prompt };
+    let system = match system {
+        Some(s) => s,
+        None if has_system => prompt[0].content.as_str(),
+        None => DEFAULT_SYSTEM_PROMPT,
+    };
+    let mut m = Vec::with_capacity(prompt.len() + 2);
     if !system.is_empty() {
         m.push(Message::new("system", system));
     }
-    m.push(Message::new("user", user));
+    m.extend_from_slice(rest);
+    if let Some(p) = prefix.filter(|p| !p.is_empty()) {
+        m.push(Message::new("assistant", p));
+    }
     m
 }
 
-/// Turn 2: the answer's conversation + `assistant(answer)` + `user(query)`.
-pub fn confidence_messages(
-    answer_conversation: &[Message],
-    answer: &str,
-    query: &str,
-) -> Vec<Message> {
-    let mut m = answer_conversation.to_vec();
+/// Turn 2 starts from an answer's recorded conversation (its `messages`): returns the messages
+/// before the answer (with `system`, when given, replacing the system message; `""` for none)
+/// and the answer's response prefix (a final partial assistant message, else empty).
+pub fn answer_turn(mut m: Vec<Message>, system: Option<&str>) -> (Vec<Message>, String) {
+    let prefix = match m.last() {
+        Some(last) if last.role == "assistant" => m.pop().map(|x| x.content).unwrap_or_default(),
+        _ => String::new(),
+    };
+    if let Some(s) = system {
+        if m.first().is_some_and(|x| x.role == "system") {
+            m.remove(0);
+        }
+        if !s.is_empty() {
+            m.insert(0, Message::new("system", s));
+        }
+    }
+    (m, prefix)
+}
+
+/// The messages after the answer in turn 2: `user(query)`, then the response `prefix` as a
+/// partial assistant message when there is one.
+pub fn confidence_query(query: &str, prefix: Option<&str>) -> Vec<Message> {
+    let mut m = vec![Message::new("user", query)];
+    if let Some(p) = prefix.filter(|p| !p.is_empty()) {
+        m.push(Message::new("assistant", p));
+    }
+    m
+}
+
+/// Turn 2, the conversation a confidence responds to: the messages before the answer +
+/// `assistant(answer)` + the query messages ([`confidence_query`]).
+pub fn confidence_messages(before: &[Message], answer: &str, query: &[Message]) -> Vec<Message> {
+    let mut m = Vec::with_capacity(before.len() + 1 + query.len());
+    m.extend_from_slice(before);
     m.push(Message::new("assistant", answer));
-    m.push(Message::new("user", query));
+    m.extend_from_slice(query);
     m
 }
 
@@ -88,16 +132,32 @@ mod tests {
 
     #[test]
     fn conversations() {
-        let a = answer_messages("sys", "2+2?");
+        let user = [Message::new("user", "2+2?")];
+        let a = answer_messages(&user, Some("sys"), None);
         assert_eq!(
             a,
             vec![Message::new("system", "sys"), Message::new("user", "2+2?")]
         );
-        assert_eq!(answer_messages("", "q"), vec![Message::new("user", "q")]);
-        let c = confidence_messages(&a, "<answer>4</answer>", "conf?");
-        assert_eq!(c.len(), 4);
+        // an empty system prompt is left out; none given: the default, or the prompt's own
+        assert_eq!(answer_messages(&user, Some(""), None), user.to_vec());
+        let d = answer_messages(&user, None, Some("<think>"));
+        assert_eq!(d[0], Message::new("system", DEFAULT_SYSTEM_PROMPT));
+        assert_eq!(d[2], Message::new("assistant", "<think>"));
+        let own = [Message::new("system", "mine"), Message::new("user", "q")];
+        assert_eq!(answer_messages(&own, None, None), own.to_vec());
+        assert_eq!(answer_messages(&own, Some("new"), None)[0].content, "new");
+        // turn 2 from the recorded conversation of an answer with a prefix
+        let (before, prefix) = answer_turn(d.clone(), None);
+        assert_eq!((before.as_slice(), prefix.as_str()), (&d[..2], "<think>"));
+        let (before2, _) = answer_turn(d.clone(), Some(""));
+        assert_eq!(before2, user.to_vec());
+        let q = confidence_query("conf?", Some("<analysis>"));
+        let c = confidence_messages(&a, "<answer>4</answer>", &q);
+        assert_eq!(c.len(), 5);
         assert_eq!(c[2], Message::new("assistant", "<answer>4</answer>"));
         assert_eq!(c[3], Message::new("user", "conf?"));
+        assert_eq!(c[4], Message::new("assistant", "<analysis>"));
+        assert_eq!(confidence_query("q", Some("")).len(), 1);
         let j = serde_json::to_string(&c[..1]).unwrap();
         assert_eq!(j, r#"[{"role":"system","content":"sys"}]"#);
     }

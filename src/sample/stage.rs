@@ -62,6 +62,46 @@ pub fn gen_config(
     })
 }
 
+/// The sampling settings of a generation stage (the validated form of its sampling flags).
+#[derive(Debug, Clone)]
+pub struct SamplingPlan {
+    /// Temperature, top-k, top-p, min-p.
+    pub params: SamplingParams,
+    /// Maximum number of new tokens per response.
+    pub max_new_tokens: usize,
+    /// Sequences decoded together.
+    pub batch_size: usize,
+    /// Extra stop strings (the response ends after the first one).
+    pub stop: Vec<String>,
+    /// Text the assistant turn starts with (recorded as a partial assistant message).
+    pub response_prefix: Option<String>,
+}
+
+impl SamplingPlan {
+    /// Load the policy and resolve the generation settings: the model, the [`gen_config`] and
+    /// the metadata object [`sampling_meta`] starts with `"stage"` set to `stage_name`.
+    pub fn load(
+        &self,
+        model: &std::path::Path,
+        device: &burn::tensor::Device,
+        seed: u64,
+        stage_name: &str,
+    ) -> Result<(Policy, GenConfig, serde_json::Value)> {
+        let policy = Policy::load(model, device)?;
+        let cfg = gen_config(
+            &policy,
+            self.params,
+            self.max_new_tokens,
+            self.stop.clone(),
+            seed,
+            self.batch_size,
+        )?;
+        let mut config = sampling_meta(&cfg, &policy, model);
+        config["stage"] = stage_name.into();
+        Ok((policy, cfg, config))
+    }
+}
+
 /// Running totals for the summary line and the metadata.
 #[derive(Debug, Default)]
 pub struct Summary {

@@ -13,7 +13,7 @@ use arrow::array::{
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Schema};
 
-use super::schema::{component_fields, span_fields, TableSpec};
+use super::schema::{span_fields, TableSpec};
 
 /// Find a column by name.
 pub fn column<'a>(b: &'a RecordBatch, table: &str, name: &str) -> Result<&'a ArrayRef> {
@@ -213,41 +213,6 @@ pub fn build_spans(rows: &[Option<(i32, i32)>]) -> ArrayRef {
     ))
 }
 
-/// One structured reward component.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Component {
-    pub name: String,
-    pub turn: i32,
-    pub value: f32,
-    pub weight: f32,
-}
-
-/// Build a `reward_components` column.
-pub fn build_components(rows: &[Vec<Component>]) -> ArrayRef {
-    let mut offsets = vec![0i32];
-    let (mut names, mut turns, mut values, mut weights) = (vec![], vec![], vec![], vec![]);
-    for r in rows {
-        for c in r {
-            names.push(c.name.as_str());
-            turns.push(c.turn);
-            values.push(c.value);
-            weights.push(c.weight);
-        }
-        offsets.push(names.len() as i32);
-    }
-    let st = StructArray::new(
-        component_fields(),
-        vec![
-            Arc::new(StringArray::from(names)),
-            Arc::new(Int32Array::from(turns)),
-            Arc::new(Float32Array::from(values)),
-            Arc::new(Float32Array::from(weights)),
-        ],
-        None,
-    );
-    list_array(DataType::Struct(component_fields()), Arc::new(st), offsets)
-}
-
 /// Replace or add columns of a batch. Existing columns keep their place; new columns are inserted
 /// before the first known column that follows them in `spec`'s canonical order (at the end when
 /// none does); unknown extra columns keep their place.
@@ -344,10 +309,6 @@ mod tests {
         assert_eq!(
             build_spans(&[Some((1, 2)), None]).data_type(),
             &crate::table::schema::ColType::Span.arrow()
-        );
-        assert_eq!(
-            build_components(&[vec![]]).data_type(),
-            &crate::table::schema::ColType::RewardComponents.arrow()
         );
         assert_eq!(
             build_list_bool([vec![true], vec![false, true]]).data_type(),

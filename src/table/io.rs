@@ -436,8 +436,6 @@ pub enum Encoding {
     /// (interning every float of a token list would cost more than the stage's math), no
     /// statistics (min/max of token lists help no query), 32k-value write batches.
     TokenLists,
-    /// A scratch copy read back once: uncompressed.
-    Scratch,
 }
 
 /// The writer properties for `enc`, with `kv` as the file's key-value metadata.
@@ -456,9 +454,6 @@ pub fn writer_properties(enc: Encoding, kv: Option<Vec<KeyValue>>) -> Result<Wri
             .set_dictionary_enabled(false)
             .set_statistics_enabled(EnabledStatistics::None)
             .set_write_batch_size(32 * 1024),
-        Encoding::Scratch => b
-            .set_compression(Compression::UNCOMPRESSED)
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS)),
     }
     .build())
 }

@@ -4,11 +4,13 @@
 //! - [`io`]: streaming [`Reader`] (file or folder of parts; LargeList/LargeUtf8 normalised) and
 //!   atomic [`Writer`] (zstd, rlcr key-value metadata, refuses to overwrite an input).
 //! - [`cols`]: typed column getters and builders.
+//! - [`intern`]: dense ids for strings (the one [`intern::Interner`]) and the fast hasher.
 //! - [`validate`]: schema and row checks with file/row/column in every message: the one
 //!   [`Validator`] every stage runs over its input.
 //! - [`splice`]: the row-preserving writer: an input's column chunks copied as they are, only new
 //!   columns encoded.
 pub mod cols;
+pub mod intern;
 pub mod io;
 pub mod json;
 pub mod schema;

@@ -38,6 +38,17 @@ impl Shard {
         table: &str,
         first_row: usize,
     ) -> anyhow::Result<RecordBatch> {
+        let keep = self.selection(batch, table, first_row)?;
+        Ok(arrow::compute::filter_record_batch(batch, &keep)?)
+    }
+
+    /// Which rows of `batch` belong to this shard (the mask [`Shard::filter`] applies).
+    pub fn selection(
+        &self,
+        batch: &RecordBatch,
+        table: &str,
+        first_row: usize,
+    ) -> anyhow::Result<BooleanArray> {
         let pid = super::cols::str_col(batch, table, "prompt_id")
             .with_context(|| "--shard splits rows by `prompt_id`".to_string())?;
         let mut keep = Vec::with_capacity(batch.num_rows());
@@ -50,10 +61,7 @@ impl Shard {
             }
             keep.push(self.contains(pid.value(i)));
         }
-        Ok(arrow::compute::filter_record_batch(
-            batch,
-            &BooleanArray::from(keep),
-        )?)
+        Ok(BooleanArray::from(keep))
     }
 }
 

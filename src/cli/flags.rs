@@ -1,0 +1,223 @@
+//! Flag groups shared by the stages, defined once and flattened (`#[command(flatten)]`) into
+//! each stage's `Args`: the input and output tables, the model folder, the sampling settings,
+//! the verifier choice and the optimizer. Their help is generic; each stage's long help says what it reads and
+//! writes.
+use std::path::PathBuf;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::common::UsageError;
+use crate::reward::rows::CountdownCompat;
+use crate::reward::VerifierChoice;
+use crate::sample::logits::SamplingParams;
+use crate::sample::stage::SamplingPlan;
+use crate::train::data::TrainRow;
+use crate::train::loss::LossAgg;
+use crate::train::optim::AdamWConfig;
+use crate::train::schedule::{Schedule, ScheduleKind};
+use crate::train::session::ResumeMode;
+use crate::train::trainer::{Objective, TrainConfig};
+
+/// `--input` and `-o/--out` of a stage that reads a table and writes another.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct TableIo {
+    /// Input table (a Parquet file or a folder of part files).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output table (written atomically; never one of the inputs).
+    #[arg(short = 'o', long)]
+    pub out: PathBuf,
+}
+
+/// `--model` of a stage that runs the policy.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelFolder {
+    /// Hugging Face model folder (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: PathBuf,
+}
+
+/// Sampling settings shared by the generation stages.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct SamplingArgs {
+    /// Maximum number of new tokens per response.
+    #[arg(long, default_value_t = 512)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens with total probability >= P (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Drop tokens whose probability is below P times the most likely one's (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Extra stop strings (the response ends after the first one).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Text the assistant turn starts with (e.g. `<think>`): written after the generation prompt
+    /// and recorded as a partial assistant message in `messages`; the response continues it.
+    #[arg(long)]
+    pub response_prefix: Option<String>,
+}
+
+impl SamplingArgs {
+    /// The logits settings.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
+    }
+
+    /// The library's sampling plan (the ranges are checked when the policy is loaded).
+    pub fn plan(&self) -> SamplingPlan {
+        SamplingPlan {
+            params: self.params(),
+            max_new_tokens: self.max_new_tokens,
+            batch_size: self.batch_size,
+            stop: self.stop.clone(),
+            response_prefix: self.response_prefix.clone(),
+        }
+    }
+}
+
+/// The verifier flags of the stages that verify answers (`score`, `probe`). Unset, `score` uses
+/// the defaults written in the help and `probe` the settings `score` recorded in its input.
+#[derive(clap::Args, Debug, Clone)]
+pub struct VerifierArgs {
+    /// Verifier; auto picks by data_source [default: auto].
+    #[arg(long, value_enum)]
+    pub verifier: Option<VerifierChoice>,
+    /// External verifier command (run with `sh -c`) speaking JSON lines on stdin/stdout; replaces
+    /// the built-in verifiers.
+    #[arg(long)]
+    pub verifier_cmd: Option<String>,
+    /// Seconds the external verifier may take to send its next reply [default: 60].
+    #[arg(long)]
+    pub verifier_timeout: Option<f64>,
+    /// How countdown answers are read: default (response only) or tinyzero (TinyZero's
+    /// compute_score on prompt + response) [default: default].
+    #[arg(long, value_enum)]
+    pub countdown_compat: Option<CountdownCompat>,
+}
+
+impl VerifierArgs {
+    /// The timeout given, checked: a positive number of seconds (usage error otherwise).
+    pub fn timeout(&self) -> Result<Option<f64>> {
+        match self.verifier_timeout {
+            Some(t) if !(t.is_finite() && t > 0.0) => Err(UsageError(format!(
+                "--verifier-timeout must be a positive number of seconds, got {t}"
+            ))
+            .into()),
+            t => Ok(t),
+        }
+    }
+}
+
+/// Optimizer, schedule and checkpoint flags shared by `update` and `sft`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OptimArgs {
+    /// Rows per micro-batch (one forward/backward; gradients are accumulated over the update batch).
+    #[arg(long, default_value_t = 4)]
+    pub micro_batch: usize,
+    /// Passes over the table.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Max global gradient norm (PyTorch clip_grad_norm_); 0 or inf turns clipping off.
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    /// Warmup: steps, or a fraction of --total-steps when below 1.
+    #[arg(long, default_value_t = 0.0)]
+    pub warmup: f64,
+    /// Learning-rate shape after warmup.
+    #[arg(long, value_enum, default_value_t = ScheduleKind::Constant)]
+    pub schedule: ScheduleKind,
+    /// Optimizer steps of the whole run (all iterations); needed by linear/cosine schedules.
+    #[arg(long)]
+    pub total_steps: Option<u64>,
+    /// AdamW β₁.
+    #[arg(long, default_value_t = 0.9)]
+    pub beta1: f64,
+    /// AdamW β₂.
+    #[arg(long, default_value_t = 0.999)]
+    pub beta2: f64,
+    /// AdamW ε.
+    #[arg(long, default_value_t = 1e-8)]
+    pub adam_eps: f64,
+    /// Decoupled weight decay.
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Loss aggregation over the update batch.
+    #[arg(long, value_enum, default_value_t = LossAgg::TokenMean)]
+    pub loss_agg: LossAgg,
+    /// L_max of seq-mean-token-sum-norm (default: the longest response of the table).
+    #[arg(long)]
+    pub agg_len: Option<usize>,
+    /// Shuffle the rows before each epoch (with --seed).
+    #[arg(long)]
+    pub shuffle: bool,
+    /// Continue the optimizer state and step counter saved in the --model folder
+    /// (`--resume` = yes; `auto` resumes when there is a state).
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "yes", default_value_t = ResumeMode::No)]
+    pub resume: ResumeMode,
+}
+
+impl OptimArgs {
+    /// The AdamW configuration.
+    pub fn adamw(&self) -> AdamWConfig {
+        AdamWConfig {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.adam_eps,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    /// The resolved loop configuration; `rows` gives the default `--agg-len` (the longest
+    /// response) when there are any. Flag errors are usage errors (exit code 2).
+    pub fn train_config(
+        &self,
+        objective: Objective,
+        lr: f64,
+        mini_batches: usize,
+        temperature: f64,
+        rows: &[TrainRow],
+        seed: u64,
+    ) -> Result<TrainConfig> {
+        let usage = |e: anyhow::Error| -> anyhow::Error { UsageError(format!("{e:#}")).into() };
+        let agg_len = self.agg_len.unwrap_or_else(|| {
+            rows.iter()
+                .map(|r| r.response.len())
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        });
+        let cfg = TrainConfig {
+            objective,
+            loss_agg: self.loss_agg,
+            agg_len,
+            schedule: Schedule::new(lr, self.warmup, self.schedule, self.total_steps)
+                .map_err(usage)?,
+            grad_clip: self.grad_clip,
+            micro_batch: self.micro_batch,
+            mini_batches,
+            epochs: self.epochs,
+            temperature,
+            shuffle: self.shuffle,
+            seed,
+        };
+        cfg.validate().map_err(usage)?;
+        self.adamw().validate().map_err(usage)?;
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,226 @@
+//! The `rlcr generate-answers` engine, turn 1 of the RLCR rollout, behind a clap-free [`Plan`]
+//! and [`run`].
+//!
+//! Prompts table in, G_a sampled answers per prompt out. Each answer row is the prompt row taken
+//! G_a times (so any extra prompt column passes through) with the sampled columns set:
+//! `messages` becomes the conversation the answer responds to (system prompt + the prompt's
+//! messages + the response prefix as a partial assistant message, if any). The prompts are
+//! processed in order, in chunks, and written as they complete, so memory stays bounded.
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use arrow::array::{Array, RecordBatch, UInt32Array};
+
+use super::policy::Policy;
+use super::prompts::{answer_messages, DEFAULT_SYSTEM_PROMPT};
+use super::sampler::{Group, SampleId};
+use super::spans::{answer_span, context_opens};
+use super::stage::{self, SamplingPlan, Summary};
+use crate::model::Message;
+use crate::table::{self, cols, Meta, Reader, Shard, Writer, PROMPTS, TRAJECTORY};
+
+/// What to sample: the validated form of `rlcr generate-answers`' flags.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The policy's model folder.
+    pub model: PathBuf,
+    /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
+    pub device: String,
+    /// The prompts table.
+    pub input: PathBuf,
+    /// The answers table.
+    pub out: PathBuf,
+    /// Answers per prompt (G_a ≥ 1).
+    pub num_answers: usize,
+    /// A system prompt replacing the prompts' own (`""` for none); `None`: the prompt's, else
+    /// RLCR's default ([`answer_messages`]).
+    pub system_prompt: Option<String>,
+    pub sampling: SamplingPlan,
+    /// Only the prompts of this shard.
+    pub shard: Option<Shard>,
+    pub seed: u64,
+    /// The command line, recorded in the metadata.
+    pub argv: Vec<String>,
+}
+
+/// One prompt ready to sample from.
+struct Prepared {
+    /// Row in its input batch.
+    row: usize,
+    prompt_id: String,
+    messages: Vec<Message>,
+    context_ids: Vec<u32>,
+    think_prefilled: bool,
+}
+
+/// Sample the answers of `plan` into its output; the sampler's totals.
+pub fn run(plan: &Plan) -> Result<Summary> {
+    let shard = plan.shard;
+    let system = &plan.system_prompt;
+    let device = crate::model::device_from_str(&plan.device)?;
+    let reader = Reader::open(&plan.input)?;
+    let name = plan.input.display().to_string();
+    table::check_schema(
+        &name,
+        &reader.schema(),
+        &PROMPTS,
+        &["prompt_id", "messages"],
+    )?;
+    let total_prompts = reader.num_rows();
+    if total_prompts == 0 {
+        bail!("{name}: the table has no rows; nothing was written");
+    }
+    let s = &plan.sampling;
+    let (policy, cfg, mut config) = s.load(&plan.model, &device, plan.seed, "generate-answers")?;
+    config["num_answers"] = plan.num_answers.into();
+    config["system_prompt"] = match &system {
+        Some(s) => s.clone().into(),
+        None => serde_json::json!({"default": DEFAULT_SYSTEM_PROMPT}),
+    };
+    config["response_prefix"] = s.response_prefix.clone().into();
+    config["shard"] = serde_json::to_value(shard)?;
+    config["argv"] = plan.argv.clone().into();
+    let meta = Meta::new(
+        &TRAJECTORY,
+        "generate-answers",
+        config,
+        &[plan.input.as_path(), plan.model.as_path()],
+    );
+
+    let mut progress = crate::progress::Progress::new(
+        "generate-answers",
+        (total_prompts * plan.num_answers) as u64,
+        "rows",
+    );
+    let mut summary = Summary::default();
+    let mut writer: Option<Writer> = None;
+    let mut seen = std::collections::HashSet::new();
+    let mut base_row = 0usize;
+    for batch in reader {
+        let batch = batch?;
+        let pid = cols::str_col(&batch, &name, "prompt_id")?;
+        let msg = cols::str_col(&batch, &name, "messages")?;
+        let mut prepared = Vec::new();
+        for i in 0..batch.num_rows() {
+            let loc = || format!("{name}, row {}", base_row + i);
+            for (c, null) in [("prompt_id", pid.is_null(i)), ("messages", msg.is_null(i))] {
+                if null {
+                    bail!("{}, column `{c}`: null where a value is required", loc());
+                }
+            }
+            let id = pid.value(i).to_string();
+            if !seen.insert(id.clone()) {
+                bail!("{}, column `prompt_id`: duplicate prompt_id {id:?}", loc());
+            }
+            if shard.is_some_and(|s| !s.contains(&id)) {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(msg.value(i))
+                .with_context(|| format!("{}, column `messages`: not valid JSON", loc()))?;
+            let prompt = stage::parse_messages(&v, &loc)?;
+            let messages =
+                answer_messages(&prompt, system.as_deref(), s.response_prefix.as_deref());
+            let (text, context_ids) = policy
+                .encode_context(&messages)
+                .with_context(|| format!("{}: building the context", loc()))?;
+            let max_pos = policy.model.config.max_position_embeddings;
+            if context_ids.len() >= max_pos {
+                bail!(
+                    "{}: prompt {id:?} is {} tokens with the chat template, but the model accepts at \
+                     most {max_pos} positions (context + response); shorten the prompt",
+                    loc(),
+                    context_ids.len()
+                );
+            }
+            prepared.push(Prepared {
+                row: i,
+                prompt_id: id,
+                messages,
+                context_ids,
+                think_prefilled: context_opens(&text, "<think>", &["</think>"]),
+            });
+        }
+        let per_chunk = (stage::chunk_samples(s.batch_size) / plan.num_answers).max(1);
+        for chunk in prepared.chunks(per_chunk) {
+            let out = sample_chunk(
+                &policy,
+                &batch,
+                chunk,
+                plan.num_answers,
+                &cfg,
+                &mut progress,
+                &mut summary,
+            )?;
+            table::io::write_lazily(&mut writer, &plan.out, &meta, &out)?;
+        }
+        base_row += batch.num_rows();
+    }
+    progress.finish();
+    let Some(w) = writer else {
+        bail!(
+            "{name}: no prompts to sample from{}; nothing was written",
+            if shard.is_some() {
+                " in this shard"
+            } else {
+                ""
+            }
+        );
+    };
+    w.finish()?;
+    Ok(summary)
+}
+
+/// Sample `g_a` answers for each prompt of `chunk` and build their rows.
+fn sample_chunk(
+    policy: &Policy,
+    batch: &RecordBatch,
+    chunk: &[Prepared],
+    g_a: usize,
+    cfg: &crate::sample::GenConfig,
+    progress: &mut crate::progress::Progress,
+    summary: &mut Summary,
+) -> Result<RecordBatch> {
+    let groups: Vec<Group> = chunk
+        .iter()
+        .map(|p| Group {
+            context: p.context_ids.clone(),
+            samples: (0..g_a as u32)
+                .map(|k| SampleId {
+                    prompt_id: p.prompt_id.clone(),
+                    answer_idx: k,
+                    confidence_idx: None,
+                })
+                .collect(),
+        })
+        .collect();
+    let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
+    let mut take = Vec::with_capacity(chunk.len() * g_a);
+    let mut c = stage::SampledColumns::default();
+    for (p, res) in chunk.iter().zip(&results) {
+        for (k, gen) in res.iter().enumerate() {
+            let span = answer_span(&gen.text, &gen.ends, p.think_prefilled);
+            summary.add(gen, span);
+            take.push(p.row as u32);
+            c.push(
+                "answer",
+                stage::to_i32(k, "answer_idx")?,
+                None,
+                format!("{}/a{k}", p.prompt_id),
+                &p.messages,
+                &p.context_ids,
+                gen,
+                span,
+                None,
+            )?;
+        }
+    }
+    let idx = UInt32Array::from(take);
+    let base = arrow::compute::take_record_batch(batch, &idx)?;
+    let arrays = c.into_arrays();
+    // Answers carry no confidence_span (generate-confidence adds it).
+    let arrays: Vec<_> = arrays
+        .into_iter()
+        .filter(|(n, _)| *n != "confidence_span")
+        .collect();
+    cols::set_columns(&base, &TRAJECTORY, arrays)
+}
