@@ -28,8 +28,8 @@ Sources:
 Splits of countdown-synth (--split): `train` and `heldout` never share a problem: a problem (its
 numbers sorted, plus the target) is held out when a fixed hash of it falls in the first
 --heldout-percent of 100 buckets. `hard` is out of domain: --max-numbers + 1 numbers per task, a
-size training never sees, with data_source `countdown-hard` (reports break it out). `all` (the
-default) draws every task.
+size training never sees. Held-out rows have data_source `countdown-heldout`, hard ones
+`countdown-hard` (reports break them out). `all` (the default) draws every task.
 
 Reads: --input (not for countdown-synth). Writes: -o (atomically; never an input).
 Example:

@@ -10,9 +10,9 @@
 //! problems and `Split::Heldout` keeps only them, so no held-out problem (under any order of its
 //! numbers, under any seed) can appear in training. `Split::Hard` draws tasks with one number
 //! more than the largest training shape (`max_numbers + 1`): a difficulty training never sees
-//! (out of domain, like the RLCR paper's MATH-500 column); its rows carry
-//! `data_source = "countdown-hard"` so that reports break it out (the countdown verifier still
-//! scores them; `--verifier auto` picks it by substring).
+//! (out of domain, like the RLCR paper's MATH-500 column). Held-out rows carry
+//! `data_source = "countdown-heldout"`, hard ones `"countdown-hard"`, so that reports break them
+//! out (the countdown verifier still scores them; `--verifier auto` picks it by substring).
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -268,8 +268,10 @@ pub fn countdown_synth(
             Some(json!({"solution": expr, "difficulty": difficulty, "split": split.name()})),
             shape.short_prompt,
         );
-        if split == Split::Hard {
-            row.data_source = "countdown-hard".into();
+        match split {
+            Split::Heldout => row.data_source = "countdown-heldout".into(),
+            Split::Hard => row.data_source = "countdown-hard".into(),
+            Split::All | Split::Train => {}
         }
         rows.push(row);
     }
@@ -577,6 +579,7 @@ mod tests {
                 let nums = nums_of(&r);
                 let target = r.ground_truth["target"].as_i64().unwrap();
                 assert_eq!(r.extra_info.as_ref().unwrap()["split"], "heldout");
+                assert_eq!(r.data_source, "countdown-heldout");
                 let key = canonical_key(&nums, target);
                 assert!(heldout_bucket(&nums, target, 20));
                 assert!(!train.contains(&key), "{key} is in both splits");
