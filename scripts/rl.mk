@@ -274,8 +274,8 @@ smollm2: $(SMOL_DIR)/config.json
 # (`--split heldout`, never in training) and EVAL_HARD out-of-domain ones (`--split hard`: one
 # number more than training's largest), G_A answers x G_C confidences each, sampled at TEMPERATURE
 # with the evaluation seed. `report` with labelled inputs writes the table (accuracy, ECE, Brier,
-# AUROC, mean confidence, format and parse rates with standard errors; all rows, in-domain
-# `countdown`, out-of-domain `countdown-hard`) and the reliability diagrams side by side to
+# AUROC, mean confidence, format and parse rates with standard errors; all rows, held-out
+# `countdown-heldout`, out-of-domain `countdown-hard`) and the reliability diagrams side by side to
 # $(DIR)/compare/. Resumable like the loop: every step is a file.
 EVAL_SEED ?= 777777
 EVAL_PROMPTS ?= 192

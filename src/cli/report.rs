@@ -27,7 +27,7 @@ With several --input files (iterations, in order) the detailed sections describe
 a table and line chart follow the metrics across iterations. With labelled inputs
 (`--input base=… --input rlvr=… --input rlcr=…`: arms evaluated on the same prompts) a comparison
 table (accuracy, ECE, Brier, AUROC, mean confidence, format and parse rates, each with its
-standard error; all rows, then per data_source, e.g. in-domain vs the out-of-domain
+standard error; all rows, then per data_source, e.g. held-out `countdown-heldout` vs the out-of-domain
 `countdown-hard` bucket) and the arms' reliability diagrams side by side replace the iteration
 curves. With --probe, the faithfulness probe's
 curves (probe confidence against cut fraction; probe vs verbal confidence vs correctness).

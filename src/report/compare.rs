@@ -1,6 +1,6 @@
 //! Comparison of labelled inputs (arms, e.g. `base`, `rlvr`, `rlcr` evaluated on the same prompts):
 //! one table with every figure and its standard error, per bucket (all rows, then each
-//! `data_source`, e.g. in-domain `countdown` and out-of-domain `countdown-hard`), and the arms'
+//! `data_source`, e.g. held-out `countdown-heldout` and out-of-domain `countdown-hard`), and the arms'
 //! reliability diagrams side by side (one row of panels per bucket).
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
