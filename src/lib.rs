@@ -7,6 +7,7 @@
 //! `cli` module, which parses flags, reads tables, calls the library and writes tables.
 //!
 //! Module map:
+//! - [`child`]: a long-lived `sh -c` child speaking lines (external verifier, environment).
 //! - [`fs`]: atomic files and folders, stale-temp cleanup (used by every writer).
 //! - [`table`]: schemas, Parquet I/O, metadata, validation.
 //! - [`model`]: Llama/Qwen2 decoder in burn, weights, tokenizer, chat template, GGUF import.
@@ -20,6 +21,7 @@
 
 pub mod advantage;
 pub mod alloc;
+pub mod child;
 pub mod cli;
 pub mod fs;
 pub mod model;

@@ -10,14 +10,24 @@
 
 use serde::{Deserialize, Serialize};
 
-/// KL estimator (`--kl-estimator`); verl's names are accepted as aliases.
+/// Clamp applied to `-d` inside k3 (verl `low_var_kl`).
+pub const K3_LOG_CLAMP: f64 = 20.0;
+/// Clamp applied to the value of k3 (verl `low_var_kl`).
+pub const K3_VALUE_CLAMP: f64 = 10.0;
+
+/// KL estimator (ANCHORS §1.4.6; D13), one enum for both places verl uses its `kl_penalty`: the
+/// KL in the reward (`advantage --kl-estimator`, verl `algorithm.kl_penalty`, default `kl` = k1)
+/// and the KL loss (`update --kl-estimator`, verl `actor.kl_loss_type`, default `low_var_kl` =
+/// k3). Both stages parse it with the same names, ours and verl's: `k1`/`kl`, `abs`, `k2`/`mse`,
+/// `k3`/`low_var_kl`/`low-var-kl`. verl's straight-through variants (`k1+`, `k3+`: the forward
+/// value of k1/k3 with the gradient of k2) are not offered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KlEstimator {
     /// `d` (verl `kl`): unbiased for KL(π‖ref), can be negative.
     #[value(alias = "kl")]
     K1,
-    /// `|d|`.
+    /// `|d|` (verl `abs`).
     Abs,
     /// `d²/2` (verl `mse`).
     #[value(alias = "mse")]
@@ -36,8 +46,8 @@ pub fn kl_value(logp: f64, ref_logp: f64, est: KlEstimator) -> f64 {
         KlEstimator::Abs => d.abs(),
         KlEstimator::K2 => 0.5 * d * d,
         KlEstimator::K3 => {
-            let x = (-d).clamp(-20.0, 20.0);
-            (x.exp() - x - 1.0).clamp(-10.0, 10.0)
+            let x = (-d).clamp(-K3_LOG_CLAMP, K3_LOG_CLAMP);
+            (x.exp() - x - 1.0).clamp(-K3_VALUE_CLAMP, K3_VALUE_CLAMP)
         }
     }
 }
@@ -99,6 +109,28 @@ impl KlController {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::ValueEnum;
+
+    // One parser for both stages: ours and verl's names, nothing else.
+    #[test]
+    fn names_ours_and_verls() {
+        for (names, want) in [
+            (&["k1", "kl"][..], KlEstimator::K1),
+            (&["abs"][..], KlEstimator::Abs),
+            (&["k2", "mse"][..], KlEstimator::K2),
+            (&["k3", "low_var_kl", "low-var-kl"][..], KlEstimator::K3),
+        ] {
+            for n in names {
+                assert_eq!(KlEstimator::from_str(n, false), Ok(want), "{n}");
+            }
+            // metadata spells the canonical name
+            let json = serde_json::to_string(&want).unwrap();
+            assert_eq!(json, format!("\"{}\"", names[0]));
+        }
+        for bad in ["full", "k3+", "k1+", "K3", "lowvar"] {
+            assert!(KlEstimator::from_str(bad, false).is_err(), "{bad}");
+        }
+    }
 
     // ANCHORS §3.4.
     #[test]

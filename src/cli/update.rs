@@ -162,7 +162,7 @@ pub struct Args {
     /// β of the KL loss against --ref-model (0: off, no reference model loaded).
     #[arg(long, default_value_t = 0.0)]
     pub kl_coef: f64,
-    /// KL estimator of the KL loss.
+    /// KL estimator of the KL loss (verl names kl, mse, low_var_kl accepted, as in `advantage`).
     #[arg(long, value_enum, default_value_t = KlEstimator::K3)]
     pub kl_estimator: KlEstimator,
     /// Reference model folder for the KL loss (else the table's ref_logprobs column).

@@ -21,9 +21,6 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::config::{token_ids, ModelConfig};
 
-/// Token ids with the byte range of each token in the encoded text.
-pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
-
 /// A loaded tokenizer with its special tokens.
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -175,20 +172,6 @@ impl Tokenizer {
             .context("tokenizing text")?
             .get_ids()
             .to_vec())
-    }
-
-    /// Encode text and return, with the ids, each token's byte range in `text`.
-    pub fn encode_with_offsets(
-        &self,
-        text: &str,
-        add_special_tokens: bool,
-    ) -> Result<IdsWithOffsets> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| anyhow!("{e}"))
-            .context("tokenizing text")?;
-        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
     }
 
     /// Decode ids to text (`skip_special_tokens` drops special tokens as transformers does).

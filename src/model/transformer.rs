@@ -741,15 +741,6 @@ impl Transformer {
         Ok(self.lm_head_packed(last, packed))
     }
 
-    /// Run `input` through the cache and return logits `[B, T, V]` at every slot.
-    pub fn forward_cached(&self, cache: &mut KvCache, input: &TokenBatch) -> Result<Tensor<3>> {
-        let h = self.hidden_cached(cache, input)?;
-        let [b, t, hd] = h.dims();
-        Ok(self
-            .lm_head(h.reshape([b * t, hd]))
-            .reshape([b, t, self.dims.vocab]))
-    }
-
     /// Per-token log-probs (and optionally entropies) of the responses of a [`ResponseBatch`],
     /// cache-free, differentiable on an autodiff device.
     ///

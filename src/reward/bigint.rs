@@ -1,19 +1,20 @@
-//! Arbitrary-precision integers, just enough to evaluate countdown equations with Python's integer
-//! semantics (TinyZero `eval`s them, and Python integers never overflow).
+//! Python integers, just enough to evaluate countdown equations with Python's integer semantics
+//! (TinyZero `eval`s them, and Python integers never overflow).
 //!
 //! Design: [`Int`] keeps values that fit in an `i128` inline (every realistic countdown equation
-//! stays there, so the fast path allocates nothing) and promotes to a sign-magnitude [`BigInt`]
-//! with little-endian `u32` limbs when a checked `i128` operation overflows. Division is Knuth's
-//! algorithm D (Hacker's Delight `divmnu`). Conversions to `f64` round to nearest, ties to even,
-//! exactly as CPython's `int.__float__` and `int / int` (`long_true_divide`) do, including
-//! subnormal results and the `OverflowError` when the result does not fit a double.
+//! stays there, so the fast path allocates nothing) and promotes to a `num-bigint`
+//! [`BigInt`] when a checked `i128` operation overflows. What is Python's and not the crate's is
+//! here: floor division (`//`), the correctly rounded true division `int / int`
+//! (`long_true_divide`) and `float(int)`, both to nearest, ties to even, with subnormal results
+//! and the `OverflowError` when the result does not fit a double, and a size bound.
 //!
 //! Bound: no value may exceed [`MAX_BITS`] bits (about 19,700 decimal digits). Python would go on
 //! computing (or run out of memory on `9**9**9**9`); here such an operation fails with
 //! [`IntError::TooLarge`], which the evaluator maps to "not evaluable", the same outcome as any
 //! Python exception. A countdown equation can only use the given numbers once each, so a result
 //! that large cannot come back to a small target except by an equally large operation.
-use std::cmp::Ordering;
+pub use num_bigint::BigInt;
+use num_bigint::{BigUint, Sign};
 
 /// Largest magnitude, in bits, of any integer the evaluator will build.
 pub const MAX_BITS: u64 = 1 << 16;
@@ -29,14 +30,6 @@ pub enum IntError {
     TooLarge,
 }
 
-/// Sign-magnitude big integer; `mag` is little-endian base 2^32 without trailing zero limbs;
-/// zero is an empty `mag` with `neg == false`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BigInt {
-    neg: bool,
-    mag: Vec<u32>,
-}
-
 /// A Python `int`: inline when it fits in an `i128`, big otherwise (never both for one value).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Int {
@@ -45,239 +38,32 @@ pub enum Int {
 }
 
 // ---------------------------------------------------------------------------------------------
-// magnitude helpers (little-endian u32 limbs)
-
-fn trim(v: &mut Vec<u32>) {
-    while v.last() == Some(&0) {
-        v.pop();
-    }
-}
-
-fn mag_from_u128(mut x: u128) -> Vec<u32> {
-    let mut v = Vec::with_capacity(4);
-    while x != 0 {
-        v.push(x as u32);
-        x >>= 32;
-    }
-    v
-}
-
-fn mag_bits(a: &[u32]) -> u64 {
-    match a.last() {
-        None => 0,
-        Some(&top) => (a.len() as u64 - 1) * 32 + (32 - top.leading_zeros() as u64),
-    }
-}
-
-fn mag_cmp(a: &[u32], b: &[u32]) -> Ordering {
-    if a.len() != b.len() {
-        return a.len().cmp(&b.len());
-    }
-    for i in (0..a.len()).rev() {
-        match a[i].cmp(&b[i]) {
-            Ordering::Equal => continue,
-            o => return o,
-        }
-    }
-    Ordering::Equal
-}
-
-fn mag_add(a: &[u32], b: &[u32]) -> Vec<u32> {
-    let (long, short) = if a.len() >= b.len() { (a, b) } else { (b, a) };
-    let mut out = Vec::with_capacity(long.len() + 1);
-    let mut carry = 0u64;
-    for (i, &l) in long.iter().enumerate() {
-        let s = l as u64 + short.get(i).copied().unwrap_or(0) as u64 + carry;
-        out.push(s as u32);
-        carry = s >> 32;
-    }
-    if carry != 0 {
-        out.push(carry as u32);
-    }
-    out
-}
-
-/// `a - b` for `a >= b`.
-fn mag_sub(a: &[u32], b: &[u32]) -> Vec<u32> {
-    let mut out = Vec::with_capacity(a.len());
-    let mut borrow = 0i64;
-    for (i, &x) in a.iter().enumerate() {
-        let d = x as i64 - b.get(i).copied().unwrap_or(0) as i64 - borrow;
-        if d < 0 {
-            out.push((d + (1i64 << 32)) as u32);
-            borrow = 1;
-        } else {
-            out.push(d as u32);
-            borrow = 0;
-        }
-    }
-    trim(&mut out);
-    out
-}
-
-fn mag_mul(a: &[u32], b: &[u32]) -> Vec<u32> {
-    if a.is_empty() || b.is_empty() {
-        return Vec::new();
-    }
-    let mut out = vec![0u32; a.len() + b.len()];
-    for (i, &x) in a.iter().enumerate() {
-        let mut carry = 0u64;
-        for (j, &y) in b.iter().enumerate() {
-            let t = x as u64 * y as u64 + out[i + j] as u64 + carry;
-            out[i + j] = t as u32;
-            carry = t >> 32;
-        }
-        out[i + b.len()] = carry as u32;
-    }
-    trim(&mut out);
-    out
-}
-
-fn mag_shl(a: &[u32], s: u32) -> Vec<u32> {
-    // s < 32
-    if s == 0 {
-        return a.to_vec();
-    }
-    let mut out = Vec::with_capacity(a.len() + 1);
-    let mut carry = 0u32;
-    for &x in a {
-        out.push((x << s) | carry);
-        carry = x >> (32 - s);
-    }
-    out.push(carry);
-    trim(&mut out);
-    out
-}
-
-/// Shift left by any number of bits.
-fn mag_shl_bits(a: &[u32], bits: u64) -> Vec<u32> {
-    if a.is_empty() {
-        return Vec::new();
-    }
-    let limbs = (bits / 32) as usize;
-    let mut out = vec![0u32; limbs];
-    out.extend_from_slice(&mag_shl(a, (bits % 32) as u32));
-    trim(&mut out);
-    out
-}
-
-/// Quotient and remainder of magnitudes, `b` nonzero (Knuth D, Hacker's Delight `divmnu`).
-fn mag_divmod(u: &[u32], v: &[u32]) -> (Vec<u32>, Vec<u32>) {
-    debug_assert!(!v.is_empty());
-    if mag_cmp(u, v) == Ordering::Less {
-        return (Vec::new(), u.to_vec());
-    }
-    let n = v.len();
-    if n == 1 {
-        let d = v[0] as u64;
-        let mut q = vec![0u32; u.len()];
-        let mut r = 0u64;
-        for i in (0..u.len()).rev() {
-            let cur = (r << 32) | u[i] as u64;
-            q[i] = (cur / d) as u32;
-            r = cur % d;
-        }
-        trim(&mut q);
-        let mut rv = vec![r as u32];
-        trim(&mut rv);
-        return (q, rv);
-    }
-    let m = u.len() - n;
-    let s = v[n - 1].leading_zeros();
-    let vn: Vec<u32> = {
-        let mut t = mag_shl(v, s);
-        t.resize(n, 0);
-        t
-    };
-    let mut un: Vec<u32> = {
-        let mut t = mag_shl(u, s);
-        t.resize(u.len() + 1, 0);
-        t
-    };
-    let b: u64 = 1 << 32;
-    let mut q = vec![0u32; m + 1];
-    for j in (0..=m).rev() {
-        let num = ((un[j + n] as u64) << 32) | un[j + n - 1] as u64;
-        let mut qhat = num / vn[n - 1] as u64;
-        let mut rhat = num % vn[n - 1] as u64;
-        while qhat >= b || qhat * vn[n - 2] as u64 > ((rhat << 32) | un[j + n - 2] as u64) {
-            qhat -= 1;
-            rhat += vn[n - 1] as u64;
-            if rhat >= b {
-                break;
-            }
-        }
-        // multiply and subtract
-        let mut k: i64 = 0;
-        for i in 0..n {
-            let p = qhat * vn[i] as u64;
-            let t = un[i + j] as i64 - k - (p & 0xFFFF_FFFF) as i64;
-            un[i + j] = t as u32;
-            k = (p >> 32) as i64 - (t >> 32);
-        }
-        let t = un[j + n] as i64 - k;
-        un[j + n] = t as u32;
-        if t < 0 {
-            q[j] = (qhat - 1) as u32;
-            let mut k2 = 0u64;
-            for i in 0..n {
-                let t2 = un[i + j] as u64 + vn[i] as u64 + k2;
-                un[i + j] = t2 as u32;
-                k2 = t2 >> 32;
-            }
-            un[j + n] = un[j + n].wrapping_add(k2 as u32);
-        } else {
-            q[j] = qhat as u32;
-        }
-    }
-    trim(&mut q);
-    // remainder: un[0..n] >> s
-    let mut r = vec![0u32; n];
-    for i in 0..n {
-        r[i] = if s == 0 {
-            un[i]
-        } else {
-            (un[i] >> s) | (un[i + 1] << (32 - s))
-        };
-    }
-    trim(&mut r);
-    (q, r)
-}
+// rounding to doubles
 
 /// Top 64 bits of a magnitude (as an integer < 2^64), the exponent to scale them back and
 /// whether any lower bit was set.
-fn mag_top64(a: &[u32]) -> (u64, i64, bool) {
-    let bits = mag_bits(a);
+fn top64(a: &BigUint) -> (u64, i64, bool) {
+    let bits = a.bits();
     if bits <= 64 {
-        let mut x = 0u64;
-        for (i, &l) in a.iter().enumerate() {
-            x |= (l as u64) << (32 * i);
-        }
-        return (x, 0, false);
+        return (a.iter_u64_digits().next().unwrap_or(0), 0, false);
     }
     let shift = bits - 64;
-    let limb = (shift / 32) as usize;
-    let off = (shift % 32) as u32;
-    let mut acc: u128 = 0;
-    for i in (limb..a.len())
-        .rev()
-        .take(3)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-    {
-        acc |= (a[i] as u128) << (32 * (i - limb));
-    }
-    let top = (acc >> off) as u64;
-    let sticky =
-        a[..limb].iter().any(|&l| l != 0) || (off > 0 && (a[limb] & ((1u32 << off) - 1)) != 0);
+    let top = (a >> shift).iter_u64_digits().next().unwrap_or(0);
+    let sticky = a.trailing_zeros().is_some_and(|tz| tz < shift);
     (top, shift as i64, sticky)
+}
+
+/// Nearest double to a big integer, ties to even; `Err(Overflow)` beyond the double range.
+fn big_to_f64(b: &BigInt) -> Result<f64, IntError> {
+    let (top, e, sticky) = top64(b.magnitude());
+    let v = round_to_f64(top, sticky, e)?;
+    Ok(if b.sign() == Sign::Minus { -v } else { v })
 }
 
 /// Correctly rounded `(m + delta) * 2^e` where `delta` in (0,1) iff `sticky`, to nearest, ties to
 /// even, with subnormals. Needs `m` to carry at least two bits beyond the 53 kept when `sticky`
 /// (callers pass 55+ bits). `Err(Overflow)` when the result is not finite.
-pub(crate) fn round_to_f64(m: u64, sticky: bool, e: i64) -> Result<f64, IntError> {
+fn round_to_f64(m: u64, sticky: bool, e: i64) -> Result<f64, IntError> {
     if m == 0 {
         return Ok(0.0);
     }
@@ -323,125 +109,17 @@ fn pow2(e: i64) -> f64 {
 
 // ---------------------------------------------------------------------------------------------
 
-impl BigInt {
-    fn from_parts(neg: bool, mut mag: Vec<u32>) -> BigInt {
-        trim(&mut mag);
-        let neg = neg && !mag.is_empty();
-        BigInt { neg, mag }
-    }
-
-    pub fn from_i128(v: i128) -> BigInt {
-        BigInt::from_parts(v < 0, mag_from_u128(v.unsigned_abs()))
-    }
-
-    pub fn is_zero(&self) -> bool {
-        self.mag.is_empty()
-    }
-
-    pub fn is_negative(&self) -> bool {
-        self.neg
-    }
-
-    /// Bit length of the magnitude.
-    pub fn bits(&self) -> u64 {
-        mag_bits(&self.mag)
-    }
-
-    pub fn to_i128(&self) -> Option<i128> {
-        if self.mag.len() > 4 {
-            return None;
-        }
-        let mut m: u128 = 0;
-        for (i, &l) in self.mag.iter().enumerate() {
-            m |= (l as u128) << (32 * i);
-        }
-        if self.neg {
-            if m <= i128::MAX as u128 + 1 {
-                Some((m as i128).wrapping_neg())
-            } else {
-                None
-            }
-        } else if m <= i128::MAX as u128 {
-            Some(m as i128)
-        } else {
-            None
-        }
-    }
-
-    fn neg(&self) -> BigInt {
-        BigInt::from_parts(!self.neg, self.mag.clone())
-    }
-
-    fn add(&self, o: &BigInt) -> BigInt {
-        if self.neg == o.neg {
-            return BigInt::from_parts(self.neg, mag_add(&self.mag, &o.mag));
-        }
-        match mag_cmp(&self.mag, &o.mag) {
-            Ordering::Equal => BigInt::from_parts(false, Vec::new()),
-            Ordering::Greater => BigInt::from_parts(self.neg, mag_sub(&self.mag, &o.mag)),
-            Ordering::Less => BigInt::from_parts(o.neg, mag_sub(&o.mag, &self.mag)),
-        }
-    }
-
-    fn mul(&self, o: &BigInt) -> BigInt {
-        BigInt::from_parts(self.neg != o.neg, mag_mul(&self.mag, &o.mag))
-    }
-
-    /// Floor division and modulo (Python `divmod`), `o` nonzero.
-    fn divmod_floor(&self, o: &BigInt) -> (BigInt, BigInt) {
-        let (q, r) = mag_divmod(&self.mag, &o.mag);
-        let mut q = BigInt::from_parts(self.neg != o.neg, q);
-        let mut r = BigInt::from_parts(self.neg, r);
-        if !r.is_zero() && (self.neg != o.neg) {
-            q = q.add(&BigInt::from_i128(-1));
-            r = r.add(o);
-        }
-        (q, r)
-    }
-
-    /// Nearest double, ties to even; `Err(Overflow)` beyond the double range.
-    fn to_f64(&self) -> Result<f64, IntError> {
-        let (top, e, sticky) = mag_top64(&self.mag);
-        let v = round_to_f64(top, sticky, e)?;
-        Ok(if self.neg { -v } else { v })
-    }
-
-    /// Decimal digits (ASCII, no sign) to an integer.
-    pub fn from_decimal(digits: &str) -> BigInt {
-        let mut mag: Vec<u32> = Vec::new();
-        for chunk in digits.as_bytes().chunks(9) {
-            let mut mulv = 1u64;
-            let mut addv = 0u64;
-            for &c in chunk {
-                mulv *= 10;
-                addv = addv * 10 + (c - b'0') as u64;
-            }
-            let mut carry = addv;
-            for l in mag.iter_mut() {
-                let t = *l as u64 * mulv + carry;
-                *l = t as u32;
-                carry = t >> 32;
-            }
-            while carry != 0 {
-                mag.push(carry as u32);
-                carry >>= 32;
-            }
-        }
-        BigInt::from_parts(false, mag)
-    }
-}
-
 impl Int {
     fn from_big(b: BigInt) -> Int {
-        match b.to_i128() {
-            Some(v) => Int::Small(v),
-            None => Int::Big(b),
+        match i128::try_from(&b) {
+            Ok(v) => Int::Small(v),
+            Err(_) => Int::Big(b),
         }
     }
 
     fn to_big(&self) -> BigInt {
         match self {
-            Int::Small(v) => BigInt::from_i128(*v),
+            Int::Small(v) => BigInt::from(*v),
             Int::Big(b) => b.clone(),
         }
     }
@@ -454,16 +132,19 @@ impl Int {
         }
     }
 
-    /// A decimal literal (ASCII digits, leading zeros allowed here; the tokenizer enforces
-    /// Python's literal rules).
-    pub fn from_decimal(digits: &str) -> Int {
+    /// A decimal literal: ASCII digits only, leading zeros allowed here (the tokenizer enforces
+    /// Python's literal rules); `None` for anything else (an empty string, a sign, `_`).
+    pub fn from_decimal(digits: &str) -> Option<Int> {
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
         if digits.len() <= 38 {
-            // ok: at most 38 ASCII digits always fit an i128
+            // at most 38 ASCII digits always fit an i128
             if let Ok(v) = digits.parse::<i128>() {
-                return Int::Small(v);
+                return Some(Int::Small(v));
             }
         }
-        Int::from_big(BigInt::from_decimal(digits))
+        digits.parse::<BigInt>().ok().map(Int::from_big)
     }
 
     pub fn is_zero(&self) -> bool {
@@ -473,7 +154,7 @@ impl Int {
     pub fn is_negative(&self) -> bool {
         match self {
             Int::Small(v) => *v < 0,
-            Int::Big(b) => b.is_negative(),
+            Int::Big(b) => b.sign() == Sign::Minus,
         }
     }
 
@@ -488,9 +169,9 @@ impl Int {
         match self {
             Int::Small(v) => Ok(match v.checked_neg() {
                 Some(n) => Int::Small(n),
-                None => Int::Big(BigInt::from_i128(*v).neg()),
+                None => Int::Big(-BigInt::from(*v)),
             }),
-            Int::Big(b) => Ok(Int::from_big(b.neg())),
+            Int::Big(b) => Ok(Int::from_big(-b)),
         }
     }
 
@@ -500,7 +181,7 @@ impl Int {
                 return Ok(Int::Small(s));
             }
         }
-        Int::checked(self.to_big().add(&o.to_big()))
+        Int::checked(self.to_big() + o.to_big())
     }
 
     pub fn sub(&self, o: &Int) -> Result<Int, IntError> {
@@ -509,7 +190,7 @@ impl Int {
                 return Ok(Int::Small(s));
             }
         }
-        Int::checked(self.to_big().add(&o.to_big().neg()))
+        Int::checked(self.to_big() - o.to_big())
     }
 
     pub fn mul(&self, o: &Int) -> Result<Int, IntError> {
@@ -522,7 +203,7 @@ impl Int {
         if a.bits() + b.bits() > MAX_BITS + 1 {
             return Err(IntError::TooLarge);
         }
-        Int::checked(a.mul(&b))
+        Int::checked(a * b)
     }
 
     /// Python `a // b` (floor).
@@ -542,7 +223,12 @@ impl Int {
                 return Ok(Int::Small(q));
             }
         }
-        Ok(Int::from_big(self.to_big().divmod_floor(&o.to_big()).0))
+        // num-bigint's `/` truncates and `%` takes the dividend's sign, as Rust's do
+        let (a, b) = (self.to_big(), o.to_big());
+        let (q, r) = (&a / &b, &a % &b);
+        let floor =
+            r.sign() != Sign::NoSign && (r.sign() == Sign::Minus) != (b.sign() == Sign::Minus);
+        Ok(Int::from_big(if floor { q - 1 } else { q }))
     }
 
     /// Python `a ** e` for `e >= 0`.
@@ -555,44 +241,38 @@ impl Int {
             Int::Small(-1) => {
                 let odd = match e {
                     Int::Small(v) => v & 1 == 1,
-                    Int::Big(b) => b.mag.first().is_some_and(|l| l & 1 == 1),
+                    Int::Big(b) => b.bit(0),
                 };
                 return Ok(Int::Small(if odd { -1 } else { 1 }));
             }
             _ => {}
         }
         let exp = match e.as_i128() {
-            Some(v) if v <= MAX_BITS as i128 => v as u64,
+            Some(v) if v <= MAX_BITS as i128 => v as u32,
             _ => return Err(IntError::TooLarge),
         };
         let base_bits = match self {
             Int::Small(v) => 128 - v.unsigned_abs().leading_zeros() as u64,
             Int::Big(b) => b.bits(),
         };
-        // |base| >= 2 here, so the result has at least (base_bits - 1) * exp + 1 bits
-        if exp > 0 && (base_bits - 1) * exp + 1 > MAX_BITS {
+        // |base| >= 2 here, so the result has at least (base_bits - 1) * exp + 1 bits; this also
+        // bounds the work below to at most 2 * MAX_BITS bits
+        if exp > 0 && (base_bits - 1) * exp as u64 + 1 > MAX_BITS {
             return Err(IntError::TooLarge);
         }
-        let mut result = Int::Small(1);
-        let mut base = self.clone();
-        let mut k = exp;
-        while k > 0 {
-            if k & 1 == 1 {
-                result = result.mul(&base)?;
-            }
-            k >>= 1;
-            if k > 0 {
-                base = base.mul(&base)?;
+        if let Int::Small(v) = self {
+            if let Some(p) = v.checked_pow(exp) {
+                return Ok(Int::Small(p));
             }
         }
-        Ok(result)
+        Int::checked(self.to_big().pow(exp))
     }
 
     /// Python `float(a)`: nearest double, ties to even; `Err(Overflow)` beyond the double range.
     pub fn to_f64(&self) -> Result<f64, IntError> {
         match self {
             Int::Small(v) => Ok(*v as f64),
-            Int::Big(b) => b.to_f64(),
+            Int::Big(b) => big_to_f64(b),
         }
     }
 
@@ -601,19 +281,19 @@ impl Int {
         if o.is_zero() {
             return Err(IntError::ZeroDivision);
         }
-        const EXACT: i128 = 1 << 53;
+        const EXACT: u128 = 1 << 53;
         if let (Int::Small(a), Int::Small(b)) = (self, o) {
-            if a.abs() <= EXACT && b.abs() <= EXACT {
+            if a.unsigned_abs() <= EXACT && b.unsigned_abs() <= EXACT {
                 return Ok(*a as f64 / *b as f64);
             }
         }
+        let neg = self.is_negative() != o.is_negative();
         let (a, b) = (self.to_big(), o.to_big());
-        let neg = a.neg != b.neg;
-        if a.is_zero() {
+        let (a, b) = (a.magnitude(), b.magnitude());
+        if a.bits() == 0 {
             return Ok(if neg { -0.0 } else { 0.0 });
         }
-        let (na, nb) = (a.bits() as i64, b.bits() as i64);
-        let e0 = na - nb; // 2^(e0-1) < |a/b| < 2^(e0+1)
+        let e0 = a.bits() as i64 - b.bits() as i64; // 2^(e0-1) < |a/b| < 2^(e0+1)
         if e0 > 1025 {
             return Err(IntError::Overflow);
         }
@@ -623,13 +303,13 @@ impl Int {
         // q = floor(|a| 2^k / |b|) has 55 or 56 bits
         let k = 55 - e0;
         let (num, den) = if k >= 0 {
-            (mag_shl_bits(&a.mag, k as u64), b.mag.clone())
+            (a << k as u64, b.clone())
         } else {
-            (a.mag.clone(), mag_shl_bits(&b.mag, (-k) as u64))
+            (a.clone(), b << (-k) as u64)
         };
-        let (q, r) = mag_divmod(&num, &den);
-        let (top, e, sticky_q) = mag_top64(&q);
-        let v = round_to_f64(top, sticky_q || !r.is_empty(), e - k)?;
+        let (q, r) = (&num / &den, &num % &den);
+        let (top, e, sticky_q) = top64(&q);
+        let v = round_to_f64(top, sticky_q || r.bits() != 0, e - k)?;
         Ok(if neg { -v } else { v })
     }
 }
@@ -644,7 +324,7 @@ mod tests {
             Some(d) => (true, d),
             None => (false, s),
         };
-        let v = Int::from_decimal(d);
+        let v = Int::from_decimal(d).unwrap();
         if neg {
             v.neg().unwrap()
         } else {
@@ -652,24 +332,8 @@ mod tests {
         }
     }
 
-    /// Decimal rendering, for tests only (slow).
     fn to_dec(v: &Int) -> String {
-        let b = v.to_big();
-        if b.is_zero() {
-            return "0".into();
-        }
-        let mut mag = b.mag.clone();
-        let mut digits = Vec::new();
-        while !mag.is_empty() {
-            let (q, r) = mag_divmod(&mag, &[10]);
-            digits.push(b'0' + r.first().copied().unwrap_or(0) as u8);
-            mag = q;
-        }
-        if b.neg {
-            digits.push(b'-');
-        }
-        digits.reverse();
-        String::from_utf8(digits).unwrap()
+        v.to_big().to_string()
     }
 
     #[test]
@@ -741,6 +405,24 @@ mod tests {
         assert_eq!(big("5").truediv(&big("0")), Err(IntError::ZeroDivision));
     }
 
+    #[test]
+    fn literals() {
+        assert_eq!(Int::from_decimal("007"), Some(Int::Small(7)));
+        assert_eq!(Int::from_decimal(""), None);
+        assert_eq!(Int::from_decimal("1_000"), None);
+        assert_eq!(Int::from_decimal("-1"), None);
+        let d = "1".repeat(60);
+        assert_eq!(to_dec(&Int::from_decimal(&d).unwrap()), d);
+        // 2**127 is the first positive value past the fast path; -(2**127) is back on it
+        let p = big("2").pow(&big("127")).unwrap();
+        assert!(matches!(p, Int::Big(_)));
+        assert_eq!(p.neg(), Ok(Int::Small(i128::MIN)));
+        assert_eq!(
+            Int::Small(i128::MIN).truediv(&big("2")),
+            Ok(-(2f64.powi(126)))
+        );
+    }
+
     fn arb_int() -> impl Strategy<Value = i128> {
         prop_oneof![
             -1000i128..1000,
@@ -750,40 +432,25 @@ mod tests {
     }
 
     proptest! {
-        // The big path agrees with i128 arithmetic wherever i128 is exact.
+        // The big path (forced by holding small values as `Big`) agrees with i128 arithmetic
+        // wherever i128 is exact: Python's floor division and the correctly rounded quotient.
         #[test]
         fn big_path_matches_i128(a in arb_int(), b in arb_int()) {
-            let (ba, bb) = (BigInt::from_i128(a), BigInt::from_i128(b));
-            prop_assert_eq!(ba.add(&bb).to_i128(), a.checked_add(b));
+            let (ba, bb) = (Int::Big(BigInt::from(a)), Int::Big(BigInt::from(b)));
+            prop_assert_eq!(ba.add(&bb).ok().and_then(|v| v.as_i128()), a.checked_add(b));
             if let Some(p) = a.checked_mul(b) {
-                prop_assert_eq!(ba.mul(&bb).to_i128(), Some(p));
+                prop_assert_eq!(ba.mul(&bb), Ok(Int::Small(p)));
             }
             if b != 0 {
-                let (q, r) = ba.divmod_floor(&bb);
                 let eq = a.div_euclid(b);
-                // floor from euclid: a = b*eq + r with 0 <= r < |b|; for b < 0 and r != 0 the
-                // floor quotient is one less (remainder r + b, with the sign of b)
+                // floor from euclid: for b < 0 and a nonzero remainder the floor is one less
                 let fq = if b < 0 && a.rem_euclid(b) != 0 { eq - 1 } else { eq };
-                let fr = a - fq * b;
-                prop_assert_eq!(q.to_i128(), Some(fq));
-                prop_assert_eq!(r.to_i128(), Some(fr));
+                prop_assert_eq!(ba.floordiv(&bb), Ok(Int::Small(fq)));
+                prop_assert_eq!(Int::Small(a).floordiv(&Int::Small(b)), Ok(Int::Small(fq)));
                 let small = Int::Small(a).truediv(&Int::Small(b)).unwrap();
-                let viabig = Int::Big(ba.clone()).truediv(&Int::Big(bb.clone()));
-                prop_assert_eq!(Ok(small), viabig);
+                prop_assert_eq!(Ok(small), ba.truediv(&bb));
             }
             prop_assert_eq!(ba.to_f64(), Ok(a as f64));
-        }
-
-        // Multi-limb division: (q*d + r) / d gives back q and r.
-        #[test]
-        fn divmod_roundtrip(q in any::<u128>(), d in 1u128.., r0 in any::<u128>(), hi in any::<u64>()) {
-            let d = BigInt::from_parts(false, { let mut m = mag_from_u128(d); m.extend(mag_from_u128(hi as u128)); m });
-            let q = BigInt::from_i128((q >> 1) as i128);
-            let r = BigInt::from_parts(false, mag_divmod(&mag_from_u128(r0), &d.mag).1);
-            let n = q.mul(&d).add(&r);
-            let (q2, r2) = n.divmod_floor(&d);
-            prop_assert_eq!(q2, q);
-            prop_assert_eq!(r2, r);
         }
     }
 }

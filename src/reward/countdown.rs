@@ -25,6 +25,7 @@ use anyhow::{bail, Context, Result};
 
 use super::bigint::Int;
 use super::pyexpr::{self, PyNum};
+use super::rational::Rational;
 use super::text::{last_answer, last_tag, py_strip};
 
 /// A countdown task from the ground truth.
@@ -192,130 +193,18 @@ pub const MAX_EQUATION_BYTES: usize = 10_000;
 /// Deepest parenthesis nesting the default mode parses.
 pub const MAX_PARENS: usize = 100;
 
-/// An exact rational `n/d` (`d > 0`, reduced) or, after an `i128` overflow, an approximation.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Q {
-    Exact(i128, i128),
-    Approx(f64),
-}
-
-fn gcd(mut a: i128, mut b: i128) -> i128 {
-    a = a.abs();
-    b = b.abs();
-    while b != 0 {
-        let t = a % b;
-        a = b;
-        b = t;
-    }
-    a
-}
-
-impl Q {
-    fn int(v: i128) -> Q {
-        Q::Exact(v, 1)
-    }
-
-    fn to_f64(self) -> f64 {
-        match self {
-            Q::Exact(n, d) => n as f64 / d as f64,
-            Q::Approx(f) => f,
+/// `|q − target| < 1e-5`, decided exactly when both are exact.
+fn close_to(q: Rational, target: Number) -> bool {
+    if let (Rational::Exact(n, d), Number::Int(t)) = (q, target) {
+        if let Some(diff) = t.checked_mul(d).and_then(|td| n.checked_sub(td)) {
+            // |diff / d| < 1e-5  <=>  |diff| * 100000 < d
+            return match diff.checked_abs().and_then(|a| a.checked_mul(100_000)) {
+                Some(a) => a < d,
+                None => false,
+            };
         }
     }
-
-    fn make(n: Option<i128>, d: Option<i128>, approx: impl FnOnce() -> f64) -> Q {
-        match (n, d) {
-            (Some(n), Some(d)) if d != 0 => {
-                let g = gcd(n, d);
-                let (mut n, mut d) = if g > 1 { (n / g, d / g) } else { (n, d) };
-                if d < 0 {
-                    match (n.checked_neg(), d.checked_neg()) {
-                        (Some(a), Some(b)) => {
-                            n = a;
-                            d = b;
-                        }
-                        _ => return Q::Approx(approx()),
-                    }
-                }
-                Q::Exact(n, d)
-            }
-            _ => Q::Approx(approx()),
-        }
-    }
-
-    fn add(self, o: Q, sign: i128) -> Q {
-        match (self, o) {
-            // integers (the common case): no gcd
-            (Q::Exact(a, 1), Q::Exact(c, 1)) => {
-                match c.checked_mul(sign).and_then(|c| a.checked_add(c)) {
-                    Some(n) => Q::Exact(n, 1),
-                    None => Q::Approx(a as f64 + sign as f64 * c as f64),
-                }
-            }
-            (Q::Exact(a, b), Q::Exact(c, d)) => {
-                let c = c.checked_mul(sign);
-                let n = c.and_then(|c| a.checked_mul(d)?.checked_add(c.checked_mul(b)?));
-                Q::make(n, b.checked_mul(d), || {
-                    self.to_f64() + sign as f64 * o.to_f64()
-                })
-            }
-            _ => Q::Approx(self.to_f64() + sign as f64 * o.to_f64()),
-        }
-    }
-
-    fn mul(self, o: Q) -> Q {
-        match (self, o) {
-            (Q::Exact(a, 1), Q::Exact(c, 1)) => match a.checked_mul(c) {
-                Some(n) => Q::Exact(n, 1),
-                None => Q::Approx(a as f64 * c as f64),
-            },
-            (Q::Exact(a, b), Q::Exact(c, d)) => {
-                // cross-reduce first to keep the numbers small
-                let g1 = gcd(a, d).max(1);
-                let g2 = gcd(c, b).max(1);
-                let n = (a / g1).checked_mul(c / g2);
-                let den = (b / g2).checked_mul(d / g1);
-                Q::make(n, den, || self.to_f64() * o.to_f64())
-            }
-            _ => Q::Approx(self.to_f64() * o.to_f64()),
-        }
-    }
-
-    /// `None` on division by zero.
-    fn div(self, o: Q) -> Option<Q> {
-        match o {
-            Q::Exact(0, _) => None,
-            Q::Approx(0.0) => None,
-            Q::Exact(c, d) => match self {
-                Q::Exact(..) => Some(self.mul(Q::make(Some(d), Some(c), || d as f64 / c as f64))),
-                Q::Approx(f) => Some(Q::Approx(f / (c as f64 / d as f64))),
-            },
-            Q::Approx(f) => Some(Q::Approx(self.to_f64() / f)),
-        }
-    }
-
-    fn neg(self) -> Q {
-        match self {
-            Q::Exact(n, d) => match n.checked_neg() {
-                Some(n) => Q::Exact(n, d),
-                None => Q::Approx(-self.to_f64()),
-            },
-            Q::Approx(f) => Q::Approx(-f),
-        }
-    }
-
-    /// `|self − target| < 1e-5`, exactly when both are exact.
-    fn close_to(self, target: Number) -> bool {
-        if let (Q::Exact(n, d), Number::Int(t)) = (self, target) {
-            if let Some(diff) = t.checked_mul(d).and_then(|td| n.checked_sub(td)) {
-                // |diff / d| < 1e-5  <=>  |diff| * 100000 < d
-                return match diff.checked_abs().and_then(|a| a.checked_mul(100_000)) {
-                    Some(a) => a < d,
-                    None => false,
-                };
-            }
-        }
-        (self.to_f64() - target.to_f64()).abs() < 1e-5
-    }
+    (q.to_f64() - target.to_f64()).abs() < 1e-5
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -449,7 +338,7 @@ struct DefaultParser<'a> {
     literals: Literals,
 }
 
-type Val = Option<Q>;
+type Val = Option<Rational>;
 
 impl DefaultParser<'_> {
     fn peek(&self) -> Tk {
@@ -465,9 +354,9 @@ impl DefaultParser<'_> {
         while let t @ (Tk::Plus | Tk::Minus) = self.peek() {
             self.bump();
             let r = self.term(depth)?;
-            let sign = if t == Tk::Plus { 1 } else { -1 };
             v = match (v, r) {
-                (Some(a), Some(b)) => Some(a.add(b, sign)),
+                (Some(a), Some(b)) if t == Tk::Plus => Some(a + b),
+                (Some(a), Some(b)) => Some(a - b),
                 _ => None,
             };
         }
@@ -482,9 +371,9 @@ impl DefaultParser<'_> {
             v = match (v, r) {
                 (Some(a), Some(b)) => {
                     if t == Tk::Times {
-                        Some(a.mul(b))
+                        Some(a * b)
                     } else {
-                        a.div(b)
+                        a.checked_div(b)
                     }
                 }
                 _ => None,
@@ -500,7 +389,7 @@ impl DefaultParser<'_> {
             negate ^= t == Tk::Minus;
         }
         let v = self.primary(depth)?;
-        Ok(if negate { v.map(Q::neg) } else { v })
+        Ok(if negate { v.map(|q| -q) } else { v })
     }
 
     fn primary(&mut self, depth: usize) -> Result<Val, ()> {
@@ -508,12 +397,12 @@ impl DefaultParser<'_> {
             Tk::Num(n) => {
                 self.bump();
                 self.literals.push(Some(n));
-                Some(Q::int(n))
+                Some(Rational::int(n))
             }
             Tk::Huge => {
                 self.bump();
                 self.literals.push(None);
-                Some(Q::Approx(f64::INFINITY))
+                Some(Rational::Approx(f64::INFINITY))
             }
             Tk::LPar => {
                 if depth >= MAX_PARENS {
@@ -535,8 +424,52 @@ impl DefaultParser<'_> {
 
 /// Score one equation (the text inside `<answer>`, already stripped) in the default mode.
 pub fn judge_equation(eq: &str, task: &Task) -> Verdict {
-    if eq.len() > MAX_EQUATION_BYTES {
+    let Some((value, mut lits)) = parse_default(eq) else {
         return Verdict::Invalid;
+    };
+    if lits.unmatched || !same_multiset_ints(&mut lits.vals[..lits.len], &task.numbers) {
+        return Verdict::Numbers;
+    }
+    match value {
+        None => Verdict::Undefined,
+        Some(q) if close_to(q, task.target) => Verdict::Correct,
+        Some(_) => Verdict::Wrong,
+    }
+}
+
+/// The value of a countdown equation as the default mode reads it: integer literals, `+ - * /`,
+/// unary signs, parentheses and whitespace, evaluated in exact rationals ([`Rational`]; a
+/// literal of more than 38 digits reads as `+∞`). `Ok(None)` when it divides by zero,
+/// [`NotAnEquation`] when it is not such an equation (or is longer than [`MAX_EQUATION_BYTES`] or
+/// nested deeper than [`MAX_PARENS`]). This is the one arithmetic evaluator for countdown
+/// equations; [`reaches_target`] is the verifier's "equals the target" on top of it.
+pub fn evaluate(eq: &str) -> Result<Option<Rational>, NotAnEquation> {
+    parse_default(eq).map(|(v, _)| v).ok_or(NotAnEquation)
+}
+
+/// [`evaluate`]'s input is not an equation of the default mode's language.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotAnEquation;
+
+impl std::fmt::Display for NotAnEquation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("not a countdown equation (integers, + - * /, parentheses)")
+    }
+}
+
+impl std::error::Error for NotAnEquation {}
+
+/// Would the default mode count `eq`'s value as the target (`|value − target| < 1e-5`, exact
+/// for integer targets)? False when `eq` does not evaluate. The numbers used are not checked.
+pub fn reaches_target(eq: &str, target: Number) -> bool {
+    matches!(evaluate(eq), Ok(Some(q)) if close_to(q, target))
+}
+
+/// Parse and evaluate `eq` in the default mode: its value (`None` on division by zero) and the
+/// literals it uses; `None` when it is not an equation of the language.
+fn parse_default(eq: &str) -> Option<(Val, Literals)> {
+    if eq.len() > MAX_EQUATION_BYTES {
+        return None;
     }
     let mut p = DefaultParser {
         lex: Lexer { s: eq, pos: 0 },
@@ -548,18 +481,9 @@ pub fn judge_equation(eq: &str, task: &Task) -> Verdict {
         },
     };
     p.bump();
-    let value = match p.expr(0) {
-        Ok(v) if p.tok == Tk::End => v,
-        _ => return Verdict::Invalid,
-    };
-    let lits = &mut p.literals;
-    if lits.unmatched || !same_multiset_ints(&mut lits.vals[..lits.len], &task.numbers) {
-        return Verdict::Numbers;
-    }
-    match value {
-        None => Verdict::Undefined,
-        Some(q) if q.close_to(task.target) => Verdict::Correct,
-        Some(_) => Verdict::Wrong,
+    match p.expr(0) {
+        Ok(v) if p.tok == Tk::End => Some((v, p.literals)),
+        _ => None,
     }
 }
 
@@ -705,6 +629,25 @@ pub fn tinyzero_compute_score<'a>(solution_str: &'a str, task: &Task) -> Outcome
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The public evaluator other stages call (prepare's SFT examples): exact rationals.
+    #[test]
+    fn evaluate_is_the_default_modes_value() {
+        assert_eq!(evaluate("(8 / 3) * 3"), Ok(Some(Rational::int(8))));
+        assert_eq!(evaluate(" 2 * (3 + 4) "), Ok(Some(Rational::int(14))));
+        assert_eq!(
+            evaluate("1 / 3 - 1 / 3 * 2"),
+            Ok(Rational::new(-1, 3).map(Some).unwrap())
+        );
+        assert_eq!(evaluate("-(4 - 6)"), Ok(Some(Rational::int(2))));
+        assert_eq!(evaluate("5 / (2 - 2)"), Ok(None));
+        assert_eq!(evaluate("2 ** 3"), Err(NotAnEquation));
+        assert_eq!(evaluate("8 +"), Err(NotAnEquation));
+        assert!(reaches_target("(8 / 3) * 3", Number::Int(8)));
+        assert!(!reaches_target("8 / 3", Number::Int(3)));
+        assert!(!reaches_target("8 +", Number::Int(8)));
+        assert!(reaches_target("1 / 4", Number::Float(0.25)));
+    }
     use proptest::prelude::*;
 
     fn task(nums: &[i128], target: i128) -> Task {

@@ -22,14 +22,13 @@
 //! stdout early, the error names the id waited for and the last id answered, with the exit status.
 //! Results are stored by id, so the output never depends on timing.
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::thread::JoinHandle;
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
+
+use crate::child::{reply_object, shown, FinishError, FromChild, LineChild};
 
 /// Most requests outstanding at once.
 pub const MAX_IN_FLIGHT: usize = 256;
@@ -55,31 +54,16 @@ pub struct Reply {
     pub extra: Vec<(String, f64)>,
 }
 
-enum FromReader {
-    Reply(u64, Reply),
-    Bad(String),
-    Eof(Option<String>),
-}
-
 /// A running verifier child.
 pub struct ExternalVerifier {
     cmd: String,
-    child: Child,
-    to_writer: Option<Sender<(u64, String)>>,
-    writer: Option<JoinHandle<()>>,
-    from_reader: Receiver<FromReader>,
-    reader: Option<JoinHandle<()>>,
+    child: LineChild,
     timeout: Duration,
     last_answered: Option<u64>,
 }
 
 fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
-    let obj = v.as_object().ok_or("not a JSON object")?;
-    let id = obj
-        .get("id")
-        .and_then(|x| x.as_u64())
-        .ok_or("no integer \"id\"")?;
+    let (id, obj) = reply_object(line)?;
     let correct = match obj.get("correct") {
         Some(serde_json::Value::Bool(b)) => {
             if *b {
@@ -115,95 +99,16 @@ fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
 impl ExternalVerifier {
     /// Start `sh -c CMD`.
     pub fn spawn(cmd: &str, timeout: Duration) -> Result<ExternalVerifier> {
-        use std::os::unix::process::CommandExt;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            // Its own process group, so that killing it also kills what it started (a hung
-            // `sh -c 'python verify.py'` would otherwise leave python running, holding our stderr).
-            .process_group(0)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting the external verifier `{cmd}`"))?;
-        let stdin = child.stdin.take().context("verifier stdin")?;
-        let stdout = child.stdout.take().context("verifier stdout")?;
-        let (to_writer, writer_rx) = mpsc::channel::<(u64, String)>();
-        let writer = std::thread::spawn(move || {
-            let mut w = std::io::BufWriter::new(stdin);
-            while let Ok((_, line)) = writer_rx.recv() {
-                if w.write_all(line.as_bytes()).is_err() {
-                    return;
-                }
-                if w.flush().is_err() {
-                    return;
-                }
-            }
-            // channel closed: dropping `w` closes the child's stdin
-        });
-        let (reader_tx, from_reader) = mpsc::channel::<FromReader>();
-        let reader = std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            loop {
-                line.clear();
-                match r.read_line(&mut line) {
-                    Ok(0) => {
-                        let _ = reader_tx.send(FromReader::Eof(None));
-                        return;
-                    }
-                    Ok(_) => {
-                        let t = line.trim();
-                        if t.is_empty() {
-                            continue;
-                        }
-                        let msg = match parse_reply(t) {
-                            Ok((id, rep)) => FromReader::Reply(id, rep),
-                            Err(e) => {
-                                let mut shown: String = t.chars().take(200).collect();
-                                if shown.len() < t.len() {
-                                    shown.push('…');
-                                }
-                                FromReader::Bad(format!("{e}: {shown:?}"))
-                            }
-                        };
-                        if reader_tx.send(msg).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = reader_tx.send(FromReader::Eof(Some(e.to_string())));
-                        return;
-                    }
-                }
-            }
-        });
         Ok(ExternalVerifier {
             cmd: cmd.to_string(),
-            child,
-            to_writer: Some(to_writer),
-            writer: Some(writer),
-            from_reader,
-            reader: Some(reader),
+            child: LineChild::spawn(cmd, "external verifier")?,
             timeout,
             last_answered: None,
         })
     }
 
-    /// The exit status, if the child has exited within a short grace period.
-    fn exit_status(&mut self) -> String {
-        for _ in 0..50 {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.to_string();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        "still running".to_string()
-    }
-
     fn kill(&mut self) {
-        kill_group(&mut self.child);
+        self.child.kill();
     }
 
     /// Verify a batch; replies come back in request order. `sample_ids[i]` names request `i` in
@@ -226,13 +131,8 @@ impl ExternalVerifier {
                 let mut line =
                     serde_json::to_string(r).context("serialising a verifier request")?;
                 line.push('\n');
-                let sent = self
-                    .to_writer
-                    .as_ref()
-                    .map(|tx| tx.send((r.id, line)).is_ok())
-                    .unwrap_or(false);
-                if !sent {
-                    let st = self.exit_status();
+                if !self.child.send(line) {
+                    let st = self.child.exit_status();
                     bail!(
                         "external verifier `{}` stopped reading requests ({st}) at request id {} (sample_id {})",
                         self.cmd, r.id, r.sample_id
@@ -242,7 +142,11 @@ impl ExternalVerifier {
                 next += 1;
             }
             let wait = self.timeout.saturating_sub(last_progress.elapsed());
-            match self.from_reader.recv_timeout(wait) {
+            let got = self.child.recv_timeout(wait).map(|m| match m {
+                FromChild::Line(t) => FromReader::parse(&t),
+                FromChild::Eof(e) => FromReader::Eof(e),
+            });
+            match got {
                 Ok(FromReader::Reply(id, rep)) => {
                     let Some(&i) = pos_of.get(&id) else {
                         self.kill();
@@ -266,7 +170,7 @@ impl ExternalVerifier {
                 }
                 Ok(FromReader::Eof(err)) => {
                     let first = outstanding.iter().next().copied().unwrap_or(0);
-                    let st = self.exit_status();
+                    let st = self.child.exit_status();
                     let last = self
                         .last_answered
                         .map_or("none".to_string(), |x| x.to_string());
@@ -291,7 +195,7 @@ impl ExternalVerifier {
                     );
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    let st = self.exit_status();
+                    let st = self.child.exit_status();
                     bail!("external verifier `{}` reader stopped ({st})", self.cmd);
                 }
             }
@@ -307,62 +211,34 @@ impl ExternalVerifier {
     /// Close the child's stdin and wait for it to exit (killing it after `timeout`); a non-zero
     /// exit is an error.
     pub fn finish(mut self) -> Result<()> {
-        self.to_writer.take();
-        if let Some(w) = self.writer.take() {
-            let _ = w.join();
-        }
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(st)) => {
-                    if let Some(r) = self.reader.take() {
-                        let _ = r.join();
-                    }
-                    if !st.success() {
-                        bail!("external verifier `{}` exited with {st}", self.cmd);
-                    }
-                    return Ok(());
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Ok(None) => {
-                    self.kill();
-                    bail!(
-                        "external verifier `{}` did not exit after its input closed; killed",
-                        self.cmd
-                    );
-                }
-                Err(e) => return Err(e).context("waiting for the external verifier"),
+        match self.child.finish(self.timeout) {
+            Ok(()) => Ok(()),
+            Err(FinishError::Failed(st)) => {
+                bail!("external verifier `{}` exited with {st}", self.cmd)
             }
+            Err(FinishError::Hung) => bail!(
+                "external verifier `{}` did not exit after its input closed; killed",
+                self.cmd
+            ),
+            Err(FinishError::Wait(e)) => Err(e).context("waiting for the external verifier"),
         }
     }
 }
 
-impl Drop for ExternalVerifier {
-    fn drop(&mut self) {
-        self.to_writer.take();
-        if let Ok(None) = self.child.try_wait() {
-            kill_group(&mut self.child);
-        }
-    }
+/// A line of the verifier's output, read.
+enum FromReader {
+    Reply(u64, Reply),
+    Bad(String),
+    Eof(Option<String>),
 }
 
-/// SIGKILL the child's process group (the child and everything it started), then reap the child.
-/// Through the shell's `kill` builtin (the standard library has no killpg; `sh` is needed anyway).
-pub(crate) fn kill_group(child: &mut Child) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            "kill -s KILL -- -\"$0\" 2>/dev/null",
-            &child.id().to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    let _ = child.kill();
-    let _ = child.wait();
+impl FromReader {
+    fn parse(line: &str) -> FromReader {
+        match parse_reply(line) {
+            Ok((id, rep)) => FromReader::Reply(id, rep),
+            Err(e) => FromReader::Bad(format!("{e}: {:?}", shown(line))),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,88 +13,16 @@
 //! `\frac{a}{b}`, `\frac12`, signs. Values are exact rationals (`0.5 == 1/2 == \frac{2}{4}`);
 //! when an `i128` would overflow, doubles compared with a relative tolerance of 1e-9.
 //! Non-numeric answers (`\sqrt{2}`, `x+1`) are compared as normalised strings without spaces.
+use super::rational::Rational;
 use super::text::{last_answer, last_boxed, py_strip};
 
-/// A numeric value: exact `n/d` (`d > 0`, reduced) or approximate.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MathValue {
-    Exact(i128, i128),
-    Approx(f64),
-}
-
-fn gcd(mut a: i128, mut b: i128) -> i128 {
-    a = a.abs();
-    b = b.abs();
-    while b != 0 {
-        let t = a % b;
-        a = b;
-        b = t;
-    }
-    a
-}
-
-impl MathValue {
-    fn exact(n: i128, d: i128) -> Option<MathValue> {
-        if d == 0 {
-            return None;
-        }
-        let g = gcd(n, d).max(1);
-        let (n, d) = (n / g, d / g);
-        Some(if d < 0 {
-            match (n.checked_neg(), d.checked_neg()) {
-                (Some(n), Some(d)) => MathValue::Exact(n, d),
-                _ => MathValue::Approx(n as f64 / d as f64),
-            }
-        } else {
-            MathValue::Exact(n, d)
-        })
-    }
-
-    pub fn to_f64(self) -> f64 {
-        match self {
-            MathValue::Exact(n, d) => n as f64 / d as f64,
-            MathValue::Approx(f) => f,
-        }
-    }
-
-    fn neg(self) -> MathValue {
-        match self {
-            MathValue::Exact(n, d) => match n.checked_neg() {
-                Some(n) => MathValue::Exact(n, d),
-                None => MathValue::Approx(-(n as f64) / d as f64),
-            },
-            MathValue::Approx(f) => MathValue::Approx(-f),
-        }
-    }
-
-    fn div(self, o: MathValue) -> Option<MathValue> {
-        match (self, o) {
-            (MathValue::Exact(a, b), MathValue::Exact(c, d)) => {
-                if c == 0 {
-                    return None;
-                }
-                match (a.checked_mul(d), b.checked_mul(c)) {
-                    (Some(n), Some(m)) => MathValue::exact(n, m),
-                    _ => Some(MathValue::Approx(self.to_f64() / o.to_f64())),
-                }
-            }
-            _ => {
-                let y = o.to_f64();
-                (y != 0.0).then(|| MathValue::Approx(self.to_f64() / y))
-            }
-        }
-    }
-
-    /// Equal by value: exactly for two exact values, else within a relative 1e-9.
-    pub fn equals(self, o: MathValue) -> bool {
-        match (self, o) {
-            (MathValue::Exact(a, b), MathValue::Exact(c, d)) => a == c && b == d,
-            _ => {
-                let (x, y) = (self.to_f64(), o.to_f64());
-                x.is_finite()
-                    && y.is_finite()
-                    && (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
-            }
+/// Equal by value: exactly for two exact values, else within a relative 1e-9.
+pub fn values_equal(a: Rational, b: Rational) -> bool {
+    match (a, b) {
+        (Rational::Exact(..), Rational::Exact(..)) => a == b,
+        _ => {
+            let (x, y) = (a.to_f64(), b.to_f64());
+            x.is_finite() && y.is_finite() && (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
         }
     }
 }
@@ -183,7 +111,7 @@ pub fn normalize(s: &str) -> String {
 
 /// A plain decimal number: sign, digits with optional valid thousands groups, fraction,
 /// exponent (`e`, or `\times10^{k}` / `\cdot10^{k}`).
-fn parse_decimal(s: &str) -> Option<MathValue> {
+fn parse_decimal(s: &str) -> Option<Rational> {
     let (neg, body) = match s.strip_prefix('-') {
         Some(b) => (true, b),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
@@ -242,10 +170,10 @@ fn parse_decimal(s: &str) -> Option<MathValue> {
         };
         if scale >= 0 {
             let p = 10i128.checked_pow(scale as u32)?;
-            MathValue::exact(n.checked_mul(p)?, 1)
+            Rational::new(n.checked_mul(p)?, 1)
         } else {
             let p = 10i128.checked_pow((-scale) as u32)?;
-            MathValue::exact(n, p)
+            Rational::new(n, p)
         }
     })();
     let v = match exact {
@@ -258,10 +186,10 @@ fn parse_decimal(s: &str) -> Option<MathValue> {
             )
             .parse()
             .ok()?;
-            MathValue::Approx(f)
+            Rational::Approx(f)
         }
     };
-    Some(if neg { v.neg() } else { v })
+    Some(if neg { -v } else { v })
 }
 
 /// `{X}` or a single character at the start of `s`: (content, rest).
@@ -288,7 +216,7 @@ fn brace_arg(s: &str) -> Option<(&str, &str)> {
 }
 
 /// The value of a normalised answer, if it is a number.
-pub fn parse_value(t: &str) -> Option<MathValue> {
+pub fn parse_value(t: &str) -> Option<Rational> {
     if t.is_empty() {
         return None;
     }
@@ -302,15 +230,15 @@ pub fn parse_value(t: &str) -> Option<MathValue> {
         if !rest.is_empty() {
             return None;
         }
-        parse_value(a)?.div(parse_value(b)?)?
+        parse_value(a)?.checked_div(parse_value(b)?)?
     } else if let Some(inner) = body.strip_prefix('(').and_then(|x| x.strip_suffix(')')) {
         parse_value(inner)?
     } else if let Some((a, b)) = body.split_once('/') {
-        parse_decimal(a)?.div(parse_decimal(b)?)?
+        parse_decimal(a)?.checked_div(parse_decimal(b)?)?
     } else {
         parse_decimal(body)?
     };
-    Some(if neg { v.neg() } else { v })
+    Some(if neg { -v } else { v })
 }
 
 /// The answer a math response gives: last `<answer>` (its last `\boxed{}` if any), else the last
@@ -330,7 +258,7 @@ pub fn math_equal(pred: &str, gold: &str) -> bool {
         return false;
     }
     match (parse_value(&p), parse_value(&g)) {
-        (Some(a), Some(b)) => a.equals(b),
+        (Some(a), Some(b)) => values_equal(a, b),
         (None, None) => p == g,
         _ => false,
     }

@@ -5,7 +5,10 @@
 //! Map:
 //! - [`countdown`]: the countdown verifier, default mode (response only, last `<answer>` anywhere,
 //!   exact rationals) and the TinyZero-exact mode, which evaluates equations with
-//!   [`pyexpr`] (a Python 3 arithmetic evaluator, never `eval`) over [`bigint`] integers.
+//!   [`pyexpr`] (a Python 3 arithmetic evaluator, never `eval`) over [`bigint`] integers
+//!   (`num-bigint` behind an `i128` fast path). [`countdown::evaluate`] is the public evaluator
+//!   of countdown equations (exact rationals) for other stages.
+//! - [`rational`]: exact `i128` rationals with a double fallback, shared by math and countdown.
 //! - [`math`]: numeric answers (integers, decimals, fractions, `\boxed{}`, simple LaTeX).
 //! - [`qa`]: SQuAD exact match and token F1, multiple-choice letters.
 //! - [`rlcr`]: RLCR's `tabc` format family, the turn-2 confidence format, strict and lenient
@@ -27,6 +30,7 @@ pub mod external;
 pub mod math;
 pub mod pyexpr;
 pub mod qa;
+pub mod rational;
 pub mod rlcr;
 pub mod rows;
 pub mod stage;

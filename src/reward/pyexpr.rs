@@ -620,7 +620,10 @@ impl<'a> Parser<'a> {
         let v = match self.peek() {
             Some(Tok::Int(lit)) => {
                 self.pos += 1;
-                (PyNum::Int(Int::from_decimal(lit)), 1)
+                (
+                    PyNum::Int(Int::from_decimal(lit).ok_or(PyError::Syntax)?),
+                    1,
+                )
             }
             Some(Tok::Float(lit)) => {
                 self.pos += 1;
@@ -804,7 +807,7 @@ mod cpython_fixture {
                         Some(d) => (true, d),
                         None => (false, want),
                     };
-                    let w = Int::from_decimal(digits);
+                    let w = Int::from_decimal(digits).unwrap();
                     let w = if neg { w.neg().unwrap() } else { w };
                     &w == i
                 }

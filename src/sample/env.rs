@@ -26,15 +26,13 @@
 //! writer thread while a reader thread parses replies, so a child that answers while rlcr is
 //! still writing cannot deadlock. `--env-timeout` bounds the wait for each reply.
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::thread::JoinHandle;
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::child::{reply_object, shown, FinishError, FromChild, LineChild};
 use crate::model::Message;
 
 /// One request: a model turn has ended.
@@ -70,12 +68,7 @@ pub trait Environment {
 
 /// Parse one reply line: `(id, reply)` or what is wrong with it.
 pub fn parse_reply(line: &str) -> std::result::Result<(u64, EnvReply), String> {
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
-    let obj = v.as_object().ok_or("not a JSON object")?;
-    let id = obj
-        .get("id")
-        .and_then(|x| x.as_u64())
-        .ok_or("no integer \"id\"")?;
+    let (id, obj) = reply_object(line)?;
     let observation = match obj.get("observation") {
         Some(serde_json::Value::String(s)) => s.clone(),
         None | Some(serde_json::Value::Null) => String::new(),
@@ -110,19 +103,10 @@ pub fn parse_reply(line: &str) -> std::result::Result<(u64, EnvReply), String> {
     ))
 }
 
-enum FromReader {
-    Line(String),
-    Eof(Option<String>),
-}
-
 /// A running environment child (`sh -c CMD`).
 pub struct ExternalEnv {
     cmd: String,
-    child: Child,
-    to_writer: Option<Sender<String>>,
-    writer: Option<JoinHandle<()>>,
-    from_reader: Receiver<FromReader>,
-    reader: Option<JoinHandle<()>>,
+    child: LineChild,
     timeout: Duration,
     next_id: u64,
 }
@@ -130,52 +114,9 @@ pub struct ExternalEnv {
 impl ExternalEnv {
     /// Start `sh -c CMD` in its own process group.
     pub fn spawn(cmd: &str, timeout: Duration) -> Result<ExternalEnv> {
-        use std::os::unix::process::CommandExt;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .process_group(0)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting the environment `{cmd}`"))?;
-        let stdin = child.stdin.take().context("environment stdin")?;
-        let stdout = child.stdout.take().context("environment stdout")?;
-        let (to_writer, writer_rx) = mpsc::channel::<String>();
-        let writer = std::thread::spawn(move || {
-            let mut w = std::io::BufWriter::new(stdin);
-            while let Ok(line) = writer_rx.recv() {
-                if w.write_all(line.as_bytes()).is_err() || w.flush().is_err() {
-                    return;
-                }
-            }
-        });
-        let (reader_tx, from_reader) = mpsc::channel::<FromReader>();
-        let reader = std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            loop {
-                line.clear();
-                let msg = match r.read_line(&mut line) {
-                    Ok(0) => FromReader::Eof(None),
-                    Ok(_) if line.trim().is_empty() => continue,
-                    Ok(_) => FromReader::Line(line.trim().to_string()),
-                    Err(e) => FromReader::Eof(Some(e.to_string())),
-                };
-                let eof = matches!(msg, FromReader::Eof(_));
-                if reader_tx.send(msg).is_err() || eof {
-                    return;
-                }
-            }
-        });
         Ok(ExternalEnv {
             cmd: cmd.to_string(),
-            child,
-            to_writer: Some(to_writer),
-            writer: Some(writer),
-            from_reader,
-            reader: Some(reader),
+            child: LineChild::spawn(cmd, "environment")?,
             timeout,
             next_id: 0,
         })
@@ -188,50 +129,23 @@ impl ExternalEnv {
         s..self.next_id
     }
 
-    /// The exit status, if the child exits within a short grace period.
-    fn exit_status(&mut self) -> String {
-        for _ in 0..50 {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.to_string();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        "still running".to_string()
-    }
-
     /// Kill the child's process group and fail with `msg`.
     fn fail(&mut self, msg: String) -> anyhow::Error {
-        crate::reward::external::kill_group(&mut self.child);
+        self.child.kill();
         anyhow::anyhow!("environment `{}` {msg}; it was stopped", self.cmd)
     }
 
     /// Close the child's stdin and wait for it to exit (killed after the timeout); a non-zero
     /// exit is an error.
     pub fn finish(mut self) -> Result<()> {
-        self.to_writer.take();
-        if let Some(w) = self.writer.take() {
-            let _ = w.join();
-        }
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(st)) => {
-                    if let Some(r) = self.reader.take() {
-                        let _ = r.join();
-                    }
-                    if !st.success() {
-                        bail!("environment `{}` exited with {st}", self.cmd);
-                    }
-                    return Ok(());
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Ok(None) => {
-                    return Err(self.fail("did not exit after its input closed".into()));
-                }
-                Err(e) => return Err(e).context("waiting for the environment"),
-            }
+        match self.child.finish(self.timeout) {
+            Ok(()) => Ok(()),
+            Err(FinishError::Failed(st)) => bail!("environment `{}` exited with {st}", self.cmd),
+            Err(FinishError::Hung) => Err(anyhow::anyhow!(
+                "environment `{}` did not exit after its input closed; it was stopped",
+                self.cmd
+            )),
+            Err(FinishError::Wait(e)) => Err(e).context("waiting for the environment"),
         }
     }
 }
@@ -247,12 +161,8 @@ impl Environment for ExternalEnv {
         for r in requests {
             let mut line = serde_json::to_string(r).context("serialising a request")?;
             line.push('\n');
-            let sent = self
-                .to_writer
-                .as_ref()
-                .is_some_and(|tx| tx.send(line).is_ok());
-            if !sent {
-                let st = self.exit_status();
+            if !self.child.send(line) {
+                let st = self.child.exit_status();
                 return Err(self.fail(format!(
                     "stopped reading requests ({st}) at request id {} (sample_id {}, turn {})",
                     r.id, r.sample_id, r.turn
@@ -277,12 +187,10 @@ impl Environment for ExternalEnv {
             // Wait in short slices so that a child that exits while a grandchild still holds
             // its output open is noticed at once, not only at the timeout.
             let left = self.timeout.saturating_sub(last_reply.elapsed());
-            let got = self
-                .from_reader
-                .recv_timeout(left.min(Duration::from_millis(50)));
+            let got = self.child.recv_timeout(left.min(Duration::from_millis(50)));
             if let Err(RecvTimeoutError::Timeout) = got {
                 if !left.is_zero() {
-                    if let Ok(Some(st)) = self.child.try_wait() {
+                    if let Some(st) = self.child.try_wait() {
                         let w = waiting(&out);
                         return Err(self.fail(format!("exited ({st}) while rlcr waited for {w}")));
                     }
@@ -290,14 +198,11 @@ impl Environment for ExternalEnv {
                 }
             }
             match got {
-                Ok(FromReader::Line(line)) => {
+                Ok(FromChild::Line(line)) => {
                     let (id, rep) = match parse_reply(&line) {
                         Ok(x) => x,
                         Err(e) => {
-                            let mut shown: String = line.chars().take(200).collect();
-                            if shown.len() < line.len() {
-                                shown.push('…');
-                            }
+                            let shown = shown(&line);
                             return Err(self.fail(format!(
                                 "wrote a line that is not a reply {{\"id\", \"observation\", \"done\"}}: {e}: {shown:?}"
                             )));
@@ -316,8 +221,8 @@ impl Environment for ExternalEnv {
                     missing -= 1;
                     last_reply = Instant::now();
                 }
-                Ok(FromReader::Eof(err)) => {
-                    let st = self.exit_status();
+                Ok(FromChild::Eof(err)) => {
+                    let st = self.child.exit_status();
                     let w = waiting(&out);
                     return Err(self.fail(format!(
                         "closed its output ({st}{}) while rlcr waited for {w}",
@@ -326,7 +231,7 @@ impl Environment for ExternalEnv {
                     )));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    let st = self.exit_status();
+                    let st = self.child.exit_status();
                     return Err(self.fail(format!("output reader stopped ({st})")));
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -339,14 +244,5 @@ impl Environment for ExternalEnv {
             }
         }
         Ok(out.into_iter().flatten().collect())
-    }
-}
-
-impl Drop for ExternalEnv {
-    fn drop(&mut self) {
-        self.to_writer.take();
-        if let Ok(None) = self.child.try_wait() {
-            crate::reward::external::kill_group(&mut self.child);
-        }
     }
 }

@@ -36,7 +36,9 @@ use rayon::prelude::*;
 use super::env::{EnvReply, EnvRequest, Environment};
 use super::logits::Processor;
 use super::rng::{sample_rng, uniform};
-use super::sampler::{plan_waves, prefill_chunks, GenConfig, Generated, SampleId, StepModel};
+use super::sampler::{
+    plan_waves, prefill, reselect, retire_finished, GenConfig, Generated, SampleId, StepModel,
+};
 use super::stop::{DecodeFn, Detokenizer, FinishReason};
 use crate::model::Message;
 
@@ -344,20 +346,6 @@ pub fn rollout<M: StepModel>(
         .collect()
 }
 
-/// Keep cache rows `rows` (skipped when nothing changes).
-fn reselect<M: StepModel>(
-    model: &M,
-    cache: &mut M::Cache,
-    current: usize,
-    rows: &[usize],
-) -> Result<()> {
-    let identity = rows.len() == current && rows.iter().enumerate().all(|(i, &r)| i == r);
-    if !identity {
-        model.select_rows(cache, rows)?;
-    }
-    Ok(())
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run_wave<M: StepModel>(
     model: &M,
@@ -382,29 +370,7 @@ fn run_wave<M: StepModel>(
     let mut cache = model.new_cache(n_ctx, longest + limits.max_response_tokens.min(64))?;
 
     // 1. Prefill (left-padded, in chunks).
-    let mut logits = Vec::new();
-    for (s, e) in prefill_chunks(longest, cfg.prefill_chunk) {
-        let w = e - s;
-        let mut ids = Vec::with_capacity(n_ctx * w);
-        let mut valid = Vec::with_capacity(n_ctx * w);
-        for c in &contexts {
-            let pad = longest - c.len();
-            for k in s..e {
-                let real = k >= pad;
-                ids.push(if real { c[k - pad] } else { 0 });
-                valid.push(real);
-            }
-        }
-        let _t = crate::trace::span_with("prefill", || {
-            vec![("rows", n_ctx.into()), ("tokens", w.into())]
-        });
-        logits = model.step(&mut cache, n_ctx, w, &ids, &valid)?;
-    }
-    ensure!(
-        logits.len() == n_ctx * vocab,
-        "model returned {} logits for {n_ctx} rows of {vocab}",
-        logits.len()
-    );
+    let mut logits = prefill(model, &mut cache, &contexts, cfg.prefill_chunk)?;
 
     // 2. Expand to one row per sample.
     let mut expand = Vec::new();
@@ -499,30 +465,24 @@ fn run_wave<M: StepModel>(
         }
         // Finished rows leave.
         let before = rows.len();
-        let mut keep = Vec::with_capacity(before);
-        let mut next_rows = Vec::with_capacity(before);
-        for (i, row) in rows.into_iter().enumerate() {
-            match row.finish {
-                Some(f) => {
-                    let (text, ends) = row.detok.into_parts();
-                    results[row.out] = Some(Rollout {
-                        ids: row.ids,
-                        logprobs: row.logprobs,
-                        info_mask: row.info,
-                        turn_ids: row.turn_ids,
-                        text,
-                        ends,
-                        turns: row.turns,
-                        finish: f,
-                    });
-                }
-                None => {
-                    keep.push(i);
-                    next_rows.push(row);
-                }
-            }
-        }
-        rows = next_rows;
+        let keep;
+        (rows, keep) = retire_finished(
+            rows,
+            |r| r.finish,
+            |row, f| {
+                let (text, ends) = row.detok.into_parts();
+                results[row.out] = Some(Rollout {
+                    ids: row.ids,
+                    logprobs: row.logprobs,
+                    info_mask: row.info,
+                    turn_ids: row.turn_ids,
+                    text,
+                    ends,
+                    turns: row.turns,
+                    finish: f,
+                });
+            },
+        );
         on_step(Report {
             tokens: before,
             finished: before - rows.len(),

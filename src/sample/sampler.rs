@@ -291,19 +291,77 @@ pub fn prefill_chunks(len: usize, chunk: usize) -> Vec<(usize, usize)> {
     out
 }
 
-/// Make the cache hold `rows` (indices into its `current` rows); skips the copy when nothing
-/// changes. Returns the new row count.
-fn reselect<M: StepModel>(
+/// Make the cache hold `rows` (indices into its `current` rows, in that order, repeats allowed);
+/// skips the copy when nothing changes.
+pub(crate) fn reselect<M: StepModel>(
     model: &M,
     cache: &mut M::Cache,
     current: usize,
-    rows: Vec<usize>,
-) -> Result<usize> {
+    rows: &[usize],
+) -> Result<()> {
     let identity = rows.len() == current && rows.iter().enumerate().all(|(i, &r)| i == r);
     if !identity {
-        model.select_rows(cache, &rows)?;
+        model.select_rows(cache, rows)?;
     }
-    Ok(rows.len())
+    Ok(())
+}
+
+/// After a decode step: hand every finished row (`finish` gives its reason) to `done` and keep
+/// the others in order. Returns the rows kept and their indices in `rows` (for [`reselect`]).
+pub(crate) fn retire_finished<R>(
+    rows: Vec<R>,
+    finish: impl Fn(&R) -> Option<FinishReason>,
+    mut done: impl FnMut(R, FinishReason),
+) -> (Vec<R>, Vec<usize>) {
+    let mut keep = Vec::with_capacity(rows.len());
+    let mut next = Vec::with_capacity(rows.len());
+    for (i, row) in rows.into_iter().enumerate() {
+        match finish(&row) {
+            Some(f) => done(row, f),
+            None => {
+                keep.push(i);
+                next.push(row);
+            }
+        }
+    }
+    (next, keep)
+}
+
+/// Prefill: run the `contexts`, left-padded to the longest, through `cache` (empty, one row per
+/// context) in column chunks of about `chunk` tokens ([`prefill_chunks`]). Returns the logits of
+/// every context's last token, `contexts.len() · vocab`, checked for that length.
+pub(crate) fn prefill<M: StepModel>(
+    model: &M,
+    cache: &mut M::Cache,
+    contexts: &[&[u32]],
+    chunk: usize,
+) -> Result<Vec<f32>> {
+    let (vocab, n_ctx) = (model.vocab(), contexts.len());
+    let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
+    let mut logits = Vec::new();
+    for (s, e) in prefill_chunks(longest, chunk) {
+        let w = e - s;
+        let mut ids = Vec::with_capacity(n_ctx * w);
+        let mut valid = Vec::with_capacity(n_ctx * w);
+        for c in contexts {
+            let pad = longest - c.len();
+            for k in s..e {
+                let real = k >= pad;
+                ids.push(if real { c[k - pad] } else { 0 });
+                valid.push(real);
+            }
+        }
+        let _t = crate::trace::span_with("prefill", || {
+            vec![("rows", n_ctx.into()), ("tokens", w.into())]
+        });
+        logits = model.step(cache, n_ctx, w, &ids, &valid)?;
+    }
+    ensure!(
+        logits.len() == n_ctx * vocab,
+        "model returned {} logits for {n_ctx} rows of {vocab}",
+        logits.len()
+    );
+    Ok(logits)
 }
 
 /// One wave: prefill the parts' contexts, expand, decode until all rows finish. Results in the
@@ -329,32 +387,7 @@ fn run_wave<M: StepModel>(
     let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens.min(INITIAL_ROOM))?;
 
     // 1. Prefill (left-padded), in column chunks.
-    let mut ids = vec![0u32; n_ctx * longest];
-    let mut valid = vec![false; n_ctx * longest];
-    for (r, c) in contexts.iter().enumerate() {
-        let pad = longest - c.len();
-        ids[r * longest + pad..(r + 1) * longest].copy_from_slice(c);
-        valid[r * longest + pad..(r + 1) * longest].fill(true);
-    }
-    let mut logits = Vec::new();
-    for (s, e) in prefill_chunks(longest, cfg.prefill_chunk) {
-        let w = e - s;
-        let mut cid = Vec::with_capacity(n_ctx * w);
-        let mut cv = Vec::with_capacity(n_ctx * w);
-        for r in 0..n_ctx {
-            cid.extend_from_slice(&ids[r * longest + s..r * longest + e]);
-            cv.extend_from_slice(&valid[r * longest + s..r * longest + e]);
-        }
-        let _t = crate::trace::span_with("prefill", || {
-            vec![("rows", n_ctx.into()), ("tokens", w.into())]
-        });
-        logits = model.step(&mut cache, n_ctx, w, &cid, &cv)?;
-    }
-    ensure!(
-        logits.len() == n_ctx * vocab,
-        "model returned {} logits for {n_ctx} rows of {vocab}",
-        logits.len()
-    );
+    let mut logits = prefill(model, &mut cache, &contexts, cfg.prefill_chunk)?;
 
     // 2. Expand to one row per sample.
     let mut expand = Vec::new();
@@ -378,10 +411,9 @@ fn run_wave<M: StepModel>(
     }
     let n_rows = rows.len();
     // Row r reads logits row `src[r]` of the last model output.
-    let src_prefill = expand.clone();
-    let mut model_rows = n_ctx;
-    model_rows = reselect(model, &mut cache, model_rows, expand)?;
-    let mut src: Vec<usize> = src_prefill;
+    reselect(model, &mut cache, n_ctx, &expand)?;
+    let mut model_rows = expand.len();
+    let mut src: Vec<usize> = expand;
     let mut results: Vec<Option<Generated>> = vec![None; n_rows];
 
     // 3. Decode.
@@ -392,27 +424,21 @@ fn run_wave<M: StepModel>(
                 row.advance(&logits[k * vocab..(k + 1) * vocab], cfg, decode)
             })?;
         let before = rows.len();
-        let mut keep = Vec::with_capacity(before);
-        let mut next_rows = Vec::with_capacity(before);
-        for (i, row) in rows.into_iter().enumerate() {
-            match row.finish {
-                Some(f) => {
-                    let (text, ends) = row.detok.into_parts();
-                    results[row.out] = Some(Generated {
-                        ids: row.ids,
-                        logprobs: row.logprobs,
-                        text,
-                        ends,
-                        finish: f,
-                    });
-                }
-                None => {
-                    keep.push(i);
-                    next_rows.push(row);
-                }
-            }
-        }
-        rows = next_rows;
+        let keep;
+        (rows, keep) = retire_finished(
+            rows,
+            |r| r.finish,
+            |row, f| {
+                let (text, ends) = row.detok.into_parts();
+                results[row.out] = Some(Generated {
+                    ids: row.ids,
+                    logprobs: row.logprobs,
+                    text,
+                    ends,
+                    finish: f,
+                });
+            },
+        );
         on_step(StepReport {
             tokens: before,
             finished: before - rows.len(),
@@ -420,7 +446,8 @@ fn run_wave<M: StepModel>(
         if rows.is_empty() {
             break;
         }
-        model_rows = reselect(model, &mut cache, model_rows, keep)?;
+        reselect(model, &mut cache, model_rows, &keep)?;
+        model_rows = keep.len();
         let mut next: Vec<u32> = rows.iter().map(|r| *r.ids.last().unwrap_or(&0)).collect();
         while next.len() < model_rows {
             next.push(next[0]);

@@ -444,6 +444,30 @@ pub struct ValuesPlan {
 
 /// Add the critic's values of every response token as column `plan.column` (default `values`);
 /// every other column passes through. Returns the summary line.
+/// Pass 1 of `values`, before the critic is loaded and anything is written: the column types
+/// ([`table::check_schema`]) and the one [`table::Validator`] over the columns its rules read
+/// (identities, answer↔confidence links, list lengths against `response_ids`, spans in range),
+/// as every stage that reads a trajectory table runs it.
+fn validate_values_input(input: &Path) -> Result<()> {
+    let name = input.display().to_string();
+    let mut columns = vec!["context_ids"];
+    columns.extend(table::validate::RULE_COLUMNS);
+    let reader = Reader::open_columns(input, &columns)?;
+    let spec = reader
+        .metadata()
+        .get("rlcr.schema")
+        .and_then(|s| table::schema::by_name(s))
+        .unwrap_or(&table::TRAJECTORY);
+    table::check_schema(&name, &reader.file_schema(), spec, &[])?;
+    let mut validator = table::Validator::new(&name, spec);
+    validator.reserve(reader.num_rows());
+    for b in reader {
+        validator.check_batch(&b?)?;
+    }
+    validator.finish()?;
+    Ok(())
+}
+
 pub fn run_values(plan: &ValuesPlan) -> Result<String> {
     ensure!(plan.batch_size > 0, "--batch-size must be at least 1");
     ensure!(
@@ -452,6 +476,7 @@ pub fn run_values(plan: &ValuesPlan) -> Result<String> {
         plan.column
     );
     crate::fs::check_distinct(&[&plan.input], &plan.out)?;
+    validate_values_input(&plan.input)?;
     let device = crate::model::device_from_str(&plan.device)?;
     let critic = Critic::load(&plan.critic, &device)?;
     let (vocab, max_pos) = (

@@ -19,10 +19,6 @@ use serde::{Deserialize, Serialize};
 
 /// Clamp applied to the log-ratio `logp − old_logp` before exponentiating (verl).
 pub const LOG_RATIO_CLAMP: f64 = 20.0;
-/// Clamp applied to `-d` inside k3 (verl `low_var_kl`).
-pub const K3_LOG_CLAMP: f64 = 20.0;
-/// Clamp applied to the value of k3 (verl `low_var_kl`).
-pub const K3_VALUE_CLAMP: f64 = 10.0;
 /// Epsilon in the per-row token count of `seq-mean-token-mean` (verl `agg_loss`).
 pub const SEQ_MEAN_EPS: f64 = 1e-8;
 
@@ -248,50 +244,11 @@ pub fn agg_weights(mask: &[Vec<bool>], mode: LossAgg, l_max: usize) -> Vec<Vec<f
         .collect()
 }
 
-/// KL estimators (ANCHORS §1.4.6; D13).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum KlEstimator {
-    /// k1 = d (verl `kl`): unbiased, can be negative.
-    #[value(alias = "kl")]
-    K1,
-    /// |d| (verl `abs`).
-    Abs,
-    /// k2 = ½d² (verl `mse`).
-    #[value(alias = "mse")]
-    K2,
-    /// k3 = eˣ − x − 1 with x = clamp(−d, ±20), value clamped to ±10 (verl `low_var_kl`);
-    /// the default for the KL loss.
-    #[default]
-    #[value(alias = "low-var-kl")]
-    K3,
-}
-
-impl KlEstimator {
-    /// The name used on the command line and in metadata.
-    pub fn name(self) -> &'static str {
-        match self {
-            KlEstimator::K1 => "k1",
-            KlEstimator::Abs => "abs",
-            KlEstimator::K2 => "k2",
-            KlEstimator::K3 => "k3",
-        }
-    }
-}
-
-/// One KL estimate from `d = logp − ref_logp` (verl `kl_penalty`).
-pub fn kl_estimate(logp: f64, ref_logp: f64, kind: KlEstimator) -> f64 {
-    let d = logp - ref_logp;
-    match kind {
-        KlEstimator::K1 => d,
-        KlEstimator::Abs => d.abs(),
-        KlEstimator::K2 => 0.5 * d * d,
-        KlEstimator::K3 => {
-            let x = (-d).clamp(-K3_LOG_CLAMP, K3_LOG_CLAMP);
-            (x.exp() - x - 1.0).clamp(-K3_VALUE_CLAMP, K3_VALUE_CLAMP)
-        }
-    }
-}
+/// The KL estimators (ANCHORS §1.4.6; D13) are the reward's: one enum and one parser for
+/// `advantage` and `update`.
+pub use crate::advantage::kl::{
+    kl_value as kl_estimate, KlEstimator, K3_LOG_CLAMP, K3_VALUE_CLAMP,
+};
 
 /// Entropy of the softmax of one row of logits: `logsumexp(z) − Σ softmax(z)·z`, in f64.
 ///

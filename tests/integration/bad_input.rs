@@ -25,14 +25,18 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, ListArray,
-    RecordBatch, StringArray,
+    ArrayRef, Float64Array, Int32Array, Int64Array, ListArray, RecordBatch, StringArray,
 };
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field};
 use rlcr::model::Tokenizer;
-use rlcr::table::{cols, Meta, Reader};
+use rlcr::table::cols;
 
 use crate::fixtures;
+use crate::support::pipeline;
+use crate::support::table::{
+    self, drop_col, edit_f32s, edit_ids, keep_rows, lists_f32, lists_i32, null_at, replace,
+    set_f32, set_span, set_str,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Running the binary
@@ -40,7 +44,6 @@ use crate::fixtures;
 /// The outcome of one run.
 pub struct Run {
     pub code: Option<i32>,
-    pub stdout: String,
     pub stderr: String,
     pub secs: f64,
 }
@@ -75,7 +78,6 @@ pub fn run_in(dir: &Path, args: &[String], limit: Duration) -> Run {
     };
     Run {
         code: status.and_then(|s| s.code()),
-        stdout: std::fs::read_to_string(&so).unwrap_or_default(),
         stderr: std::fs::read_to_string(&se).unwrap_or_default(),
         secs: t0.elapsed().as_secs_f64(),
     }
@@ -154,7 +156,6 @@ pub fn temp_names(dir: &Path) -> Vec<String> {
 
 pub struct Golden {
     pub dir: PathBuf,
-    pub model: PathBuf,
     pub prompts: PathBuf,
     pub sft: PathBuf,
     pub answers: PathBuf,
@@ -203,38 +204,19 @@ fn make_golden() -> Golden {
             r.stderr
         );
     };
-    let synth = [
-        "prepare",
-        "--from",
-        "countdown-synth",
-        "--count",
-        "2",
-        "--min-numbers",
-        "2",
-        "--max-numbers",
-        "2",
-        "--max-number",
-        "9",
-        "--prompt-style",
-        "short",
-    ];
-    ok(&[&synth[..], &["-o", "prompts.parquet"]].concat());
-    ok(&[&synth[..], &["--sft", "-o", "sft.parquet"]].concat());
-    ok(&[
-        "generate-answers",
-        "--model",
+    let run = |v: Vec<String>| ok(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    run(pipeline::easy_countdown_args(2, "prompts.parquet"));
+    let mut sft = pipeline::easy_countdown_args(2, "sft.parquet");
+    sft.push("--sft".into());
+    run(sft);
+    run(pipeline::answers_args(
         &m,
-        "--input",
         "prompts.parquet",
-        "-o",
         "raw-answers.parquet",
-        "--num-answers",
-        "2",
-        "--max-new-tokens",
-        "2",
-        "--response-prefix",
-        "<think>",
-    ]);
+        2,
+        2,
+        &["--response-prefix", "<think>"],
+    ));
     // Every answer gets a closed thinking and an answer, so `probe` has something to cut.
     let tok = Tokenizer::load(&model, None).unwrap();
     let id = |t: &str| tok.token_id(t).unwrap();
@@ -243,7 +225,7 @@ fn make_golden() -> Golden {
     ids.extend(tok.encode("3+4", false).unwrap());
     ids.extend([id("</answer>"), id("<|im_end|>")]);
     let ids: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
-    let raw = read_table(&dir.join("raw-answers.parquet"));
+    let raw = table::read(&dir.join("raw-answers.parquet"));
     let n = raw.num_rows();
     let b = cols::set_columns(
         &raw,
@@ -266,7 +248,7 @@ fn make_golden() -> Golden {
         ],
     )
     .unwrap();
-    write_batch(&b, &dir.join("answers.parquet"), "rlcr.trajectory");
+    table::write(&b, &dir.join("answers.parquet"), "rlcr.trajectory");
     ok(&[
         "generate-confidence",
         "--model",
@@ -329,7 +311,7 @@ fn make_golden() -> Golden {
         ),
     ])
     .unwrap();
-    write_batch(&cd, &dir.join("countdown.parquet"), "test");
+    table::write(&cd, &dir.join("countdown.parquet"), "test");
     let verl = RecordBatch::try_from_iter(vec![
         (
             "data_source",
@@ -348,9 +330,8 @@ fn make_golden() -> Golden {
         ),
     ])
     .unwrap();
-    write_batch(&verl, &dir.join("verl.parquet"), "test");
+    table::write(&verl, &dir.join("verl.parquet"), "test");
     Golden {
-        model,
         prompts: dir.join("prompts.parquet"),
         sft: dir.join("sft.parquet"),
         answers: dir.join("answers.parquet"),
@@ -362,140 +343,6 @@ fn make_golden() -> Golden {
         verl: dir.join("verl.parquet"),
         dir,
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Table surgery (every column made nullable, as other tools write them)
-
-pub fn read_table(p: &Path) -> RecordBatch {
-    let r = Reader::open(p).unwrap();
-    let schema = r.schema();
-    let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&schema, &batches).unwrap()
-}
-
-pub fn write_batch(b: &RecordBatch, p: &Path, schema_name: &str) {
-    let meta = Meta {
-        schema_name: schema_name.to_string(),
-        schema_version: 1,
-        stage: "test".into(),
-        config: serde_json::json!({}),
-        inputs: vec![],
-        extra: Default::default(),
-    };
-    rlcr::table::write_table(p, b.schema(), std::slice::from_ref(b), &meta).unwrap();
-}
-
-fn rebuild(cols: Vec<(String, ArrayRef)>) -> RecordBatch {
-    let fields: Vec<Field> = cols
-        .iter()
-        .map(|(n, a)| Field::new(n, a.data_type().clone(), true))
-        .collect();
-    let arrays: Vec<ArrayRef> = cols.into_iter().map(|(_, a)| a).collect();
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
-}
-
-fn columns(b: &RecordBatch) -> Vec<(String, ArrayRef)> {
-    b.schema()
-        .fields()
-        .iter()
-        .zip(b.columns())
-        .map(|(f, c)| (f.name().clone(), c.clone()))
-        .collect()
-}
-
-/// `b` with column `name` replaced by `a` (any type).
-pub fn replace(b: &RecordBatch, name: &str, a: ArrayRef) -> RecordBatch {
-    assert!(b.column_by_name(name).is_some(), "no column {name}");
-    rebuild(
-        columns(b)
-            .into_iter()
-            .map(|(n, c)| if n == name { (n, a.clone()) } else { (n, c) })
-            .collect(),
-    )
-}
-
-pub fn drop_col(b: &RecordBatch, name: &str) -> RecordBatch {
-    assert!(b.column_by_name(name).is_some(), "no column {name}");
-    rebuild(columns(b).into_iter().filter(|(n, _)| n != name).collect())
-}
-
-pub fn null_at(b: &RecordBatch, name: &str, row: usize) -> RecordBatch {
-    let c = b.column_by_name(name).unwrap();
-    let mask = BooleanArray::from((0..b.num_rows()).map(|i| i == row).collect::<Vec<_>>());
-    replace(b, name, arrow::compute::nullif(c.as_ref(), &mask).unwrap())
-}
-
-pub fn set_str(b: &RecordBatch, name: &str, row: usize, v: &str) -> RecordBatch {
-    let c = cols::str_col(b, "t", name).unwrap();
-    let vals: Vec<Option<String>> = (0..c.len())
-        .map(|i| {
-            if i == row {
-                Some(v.to_string())
-            } else {
-                c.is_valid(i).then(|| c.value(i).to_string())
-            }
-        })
-        .collect();
-    replace(b, name, Arc::new(StringArray::from(vals)))
-}
-
-pub fn set_f32(b: &RecordBatch, name: &str, row: usize, v: f32) -> RecordBatch {
-    let c = cols::f32_col(b, "t", name).unwrap();
-    let vals: Vec<Option<f32>> = (0..c.len())
-        .map(|i| {
-            if i == row {
-                Some(v)
-            } else {
-                c.is_valid(i).then(|| c.value(i))
-            }
-        })
-        .collect();
-    replace(b, name, Arc::new(Float32Array::from(vals)))
-}
-
-pub fn lists_i32(b: &RecordBatch, name: &str) -> Vec<Vec<i32>> {
-    let v = cols::list_i32(b, "t", name).unwrap();
-    (0..b.num_rows())
-        .map(|i| v.values.values()[v.range(i)].to_vec())
-        .collect()
-}
-
-pub fn lists_f32(b: &RecordBatch, name: &str) -> Vec<Vec<f32>> {
-    let v = cols::list_f32(b, "t", name).unwrap();
-    (0..b.num_rows())
-        .map(|i| v.values.values()[v.range(i)].to_vec())
-        .collect()
-}
-
-/// Edit row `row` of a `list<int32>` column.
-pub fn edit_ids(b: &RecordBatch, name: &str, row: usize, f: impl Fn(&mut Vec<i32>)) -> RecordBatch {
-    let mut l = lists_i32(b, name);
-    f(&mut l[row]);
-    replace(b, name, cols::build_list_i32(l))
-}
-
-/// Edit row `row` of a `list<float32>` column.
-pub fn edit_f32s(
-    b: &RecordBatch,
-    name: &str,
-    row: usize,
-    f: impl Fn(&mut Vec<f32>),
-) -> RecordBatch {
-    let mut l = lists_f32(b, name);
-    f(&mut l[row]);
-    replace(b, name, cols::build_list_f32(l))
-}
-
-pub fn set_span(b: &RecordBatch, name: &str, row: usize, span: (i32, i32)) -> RecordBatch {
-    let mut sp = cols::spans(b, "t", name).unwrap();
-    sp[row] = Some(span);
-    replace(b, name, cols::build_spans(&sp))
-}
-
-pub fn keep_rows(b: &RecordBatch, keep: &[usize]) -> RecordBatch {
-    let idx = arrow::array::UInt32Array::from(keep.iter().map(|&i| i as u32).collect::<Vec<_>>());
-    arrow::compute::take_record_batch(b, &idx).unwrap()
 }
 
 fn row_of(b: &RecordBatch, sample_type: &str, nth: usize) -> usize {
@@ -777,12 +624,12 @@ pub fn file_cases(file: &Path) -> Vec<Case> {
 /// stage checks row identities, so the same part twice is an error at the first row of the copy.
 pub fn folder_cases(golden: &Path, schema: &'static str, dup: bool) -> Vec<Case> {
     let good = std::fs::read(golden).unwrap();
-    let t = read_table(golden);
+    let t = table::read(golden);
     let other = {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("x.parquet");
         let name = t.schema().field(t.num_columns() - 1).name().clone();
-        write_batch(&drop_col(&t, &name), &p, schema);
+        table::write(&drop_col(&t, &name), &p, schema);
         std::fs::read(p).unwrap()
     };
     let folder = |label: &str, files: Vec<(&str, Vec<u8>)>, needles: &[&str]| {
@@ -865,7 +712,7 @@ fn check_case(stage: &Stage, case: &Case, dir: &Path) -> Result<(), String> {
         }
         Some(Input::Table(b, schema)) => {
             let p = dir.join("in.parquet");
-            write_batch(b, &p, schema);
+            table::write(b, &p, schema);
             p
         }
         Some(Input::Folder(files)) => {
@@ -881,6 +728,11 @@ fn check_case(stage: &Stage, case: &Case, dir: &Path) -> Result<(), String> {
     let model = match case.model {
         None => fixtures().join("tiny-qwen2"),
         Some(d) => {
+            assert!(
+                stage.model,
+                "{}: a model case for a stage without a model",
+                stage.name
+            );
             let m = dir.join("model");
             needles.extend(break_model(d, &m));
             m
@@ -983,7 +835,7 @@ pub fn model_cases() -> Vec<Case> {
 const TRAJ: &str = "rlcr.trajectory";
 
 fn g(p: &Path) -> RecordBatch {
-    read_table(p)
+    table::read(p)
 }
 
 fn zero_rows(p: &Path, schema: &'static str) -> Case {
@@ -1181,6 +1033,9 @@ fn generate_confidence() {
             )
         },
     ]);
+    // The answers table holds no confidence rows: the three tables are made from the trajectory
+    // (the validator runs before the stage's own "answer rows only" rule).
+    cases.extend(three_bad_tables(&g(&gd.trajectory)));
     cases.extend(model_cases());
     cases.extend(folder_cases(&gd.answers, TRAJ, true));
     check_stage(
@@ -1210,9 +1065,20 @@ fn generate_confidence() {
     );
 }
 
+/// The three tables of issue 21 that two stages once let through, for every stage that reads a
+/// trajectory table (`b` holds answer and confidence rows): a confidence row carrying its answer's
+/// `sample_id`, `response_logprobs` longer than `response_ids`, an `answer_span` past the end of
+/// the response. Each must fail naming the file, the row and the column, writing nothing.
+fn three_bad_tables(b: &RecordBatch) -> Vec<Case> {
+    let mut v = trajectory_cases(b);
+    v.truncate(3);
+    v
+}
+
 /// Defects of a trajectory table that every stage reading one checks (rows: `b` is the table):
 /// broken identities and links (a duplicated row, an orphan confidence row, a confidence row with
-/// its answer's `sample_id`), per-token lists and spans that disagree with `response_ids`.
+/// its answer's `sample_id`), per-token lists and spans that disagree with `response_ids`. The
+/// first three are [`three_bad_tables`].
 fn trajectory_cases(b: &RecordBatch) -> Vec<Case> {
     let a1 = row_of(b, "answer", 1);
     // The same answer row twice (a part file copied twice, a bad concat): the second copy.
@@ -1505,8 +1371,9 @@ fn too_long(b: &RecordBatch, row: usize) -> Case {
     )
 }
 
-#[test]
-fn logprobs() {
+/// The cases of a stage that reads the token columns of a scored table (`logprobs`, `values`):
+/// file, folder and trajectory defects, token ids out of range, a context too long.
+fn token_stage_cases() -> Vec<Case> {
     let gd = golden();
     let b = g(&gd.scored);
     let mut cases = file_cases(&gd.scored);
@@ -1539,18 +1406,41 @@ fn logprobs() {
     cases.extend(trajectory_cases(&b));
     cases.extend(id_cases(&b, "response_ids", 3));
     cases.extend(id_cases(&b, "context_ids", 2));
-    cases.extend(model_cases());
     cases.extend(folder_cases(&gd.scored, TRAJ, true));
+    cases
+}
+
+#[test]
+fn logprobs() {
+    let mut cases = token_stage_cases();
+    cases.extend(model_cases());
     check_stage(
         &Stage {
             name: "logprobs",
-            golden: gd.scored.clone(),
+            golden: golden().scored.clone(),
             model: true,
             argv: |i, m, o| s(&["logprobs", "--model", m, "--input", i, "-o", o]),
             out: "with-logprobs.parquet",
             control: true,
         },
         cases,
+    );
+}
+
+/// `values` had no validator of its own before issue 21 (it let the three bad tables through).
+#[test]
+fn values() {
+    check_stage(
+        &Stage {
+            name: "values",
+            golden: golden().scored.clone(),
+            model: true,
+            // a policy folder is a critic with a zero value head
+            argv: |i, m, o| s(&["values", "--critic", m, "--input", i, "-o", o]),
+            out: "valued.parquet",
+            control: true,
+        },
+        token_stage_cases(),
     );
 }
 

@@ -430,3 +430,55 @@ fn trace_flag_writes_a_chrome_trace() {
     );
     assert_eq!(names("bad.json").len(), 1);
 }
+
+/// `advantage` (KL in the reward) and `update` (KL loss) take the same estimator names, ours and
+/// verl's, from one parser (issue 21: `low_var_kl` was accepted by one and refused by the other).
+#[test]
+fn kl_estimator_names_are_the_same_for_advantage_and_update() {
+    let wd = Workdir::new();
+    let stages: [&[&str]; 2] = [
+        &[
+            "advantage",
+            "--input",
+            "missing.parquet",
+            "-o",
+            "out.parquet",
+            "--kl-coef",
+            "0.001",
+        ],
+        &[
+            "update",
+            "--model",
+            "missing-model",
+            "--input",
+            "missing.parquet",
+            "-o",
+            "out-model",
+            "--kl-coef",
+            "0.001",
+        ],
+    ];
+    for stage in stages {
+        for name in [
+            "k1",
+            "kl",
+            "abs",
+            "k2",
+            "mse",
+            "k3",
+            "low_var_kl",
+            "low-var-kl",
+        ] {
+            let args = [stage, &["--kl-estimator", name]].concat();
+            // accepted: the run gets past the flags and fails on the missing input (exit 1)
+            let err = wd.fail(&args, 1);
+            assert!(!err.contains("invalid value"), "{args:?}: {err}");
+        }
+        for name in ["full", "k3+", "K3"] {
+            let args = [stage, &["--kl-estimator", name]].concat();
+            let err = wd.fail(&args, 2);
+            assert!(err.contains("invalid value"), "{args:?}: {err}");
+        }
+    }
+    assert!(wd.listing().is_empty(), "{:?}", wd.listing());
+}

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use arrow::array::{RecordBatch, StringArray};
+use arrow::array::StringArray;
 use rlcr::model::gguf::writer::{byte_level_alphabet, f32_bytes, s, strs, Writer as GgufWriter};
 use rlcr::model::gguf::{Array, Value};
 use rlcr::table::{cols, Meta, Reader, Writer, TRAJECTORY};
@@ -179,36 +179,11 @@ pub fn assert_same_table(a: &Path, b: &Path) {
     );
 }
 
-/// All rows of a table in one batch.
-pub fn read(path: &Path) -> RecordBatch {
-    let r = Reader::open(path).unwrap();
-    let schema = r.schema();
-    let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&schema, &batches).unwrap()
-}
+pub use crate::support::table::read;
 
 /// `prompts.parquet`: `n` easy countdown tasks (two numbers in 1..9).
 pub fn prompts(wd: &Workdir, n: usize) {
-    let n = n.to_string();
-    wd.run(&[
-        "--seed",
-        "5",
-        "prepare",
-        "--from",
-        "countdown-synth",
-        "--count",
-        &n,
-        "--min-numbers",
-        "2",
-        "--max-numbers",
-        "2",
-        "--max-number",
-        "9",
-        "--prompt-style",
-        "short",
-        "-o",
-        "prompts.parquet",
-    ]);
+    crate::support::pipeline::easy_countdown(wd, Some("5"), n, "prompts.parquet");
 }
 
 /// Arguments of generate-answers on `prompts.parquet` with the response prefilled by `<think>`.
@@ -417,27 +392,11 @@ fn every_stage_is_deterministic() {
     let m = model("tiny-qwen2");
 
     // prepare (seeded synthesis)
+    let easy = crate::support::pipeline::easy_countdown_args(6, "prompts.parquet");
+    let easy_prompts: Vec<&str> = easy.iter().map(String::as_str).collect();
     same_bytes_any_threads(
         &wd,
-        &[
-            "--seed",
-            "5",
-            "prepare",
-            "--from",
-            "countdown-synth",
-            "--count",
-            "6",
-            "--min-numbers",
-            "2",
-            "--max-numbers",
-            "2",
-            "--max-number",
-            "9",
-            "--prompt-style",
-            "short",
-            "-o",
-            "prompts.parquet",
-        ],
+        &[&["--seed", "5"][..], &easy_prompts[..]].concat(),
         &["prompts.parquet"],
     );
 

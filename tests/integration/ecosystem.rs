@@ -85,39 +85,22 @@ fn inspect_json(table: &Path) -> Option<serde_json::Value> {
 fn loop_tables_open_in_polars_and_duckdb_and_recipes_match_report() {
     let wd = Workdir::new();
     let m = crate::fixtures().join("tiny-qwen2").display().to_string();
+    let prepare = crate::support::pipeline::easy_countdown_args(4, "prompts.parquet");
+    let answers = crate::support::pipeline::answers_args(
+        &m,
+        "prompts.parquet",
+        "answers.parquet",
+        2,
+        12,
+        &["--response-prefix", "<think>"],
+    );
+    let (prepare, answers): (Vec<&str>, Vec<&str>) = (
+        prepare.iter().map(String::as_str).collect(),
+        answers.iter().map(String::as_str).collect(),
+    );
     let steps: [&[&str]; 6] = [
-        &[
-            "prepare",
-            "--from",
-            "countdown-synth",
-            "--count",
-            "4",
-            "--min-numbers",
-            "2",
-            "--max-numbers",
-            "2",
-            "--max-number",
-            "9",
-            "--prompt-style",
-            "short",
-            "-o",
-            "prompts.parquet",
-        ],
-        &[
-            "generate-answers",
-            "--model",
-            &m,
-            "--input",
-            "prompts.parquet",
-            "-o",
-            "answers.parquet",
-            "--num-answers",
-            "2",
-            "--max-new-tokens",
-            "12",
-            "--response-prefix",
-            "<think>",
-        ],
+        &prepare,
+        &answers,
         &[
             "generate-confidence",
             "--model",

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 mod harness;
 
 use crate::determinism::{model, prompts, tiny_gguf};
+use crate::support::pipeline;
 use crate::{fixtures, Workdir};
 
 type Target = fn(&[u8]);
@@ -151,21 +152,15 @@ fn write_fuzz_seed_corpus() {
     let wd = Workdir::new();
     prompts(&wd, 1);
     let m = model("tiny-qwen2");
-    wd.run(&[
-        "generate-answers",
-        "--model",
+    let answers = pipeline::answers_args(
         &m,
-        "--input",
         "prompts.parquet",
-        "-o",
         "answers.parquet",
-        "--num-answers",
-        "1",
-        "--max-new-tokens",
-        "3",
-        "--system-prompt",
-        "",
-    ]);
+        1,
+        3,
+        &["--system-prompt", ""],
+    );
+    pipeline::run(&wd, &answers);
     wd.run(&[
         "score",
         "--input",

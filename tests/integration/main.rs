@@ -1,6 +1,5 @@
 //! One integration-test binary (xsv style): every test makes a fresh folder with [`Workdir`], runs
 //! the real `rlcr` binary and, on failure, prints the command, status, stdout and stderr.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -23,6 +22,7 @@ mod report;
 mod sample;
 mod score;
 mod shards;
+mod support;
 mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.

@@ -17,15 +17,7 @@ fn env_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kb_env.py")
 }
 
-fn read(path: &Path) -> RecordBatch {
-    let f = std::fs::File::open(path).unwrap();
-    let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
-        .unwrap()
-        .build()
-        .unwrap();
-    let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
-}
+use crate::support::table::read;
 
 fn list<T: arrow::array::ArrowPrimitiveType>(
     b: &RecordBatch,

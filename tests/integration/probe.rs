@@ -1,20 +1,14 @@
 //! `rlcr probe` on the tiny Qwen2 fixture through the real binary: row count (one per answer with
 //! a closed `</think>` and cut), consistent counts, cut positions, determinism across batch sizes
 //! (byte-identical files), and a bad input failing cleanly.
-use std::path::Path;
 
 use arrow::array::{Array, Float32Array, Int32Array, RecordBatch, StringArray};
 use rlcr::model::Tokenizer;
 use rlcr::table::{cols, Meta, Reader, Writer, TRAJECTORY};
 
+use crate::support::pipeline;
+use crate::support::table::read;
 use crate::{fixtures, Workdir};
-
-fn read(path: &Path) -> RecordBatch {
-    let r = Reader::open(path).unwrap();
-    let schema = r.schema();
-    let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&schema, &batches).unwrap()
-}
 
 pub(crate) fn i32s(b: &RecordBatch, name: &str) -> Vec<i32> {
     let a = b
@@ -56,38 +50,16 @@ fn strs(b: &RecordBatch, name: &str) -> Vec<String> {
 pub(crate) fn scored_input(wd: &Workdir) -> Vec<usize> {
     let model = fixtures().join("tiny-qwen2");
     let m = model.display().to_string();
-    wd.run(&[
-        "prepare",
-        "--from",
-        "countdown-synth",
-        "--count",
-        "2",
-        "--min-numbers",
-        "2",
-        "--max-numbers",
-        "2",
-        "--max-number",
-        "9",
-        "--prompt-style",
-        "short",
-        "-o",
-        "prompts.parquet",
-    ]);
-    wd.run(&[
-        "generate-answers",
-        "--model",
+    pipeline::easy_countdown(wd, None, 2, "prompts.parquet");
+    let answers = pipeline::answers_args(
         &m,
-        "--input",
         "prompts.parquet",
-        "-o",
         "answers.parquet",
-        "--num-answers",
-        "2",
-        "--max-new-tokens",
-        "8",
-        "--response-prefix",
-        "<think>",
-    ]);
+        2,
+        8,
+        &["--response-prefix", "<think>"],
+    );
+    pipeline::run(wd, &answers);
     let tok = Tokenizer::load(&model, None).unwrap();
     let special: Vec<u32> = [
         "<think>",
@@ -291,37 +263,10 @@ fn probe_rows_counts_and_determinism() {
 #[test]
 fn probe_rejects_unscored_input() {
     let wd = Workdir::new();
-    let m = fixtures().join("tiny-qwen2").display().to_string();
-    wd.run(&[
-        "prepare",
-        "--from",
-        "countdown-synth",
-        "--count",
-        "1",
-        "--min-numbers",
-        "2",
-        "--max-numbers",
-        "2",
-        "--max-number",
-        "9",
-        "--prompt-style",
-        "short",
-        "-o",
-        "prompts.parquet",
-    ]);
-    wd.run(&[
-        "generate-answers",
-        "--model",
-        &m,
-        "--input",
-        "prompts.parquet",
-        "-o",
-        "scored.parquet",
-        "--num-answers",
-        "1",
-        "--max-new-tokens",
-        "4",
-    ]);
+    let m = pipeline::tiny_qwen2();
+    pipeline::easy_countdown(&wd, None, 1, "prompts.parquet");
+    let answers = pipeline::answers_args(&m, "prompts.parquet", "scored.parquet", 1, 4, &[]);
+    pipeline::run(&wd, &answers);
     let err = wd.fail(&probe_args(&m, "probe.parquet", "4"), 1);
     assert!(
         err.contains("scored.parquet") && err.contains("acc_reward"),

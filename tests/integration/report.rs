@@ -435,21 +435,16 @@ fn report_reads_the_pipeline_tables() {
         "-o",
         "prompts.parquet",
     ]);
-    wd.run(&[
-        "--seed",
-        "3",
-        "generate-answers",
-        "--model",
+    let mut answers = vec!["--seed".to_string(), "3".to_string()];
+    answers.extend(crate::support::pipeline::answers_args(
         model,
-        "--input",
         "prompts.parquet",
-        "-o",
         "answers.parquet",
-        "--num-answers",
-        "2",
-        "--max-new-tokens",
-        "12",
-    ]);
+        2,
+        12,
+        &[],
+    ));
+    crate::support::pipeline::run(&wd, &answers);
     wd.run(&[
         "--seed",
         "3",

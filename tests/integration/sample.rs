@@ -2,7 +2,7 @@
 //! row counts and links, determinism across batch sizes, greedy decoding against transformers,
 //! behaviour log-probs against `rlcr logprobs`, spans, and the errors a user can cause.
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use arrow::array::{
     Array, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray,
@@ -40,13 +40,7 @@ pub(crate) fn prompts(wd: &Workdir, questions: &[&str]) -> PathBuf {
 
 const QUESTIONS: &[&str] = &["What is 12 + 7?", "What is 99 * 3?", "Name a prime."];
 
-/// All rows of a table in one batch.
-pub(crate) fn read(path: &Path) -> RecordBatch {
-    let r = Reader::open(path).unwrap();
-    let schema = r.schema();
-    let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&schema, &batches).unwrap()
-}
+pub(crate) use crate::support::table::read;
 
 pub(crate) fn strs(b: &RecordBatch, name: &str) -> Vec<Option<String>> {
     let a = b

@@ -1,0 +1,77 @@
+//! The start of the loop most tests share: easy countdown prompts (`prepare`), then answers from
+//! the tiny Qwen2 fixture (`generate-answers`), each one command line built in one place.
+use crate::{fixtures, Workdir};
+
+/// The tiny Qwen2 fixture's folder, as an argument.
+pub fn tiny_qwen2() -> String {
+    fixtures().join("tiny-qwen2").display().to_string()
+}
+
+/// `prepare --from countdown-synth` for `count` easy tasks (two numbers in 1..9, the short
+/// prompt style) into `out`; add `--sft` or `--seed` around it as needed.
+pub fn easy_countdown_args(count: usize, out: &str) -> Vec<String> {
+    [
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        &count.to_string(),
+        "--min-numbers",
+        "2",
+        "--max-numbers",
+        "2",
+        "--max-number",
+        "9",
+        "--prompt-style",
+        "short",
+        "-o",
+        out,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Run [`easy_countdown_args`] in `wd` (with `--seed SEED` first when given).
+pub fn easy_countdown(wd: &Workdir, seed: Option<&str>, count: usize, out: &str) {
+    let mut args: Vec<String> = seed
+        .map(|s| vec!["--seed".to_string(), s.to_string()])
+        .unwrap_or_default();
+    args.extend(easy_countdown_args(count, out));
+    run(wd, &args);
+}
+
+/// `generate-answers` with `model` on `input` into `out`: `num_answers` answers of at most
+/// `max_new_tokens` tokens each, then `extra` flags.
+pub fn answers_args(
+    model: &str,
+    input: &str,
+    out: &str,
+    num_answers: usize,
+    max_new_tokens: usize,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "generate-answers",
+        "--model",
+        model,
+        "--input",
+        input,
+        "-o",
+        out,
+        "--num-answers",
+        &num_answers.to_string(),
+        "--max-new-tokens",
+        &max_new_tokens.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Run owned arguments (from the builders above) in `wd`; stdout.
+pub fn run(wd: &Workdir, args: &[String]) -> String {
+    wd.run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}

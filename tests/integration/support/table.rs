@@ -1,0 +1,142 @@
+//! Tables for tests: read a whole table, write one with rlcr's metadata, and the surgery the
+//! bad-input cases make (every column rebuilt nullable, as other tools write them): replace, drop,
+//! null, set one value, edit one row's list, keep rows.
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, Float32Array, RecordBatch, StringArray};
+use arrow::datatypes::{Field, Schema};
+use rlcr::table::{cols, Meta, Reader};
+
+/// All rows of a table in one batch.
+pub fn read(p: &Path) -> RecordBatch {
+    let r = Reader::open(p).unwrap();
+    let schema = r.schema();
+    let batches: Vec<RecordBatch> = r.map(|b| b.unwrap()).collect();
+    arrow::compute::concat_batches(&schema, &batches).unwrap()
+}
+
+/// Write `b` as one table with rlcr's metadata naming `schema_name` (stage `test`).
+pub fn write(b: &RecordBatch, p: &Path, schema_name: &str) {
+    let meta = Meta {
+        schema_name: schema_name.to_string(),
+        schema_version: 1,
+        stage: "test".into(),
+        config: serde_json::json!({}),
+        inputs: vec![],
+        extra: Default::default(),
+    };
+    rlcr::table::write_table(p, b.schema(), std::slice::from_ref(b), &meta).unwrap();
+}
+
+fn rebuild(cols: Vec<(String, ArrayRef)>) -> RecordBatch {
+    let fields: Vec<Field> = cols
+        .iter()
+        .map(|(n, a)| Field::new(n, a.data_type().clone(), true))
+        .collect();
+    let arrays: Vec<ArrayRef> = cols.into_iter().map(|(_, a)| a).collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+fn columns(b: &RecordBatch) -> Vec<(String, ArrayRef)> {
+    b.schema()
+        .fields()
+        .iter()
+        .zip(b.columns())
+        .map(|(f, c)| (f.name().clone(), c.clone()))
+        .collect()
+}
+
+/// `b` with column `name` replaced by `a` (any type).
+pub fn replace(b: &RecordBatch, name: &str, a: ArrayRef) -> RecordBatch {
+    assert!(b.column_by_name(name).is_some(), "no column {name}");
+    rebuild(
+        columns(b)
+            .into_iter()
+            .map(|(n, c)| if n == name { (n, a.clone()) } else { (n, c) })
+            .collect(),
+    )
+}
+
+pub fn drop_col(b: &RecordBatch, name: &str) -> RecordBatch {
+    assert!(b.column_by_name(name).is_some(), "no column {name}");
+    rebuild(columns(b).into_iter().filter(|(n, _)| n != name).collect())
+}
+
+pub fn null_at(b: &RecordBatch, name: &str, row: usize) -> RecordBatch {
+    let c = b.column_by_name(name).unwrap();
+    let mask = BooleanArray::from((0..b.num_rows()).map(|i| i == row).collect::<Vec<_>>());
+    replace(b, name, arrow::compute::nullif(c.as_ref(), &mask).unwrap())
+}
+
+pub fn set_str(b: &RecordBatch, name: &str, row: usize, v: &str) -> RecordBatch {
+    let c = cols::str_col(b, "t", name).unwrap();
+    let vals: Vec<Option<String>> = (0..c.len())
+        .map(|i| {
+            if i == row {
+                Some(v.to_string())
+            } else {
+                c.is_valid(i).then(|| c.value(i).to_string())
+            }
+        })
+        .collect();
+    replace(b, name, Arc::new(StringArray::from(vals)))
+}
+
+pub fn set_f32(b: &RecordBatch, name: &str, row: usize, v: f32) -> RecordBatch {
+    let c = cols::f32_col(b, "t", name).unwrap();
+    let vals: Vec<Option<f32>> = (0..c.len())
+        .map(|i| {
+            if i == row {
+                Some(v)
+            } else {
+                c.is_valid(i).then(|| c.value(i))
+            }
+        })
+        .collect();
+    replace(b, name, Arc::new(Float32Array::from(vals)))
+}
+
+pub fn lists_i32(b: &RecordBatch, name: &str) -> Vec<Vec<i32>> {
+    let v = cols::list_i32(b, "t", name).unwrap();
+    (0..b.num_rows())
+        .map(|i| v.values.values()[v.range(i)].to_vec())
+        .collect()
+}
+
+pub fn lists_f32(b: &RecordBatch, name: &str) -> Vec<Vec<f32>> {
+    let v = cols::list_f32(b, "t", name).unwrap();
+    (0..b.num_rows())
+        .map(|i| v.values.values()[v.range(i)].to_vec())
+        .collect()
+}
+
+/// Edit row `row` of a `list<int32>` column.
+pub fn edit_ids(b: &RecordBatch, name: &str, row: usize, f: impl Fn(&mut Vec<i32>)) -> RecordBatch {
+    let mut l = lists_i32(b, name);
+    f(&mut l[row]);
+    replace(b, name, cols::build_list_i32(l))
+}
+
+/// Edit row `row` of a `list<float32>` column.
+pub fn edit_f32s(
+    b: &RecordBatch,
+    name: &str,
+    row: usize,
+    f: impl Fn(&mut Vec<f32>),
+) -> RecordBatch {
+    let mut l = lists_f32(b, name);
+    f(&mut l[row]);
+    replace(b, name, cols::build_list_f32(l))
+}
+
+pub fn set_span(b: &RecordBatch, name: &str, row: usize, span: (i32, i32)) -> RecordBatch {
+    let mut sp = cols::spans(b, "t", name).unwrap();
+    sp[row] = Some(span);
+    replace(b, name, cols::build_spans(&sp))
+}
+
+pub fn keep_rows(b: &RecordBatch, keep: &[usize]) -> RecordBatch {
+    let idx = arrow::array::UInt32Array::from(keep.iter().map(|&i| i as u32).collect::<Vec<_>>());
+    arrow::compute::take_record_batch(b, &idx).unwrap()
+}
