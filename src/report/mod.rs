@@ -17,6 +17,7 @@
 //! metadata). With several inputs (iterations), the detailed figures describe the last input and
 //! `iterations.svg/png` plus a table in `report.md` follow the metrics across inputs.
 
+pub mod compare;
 pub mod data;
 pub mod markdown;
 pub mod metrics;
@@ -37,7 +38,7 @@ pub use data::{MissingConfidence, RowText, Rows, SampleType};
 pub use markdown::{ExampleRow, ExampleSet, FigureFiles};
 pub use metrics::{Bin, BinRule};
 pub use probe::{ProbeRows, ProbeSummary};
-pub use summary::{Examples, Metrics, Options, Report, TurnSamples, TurnStats};
+pub use summary::{Examples, Metrics, Options, Report, StandardErrors, TurnSamples, TurnStats};
 
 /// Examples of each kind shown in `report.md` by default.
 pub const EXAMPLES_PER_KIND: usize = 3;
@@ -351,11 +352,14 @@ pub fn calibration_batch(reports: &[Report]) -> Result<RecordBatch> {
 
 /// Write everything but `calibration.parquet` into `dir` (created if needed): `metrics.json`,
 /// `reliability.svg/png`, `histograms.svg/png`, `iterations.svg/png` (several inputs),
-/// `probe_curve.svg/png` and `probe_vs_verbal.svg/png` (probe given), `report.md`.
-/// Returns the names of the files written.
+/// `probe_curve.svg/png` and `probe_vs_verbal.svg/png` (probe given), `report.md`. With `labels`
+/// (one per input: the inputs are arms, not iterations), `comparison.svg/png` (reliability
+/// diagrams side by side, per bucket) and `comparison.md` replace the iteration figure, and
+/// report.md opens with the comparison. Returns the names of the files written.
 pub fn write_outputs(
     dir: &Path,
     analyses: &[Analysis],
+    labels: &[String],
     examples: Option<&ExampleSet>,
     probe: Option<(&ProbeRows, &ProbeSummary)>,
 ) -> Result<Vec<String>> {
@@ -384,7 +388,14 @@ pub fn write_outputs(
             plot::write_png(&h, p)
         })?);
     }
-    if analyses.len() > 1 {
+    let mut comparison = None;
+    if !labels.is_empty() {
+        let g = compare::Grid::new(labels, &reports);
+        let png = both("comparison", &|p| plot::write_svg(&g, p), &|p| {
+            plot::write_png(&g, p)
+        })?;
+        comparison = Some(compare::section(labels, &reports, Some(&png)));
+    } else if analyses.len() > 1 {
         let f = iteration_figure(&reports);
         figs.iterations = Some(both("iterations", &|p| plot::write_svg(&f, p), &|p| {
             plot::write_png(&f, p)
@@ -413,7 +424,16 @@ pub fn write_outputs(
     let json = serde_json::to_string_pretty(&mf).context("serialising metrics.json")?;
     crate::fs::write_atomic(&dir.join("metrics.json"), format!("{json}\n").as_bytes())?;
     written.push("metrics.json".to_string());
-    let md = markdown::render(&reports, examples, probe.map(|p| p.1), &figs);
+    if let Some(c) = &comparison {
+        crate::fs::write_atomic(&dir.join("comparison.md"), c.as_bytes())?;
+        written.push("comparison.md".to_string());
+    }
+    let mut md = markdown::render(&reports, examples, probe.map(|p| p.1), &figs);
+    if let Some(c) = comparison {
+        // The comparison first, under the page's title line.
+        let at = md.find('\n').map_or(md.len(), |i| i + 1);
+        md.insert_str(at, &format!("\n{c}"));
+    }
     crate::fs::write_atomic(&dir.join("report.md"), md.as_bytes())?;
     written.push("report.md".to_string());
     Ok(written)
@@ -523,8 +543,8 @@ mod tests {
                 .expect("probe");
         let ps = probe::summarize(&probe_rows, 10, BinRule::Floor);
         let two = vec![a.clone(), a];
-        let files =
-            write_outputs(dir.path(), &two, Some(&ex), Some((&probe_rows, &ps))).expect("write");
+        let files = write_outputs(dir.path(), &two, &[], Some(&ex), Some((&probe_rows, &ps)))
+            .expect("write");
         for f in [
             "metrics.json",
             "report.md",

@@ -451,10 +451,14 @@ impl Figure for Reliability {
                 ))
             }))
             .pe()?;
+        // backend_coord is in the backend's pixels, root.draw in root's: they differ when the
+        // diagram is one panel of a larger figure (report::compare::Grid).
+        let base = root.get_base_pixel();
+        let rel = |(x, y): (i32, i32)| (x - base.0, y - base.1);
         for b in &filled {
             if let (Some(acc), Some(conf)) = (b.accuracy, b.mean_confidence) {
-                let p = chart.backend_coord(&(b.lower, acc));
-                let q = chart.backend_coord(&(b.upper, conf));
+                let p = rel(chart.backend_coord(&(b.lower, acc)));
+                let q = rel(chart.backend_coord(&(b.upper, conf)));
                 hatch(root, p, q, gap_line, 7)?;
             }
         }
@@ -484,7 +488,7 @@ impl Figure for Reliability {
                 .accuracy
                 .unwrap_or(0.0)
                 .max(b.mean_confidence.unwrap_or(0.0));
-            let (x, y) = chart.backend_coord(&((b.lower + b.upper) / 2.0, top));
+            let (x, y) = rel(chart.backend_coord(&((b.lower + b.upper) / 2.0, top)));
             let y = y - 4;
             let label = compact_count(b.count);
             let (w, h) = root.estimate_text_size(&label, &count_style).pe()?;

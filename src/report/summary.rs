@@ -119,10 +119,27 @@ pub struct Metrics {
     pub length_correct_answers: Option<f64>,
     /// Mean length (tokens) of wrong answers.
     pub length_wrong_answers: Option<f64>,
+    /// Standard errors (rows taken as independent; see [`metrics`] for each formula): binomial
+    /// for the format and parse rates, the mean's for mean confidence and Brier, Hanley–McNeil for
+    /// AUROC, the delta method over the bins for ECE.
+    #[serde(default)]
+    pub se: StandardErrors,
     /// Per-turn statistics (seed 000).
     pub answer_turn: TurnStats,
     /// Per-turn statistics (seed 000).
     pub confidence_turn: TurnStats,
+}
+
+/// Standard errors of a [`Metrics`]' figures (accuracy's is `Metrics::accuracy_se`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StandardErrors {
+    pub format_rate_answers: Option<f64>,
+    pub format_rate_confidences: Option<f64>,
+    pub parse_rate_strict: Option<f64>,
+    pub mean_confidence: Option<f64>,
+    pub brier: Option<f64>,
+    pub ece: Option<f64>,
+    pub auroc: Option<f64>,
 }
 
 /// Consistency findings that do not stop the report.
@@ -151,6 +168,9 @@ pub struct Report {
     pub per_source: BTreeMap<String, Metrics>,
     /// The reliability table under the chosen rule.
     pub reliability: Vec<Bin>,
+    /// The reliability table of each `data_source`.
+    #[serde(default)]
+    pub per_source_reliability: BTreeMap<String, Vec<Bin>>,
     /// Consistency findings.
     pub diagnostics: Diagnostics,
 }
@@ -317,6 +337,8 @@ pub fn metrics_for(rows: &Rows, keep: &dyn Fn(usize) -> bool, opts: &Options) ->
     }
     let (c, y, zeros, from) = calibration_pairs(rows, keep, opts.missing_confidence);
     let reliability = metrics::reliability_bins(&c, &y, opts.bins, opts.ece_rule);
+    let auroc = metrics::auroc(&c, &y);
+    let n_pos = y.iter().filter(|&&v| metrics::is_positive(v)).count() as u64;
     let no_conf_col = rows.missing_columns.contains("confidence");
     let no_text_col = rows.missing_columns.contains("response_text");
     Metrics {
@@ -345,7 +367,20 @@ pub fn metrics_for(rows: &Rows, keep: &dyn Fn(usize) -> bool, opts: &Options) ->
         ece: metrics::ece_from_bins(&reliability),
         ece_floor: metrics::ece(&c, &y, opts.bins, BinRule::Floor),
         ece_rlcr: metrics::ece(&c, &y, opts.bins, BinRule::Rlcr),
-        auroc: metrics::auroc(&c, &y),
+        auroc,
+        se: StandardErrors {
+            format_rate_answers: metrics::binomial_se(fmt_a, fmt_a_n),
+            format_rate_confidences: metrics::binomial_se(fmt_c, fmt_c_n),
+            parse_rate_strict: if no_conf_col {
+                None
+            } else {
+                metrics::binomial_se(strict, confs)
+            },
+            mean_confidence: metrics::standard_error_of_mean(&c),
+            brier: metrics::brier_se(&c, &y),
+            ece: metrics::ece_se(&c, &y, opts.bins, opts.ece_rule),
+            auroc: auroc.and_then(|a| metrics::auroc_se(a, n_pos, c.len() as u64 - n_pos)),
+        },
         length_correct_answers: metrics::mean(&len_ok),
         length_wrong_answers: metrics::mean(&len_bad),
         answer_turn: turn_stats(rows, SampleType::Answer, keep),
@@ -385,11 +420,17 @@ pub fn build(input: &str, rows: &Rows, opts: &Options) -> Report {
     let all = |_: usize| true;
     let overall = metrics_for(rows, &all, opts);
     let mut per_source = BTreeMap::new();
+    let mut per_source_reliability = BTreeMap::new();
     for s in 0..rows.sources.len() as u32 {
         let keep = |i: usize| rows.source[i] == s;
         per_source.insert(
             rows.sources.name(s).to_string(),
             metrics_for(rows, &keep, opts),
+        );
+        let (c, y, _, _) = calibration_pairs(rows, &keep, opts.missing_confidence);
+        per_source_reliability.insert(
+            rows.sources.name(s).to_string(),
+            metrics::reliability_bins(&c, &y, opts.bins, opts.ece_rule),
         );
     }
     let (c, y, _, _) = calibration_pairs(rows, &all, opts.missing_confidence);
@@ -399,6 +440,7 @@ pub fn build(input: &str, rows: &Rows, opts: &Options) -> Report {
         overall,
         per_source,
         reliability: metrics::reliability_bins(&c, &y, opts.bins, opts.ece_rule),
+        per_source_reliability,
         diagnostics: diagnostics(rows),
     }
 }
