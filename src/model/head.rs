@@ -14,8 +14,11 @@
 //! probabilities, their product; autodiff keeps most of them for backward): at SmolLM2's 49,152
 //! columns and 2,048 rows each one is 400 MB. On Flex this module instead reads the logits twice
 //! forward (max, then both sums) and once backward (writing the gradient), and keeps only the
-//! logits and three numbers per row. Every other device (and `RLCR_FUSED_HEAD=0`) runs the
-//! composite; both are the same function up to rounding (tested against each other and, through
+//! logits and three numbers per row. It is opt-in (`RLCR_FUSED_HEAD=1`): the fused sums round
+//! differently from the composite (within 2e-5), and on the learning test's mixed task that
+//! rounding alone sent seed 2 into a format collapse (well-formed answers 0.14 after the loop), so
+//! the default stays the path whose learning figures are measured. Every other device, and Flex
+//! without the variable, runs the composite; both are the same function up to rounding (tested against each other and, through
 //! the parity tests, against transformers).
 //!
 //! Why a kernel and not a crate: the work is one `exp` per logit and two sums, bound by `exp`; no
@@ -72,10 +75,11 @@ pub fn logprob_entropy(
     Ok(composite(logits, targets, temperature, entropy))
 }
 
-/// `RLCR_FUSED_HEAD=0` sends every device through burn's composite (for comparisons).
+/// `RLCR_FUSED_HEAD=1` turns the fused head on (Flex only); without it every device runs burn's
+/// composite (see the module documentation for why it is opt-in).
 fn fused_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RLCR_FUSED_HEAD").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("RLCR_FUSED_HEAD").is_ok_and(|v| v == "1"))
 }
 
 fn split(out: Tensor<2>, n: usize, entropy: bool) -> (Tensor<1>, Option<Tensor<1>>) {
