@@ -478,18 +478,65 @@ fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
 /// The first pass: the one [`Validator`] over the columns its rules read (types, identities,
 /// list lengths, spans, answer<->confidence links), before anything is scored. Its links tell the
 /// scoring pass whether confidence rows need their answers looked up ahead.
-fn validate(read: &Path) -> Result<Links> {
+///
+/// The token lists are not decoded: their row lengths come from the Parquet levels
+/// ([`table::levels`]), which is most of this pass's cost saved on light rows. A list the level
+/// reader does not support is decoded the ordinary way (the whole pass again, decoded).
+fn validate(read: &Path, parts: &[Part]) -> Result<Links> {
     let _t = crate::trace::span("score: validate");
+    let has = |c: &str| parts[0].meta.schema().field_with_name(c).is_ok();
+    let lists: Vec<&str> = std::iter::once("response_ids")
+        .chain(table::validate::PER_TOKEN)
+        .filter(|c| !STALE_COLUMNS.contains(c) && has(c))
+        .collect();
+    if lists.contains(&"response_ids")
+        && lists.iter().all(|c| table::levels::supported(&parts[0], c))
+    {
+        match validate_with(read, parts, &lists) {
+            Err(e) if e.downcast_ref::<table::levels::Unsupported>().is_some() => {
+                crate::debug!("{e:#}; validating with the lists decoded");
+            }
+            r => return r,
+        }
+    }
+    validate_with(read, parts, &[])
+}
+
+/// [`validate`], with the row lengths of `by_levels` read from their levels (the rest decoded).
+fn validate_with(read: &Path, parts: &[Part], by_levels: &[&str]) -> Result<Links> {
     let names: Vec<&str> = table::validate::RULE_COLUMNS
         .into_iter()
-        .filter(|c| !STALE_COLUMNS.contains(c))
+        .filter(|c| !STALE_COLUMNS.contains(c) && !by_levels.contains(c))
         .collect();
-    let reader = table::Reader::open_columns(read, &names)?;
+    let reader =
+        table::Reader::open_columns(read, &names)?.with_dictionaries(&["sample_type", "prompt_id"]);
     table::check_schema(&reader.display, &reader.file_schema(), &TRAJECTORY, &[])?;
     let mut v = Validator::new(&reader.display.clone(), &TRAJECTORY);
     v.reserve(reader.num_rows());
+    let mut streams: Vec<table::levels::Stream> = by_levels
+        .iter()
+        .map(|c| table::levels::Stream::new(parts, c))
+        .collect();
     for b in reader {
-        v.check_batch(&b?)?;
+        let b = b?;
+        let (first, n) = (v.rows(), b.num_rows());
+        v.check_rows(&b, first)?;
+        if let Some((resp, others)) = streams.split_first_mut() {
+            resp.fill(first, n)?;
+            for s in others.iter_mut() {
+                s.fill(first, n)?;
+            }
+            let others: Vec<(&str, &[u32], Option<&[bool]>)> = others
+                .iter()
+                .zip(&by_levels[1..])
+                .map(|(s, name)| {
+                    let (l, nl) = s.get(first, n);
+                    (*name, l, nl)
+                })
+                .collect();
+            v.check_lengths(&b, first, resp.get(first, n), &others)?;
+        }
+        v.check_links(&b)?;
     }
     v.finish()
 }
@@ -1450,7 +1497,7 @@ fn score(plan: &Plan) -> Result<Summary> {
             input.display()
         );
     }
-    let links = validate(input)?;
+    let links = validate(input, &parts)?;
     let fields = score_fields()?;
     let drop: Vec<&str> = STALE_COLUMNS.to_vec();
     let placement = splice::Placement::Canonical(&TRAJECTORY);

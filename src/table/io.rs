@@ -19,7 +19,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
@@ -101,6 +104,8 @@ pub struct Reader {
     metadata: BTreeMap<String, String>,
     num_rows: usize,
     columns: Option<Vec<String>>,
+    /// Utf8 columns read and kept as `Dictionary(Int32, Utf8)` ([`Reader::with_dictionaries`]).
+    dictionaries: Vec<String>,
     /// Display name for errors.
     pub display: String,
 }
@@ -169,8 +174,17 @@ impl Reader {
             metadata,
             num_rows,
             columns,
+            dictionaries: Vec::new(),
             display: path.display().to_string(),
         })
+    }
+
+    /// Read the utf8 columns `names` as `Dictionary(Int32, Utf8)` and keep them so (not
+    /// normalised to `Utf8`): for columns that repeat (`prompt_id`, `sample_type`), whose Parquet
+    /// dictionary pages are then used as they are instead of a string built per row.
+    pub fn with_dictionaries(mut self, names: &[&str]) -> Self {
+        self.dictionaries = names.iter().map(|s| s.to_string()).collect();
+        self
     }
 
     /// The (normalised) schema of the batches this reader yields.
@@ -213,7 +227,36 @@ impl Reader {
             return Ok(false);
         };
         self.next_file += 1;
-        let b = builder(&f)?;
+        let mut b = builder(&f)?;
+        if !self.dictionaries.is_empty() {
+            let dict = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+            let fields: Vec<Field> = b
+                .schema()
+                .fields()
+                .iter()
+                .map(|fld| {
+                    let fld = fld.as_ref().clone();
+                    if self.dictionaries.iter().any(|d| d == fld.name())
+                        && fld.data_type() == &DataType::Utf8
+                    {
+                        fld.with_data_type(dict.clone())
+                    } else {
+                        fld
+                    }
+                })
+                .collect();
+            let hint = Arc::new(Schema::new_with_metadata(
+                fields,
+                b.schema().metadata().clone(),
+            ));
+            let meta = ArrowReaderMetadata::try_new(
+                b.metadata().clone(),
+                ArrowReaderOptions::new().with_schema(hint),
+            )
+            .with_context(|| format!("{}: cannot read Parquet data", f.display()))?;
+            let file = File::open(&f).with_context(|| format!("{}: cannot open", f.display()))?;
+            b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta);
+        }
         let b = match &self.columns {
             None => b,
             Some(cols) => {
@@ -246,7 +289,7 @@ impl Iterator for Reader {
         loop {
             if let Some(r) = &mut self.current {
                 match r.next() {
-                    Some(Ok(b)) => return Some(normalize_batch(&b)),
+                    Some(Ok(b)) => return Some(normalize_batch(&b, &self.dictionaries)),
                     Some(Err(e)) => {
                         let f = self
                             .files
@@ -396,18 +439,21 @@ fn normalized_schema(s: &SchemaRef) -> SchemaRef {
     ))
 }
 
-fn normalize_batch(b: &RecordBatch) -> Result<RecordBatch> {
+/// `b` with its columns' types normalised ([`normalized_type`]), except the dictionaries `keep`.
+fn normalize_batch(b: &RecordBatch, keep: &[String]) -> Result<RecordBatch> {
     let schema = b.schema();
-    if schema
-        .fields()
-        .iter()
-        .all(|f| normalized_type(f.data_type()) == *f.data_type())
-    {
+    let want = |f: &Field| match f.data_type() {
+        DataType::Dictionary(..) if keep.iter().any(|k| k == f.name()) => f.data_type().clone(),
+        t => normalized_type(t),
+    };
+    if schema.fields().iter().all(|f| want(f) == *f.data_type()) {
         return Ok(b.clone());
     }
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(b.num_columns());
+    let mut fields: Vec<Field> = Vec::with_capacity(b.num_columns());
     for (f, c) in schema.fields().iter().zip(b.columns()) {
-        let want = normalized_type(f.data_type());
+        let want = want(f);
+        fields.push(Field::new(f.name(), want.clone(), f.is_nullable()));
         if want == *f.data_type() {
             cols.push(c.clone());
         } else {
@@ -417,8 +463,7 @@ fn normalize_batch(b: &RecordBatch) -> Result<RecordBatch> {
             );
         }
     }
-    let out_schema = normalized_schema(&schema);
-    Ok(RecordBatch::try_new(out_schema, cols)?)
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
 }
 
 /// How a Parquet file is encoded. [`writer_properties`] is the one place that turns this into

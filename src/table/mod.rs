@@ -7,12 +7,14 @@
 //! - [`intern`]: dense ids for strings (the one [`intern::Interner`]) and the fast hasher.
 //! - [`validate`]: schema and row checks with file/row/column in every message: the one
 //!   [`Validator`] every stage runs over its input.
+//! - [`levels`]: per-row lengths of list columns from their Parquet levels (no values decoded).
 //! - [`splice`]: the row-preserving writer: an input's column chunks copied as they are, only new
 //!   columns encoded.
 pub mod cols;
 pub mod intern;
 pub mod io;
 pub mod json;
+pub mod levels;
 pub mod schema;
 pub mod shard;
 pub mod splice;

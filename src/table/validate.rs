@@ -113,9 +113,9 @@ impl H128 {
 
 /// `h128(&[&id])` without the indirection (one call per row of every table).
 #[inline]
-fn id_key(id: &str) -> u128 {
+fn id_key(id: &[u8]) -> u128 {
     let mut h = H128::new();
-    h.bytes(id.as_bytes());
+    h.bytes(id);
     h.finish()
 }
 
@@ -125,6 +125,11 @@ trait HashPart {
 impl HashPart for &str {
     fn feed(&self, h: &mut H128) {
         h.bytes(self.as_bytes());
+    }
+}
+impl HashPart for &[u8] {
+    fn feed(&self, h: &mut H128) {
+        h.bytes(self);
     }
 }
 impl HashPart for i32 {
@@ -155,7 +160,7 @@ pub const RULE_COLUMNS: [&str; 16] = [
 ];
 
 /// List columns that hold one value per response token.
-const PER_TOKEN: [&str; 8] = [
+pub const PER_TOKEN: [&str; 8] = [
     "response_logprobs",
     "token_advantages",
     "loss_mask",
@@ -165,6 +170,68 @@ const PER_TOKEN: [&str; 8] = [
     "token_turn_ids",
     "info_mask",
 ];
+
+/// Row access to a utf8 column's bytes without arrow's per-call checks (the row rules look at
+/// every row of every table; `StringArray::value` is an out-of-line call here).
+struct StrView<'a> {
+    /// Dictionary keys, for a dictionary-encoded column.
+    keys: Option<&'a [i32]>,
+    offsets: &'a [i32],
+    data: &'a [u8],
+}
+
+impl<'a> StrView<'a> {
+    /// Column `name` of `b` when it is utf8, plain or as a dictionary with int32 keys.
+    fn of(b: &'a RecordBatch, name: &str) -> Option<Self> {
+        use arrow::array::{DictionaryArray, StringArray};
+        use arrow::datatypes::Int32Type;
+        let c = b.column_by_name(name)?;
+        if let Some(a) = c.as_any().downcast_ref::<StringArray>() {
+            return Some(StrView {
+                keys: None,
+                offsets: a.value_offsets(),
+                data: a.value_data(),
+            });
+        }
+        let d = c.as_any().downcast_ref::<DictionaryArray<Int32Type>>()?;
+        let v = d.values().as_any().downcast_ref::<StringArray>()?;
+        Some(StrView {
+            keys: Some(d.keys().values()),
+            offsets: v.value_offsets(),
+            data: v.value_data(),
+        })
+    }
+    #[inline]
+    fn bytes(&self, i: usize) -> &'a [u8] {
+        let j = match self.keys {
+            Some(k) => k[i] as usize,
+            None => i,
+        };
+        &self.data[self.offsets[j] as usize..self.offsets[j + 1] as usize]
+    }
+    /// Row `i` as text (for messages).
+    fn text(&self, i: usize) -> std::borrow::Cow<'a, str> {
+        String::from_utf8_lossy(self.bytes(i))
+    }
+}
+
+/// Row lengths (and null rows) of a decoded list column.
+struct ListLengths {
+    len: Vec<u32>,
+    null: Option<Vec<bool>>,
+}
+
+impl ListLengths {
+    fn of(l: &arrow::array::ListArray) -> Self {
+        let len = l
+            .value_offsets()
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as u32)
+            .collect();
+        let null = (l.null_count() > 0).then(|| (0..l.len()).map(|i| l.is_null(i)).collect());
+        ListLengths { len, null }
+    }
+}
 
 /// A hasher for keys that already are 128-bit hashes: their low 64 bits, untouched.
 #[derive(Default, Clone, Copy)]
@@ -294,7 +361,7 @@ struct AnswerSet {
     /// `answer_key(prompt_id, -1)` → prompt number.
     prompts: std::collections::HashMap<u128, u32, std::hash::BuildHasherDefault<Prehashed>>,
     /// The prompt_id of the previous row and its number.
-    last: Option<(String, u32)>,
+    last: Option<(Vec<u8>, u32)>,
     /// Per prompt: bit `a` set when the answer row with `answer_idx` a (0..64) was seen.
     bits: Vec<u64>,
     /// Answers whose `answer_idx` is outside 0..64: `(prompt, answer_idx)`.
@@ -304,24 +371,24 @@ struct AnswerSet {
 impl AnswerSet {
     /// The number of `prompt_id`.
     #[inline]
-    fn prompt(&mut self, pid: &str) -> u32 {
+    fn prompt(&mut self, pid: &[u8]) -> u32 {
         if let Some((s, p)) = &self.last {
-            if s.as_str() == pid {
+            if s.as_slice() == pid {
                 return *p;
             }
         }
         let next = self.prompts.len() as u32;
-        let p = *self.prompts.entry(answer_key(pid, -1)).or_insert(next);
+        let p = *self.prompts.entry(h128(&[&pid, &-1])).or_insert(next);
         if p == next {
             self.bits.push(0);
         }
         match &mut self.last {
             Some((s, q)) => {
                 s.clear();
-                s.push_str(pid);
+                s.extend_from_slice(pid);
                 *q = p;
             }
-            None => self.last = Some((pid.to_string(), p)),
+            None => self.last = Some((pid.to_vec(), p)),
         }
         p
     }
@@ -411,66 +478,102 @@ impl Validator {
                 }
             }
         }
-        // List lengths that must equal response_ids.
+        // List lengths that must equal response_ids, spans inside the response.
         if let Ok(resp) = cols::list_col(b, file, "response_ids") {
-            let offs = resp.value_offsets();
-            let rlen = |i: usize| (offs[i + 1] - offs[i]) as usize;
-            for name in PER_TOKEN {
-                if let Ok(l) = cols::list_col(b, file, name) {
-                    let lo = l.value_offsets();
-                    // Equal offsets from equal starts: every length agrees (one memcmp).
-                    if l.null_count() == 0 && lo.first() == offs.first() && lo == offs {
-                        continue;
-                    }
-                    for i in 0..n {
-                        if l.is_null(i) {
-                            continue;
-                        }
-                        let ll = (lo[i + 1] - lo[i]) as usize;
-                        if ll != rlen(i) {
-                            bail!(
-                                "{file}, row {}, column `{name}`: {ll} values but `response_ids` has {} tokens",
-                                first + i,
-                                rlen(i)
-                            );
-                        }
-                    }
-                }
-            }
-            for name in ["answer_span", "confidence_span"] {
-                if b.column_by_name(name).is_some() {
-                    let sp = cols::spans(b, file, name)?;
-                    for (i, s) in sp.iter().enumerate() {
-                        if let Some((s0, s1)) = s {
-                            if *s0 < 0 || s1 < s0 || *s1 as usize > rlen(i) {
-                                bail!(
-                                    "{file}, row {}, column `{name}`: span {{start: {s0}, end: {s1}}} is outside the response's {} tokens",
-                                    first + i,
-                                    rlen(i)
-                                );
-                            }
-                        }
-                    }
-                }
-            }
+            let resp = ListLengths::of(resp);
+            let others: Vec<(&str, ListLengths)> = PER_TOKEN
+                .iter()
+                .filter_map(|&name| {
+                    Some((name, ListLengths::of(cols::list_col(b, file, name).ok()?)))
+                })
+                .collect();
+            let others: Vec<(&str, &[u32], Option<&[bool]>)> = others
+                .iter()
+                .map(|(name, l)| (*name, l.len.as_slice(), l.null.as_deref()))
+                .collect();
+            self.check_lengths(b, first, (&resp.len, resp.null.as_deref()), &others)?;
         }
         // sample_type values; confidence rows carry their index.
-        if let Ok(st) = cols::str_col(b, file, "sample_type") {
+        if let Some(st) = StrView::of(b, "sample_type") {
             let conf_idx = cols::i32_col(b, file, "confidence_idx").ok();
             for i in 0..n {
-                let t = st.value(i);
-                if t != "answer" && t != "confidence" {
+                let t = st.bytes(i);
+                if t != b"answer" && t != b"confidence" {
                     bail!(
-                        "{file}, row {}, column `sample_type`: unknown value {t:?} (expected \"answer\" or \"confidence\")",
-                        first + i
+                        "{file}, row {}, column `sample_type`: unknown value {:?} (expected \"answer\" or \"confidence\")",
+                        first + i,
+                        st.text(i)
                     );
                 }
-                if t == "confidence" {
+                if t == b"confidence" {
                     if let Some(ci) = conf_idx {
                         if ci.is_null(i) {
                             bail!(
                                 "{file}, row {}, column `confidence_idx`: null on a confidence row",
                                 first + i
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The list rules with the lists' row lengths given instead of decoded (`score` reads them
+    /// from the Parquet levels, [`super::levels`]): every list in `others` (name, lengths, null
+    /// rows) as long as `response_ids` (`resp`), and the spans of `b` inside the response. `b`'s
+    /// first row is row `first` of the table.
+    pub fn check_lengths(
+        &self,
+        b: &RecordBatch,
+        first: usize,
+        resp: (&[u32], Option<&[bool]>),
+        others: &[(&str, &[u32], Option<&[bool]>)],
+    ) -> Result<()> {
+        let file = self.file.as_str();
+        let (resp, resp_null) = resp;
+        let all = std::iter::once(("response_ids", resp, resp_null)).chain(others.iter().copied());
+        for (name, _, null) in all {
+            let Some(r) = null.and_then(|nl| nl.iter().position(|&x| x)) else {
+                continue;
+            };
+            if self.spec.column(name).is_some_and(|c| !c.nullable) {
+                bail!(
+                    "{file}, row {}, column `{name}`: null where a value is required",
+                    first + r
+                );
+            }
+        }
+        for &(name, len, null) in others {
+            // Equal lengths everywhere (one memcmp) is the common case.
+            if len == resp {
+                continue;
+            }
+            for i in 0..resp.len().min(len.len()) {
+                if null.is_some_and(|nl| nl[i]) {
+                    continue;
+                }
+                if len[i] != resp[i] {
+                    bail!(
+                        "{file}, row {}, column `{name}`: {} values but `response_ids` has {} tokens",
+                        first + i,
+                        len[i],
+                        resp[i]
+                    );
+                }
+            }
+        }
+        for name in ["answer_span", "confidence_span"] {
+            if b.column_by_name(name).is_some() {
+                let sp = cols::spans(b, file, name)?;
+                for (i, s) in sp.iter().enumerate() {
+                    if let Some((s0, s1)) = s {
+                        if *s0 < 0 || s1 < s0 || *s1 as usize > resp[i] as usize {
+                            bail!(
+                                "{file}, row {}, column `{name}`: span {{start: {s0}, end: {s1}}} is outside the response's {} tokens",
+                                first + i,
+                                resp[i]
                             );
                         }
                     }
@@ -489,22 +592,23 @@ impl Validator {
         let n = b.num_rows();
         // the prompt number of every row, when the batch has the ids
         let mut prompt_of: Vec<u32> = Vec::new();
-        if let Ok(st) = cols::str_col(b, file, "sample_type") {
-            let pid = cols::str_col(b, file, "prompt_id").ok();
+        if let Some(st) = StrView::of(b, "sample_type") {
+            let pid = StrView::of(b, "prompt_id");
             let aidx = cols::i32_col(b, file, "answer_idx").ok();
             if let (Some(pid), Some(aidx)) = (pid, aidx) {
+                let aidx = aidx.values();
                 prompt_of.reserve(n);
                 for i in 0..n {
-                    let p = self.answers.prompt(pid.value(i));
+                    let p = self.answers.prompt(pid.bytes(i));
                     prompt_of.push(p);
-                    let a = aidx.value(i);
-                    if st.value(i) == "answer" {
+                    let a = aidx[i];
+                    if st.bytes(i) == b"answer" {
                         self.links.answers += 1;
                         if !self.answers.insert(p, a) {
                             bail!(
                                 "{file}, row {}, column `answer_idx`: a second answer row for prompt_id {:?}, answer_idx {}",
                                 self.row + i,
-                                pid.value(i),
+                                pid.text(i),
                                 a
                             );
                         }
@@ -520,9 +624,9 @@ impl Validator {
                 }
             }
         }
-        if let Ok(ids) = cols::str_col(b, file, "sample_id") {
+        if let Some(ids) = StrView::of(b, "sample_id") {
             for i in 0..n {
-                let key = id_key(ids.value(i));
+                let key = id_key(ids.bytes(i));
                 // A repeat within the rows of one prompt (a confidence row carrying its answer's
                 // id) is found here, with its value; any other repeat when the table is finished.
                 if let Some(&p) = prompt_of.get(i) {
@@ -534,7 +638,7 @@ impl Validator {
                         bail!(
                             "{file}, row {}, column `sample_id`: duplicate sample_id {:?}",
                             self.row + i,
-                            ids.value(i)
+                            ids.text(i)
                         );
                     }
                     self.prompt_ids.1.push(key);
@@ -643,19 +747,19 @@ mod tests {
     #[test]
     fn answers_by_prompt_runs_and_wide_indices() {
         let mut a = AnswerSet::default();
-        let p = a.prompt("p");
-        assert_eq!(a.prompt("p"), p);
-        let q = a.prompt("q");
+        let p = a.prompt(b"p");
+        assert_eq!(a.prompt(b"p"), p);
+        let q = a.prompt(b"q");
         assert_ne!(p, q);
         // Back to a prompt seen before (not adjacent): the same number.
-        assert_eq!(a.prompt("p"), p);
+        assert_eq!(a.prompt(b"p"), p);
         for idx in [0, 63, 64, -1, 1000] {
             assert!(!a.contains(p, idx));
             assert!(a.insert(p, idx), "{idx}");
             assert!(!a.insert(p, idx), "{idx}");
             assert!(a.contains(p, idx) && !a.contains(q, idx));
         }
-        assert_eq!(id_key("p/a0"), h128(&[&"p/a0"]));
+        assert_eq!(id_key(b"p/a0"), h128(&[&"p/a0"]));
     }
 
     #[test]
@@ -717,13 +821,13 @@ mod tests {
         // the first repeat in table order, whichever bucket its digest falls in
         let mut log = IdLog::new();
         for (row, id) in ["x", "y", "z", "y", "x", "z"].iter().enumerate() {
-            log.push(id_key(id), row).unwrap();
+            log.push(id_key(id.as_bytes()), row).unwrap();
         }
         assert_eq!(log.first_duplicate(), Some((3, 1)));
         let mut log = IdLog::new();
         log.reserve(100);
         for row in 0..100 {
-            log.push(id_key(&format!("p{row}")), row).unwrap();
+            log.push(id_key(format!("p{row}").as_bytes()), row).unwrap();
         }
         assert_eq!(log.first_duplicate(), None);
 
