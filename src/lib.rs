@@ -15,6 +15,8 @@
 //! - [`reward`]: verifiers, parsers, Brier, structured rewards.
 //! - [`advantage`]: advantage estimators (pure math).
 //! - [`train`]: log-probs, losses, optimizer, checkpoints.
+//! - [`logprobs`]: the `logprobs` stage (a model's log-probs of a table's responses, added as a
+//!   column) around [`model::logprobs`].
 //! - [`prepare`]: the prompts tables (dataset readers, synthetic countdown tasks and splits).
 //! - [`probe`], [`report`]: faithfulness probe; calibration metrics and plots.
 //! - [`alloc`]: allocator settings applied at startup (freed tensor buffers stay in the process).
@@ -24,6 +26,7 @@ pub mod alloc;
 pub mod child;
 pub mod cli;
 pub mod fs;
+pub mod logprobs;
 pub mod model;
 pub mod prepare;
 pub mod probe;

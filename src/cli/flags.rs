@@ -1,17 +1,18 @@
 //! Flag groups shared by the stages, defined once and flattened (`#[command(flatten)]`) into
 //! each stage's `Args`: the input and output tables, the model folder, the sampling settings,
-//! the verifier choice and the optimizer. Their help is generic; each stage's long help says what it reads and
+//! the verifier choice, the optimizer and the critic of `update`. Their help is generic; each stage's long help says what it reads and
 //! writes.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde::Serialize;
 
-use super::common::UsageError;
+use super::common::{Global, UsageError};
 use crate::reward::rows::CountdownCompat;
 use crate::reward::VerifierChoice;
 use crate::sample::logits::SamplingParams;
 use crate::sample::stage::SamplingPlan;
+use crate::train::critic::{self, CriticConfig, CriticPlan};
 use crate::train::data::TrainRow;
 use crate::train::loss::LossAgg;
 use crate::train::optim::AdamWConfig;
@@ -219,5 +220,63 @@ impl OptimArgs {
         cfg.validate().map_err(usage)?;
         self.adamw().validate().map_err(usage)?;
         Ok(cfg)
+    }
+}
+
+/// The critic flags of `rlcr update`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CriticArgs {
+    /// Also train this critic (critic or policy folder) on the table's values/returns/loss_mask
+    /// with verl's clipped value loss; needs --critic-out.
+    #[arg(long, requires = "critic_out")]
+    pub critic: Option<PathBuf>,
+    /// Output folder of the trained critic.
+    #[arg(long, requires = "critic")]
+    pub critic_out: Option<PathBuf>,
+    /// Weight of the value loss (scales the critic's gradient before clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub vf_coef: f64,
+    /// verl's critic.cliprange_value: predictions move at most this far from the old values
+    /// before the clipped term takes over.
+    #[arg(long, default_value_t = 0.5)]
+    pub cliprange_value: f64,
+    /// Learning rate of the critic (verl: 1e-5).
+    #[arg(long, default_value_t = 1e-5)]
+    pub critic_lr: f64,
+}
+
+impl CriticArgs {
+    /// Train the critic after the policy (same epochs, mini-batches, micro-batch, grad clip,
+    /// loss aggregation and AdamW settings as the policy's update).
+    pub fn run_after_update(
+        &self,
+        g: &Global,
+        input: &Path,
+        optim: &OptimArgs,
+        mini_batches: usize,
+    ) -> Result<()> {
+        let (Some(dir), Some(out)) = (&self.critic, &self.critic_out) else {
+            return Ok(());
+        };
+        let line = critic::run_critic(&CriticPlan {
+            critic: dir.clone(),
+            input: input.to_path_buf(),
+            out: out.clone(),
+            cfg: CriticConfig {
+                vf_coef: self.vf_coef,
+                cliprange_value: self.cliprange_value,
+                loss_agg: optim.loss_agg,
+                agg_len: optim.agg_len.unwrap_or(0),
+                lr: self.critic_lr,
+                grad_clip: optim.grad_clip,
+                micro_batch: optim.micro_batch,
+                mini_batches,
+                epochs: optim.epochs,
+                adam: optim.adamw(),
+            },
+            device: g.device.clone(),
+        })?;
+        crate::info!("{line}");
+        Ok(())
     }
 }

@@ -6,7 +6,7 @@ use burn::module::Module;
 use serde_json::json;
 
 use super::common::Global;
-use super::flags::ModelFolder;
+use super::flags::{CriticArgs, ModelFolder};
 use crate::model::Model;
 use crate::train::data::{check_positions, check_vocab, read_update_rows, TrainRow};
 use crate::train::loss::{ClipConfig, KlEstimator};
@@ -38,7 +38,7 @@ Example:
   rlcr update --model ckpt/iter-0 --input train.parquet -o ckpt/iter-1 --lr 1e-5 --resume auto";
 
 // `values` (a file of its own) imports the group from here.
-pub use super::flags::OptimArgs;
+use super::flags::OptimArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -89,7 +89,7 @@ pub struct Args {
     #[command(flatten)]
     pub optim: OptimArgs,
     #[command(flatten)]
-    pub critic: super::values::CriticArgs,
+    pub critic: CriticArgs,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,

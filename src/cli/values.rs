@@ -1,12 +1,12 @@
-//! `rlcr values`: a critic's value of every response token (the `values` column GAE needs), and
-//! the critic flags of `rlcr update` ([`CriticArgs`]). Thin shells over [`crate::train::critic`].
-use std::path::{Path, PathBuf};
+//! `rlcr values`: a critic's value of every response token (the `values` column GAE needs). A thin
+//! shell over [`crate::train::critic`] (the critic flags of `rlcr update` are
+//! [`super::flags::CriticArgs`]).
+use std::path::PathBuf;
 
 use anyhow::Result;
 
 use super::common::{Global, UsageError};
-use super::update::OptimArgs;
-use crate::train::critic::{self, CriticConfig, CriticPlan, ValuesPlan};
+use crate::train::critic::{self, ValuesPlan};
 
 pub const ABOUT: &str = "Add a critic's per-token values to a table (the `values` column of GAE)";
 pub const LONG_ABOUT: &str = "\
@@ -64,62 +64,4 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     })?;
     crate::info!("{line}");
     Ok(())
-}
-
-/// The critic flags of `rlcr update`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct CriticArgs {
-    /// Also train this critic (critic or policy folder) on the table's values/returns/loss_mask
-    /// with verl's clipped value loss; needs --critic-out.
-    #[arg(long, requires = "critic_out")]
-    pub critic: Option<PathBuf>,
-    /// Output folder of the trained critic.
-    #[arg(long, requires = "critic")]
-    pub critic_out: Option<PathBuf>,
-    /// Weight of the value loss (scales the critic's gradient before clipping).
-    #[arg(long, default_value_t = 1.0)]
-    pub vf_coef: f64,
-    /// verl's critic.cliprange_value: predictions move at most this far from the old values
-    /// before the clipped term takes over.
-    #[arg(long, default_value_t = 0.5)]
-    pub cliprange_value: f64,
-    /// Learning rate of the critic (verl: 1e-5).
-    #[arg(long, default_value_t = 1e-5)]
-    pub critic_lr: f64,
-}
-
-impl CriticArgs {
-    /// Train the critic after the policy (same epochs, mini-batches, micro-batch, grad clip,
-    /// loss aggregation and AdamW settings as the policy's update).
-    pub fn run_after_update(
-        &self,
-        g: &Global,
-        input: &Path,
-        optim: &OptimArgs,
-        mini_batches: usize,
-    ) -> Result<()> {
-        let (Some(dir), Some(out)) = (&self.critic, &self.critic_out) else {
-            return Ok(());
-        };
-        let line = critic::run_critic(&CriticPlan {
-            critic: dir.clone(),
-            input: input.to_path_buf(),
-            out: out.clone(),
-            cfg: CriticConfig {
-                vf_coef: self.vf_coef,
-                cliprange_value: self.cliprange_value,
-                loss_agg: optim.loss_agg,
-                agg_len: optim.agg_len.unwrap_or(0),
-                lr: self.critic_lr,
-                grad_clip: optim.grad_clip,
-                micro_batch: optim.micro_batch,
-                mini_batches,
-                epochs: optim.epochs,
-                adam: optim.adamw(),
-            },
-            device: g.device.clone(),
-        })?;
-        crate::info!("{line}");
-        Ok(())
-    }
 }

@@ -271,52 +271,12 @@ fn dictionary_hints(meta: &ArrowReaderMetadata) -> ArrowReaderMetadata {
     .unwrap_or_else(|_| meta.clone())
 }
 
-/// A utf8 column (Utf8, LargeUtf8 or Utf8View read as Utf8).
 fn utf8(b: &RecordBatch, file: &Path, name: &str) -> Result<StringArray> {
-    let c = b.column_by_name(name).ok_or_else(|| {
-        anyhow!(
-            "{}: column `{name}` is missing (is this a trajectory table?)",
-            file.display()
-        )
-    })?;
-    let c = match c.data_type() {
-        DataType::Utf8 => c.clone(),
-        DataType::LargeUtf8 | DataType::Utf8View => arrow::compute::cast(c, &DataType::Utf8)?,
-        other => bail!(
-            "{}: column `{name}` has type {other}, expected utf8",
-            file.display()
-        ),
-    };
-    Ok(c.as_any()
-        .downcast_ref::<StringArray>()
-        .context("internal: utf8 cast")?
-        .clone())
+    table::cols::utf8(b, &file.display().to_string(), name)
 }
 
 fn int32(b: &RecordBatch, file: &Path, name: &str) -> Result<Int32Array> {
-    let c = b.column_by_name(name).ok_or_else(|| {
-        anyhow!(
-            "{}: column `{name}` is missing (is this a trajectory table?)",
-            file.display()
-        )
-    })?;
-    let c = match c.data_type() {
-        DataType::Int32 => c.clone(),
-        DataType::Int64
-        | DataType::Int16
-        | DataType::Int8
-        | DataType::UInt32
-        | DataType::UInt16
-        | DataType::UInt8 => arrow::compute::cast(c, &DataType::Int32)?,
-        other => bail!(
-            "{}: column `{name}` has type {other}, expected int32",
-            file.display()
-        ),
-    };
-    Ok(c.as_any()
-        .downcast_ref::<Int32Array>()
-        .context("internal: int32 cast")?
-        .clone())
+    table::cols::int32(b, &file.display().to_string(), name)
 }
 
 /// Row access to a utf8 column, plain or dictionary-encoded.

@@ -44,6 +44,55 @@ getter!(bool_col, BooleanArray, "bool");
 getter!(list_col, ListArray, "a list");
 getter!(struct_col, StructArray, "a struct");
 
+/// Column `name` converted to `to` when its type is one of `from` (a table written by another
+/// tool: `LargeUtf8`, `Utf8View`, other integer widths), as an owned array.
+fn converted<T: Array + Clone + 'static>(
+    b: &RecordBatch,
+    table: &str,
+    name: &str,
+    to: DataType,
+    from: &[DataType],
+) -> Result<T> {
+    let c = column(b, table, name)?;
+    let c = if *c.data_type() == to {
+        c.clone()
+    } else if from.contains(c.data_type()) {
+        arrow::compute::cast(c, &to)?
+    } else {
+        bail!(
+            "{table}: column `{name}` has type {}, expected {to}",
+            c.data_type()
+        );
+    };
+    c.as_any()
+        .downcast_ref::<T>()
+        .cloned()
+        .ok_or_else(|| anyhow!("internal: column `{name}` converted to {to}"))
+}
+
+/// A utf8 column (`Utf8`, or `LargeUtf8` / `Utf8View` converted).
+pub fn utf8(b: &RecordBatch, table: &str, name: &str) -> Result<StringArray> {
+    converted(
+        b,
+        table,
+        name,
+        DataType::Utf8,
+        &[DataType::LargeUtf8, DataType::Utf8View],
+    )
+}
+
+/// An int32 column (other integer widths converted; a value out of range becomes null).
+pub fn int32(b: &RecordBatch, table: &str, name: &str) -> Result<Int32Array> {
+    use DataType::*;
+    converted(
+        b,
+        table,
+        name,
+        Int32,
+        &[Int64, Int16, Int8, UInt32, UInt16, UInt8],
+    )
+}
+
 /// A list column viewed as flat values + offsets.
 pub struct ListView<'a, T: ?Sized> {
     pub list: &'a ListArray,
