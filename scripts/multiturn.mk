@@ -14,27 +14,10 @@
 # Rewards (scripts/kb_rewards.toml): the environment's turn reward of every model turn
 # (kg_query_validity 0.1 + is_answer_score 0.1 + format_score 0.15, seed 001's weights) as a turn
 # component, exact match as a global one: reward = mean over turns + exact match.
-SHELL := bash
-.SHELLFLAGS := -eu -o pipefail -c
-.DELETE_ON_ERROR:
-.SUFFIXES:
-MAKEFLAGS += --no-builtin-rules
+include $(dir $(lastword $(MAKEFILE_LIST)))common.mk
 
-ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/..)
-CARGO ?= cargo
-RLCR_OPT ?= 0
-build_rlcr = $(or $(shell $(CARGO) build --config 'profile.dev.package.rlcr.opt-level=$(RLCR_OPT)' \
-  --manifest-path $(ROOT)/Cargo.toml --bin rlcr --message-format=json-render-diagnostics \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1),$(error multiturn.mk: building rlcr failed))
-ifeq ($(origin RLCR),undefined)
-RLCR = $(eval RLCR := $$(build_rlcr))$(RLCR)
-endif
-PYTHON ?= python3
 RUN ?= multiturn
-RUNS ?= runs
 DIR := $(RUNS)/$(RUN)
-SEED ?= 0
-DEVICE ?= cpu
 MODEL ?= $(ROOT)/fixtures/tiny-qwen2
 ENV := $(PYTHON) $(ROOT)/scripts/kb_env.py
 

@@ -11,7 +11,8 @@ use super::common::{Global, UsageError};
 use crate::reward::rows::CountdownCompat;
 use crate::reward::VerifierChoice;
 use crate::sample::logits::SamplingParams;
-use crate::sample::stage::SamplingPlan;
+use crate::sample::stage::{ModelJob, SamplingPlan};
+use crate::table::Shard;
 use crate::train::critic::{self, CriticConfig, CriticPlan};
 use crate::train::data::TrainRow;
 use crate::train::loss::LossAgg;
@@ -19,6 +20,20 @@ use crate::train::optim::AdamWConfig;
 use crate::train::schedule::{Schedule, ScheduleKind};
 use crate::train::session::ResumeMode;
 use crate::train::trainer::{Objective, TrainConfig};
+
+/// The shared part of a model stage's plan: the model and table flags, the shard and the global
+/// device, seed and command line.
+pub fn model_job(g: &Global, model: &ModelFolder, io: &TableIo, shard: Option<Shard>) -> ModelJob {
+    ModelJob {
+        model: model.model.clone(),
+        device: g.device.clone(),
+        input: io.input.clone(),
+        out: io.out.clone(),
+        shard,
+        seed: g.seed,
+        argv: g.argv.clone(),
+    }
+}
 
 /// `--input` and `-o/--out` of a stage that reads a table and writes another.
 #[derive(clap::Args, Debug, Clone, Serialize)]

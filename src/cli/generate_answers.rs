@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use super::common::Global;
-use super::flags::{ModelFolder, SamplingArgs, TableIo};
+use super::flags::{model_job, ModelFolder, SamplingArgs, TableIo};
 use crate::sample::answer_stage::{self, Plan};
 use crate::table::Shard;
 
@@ -77,16 +77,10 @@ impl Plan {
             None => a.system_prompt.clone(),
         };
         Ok(Plan {
-            model: a.model.model.clone(),
-            device: g.device.clone(),
-            input: a.io.input.clone(),
-            out: a.io.out.clone(),
+            job: model_job(g, &a.model, &a.io, a.shard),
             num_answers: a.num_answers,
             system_prompt,
             sampling: a.sampling.plan(),
-            shard: a.shard,
-            seed: g.seed,
-            argv: g.argv.clone(),
         })
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 
 use super::common::Global;
-use super::flags::{ModelFolder, SamplingArgs, TableIo};
+use super::flags::{model_job, ModelFolder, SamplingArgs, TableIo};
 use crate::sample::confidence_stage::{self, Plan};
 use crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT;
 use crate::table::Shard;
@@ -72,17 +72,11 @@ impl Plan {
             bail!("--confidence-prompt is empty");
         }
         Ok(Plan {
-            model: a.model.model.clone(),
-            device: g.device.clone(),
-            input: a.io.input.clone(),
-            out: a.io.out.clone(),
+            job: model_job(g, &a.model, &a.io, a.shard),
             num_confidences: a.num_confidences,
             confidence_prompt: query,
             system_prompt: a.system_prompt.clone(),
             sampling: a.sampling.plan(),
-            shard: a.shard,
-            seed: g.seed,
-            argv: g.argv.clone(),
         })
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::common::{Global, UsageError};
-use super::flags::{ModelFolder, TableIo, VerifierArgs};
+use super::flags::{model_job, ModelFolder, TableIo, VerifierArgs};
 use crate::probe::{self, stage, stage::Plan, stage::VerifierFlags};
 use crate::sample::logits::SamplingParams;
 use crate::table::Shard;
@@ -102,23 +102,18 @@ impl Plan {
         };
         params.validate().map_err(usage)?;
         Ok(Plan {
-            model: a.model.model.clone(),
-            device: g.device.clone(),
-            input: a.io.input.clone(),
-            out: a.io.out.clone(),
+            job: model_job(g, &a.model, &a.io, a.shard),
             fractions,
             samples: a.samples,
             max_new_tokens: a.max_new_tokens,
             params,
             batch_size: a.batch_size,
-            seed: g.seed,
             verifier: VerifierFlags {
                 verifier: v.verifier,
                 verifier_cmd: v.verifier_cmd.clone(),
                 verifier_timeout,
                 countdown_compat: v.countdown_compat,
             },
-            shard: a.shard,
         })
     }
 }

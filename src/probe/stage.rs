@@ -12,7 +12,6 @@
 //! (seed, `probe:{c}:{sample_id}`, k), so the table does not depend on the batch size or threads;
 //! the batch size is left out of the metadata so that the file is byte-identical too.
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -25,21 +24,15 @@ use crate::reward::{auto_verifier, VerifierChoice, VerifierKind};
 use crate::sample::logits::SamplingParams;
 use crate::sample::policy::Policy;
 use crate::sample::sampler::{Group, SampleId};
-use crate::sample::stage;
+use crate::sample::stage::{self, ModelJob};
 use crate::sample::stop::offsets_of;
-use crate::table::{self, cols, Meta, Reader, Shard, Writer, PROBE, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, Writer, PROBE, TRAJECTORY};
 
 /// What to probe, and how: the validated form of `rlcr probe`'s flags.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The model folder.
-    pub model: PathBuf,
-    /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
-    pub device: String,
-    /// The scored table.
-    pub input: PathBuf,
-    /// The probe table.
-    pub out: PathBuf,
+    /// Model, device, the scored table in and the probe table out, shard, seed, command line.
+    pub job: ModelJob,
     /// Cut fractions, increasing, in [0, 1] ([`probe::even_fractions`],
     /// [`probe::check_fractions`]).
     pub fractions: Vec<f64>,
@@ -50,11 +43,8 @@ pub struct Plan {
     pub params: SamplingParams,
     /// Sequences decoded together (does not change the results).
     pub batch_size: usize,
-    pub seed: u64,
     /// The verifier flags given; unset ones come from the input's `score` metadata.
     pub verifier: VerifierFlags,
-    /// Only the answers of this shard.
-    pub shard: Option<Shard>,
 }
 
 /// The verifier flags of `probe`: any of `verifier`, `verifier_cmd`, `countdown_compat` given
@@ -206,10 +196,10 @@ fn to_u32s(v: &[i32], loc: &dyn Fn() -> String, col: &str, vocab: usize) -> Resu
 pub fn run(plan: &Plan) -> Result<Summary> {
     let fractions = &plan.fractions;
     let n = plan.samples;
-    crate::fs::check_distinct(&[plan.input.as_path()], &plan.out)?;
-    let device = crate::model::device_from_str(&plan.device)?;
-    let reader = Reader::open(&plan.input)?;
-    let name = plan.input.display().to_string();
+    crate::fs::check_distinct(&[plan.job.input.as_path()], &plan.job.out)?;
+    let device = crate::model::device_from_str(&plan.job.device)?;
+    let reader = Reader::open(&plan.job.input)?;
+    let name = plan.job.input.display().to_string();
     table::check_schema(
         &name,
         &reader.schema(),
@@ -270,13 +260,13 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
     }
 
-    let policy = Policy::load(&plan.model, &device)?;
+    let policy = Policy::load(&plan.job.model, &device)?;
     let cfg = stage::gen_config(
         &policy,
         plan.params,
         plan.max_new_tokens,
         vec![probe::ANSWER_CLOSE.to_string()],
-        plan.seed,
+        plan.job.seed,
         plan.batch_size,
     )?;
     let tok = &policy.model.tokenizer;
@@ -322,7 +312,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             if st.value(i) != "answer" {
                 continue;
             }
-            if let Some(s) = &plan.shard {
+            if let Some(s) = &plan.job.shard {
                 if pid.is_null(i) {
                     bail!("{}, column `prompt_id`: null on an answer row", loc());
                 }
@@ -437,7 +427,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         base_row += b.num_rows();
     }
     if cuts.is_empty() {
-        let in_shard = if plan.shard.is_some() {
+        let in_shard = if plan.job.shard.is_some() {
             " in this shard"
         } else {
             ""
@@ -448,13 +438,13 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         );
     }
 
-    let mut config = stage::sampling_meta(&cfg, &policy, &plan.model);
+    let mut config = stage::sampling_meta(&cfg, &policy, &plan.job.model);
     if let Some(o) = config.as_object_mut() {
         // Results do not depend on the batch size: keep the file independent of it too.
         o.remove("batch_size");
     }
     config["stage"] = "probe".into();
-    config["shard"] = serde_json::to_value(plan.shard)?;
+    config["shard"] = serde_json::to_value(plan.job.shard)?;
     config["samples"] = n.into();
     config["cut_fractions"] = fractions.clone().into();
     config["forced"] = probe::FORCED.into();
@@ -465,7 +455,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         &PROBE,
         "probe",
         config,
-        &[plan.input.as_path(), plan.model.as_path()],
+        &[plan.job.input.as_path(), plan.job.model.as_path()],
     );
 
     let mut external = match &vs.verifier_cmd {
@@ -558,7 +548,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             out.push(&answers[c.answer], c, fractions[c.cut_index], n, correct)?;
         }
         let batch = out.into_batch()?;
-        table::io::write_lazily(&mut writer, &plan.out, &meta, &batch)?;
+        table::io::write_lazily(&mut writer, &plan.job.out, &meta, &batch)?;
     }
     progress.finish();
     if let Some(ext) = external {

@@ -6,7 +6,6 @@
 //! `messages` becomes the conversation the answer responds to (system prompt + the prompt's
 //! messages + the response prefix as a partial assistant message, if any). The prompts are
 //! processed in order, in chunks, and written as they complete, so memory stays bounded.
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, RecordBatch, UInt32Array};
@@ -15,32 +14,21 @@ use super::policy::Policy;
 use super::prompts::{answer_messages, DEFAULT_SYSTEM_PROMPT};
 use super::sampler::{Group, SampleId};
 use super::spans::{answer_span, context_opens};
-use super::stage::{self, SamplingPlan, Summary};
+use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Meta, Reader, Shard, Writer, PROMPTS, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, Writer, PROMPTS, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-answers`' flags.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The policy's model folder.
-    pub model: PathBuf,
-    /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
-    pub device: String,
-    /// The prompts table.
-    pub input: PathBuf,
-    /// The answers table.
-    pub out: PathBuf,
+    /// Model, device, the prompts table in and the answers table out, shard, seed, command line.
+    pub job: ModelJob,
     /// Answers per prompt (G_a ≥ 1).
     pub num_answers: usize,
     /// A system prompt replacing the prompts' own (`""` for none); `None`: the prompt's, else
     /// RLCR's default ([`answer_messages`]).
     pub system_prompt: Option<String>,
     pub sampling: SamplingPlan,
-    /// Only the prompts of this shard.
-    pub shard: Option<Shard>,
-    pub seed: u64,
-    /// The command line, recorded in the metadata.
-    pub argv: Vec<String>,
 }
 
 /// One prompt ready to sample from.
@@ -55,11 +43,11 @@ struct Prepared {
 
 /// Sample the answers of `plan` into its output; the sampler's totals.
 pub fn run(plan: &Plan) -> Result<Summary> {
-    let shard = plan.shard;
+    let shard = plan.job.shard;
     let system = &plan.system_prompt;
-    let device = crate::model::device_from_str(&plan.device)?;
-    let reader = Reader::open(&plan.input)?;
-    let name = plan.input.display().to_string();
+    let device = crate::model::device_from_str(&plan.job.device)?;
+    let reader = Reader::open(&plan.job.input)?;
+    let name = plan.job.input.display().to_string();
     table::check_schema(
         &name,
         &reader.schema(),
@@ -71,7 +59,8 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         bail!("{name}: the table has no rows; nothing was written");
     }
     let s = &plan.sampling;
-    let (policy, cfg, mut config) = s.load(&plan.model, &device, plan.seed, "generate-answers")?;
+    let (policy, cfg, mut config) =
+        s.load(&plan.job.model, &device, plan.job.seed, "generate-answers")?;
     config["num_answers"] = plan.num_answers.into();
     config["system_prompt"] = match &system {
         Some(s) => s.clone().into(),
@@ -79,12 +68,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     };
     config["response_prefix"] = s.response_prefix.clone().into();
     config["shard"] = serde_json::to_value(shard)?;
-    config["argv"] = plan.argv.clone().into();
+    config["argv"] = plan.job.argv.clone().into();
     let meta = Meta::new(
         &TRAJECTORY,
         "generate-answers",
         config,
-        &[plan.input.as_path(), plan.model.as_path()],
+        &[plan.job.input.as_path(), plan.job.model.as_path()],
     );
 
     let mut progress = crate::progress::Progress::new(
@@ -151,7 +140,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 &mut progress,
                 &mut summary,
             )?;
-            table::io::write_lazily(&mut writer, &plan.out, &meta, &out)?;
+            table::io::write_lazily(&mut writer, &plan.job.out, &meta, &out)?;
         }
         base_row += batch.num_rows();
     }

@@ -8,7 +8,6 @@
 //! the answer's conversation + `assistant(answer)` + `user(confidence query)`, with the answer's
 //! **sampled ids** spliced in (see [`crate::sample::policy`]); the G_c samples of one answer share
 //! that context, prefilled once.
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, RecordBatch, UInt32Array};
@@ -17,21 +16,15 @@ use super::policy::Policy;
 use super::prompts::{answer_turn, confidence_messages, confidence_query};
 use super::sampler::{Group, SampleId};
 use super::spans::{confidence_span, context_opens_confidence};
-use super::stage::{self, SamplingPlan, Summary};
+use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Meta, Reader, Shard, Writer, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, Writer, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-confidence`'s flags.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The policy's model folder.
-    pub model: PathBuf,
-    /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
-    pub device: String,
-    /// The answers table (`generate-answers`).
-    pub input: PathBuf,
-    /// The trajectory table.
-    pub out: PathBuf,
+    /// Model, device, the answers table in and the trajectory table out, shard, seed, command line.
+    pub job: ModelJob,
     /// Confidences per answer (G_c ≥ 1).
     pub num_confidences: usize,
     /// The turn-2 user message (not blank).
@@ -39,11 +32,6 @@ pub struct Plan {
     /// A system prompt replacing the recorded one (`""` for none).
     pub system_prompt: Option<String>,
     pub sampling: SamplingPlan,
-    /// Only the prompts of this shard.
-    pub shard: Option<Shard>,
-    pub seed: u64,
-    /// The command line, recorded in the metadata.
-    pub argv: Vec<String>,
 }
 
 /// Columns of later stages: an input that has them is not an answers table.
@@ -67,11 +55,11 @@ struct Prepared {
 
 /// Sample the confidences of `plan` into its output; the sampler's totals.
 pub fn run(plan: &Plan) -> Result<Summary> {
-    let shard = plan.shard;
+    let shard = plan.job.shard;
     let query = &plan.confidence_prompt;
-    let device = crate::model::device_from_str(&plan.device)?;
-    let reader = Reader::open(&plan.input)?;
-    let name = plan.input.display().to_string();
+    let device = crate::model::device_from_str(&plan.job.device)?;
+    let reader = Reader::open(&plan.job.input)?;
+    let name = plan.job.input.display().to_string();
     table::check_schema(
         &name,
         &reader.schema(),
@@ -99,8 +87,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         bail!("{name}: the table has no rows; nothing was written");
     }
     let s = &plan.sampling;
-    let (policy, cfg, mut config) =
-        s.load(&plan.model, &device, plan.seed, "generate-confidence")?;
+    let (policy, cfg, mut config) = s.load(
+        &plan.job.model,
+        &device,
+        plan.job.seed,
+        "generate-confidence",
+    )?;
     config["num_confidences"] = plan.num_confidences.into();
     config["confidence_prompt"] = query.clone().into();
     config["system_prompt"] = match &plan.system_prompt {
@@ -109,12 +101,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     };
     config["response_prefix"] = s.response_prefix.clone().into();
     config["shard"] = serde_json::to_value(shard)?;
-    config["argv"] = plan.argv.clone().into();
+    config["argv"] = plan.job.argv.clone().into();
     let meta = Meta::new(
         &TRAJECTORY,
         "generate-confidence",
         config,
-        &[plan.input.as_path(), plan.model.as_path()],
+        &[plan.job.input.as_path(), plan.job.model.as_path()],
     );
 
     let stop_ids = policy.model.tokenizer.stop_ids.clone();
@@ -228,7 +220,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 &mut progress,
                 &mut summary,
             )?;
-            table::io::write_lazily(&mut writer, &plan.out, &meta, &out)?;
+            table::io::write_lazily(&mut writer, &plan.job.out, &meta, &out)?;
         }
         base_row += batch.num_rows();
     }

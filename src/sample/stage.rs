@@ -62,6 +62,23 @@ pub fn gen_config(
     })
 }
 
+/// What the plans of the model stages share (`generate-answers`, `generate-confidence`,
+/// `probe`): which model on which device, which table in and out, the shard, the seed, and the
+/// command line recorded in the output's metadata.
+#[derive(Debug, Clone)]
+pub struct ModelJob {
+    /// The model folder.
+    pub model: std::path::PathBuf,
+    /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
+    pub device: String,
+    pub input: std::path::PathBuf,
+    pub out: std::path::PathBuf,
+    /// Only the rows of this shard (split by `prompt_id`).
+    pub shard: Option<crate::table::Shard>,
+    pub seed: u64,
+    pub argv: Vec<String>,
+}
+
 /// The sampling settings of a generation stage (the validated form of its sampling flags).
 #[derive(Debug, Clone)]
 pub struct SamplingPlan {
