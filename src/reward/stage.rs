@@ -486,7 +486,7 @@ fn validate_with(read: &Path, parts: &[Part], by_levels: &[&str]) -> Result<Link
             for s in others.iter_mut() {
                 s.fill(first, n)?;
             }
-            let others: Vec<(&str, &[u32], Option<&[bool]>)> = others
+            let others: Vec<table::validate::ListLens> = others
                 .iter()
                 .zip(&by_levels[1..])
                 .map(|(s, name)| {

@@ -215,6 +215,10 @@ impl<'a> StrView<'a> {
     }
 }
 
+/// A list column's name, its rows' lengths and (for a nullable list) which rows are null: what
+/// [`Validator::check_lengths`] needs of a list instead of its values.
+pub type ListLens<'a> = (&'a str, &'a [u32], Option<&'a [bool]>);
+
 /// Row lengths (and null rows) of a decoded list column.
 struct ListLengths {
     len: Vec<u32>,
@@ -487,7 +491,7 @@ impl Validator {
                     Some((name, ListLengths::of(cols::list_col(b, file, name).ok()?)))
                 })
                 .collect();
-            let others: Vec<(&str, &[u32], Option<&[bool]>)> = others
+            let others: Vec<ListLens> = others
                 .iter()
                 .map(|(name, l)| (*name, l.len.as_slice(), l.null.as_deref()))
                 .collect();
@@ -529,7 +533,7 @@ impl Validator {
         b: &RecordBatch,
         first: usize,
         resp: (&[u32], Option<&[bool]>),
-        others: &[(&str, &[u32], Option<&[bool]>)],
+        others: &[ListLens],
     ) -> Result<()> {
         let file = self.file.as_str();
         let (resp, resp_null) = resp;
