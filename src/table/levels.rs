@@ -450,7 +450,7 @@ mod tests {
         use arrow::buffer::{NullBuffer, OffsetBuffer};
         use arrow::datatypes::{DataType, Field, Schema};
         use parquet::arrow::ArrowWriter;
-        use parquet::file::properties::{WriterProperties, WriterVersion};
+        use parquet::file::properties::WriterVersion;
 
         let n = 300usize;
         // lengths 0..=11 in a scrambled order; every 7th row of `opt` is null, every 5th value
@@ -483,13 +483,17 @@ mod tests {
             (WriterVersion::PARQUET_2_0, false),
         ] {
             let path = dir.path().join(format!("t-{version:?}-{dict}.parquet"));
-            let props = WriterProperties::builder()
-                .set_writer_version(version)
-                .set_dictionary_enabled(dict)
-                .set_data_page_row_count_limit(16)
-                .set_write_batch_size(8)
-                .set_max_row_group_row_count(Some(128))
-                .build();
+            // the tables' own settings, with small pages and the page version under test
+            let props =
+                crate::table::io::writer_properties(crate::table::io::Encoding::Table, None)
+                    .unwrap()
+                    .into_builder()
+                    .set_writer_version(version)
+                    .set_dictionary_enabled(dict)
+                    .set_data_page_row_count_limit(16)
+                    .set_write_batch_size(8)
+                    .set_max_row_group_row_count(Some(128))
+                    .build();
             let mut w =
                 ArrowWriter::try_new(File::create(&path).unwrap(), schema.clone(), Some(props))
                     .unwrap();
