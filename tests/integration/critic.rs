@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use super::{fixtures, Workdir};
+use crate::support::kb;
 
 fn tiny() -> String {
     fixtures().join("tiny-qwen2").display().to_string()
@@ -37,23 +38,8 @@ fn check(args: &[&str]) -> Option<serde_json::Value> {
 
 /// A scored multi-turn table (kb environment, dense turn rewards).
 fn scored(w: &Workdir) {
-    let out = std::process::Command::new("python3")
-        .arg(script("kb_env.py"))
-        .args(["prompts", "--count", "4", "--seed", "5"])
-        .output()
-        .expect("python3");
-    assert!(out.status.success());
-    w.write("kb.jsonl", &out.stdout);
-    w.run(&[
-        "prepare",
-        "--from",
-        "jsonl",
-        "--input",
-        "kb.jsonl",
-        "-o",
-        "p.parquet",
-    ]);
-    let env = format!("python3 {} serve --length-bonus 0.01", script("kb_env.py"));
+    kb::prompts(w, 4, 5, "p.parquet");
+    let env = kb::env_cmd("--length-bonus 0.01");
     w.run(&[
         "--seed",
         "3",
@@ -79,24 +65,7 @@ fn scored(w: &Workdir) {
         "--stop",
         "</answer>",
     ]);
-    w.write(
-        "rewards.toml",
-        "[[turn]]\nname = \"env\"\nweight = 1.0\ncolumn = \"turn_rewards\"\n\n\
-         [[global]]\nname = \"exact_match\"\nweight = 1.0\nsource = \"correct\"\n",
-    );
-    w.run(&[
-        "score",
-        "--input",
-        "r.parquet",
-        "-o",
-        "s.parquet",
-        "--verifier",
-        "exact",
-        "--format-gate",
-        "off",
-        "--rewards",
-        "rewards.toml",
-    ]);
+    kb::score_turn_rewards(w, "r.parquet", "s.parquet", &["--format-gate", "off"]);
 }
 
 #[test]

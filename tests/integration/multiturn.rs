@@ -2,7 +2,7 @@
 //! masks of information tokens through score, advantage and update. The environment is the
 //! example `scripts/kb_env.py` (Python standard library).
 #![allow(clippy::needless_range_loop)] // parallel per-token columns are indexed together
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use arrow::array::{Array, BooleanArray, Float32Array, Int32Array, ListArray, StringArray};
 use arrow::record_batch::RecordBatch;
@@ -13,10 +13,7 @@ fn tiny() -> String {
     fixtures().join("tiny-qwen2").display().to_string()
 }
 
-fn env_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kb_env.py")
-}
-
+use crate::support::kb::{self, env_cmd};
 use crate::support::table::read;
 
 fn list<T: arrow::array::ArrowPrimitiveType>(
@@ -60,29 +57,9 @@ fn strs(b: &RecordBatch, col: &str) -> Vec<String> {
     (0..a.len()).map(|i| a.value(i).to_string()).collect()
 }
 
-/// Prompts from the example environment, through `rlcr prepare --from jsonl`.
-fn prompts(w: &Workdir, count: usize) -> String {
-    let out = std::process::Command::new("python3")
-        .arg(env_script())
-        .args(["prompts", "--count", &count.to_string(), "--seed", "3"])
-        .output()
-        .expect("python3");
-    assert!(out.status.success(), "{out:?}");
-    w.write("kb.jsonl", &out.stdout);
-    w.run(&[
-        "prepare",
-        "--from",
-        "jsonl",
-        "--input",
-        "kb.jsonl",
-        "-o",
-        "prompts.parquet",
-    ]);
-    "prompts.parquet".into()
-}
-
-fn env_cmd(extra: &str) -> String {
-    format!("python3 {} serve {extra}", env_script().display())
+/// Prompts from the example environment (seed 3) in `prompts.parquet`.
+fn prompts(w: &Workdir, count: usize) {
+    kb::prompts(w, count, 3, "prompts.parquet");
 }
 
 /// `generate-multiturn` on the tiny model with the example environment.
@@ -274,22 +251,7 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
         "{}",
         super::describe(&["generate-multiturn"], &o)
     );
-    w.write(
-        "rewards.toml",
-        "[[turn]]\nname = \"env\"\nweight = 1.0\ncolumn = \"turn_rewards\"\n\n\
-         [[global]]\nname = \"exact_match\"\nweight = 1.0\nsource = \"correct\"\n",
-    );
-    w.run(&[
-        "score",
-        "--input",
-        "r.parquet",
-        "-o",
-        "s.parquet",
-        "--verifier",
-        "exact",
-        "--rewards",
-        "rewards.toml",
-    ]);
+    kb::score_turn_rewards(&w, "r.parquet", "s.parquet", &[]);
     let s = read(&w.path("s.parquet"));
     // reward_components: one `env` component per model turn with its turn id and value.
     let comps = s

@@ -1,4 +1,6 @@
 //! Helpers shared by the integration tests: [`table`] (read, write and edit tables) and
-//! [`pipeline`] (the `prepare → generate-answers` start most tests share).
+//! [`pipeline`] (the `prepare → generate-answers` start most tests share), [`kb`] (the multi-turn
+//! tests' environment, prompts and turn-reward scoring).
+pub mod kb;
 pub mod pipeline;
 pub mod table;
