@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
-    Array, ArrayRef, BooleanBuilder, Float32Builder, Int32Array, Int32Builder, ListArray,
-    RecordBatch, StringArray, StringBuilder, StructArray,
+    Array, ArrayRef, BooleanArray, Float32Array, Int32Array, ListArray, RecordBatch, StringArray,
+    StringBuilder, StructArray,
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema};
@@ -962,50 +962,68 @@ fn score_fields() -> Result<Vec<Field>> {
 /// Builders of the seven score columns of one row group, filled row by row.
 struct ScoreBuilders {
     answer: StringBuilder,
-    format_ok: BooleanBuilder,
-    acc: Float32Builder,
-    conf: Float32Builder,
-    conf_reward: Float32Builder,
-    reward: Float32Builder,
+    format_ok: Vec<bool>,
+    acc: Vec<f32>,
+    conf: Vec<f32>,
+    conf_valid: Vec<bool>,
+    conf_reward: Vec<f32>,
+    conf_reward_valid: Vec<bool>,
+    reward: Vec<f32>,
     names: StringBuilder,
-    turns: Int32Builder,
-    values: Float32Builder,
-    weights: Float32Builder,
+    turns: Vec<i32>,
+    values: Vec<f32>,
+    weights: Vec<f32>,
     offsets: Vec<i32>,
 }
 
+/// A float column from its values and validity (no null buffer when every value is valid, as
+/// arrow's builders make it).
+fn f32_array(values: Vec<f32>, valid: Vec<bool>) -> Float32Array {
+    let nulls = valid
+        .iter()
+        .any(|v| !v)
+        .then(|| arrow::buffer::NullBuffer::from(valid));
+    Float32Array::new(values.into(), nulls)
+}
+
 impl ScoreBuilders {
+    /// Plain vectors (pushes inline; arrow's builders' appends are calls, a few per score
+    /// column per row), made into arrays once per row group.
     fn new(rows: usize) -> ScoreBuilders {
         let comps = rows * 3;
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0);
         ScoreBuilders {
             answer: StringBuilder::with_capacity(rows, rows * 16),
-            format_ok: BooleanBuilder::with_capacity(rows),
-            acc: Float32Builder::with_capacity(rows),
-            conf: Float32Builder::with_capacity(rows),
-            conf_reward: Float32Builder::with_capacity(rows),
-            reward: Float32Builder::with_capacity(rows),
+            format_ok: Vec::with_capacity(rows),
+            acc: Vec::with_capacity(rows),
+            conf: Vec::with_capacity(rows),
+            conf_valid: Vec::with_capacity(rows),
+            conf_reward: Vec::with_capacity(rows),
+            conf_reward_valid: Vec::with_capacity(rows),
+            reward: Vec::with_capacity(rows),
             names: StringBuilder::with_capacity(comps, comps * 10),
-            turns: Int32Builder::with_capacity(comps),
-            values: Float32Builder::with_capacity(comps),
-            weights: Float32Builder::with_capacity(comps),
+            turns: Vec::with_capacity(comps),
+            values: Vec::with_capacity(comps),
+            weights: Vec::with_capacity(comps),
             offsets,
         }
     }
 
     fn push(&mut self, r: &Scored<'_>) {
         self.answer.append_option(r.answer.as_deref());
-        self.format_ok.append_value(r.format_ok);
-        self.acc.append_value(r.acc);
-        self.conf.append_option(r.confidence);
-        self.conf_reward.append_option(r.conf_reward);
-        self.reward.append_value(r.reward);
+        self.format_ok.push(r.format_ok);
+        self.acc.push(r.acc);
+        self.conf.push(r.confidence.unwrap_or(0.0));
+        self.conf_valid.push(r.confidence.is_some());
+        self.conf_reward.push(r.conf_reward.unwrap_or(0.0));
+        self.conf_reward_valid.push(r.conf_reward.is_some());
+        self.reward.push(r.reward);
         for c in &r.components {
             self.names.append_value(&c.name);
-            self.turns.append_value(c.turn);
-            self.values.append_value(c.value);
-            self.weights.append_value(c.weight);
+            self.turns.push(c.turn);
+            self.values.push(c.value);
+            self.weights.push(c.weight);
         }
         let last = self.offsets.last().copied().unwrap_or(0);
         self.offsets.push(last + r.components.len() as i32);
@@ -1023,9 +1041,9 @@ impl ScoreBuilders {
             sfields.clone(),
             vec![
                 Arc::new(self.names.finish()),
-                Arc::new(self.turns.finish()),
-                Arc::new(self.values.finish()),
-                Arc::new(self.weights.finish()),
+                Arc::new(Int32Array::from(std::mem::take(&mut self.turns))),
+                Arc::new(Float32Array::from(std::mem::take(&mut self.values))),
+                Arc::new(Float32Array::from(std::mem::take(&mut self.weights))),
             ],
             None,
         )?;
@@ -1037,11 +1055,17 @@ impl ScoreBuilders {
         )?;
         Ok(vec![
             Arc::new(self.answer.finish()),
-            Arc::new(self.format_ok.finish()) as ArrayRef,
-            Arc::new(self.acc.finish()),
-            Arc::new(self.conf.finish()),
-            Arc::new(self.conf_reward.finish()),
-            Arc::new(self.reward.finish()),
+            Arc::new(BooleanArray::from(std::mem::take(&mut self.format_ok))) as ArrayRef,
+            Arc::new(Float32Array::from(std::mem::take(&mut self.acc))),
+            Arc::new(f32_array(
+                std::mem::take(&mut self.conf),
+                std::mem::take(&mut self.conf_valid),
+            )),
+            Arc::new(f32_array(
+                std::mem::take(&mut self.conf_reward),
+                std::mem::take(&mut self.conf_reward_valid),
+            )),
+            Arc::new(Float32Array::from(std::mem::take(&mut self.reward))),
             Arc::new(comps),
         ])
     }

@@ -120,8 +120,10 @@ pub fn row_group_lengths(part: &Part, rg: usize, column: &str) -> Result<Lengths
     let def_width = bit_width(lf.max_def);
     // the row being counted: its length so far (none before the first row)
     let mut open: Option<u32> = None;
+    let mut starts: Vec<u32> = Vec::new();
     while let Some(page) = pages.get_next_page().with_context(corrupt)? {
-        let (n, uniform_def) = match &page {
+        // the page's repetition and definition level blocks
+        let (n, rep_buf, def_buf) = match &page {
             Page::DictionaryPage { .. } => continue,
             Page::DataPage {
                 buf,
@@ -133,12 +135,9 @@ pub fn row_group_lengths(part: &Part, rg: usize, column: &str) -> Result<Lengths
                 if *def_level_encoding != Encoding::RLE || *rep_level_encoding != Encoding::RLE {
                     return Err(Unsupported(format!("`{column}`: levels not RLE-encoded")).into());
                 }
-                let n = *num_values as usize;
                 let (r, rest) = prefixed(buf).with_context(corrupt)?;
-                decode_rle(r, 1, n, &mut rep, false).with_context(corrupt)?;
                 let (d, _) = prefixed(rest).with_context(corrupt)?;
-                let u = decode_rle(d, def_width, n, &mut def, true).with_context(corrupt)?;
-                (n, u)
+                (*num_values as usize, r, d)
             }
             Page::DataPageV2 {
                 buf,
@@ -147,64 +146,62 @@ pub fn row_group_lengths(part: &Part, rg: usize, column: &str) -> Result<Lengths
                 rep_levels_byte_len,
                 ..
             } => {
-                let n = *num_values as usize;
                 let (rl, dl) = (*rep_levels_byte_len as usize, *def_levels_byte_len as usize);
                 if buf.len() < rl + dl {
                     bail!(corrupt());
                 }
-                decode_rle(&buf[..rl], 1, n, &mut rep, false).with_context(corrupt)?;
-                let d = &buf[rl..rl + dl];
-                let u = decode_rle(d, def_width, n, &mut def, true).with_context(corrupt)?;
-                (n, u)
+                (*num_values as usize, &buf[..rl], &buf[rl..rl + dl])
             }
         };
+        let uniform_def =
+            decode_rle(def_buf, def_width, n, &mut def, true).with_context(corrupt)?;
         if n == 0 {
             continue;
         }
+        if uniform_def.is_some_and(|d| d as i16 >= lf.element_def) {
+            // every level an element (no null or empty lists, no null elements): the common
+            // case, where only the row starts (repetition level 0) matter, read from the packed
+            // bits without expanding them
+            row_starts(rep_buf, n, &mut starts).with_context(corrupt)?;
+            if open.is_none() && starts.first() != Some(&0) {
+                bail!(corrupt());
+            }
+            let mut prev = 0u32;
+            let mut cur = open.unwrap_or(0);
+            for &p in &starts {
+                cur += p - prev;
+                if open.is_some() || p > 0 {
+                    out.len.push(cur);
+                }
+                cur = 0;
+                prev = p;
+            }
+            if let Some(nulls) = &mut out.null {
+                nulls.resize(nulls.len() + starts.len(), false);
+            }
+            open = Some(cur + (n as u32 - prev));
+            continue;
+        }
+        decode_rle(rep_buf, 1, n, &mut rep, false).with_context(corrupt)?;
         if open.is_none() && rep[0] != 0 {
             bail!(corrupt());
         }
-        match uniform_def {
-            // every level an element (no null or empty lists, no null elements): the common
-            // case, where only the row starts matter
-            Some(d) if d as i16 >= lf.element_def => {
-                let before = out.len.len();
-                let mut cur = open.unwrap_or(0);
-                for &r in &rep[..n] {
-                    if r == 0 {
-                        out.len.push(cur);
-                        cur = 0;
-                    }
-                    cur += 1;
+        for j in 0..n {
+            let d = match uniform_def {
+                Some(d) => d,
+                None => def[j],
+            } as i16;
+            if rep[j] == 0 {
+                if let Some(c) = open {
+                    out.len.push(c);
                 }
-                if open.is_none() {
-                    out.len.remove(before); // the push before the first row
-                }
+                open = Some(0);
                 if let Some(nulls) = &mut out.null {
-                    let starts = out.len.len() - before + usize::from(open.is_none());
-                    nulls.resize(nulls.len() + starts, false);
+                    nulls.push(d < lf.list_def);
                 }
-                open = Some(cur);
             }
-            _ => {
-                for j in 0..n {
-                    let d = match uniform_def {
-                        Some(d) => d,
-                        None => def[j],
-                    } as i16;
-                    if rep[j] == 0 {
-                        if let Some(c) = open {
-                            out.len.push(c);
-                        }
-                        open = Some(0);
-                        if let Some(nulls) = &mut out.null {
-                            nulls.push(d < lf.list_def);
-                        }
-                    }
-                    if d >= lf.element_def {
-                        open = open.map(|c| c + 1);
-                    }
-                }
+            if d >= lf.element_def {
+                open = open.map(|c| c + 1);
             }
         }
     }
@@ -219,6 +216,68 @@ pub fn row_group_lengths(part: &Part, rg: usize, column: &str) -> Result<Lengths
         );
     }
     Ok(out)
+}
+
+/// The positions of the zeros among the first `n` repetition levels (width 1) of `buf` (the
+/// RLE / bit-packed hybrid encoding): where the rows start.
+fn row_starts(buf: &[u8], n: usize, starts: &mut Vec<u32>) -> Result<()> {
+    starts.clear();
+    let mut pos = 0usize; // byte in buf
+    let mut at = 0usize; // level index
+    while at < n {
+        let mut header = 0u64;
+        let mut shift = 0;
+        loop {
+            let Some(&b) = buf.get(pos) else {
+                bail!("level data ends after {at} of {n} levels");
+            };
+            pos += 1;
+            header |= ((b & 0x7f) as u64) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+            if shift > 63 {
+                bail!("level run header too long");
+            }
+        }
+        if header & 1 == 1 {
+            let groups = (header >> 1) as usize;
+            let Some(packed) = buf.get(pos..pos + groups) else {
+                bail!("bit-packed levels run past their block");
+            };
+            pos += groups;
+            for &byte in packed {
+                if at >= n {
+                    break;
+                }
+                // zeros among this byte's levels that are within n
+                let valid = if n - at >= 8 {
+                    0xff
+                } else {
+                    (1u32 << (n - at)) - 1
+                };
+                let mut z = !(byte as u32) & valid;
+                while z != 0 {
+                    starts.push((at + z.trailing_zeros() as usize) as u32);
+                    z &= z - 1;
+                }
+                at += 8;
+            }
+        } else {
+            let count = (header >> 1) as usize;
+            let Some(&v) = buf.get(pos) else {
+                bail!("level run without its value");
+            };
+            pos += 1;
+            let take = count.min(n - at);
+            if v & 1 == 0 {
+                starts.extend((at..at + take).map(|p| p as u32));
+            }
+            at += take;
+        }
+    }
+    Ok(())
 }
 
 /// Bits of a level up to `max`.
@@ -442,8 +501,9 @@ mod tests {
     }
 
     /// Lengths read by levels equal the decoded lists' offsets and nulls: required and nullable
-    /// lists, empty lists, null elements, many pages a row group, several row groups, data pages
-    /// v1 and v2, with and without dictionaries.
+    /// lists, empty lists, null elements, lists with neither (read from the row starts alone),
+    /// many pages a row group, several row groups, data pages v1 and v2, with and without
+    /// dictionaries.
     #[test]
     fn lengths_match_decoded_lists() {
         use arrow::array::{Array, ArrayRef, Int32Array, ListArray, RecordBatch};
@@ -470,11 +530,23 @@ mod tests {
                 nulls,
             ))
         };
+        // no null element and no empty list: the path that reads only the row starts
+        let dense_lens: Vec<usize> = lens.iter().map(|l| l + 1).collect();
+        let dense: ArrayRef = Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Int32, false)),
+            OffsetBuffer::from_lengths(dense_lens.iter().copied()),
+            Arc::new(Int32Array::from_iter_values(
+                (0..dense_lens.iter().sum::<usize>()).map(|k| k as i32 % 89),
+            )),
+            None,
+        ));
         let schema = Arc::new(Schema::new(vec![
             Field::new("ids", list(false).data_type().clone(), false),
             Field::new("opt", list(true).data_type().clone(), true),
+            Field::new("dense", dense.data_type().clone(), false),
         ]));
-        let batch = RecordBatch::try_new(schema.clone(), vec![list(false), list(true)]).unwrap();
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![list(false), list(true), dense]).unwrap();
         let dir = tempfile::tempdir().unwrap();
         for (version, dict) in [
             (WriterVersion::PARQUET_1_0, true),
@@ -501,7 +573,7 @@ mod tests {
             w.close().unwrap();
             let parts = super::super::splice::open_parts(&path).unwrap();
             assert!(parts[0].row_groups() >= 3);
-            for name in ["ids", "opt"] {
+            for name in ["ids", "opt", "dense"] {
                 let want = batch.column_by_name(name).unwrap();
                 let want = want.as_any().downcast_ref::<ListArray>().unwrap();
                 // a null list is written without elements: length 0
@@ -525,8 +597,10 @@ mod tests {
                     let ctx = format!("{version:?} dict {dict} {name} rows {first}..+{step}");
                     assert_eq!(len, &want_len[first..first + step], "{ctx}");
                     match name {
-                        "ids" => assert!(null.is_none(), "{ctx}"),
-                        _ => assert_eq!(null.unwrap(), &want_null[first..first + step], "{ctx}"),
+                        "opt" => {
+                            assert_eq!(null.unwrap(), &want_null[first..first + step], "{ctx}")
+                        }
+                        _ => assert!(null.is_none(), "{ctx}"),
                     }
                     first += step;
                 }
