@@ -342,10 +342,22 @@ endef
 $(eval $(call EVAL,base,$(START),$(START)/config.json))
 $(foreach a,$(ARMS),$(eval $(call EVAL,$(a),$(call arm_model,$(a)),$(DIR)/$(a)/report/metrics.json)))
 
+# The faithfulness probe (`rlcr probe`) of the RLCR arm on a sample of its evaluation answers: the
+# prompts of shard COMPARE_PROBE_SHARD (0/16: about 1/16 of them, ~100 answers on the tiny
+# defaults), PROBE_CUTS cuts x PROBE_SAMPLES continuations each; the comparison's report.md and
+# metrics.json then carry its curves and its summary (probe vs verbal confidence). COMPARE_PROBE=0
+# leaves it out.
+COMPARE_PROBE ?= 1
+COMPARE_PROBE_SHARD ?= 0/16
+COMPARE_PROBE_FILE := $(if $(filter 1,$(COMPARE_PROBE)),$(DIR)/probe-rlcr.parquet)
+$(DIR)/probe-rlcr.parquet: $(DIR)/eval-rlcr/scored.parquet
+	$(RLCR) $(G) probe --model $(call arm_model,rlcr) --input $< -o $@ --cuts $(PROBE_CUTS) \
+	  --samples $(PROBE_SAMPLES) --max-new-tokens $(MAX_NEW) --shard $(COMPARE_PROBE_SHARD)
+
 COMPARE_INPUTS := base $(ARMS)
-$(DIR)/compare/metrics.json: $(foreach a,$(COMPARE_INPUTS),$(DIR)/eval-$(a)/scored.parquet)
+$(DIR)/compare/metrics.json: $(foreach a,$(COMPARE_INPUTS),$(DIR)/eval-$(a)/scored.parquet) $(COMPARE_PROBE_FILE)
 	$(RLCR) $(G) report $(foreach a,$(COMPARE_INPUTS),--input $(a)=$(DIR)/eval-$(a)/scored.parquet) \
-	  -o $(DIR)/compare
+	  $(if $(COMPARE_PROBE_FILE),--probe $(COMPARE_PROBE_FILE)) -o $(DIR)/compare
 	@echo "rl.mk: comparison in $(DIR)/compare/comparison.md"
 compare: $(DIR)/compare/metrics.json
 
