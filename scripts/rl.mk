@@ -83,6 +83,8 @@ G_C ?= 2
 MAX_NEW ?= 24
 MAX_NEW_CONF ?= 24
 TEMPERATURE ?= 1.0
+# Sampling temperature of the loop's confidence turn (evaluation samples at TEMPERATURE).
+CONF_TEMPERATURE ?= $(TEMPERATURE)
 TOP_P ?= 1.0
 BATCH ?= 64
 
@@ -105,7 +107,10 @@ CRITIC_FLAGS ?= --vf-coef 1.0 --cliprange-value 0.5 --critic-lr $(CRITIC_LR)
 else
 ADV_FLAGS ?= --norm-conf mean
 endif
-# Extra advantage flags of a comparison arm (`compare` sets `--lambda-conf 0` for RLVR).
+# Weight of the confidence advantages (`advantage --lambda-conf`; RLCR estimators only). `compare`
+# runs its RLVR arm with 0 (confidences sampled, never trained).
+LAMBDA_CONF ?= 1
+# Extra advantage flags of a comparison arm.
 ARM_ADV_FLAGS ?=
 # Ablation of seed 000's choice: `ABLATION=pooled` normalises each confidence reward over all
 # G_a·G_c confidences of its prompt (ANCHORS §3.2 variant (b): `--estimator grpo`, which groups by
@@ -133,6 +138,8 @@ SFT_COUNT ?= 256
 SFT_LR ?= 1e-2
 SFT_EPOCHS ?= 12
 SFT_FLAGS ?=
+# Flags of `prepare --sft` (the warm start's examples), e.g. `--sft-correct-fraction 0.8`.
+SFT_PREPARE_FLAGS ?=
 
 G := --seed $(SEED) --device $(DEVICE)
 ITER_IDS := $(shell seq -f '%04g' 1 $(ITERS))
@@ -149,7 +156,7 @@ loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
 # --- supervised warm start: format examples generated from synthetic tasks with known solutions
 $(DIR)/prompts-sft.parquet:
 	$(RLCR) $(G) prepare --from countdown-synth --count $(SFT_COUNT) $(TASK_FLAGS) $(TRAIN_SPLIT) \
-	  --sft $(SYS_FLAG) $(CONF_FLAG) -o $@
+	  --sft $(SFT_PREPARE_FLAGS) $(SYS_FLAG) $(CONF_FLAG) -o $@
 
 $(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet $(MODEL)/config.json
 	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) $(SFT_FLAGS)
@@ -167,7 +174,7 @@ $(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(2)/config.j
 
 $(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(2)/config.json
 	$$(RLCR) $$(G) generate-confidence --model $(2) --input $$< -o $$@ --num-confidences $$(G_C) \
-	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
+	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(CONF_TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
 	  $$(SYS_FLAG) $$(CONF_FLAG)
 
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
@@ -184,7 +191,8 @@ $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/valued.parquet
 	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator gae $$(ADV_FLAGS)
 else
 $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
-	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator $$(ESTIMATOR) $$(ADV_FLAGS) $$(ARM_ADV_FLAGS)
+	$$(RLCR) $$(G) advantage --input $$< -o $$@ --estimator $$(ESTIMATOR) $$(ADV_FLAGS) \
+	  --lambda-conf $$(LAMBDA_CONF) $$(ARM_ADV_FLAGS)
 endif
 
 $(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
@@ -244,14 +252,18 @@ smollm2: $(SMOL_DIR)/config.json
 # (MODEL=tiny by default, or MODEL=smollm2). The warm start is this run's sft/; the two arms are
 # loops of ITERS iterations in $(DIR)/rlvr and $(DIR)/rlcr from it, with the same prompts and seed
 # (RLVR: `advantage --lambda-conf 0`, its confidences sampled but never trained). Every arm (and
-# the warm start, `base`) then answers the same evaluation prompts: EVAL_PROMPTS held-out problems
-# (`--split heldout`, never in training) and EVAL_HARD out-of-domain ones (`--split hard`: one
-# number more than training's largest), G_A answers x G_C confidences each, sampled at TEMPERATURE
-# with the evaluation seed. `report` with labelled inputs writes the table (accuracy, ECE, Brier,
-# AUROC, mean confidence, format and parse rates with standard errors; all rows, held-out
-# `countdown-heldout`, out-of-domain `countdown-hard`) and the reliability diagrams side by side to
+# the warm start, `base`) then answers the same evaluation prompts: EVAL_TRAIN new draws of the
+# training distribution (`--split train`: the learning test's judged prompts, same seed; the tiny
+# model memorises its problems, so this is where its confidence can discriminate), EVAL_PROMPTS
+# held-out problems (`--split heldout`, never in training) and EVAL_HARD out-of-domain ones
+# (`--split hard`: one number more than training's largest), G_A answers x G_C confidences each,
+# sampled at TEMPERATURE with the evaluation seed. `report` with labelled inputs writes the table
+# (accuracy, ECE, Brier, AUROC, mean confidence, format and parse rates with standard errors; all
+# rows, training distribution `countdown`, held-out `countdown-heldout`, out-of-domain
+# `countdown-hard`) and the reliability diagrams side by side to
 # $(DIR)/compare/. Resumable like the loop: every step is a file.
 EVAL_SEED ?= 777777
+EVAL_TRAIN ?= 160
 EVAL_PROMPTS ?= 192
 EVAL_HARD ?= 64
 EVAL_G_A ?= $(G_A)
@@ -264,14 +276,19 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   TRAIN_SPLIT="$(TRAIN_SPLIT)" SYSTEM_PROMPT="$(SYSTEM_PROMPT)" CONFIDENCE_PROMPT="$(CONFIDENCE_PROMPT)" \
   ADV_FLAGS="$(ADV_FLAGS)" ESTIMATOR=$(ESTIMATOR) LR=$(LR) EPOCHS=$(EPOCHS) MINI_BATCHES=$(MINI_BATCHES) \
   MICRO_BATCH=$(MICRO_BATCH) MAX_NEW=$(MAX_NEW) MAX_NEW_CONF=$(MAX_NEW_CONF) BATCH=$(BATCH) \
-  PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) TOP_P=$(TOP_P) \
+  PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) \
+  CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) \
   VERIFIER=$(VERIFIER)
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
-	$(call arm_make,rlvr) ARM_ADV_FLAGS="--lambda-conf 0" summary
+	$(call arm_make,rlvr) LAMBDA_CONF=0 summary
 $(DIR)/rlcr/report/metrics.json: $(START)/config.json
-	$(call arm_make,rlcr) summary
+	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) summary
 
+$(DIR)/eval-prompts/0-train.parquet:
+	mkdir -p $(dir $@)
+	$(RLCR) --seed $$(($(EVAL_SEED) + $(SEED))) prepare --from countdown-synth --count $(EVAL_TRAIN) \
+	  $(TASK_FLAGS) $(TRAIN_SPLIT) -o $@
 $(DIR)/eval-prompts/1-heldout.parquet:
 	mkdir -p $(dir $@)
 	$(RLCR) --seed $$(($(EVAL_SEED) + $(SEED))) prepare --from countdown-synth --count $(EVAL_PROMPTS) \
@@ -280,7 +297,7 @@ $(DIR)/eval-prompts/2-hard.parquet:
 	mkdir -p $(dir $@)
 	$(RLCR) --seed $$(($(EVAL_SEED) + $(SEED))) prepare --from countdown-synth --count $(EVAL_HARD) \
 	  $(TASK_FLAGS) --split hard -o $@
-EVAL_PROMPT_FILES := $(DIR)/eval-prompts/1-heldout.parquet $(DIR)/eval-prompts/2-hard.parquet
+EVAL_PROMPT_FILES := $(DIR)/eval-prompts/0-train.parquet $(DIR)/eval-prompts/1-heldout.parquet $(DIR)/eval-prompts/2-hard.parquet
 
 # $(1) = arm name, $(2) = its policy folder, $(3) = what makes that folder
 define EVAL
@@ -299,10 +316,22 @@ endef
 $(eval $(call EVAL,base,$(START),$(START)/config.json))
 $(foreach a,$(ARMS),$(eval $(call EVAL,$(a),$(call arm_model,$(a)),$(DIR)/$(a)/report/metrics.json)))
 
+# The faithfulness probe (`rlcr probe`) of the RLCR arm on a sample of its evaluation answers: the
+# prompts of shard COMPARE_PROBE_SHARD (0/16: about 1/16 of them, ~100 answers on the tiny
+# defaults), PROBE_CUTS cuts x PROBE_SAMPLES continuations each; the comparison's report.md and
+# metrics.json then carry its curves and its summary (probe vs verbal confidence). COMPARE_PROBE=0
+# leaves it out.
+COMPARE_PROBE ?= 1
+COMPARE_PROBE_SHARD ?= 0/16
+COMPARE_PROBE_FILE := $(if $(filter 1,$(COMPARE_PROBE)),$(DIR)/probe-rlcr.parquet)
+$(DIR)/probe-rlcr.parquet: $(DIR)/eval-rlcr/scored.parquet
+	$(RLCR) $(G) probe --model $(call arm_model,rlcr) --input $< -o $@ --cuts $(PROBE_CUTS) \
+	  --samples $(PROBE_SAMPLES) --max-new-tokens $(MAX_NEW) --shard $(COMPARE_PROBE_SHARD)
+
 COMPARE_INPUTS := base $(ARMS)
-$(DIR)/compare/metrics.json: $(foreach a,$(COMPARE_INPUTS),$(DIR)/eval-$(a)/scored.parquet)
+$(DIR)/compare/metrics.json: $(foreach a,$(COMPARE_INPUTS),$(DIR)/eval-$(a)/scored.parquet) $(COMPARE_PROBE_FILE)
 	$(RLCR) $(G) report $(foreach a,$(COMPARE_INPUTS),--input $(a)=$(DIR)/eval-$(a)/scored.parquet) \
-	  -o $(DIR)/compare
+	  $(if $(COMPARE_PROBE_FILE),--probe $(COMPARE_PROBE_FILE)) -o $(DIR)/compare
 	@echo "rl.mk: comparison in $(DIR)/compare/comparison.md"
 compare: $(DIR)/compare/metrics.json
 

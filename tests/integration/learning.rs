@@ -48,6 +48,11 @@
 //! seeds above: 1.2 SEs below their mean of 0.573, as tight as the Brier margin was when chosen,
 //! and above 0.5 (confidence no better than chance). It is **short of issue 19's goal** (AUROC ≥
 //! 0.65 on three seeds): seeds 0–2 reach 0.608 / 0.732 / 0.533; only seed 1 passes.
+//! A sweep of ten settings (2026-11-24: confidence weight ×4, G_c = 4, a warm start on correct
+//! examples only, a hotter confidence turn, an entropy bonus, a two-to-four-number mix, 40
+//! iterations, ANCHORS §3.2 variant (c); README, "Why the tiny model misses the AUROC goal") found
+//! none better on three seeds: the confidence turn collapses to one value for every prompt before
+//! it learns the difficulty on most seeds, so no measured spread supports a margin above 0.52 yet.
 //!
 //! What the held-out split shows: the tiny model learns the training problems, not arithmetic.
 //! On problems held out of training its accuracy is 0.00–0.03 after the loop (0.04 for seed 0's
