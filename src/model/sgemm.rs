@@ -394,17 +394,20 @@ mod avx2 {
 // Tensors: `x · w` on Flex, plain (prefill) or autodiff (training)
 // ---------------------------------------------------------------------------------------------
 
-/// Whether [`matmul`] runs: on unless `RLCR_GEMM=burn` (read once per process), which sends
-/// every product back to burn's matmul (the gemm crate), e.g. to compare the two.
+/// Whether [`matmul`] runs: opt-in, `RLCR_GEMM=rlcr` (read once per process); unset or
+/// `RLCR_GEMM=burn` keeps burn's matmul (the gemm crate). Opt-in until the learning test has
+/// passed on it: any change to the training float path changes the tiny loop's figures, and a
+/// rounding-only change (the fused LM head) once sent a seed into a format collapse; the default
+/// stays the path whose learning figures are measured.
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("RLCR_GEMM") {
-        Err(_) => true,
-        Ok(v) if v.is_empty() || v == "rlcr" || v == "auto" => true,
-        Ok(v) if v == "burn" => false,
+        Err(_) => false,
+        Ok(v) if v.is_empty() || v == "burn" => false,
+        Ok(v) if v == "rlcr" => true,
         Ok(v) => {
-            eprintln!("warning: RLCR_GEMM={v:?} is not one of rlcr, burn; using rlcr");
-            true
+            eprintln!("warning: RLCR_GEMM={v:?} is not one of rlcr, burn; using burn");
+            false
         }
     })
 }
@@ -412,17 +415,18 @@ pub fn enabled() -> bool {
 /// `x · w` for `x: [m, k]`, `w: [k, n]` through [`sgemm`] when both are f32 tensors on a Flex
 /// device, plain or autodiff (then differentiable: backward computes `dx = dy · wᵀ` and
 /// `dw = xᵀ · dy`, each one [`sgemm`] call on transposed views, no copies); `None` on every other
-/// device, when [`enabled`] is off, or when the CPU has no kernel ([`cpu::isa`] below AVX2): the
+/// device, when [`enabled`] is off (the default), or when the CPU has no kernel ([`cpu::isa`] below AVX2): the
 /// caller then uses burn's matmul.
 pub fn matmul(x: &Tensor<2>, w: &Tensor<2>) -> Option<Tensor<2>> {
+    if !enabled() {
+        return None;
+    }
     matmul_isa(x, w, cpu::isa())
 }
 
 /// [`matmul`] on the kernels of `isa` (ignores [`enabled`]; for tests and benchmarks).
 pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
-    if !enabled() || tile(isa.min(Isa::detected())).is_none() {
-        return None;
-    }
+    tile(isa.min(Isa::detected()))?;
     let [m, k] = x.dims();
     let [k2, n] = w.dims();
     if k != k2 {
