@@ -9,9 +9,14 @@
 //! Every shape is run forward (`X·W`), as the input gradient (`dY·Wᵀ`, a transposed view) and as
 //! the weight gradient (`Xᵀ·dY`), the way burn's autodiff computes them. Prints one
 //! `RESULT gemm_<name> <GFLOP/s wall> <GFLOP per CPU-second>` line per product and the totals.
+//!
+//! `GEMM=rlcr` times rlcr's packed kernel (`rlcr::model::sgemm`, what training and prefill use on
+//! Flex) on the same products instead of burn's matmul (`GEMM=burn`, the default: the gemm
+//! crate); `SHAPES=smollm2` takes SmolLM2-135M's projections (8 × 512 rows) instead.
 use std::time::Instant;
 
 use burn::tensor::{Device, Tensor, TensorData};
+use rlcr::model::sgemm::{self, View};
 
 /// On-CPU seconds of every thread of this process (rayon workers included).
 fn cpu_secs() -> f64 {
@@ -31,7 +36,14 @@ fn cpu_secs() -> f64 {
 }
 
 /// One timed matrix product.
-type Product<'a> = Box<dyn Fn() -> Tensor<2> + 'a>;
+type Product<'a> = Box<dyn Fn() -> usize + 'a>;
+
+fn host(t: &Tensor<2>) -> Vec<f32> {
+    t.clone()
+        .into_data()
+        .try_into_vec::<f32>()
+        .expect("f32 tensor")
+}
 
 fn rand(shape: [usize; 2], dev: &Device) -> Tensor<2> {
     let n = shape[0] * shape[1];
@@ -48,31 +60,92 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let dev = Device::flex();
-    let n = 8 * 256;
-    // (name, in, out, uses per forward): the 38.9M Qwen2 config.
-    let shapes = [
-        ("qkv", 512usize, 768usize, 8usize),
-        ("o", 512, 512, 8),
-        ("gate_up", 512, 2816, 8),
-        ("down", 1408, 512, 8),
-        ("lm_head", 512, 32000, 1),
-    ];
+    let ours = std::env::var("GEMM").is_ok_and(|v| v == "rlcr");
+    let smol = std::env::var("SHAPES").is_ok_and(|v| v == "smollm2");
+    // (name, in, out, uses per forward): the 38.9M Qwen2 config, or SmolLM2-135M's.
+    let (n, shapes) = if smol {
+        (
+            8 * 512,
+            vec![
+                ("qkv", 576usize, 960usize, 30usize),
+                ("o", 576, 576, 30),
+                ("gate_up", 576, 3072, 30),
+                ("down", 1536, 576, 30),
+                ("lm_head", 576, 49152, 1),
+            ],
+        )
+    } else {
+        (
+            8 * 256,
+            vec![
+                ("qkv", 512usize, 768usize, 8usize),
+                ("o", 512, 512, 8),
+                ("gate_up", 512, 2816, 8),
+                ("down", 1408, 512, 8),
+                ("lm_head", 512, 32000, 1),
+            ],
+        )
+    };
     let (mut total_flop, mut total_wall, mut total_cpu) = (0f64, 0f64, 0f64);
     for (name, i, o, uses) in shapes {
         let x = rand([n, i], &dev);
         let w = rand([i, o], &dev);
         let dy = rand([n, o], &dev);
         let flop = 2.0 * (n * i * o) as f64;
-        let products: [(&str, Product<'_>); 3] = [
-            ("fwd", Box::new(|| x.clone().matmul(w.clone()))),
-            ("dx", Box::new(|| dy.clone().matmul(w.clone().transpose()))),
-            ("dw", Box::new(|| x.clone().transpose().matmul(dy.clone()))),
-        ];
+        let (xh, wh, dyh) = (host(&x), host(&w), host(&dy));
+        let isa = rlcr::model::cpu::isa();
+        let sg = |m: usize, nn: usize, k: usize, a: View<'_>, b: View<'_>| {
+            let mut c = vec![0f32; m * nn];
+            assert!(sgemm::sgemm(m, nn, k, a, b, &mut c, isa), "no kernel");
+            c
+        };
+        let products: [(&str, Product<'_>); 3] = if ours {
+            [
+                (
+                    "fwd",
+                    Box::new(|| sg(n, o, i, View::rows(&xh, i), View::rows(&wh, o)).len()),
+                ),
+                (
+                    "dx",
+                    Box::new(|| sg(n, i, o, View::rows(&dyh, o), View::rows(&wh, o).t()).len()),
+                ),
+                (
+                    "dw",
+                    Box::new(|| sg(i, o, n, View::rows(&xh, i).t(), View::rows(&dyh, o)).len()),
+                ),
+            ]
+        } else {
+            [
+                (
+                    "fwd",
+                    Box::new(|| x.clone().matmul(w.clone()).into_data().num_elements()),
+                ),
+                (
+                    "dx",
+                    Box::new(|| {
+                        dy.clone()
+                            .matmul(w.clone().transpose())
+                            .into_data()
+                            .num_elements()
+                    }),
+                ),
+                (
+                    "dw",
+                    Box::new(|| {
+                        x.clone()
+                            .transpose()
+                            .matmul(dy.clone())
+                            .into_data()
+                            .num_elements()
+                    }),
+                ),
+            ]
+        };
         for (kind, f) in products {
-            let _ = f().into_data(); // warm-up
+            let _ = f(); // warm-up
             let (w0, c0) = (Instant::now(), cpu_secs());
             for _ in 0..reps {
-                let _ = f().into_data();
+                let _ = f();
             }
             let wall = w0.elapsed().as_secs_f64() / reps as f64;
             let cpu = (cpu_secs() - c0) / reps as f64;

@@ -24,6 +24,7 @@ pub mod config;
 pub mod cpu;
 pub mod gguf;
 pub mod head;
+pub mod sgemm;
 pub mod tokenizer;
 pub mod transformer;
 pub mod value;

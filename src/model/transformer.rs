@@ -49,6 +49,7 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::config::ModelConfig;
 use super::cpu::{self, PackedMatrix};
+use super::sgemm;
 use std::sync::{Arc, OnceLock};
 
 // ---------------------------------------------------------------------------------------------
@@ -155,20 +156,22 @@ fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
 }
 
 /// `x · W`, through the CPU fast paths for decode-shaped products when they apply (the packed
-/// copy `packed` of `W` if given, else the row-major kernel; see [`super::cpu`]), else burn's
-/// matmul. On any device but plain Flex (a GPU, an autodiff device) it is burn's matmul, with no
-/// host round trip.
+/// copy `packed` of `W` if given, else the row-major kernel; see [`super::cpu`]), else rlcr's
+/// blocked GEMM on Flex ([`sgemm::matmul`]: prefill, and training on `Autodiff<Flex>` as a custom
+/// autodiff op), else burn's matmul. On any other device (a GPU) it is burn's matmul, with no
+/// host round trip. All of rlcr's kernels sum each output in the order of K from zero, so decode,
+/// prefill and training give the same bits for a row whatever the batch.
 fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
     if !super::is_flex(&x.device()) {
-        return x.matmul(w);
+        return sgemm::matmul(&x, &w).unwrap_or_else(|| x.matmul(w));
     }
     if let Some(y) = packed.and_then(|p| cpu::packed_matmul(&x, &w, p)) {
         return y;
     }
-    match cpu::small_matmul(&x, &w) {
-        Some(y) => y,
-        None => x.matmul(w),
+    if let Some(y) = cpu::small_matmul(&x, &w) {
+        return y;
     }
+    sgemm::matmul(&x, &w).unwrap_or_else(|| x.matmul(w))
 }
 
 /// `x · W (+ b)` with `W` stored `[in, out]` and `x` as `[N, in]`.
