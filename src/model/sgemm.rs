@@ -394,20 +394,25 @@ mod avx2 {
 // Tensors: `x · w` on Flex, plain (prefill) or autodiff (training)
 // ---------------------------------------------------------------------------------------------
 
-/// Whether [`matmul`] runs (read once per process): on by default; `RLCR_GEMM=burn` keeps burn's
-/// matmul (the gemm crate), `RLCR_GEMM=rlcr` (or empty) asks for this kernel explicitly. Any
-/// change to the training float path changes the tiny loop's figures (a rounding-only change, the
-/// fused LM head, once sent a seed into a format collapse), so the learning test was re-run on
-/// this path before it became the default.
+/// Whether [`matmul`] runs: opt-in, `RLCR_GEMM=rlcr` (read once per process); unset or
+/// `RLCR_GEMM=burn` keeps burn's matmul (the gemm crate). Opt-in for two measured reasons:
+/// (1) any change to the training float path changes the tiny loop's figures (a rounding-only
+/// change, the fused LM head, once sent a seed into a format collapse), so the learning test must
+/// pass on this path before it is the default; (2) `cargo test` and the main job compile rlcr
+/// itself at opt-level 0–1 (only dependencies at 3, see Cargo.toml), where this kernel's
+/// intrinsics are not inlined: switched on there, the learning test's SFT warm starts alone ran for
+/// over ten minutes (the whole test took about eleven before), while burn's matmul lives in an optimised dependency. Making
+/// it the default needs rlcr's kernels optimised in those builds too (a per-module opt-level is
+/// not possible in Cargo; e.g. the kernels in a small `[profile.dev.package]` crate of their own).
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("RLCR_GEMM") {
-        Err(_) => true,
-        Ok(v) if v.is_empty() || v == "rlcr" => true,
-        Ok(v) if v == "burn" => false,
+        Err(_) => false,
+        Ok(v) if v.is_empty() || v == "burn" => false,
+        Ok(v) if v == "rlcr" => true,
         Ok(v) => {
-            eprintln!("warning: RLCR_GEMM={v:?} is not one of rlcr, burn; using rlcr");
-            true
+            eprintln!("warning: RLCR_GEMM={v:?} is not one of rlcr, burn; using burn");
+            false
         }
     })
 }
@@ -415,7 +420,7 @@ pub fn enabled() -> bool {
 /// `x · w` for `x: [m, k]`, `w: [k, n]` through [`sgemm`] when both are f32 tensors on a Flex
 /// device, plain or autodiff (then differentiable: backward computes `dx = dy · wᵀ` and
 /// `dw = xᵀ · dy`, each one [`sgemm`] call on transposed views, no copies); `None` on every other
-/// device, when [`enabled`] is off (`RLCR_GEMM=burn`), or when the CPU has no kernel ([`cpu::isa`] below AVX2): the
+/// device, when [`enabled`] is off (the default), or when the CPU has no kernel ([`cpu::isa`] below AVX2): the
 /// caller then uses burn's matmul.
 pub fn matmul(x: &Tensor<2>, w: &Tensor<2>) -> Option<Tensor<2>> {
     if !enabled() {
