@@ -99,11 +99,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let m = Model::load(&plan.model, &device)
         .with_context(|| format!("loading the model {}", plan.model.display()))?;
     let reader = Reader::open(&plan.input)?;
-    let spec = reader
-        .metadata()
-        .get("rlcr.schema")
-        .and_then(|s| table::schema::by_name(s))
-        .unwrap_or(&table::TRAJECTORY);
+    let spec = reader.table_spec();
     let meta = Meta::new(
         spec,
         "logprobs",

@@ -202,6 +202,15 @@ impl Reader {
         &self.metadata
     }
 
+    /// The table kind the file records in its `rlcr.schema` metadata; the trajectory table when
+    /// it records none (or one this version does not know).
+    pub fn table_spec(&self) -> &'static crate::table::schema::TableSpec {
+        self.metadata
+            .get("rlcr.schema")
+            .and_then(|s| crate::table::schema::by_name(s))
+            .unwrap_or(&crate::table::schema::TRAJECTORY)
+    }
+
     /// Total rows over all part files.
     pub fn num_rows(&self) -> usize {
         self.num_rows

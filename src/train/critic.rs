@@ -453,11 +453,7 @@ fn validate_values_input(input: &Path) -> Result<()> {
     let mut columns = vec!["context_ids"];
     columns.extend(table::validate::RULE_COLUMNS);
     let reader = Reader::open_columns(input, &columns)?;
-    let spec = reader
-        .metadata()
-        .get("rlcr.schema")
-        .and_then(|s| table::schema::by_name(s))
-        .unwrap_or(&table::TRAJECTORY);
+    let spec = reader.table_spec();
     table::check_schema(&name, &reader.file_schema(), spec, &[])?;
     let mut validator = table::Validator::new(&name, spec);
     validator.reserve(reader.num_rows());
@@ -485,11 +481,7 @@ pub fn run_values(plan: &ValuesPlan) -> Result<String> {
     );
     let name = plan.input.display().to_string();
     let reader = Reader::open(&plan.input)?;
-    let spec = reader
-        .metadata()
-        .get("rlcr.schema")
-        .and_then(|s| table::schema::by_name(s))
-        .unwrap_or(&table::TRAJECTORY);
+    let spec = reader.table_spec();
     let meta = Meta::new(
         spec,
         "values",
