@@ -7,7 +7,8 @@
 //!   dtypes).
 //! - [`tokenizer`]: `tokenizer.json`, special tokens, token ↔ text offsets for spans.
 //! - [`chat`]: chat templates rendered like transformers.
-//! - [`cpu`]: a CPU fast path for decode-shaped matrix products (Flex only, optional).
+//! - [`cpu`], [`sgemm`], [`attention`], [`head`]: rlcr's CPU kernels (crate `rlcr-kernels`) on
+//!   Flex tensors: decode products, the training/prefill GEMM, attention, the fused LM head.
 //! - [`gguf`]: llama.cpp GGUF import.
 //!
 //! [`Model`] bundles them for the stages; [`logprobs`] is the batched per-token log-prob routine
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
+pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod cpu;

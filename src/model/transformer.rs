@@ -261,6 +261,8 @@ struct Step<'a> {
     shape: (usize, usize),
     rope: &'a Rope,
     mask: &'a Tensor<4, Bool>,
+    /// The same mask on the host (`[B, g·T, S]`, true = hidden), for rlcr's attention kernels.
+    mask_host: &'a [bool],
     /// Decode steps (one token per row, through the cache): which of the cache's first `start
     /// + 1` slots each row may attend to (`[B · (start + 1)]`), for the host attention kernel.
     decode_keys: Option<&'a [bool]>,
@@ -301,7 +303,13 @@ impl Attention {
             is_causal: false,
         };
         let out = match kv {
-            KvSource::Fresh => attention(q, k_new, v, Some(mask.clone()), None, options),
+            KvSource::Fresh => {
+                let scale = (1.0 / (d as f64).sqrt()) as f32;
+                match super::attention::attention(&q, &k_new, &v, s.mask_host, scale) {
+                    Some(out) => out,
+                    None => attention(q, k_new, v, Some(mask.clone()), None, options),
+                }
+            }
             KvSource::Cache {
                 k: kc,
                 v: vc,
@@ -313,7 +321,7 @@ impl Attention {
                 let scale = (1.0 / (d as f64).sqrt()) as f32;
                 let fast = match s.decode_keys {
                     Some(ok) if t == 1 => cpu::decode_attention(&q, kc, vc, start + 1, ok, scale),
-                    _ => None,
+                    _ => super::attention::attention(&q, kc, vc, s.mask_host, scale),
                 };
                 match fast {
                     Some(out) => out,
@@ -504,7 +512,7 @@ fn build_mask(
     key_valid: impl Fn(usize, usize) -> bool,
     query_valid: impl Fn(usize, usize) -> bool,
     device: &Device,
-) -> Tensor<4, Bool> {
+) -> (Tensor<4, Bool>, Vec<bool>) {
     let mut m = vec![true; batch * group * len * keys];
     let mut row = vec![true; keys];
     for b in 0..batch {
@@ -524,7 +532,11 @@ fn build_mask(
             }
         }
     }
-    Tensor::from_data(TensorData::new(m, [batch, 1, group * len, keys]), device)
+    let t = Tensor::from_data(
+        TensorData::new(m.clone(), [batch, 1, group * len, keys]),
+        device,
+    );
+    (t, m)
 }
 
 impl Transformer {
@@ -621,12 +633,13 @@ impl Transformer {
         }
         let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
         let valid = |r: usize, s: usize| input.valid[r * t + s];
-        let mask = build_mask(b, t, self.dims.group(), t, 0, valid, valid, &device);
+        let (mask, mask_host) = build_mask(b, t, self.dims.group(), t, 0, valid, valid, &device);
         let step = Step {
             dims: &self.dims,
             shape: (b, t),
             rope: &rope,
             mask: &mask,
+            mask_host: &mask_host,
             decode_keys: None,
         };
         let mut x = self.embed_tokens(input, &device);
@@ -679,7 +692,7 @@ impl Transformer {
         cache.len += t;
         let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
         let keys = cache.cap;
-        let mask = build_mask(
+        let (mask, mask_host) = build_mask(
             b,
             t,
             self.dims.group(),
@@ -715,6 +728,7 @@ impl Transformer {
             shape: (b, t),
             rope: &rope,
             mask: &mask,
+            mask_host: &mask_host,
             decode_keys: decode_keys.as_deref(),
         };
         let mut x = self.embed_tokens(input, &device);

@@ -123,7 +123,7 @@ const BLOCK: usize = 256;
 /// stays NaN. Plain multiplies and adds only, so it vectorises and gives the same bits on every
 /// ISA.
 #[inline(always)]
-fn exp_poly(x: f32) -> f32 {
+pub(crate) fn exp_poly(x: f32) -> f32 {
     const LO: f32 = -87.336_54;
     const HI: f32 = 88.376_26;
     const MAGIC: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer

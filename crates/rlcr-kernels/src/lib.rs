@@ -13,6 +13,7 @@
 //! (and the loop's default build) compiles rlcr at opt-level 0–1, where these kernels ran up to
 //! 7× slower than burn's matmul; the workspace optimises this crate at opt-level 3 in every
 //! profile (see the root `Cargo.toml`).
+pub mod attention;
 pub mod decode;
 pub mod head;
 mod isa;

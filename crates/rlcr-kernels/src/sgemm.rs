@@ -114,6 +114,34 @@ pub fn sgemm(
     c: &mut [f32],
     isa: Isa,
 ) -> bool {
+    run(m, n, k, a, b, c, isa, true)
+}
+
+/// [`sgemm`] on the calling thread only (for callers that run many small products in parallel
+/// themselves, e.g. attention over heads): the same bits.
+pub fn sgemm_serial(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View<'_>,
+    b: View<'_>,
+    c: &mut [f32],
+    isa: Isa,
+) -> bool {
+    run(m, n, k, a, b, c, isa, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View<'_>,
+    b: View<'_>,
+    c: &mut [f32],
+    isa: Isa,
+    parallel: bool,
+) -> bool {
     let isa = isa.min(Isa::detected());
     let Some((mr, nr)) = tile(isa) else {
         return false;
@@ -132,7 +160,11 @@ pub fn sgemm(
     }
     // Jobs: the output cut along its longer side into about two blocks per thread (whole
     // tiles), each computed by one job with the blocked loops below.
-    let want = (rayon::current_num_threads() * 2).max(1);
+    let want = if parallel {
+        (rayon::current_num_threads() * 2).max(1)
+    } else {
+        1
+    };
     let (row_jobs, col_jobs) = if m >= n {
         (want.min(m.div_ceil(mr)), 1)
     } else {
@@ -142,7 +174,7 @@ pub fn sgemm(
     let cols_per = n.div_ceil(col_jobs).next_multiple_of(nr);
     let (row_jobs, col_jobs) = (m.div_ceil(rows_per), n.div_ceil(cols_per));
     let ptr = OutPtr(c.as_mut_ptr());
-    (0..row_jobs * col_jobs).into_par_iter().for_each(|job| {
+    let job = |job: usize| {
         let out = ptr; // the whole struct (Send), not its raw-pointer field
         let (i0, j0) = ((job / col_jobs) * rows_per, (job % col_jobs) * cols_per);
         let (i1, j1) = ((i0 + rows_per).min(m), (j0 + cols_per).min(n));
@@ -189,7 +221,12 @@ pub fn sgemm(
                 k0 += kc;
             }
         }
-    });
+    };
+    if row_jobs * col_jobs == 1 {
+        job(0);
+    } else {
+        (0..row_jobs * col_jobs).into_par_iter().for_each(job);
+    }
     true
 }
 
@@ -484,6 +521,9 @@ mod tests {
                         bits(&want),
                         "{m}×{n}×{k} ta={ta} tb={tb} {isa:?}"
                     );
+                    let mut serial = vec![f32::NAN; m * n];
+                    assert!(sgemm_serial(m, n, k, a, b, &mut serial, isa));
+                    assert_eq!(bits(&serial), bits(&want), "serial {m}×{n}×{k} {isa:?}");
                 }
                 // And the chain is the product (a sanity check of the reference itself).
                 for i in (0..m).step_by(7) {
