@@ -178,6 +178,10 @@ fn run(
         let out = ptr; // the whole struct (Send), not its raw-pointer field
         let (i0, j0) = ((job / col_jobs) * rows_per, (job % col_jobs) * cols_per);
         let (i1, j1) = ((i0 + rows_per).min(m), (j0 + cols_per).min(n));
+        // A row-major A is read in place by the micro-kernel (no packing: for the thin
+        // products of attention, packing A cost about as much as the product); other layouts
+        // are packed.
+        let direct = a.cs == 1;
         // Packing buffers sized to this job's blocks (small products stay small).
         let mut bbuf = vec![0f32; KC.min(k) * NC.min(j1 - j0).next_multiple_of(nr)];
         let mut abuf = vec![0f32; KC.min(k) * MC.min(i1 - i0).next_multiple_of(mr)];
@@ -189,22 +193,40 @@ fn run(
                 pack_b(&b, k0, kc, jc, nc, nr, &mut bbuf);
                 for ic in (i0..i1).step_by(MC) {
                     let mc = MC.min(i1 - ic);
-                    pack_a(&a, ic, mc, k0, kc, mr, &mut abuf);
+                    if !direct {
+                        pack_a(&a, ic, mc, k0, kc, mr, &mut abuf);
+                    }
                     // One micro-panel of A (kc × 12, in L1) against every panel of the
                     // packed B block (kc × NC, in L2).
                     for ir in (0..mc).step_by(mr) {
                         let rows = (mc - ir).min(mr);
-                        let ap = &abuf[(ir / mr) * kc * mr..][..kc * mr];
+                        // The micro-panel: read in place (12 rows of kc consecutive values)
+                        // for a whole tile of a row-major A, else packed.
+                        let (ap, ars, acs) = if direct && rows == mr {
+                            let start = a.off + (ic + ir) * a.rs + k0;
+                            (a.data[start..].as_ptr(), a.rs, 1)
+                        } else if direct {
+                            pack_a(&a, ic + ir, rows, k0, kc, mr, &mut abuf);
+                            (abuf.as_ptr(), 1, mr)
+                        } else {
+                            (abuf[(ir / mr) * kc * mr..][..kc * mr].as_ptr(), 1, mr)
+                        };
                         for jr in (0..nc).step_by(nr) {
                             let cols = (nc - jr).min(nr);
                             let bp = &bbuf[(jr / nr) * kc * nr..][..kc * nr];
                             // SAFETY: rows ic+ir.. (rows of them) and columns jc+jr.. (cols)
                             // are inside the m × n output (row-major, stride n) and belong to
-                            // this job only; the panels hold kc steps; the ISA was clamped to
-                            // the CPU's.
+                            // this job only; the panels hold kc steps (an in-place A panel:
+                            // rows ic+ir..+12 < m and steps k0..k0+kc ≤ k of the checked view);
+                            // the ISA was clamped to the CPU's.
                             unsafe {
                                 let cp = out.0.add((ic + ir) * n + jc + jr);
                                 let first = k0 == 0;
+                                let ap = APanel {
+                                    ptr: ap,
+                                    rs: ars,
+                                    cs: acs,
+                                };
                                 match isa {
                                     #[cfg(target_arch = "x86_64")]
                                     Isa::Avx512 => {
@@ -313,21 +335,31 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+/// A micro-panel of A for the kernels: element `(r, kk)` at `ptr + r·rs + kk·cs` (packed:
+/// `rs = 1`, `cs` = the tile height; in place in a row-major A: `rs` = its row stride, `cs = 1`).
+#[derive(Clone, Copy)]
+struct APanel {
+    ptr: *const f32,
+    rs: usize,
+    cs: usize,
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::APanel;
     use std::arch::x86_64::*;
 
-    /// `C[r, c] (+)= Σ_k a[k·12 + r] · b[k·32 + c]` for `r < rows ≤ 12`, `c < cols ≤ 32`:
+    /// `C[r, c] (+)= Σ_k a(r, k) · b[k·32 + c]` for `r < rows ≤ 12`, `c < cols ≤ 32`:
     /// accumulators start at zero when `first`, else at the current `C`; one FMA per step of K.
     ///
     /// # Safety
-    /// AVX-512F must be available; `a` and `b` hold `kc` steps; `c` is writable for `rows` rows
+    /// AVX-512F must be available; `a` (12 rows) and `b` hold `kc` steps; `c` is writable for `rows` rows
     /// of stride `ldc` and `cols` columns.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn tile(
         kc: usize,
-        a: &[f32],
+        a: APanel,
         b: &[f32],
         c: *mut f32,
         ldc: usize,
@@ -335,7 +367,7 @@ mod avx512 {
         cols: usize,
         first: bool,
     ) {
-        debug_assert!(a.len() >= kc * 12 && b.len() >= kc * 32);
+        debug_assert!(b.len() >= kc * 32);
         let m0: __mmask16 = if cols >= 16 {
             0xffff
         } else {
@@ -358,18 +390,33 @@ mod avx512 {
                     row[1] = _mm512_maskz_loadu_ps(m1, c.add(r * ldc + 16));
                 }
             }
-            let (ap, bp) = (a.as_ptr(), b.as_ptr());
+            let (ap, bp) = (a.ptr, b.as_ptr());
             // Full-mask loads: `_mm512_loadu_ps` goes through `ptr::read_unaligned`, whose
             // debug-build precondition checks (and a copy through the stack) land in this loop
             // in the opt-level-3 dev builds that tests and `scripts/bench.sh` use.
-            for kk in 0..kc {
-                let b0 = _mm512_maskz_loadu_ps(0xffff, bp.add(kk * 32));
-                let b1 = _mm512_maskz_loadu_ps(0xffff, bp.add(kk * 32 + 16));
-                let ar = ap.add(kk * 12);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm512_set1_ps(*ar.add(r));
-                    row[0] = _mm512_fmadd_ps(x, b0, row[0]);
-                    row[1] = _mm512_fmadd_ps(x, b1, row[1]);
+            // Two copies of the loop (packed A: 12 consecutive values per step; A in place: one
+            // value per row), the same FMAs in the same order.
+            if a.rs == 1 {
+                for kk in 0..kc {
+                    let b0 = _mm512_maskz_loadu_ps(0xffff, bp.add(kk * 32));
+                    let b1 = _mm512_maskz_loadu_ps(0xffff, bp.add(kk * 32 + 16));
+                    let ar = ap.add(kk * a.cs);
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm512_set1_ps(*ar.add(r));
+                        row[0] = _mm512_fmadd_ps(x, b0, row[0]);
+                        row[1] = _mm512_fmadd_ps(x, b1, row[1]);
+                    }
+                }
+            } else {
+                for kk in 0..kc {
+                    let b0 = _mm512_maskz_loadu_ps(0xffff, bp.add(kk * 32));
+                    let b1 = _mm512_maskz_loadu_ps(0xffff, bp.add(kk * 32 + 16));
+                    let ar = ap.add(kk);
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm512_set1_ps(*ar.add(r * a.rs));
+                        row[0] = _mm512_fmadd_ps(x, b0, row[0]);
+                        row[1] = _mm512_fmadd_ps(x, b1, row[1]);
+                    }
                 }
             }
             for (r, row) in acc.iter().enumerate().take(rows) {
@@ -382,18 +429,19 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::APanel;
     use std::arch::x86_64::*;
 
     /// The AVX2 + FMA tile: 6 rows × 16 columns, otherwise as `avx512::tile` (same sums).
     ///
     /// # Safety
-    /// AVX2 and FMA must be available; `a` and `b` hold `kc` steps; `c` is writable for `rows`
+    /// AVX2 and FMA must be available; `a` (6 rows) and `b` hold `kc` steps; `c` is writable for `rows`
     /// rows of stride `ldc` and `cols` columns.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn tile(
         kc: usize,
-        a: &[f32],
+        a: APanel,
         b: &[f32],
         c: *mut f32,
         ldc: usize,
@@ -401,7 +449,7 @@ mod avx2 {
         cols: usize,
         first: bool,
     ) {
-        debug_assert!(a.len() >= kc * 6 && b.len() >= kc * 16);
+        debug_assert!(b.len() >= kc * 16);
         // SAFETY: as above; partial tiles go through a local buffer.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 2]; 6];
@@ -419,15 +467,28 @@ mod avx2 {
                     }
                 }
             }
-            let (ap, bp) = (a.as_ptr(), b.as_ptr());
-            for kk in 0..kc {
-                let b0 = _mm256_loadu_ps(bp.add(kk * 16));
-                let b1 = _mm256_loadu_ps(bp.add(kk * 16 + 8));
-                let ar = ap.add(kk * 6);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm256_broadcast_ss(&*ar.add(r));
-                    row[0] = _mm256_fmadd_ps(x, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+            let (ap, bp) = (a.ptr, b.as_ptr());
+            if a.rs == 1 {
+                for kk in 0..kc {
+                    let b0 = _mm256_loadu_ps(bp.add(kk * 16));
+                    let b1 = _mm256_loadu_ps(bp.add(kk * 16 + 8));
+                    let ar = ap.add(kk * a.cs);
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm256_broadcast_ss(&*ar.add(r));
+                        row[0] = _mm256_fmadd_ps(x, b0, row[0]);
+                        row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                    }
+                }
+            } else {
+                for kk in 0..kc {
+                    let b0 = _mm256_loadu_ps(bp.add(kk * 16));
+                    let b1 = _mm256_loadu_ps(bp.add(kk * 16 + 8));
+                    let ar = ap.add(kk);
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm256_broadcast_ss(&*ar.add(r * a.rs));
+                        row[0] = _mm256_fmadd_ps(x, b0, row[0]);
+                        row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                    }
                 }
             }
             for (r, row) in acc.iter().enumerate().take(rows) {
