@@ -1,9 +1,11 @@
 //! Masked attention on rlcr's kernels ([`rlcr_kernels::attention`]) for burn tensors on Flex:
 //! plain (prefill, log-prob scoring) or autodiff (training, a custom `Backward` op over the
 //! three inputs), in place of burn's attention, whose autodiff version is a composite of
-//! batched gemm-crate products and element-wise softmax ops. Same switch as the GEMM
-//! ([`super::sgemm::enabled`]: on by default, `RLCR_GEMM=burn` turns it off); every other device
-//! keeps burn's attention.
+//! batched gemm-crate products and element-wise softmax ops. Opt-in for now,
+//! `RLCR_ATTENTION=rlcr` ([`enabled`]), and only while the GEMM is on (`RLCR_GEMM` not `burn`):
+//! it rounds differently from burn's attention, so it changes the learning loop's trajectories,
+//! and the learning figures (and other experiments' seeds) are measured without it. Every other
+//! device keeps burn's attention.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -17,8 +19,8 @@ use super::cpu::{self, Isa};
 
 /// `softmax(scale · q·kᵀ, hidden keys excluded) · v` for `q: [B, K, R, d]`, `k`, `v`: `[B, K, S,
 /// d]` and the host mask `hidden: [B, R, S]` (true = hidden; shared by the K heads of a row), as
-/// burn's `attention` with the mask `[B, 1, R, S]`; `None` (use burn's) when the GEMM switch is
-/// off, the CPU has no kernel, or the tensors are not f32 on Flex. Differentiable on
+/// burn's `attention` with the mask `[B, 1, R, S]`; `None` (use burn's) when a switch is off
+/// ([`enabled`], the GEMM's), the CPU has no kernel, or the tensors are not f32 on Flex. Differentiable on
 /// `Autodiff<Flex>`.
 pub fn attention(
     q: &Tensor<4>,
@@ -27,13 +29,29 @@ pub fn attention(
     hidden: &[bool],
     scale: f32,
 ) -> Option<Tensor<4>> {
-    if !super::sgemm::enabled() {
+    if !enabled() || !super::sgemm::enabled() {
         return None;
     }
     attention_isa(q, k, v, hidden, scale, cpu::isa())
 }
 
-/// [`attention`] on the kernels of `isa`, whatever the switch (tests, benchmarks).
+/// Whether [`attention`] runs (read once per process): `RLCR_ATTENTION=rlcr`; unset or
+/// `RLCR_ATTENTION=burn` keeps burn's attention (see the module documentation for why it is
+/// opt-in). An unknown value is reported once and ignored.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("RLCR_ATTENTION") {
+        Err(_) => false,
+        Ok(v) if v.is_empty() || v == "burn" => false,
+        Ok(v) if v == "rlcr" => true,
+        Ok(v) => {
+            eprintln!("warning: RLCR_ATTENTION={v:?} is not one of rlcr, burn; using burn");
+            false
+        }
+    })
+}
+
+/// [`attention`] on the kernels of `isa`, whatever the switches (tests, benchmarks).
 pub fn attention_isa(
     q: &Tensor<4>,
     k: &Tensor<4>,
