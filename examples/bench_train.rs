@@ -124,6 +124,7 @@ fn main() -> anyhow::Result<()> {
             kl_coef: 0.0,
             kl_kind: KlEstimator::K3,
             entropy_coef: 0.0,
+            conf_entropy_coef: 0.0,
         },
         loss_agg: LossAgg::TokenMean,
         agg_len: len,

@@ -25,8 +25,10 @@ Writes a new Hugging Face folder (same dtype as the input) with the optimizer st
 The loss (verl's): ratio r = exp(logp − response_logprobs); per token
   A ≥ 0: −A·min(r, 1+clip_high);   A < 0: |A|·min(max(r, 1−clip_low), clip_dual)
 aggregated over the whole update batch (--loss-agg; gradient accumulation over --micro-batch rows
-does not change it), plus --kl-coef × KL(policy‖--ref-model) (k3 by default) and minus
---entropy-coef × the mean token entropy. Gradients are clipped by their global norm (--grad-clip).
+does not change it), plus --kl-coef × KL(policy‖--ref-model) (k3 by default), minus
+--entropy-coef × the mean token entropy and minus --conf-entropy-coef × the mean entropy of the
+confidence rows' tokens alone (an exploration bonus for the confidence turn that leaves the answer
+rows' tokens out). Gradients are clipped by their global norm (--grad-clip).
 Each epoch splits the table into --mini-batches update batches, one optimizer step each.
 
 Costs: one forward and backward pass per row per epoch, activations of one micro-batch at a time.
@@ -74,6 +76,11 @@ pub struct Args {
     /// α of the entropy bonus (subtracts α × mean token entropy).
     #[arg(long, default_value_t = 0.0)]
     pub entropy_coef: f64,
+    /// α_c of an entropy bonus on the confidence rows only: subtracts α_c × the mean entropy of
+    /// the confidence rows' learnable tokens (answer rows' tokens are not in it). Keeps the
+    /// confidence turn exploring without flattening the answers; ≥ 0, needs confidence rows.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub conf_entropy_coef: f64,
     /// Update batches (optimizer steps) per epoch.
     #[arg(long, default_value_t = 1)]
     pub mini_batches: usize,
@@ -107,6 +114,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         kl_coef: a.kl_coef,
         kl_kind: a.kl_estimator,
         entropy_coef: a.entropy_coef,
+        conf_entropy_coef: a.conf_entropy_coef,
     };
     // Check every flag before reading anything (usage errors, exit code 2).
     a.optim
@@ -121,6 +129,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         bail!(
             "{}: the table has no rows to train on; nothing was written",
             a.input.display()
+        );
+    }
+    if a.conf_entropy_coef > 0.0 && !rows.iter().any(|r| r.is_confidence) {
+        bail!(
+            "{}: --conf-entropy-coef {} needs confidence rows (sample_type \"confidence\"), and \
+             the table has none; nothing was written",
+            a.input.display(),
+            a.conf_entropy_coef
         );
     }
     crate::info!("{}: {} rows", a.input.display(), rows.len());

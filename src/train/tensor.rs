@@ -115,6 +115,8 @@ pub struct MicroLoss {
     pub kl_loss: Tensor<1>,
     /// `Σ m·H` over valid tokens (0 when entropy was not computed).
     pub entropy_sum: Tensor<1>,
+    /// `Σ m_c·H` over the valid tokens of confidence rows (0 when entropy was not computed).
+    pub conf_entropy_sum: Tensor<1>,
     /// `Σ m·(old_logp − logp)` over valid tokens.
     pub neg_log_ratio_sum: Tensor<1>,
     /// Counts of valid tokens with the low / high / dual clip active.
@@ -135,8 +137,10 @@ pub struct MicroInputs {
     pub weight: Tensor<2>,
     /// Reference-policy log-probs, when the KL loss is on.
     pub ref_logp: Option<Tensor<2>>,
-    /// Per-token entropy, when computed (differentiable when the entropy bonus is on).
+    /// Per-token entropy, when computed (differentiable when an entropy bonus is on).
     pub entropy: Option<Tensor<2>>,
+    /// 1.0 on the learnable tokens of confidence rows, 0.0 elsewhere (a part of `mask`).
+    pub conf_mask: Tensor<2>,
 }
 
 /// Coefficients of the total loss.
@@ -150,10 +154,18 @@ pub struct LossCoefs {
     pub entropy_coef: f64,
     /// Valid tokens of the whole update batch: the entropy bonus is a token mean (D19).
     pub batch_tokens: f64,
+    /// α_c of the confidence-only entropy bonus (subtracted; answer rows untouched).
+    pub conf_entropy_coef: f64,
+    /// Valid tokens of the confidence rows of the whole update batch: the confidence bonus is a
+    /// token mean over them.
+    pub conf_tokens: f64,
 }
 
-/// The micro-batch loss: `Σ w·L_pg + β·Σ w·kl − α·Σ (m/N)·H` (verl's actor total with the global
-/// normaliser; ANCHORS §1.5.1).
+/// The micro-batch loss: `Σ w·L_pg + β·Σ w·kl − α·Σ (m/N)·H − α_c·Σ (m_c/N_c)·H` (verl's actor
+/// total with the global normaliser, ANCHORS §1.5.1, plus rlcr's confidence-only entropy bonus:
+/// `m_c` marks the learnable tokens of confidence rows, `N_c` their count in the whole update
+/// batch, so the last term is α_c × the mean entropy of the confidence tokens; no answer-row
+/// token enters it, it moves the answer turn only through the weights the two turns share).
 pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss {
     let device = x.logp.device();
     let zero = || Tensor::<1>::zeros([1], &device);
@@ -168,15 +180,19 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
         }
         None => zero(),
     };
-    let entropy_sum = match x.entropy {
+    let (entropy_sum, conf_entropy_sum) = match x.entropy {
         Some(h) => {
-            let s = (h * x.mask.clone()).sum();
+            let s = (h.clone() * x.mask.clone()).sum();
+            let sc = (h * x.conf_mask).sum();
             if c.entropy_coef != 0.0 && c.batch_tokens > 0.0 {
                 loss = loss - s.clone().mul_scalar(c.entropy_coef / c.batch_tokens);
             }
-            s.detach()
+            if c.conf_entropy_coef != 0.0 && c.conf_tokens > 0.0 {
+                loss = loss - sc.clone().mul_scalar(c.conf_entropy_coef / c.conf_tokens);
+            }
+            (s.detach(), sc.detach())
         }
-        None => zero(),
+        None => (zero(), zero()),
     };
     let count = |b: Tensor<2, Bool>| (b.float() * x.mask.clone()).sum();
     let neg_log_ratio_sum = (ppo.log_ratio.neg() * x.mask.clone()).sum();
@@ -185,6 +201,7 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
         pg_loss: pg_loss.detach(),
         kl_loss: kl_loss.detach(),
         entropy_sum,
+        conf_entropy_sum,
         neg_log_ratio_sum,
         clipped: [
             count(ppo.clipped_low),
@@ -382,6 +399,118 @@ mod tests {
         }
     }
 
+    /// The confidence-only entropy bonus against a hand calculation. Two rows of two positions
+    /// over 3 tokens; row 0 is an answer, row 1 a confidence row whose second position is masked.
+    /// Advantages are 0, so the loss is the bonus alone. Row 1 position 0 has logits
+    /// (0, 0, ln 2): p = (1/4, 1/4, 1/2), H = ¼·ln 4 + ¼·ln 4 + ½·ln 2 = 1.5·ln 2, and
+    /// ∂H/∂z_j = −p_j·(ln p_j + H) = (+ln 2/8, +ln 2/8, −ln 2/4). With α_c = 0.6 and N_c = 1
+    /// (the whole update batch's confidence tokens) the loss is −0.6·1.5·ln 2 and its gradient
+    /// −0.6·∂H/∂z: the likeliest token's logit gets +0.6·ln 2/4 (a descent step lowers it, the
+    /// distribution flattens). The answer row and the masked position get exactly 0.
+    #[test]
+    fn conf_entropy_bonus_matches_hand_calculation() {
+        let d = Device::flex().autodiff();
+        let ln2 = std::f64::consts::LN_2;
+        // [B=2, T=2, V=3]; row 0 (answer) peaked logits, row 1 position 1 masked.
+        let z = vec![
+            2.0f32, -1.0, 0.5, 0.3, 0.1, -0.7, // answer row
+            0.0, 0.0, ln2 as f32, 1.0, -2.0, 0.0, // confidence row
+        ];
+        let logits =
+            Tensor::<3>::from_data(TensorData::new(z.clone(), [2, 2, 3]), &d).require_grad();
+        let h = entropy_from_logits(logits.clone());
+        let zeros = Tensor::<2>::zeros([2, 2], &d);
+        let mask = t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d);
+        let conf_mask = t2(&[0.0, 0.0, 1.0, 0.0], 2, 2, &d);
+        let alpha_c = 0.6;
+        let out = micro_loss(
+            MicroInputs {
+                // logp only feeds the PPO term, whose advantages are 0.
+                logp: zeros.clone(),
+                old_logp: zeros.clone(),
+                adv: zeros.clone(),
+                mask: mask.clone(),
+                weight: mask.div_scalar(3.0),
+                ref_logp: None,
+                entropy: Some(h),
+                conf_mask,
+            },
+            &ClipConfig::default(),
+            &LossCoefs {
+                kl_coef: 0.0,
+                kl_kind: KlEstimator::K3,
+                entropy_coef: 0.0,
+                batch_tokens: 3.0,
+                conf_entropy_coef: alpha_c,
+                conf_tokens: 1.0,
+            },
+        );
+        let h_conf = 1.5 * ln2;
+        let loss = scalar(out.loss.clone());
+        assert!((loss - (-alpha_c * h_conf)).abs() < 1e-6, "loss {loss}");
+        let sc = scalar(out.conf_entropy_sum.clone());
+        assert!((sc - h_conf).abs() < 1e-6, "Σ m_c·H {sc}");
+        // The metric over all valid tokens counts the answer row's entropies too.
+        let all = scalar(out.entropy_sum.clone());
+        let ent = |v: &[f32]| loss::entropy_from_logits(v);
+        let want_all = ent(&z[0..3]) + ent(&z[3..6]) + h_conf;
+        assert!((all - want_all).abs() < 1e-5, "Σ m·H {all} vs {want_all}");
+        let grads = out.loss.backward();
+        let g = logits
+            .grad(&grads)
+            .expect("gradient of the logits")
+            .into_data()
+            .convert::<f64>()
+            .try_into_vec::<f64>()
+            .expect("f64");
+        let want = [
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0, // answer row: not in the bonus
+            -alpha_c * ln2 / 8.0,
+            -alpha_c * ln2 / 8.0,
+            alpha_c * ln2 / 4.0,
+            0.0,
+            0.0,
+            0.0, // masked position
+        ];
+        for (i, (a, b)) in g.iter().zip(want).enumerate() {
+            assert!((a - b).abs() < 1e-6, "d loss / d z[{i}] = {a}, hand {b}");
+        }
+        // The bonus is off with α_c = 0 (and with no confidence tokens in the batch): the same
+        // inputs give a loss of exactly 0.
+        for (coef, n_c) in [(0.0, 1.0), (alpha_c, 0.0)] {
+            let h = entropy_from_logits(
+                Tensor::<3>::from_data(TensorData::new(z.clone(), [2, 2, 3]), &d).require_grad(),
+            );
+            let off = micro_loss(
+                MicroInputs {
+                    logp: zeros.clone(),
+                    old_logp: zeros.clone(),
+                    adv: zeros.clone(),
+                    mask: t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d),
+                    weight: t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d).div_scalar(3.0),
+                    ref_logp: None,
+                    entropy: Some(h),
+                    conf_mask: t2(&[0.0, 0.0, 1.0, 0.0], 2, 2, &d),
+                },
+                &ClipConfig::default(),
+                &LossCoefs {
+                    kl_coef: 0.0,
+                    kl_kind: KlEstimator::K3,
+                    entropy_coef: 0.0,
+                    batch_tokens: 3.0,
+                    conf_entropy_coef: coef,
+                    conf_tokens: n_c,
+                },
+            );
+            assert_eq!(scalar(off.loss), 0.0, "α_c {coef}, N_c {n_c}");
+        }
+    }
+
     /// The micro-batch loss with global weights: splitting a batch in two and adding the two
     /// losses gives the full-batch loss (the accumulation invariant), and the metric sums add up.
     #[test]
@@ -424,6 +553,8 @@ mod tests {
                 kl_kind: KlEstimator::K3,
                 entropy_coef: 0.0,
                 batch_tokens: ntok,
+                conf_entropy_coef: 0.0,
+                conf_tokens: 0.0,
             };
             let run = |r0: usize, r1: usize| {
                 let sl = |v: &[f32]| t2(&v[r0 * t..r1 * t], r1 - r0, t, &d);
@@ -436,6 +567,7 @@ mod tests {
                         weight: sl(&wf),
                         ref_logp: Some(sl(&refl)),
                         entropy: None,
+                        conf_mask: sl(&vec![0.0; b * t]),
                     },
                     &clip,
                     &coefs,

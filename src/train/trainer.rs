@@ -46,6 +46,9 @@ pub enum Objective {
         kl_kind: KlEstimator,
         /// α of the entropy bonus.
         entropy_coef: f64,
+        /// α_c of the entropy bonus on the confidence rows' tokens only (`--conf-entropy-coef`).
+        #[serde(default)]
+        conf_entropy_coef: f64,
     },
     /// Negative log-likelihood of the learnable response tokens (`sft`).
     Sft,
@@ -97,6 +100,9 @@ pub struct StepMetrics {
     pub kl_loss: f64,
     /// Mean per-token entropy over learnable tokens.
     pub entropy: f64,
+    /// Mean per-token entropy over the learnable tokens of confidence rows (0 without any).
+    #[serde(default)]
+    pub confidence_entropy: f64,
     /// verl's `ppo_kl`: mean of `old_logp − logp` over learnable tokens.
     pub approx_kl: f64,
     /// Fraction of learnable tokens with the low clip active.
@@ -130,12 +136,16 @@ pub struct BatchSums {
     pub kl_loss: f64,
     /// Σ m·H.
     pub entropy: f64,
+    /// Σ m·H over the confidence rows.
+    pub conf_entropy: f64,
     /// Σ m·(old − logp).
     pub neg_log_ratio: f64,
     /// Clipped-token counts (low, high, dual).
     pub clipped: [f64; 3],
     /// Learnable tokens.
     pub tokens: usize,
+    /// Learnable tokens of the confidence rows.
+    pub conf_tokens: usize,
 }
 
 impl TrainConfig {
@@ -160,6 +170,7 @@ impl TrainConfig {
             clip,
             kl_coef,
             entropy_coef,
+            conf_entropy_coef,
             ..
         } = &self.objective
         {
@@ -172,6 +183,11 @@ impl TrainConfig {
                 entropy_coef.is_finite(),
                 "--entropy-coef must be finite, got {entropy_coef}"
             );
+            ensure!(
+                conf_entropy_coef.is_finite() && *conf_entropy_coef >= 0.0,
+                "--conf-entropy-coef must be >= 0 (a bonus on the confidence tokens' entropy), \
+                 got {conf_entropy_coef}"
+            );
         }
         Ok(())
     }
@@ -182,9 +198,11 @@ impl TrainConfig {
 
     fn entropy_mode(&self) -> EntropyMode {
         match self.objective {
-            Objective::Policy { entropy_coef, .. } if entropy_coef != 0.0 => {
-                EntropyMode::Differentiable
-            }
+            Objective::Policy {
+                entropy_coef,
+                conf_entropy_coef,
+                ..
+            } if entropy_coef != 0.0 || conf_entropy_coef != 0.0 => EntropyMode::Differentiable,
             _ => EntropyMode::Detached,
         }
     }
@@ -227,8 +245,14 @@ pub fn batch_gradients(
     let masks: Vec<Vec<bool>> = rows.iter().map(|r| r.mask.clone()).collect();
     let weights = loss::agg_weights(&masks, cfg.loss_agg, cfg.agg_len);
     let tokens: usize = rows.iter().map(|r| r.n_learnable()).sum();
+    let conf_tokens: usize = rows
+        .iter()
+        .filter(|r| r.is_confidence)
+        .map(|r| r.n_learnable())
+        .sum();
     let mut sums = BatchSums {
         tokens,
+        conf_tokens,
         ..Default::default()
     };
     // Rows with nothing learnable contribute nothing: leave them out of the forward passes.
@@ -242,18 +266,23 @@ pub fn batch_gradients(
             kl_coef,
             kl_kind,
             entropy_coef,
+            conf_entropy_coef,
             ..
         } => LossCoefs {
             kl_coef,
             kl_kind,
             entropy_coef,
             batch_tokens: tokens as f64,
+            conf_entropy_coef,
+            conf_tokens: conf_tokens as f64,
         },
         Objective::Sft => LossCoefs {
             kl_coef: 0.0,
             kl_kind: KlEstimator::K3,
             entropy_coef: 0.0,
             batch_tokens: tokens as f64,
+            conf_entropy_coef: 0.0,
+            conf_tokens: conf_tokens as f64,
         },
     };
     let device = model.device();
@@ -274,6 +303,12 @@ pub fn batch_gradients(
             t2(right_align(&refs, r, 0.0))
         };
         let mask = col(&|row| row.mask.iter().map(|&m| f32::from(u8::from(m))).collect());
+        let conf_mask = col(&|row| {
+            row.mask
+                .iter()
+                .map(|&m| f32::from(u8::from(m && row.is_confidence)))
+                .collect()
+        });
         let wvals: Vec<Vec<f32>> = chunk
             .iter()
             .map(|&i| weights[i].iter().map(|&w| w as f32).collect())
@@ -299,6 +334,7 @@ pub fn batch_gradients(
                         weight,
                         ref_logp,
                         entropy: out.entropy,
+                        conf_mask,
                     },
                     &clip,
                     &coefs,
@@ -314,6 +350,7 @@ pub fn batch_gradients(
                     a,
                     bb,
                     c,
+                    m.conf_entropy_sum,
                 ])?;
                 sums.loss += v[0];
                 sums.pg_loss += v[1];
@@ -323,19 +360,22 @@ pub fn batch_gradients(
                 sums.clipped[0] += v[5];
                 sums.clipped[1] += v[6];
                 sums.clipped[2] += v[7];
+                sums.conf_entropy += v[8];
                 m.loss
             }
             Objective::Sft => {
                 let nll = (out.logp.neg() * weight).sum();
                 let mut read = vec![nll.clone().detach()];
                 if let Some(h) = out.entropy {
-                    read.push((h * mask).sum().detach());
+                    read.push((h.clone() * mask).sum().detach());
+                    read.push((h * conf_mask).sum().detach());
                 }
                 let v = scalars(read)?;
                 sums.loss += v[0];
                 sums.pg_loss += v[0];
-                if let Some(e) = v.get(1) {
+                if let (Some(e), Some(ec)) = (v.get(1), v.get(2)) {
                     sums.entropy += e;
+                    sums.conf_entropy += ec;
                 }
                 nll
             }
@@ -409,6 +449,7 @@ pub fn train(
                 pg_loss: sums.pg_loss,
                 kl_loss: sums.kl_loss,
                 entropy: sums.entropy / n,
+                confidence_entropy: sums.conf_entropy / sums.conf_tokens.max(1) as f64,
                 approx_kl: sums.neg_log_ratio / n,
                 clip_frac_low: sums.clipped[0] / n,
                 clip_frac_high: sums.clipped[1] / n,
@@ -528,6 +569,7 @@ pub(crate) mod tests {
                 kl_coef: 0.1,
                 kl_kind: KlEstimator::K3,
                 entropy_coef: 0.01,
+                conf_entropy_coef: 0.05,
             },
             loss_agg: agg,
             agg_len: 8,
@@ -557,7 +599,7 @@ pub(crate) mod tests {
     }
 
     /// D6/D7: 4 micro-batches of one row give the same gradient as one batch of four rows, for
-    /// every aggregation mode (with KL loss and entropy bonus on).
+    /// every aggregation mode (with KL loss, entropy bonus and confidence entropy bonus on).
     #[test]
     fn accumulation_over_micro_batches_equals_full_batch() {
         let m = tiny();
@@ -626,7 +668,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// The gradient of the PPO loss (with KL and entropy terms) against central finite
+    /// The gradient of the PPO loss (with KL, entropy and confidence-entropy terms) against central finite
     /// differences of the loss, at the largest-gradient coordinate of several parameters.
     /// In f32 (the model's RoPE tables are f32, so an f64 copy of the module does not run): with
     /// h = 1e-2 the observed relative error is about 1e-4; the tolerance is 2e-3.
@@ -722,6 +764,7 @@ pub(crate) mod tests {
             kl_coef: 0.0,
             kl_kind: KlEstimator::K3,
             entropy_coef: 0.0,
+            conf_entropy_coef: 0.0,
         };
         cfg.schedule = Schedule::new(1e-2, 0.0, ScheduleKind::Constant, None).expect("schedule");
         let mut opt = AdamW::new(AdamWConfig::default());

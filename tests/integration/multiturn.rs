@@ -380,6 +380,7 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
             kl_coef: 0.1,
             kl_kind: rlcr::train::loss::KlEstimator::K3,
             entropy_coef: 0.01,
+            conf_entropy_coef: 0.0,
         },
         loss_agg: rlcr::train::loss::LossAgg::TokenMean,
         agg_len: 96,

@@ -233,6 +233,128 @@ fn update_rejects_bad_flags_as_usage_errors() {
     }
 }
 
+/// `--conf-entropy-coef`: with every advantage 0 the bonus is the whole loss, so the answer rows
+/// contribute nothing and the confidence rows' entropy rises step by step. The first step's
+/// `confidence_entropy` metric (the model before any step) equals the mean, over the confidence
+/// rows' learnable tokens, of the entropies `rlcr logprobs --entropy-column` computes on the
+/// inference path. Without the flag the same table gives a zero gradient. Bad values are usage
+/// errors; a table without confidence rows is refused, naming the file.
+#[test]
+fn update_conf_entropy_bonus_raises_the_confidence_entropy() {
+    let w = Workdir::new();
+    let mut rows = train_rows();
+    for r in &mut rows {
+        r.adv = vec![0.0; r.response.len()];
+    }
+    write_rows(&w.path("train.parquet"), &rows);
+    let model = tiny();
+    let m = model.to_str().unwrap();
+    let upd = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "update",
+            "--model",
+            m,
+            "--input",
+            "train.parquet",
+            "-o",
+            out,
+            "--lr",
+            "1e-2",
+            "--epochs",
+            "4",
+            "--micro-batch",
+            "4",
+        ];
+        a.extend(extra);
+        w.run(&a);
+        metrics(&w.path(out))
+    };
+    let on = upd("on", &["--conf-entropy-coef", "1.0"]);
+    let ce: Vec<f64> = on
+        .iter()
+        .map(|x| x["confidence_entropy"].as_f64().unwrap())
+        .collect();
+    assert!(
+        ce.windows(2).all(|p| p[1] > p[0]),
+        "confidence entropy did not rise step by step: {ce:?}"
+    );
+    // Independent figure: the inference path's entropies of the input model.
+    w.run(&[
+        "logprobs",
+        "--model",
+        m,
+        "--input",
+        "train.parquet",
+        "-o",
+        "ent.parquet",
+        "--entropy-column",
+        "entropy",
+    ]);
+    let ent = logprob_column(&w.path("ent.parquet"), "entropy");
+    let (mut sum, mut n) = (0f64, 0usize);
+    for (r, e) in rows.iter().zip(&ent) {
+        if r.is_confidence {
+            for (t, &keep) in r.mask.iter().enumerate() {
+                if keep {
+                    sum += e[t] as f64;
+                    n += 1;
+                }
+            }
+        }
+    }
+    assert!(n > 0);
+    let want = sum / n as f64;
+    assert!(
+        (ce[0] - want).abs() < 1e-4,
+        "first step's confidence_entropy {} vs logprobs' {want}",
+        ce[0]
+    );
+    let off = upd("off", &[]);
+    assert_eq!(off[0]["grad_norm"].as_f64().unwrap(), 0.0, "{}", off[0]);
+    assert!((off[0]["confidence_entropy"].as_f64().unwrap() - want).abs() < 1e-4);
+    for bad in ["-0.1", "nan", "inf"] {
+        let err = w.fail(
+            &[
+                "update",
+                "--model",
+                m,
+                "--input",
+                "train.parquet",
+                "-o",
+                "bad",
+                "--conf-entropy-coef",
+                bad,
+            ],
+            2,
+        );
+        assert!(err.contains("--conf-entropy-coef"), "{bad}: {err}");
+        assert!(!w.path("bad").exists());
+    }
+    let answers: Vec<TrainRow> = rows.into_iter().filter(|r| !r.is_confidence).collect();
+    write_rows(&w.path("answers.parquet"), &answers);
+    let err = w.fail(
+        &[
+            "update",
+            "--model",
+            m,
+            "--input",
+            "answers.parquet",
+            "-o",
+            "bad",
+            "--conf-entropy-coef",
+            "0.1",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("answers.parquet")
+            && err.contains("--conf-entropy-coef")
+            && err.contains("has none"),
+        "{err}"
+    );
+    assert!(!w.path("bad").exists());
+}
+
 fn write_messages(path: &Path, convs: &[Vec<(&str, &str)>]) {
     use arrow::array::{RecordBatch, StringArray};
     use std::sync::Arc;
