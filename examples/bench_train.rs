@@ -125,6 +125,8 @@ fn main() -> anyhow::Result<()> {
             kl_kind: KlEstimator::K3,
             entropy_coef: 0.0,
             conf_entropy_coef: 0.0,
+            conf_value_entropy_coef: 0.0,
+            value_tokens: None,
         },
         loss_agg: LossAgg::TokenMean,
         agg_len: len,

@@ -381,6 +381,8 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
             kl_kind: rlcr::train::loss::KlEstimator::K3,
             entropy_coef: 0.01,
             conf_entropy_coef: 0.0,
+            conf_value_entropy_coef: 0.0,
+            value_tokens: None,
         },
         loss_agg: rlcr::train::loss::LossAgg::TokenMean,
         agg_len: 96,
