@@ -131,11 +131,14 @@ MINI_BATCHES ?= 4
 # 16 rows per micro-batch: the same gradient as 64 (accumulated), about 30% less CPU on the tiny model.
 MICRO_BATCH ?= 16
 UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0 --resume auto
-# Entropy bonus on the confidence rows' tokens only (`update --conf-entropy-coef`; 0 = off): keeps
-# the confidence turn exploring without the answer rows in the bonus (a global --entropy-coef in
-# UPDATE_FLAGS flattens the answers too). See the README's sweep for what it did on the tiny model.
+# Exploration bonuses of the confidence turn alone (0 = off; a global --entropy-coef in
+# UPDATE_FLAGS flattens the answers too): CONF_ENTROPY_COEF on every token of the confidence rows
+# (`update --conf-entropy-coef`), CONF_VALUE_ENTROPY_COEF on the value only, over the ten digits
+# (`update --conf-value-entropy-coef`). See the README's sweep for what they did on the tiny model.
 CONF_ENTROPY_COEF ?= 0
-CONF_ENTROPY_FLAG = $(if $(filter-out 0,$(CONF_ENTROPY_COEF)),--conf-entropy-coef $(CONF_ENTROPY_COEF))
+CONF_VALUE_ENTROPY_COEF ?= 0
+CONF_ENTROPY_FLAG = $(if $(filter-out 0,$(CONF_ENTROPY_COEF)),--conf-entropy-coef $(CONF_ENTROPY_COEF)) \
+  $(if $(filter-out 0,$(CONF_VALUE_ENTROPY_COEF)),--conf-value-entropy-coef $(CONF_VALUE_ENTROPY_COEF))
 
 # Supervised warm start.
 SFT ?= 1
@@ -287,9 +290,10 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   VERIFIER=$(VERIFIER)
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
-	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 summary
+	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 summary
 $(DIR)/rlcr/report/metrics.json: $(START)/config.json
-	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) summary
+	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) \
+	  CONF_VALUE_ENTROPY_COEF=$(CONF_VALUE_ENTROPY_COEF) summary
 
 $(DIR)/eval-prompts/0-train.parquet:
 	mkdir -p $(dir $@)

@@ -111,6 +111,9 @@ struct LoopConfig {
     /// `advantage --lambda-conf` (weight of the confidences' advantages; 0 = RLVR: confidences
     /// sampled, never trained).
     lambda_conf: &'static str,
+    /// `update --conf-value-entropy-coef` (entropy bonus over the digits at the confidence value
+    /// position; "0" = off, as in the RLVR control).
+    conf_value_entropy: &'static str,
     confidence_prompt: &'static str,
     /// Evaluation prompts drawn anew from the training distribution (`--split train`), judged.
     eval_prompts: usize,
@@ -153,6 +156,7 @@ const DEFAULT: LoopConfig = LoopConfig {
     estimator: "rlcr",
     lambda_ans: "1",
     lambda_conf: "1",
+    conf_value_entropy: "0",
     confidence_prompt: "Confidence?",
     eval_prompts: 160,
     eval_heldout_prompts: 48,
@@ -352,7 +356,7 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
             s("--lambda-conf"),
             s(c.lambda_conf),
         ]);
-        r.stage(&[
+        let mut update = vec![
             s("update"),
             s("--model"),
             policy.clone(),
@@ -374,7 +378,11 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
             s("1.0"),
             s("--resume"),
             s("auto"),
-        ]);
+        ];
+        if c.conf_value_entropy != "0" {
+            update.extend([s("--conf-value-entropy-coef"), s(c.conf_value_entropy)]);
+        }
+        r.stage(&update);
         scored.push(sc);
         policy = f("model");
     }
@@ -611,6 +619,7 @@ fn run_seeds(c: &LoopConfig, seeds: &[u64]) -> (Vec<SeedFigures>, String) {
         jobs.push(LoopConfig {
             seed: first,
             lambda_conf: "0",
+            conf_value_entropy: "0",
             ..*c
         });
     }
