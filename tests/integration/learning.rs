@@ -813,6 +813,31 @@ fn learning_judge_margins() {
     );
 }
 
+/// Issue 19's closest configuration to the tiny-model AUROC goal (session 8 sweep, README): the
+/// confidence value entropy bonus (`update --conf-value-entropy-coef 0.002`: entropy over the ten
+/// digits where each confidence row picks its value) and 40 iterations. It keeps the confidence
+/// from collapsing to one value (top value's share 0.2–0.3 of the samples at the end instead of
+/// 0.4–0.8; groups without signal 0.1–0.2 instead of 0.5–0.6) and the difficulty is learned late:
+/// AUROC 0.641 / 0.662 / 0.638 on seeds 0–2 (sweep harness, RLCR_GEMM=rlcr), short of 0.65 on two
+/// seeds, with seed 1's answers well formed only 0.57 of the time. Reports; judges nothing (the
+/// defaults stay). `RLCR_LEARNING_SEEDS=0,1,2` for the three documented seeds.
+#[test]
+#[ignore = "issue 19's value-entropy configuration (40 iterations, several minutes): cargo test --test integration learning_conf_value -- --ignored --nocapture"]
+fn learning_conf_value_entropy_report() {
+    let seeds = seeds();
+    let c = LoopConfig {
+        iters: 40,
+        conf_value_entropy: "0.002",
+        ..DEFAULT
+    };
+    let (figs, control) = run_seeds(&c, &seeds);
+    eprintln!(
+        "control (RLVR, 40 iterations):\n{control}\nconf value entropy 0.002, 40 iterations (seeds {seeds:?}): {:?}\n{}",
+        judge(&figs),
+        table(&figs)
+    );
+}
+
 /// Seed 000's ablation: confidence rewards normalised over all G_a·G_c confidences of a prompt
 /// (`--estimator grpo`: groups by prompt and sample type) instead of over the G_c confidences of
 /// their own answer. Reports the same paired figures as the learning test; no pass/fail on them.
