@@ -823,9 +823,11 @@ fn learning_judge_margins() {
 /// digits where each confidence row picks its value) and 40 iterations. It keeps the confidence
 /// from collapsing to one value (top value's share 0.2–0.3 of the samples at the end instead of
 /// 0.4–0.8; groups without signal 0.1–0.2 instead of 0.5–0.6) and the difficulty is learned late:
-/// AUROC 0.641 / 0.662 / 0.638 on seeds 0–2 (sweep harness, RLCR_GEMM=rlcr), short of 0.65 on two
-/// seeds, with seed 1's answers well formed only 0.57 of the time. Reports; judges nothing (the
-/// defaults stay). `RLCR_LEARNING_SEEDS=0,1,2` for the three documented seeds.
+/// AUROC 0.641 / 0.662 / 0.638 on seeds 0–2 (this test on 9ea0c56, RLCR_GEMM=rlcr, 6.9 min wall
+/// for the four loops at load ≈ 14; the sweep harness gave the same digits), 0.743 / 0.526 on seeds
+/// 3–4: short of 0.65 on two of the first three seeds, with answers well formed only 0.57 (seed 1)
+/// and 0.55 (seed 3) of the time. Reports; judges nothing (the defaults stay).
+/// `RLCR_LEARNING_SEEDS=0,1,2` for the three documented seeds.
 #[test]
 #[ignore = "issue 19's value-entropy configuration (40 iterations, several minutes): cargo test --test integration learning_conf_value -- --ignored --nocapture"]
 fn learning_conf_value_entropy_report() {
