@@ -131,6 +131,14 @@ MINI_BATCHES ?= 4
 # 16 rows per micro-batch: the same gradient as 64 (accumulated), about 30% less CPU on the tiny model.
 MICRO_BATCH ?= 16
 UPDATE_FLAGS ?= --loss-agg token-mean --grad-clip 1.0 --resume auto
+# Exploration bonuses of the confidence turn alone (0 = off; a global --entropy-coef in
+# UPDATE_FLAGS flattens the answers too): CONF_ENTROPY_COEF on every token of the confidence rows
+# (`update --conf-entropy-coef`), CONF_VALUE_ENTROPY_COEF on the value only, over the ten digits
+# (`update --conf-value-entropy-coef`). See the README's sweep for what they did on the tiny model.
+CONF_ENTROPY_COEF ?= 0
+CONF_VALUE_ENTROPY_COEF ?= 0
+CONF_ENTROPY_FLAG = $(if $(filter-out 0,$(CONF_ENTROPY_COEF)),--conf-entropy-coef $(CONF_ENTROPY_COEF)) \
+  $(if $(filter-out 0,$(CONF_VALUE_ENTROPY_COEF)),--conf-value-entropy-coef $(CONF_VALUE_ENTROPY_COEF))
 
 # Supervised warm start.
 SFT ?= 1
@@ -198,6 +206,7 @@ endif
 $(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
 	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) \
 	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
+	  $$(CONF_ENTROPY_FLAG) \
 	  $(if $(filter gae,$(ESTIMATOR)),--critic $(3) --critic-out $(DIR)/iter-$(1)/critic $$(CRITIC_FLAGS))
 
 $(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet
@@ -277,13 +286,14 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   ADV_FLAGS="$(ADV_FLAGS)" ESTIMATOR=$(ESTIMATOR) LR=$(LR) EPOCHS=$(EPOCHS) MINI_BATCHES=$(MINI_BATCHES) \
   MICRO_BATCH=$(MICRO_BATCH) MAX_NEW=$(MAX_NEW) MAX_NEW_CONF=$(MAX_NEW_CONF) BATCH=$(BATCH) \
   PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) \
-  CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) \
+  CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) UPDATE_FLAGS="$(UPDATE_FLAGS)" \
   VERIFIER=$(VERIFIER)
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
-	$(call arm_make,rlvr) LAMBDA_CONF=0 summary
+	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 summary
 $(DIR)/rlcr/report/metrics.json: $(START)/config.json
-	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) summary
+	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) \
+	  CONF_VALUE_ENTROPY_COEF=$(CONF_VALUE_ENTROPY_COEF) summary
 
 $(DIR)/eval-prompts/0-train.parquet:
 	mkdir -p $(dir $@)

@@ -12,7 +12,7 @@ use crate::train::data::{check_positions, check_vocab, read_update_rows, TrainRo
 use crate::train::loss::{ClipConfig, KlEstimator};
 use crate::train::policy::host_logprobs;
 use crate::train::session::{self, Session};
-use crate::train::trainer::Objective;
+use crate::train::trainer::{Objective, ValueTokens};
 
 pub const ABOUT: &str =
     "Train the policy on a training table (PPO/GRPO clipped loss); write a new HF checkpoint";
@@ -25,8 +25,11 @@ Writes a new Hugging Face folder (same dtype as the input) with the optimizer st
 The loss (verl's): ratio r = exp(logp − response_logprobs); per token
   A ≥ 0: −A·min(r, 1+clip_high);   A < 0: |A|·min(max(r, 1−clip_low), clip_dual)
 aggregated over the whole update batch (--loss-agg; gradient accumulation over --micro-batch rows
-does not change it), plus --kl-coef × KL(policy‖--ref-model) (k3 by default) and minus
---entropy-coef × the mean token entropy. Gradients are clipped by their global norm (--grad-clip).
+does not change it), plus --kl-coef × KL(policy‖--ref-model) (k3 by default), minus
+--entropy-coef × the mean token entropy, minus --conf-entropy-coef × the mean entropy of the
+confidence rows' tokens alone (an exploration bonus for the confidence turn that leaves the answer
+rows' tokens out) and minus --conf-value-entropy-coef × the mean entropy, over the ten digits, of
+the position where each confidence row picks its value (the `7` of `0.7`). Gradients are clipped by their global norm (--grad-clip).
 Each epoch splits the table into --mini-batches update batches, one optimizer step each.
 
 Costs: one forward and backward pass per row per epoch, activations of one micro-batch at a time.
@@ -74,6 +77,18 @@ pub struct Args {
     /// α of the entropy bonus (subtracts α × mean token entropy).
     #[arg(long, default_value_t = 0.0)]
     pub entropy_coef: f64,
+    /// α_c of an entropy bonus on the confidence rows only: subtracts α_c × the mean entropy of
+    /// the confidence rows' learnable tokens (answer rows' tokens are not in it). Keeps the
+    /// confidence turn exploring without flattening the answers; ≥ 0, needs confidence rows.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub conf_entropy_coef: f64,
+    /// α_v of an entropy bonus on the confidence value alone: at the position where each
+    /// confidence row picks its value's first decimal (the `7` of `0.7`), subtracts α_v × the
+    /// mean entropy of the policy's distribution over the ten digits (renormalised over them, so
+    /// no probability moves onto tokens that break the format). ≥ 0; needs confidence rows and a
+    /// tokenizer with one token per digit and for `.`.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub conf_value_entropy_coef: f64,
     /// Update batches (optimizer steps) per epoch.
     #[arg(long, default_value_t = 1)]
     pub mini_batches: usize,
@@ -102,11 +117,15 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         clip_high: a.clip_high,
         clip_dual: a.clip_dual,
     };
-    let objective = Objective::Policy {
+    let mut objective = Objective::Policy {
         clip,
         kl_coef: a.kl_coef,
         kl_kind: a.kl_estimator,
         entropy_coef: a.entropy_coef,
+        conf_entropy_coef: a.conf_entropy_coef,
+        conf_value_entropy_coef: a.conf_value_entropy_coef,
+        // Read from the tokenizer once the model is loaded.
+        value_tokens: None,
     };
     // Check every flag before reading anything (usage errors, exit code 2).
     a.optim
@@ -123,12 +142,49 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             a.input.display()
         );
     }
+    for (flag, coef) in [
+        ("--conf-entropy-coef", a.conf_entropy_coef),
+        ("--conf-value-entropy-coef", a.conf_value_entropy_coef),
+    ] {
+        if coef > 0.0 && !rows.iter().any(|r| r.is_confidence) {
+            bail!(
+                "{}: {flag} {coef} needs confidence rows (sample_type \"confidence\"), and the \
+                 table has none; nothing was written",
+                a.input.display(),
+            );
+        }
+    }
     crate::info!("{}: {} rows", a.input.display(), rows.len());
     let model = Model::load(&a.model.model, &device.clone().autodiff())
         .with_context(|| format!("loading the policy {}", a.model.model.display()))?;
     let table = a.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
     check_positions(&rows, model.config.max_position_embeddings, &table)?;
+    if a.conf_value_entropy_coef > 0.0 {
+        let vt = value_tokens(&model.tokenizer).with_context(|| {
+            format!(
+                "--conf-value-entropy-coef: the tokenizer of {}",
+                a.model.model.display()
+            )
+        })?;
+        let n = rows
+            .iter()
+            .filter(|r| r.is_confidence && vt.value_mask(&r.response, &r.mask).contains(&true))
+            .count();
+        if n == 0 {
+            bail!(
+                "{table}: --conf-value-entropy-coef: no confidence row writes a value as digit `.` \
+                 digit (e.g. 0.7) in its learnable tokens; nothing was written"
+            );
+        }
+        crate::info!(
+            "{table}: {n} of {} confidence rows carry a value position",
+            rows.iter().filter(|r| r.is_confidence).count()
+        );
+        if let Objective::Policy { value_tokens, .. } = &mut objective {
+            *value_tokens = Some(vt);
+        }
+    }
     if use_kl {
         if let Some(dir) = &a.ref_model {
             let reference = Model::load(dir, &device)
@@ -193,6 +249,27 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     a.critic
         .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
     Ok(())
+}
+
+/// The token ids of the ten digits and `.`: each must be one token, and `0.7` must encode as the
+/// three of them (the value position rule of [`ValueTokens::value_mask`]).
+fn value_tokens(tok: &crate::model::Tokenizer) -> Result<ValueTokens> {
+    let one = |text: &str| -> Result<u32> {
+        match tok.encode(text, false)?.as_slice() {
+            [id] => Ok(*id),
+            ids => bail!("{text:?} is {} tokens ({ids:?}), not one", ids.len()),
+        }
+    };
+    let mut digits = [0u32; 10];
+    for (d, slot) in digits.iter_mut().enumerate() {
+        *slot = one(&d.to_string())?;
+    }
+    let point = one(".")?;
+    let seven = tok.encode("0.7", false)?;
+    if seven != [digits[0], point, digits[7]] {
+        bail!("\"0.7\" encodes as {seven:?}, not as the tokens of 0, . and 7");
+    }
+    Ok(ValueTokens { digits, point })
 }
 
 /// Per-row log-probs of the rows' responses under `model` (no graph), with a progress bar.

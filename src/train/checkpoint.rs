@@ -90,6 +90,8 @@ impl Summary {
                 pg_loss: avg(&|m| m.pg_loss),
                 kl_loss: avg(&|m| m.kl_loss),
                 entropy: avg(&|m| m.entropy),
+                confidence_entropy: avg(&|m| m.confidence_entropy),
+                confidence_value_entropy: avg(&|m| m.confidence_value_entropy),
                 approx_kl: avg(&|m| m.approx_kl),
                 clip_frac_low: avg(&|m| m.clip_frac_low),
                 clip_frac_high: avg(&|m| m.clip_frac_high),

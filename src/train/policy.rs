@@ -22,6 +22,9 @@ pub struct ResponseLogprobs {
     pub logp: Tensor<2>,
     /// Entropy of each predicted distribution, when asked for.
     pub entropy: Option<Tensor<2>>,
+    /// Entropy of each predicted distribution restricted to a token subset (renormalised over
+    /// it; [`super::tensor::subset_entropy`]), when a subset was given; differentiable.
+    pub subset_entropy: Option<Tensor<2>>,
     /// The layout: response lengths and R.
     pub resp_lens: Vec<usize>,
     /// Longest response.
@@ -47,6 +50,18 @@ pub fn response_logprobs<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     temperature: f64,
     entropy: EntropyMode,
 ) -> Result<ResponseLogprobs> {
+    response_logprobs_subset(model, rows, temperature, entropy, None)
+}
+
+/// [`response_logprobs`], plus (when `subset` is given) the entropy of every position's
+/// distribution restricted to the token ids of `subset` (on the autodiff graph).
+pub fn response_logprobs_subset<C: AsRef<[u32]>, R: AsRef<[u32]>>(
+    model: &Transformer,
+    rows: &[(C, R)],
+    temperature: f64,
+    entropy: EntropyMode,
+    subset: Option<&[u32]>,
+) -> Result<ResponseLogprobs> {
     ensure!(
         temperature > 0.0 && temperature.is_finite(),
         "temperature must be > 0, got {temperature}"
@@ -69,6 +84,12 @@ pub fn response_logprobs<C: AsRef<[u32]>, R: AsRef<[u32]>>(
         let off = i * r + (r - resp.len());
         targets[off..off + resp.len()].copy_from_slice(resp);
     }
+    let subset_entropy = match subset {
+        Some(ids) => {
+            Some(super::tensor::subset_entropy(logits.clone(), ids, temperature)?.reshape([b, r]))
+        }
+        None => None,
+    };
     // Log-softmax, gather and entropy in one pass over the logits (crate::model::head).
     let want_entropy = entropy != EntropyMode::Off;
     let (logp, ent) = head::logprob_entropy(logits, &targets, temperature, want_entropy)?;
@@ -84,6 +105,7 @@ pub fn response_logprobs<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     Ok(ResponseLogprobs {
         logp,
         entropy: ent,
+        subset_entropy,
         resp_lens: batch.resp_lens,
         max_resp: r,
     })

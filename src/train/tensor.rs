@@ -13,8 +13,9 @@
 //! - Metric sums (clipped tokens, log-ratio, entropy, KL) are returned as *sums* over valid tokens
 //!   and divided by the update batch's token count by the caller, for the same reason.
 //! - When `c = ∞` the dual-clip branch is skipped instead of computing `−A·∞` (NaN at A = 0).
+use anyhow::{ensure, Result};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 use super::loss::{ClipConfig, KlEstimator, K3_LOG_CLAMP, K3_VALUE_CLAMP, LOG_RATIO_CLAMP};
 
@@ -105,6 +106,28 @@ pub fn entropy_from_log_probs(lp: Tensor<3>) -> Tensor<2> {
     (p * lp).sum_dim(2).squeeze_dim::<2>(2).neg()
 }
 
+/// Entropy of each row of `logits: [N, V]` restricted to the token ids `ids` and renormalised
+/// over them, at `temperature`: with `q = softmax(z_S / T)`, `H_S = −Σ_{s∈S} q_s·ln q_s`, shape
+/// `[N]`. It depends only on the differences between the logits of `S`: raising it spreads
+/// probability among the tokens of `S` and moves none into or out of `S` (the confidence value
+/// bonus: spread over the digits, never onto a token that breaks the format).
+pub fn subset_entropy(logits: Tensor<2>, ids: &[u32], temperature: f64) -> Result<Tensor<1>> {
+    let [n, v] = logits.dims();
+    ensure!(!ids.is_empty(), "the token subset is empty");
+    ensure!(
+        temperature > 0.0 && temperature.is_finite(),
+        "temperature must be > 0, got {temperature}"
+    );
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= v) {
+        anyhow::bail!("token id {bad} of the subset is outside the vocabulary of {v}");
+    }
+    let idx: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [ids.len()]), &logits.device());
+    let zs = logits.select(1, idx).div_scalar(temperature);
+    let lp = log_softmax(zs, 1);
+    Ok((lp.clone().exp() * lp).sum_dim(1).reshape([n]).neg())
+}
+
 /// Everything one micro-batch contributes to an optimizer step.
 pub struct MicroLoss {
     /// The differentiable micro-batch loss (`Σ w·(pg + β·kl) − α·Σ w_tok·H`), shape `[1]`.
@@ -115,6 +138,10 @@ pub struct MicroLoss {
     pub kl_loss: Tensor<1>,
     /// `Σ m·H` over valid tokens (0 when entropy was not computed).
     pub entropy_sum: Tensor<1>,
+    /// `Σ m_c·H` over the valid tokens of confidence rows (0 when entropy was not computed).
+    pub conf_entropy_sum: Tensor<1>,
+    /// `Σ m_v·H_S` over the confidence value positions (0 when not computed).
+    pub value_entropy_sum: Tensor<1>,
     /// `Σ m·(old_logp − logp)` over valid tokens.
     pub neg_log_ratio_sum: Tensor<1>,
     /// Counts of valid tokens with the low / high / dual clip active.
@@ -135,8 +162,13 @@ pub struct MicroInputs {
     pub weight: Tensor<2>,
     /// Reference-policy log-probs, when the KL loss is on.
     pub ref_logp: Option<Tensor<2>>,
-    /// Per-token entropy, when computed (differentiable when the entropy bonus is on).
+    /// Per-token entropy, when computed (differentiable when an entropy bonus is on).
     pub entropy: Option<Tensor<2>>,
+    /// 1.0 on the learnable tokens of confidence rows, 0.0 elsewhere (a part of `mask`).
+    pub conf_mask: Tensor<2>,
+    /// Per-token entropy restricted to the value tokens ([`subset_entropy`]) and the mask of the
+    /// confidence value positions, when the value entropy bonus is on.
+    pub value_entropy: Option<(Tensor<2>, Tensor<2>)>,
 }
 
 /// Coefficients of the total loss.
@@ -150,10 +182,25 @@ pub struct LossCoefs {
     pub entropy_coef: f64,
     /// Valid tokens of the whole update batch: the entropy bonus is a token mean (D19).
     pub batch_tokens: f64,
+    /// α_c of the confidence-only entropy bonus (subtracted; answer rows untouched).
+    pub conf_entropy_coef: f64,
+    /// Valid tokens of the confidence rows of the whole update batch: the confidence bonus is a
+    /// token mean over them.
+    pub conf_tokens: f64,
+    /// α_v of the confidence value entropy bonus (subtracted).
+    pub value_entropy_coef: f64,
+    /// Confidence value positions of the whole update batch (the value bonus is a mean over them).
+    pub value_tokens: f64,
 }
 
-/// The micro-batch loss: `Σ w·L_pg + β·Σ w·kl − α·Σ (m/N)·H` (verl's actor total with the global
-/// normaliser; ANCHORS §1.5.1).
+/// The micro-batch loss: `Σ w·L_pg + β·Σ w·kl − α·Σ (m/N)·H − α_c·Σ (m_c/N_c)·H` (verl's actor
+/// total with the global normaliser, ANCHORS §1.5.1, plus rlcr's confidence-only entropy bonus:
+/// `m_c` marks the learnable tokens of confidence rows, `N_c` their count in the whole update
+/// batch, so the last term is α_c × the mean entropy of the confidence tokens; no answer-row
+/// token enters it, it moves the answer turn only through the weights the two turns share),
+/// minus `α_v·Σ (m_v/N_v)·H_S` when the value bonus is on: `H_S` the entropy restricted to the
+/// value tokens ([`subset_entropy`]) at the `N_v` confidence value positions `m_v` of the update
+/// batch.
 pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss {
     let device = x.logp.device();
     let zero = || Tensor::<1>::zeros([1], &device);
@@ -168,11 +215,25 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
         }
         None => zero(),
     };
-    let entropy_sum = match x.entropy {
+    let (entropy_sum, conf_entropy_sum) = match x.entropy {
         Some(h) => {
-            let s = (h * x.mask.clone()).sum();
+            let s = (h.clone() * x.mask.clone()).sum();
+            let sc = (h * x.conf_mask).sum();
             if c.entropy_coef != 0.0 && c.batch_tokens > 0.0 {
                 loss = loss - s.clone().mul_scalar(c.entropy_coef / c.batch_tokens);
+            }
+            if c.conf_entropy_coef != 0.0 && c.conf_tokens > 0.0 {
+                loss = loss - sc.clone().mul_scalar(c.conf_entropy_coef / c.conf_tokens);
+            }
+            (s.detach(), sc.detach())
+        }
+        None => (zero(), zero()),
+    };
+    let value_entropy_sum = match x.value_entropy {
+        Some((hs, mv)) => {
+            let s = (hs * mv).sum();
+            if c.value_entropy_coef != 0.0 && c.value_tokens > 0.0 {
+                loss = loss - s.clone().mul_scalar(c.value_entropy_coef / c.value_tokens);
             }
             s.detach()
         }
@@ -185,6 +246,8 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
         pg_loss: pg_loss.detach(),
         kl_loss: kl_loss.detach(),
         entropy_sum,
+        conf_entropy_sum,
+        value_entropy_sum,
         neg_log_ratio_sum,
         clipped: [
             count(ppo.clipped_low),
@@ -382,6 +445,174 @@ mod tests {
         }
     }
 
+    /// The confidence-only entropy bonus against a hand calculation. Two rows of two positions
+    /// over 3 tokens; row 0 is an answer, row 1 a confidence row whose second position is masked.
+    /// Advantages are 0, so the loss is the bonus alone. Row 1 position 0 has logits
+    /// (0, 0, ln 2): p = (1/4, 1/4, 1/2), H = ¼·ln 4 + ¼·ln 4 + ½·ln 2 = 1.5·ln 2, and
+    /// ∂H/∂z_j = −p_j·(ln p_j + H) = (+ln 2/8, +ln 2/8, −ln 2/4). With α_c = 0.6 and N_c = 1
+    /// (the whole update batch's confidence tokens) the loss is −0.6·1.5·ln 2 and its gradient
+    /// −0.6·∂H/∂z: the likeliest token's logit gets +0.6·ln 2/4 (a descent step lowers it, the
+    /// distribution flattens). The answer row and the masked position get exactly 0.
+    #[test]
+    fn conf_entropy_bonus_matches_hand_calculation() {
+        let d = Device::flex().autodiff();
+        let ln2 = std::f64::consts::LN_2;
+        // [B=2, T=2, V=3]; row 0 (answer) peaked logits, row 1 position 1 masked.
+        let z = vec![
+            2.0f32, -1.0, 0.5, 0.3, 0.1, -0.7, // answer row
+            0.0, 0.0, ln2 as f32, 1.0, -2.0, 0.0, // confidence row
+        ];
+        let logits =
+            Tensor::<3>::from_data(TensorData::new(z.clone(), [2, 2, 3]), &d).require_grad();
+        let h = entropy_from_logits(logits.clone());
+        let zeros = Tensor::<2>::zeros([2, 2], &d);
+        let mask = t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d);
+        let conf_mask = t2(&[0.0, 0.0, 1.0, 0.0], 2, 2, &d);
+        let alpha_c = 0.6;
+        let out = micro_loss(
+            MicroInputs {
+                // logp only feeds the PPO term, whose advantages are 0.
+                logp: zeros.clone(),
+                old_logp: zeros.clone(),
+                adv: zeros.clone(),
+                mask: mask.clone(),
+                weight: mask.div_scalar(3.0),
+                ref_logp: None,
+                entropy: Some(h),
+                conf_mask,
+                value_entropy: None,
+            },
+            &ClipConfig::default(),
+            &LossCoefs {
+                kl_coef: 0.0,
+                kl_kind: KlEstimator::K3,
+                entropy_coef: 0.0,
+                batch_tokens: 3.0,
+                conf_entropy_coef: alpha_c,
+                conf_tokens: 1.0,
+                value_entropy_coef: 0.0,
+                value_tokens: 0.0,
+            },
+        );
+        let h_conf = 1.5 * ln2;
+        let loss = scalar(out.loss.clone());
+        assert!((loss - (-alpha_c * h_conf)).abs() < 1e-6, "loss {loss}");
+        let sc = scalar(out.conf_entropy_sum.clone());
+        assert!((sc - h_conf).abs() < 1e-6, "Σ m_c·H {sc}");
+        // The metric over all valid tokens counts the answer row's entropies too.
+        let all = scalar(out.entropy_sum.clone());
+        let ent = |v: &[f32]| loss::entropy_from_logits(v);
+        let want_all = ent(&z[0..3]) + ent(&z[3..6]) + h_conf;
+        assert!((all - want_all).abs() < 1e-5, "Σ m·H {all} vs {want_all}");
+        let grads = out.loss.backward();
+        let g = logits
+            .grad(&grads)
+            .expect("gradient of the logits")
+            .into_data()
+            .convert::<f64>()
+            .try_into_vec::<f64>()
+            .expect("f64");
+        let want = [
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0, // answer row: not in the bonus
+            -alpha_c * ln2 / 8.0,
+            -alpha_c * ln2 / 8.0,
+            alpha_c * ln2 / 4.0,
+            0.0,
+            0.0,
+            0.0, // masked position
+        ];
+        for (i, (a, b)) in g.iter().zip(want).enumerate() {
+            assert!((a - b).abs() < 1e-6, "d loss / d z[{i}] = {a}, hand {b}");
+        }
+        // The bonus is off with α_c = 0 (and with no confidence tokens in the batch): the same
+        // inputs give a loss of exactly 0.
+        for (coef, n_c) in [(0.0, 1.0), (alpha_c, 0.0)] {
+            let h = entropy_from_logits(
+                Tensor::<3>::from_data(TensorData::new(z.clone(), [2, 2, 3]), &d).require_grad(),
+            );
+            let off = micro_loss(
+                MicroInputs {
+                    logp: zeros.clone(),
+                    old_logp: zeros.clone(),
+                    adv: zeros.clone(),
+                    mask: t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d),
+                    weight: t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d).div_scalar(3.0),
+                    ref_logp: None,
+                    entropy: Some(h),
+                    conf_mask: t2(&[0.0, 0.0, 1.0, 0.0], 2, 2, &d),
+                    value_entropy: None,
+                },
+                &ClipConfig::default(),
+                &LossCoefs {
+                    kl_coef: 0.0,
+                    kl_kind: KlEstimator::K3,
+                    entropy_coef: 0.0,
+                    batch_tokens: 3.0,
+                    conf_entropy_coef: coef,
+                    conf_tokens: n_c,
+                    value_entropy_coef: 0.0,
+                    value_tokens: 0.0,
+                },
+            );
+            assert_eq!(scalar(off.loss), 0.0, "α_c {coef}, N_c {n_c}");
+        }
+    }
+
+    /// The entropy over a token subset against a hand calculation: logits (0, 0, ln 2, 5) over
+    /// the subset {0, 1, 2} renormalise to q = (1/4, 1/4, 1/2), H_S = 1.5·ln 2 whatever token 3's
+    /// logit is, ∂H_S/∂z = (+ln 2/8, +ln 2/8, −ln 2/4, 0). At temperature 2 the logits
+    /// (0, 0, 2·ln 2, ·) give the same q. A second row, uniform over the subset, has H_S = ln 3
+    /// and a zero gradient (the maximum).
+    #[test]
+    fn subset_entropy_matches_hand_calculation() {
+        let d = Device::flex().autodiff();
+        let ln2 = std::f64::consts::LN_2;
+        for (temp, scale) in [(1.0, 1.0f32), (2.0, 2.0)] {
+            let z = vec![0.0f32, 0.0, scale * ln2 as f32, 5.0, 1.5, 1.5, 1.5, -3.0];
+            let logits = Tensor::<2>::from_data(TensorData::new(z, [2, 4]), &d).require_grad();
+            let h = subset_entropy(logits.clone(), &[0, 1, 2], temp).expect("subset entropy");
+            let hv = h
+                .clone()
+                .into_data()
+                .convert::<f64>()
+                .try_into_vec::<f64>()
+                .expect("f64");
+            assert!((hv[0] - 1.5 * ln2).abs() < 1e-6, "T={temp}: {}", hv[0]);
+            assert!((hv[1] - 3f64.ln()).abs() < 1e-6, "T={temp}: {}", hv[1]);
+            let g = logits
+                .grad(&h.sum().backward())
+                .expect("gradient")
+                .into_data()
+                .convert::<f64>()
+                .try_into_vec::<f64>()
+                .expect("f64");
+            // dH/dz_j = (1/T)·(−q_j·(ln q_j + H)).
+            let t = temp;
+            let want = [
+                ln2 / 8.0 / t,
+                ln2 / 8.0 / t,
+                -ln2 / 4.0 / t,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+            ];
+            for (i, (a, b)) in g.iter().zip(want).enumerate() {
+                assert!((a - b).abs() < 1e-6, "T={temp}: dH/dz[{i}] = {a}, hand {b}");
+            }
+        }
+        let z = Tensor::<2>::zeros([1, 4], &Device::flex());
+        assert!(subset_entropy(z.clone(), &[], 1.0).is_err());
+        assert!(subset_entropy(z.clone(), &[4], 1.0).is_err());
+        assert!(subset_entropy(z, &[1], 0.0).is_err());
+    }
+
     /// The micro-batch loss with global weights: splitting a batch in two and adding the two
     /// losses gives the full-batch loss (the accumulation invariant), and the metric sums add up.
     #[test]
@@ -424,6 +655,10 @@ mod tests {
                 kl_kind: KlEstimator::K3,
                 entropy_coef: 0.0,
                 batch_tokens: ntok,
+                conf_entropy_coef: 0.0,
+                conf_tokens: 0.0,
+                value_entropy_coef: 0.0,
+                value_tokens: 0.0,
             };
             let run = |r0: usize, r1: usize| {
                 let sl = |v: &[f32]| t2(&v[r0 * t..r1 * t], r1 - r0, t, &d);
@@ -436,6 +671,8 @@ mod tests {
                         weight: sl(&wf),
                         ref_logp: Some(sl(&refl)),
                         entropy: None,
+                        conf_mask: sl(&vec![0.0; b * t]),
+                        value_entropy: None,
                     },
                     &clip,
                     &coefs,

@@ -28,7 +28,7 @@ use crate::model::Transformer;
 use super::data::TrainRow;
 use super::loss::{self, ClipConfig, KlEstimator, LossAgg};
 use super::optim::{clip_coef, global_grad_norm, AdamW};
-use super::policy::{response_logprobs, right_align, EntropyMode};
+use super::policy::{response_logprobs_subset, right_align, EntropyMode};
 use super::schedule::Schedule;
 use super::tensor::{micro_loss, LossCoefs, MicroInputs};
 
@@ -46,9 +46,45 @@ pub enum Objective {
         kl_kind: KlEstimator,
         /// α of the entropy bonus.
         entropy_coef: f64,
+        /// α_c of the entropy bonus on the confidence rows' tokens only (`--conf-entropy-coef`).
+        #[serde(default)]
+        conf_entropy_coef: f64,
+        /// α_v of the entropy bonus on the confidence value over the digits
+        /// (`--conf-value-entropy-coef`; needs `value_tokens`).
+        #[serde(default)]
+        conf_value_entropy_coef: f64,
+        /// How the policy writes a confidence value (from the tokenizer).
+        #[serde(default)]
+        value_tokens: Option<ValueTokens>,
     },
     /// Negative log-likelihood of the learnable response tokens (`sft`).
     Sft,
+}
+
+/// The token ids a confidence value is written with: the ten digits and the decimal point
+/// (one token each, as in Qwen2's and SmolLM2's tokenizers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueTokens {
+    /// Ids of `0`..`9`.
+    pub digits: [u32; 10],
+    /// Id of `.`.
+    pub point: u32,
+}
+
+impl ValueTokens {
+    /// The position where a confidence row chooses its value: the last learnable position `t`
+    /// of `response` whose token is a digit right after `digit .` (`0.7` → the `7`). All false
+    /// when there is none (a malformed confidence).
+    pub fn value_mask(&self, response: &[u32], mask: &[bool]) -> Vec<bool> {
+        let digit = |x: u32| self.digits.contains(&x);
+        let mut out = vec![false; response.len()];
+        if let Some(t) = (2..response.len()).rev().find(|&t| {
+            mask[t] && digit(response[t]) && response[t - 1] == self.point && digit(response[t - 2])
+        }) {
+            out[t] = true;
+        }
+        out
+    }
 }
 
 /// Everything the loop needs besides the model, the optimizer and the rows.
@@ -97,6 +133,13 @@ pub struct StepMetrics {
     pub kl_loss: f64,
     /// Mean per-token entropy over learnable tokens.
     pub entropy: f64,
+    /// Mean per-token entropy over the learnable tokens of confidence rows (0 without any).
+    #[serde(default)]
+    pub confidence_entropy: f64,
+    /// Mean entropy over the digits at the confidence value positions (0 unless
+    /// `--conf-value-entropy-coef` is on).
+    #[serde(default)]
+    pub confidence_value_entropy: f64,
     /// verl's `ppo_kl`: mean of `old_logp − logp` over learnable tokens.
     pub approx_kl: f64,
     /// Fraction of learnable tokens with the low clip active.
@@ -130,12 +173,20 @@ pub struct BatchSums {
     pub kl_loss: f64,
     /// Σ m·H.
     pub entropy: f64,
+    /// Σ m·H over the confidence rows.
+    pub conf_entropy: f64,
+    /// Σ m_v·H_S over the confidence value positions.
+    pub value_entropy: f64,
     /// Σ m·(old − logp).
     pub neg_log_ratio: f64,
     /// Clipped-token counts (low, high, dual).
     pub clipped: [f64; 3],
     /// Learnable tokens.
     pub tokens: usize,
+    /// Learnable tokens of the confidence rows.
+    pub conf_tokens: usize,
+    /// Confidence value positions (when the value bonus is on).
+    pub value_tokens: usize,
 }
 
 impl TrainConfig {
@@ -160,6 +211,9 @@ impl TrainConfig {
             clip,
             kl_coef,
             entropy_coef,
+            conf_entropy_coef,
+            conf_value_entropy_coef,
+            value_tokens,
             ..
         } = &self.objective
         {
@@ -172,8 +226,31 @@ impl TrainConfig {
                 entropy_coef.is_finite(),
                 "--entropy-coef must be finite, got {entropy_coef}"
             );
+            ensure!(
+                conf_entropy_coef.is_finite() && *conf_entropy_coef >= 0.0,
+                "--conf-entropy-coef must be >= 0 (a bonus on the confidence tokens' entropy), \
+                 got {conf_entropy_coef}"
+            );
+            ensure!(
+                conf_value_entropy_coef.is_finite() && *conf_value_entropy_coef >= 0.0,
+                "--conf-value-entropy-coef must be >= 0 (a bonus on the confidence value's \
+                 entropy), got {conf_value_entropy_coef}"
+            );
+            let _ = value_tokens; // set from the tokenizer after the flags are checked
         }
         Ok(())
+    }
+
+    /// The value tokens when the confidence value bonus is on.
+    fn value_bonus(&self) -> Option<ValueTokens> {
+        match self.objective {
+            Objective::Policy {
+                conf_value_entropy_coef,
+                value_tokens,
+                ..
+            } if conf_value_entropy_coef != 0.0 => value_tokens,
+            _ => None,
+        }
     }
 
     fn needs_ref(&self) -> bool {
@@ -182,9 +259,11 @@ impl TrainConfig {
 
     fn entropy_mode(&self) -> EntropyMode {
         match self.objective {
-            Objective::Policy { entropy_coef, .. } if entropy_coef != 0.0 => {
-                EntropyMode::Differentiable
-            }
+            Objective::Policy {
+                entropy_coef,
+                conf_entropy_coef,
+                ..
+            } if entropy_coef != 0.0 || conf_entropy_coef != 0.0 => EntropyMode::Differentiable,
             _ => EntropyMode::Detached,
         }
     }
@@ -227,8 +306,35 @@ pub fn batch_gradients(
     let masks: Vec<Vec<bool>> = rows.iter().map(|r| r.mask.clone()).collect();
     let weights = loss::agg_weights(&masks, cfg.loss_agg, cfg.agg_len);
     let tokens: usize = rows.iter().map(|r| r.n_learnable()).sum();
+    let conf_tokens: usize = rows
+        .iter()
+        .filter(|r| r.is_confidence)
+        .map(|r| r.n_learnable())
+        .sum();
+    let value = cfg.value_bonus();
+    if let Objective::Policy {
+        conf_value_entropy_coef,
+        value_tokens: None,
+        ..
+    } = cfg.objective
+    {
+        ensure!(
+            conf_value_entropy_coef == 0.0,
+            "--conf-value-entropy-coef needs the value tokens (the digits and `.`)"
+        );
+    }
+    let vmasks: Vec<Vec<bool>> = rows
+        .iter()
+        .map(|r| match value {
+            Some(v) if r.is_confidence => v.value_mask(&r.response, &r.mask),
+            _ => vec![false; r.response.len()],
+        })
+        .collect();
+    let value_tokens: usize = vmasks.iter().flatten().filter(|&&m| m).count();
     let mut sums = BatchSums {
         tokens,
+        conf_tokens,
+        value_tokens,
         ..Default::default()
     };
     // Rows with nothing learnable contribute nothing: leave them out of the forward passes.
@@ -242,18 +348,28 @@ pub fn batch_gradients(
             kl_coef,
             kl_kind,
             entropy_coef,
+            conf_entropy_coef,
+            conf_value_entropy_coef,
             ..
         } => LossCoefs {
             kl_coef,
             kl_kind,
             entropy_coef,
             batch_tokens: tokens as f64,
+            conf_entropy_coef,
+            conf_tokens: conf_tokens as f64,
+            value_entropy_coef: conf_value_entropy_coef,
+            value_tokens: value_tokens as f64,
         },
         Objective::Sft => LossCoefs {
             kl_coef: 0.0,
             kl_kind: KlEstimator::K3,
             entropy_coef: 0.0,
             batch_tokens: tokens as f64,
+            conf_entropy_coef: 0.0,
+            conf_tokens: conf_tokens as f64,
+            value_entropy_coef: 0.0,
+            value_tokens: 0.0,
         },
     };
     let device = model.device();
@@ -265,7 +381,13 @@ pub fn batch_gradients(
         let fwd = crate::trace::span_with("forward (micro-batch)", || {
             vec![("rows", chunk.len().into())]
         });
-        let out = response_logprobs(model, &pairs, cfg.temperature, cfg.entropy_mode())?;
+        let out = response_logprobs_subset(
+            model,
+            &pairs,
+            cfg.temperature,
+            cfg.entropy_mode(),
+            value.as_ref().map(|v| &v.digits[..]),
+        )?;
         let (b, r) = (chunk.len(), out.max_resp);
         let t2 = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, r]), &device);
         let col = |f: &dyn Fn(&TrainRow) -> Vec<f32>| -> Tensor<2> {
@@ -274,6 +396,20 @@ pub fn batch_gradients(
             t2(right_align(&refs, r, 0.0))
         };
         let mask = col(&|row| row.mask.iter().map(|&m| f32::from(u8::from(m))).collect());
+        let vmask = value.map(|_| {
+            let vals: Vec<Vec<f32>> = chunk
+                .iter()
+                .map(|&i| vmasks[i].iter().map(|&m| f32::from(u8::from(m))).collect())
+                .collect();
+            let refs: Vec<&[f32]> = vals.iter().map(|v| v.as_slice()).collect();
+            t2(right_align(&refs, r, 0.0))
+        });
+        let conf_mask = col(&|row| {
+            row.mask
+                .iter()
+                .map(|&m| f32::from(u8::from(m && row.is_confidence)))
+                .collect()
+        });
         let wvals: Vec<Vec<f32>> = chunk
             .iter()
             .map(|&i| weights[i].iter().map(|&w| w as f32).collect())
@@ -299,6 +435,8 @@ pub fn batch_gradients(
                         weight,
                         ref_logp,
                         entropy: out.entropy,
+                        conf_mask,
+                        value_entropy: out.subset_entropy.zip(vmask),
                     },
                     &clip,
                     &coefs,
@@ -314,6 +452,8 @@ pub fn batch_gradients(
                     a,
                     bb,
                     c,
+                    m.conf_entropy_sum,
+                    m.value_entropy_sum,
                 ])?;
                 sums.loss += v[0];
                 sums.pg_loss += v[1];
@@ -323,19 +463,23 @@ pub fn batch_gradients(
                 sums.clipped[0] += v[5];
                 sums.clipped[1] += v[6];
                 sums.clipped[2] += v[7];
+                sums.conf_entropy += v[8];
+                sums.value_entropy += v[9];
                 m.loss
             }
             Objective::Sft => {
                 let nll = (out.logp.neg() * weight).sum();
                 let mut read = vec![nll.clone().detach()];
                 if let Some(h) = out.entropy {
-                    read.push((h * mask).sum().detach());
+                    read.push((h.clone() * mask).sum().detach());
+                    read.push((h * conf_mask).sum().detach());
                 }
                 let v = scalars(read)?;
                 sums.loss += v[0];
                 sums.pg_loss += v[0];
-                if let Some(e) = v.get(1) {
+                if let (Some(e), Some(ec)) = (v.get(1), v.get(2)) {
                     sums.entropy += e;
+                    sums.conf_entropy += ec;
                 }
                 nll
             }
@@ -409,6 +553,8 @@ pub fn train(
                 pg_loss: sums.pg_loss,
                 kl_loss: sums.kl_loss,
                 entropy: sums.entropy / n,
+                confidence_entropy: sums.conf_entropy / sums.conf_tokens.max(1) as f64,
+                confidence_value_entropy: sums.value_entropy / sums.value_tokens.max(1) as f64,
                 approx_kl: sums.neg_log_ratio / n,
                 clip_frac_low: sums.clipped[0] / n,
                 clip_frac_high: sums.clipped[1] / n,
@@ -463,7 +609,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::model::Model;
     use crate::train::optim::AdamWConfig;
-    use crate::train::policy::host_logprobs;
+    use crate::train::policy::{host_logprobs, response_logprobs};
     use crate::train::schedule::ScheduleKind;
     use burn::module::ModuleMapper;
     use burn::tensor::Device;
@@ -528,6 +674,9 @@ pub(crate) mod tests {
                 kl_coef: 0.1,
                 kl_kind: KlEstimator::K3,
                 entropy_coef: 0.01,
+                conf_entropy_coef: 0.05,
+                conf_value_entropy_coef: 0.0,
+                value_tokens: None,
             },
             loss_agg: agg,
             agg_len: 8,
@@ -557,7 +706,7 @@ pub(crate) mod tests {
     }
 
     /// D6/D7: 4 micro-batches of one row give the same gradient as one batch of four rows, for
-    /// every aggregation mode (with KL loss and entropy bonus on).
+    /// every aggregation mode (with KL loss, entropy bonus and confidence entropy bonus on).
     #[test]
     fn accumulation_over_micro_batches_equals_full_batch() {
         let m = tiny();
@@ -626,7 +775,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// The gradient of the PPO loss (with KL and entropy terms) against central finite
+    /// The gradient of the PPO loss (with KL, entropy and confidence-entropy terms) against central finite
     /// differences of the loss, at the largest-gradient coordinate of several parameters.
     /// In f32 (the model's RoPE tables are f32, so an f64 copy of the module does not run): with
     /// h = 1e-2 the observed relative error is about 1e-4; the tolerance is 2e-3.
@@ -722,6 +871,9 @@ pub(crate) mod tests {
             kl_coef: 0.0,
             kl_kind: KlEstimator::K3,
             entropy_coef: 0.0,
+            conf_entropy_coef: 0.0,
+            conf_value_entropy_coef: 0.0,
+            value_tokens: None,
         };
         cfg.schedule = Schedule::new(1e-2, 0.0, ScheduleKind::Constant, None).expect("schedule");
         let mut opt = AdamW::new(AdamWConfig::default());
@@ -816,6 +968,34 @@ pub(crate) mod tests {
         // Temperature divides the logits: at T = 2 the log-probs differ.
         let c = host_logprobs(&inner, &rows, 3, 2.0, None).expect("host");
         assert!((c[0][0] - b[0][0]).abs() > 1e-3);
+    }
+
+    /// The value position of a confidence row: the last learnable digit right after `digit .`.
+    #[test]
+    fn value_mask_finds_the_first_decimal_of_the_last_value() {
+        // digits 0..9 are ids 10..19, `.` is 5.
+        let v = ValueTokens {
+            digits: [10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
+            point: 5,
+        };
+        let all = |n: usize| vec![true; n];
+        let at = |m: Vec<bool>| -> Vec<usize> { (0..m.len()).filter(|&i| m[i]).collect() };
+        // `<c>0.7</c>`: the 7.
+        assert_eq!(at(v.value_mask(&[3, 10, 5, 17, 4], &all(5))), vec![3]);
+        // `0.75`: the first decimal only.
+        assert_eq!(at(v.value_mask(&[10, 5, 17, 15], &all(4))), vec![2]);
+        // Two numbers: the last one (the confidence tag comes last).
+        let r = [10, 5, 13, 40, 10, 5, 17, 2];
+        assert_eq!(at(v.value_mask(&r, &all(8))), vec![6]);
+        // The last one masked: the one before.
+        let mut m = all(8);
+        m[6] = false;
+        assert_eq!(at(v.value_mask(&r, &m)), vec![2]);
+        // No value (`.7`, `0.` then a letter, no digit before the point): none.
+        assert!(at(v.value_mask(&[5, 17, 4], &all(3))).is_empty());
+        assert!(at(v.value_mask(&[10, 5, 40], &all(3))).is_empty());
+        assert!(at(v.value_mask(&[40, 5, 17], &all(3))).is_empty());
+        assert!(at(v.value_mask(&[], &[])).is_empty());
     }
 
     #[test]

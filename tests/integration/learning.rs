@@ -53,6 +53,11 @@
 //! iterations, ANCHORS §3.2 variant (c); README, "Why the tiny model misses the AUROC goal") found
 //! none better on three seeds: the confidence turn collapses to one value for every prompt before
 //! it learns the difficulty on most seeds, so no measured spread supports a margin above 0.52 yet.
+//! Session 8 added exploration bonuses on the confidence turn alone (`update --conf-entropy-coef`,
+//! `--conf-value-entropy-coef`): the value bonus at 0.002 stops the collapse, and with 40
+//! iterations reaches 0.641 / 0.662 / 0.638 on seeds 0–2 (RLCR_GEMM=rlcr), still short of 0.65 on
+//! two seeds and with seed 1's answers well formed 0.57 of the time, so the defaults (and this
+//! margin) stay; `learning_conf_value_entropy_report` reruns that configuration.
 //!
 //! What the held-out split shows: the tiny model learns the training problems, not arithmetic.
 //! On problems held out of training its accuracy is 0.00–0.03 after the loop (0.04 for seed 0's
@@ -111,6 +116,9 @@ struct LoopConfig {
     /// `advantage --lambda-conf` (weight of the confidences' advantages; 0 = RLVR: confidences
     /// sampled, never trained).
     lambda_conf: &'static str,
+    /// `update --conf-value-entropy-coef` (entropy bonus over the digits at the confidence value
+    /// position; "0" = off, as in the RLVR control).
+    conf_value_entropy: &'static str,
     confidence_prompt: &'static str,
     /// Evaluation prompts drawn anew from the training distribution (`--split train`), judged.
     eval_prompts: usize,
@@ -153,6 +161,7 @@ const DEFAULT: LoopConfig = LoopConfig {
     estimator: "rlcr",
     lambda_ans: "1",
     lambda_conf: "1",
+    conf_value_entropy: "0",
     confidence_prompt: "Confidence?",
     eval_prompts: 160,
     eval_heldout_prompts: 48,
@@ -352,7 +361,7 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
             s("--lambda-conf"),
             s(c.lambda_conf),
         ]);
-        r.stage(&[
+        let mut update = vec![
             s("update"),
             s("--model"),
             policy.clone(),
@@ -374,7 +383,11 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
             s("1.0"),
             s("--resume"),
             s("auto"),
-        ]);
+        ];
+        if c.conf_value_entropy != "0" {
+            update.extend([s("--conf-value-entropy-coef"), s(c.conf_value_entropy)]);
+        }
+        r.stage(&update);
         scored.push(sc);
         policy = f("model");
     }
@@ -611,6 +624,7 @@ fn run_seeds(c: &LoopConfig, seeds: &[u64]) -> (Vec<SeedFigures>, String) {
         jobs.push(LoopConfig {
             seed: first,
             lambda_conf: "0",
+            conf_value_entropy: "0",
             ..*c
         });
     }
@@ -801,6 +815,33 @@ fn learning_judge_margins() {
     assert!(
         e.contains("on average only 0.650 of the last policies' answers"),
         "{e}"
+    );
+}
+
+/// Issue 19's closest configuration to the tiny-model AUROC goal (session 8 sweep, README): the
+/// confidence value entropy bonus (`update --conf-value-entropy-coef 0.002`: entropy over the ten
+/// digits where each confidence row picks its value) and 40 iterations. It keeps the confidence
+/// from collapsing to one value (top value's share 0.2–0.3 of the samples at the end instead of
+/// 0.4–0.8; groups without signal 0.1–0.2 instead of 0.5–0.6) and the difficulty is learned late:
+/// AUROC 0.641 / 0.662 / 0.638 on seeds 0–2 (this test on 9ea0c56, RLCR_GEMM=rlcr, 6.9 min wall
+/// for the four loops at load ≈ 14; the sweep harness gave the same digits), 0.743 / 0.526 on seeds
+/// 3–4: short of 0.65 on two of the first three seeds, with answers well formed only 0.57 (seed 1)
+/// and 0.55 (seed 3) of the time. Reports; judges nothing (the defaults stay).
+/// `RLCR_LEARNING_SEEDS=0,1,2` for the three documented seeds.
+#[test]
+#[ignore = "issue 19's value-entropy configuration (40 iterations, several minutes): cargo test --test integration learning_conf_value -- --ignored --nocapture"]
+fn learning_conf_value_entropy_report() {
+    let seeds = seeds();
+    let c = LoopConfig {
+        iters: 40,
+        conf_value_entropy: "0.002",
+        ..DEFAULT
+    };
+    let (figs, control) = run_seeds(&c, &seeds);
+    eprintln!(
+        "control (RLVR, 40 iterations):\n{control}\nconf value entropy 0.002, 40 iterations (seeds {seeds:?}): {:?}\n{}",
+        judge(&figs),
+        table(&figs)
     );
 }
 

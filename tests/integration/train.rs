@@ -233,6 +233,245 @@ fn update_rejects_bad_flags_as_usage_errors() {
     }
 }
 
+/// `--conf-entropy-coef`: with every advantage 0 the bonus is the whole loss, so the answer rows
+/// contribute nothing and the confidence rows' entropy rises step by step. The first step's
+/// `confidence_entropy` metric (the model before any step) equals the mean, over the confidence
+/// rows' learnable tokens, of the entropies `rlcr logprobs --entropy-column` computes on the
+/// inference path. Without the flag the same table gives a zero gradient. Bad values are usage
+/// errors; a table without confidence rows is refused, naming the file.
+#[test]
+fn update_conf_entropy_bonus_raises_the_confidence_entropy() {
+    let w = Workdir::new();
+    let mut rows = train_rows();
+    for r in &mut rows {
+        r.adv = vec![0.0; r.response.len()];
+    }
+    write_rows(&w.path("train.parquet"), &rows);
+    let model = tiny();
+    let m = model.to_str().unwrap();
+    let upd = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "update",
+            "--model",
+            m,
+            "--input",
+            "train.parquet",
+            "-o",
+            out,
+            "--lr",
+            "1e-2",
+            "--epochs",
+            "4",
+            "--micro-batch",
+            "4",
+        ];
+        a.extend(extra);
+        w.run(&a);
+        metrics(&w.path(out))
+    };
+    let on = upd("on", &["--conf-entropy-coef", "1.0"]);
+    let ce: Vec<f64> = on
+        .iter()
+        .map(|x| x["confidence_entropy"].as_f64().unwrap())
+        .collect();
+    assert!(
+        ce.windows(2).all(|p| p[1] > p[0]),
+        "confidence entropy did not rise step by step: {ce:?}"
+    );
+    // Independent figure: the inference path's entropies of the input model.
+    w.run(&[
+        "logprobs",
+        "--model",
+        m,
+        "--input",
+        "train.parquet",
+        "-o",
+        "ent.parquet",
+        "--entropy-column",
+        "entropy",
+    ]);
+    let ent = logprob_column(&w.path("ent.parquet"), "entropy");
+    let (mut sum, mut n) = (0f64, 0usize);
+    for (r, e) in rows.iter().zip(&ent) {
+        if r.is_confidence {
+            for (t, &keep) in r.mask.iter().enumerate() {
+                if keep {
+                    sum += e[t] as f64;
+                    n += 1;
+                }
+            }
+        }
+    }
+    assert!(n > 0);
+    let want = sum / n as f64;
+    assert!(
+        (ce[0] - want).abs() < 1e-4,
+        "first step's confidence_entropy {} vs logprobs' {want}",
+        ce[0]
+    );
+    let off = upd("off", &[]);
+    assert_eq!(off[0]["grad_norm"].as_f64().unwrap(), 0.0, "{}", off[0]);
+    assert!((off[0]["confidence_entropy"].as_f64().unwrap() - want).abs() < 1e-4);
+    for bad in ["-0.1", "nan", "inf"] {
+        let err = w.fail(
+            &[
+                "update",
+                "--model",
+                m,
+                "--input",
+                "train.parquet",
+                "-o",
+                "bad",
+                "--conf-entropy-coef",
+                bad,
+            ],
+            2,
+        );
+        assert!(err.contains("--conf-entropy-coef"), "{bad}: {err}");
+        assert!(!w.path("bad").exists());
+    }
+    let answers: Vec<TrainRow> = rows.into_iter().filter(|r| !r.is_confidence).collect();
+    write_rows(&w.path("answers.parquet"), &answers);
+    let err = w.fail(
+        &[
+            "update",
+            "--model",
+            m,
+            "--input",
+            "answers.parquet",
+            "-o",
+            "bad",
+            "--conf-entropy-coef",
+            "0.1",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("answers.parquet")
+            && err.contains("--conf-entropy-coef")
+            && err.contains("has none"),
+        "{err}"
+    );
+    assert!(!w.path("bad").exists());
+}
+
+/// `--conf-value-entropy-coef`: confidence rows that end in `0.7` (the tiny tokenizer's digits),
+/// every advantage 0, so the bonus is the whole loss. The first step's
+/// `confidence_value_entropy` equals the entropy over the ten digits computed independently: the
+/// inference path's log-prob of each digit at the value position (the row with its `7` replaced
+/// by that digit), renormalised on the host. The bonus raises it step by step. A table whose
+/// confidence rows write no value (`train_rows`' arbitrary ids) is refused.
+#[test]
+fn update_conf_value_entropy_bonus_spreads_the_value_digit() {
+    let w = Workdir::new();
+    let model = tiny();
+    let m = model.to_str().unwrap();
+    let tok = Model::load(&model, &Device::flex()).unwrap().tokenizer;
+    let seven = tok.encode("0.7", false).unwrap();
+    assert_eq!(seven.len(), 3, "{seven:?}");
+    let mut rows = train_rows();
+    for r in rows.iter_mut() {
+        if r.is_confidence {
+            r.response.truncate(2);
+            r.response.extend(&seven);
+            r.mask = vec![true; r.response.len()];
+        }
+        r.adv = vec![0.0; r.response.len()];
+        r.old_logp = vec![0.0; r.response.len()];
+    }
+    let lp_of = |rows: &[TrainRow]| {
+        let pairs: Vec<(&[u32], &[u32])> = rows
+            .iter()
+            .map(|r| (r.context.as_slice(), r.response.as_slice()))
+            .collect();
+        let m = Model::load(&model, &Device::flex()).unwrap();
+        host_logprobs(&m.transformer, &pairs, 8, 1.0, None).unwrap()
+    };
+    let old = lp_of(&rows);
+    for (r, lp) in rows.iter_mut().zip(old) {
+        r.old_logp = lp;
+    }
+    write_rows(&w.path("train.parquet"), &rows);
+    // Independent figure: ln p(d) at the value position for each digit d.
+    let digits: Vec<u32> = (0..10)
+        .map(|d| {
+            let ids = tok.encode(&d.to_string(), false).unwrap();
+            assert_eq!(ids.len(), 1);
+            ids[0]
+        })
+        .collect();
+    let conf: Vec<&TrainRow> = rows.iter().filter(|r| r.is_confidence).collect();
+    let mut want = 0f64;
+    for r in &conf {
+        let pos = r.response.len() - 1;
+        let variants: Vec<TrainRow> = digits
+            .iter()
+            .map(|&d| {
+                let mut v = (*r).clone();
+                v.response[pos] = d;
+                v
+            })
+            .collect();
+        let lps: Vec<f64> = lp_of(&variants).iter().map(|l| l[pos] as f64).collect();
+        let z: f64 = lps.iter().map(|l| l.exp()).sum();
+        want += -lps
+            .iter()
+            .map(|l| {
+                let q = l.exp() / z;
+                q * q.ln()
+            })
+            .sum::<f64>();
+    }
+    want /= conf.len() as f64;
+    let mut a = vec![
+        "update",
+        "--model",
+        m,
+        "--input",
+        "train.parquet",
+        "-o",
+        "on",
+        "--lr",
+        "1e-3",
+        "--epochs",
+        "4",
+        "--micro-batch",
+        "4",
+        "--conf-value-entropy-coef",
+        "1.0",
+    ];
+    w.run(&a);
+    let on = metrics(&w.path("on"));
+    let hv: Vec<f64> = on
+        .iter()
+        .map(|x| x["confidence_value_entropy"].as_f64().unwrap())
+        .collect();
+    assert!(
+        (hv[0] - want).abs() < 1e-4,
+        "first step's confidence_value_entropy {} vs {want} from the digits' log-probs",
+        hv[0]
+    );
+    assert!(
+        hv.windows(2).all(|p| p[1] > p[0]) && hv[3] < 10f64.ln(),
+        "value entropy did not rise step by step (below ln 10): {hv:?}"
+    );
+    // Arbitrary ids: no confidence row writes a value.
+    write_rows(&w.path("novalue.parquet"), &train_rows());
+    a[4] = "novalue.parquet";
+    a[6] = "bad";
+    let err = w.fail(&a, 1);
+    assert!(
+        err.contains("novalue.parquet") && err.contains("no confidence row writes a value"),
+        "{err}"
+    );
+    assert!(!w.path("bad").exists());
+    for bad in ["-1", "nan"] {
+        a[14] = bad;
+        let err = w.fail(&a, 2);
+        assert!(err.contains("--conf-value-entropy-coef"), "{bad}: {err}");
+    }
+}
+
 fn write_messages(path: &Path, convs: &[Vec<(&str, &str)>]) {
     use arrow::array::{RecordBatch, StringArray};
     use std::sync::Arc;
