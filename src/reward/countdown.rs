@@ -361,15 +361,21 @@ impl Lexer<'_> {
                     while self.pos < b.len() && b[self.pos].is_ascii_digit() {
                         self.pos += 1;
                     }
-                    let lit = self.s[start..self.pos].trim_start_matches('0');
+                    let digits = &b[start..self.pos];
+                    let zeros = digits.iter().take_while(|&&d| d == b'0').count();
+                    let lit = &digits[zeros..];
                     return if lit.len() > 38 {
                         Tk::Huge
                     } else if lit.is_empty() {
                         Tk::Num(0)
+                    } else if lit.len() <= 19 {
+                        // at most 19 digits fit a u64 (the common case, in 64-bit arithmetic)
+                        (lit.iter().fold(0u64, |v, &d| v * 10 + (d - b'0') as u64) as i128)
+                            .into_tk()
                     } else {
                         // at most 38 ASCII digits always fit an i128
-                        lit.bytes()
-                            .fold(0i128, |v, d| v * 10 + (d - b'0') as i128)
+                        lit.iter()
+                            .fold(0i128, |v, &d| v * 10 + (d - b'0') as i128)
                             .into_tk()
                     };
                 }

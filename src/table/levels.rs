@@ -150,7 +150,10 @@ fn lengths_by(part: &Part, rg: usize, column: &str, raw: bool) -> Result<Lengths
                     rep_level_encoding,
                     ..
                 } => {
-                    let (r, d) = v1_levels(buf, *rep_level_encoding, *def_level_encoding, column)?;
+                    let rle = *def_level_encoding == Encoding::RLE
+                        && *rep_level_encoding == Encoding::RLE;
+                    rle_levels(rle, column)?;
+                    let (r, d) = v1_blocks(buf)?;
                     count.page(*num_values as usize, r, d)
                 }
                 Page::DataPageV2 {
@@ -161,10 +164,8 @@ fn lengths_by(part: &Part, rg: usize, column: &str, raw: bool) -> Result<Lengths
                     ..
                 } => {
                     let (rl, dl) = (*rep_levels_byte_len as usize, *def_levels_byte_len as usize);
-                    let Some(levels) = buf.get(..rl + dl) else {
-                        bail!(corrupt());
-                    };
-                    count.page(*num_values as usize, &levels[..rl], &levels[rl..])
+                    let (r, d) = v2_blocks(buf, rl, dl)?;
+                    count.page(*num_values as usize, r, d)
                 }
             }
             .with_context(corrupt)?;
@@ -173,20 +174,33 @@ fn lengths_by(part: &Part, rg: usize, column: &str, raw: bool) -> Result<Lengths
     count.finish(part, rg, column)
 }
 
-/// A v1 page's repetition and definition level blocks (each a 4-byte length, then the RLE runs),
-/// from the start of its decompressed body.
-fn v1_levels<'a>(
-    buf: &'a [u8],
-    rep_encoding: Encoding,
-    def_encoding: Encoding,
-    column: &str,
-) -> Result<(&'a [u8], &'a [u8])> {
-    if def_encoding != Encoding::RLE || rep_encoding != Encoding::RLE {
+/// Levels in another encoding than RLE (the deprecated BIT_PACKED) are [`Unsupported`].
+fn rle_levels(rle: bool, column: &str) -> Result<()> {
+    if !rle {
         return Err(Unsupported(format!("`{column}`: levels not RLE-encoded")).into());
     }
+    Ok(())
+}
+
+/// A v1 page's repetition and definition level blocks (each a 4-byte length, then the RLE runs),
+/// from the start of its decompressed body.
+fn v1_blocks(buf: &[u8]) -> Result<(&[u8], &[u8])> {
     let (r, rest) = prefixed(buf)?;
     let (d, _) = prefixed(rest)?;
     Ok((r, d))
+}
+
+/// A v2 page's repetition and definition level blocks: the first `rep` and next `def` bytes of
+/// its body, never compressed.
+fn v2_blocks(buf: &[u8], rep: usize, def: usize) -> Result<(&[u8], &[u8])> {
+    let Some(levels) = buf.get(..rep + def) else {
+        bail!(
+            "v2 page levels of {} bytes in a {}-byte page",
+            rep + def,
+            buf.len()
+        );
+    };
+    Ok(levels.split_at(rep))
 }
 
 /// Row lengths counted page by page from the level blocks.
@@ -333,15 +347,12 @@ fn raw_pages(
             PageData::Other => {}
             PageData::V1 { num_values, rle } => {
                 values += num_values as u64;
-                if !rle {
-                    return Err(Unsupported(format!("`{column}`: levels not RLE-encoded")).into());
-                }
+                rle_levels(rle, column)?;
                 let levels = match &mut unzstd {
                     None => body,
                     Some(z) => z.v1_levels(body, h.uncompressed)?,
                 };
-                let (r, rest) = prefixed(levels)?;
-                let (d, _) = prefixed(rest)?;
+                let (r, d) = v1_blocks(levels)?;
                 page(num_values, r, d)?;
             }
             PageData::V2 {
@@ -350,14 +361,8 @@ fn raw_pages(
                 def_len,
             } => {
                 values += num_values as u64;
-                let Some(levels) = body.get(..rep_len + def_len) else {
-                    bail!(
-                        "v2 page levels of {} bytes in a {}-byte page",
-                        rep_len + def_len,
-                        body.len()
-                    );
-                };
-                page(num_values, &levels[..rep_len], &levels[rep_len..])?;
+                let (r, d) = v2_blocks(body, rep_len, def_len)?;
+                page(num_values, r, d)?;
             }
         }
     }
@@ -656,22 +661,7 @@ fn row_starts(buf: &[u8], n: usize, starts: &mut Vec<u32>) -> Result<()> {
     let mut pos = 0usize; // byte in buf
     let mut at = 0usize; // level index
     while at < n {
-        let mut header = 0u64;
-        let mut shift = 0;
-        loop {
-            let Some(&b) = buf.get(pos) else {
-                bail!("level data ends after {at} of {n} levels");
-            };
-            pos += 1;
-            header |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-            if shift > 63 {
-                bail!("level run header too long");
-            }
-        }
+        let header = run_header(buf, &mut pos, at, n)?;
         if header & 1 == 1 {
             let groups = (header >> 1) as usize;
             let Some(packed) = buf.get(pos..pos + groups) else {
@@ -709,6 +699,28 @@ fn row_starts(buf: &[u8], n: usize, starts: &mut Vec<u32>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The ULEB128 header of the level run at `pos` (moved past it): the run's length, shifted left
+/// once, with the low bit set for a bit-packed run. `at` of `n` levels were read before it.
+#[inline]
+fn run_header(buf: &[u8], pos: &mut usize, at: usize, n: usize) -> Result<u64> {
+    let mut header = 0u64;
+    let mut shift = 0;
+    loop {
+        let Some(&b) = buf.get(*pos) else {
+            bail!("level data ends after {at} of {n} levels");
+        };
+        *pos += 1;
+        header |= ((b & 0x7f) as u64) << shift;
+        if b & 0x80 == 0 {
+            return Ok(header);
+        }
+        shift += 7;
+        if shift > 63 {
+            bail!("level run header too long");
+        }
+    }
 }
 
 /// Bits of a level up to `max`.
@@ -753,23 +765,7 @@ fn decode_rle(
     let mut pos = 0usize;
     out.reserve(n);
     while out.len() < n {
-        // ULEB128 run header
-        let mut header = 0u64;
-        let mut shift = 0;
-        loop {
-            let Some(&b) = buf.get(pos) else {
-                bail!("level data ends after {} of {n} levels", out.len());
-            };
-            pos += 1;
-            header |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-            if shift > 63 {
-                bail!("level run header too long");
-            }
-        }
+        let header = run_header(buf, &mut pos, out.len(), n)?;
         if header & 1 == 1 {
             // bit-packed: groups of 8 values, `width` bytes a group, least significant bit first
             let groups = (header >> 1) as usize;

@@ -25,7 +25,7 @@ use super::loss::{self, LossAgg};
 use super::optim::{clip_coef, global_grad_norm, AdamW, AdamWConfig};
 use crate::model::value::{Critic, ValueModel};
 use crate::model::ResponseBatch;
-use crate::table::{self, cols, Meta, Reader, Writer};
+use crate::table::{self, cols, Meta, Reader};
 
 /// One row of the critic's training data.
 #[derive(Debug, Clone, PartialEq)]
@@ -502,47 +502,20 @@ pub fn run_values(plan: &ValuesPlan) -> Result<String> {
     );
     let mut progress = crate::progress::Progress::new("values", total as u64, "rows");
     let start = std::time::Instant::now();
-    let mut writer: Option<Writer> = None;
-    let mut first = 0usize;
-    for b in reader {
-        let b = b?;
-        let ctx = cols::list_i32(&b, &name, "context_ids")?;
-        let resp = cols::list_i32(&b, &name, "response_ids")?;
-        let mut rows = Vec::with_capacity(b.num_rows());
-        for i in 0..b.num_rows() {
-            let row = first + i;
-            let at = |c: &str| format!("{name}: row {row}, column `{c}`");
-            let c = ids(&ctx, i, &at, "context_ids", vocab)?;
-            let r = ids(&resp, i, &at, "response_ids", vocab)?;
-            if c.is_empty() && !r.is_empty() {
-                bail!("{}: empty", at("context_ids"));
-            }
-            if c.len() + r.len() > max_pos {
-                bail!(
-                    "{}: context + response is {} tokens; the model accepts {max_pos}",
-                    at("context_ids"),
-                    c.len() + r.len()
-                );
-            }
-            rows.push((c, r));
-        }
-        let pairs: Vec<(&[u32], &[u32])> = rows
-            .iter()
-            .map(|(c, r)| (c.as_slice(), r.as_slice()))
-            .collect();
-        let values = critic.predict(&pairs, plan.batch_size)?;
-        progress.inc(b.num_rows() as u64);
-        let out = cols::set_columns(
-            &b,
-            spec,
-            vec![(plan.column.as_str(), cols::build_list_f32(&values))],
-        )?;
-        table::io::write_lazily(&mut writer, &plan.out, &meta, &out)?;
-        first += b.num_rows();
-    }
+    let rows = crate::logprobs::map_token_rows(
+        reader,
+        &name,
+        &plan.out,
+        &meta,
+        None,
+        (vocab, max_pos),
+        |pairs| {
+            let values = critic.predict(pairs, plan.batch_size)?;
+            progress.inc(pairs.len() as u64);
+            Ok(vec![(plan.column.as_str(), cols::build_list_f32(&values))])
+        },
+    )?;
     progress.finish();
-    let w = writer.context("internal: no batch written")?;
-    let rows = w.finish()?;
     Ok(format!(
         "values: {rows} rows in {:.1} s -> {} (column `{}`, head {:?})",
         start.elapsed().as_secs_f64(),
