@@ -271,12 +271,12 @@ impl Count {
         if self.open.is_none() && rep[0] != 0 {
             bail!("the first level of the column chunk does not start a row");
         }
-        for j in 0..n {
+        for (j, &r) in rep.iter().enumerate() {
             let d = match uniform_def {
                 Some(d) => d,
                 None => self.def[j],
             } as i16;
-            if rep[j] == 0 {
+            if r == 0 {
                 if let Some(c) = self.open {
                     out.len.push(c);
                 }
@@ -310,6 +310,10 @@ impl Count {
     }
 }
 
+/// What [`raw_pages`] calls for each data page: `(num_values, repetition level block,
+/// definition level block)`.
+type PageLevels<'a> = dyn FnMut(usize, &[u8], &[u8]) -> Result<()> + 'a;
+
 /// Call `page(num_values, repetition levels, definition levels)` for every data page of a column
 /// chunk compressed with zstd or not at all, read from the file's bytes: the page headers are
 /// parsed here ([`PageHeader`]), dictionary and index pages skipped, and a v1 page decompressed
@@ -318,7 +322,7 @@ fn raw_pages(
     file: &File,
     meta: &ColumnChunkMetaData,
     column: &str,
-    page: &mut dyn FnMut(usize, &[u8], &[u8]) -> Result<()>,
+    page: &mut PageLevels<'_>,
 ) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let zstd = match meta.compression() {
