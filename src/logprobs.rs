@@ -187,25 +187,9 @@ fn token_rows(
     let mut out = Vec::with_capacity(b.num_rows());
     for i in 0..b.num_rows() {
         let row = first_row + i;
-        let ids =
-            |v: &cols::ListView<'_, arrow::array::Int32Array>, col: &str| -> Result<Vec<u32>> {
-                if v.is_null(i) {
-                    bail!("{table}: row {row}, column `{col}`: null");
-                }
-                v.values.values()[v.range(i)]
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &x)| match u32::try_from(x) {
-                        Ok(id) if (id as usize) < vocab => Ok(id),
-                        _ => bail!(
-                        "{table}: row {row}, column `{col}`, item {k}: token id {x} is outside \
-                         the model's vocabulary (0..{vocab})"
-                    ),
-                    })
-                    .collect()
-            };
-        let c = ids(&ctx, "context_ids")?;
-        let r = ids(&resp, "response_ids")?;
+        let at = |c: &str| format!("{table}: row {row}, column `{c}`");
+        let c = token_ids(&ctx, i, &at, "context_ids", vocab)?;
+        let r = token_ids(&resp, i, &at, "response_ids", vocab)?;
         if c.is_empty() && !r.is_empty() {
             bail!(
                 "{table}: row {row}, column `context_ids`: empty (the first response token needs \
@@ -224,4 +208,29 @@ fn token_rows(
         out.push((c, r));
     }
     Ok(out)
+}
+
+/// Row `i` of token-id list `v` (column `col`; `at(col)` names the file, row and column in
+/// errors): null and ids outside the model's vocabulary `0..vocab` are errors.
+pub(crate) fn token_ids(
+    v: &cols::ListView<'_, arrow::array::Int32Array>,
+    i: usize,
+    at: &dyn Fn(&str) -> String,
+    col: &str,
+    vocab: usize,
+) -> Result<Vec<u32>> {
+    if v.is_null(i) {
+        bail!("{}: null", at(col));
+    }
+    v.values.values()[v.range(i)]
+        .iter()
+        .enumerate()
+        .map(|(k, &x)| match u32::try_from(x) {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => bail!(
+                "{}, item {k}: token id {x} is outside the model's vocabulary (0..{vocab})",
+                at(col)
+            ),
+        })
+        .collect()
 }

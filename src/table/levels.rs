@@ -481,15 +481,7 @@ impl PageHeader {
                 (5, 12) => {
                     // DataPageHeader: num_values, encoding, definition and repetition level
                     // encodings, statistics
-                    let mut h = [None; 4];
-                    let mut id = 0i16;
-                    while let Some((f, ty)) = t.field(&mut id)? {
-                        match (f, ty) {
-                            (1..=4, 5) => h[f as usize - 1] = Some(t.i32()?),
-                            _ => t.skip(ty, 0)?,
-                        }
-                    }
-                    let [Some(n), Some(_), Some(d), Some(r)] = h else {
+                    let [Some(n), Some(_), Some(d), Some(r)] = t.i32_fields::<4>()? else {
                         bail!("data page header without its required fields");
                     };
                     v1 = Some(PageData::V1 {
@@ -500,15 +492,7 @@ impl PageHeader {
                 (8, 12) => {
                     // DataPageHeaderV2: num_values, num_nulls, num_rows, encoding, definition and
                     // repetition level byte lengths, is_compressed, statistics
-                    let mut h = [None; 6];
-                    let mut id = 0i16;
-                    while let Some((f, ty)) = t.field(&mut id)? {
-                        match (f, ty) {
-                            (1..=6, 5) => h[f as usize - 1] = Some(t.i32()?),
-                            _ => t.skip(ty, 0)?,
-                        }
-                    }
-                    let [Some(n), _, _, _, Some(d), Some(r)] = h else {
+                    let [Some(n), _, _, _, Some(d), Some(r)] = t.i32_fields::<6>()? else {
                         bail!("data page v2 header without its required fields");
                     };
                     v2 = Some(PageData::V2 {
@@ -591,6 +575,18 @@ impl Thrift<'_> {
                 .context("page header field id overflows")?
         };
         Ok(Some((*last, b & 0x0f)))
+    }
+    /// A struct's i32 fields with ids 1..=K (the others skipped).
+    fn i32_fields<const K: usize>(&mut self) -> Result<[Option<i32>; K]> {
+        let mut h = [None; K];
+        let mut id = 0i16;
+        while let Some((f, ty)) = self.field(&mut id)? {
+            match (f, ty) {
+                (1.., 5) if f as usize <= K => h[f as usize - 1] = Some(self.i32()?),
+                _ => self.skip(ty, 0)?,
+            }
+        }
+        Ok(h)
     }
     /// Skip a value of compact type `ty` (`depth` levels deep in containers).
     fn skip(&mut self, ty: u8, depth: u32) -> Result<()> {

@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use super::loss::{self, LossAgg};
 use super::optim::{clip_coef, global_grad_norm, AdamW, AdamWConfig};
+use crate::logprobs::token_ids;
 use crate::model::value::{Critic, ValueModel};
 use crate::model::ResponseBatch;
 use crate::table::{self, cols, Meta, Reader};
@@ -246,29 +247,6 @@ pub fn train_critic(
 }
 
 /// Token ids of a list column, checked against the vocabulary.
-fn ids(
-    v: &cols::ListView<'_, arrow::array::Int32Array>,
-    i: usize,
-    at: &dyn Fn(&str) -> String,
-    col: &str,
-    vocab: usize,
-) -> Result<Vec<u32>> {
-    if v.is_null(i) {
-        bail!("{}: null", at(col));
-    }
-    v.values.values()[v.range(i)]
-        .iter()
-        .enumerate()
-        .map(|(k, &x)| match u32::try_from(x) {
-            Ok(id) if (id as usize) < vocab => Ok(id),
-            _ => bail!(
-                "{}, item {k}: token id {x} is outside the model's vocabulary (0..{vocab})",
-                at(col)
-            ),
-        })
-        .collect()
-}
-
 fn floats(
     v: &cols::ListView<'_, arrow::array::Float32Array>,
     i: usize,
@@ -324,8 +302,8 @@ pub fn read_critic_rows(path: &Path, vocab: usize, max_pos: usize) -> Result<Vec
         for i in 0..b.num_rows() {
             let row = first + i;
             let at = |c: &str| format!("{name}: row {row}, column `{c}`");
-            let context = ids(&ctx, i, &at, "context_ids", vocab)?;
-            let response = ids(&resp, i, &at, "response_ids", vocab)?;
+            let context = token_ids(&ctx, i, &at, "context_ids", vocab)?;
+            let response = token_ids(&resp, i, &at, "response_ids", vocab)?;
             let n = response.len();
             if context.is_empty() && n > 0 {
                 bail!("{}: empty", at("context_ids"));
