@@ -113,12 +113,16 @@ pub fn row_group_lengths(part: &Part, rg: usize, column: &str) -> Result<Lengths
         meta.compression(),
         Compression::UNCOMPRESSED | Compression::ZSTD(_)
     );
-    lengths_by(part, rg, column, raw)
+    lengths_by(part, rg, column, raw.then_some(FRONT))
 }
 
-/// [`row_group_lengths`] with the page source chosen: the raw pages, or the parquet crate's page
-/// reader (every codec; the tests compare the two).
-fn lengths_by(part: &Part, rg: usize, column: &str, raw: bool) -> Result<Lengths> {
+/// Bytes of a v1 page read at first ([`raw_pages`] reads more when its levels reach further).
+const FRONT: u64 = 64 * 1024;
+
+/// [`row_group_lengths`] with the page source chosen: the raw pages reading `front` bytes of a
+/// page at first, or (`None`) the parquet crate's page reader (every codec; the tests compare the
+/// two).
+fn lengths_by(part: &Part, rg: usize, column: &str, raw: Option<u64>) -> Result<Lengths> {
     let lf = leaf(part, column)?;
     let rows = part.rg_rows(rg);
     let meta = part.meta.metadata().row_group(rg).column(lf.index);
@@ -131,8 +135,8 @@ fn lengths_by(part: &Part, rg: usize, column: &str, raw: bool) -> Result<Lengths
     let file = File::open(&part.path)
         .with_context(|| format!("{}: cannot reopen", part.path.display()))?;
     let mut count = Count::new(lf, rows);
-    if raw {
-        raw_pages(&file, meta, column, &mut |n, rep, def| {
+    if let Some(front) = raw {
+        raw_pages(&file, meta, column, front, &mut |n, rep, def| {
             count.page(n, rep, def)
         })
         .with_context(corrupt)?;
@@ -322,6 +326,7 @@ fn raw_pages(
     file: &File,
     meta: &ColumnChunkMetaData,
     column: &str,
+    front: u64,
     page: &mut PageLevels<'_>,
 ) -> Result<()> {
     use std::os::unix::fs::FileExt;
@@ -335,28 +340,69 @@ fn raw_pages(
     if start.checked_add(len).is_none_or(|end| end > size) {
         bail!("column chunk at {start}+{len} runs past the end of the file ({size} bytes)");
     }
-    let mut chunk = vec![0u8; len as usize];
-    file.read_exact_at(&mut chunk, start)?;
+    // bytes `at..at + n` of the chunk into `buf`
+    let read = |at: u64, n: u64, buf: &mut Vec<u8>| -> Result<()> {
+        if at.checked_add(n).is_none_or(|end| end > len) {
+            bail!("page of {n} bytes at {at} runs past its column chunk of {len}");
+        }
+        buf.resize(n as usize, 0);
+        file.read_exact_at(buf, start + at)?;
+        Ok(())
+    };
+    // only what the levels need is read: the page headers, a v2 page's level blocks, the front of
+    // a v1 page (more when its levels reach further)
+    let (mut head, mut body) = (Vec::new(), Vec::new());
     let mut unzstd = if zstd { Some(Unzstd::new()?) } else { None };
-    let mut pos = 0usize;
+    let mut pos = 0u64;
     let mut values = 0u64;
-    while pos < chunk.len() && values < meta.num_values().max(0) as u64 {
-        let (h, hlen) = PageHeader::parse(&chunk[pos..])?;
-        pos += hlen;
-        let Some(body) = chunk.get(pos..pos + h.compressed) else {
-            bail!("page of {} bytes runs past its column chunk", h.compressed);
+    while pos < len && values < meta.num_values().max(0) as u64 {
+        let mut n = front.min(256);
+        let (h, hlen) = loop {
+            let n_here = n.min(len - pos);
+            read(pos, n_here, &mut head)?;
+            match PageHeader::parse(&head) {
+                Ok(h) => break h,
+                // perhaps a header longer than what was read
+                Err(_) if n_here < len - pos => n *= 16,
+                Err(e) => return Err(e),
+            }
         };
-        pos += h.compressed;
+        let at = pos + hlen as u64;
+        let compressed = h.compressed as u64;
+        if at + compressed > len {
+            bail!("page of {compressed} bytes runs past its column chunk");
+        }
+        pos = at + compressed;
         match h.data {
             PageData::Other => {}
             PageData::V1 { num_values, rle } => {
                 values += num_values as u64;
                 rle_levels(rle, column)?;
-                let levels = match &mut unzstd {
-                    None => body,
-                    Some(z) => z.v1_levels(body, h.uncompressed)?,
+                let mut n = front.min(compressed);
+                read(at, n, &mut body)?;
+                let (r, d) = match &mut unzstd {
+                    None => loop {
+                        match v1_blocks(&body) {
+                            Err(_) if n < compressed => {
+                                n = compressed;
+                                read(at, n, &mut body)?;
+                            }
+                            r => break r?,
+                        }
+                    },
+                    Some(z) => {
+                        let k = loop {
+                            match z.v1_levels(&body, h.uncompressed, n == compressed)? {
+                                Some(k) => break k,
+                                None => {
+                                    n = (n * 4).min(compressed);
+                                    read(at, n, &mut body)?;
+                                }
+                            }
+                        };
+                        v1_blocks(&z.out[..k])?
+                    }
                 };
-                let (r, d) = v1_blocks(levels)?;
                 page(num_values, r, d)?;
             }
             PageData::V2 {
@@ -365,7 +411,8 @@ fn raw_pages(
                 def_len,
             } => {
                 values += num_values as u64;
-                let (r, d) = v2_blocks(body, rep_len, def_len)?;
+                read(at, ((rep_len + def_len) as u64).min(compressed), &mut body)?;
+                let (r, d) = v2_blocks(&body, rep_len, def_len)?;
                 page(num_values, r, d)?;
             }
         }
@@ -393,9 +440,10 @@ impl Unzstd {
         })
     }
 
-    /// The leading bytes of the page `body` (`full` bytes decompressed) that hold its two level
-    /// blocks.
-    fn v1_levels(&mut self, body: &[u8], full: usize) -> Result<&[u8]> {
+    /// How many leading bytes of the page `body` (`full` bytes decompressed) hold its two level
+    /// blocks, decompressed into `self.out`. `body` may be the front of the page only
+    /// (`complete` false): `None` when the levels reach past what it decompresses to.
+    fn v1_levels(&mut self, body: &[u8], full: usize, complete: bool) -> Result<Option<usize>> {
         use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
         self.dec.reinit()?;
         self.out.clear();
@@ -415,6 +463,9 @@ impl Unzstd {
                 self.dec.run(&mut input, &mut output)?;
                 filled = output.pos();
                 if (input.pos(), filled) == before {
+                    if !complete && input.pos() == body.len() {
+                        return Ok(None);
+                    }
                     bail!("page decompresses to {filled} bytes, its levels need {want}");
                 }
             }
@@ -432,10 +483,10 @@ impl Unzstd {
             } else if want == 8 + rep {
                 8 + rep + at(4 + rep)
             } else {
-                return Ok(&self.out[..want]);
+                return Ok(Some(want));
             };
             if next == want {
-                return Ok(&self.out[..want]);
+                return Ok(Some(want));
             }
             want = next;
         }
@@ -1043,10 +1094,15 @@ mod tests {
                 // page header and in the lengths they give
                 let raw = codec != Compression::SNAPPY;
                 for rg in 0..parts[0].row_groups() {
-                    let a = lengths_by(&parts[0], rg, name, false).unwrap();
+                    let a = lengths_by(&parts[0], rg, name, None).unwrap();
                     assert_eq!(row_group_lengths(&parts[0], rg, name).unwrap(), a);
                     if raw {
-                        assert_eq!(lengths_by(&parts[0], rg, name, true).unwrap(), a);
+                        // pages read a few bytes at first, then more as the headers and levels
+                        // need them
+                        for front in [1, 3, 17, FRONT] {
+                            let b = lengths_by(&parts[0], rg, name, Some(front)).unwrap();
+                            assert_eq!(b, a, "front {front}");
+                        }
                         same_headers(&parts[0], rg, name);
                     }
                 }
