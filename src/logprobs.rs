@@ -11,10 +11,10 @@
 //! second streams the table record batch by record batch and writes every input column through
 //! unchanged plus the new ones (replacing columns of the same names). Memory stays bounded by one
 //! record batch.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use arrow::array::RecordBatch;
+use arrow::array::{ArrayRef, RecordBatch};
 
 use crate::model::{self, Model, ModelConfig};
 use crate::progress::Progress;
@@ -86,7 +86,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     for batch in reader {
         let batch = batch?;
         validator.check_batch(&batch)?;
-        rows_of(&batch, &name, first, limits)?;
+        token_rows(&batch, &name, first, limits)?;
         total += match &plan.shard {
             Some(s) => s.filter(&batch, &name, first)?.num_rows(),
             None => batch.num_rows(),
@@ -107,50 +107,76 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         &[&plan.input, &plan.model],
     );
     let mut progress = Progress::new("logprobs", total as u64, "rows");
+    let rows = map_token_rows(
+        reader,
+        &name,
+        &plan.out,
+        &meta,
+        plan.shard.as_ref(),
+        limits,
+        |pairs| {
+            let out = model::logprobs(
+                &m.transformer,
+                pairs,
+                plan.batch_size,
+                plan.entropy_column.is_some(),
+                Some(&mut progress),
+            )?;
+            let mut new = vec![(plan.column.as_str(), cols::build_list_f32(&out.logprobs))];
+            if let (Some(col), Some(ent)) = (plan.entropy_column.as_deref(), &out.entropy) {
+                new.push((col, cols::build_list_f32(ent)));
+            }
+            Ok(new)
+        },
+    )?;
+    let seconds = progress.finish();
+    Ok(Summary { rows, seconds })
+}
+
+/// The batched model loop of the stages that add per-token columns computed by a model
+/// (`logprobs`, `values`): every record batch of `reader` (only `shard`'s rows), its rows'
+/// (context, response) ids checked against the model's `(vocabulary, positions)` limits
+/// ([`token_rows`]), `new_columns` of them added to the batch (replacing columns of the same
+/// names) and written to `out`. Returns the rows written; an empty result is an error.
+pub fn map_token_rows<'a>(
+    reader: Reader,
+    name: &str,
+    out: &Path,
+    meta: &Meta,
+    shard: Option<&Shard>,
+    limits: (usize, usize),
+    mut new_columns: impl FnMut(&[(&[u32], &[u32])]) -> Result<Vec<(&'a str, ArrayRef)>>,
+) -> Result<usize> {
+    let spec = reader.table_spec();
     let mut writer: Option<Writer> = None;
     let mut first = 0usize;
     for batch in reader {
         let batch = batch?;
         let at = first;
         first += batch.num_rows();
-        let batch = match &plan.shard {
-            Some(s) => s.filter(&batch, &name, at)?,
+        let batch = match shard {
+            Some(s) => s.filter(&batch, name, at)?,
             None => batch,
         };
-        let rows = rows_of(&batch, &name, at, limits)?;
+        let rows = token_rows(&batch, name, at, limits)?;
         let pairs: Vec<(&[u32], &[u32])> = rows
             .iter()
             .map(|(c, r)| (c.as_slice(), r.as_slice()))
             .collect();
-        let out = model::logprobs(
-            &m.transformer,
-            &pairs,
-            plan.batch_size,
-            plan.entropy_column.is_some(),
-            Some(&mut progress),
-        )?;
-        let mut new = vec![(plan.column.as_str(), cols::build_list_f32(&out.logprobs))];
-        if let (Some(col), Some(ent)) = (plan.entropy_column.as_deref(), &out.entropy) {
-            new.push((col, cols::build_list_f32(ent)));
-        }
+        let new = new_columns(&pairs)?;
         let b = cols::set_columns(&batch, spec, new)?;
-        if writer.is_none() {
-            writer = Some(Writer::create(&plan.out, b.schema(), &meta)?);
-        }
-        if let Some(w) = writer.as_mut() {
-            w.write(&b)?;
-        }
+        table::io::write_lazily(&mut writer, out, meta, &b)?;
     }
-    let seconds = progress.finish();
-    let rows = writer
+    writer
         .context("internal: the table has rows but no batch was written")?
-        .finish()?;
-    Ok(Summary { rows, seconds })
+        .finish()
 }
 
 /// The (context, response) ids of every row of a batch; errors name the file, row and column.
 /// `(vocab, max_pos)`: the model's vocabulary size and positions (context + response must fit).
-fn rows_of(
+/// `first_row` is the batch's first row in the table (before any shard filter: row numbers
+/// name rows of the input).
+fn token_rows(
     b: &RecordBatch,
     table: &str,
     first_row: usize,
@@ -161,25 +187,9 @@ fn rows_of(
     let mut out = Vec::with_capacity(b.num_rows());
     for i in 0..b.num_rows() {
         let row = first_row + i;
-        let ids =
-            |v: &cols::ListView<'_, arrow::array::Int32Array>, col: &str| -> Result<Vec<u32>> {
-                if v.is_null(i) {
-                    bail!("{table}: row {row}, column `{col}`: null");
-                }
-                v.values.values()[v.range(i)]
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &x)| match u32::try_from(x) {
-                        Ok(id) if (id as usize) < vocab => Ok(id),
-                        _ => bail!(
-                        "{table}: row {row}, column `{col}`, item {k}: token id {x} is outside \
-                         the model's vocabulary (0..{vocab})"
-                    ),
-                    })
-                    .collect()
-            };
-        let c = ids(&ctx, "context_ids")?;
-        let r = ids(&resp, "response_ids")?;
+        let at = |c: &str| format!("{table}: row {row}, column `{c}`");
+        let c = token_ids(&ctx, i, &at, "context_ids", vocab)?;
+        let r = token_ids(&resp, i, &at, "response_ids", vocab)?;
         if c.is_empty() && !r.is_empty() {
             bail!(
                 "{table}: row {row}, column `context_ids`: empty (the first response token needs \
@@ -198,4 +208,29 @@ fn rows_of(
         out.push((c, r));
     }
     Ok(out)
+}
+
+/// Row `i` of token-id list `v` (column `col`; `at(col)` names the file, row and column in
+/// errors): null and ids outside the model's vocabulary `0..vocab` are errors.
+pub(crate) fn token_ids(
+    v: &cols::ListView<'_, arrow::array::Int32Array>,
+    i: usize,
+    at: &dyn Fn(&str) -> String,
+    col: &str,
+    vocab: usize,
+) -> Result<Vec<u32>> {
+    if v.is_null(i) {
+        bail!("{}: null", at(col));
+    }
+    v.values.values()[v.range(i)]
+        .iter()
+        .enumerate()
+        .map(|(k, &x)| match u32::try_from(x) {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => bail!(
+                "{}, item {k}: token id {x} is outside the model's vocabulary (0..{vocab})",
+                at(col)
+            ),
+        })
+        .collect()
 }

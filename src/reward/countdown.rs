@@ -76,7 +76,80 @@ impl Number {
 
 impl Task {
     /// Parse the ground-truth JSON text.
+    ///
+    /// The canonical form (`{"target": N, "numbers": [N, ...]}` with plain integers, as
+    /// `prepare` and TinyZero's data write it) is read by a typed scanner, [`Task::scan`], without
+    /// building a JSON value (once per prompt: most of this function's cost on a scored table);
+    /// anything else — floats, other keys, `"nums"`, escapes, errors — goes the general way,
+    /// [`Task::from_json_value`], so both accept, refuse and read exactly the same.
     pub fn from_json(text: &str) -> Result<Task> {
+        match Task::scan(text) {
+            Some(t) => Ok(t),
+            None => Task::from_json_value(text),
+        }
+    }
+
+    /// The canonical ground truth: JSON whitespace, one object with exactly the keys `"target"`
+    /// (an integer) and `"numbers"` (a list of integers), each once, in either order. Integers are
+    /// `0` or an optional `-` and 1–18 digits without a leading zero (no `-0`): what serde_json
+    /// reads as that same `i64`. `None` for anything else (the general parser decides).
+    fn scan(text: &str) -> Option<Task> {
+        let s = text.as_bytes();
+        let mut p = Scan { s, at: 0 };
+        p.ws();
+        p.eat(b'{')?;
+        let (mut target, mut numbers) = (None, None);
+        loop {
+            p.ws();
+            if p.eat_str(b"\"target\"") {
+                p.ws();
+                p.eat(b':')?;
+                p.ws();
+                if target.replace(Number::Int(p.int()? as i128)).is_some() {
+                    return None;
+                }
+            } else if p.eat_str(b"\"numbers\"") {
+                p.ws();
+                p.eat(b':')?;
+                p.ws();
+                p.eat(b'[')?;
+                p.ws();
+                let mut v = Vec::with_capacity(8);
+                if !p.eat_str(b"]") {
+                    loop {
+                        p.ws();
+                        v.push(Number::Int(p.int()? as i128));
+                        p.ws();
+                        if p.eat_str(b"]") {
+                            break;
+                        }
+                        p.eat(b',')?;
+                    }
+                }
+                if numbers.replace(v).is_some() {
+                    return None;
+                }
+            } else {
+                return None;
+            }
+            p.ws();
+            if p.eat_str(b"}") {
+                break;
+            }
+            p.eat(b',')?;
+        }
+        p.ws();
+        if p.at != s.len() {
+            return None;
+        }
+        Some(Task {
+            target: target?,
+            numbers: numbers?,
+        })
+    }
+
+    /// The general way: a JSON value, then [`Task::from_value`].
+    fn from_json_value(text: &str) -> Result<Task> {
         let v: serde_json::Value = serde_json::from_str(text)
             .with_context(|| format!("countdown ground truth is not JSON: {}", preview(text)))?;
         let mut t = Task::from_value(&v)
@@ -112,6 +185,52 @@ impl Task {
             .map(|n| Number::from_json(n).context("\"numbers\" holds a non-number"))
             .collect::<Result<Vec<_>>>()?;
         Ok(Task { target, numbers })
+    }
+}
+
+/// A cursor over a ground-truth text for [`Task::scan`].
+struct Scan<'a> {
+    s: &'a [u8],
+    at: usize,
+}
+
+impl Scan<'_> {
+    /// Skip JSON whitespace.
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.s.get(self.at) {
+            self.at += 1;
+        }
+    }
+    fn eat(&mut self, b: u8) -> Option<()> {
+        (self.s.get(self.at) == Some(&b)).then(|| self.at += 1)
+    }
+    fn eat_str(&mut self, t: &[u8]) -> bool {
+        let hit = self.s[self.at..].starts_with(t);
+        if hit {
+            self.at += t.len();
+        }
+        hit
+    }
+    /// `0`, or `-`? and 1–18 digits, the first not `0`; followed by neither a digit nor `.`,
+    /// `e`, `E` (those are left to the general parser).
+    fn int(&mut self) -> Option<i64> {
+        let neg = self.eat(b'-').is_some();
+        let start = self.at;
+        while self.s.get(self.at).is_some_and(u8::is_ascii_digit) {
+            self.at += 1;
+        }
+        let digits = &self.s[start..self.at];
+        let plain = match digits {
+            [] => false,
+            [b'0'] => !neg,
+            [b'0', ..] => false,
+            d => d.len() <= 18,
+        };
+        if !plain || matches!(self.s.get(self.at), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        let v = digits.iter().fold(0i64, |v, &d| v * 10 + (d - b'0') as i64);
+        Some(if neg { -v } else { v })
     }
 }
 
@@ -242,15 +361,21 @@ impl Lexer<'_> {
                     while self.pos < b.len() && b[self.pos].is_ascii_digit() {
                         self.pos += 1;
                     }
-                    let lit = self.s[start..self.pos].trim_start_matches('0');
+                    let digits = &b[start..self.pos];
+                    let zeros = digits.iter().take_while(|&&d| d == b'0').count();
+                    let lit = &digits[zeros..];
                     return if lit.len() > 38 {
                         Tk::Huge
                     } else if lit.is_empty() {
                         Tk::Num(0)
+                    } else if lit.len() <= 19 {
+                        // at most 19 digits fit a u64 (the common case, in 64-bit arithmetic)
+                        (lit.iter().fold(0u64, |v, &d| v * 10 + (d - b'0') as u64) as i128)
+                            .into_tk()
                     } else {
                         // at most 38 ASCII digits always fit an i128
-                        lit.bytes()
-                            .fold(0i128, |v, d| v * 10 + (d - b'0') as i128)
+                        lit.iter()
+                            .fold(0i128, |v, &d| v * 10 + (d - b'0') as i128)
                             .into_tk()
                     };
                 }
@@ -955,6 +1080,117 @@ mod tests {
             let d = judge_equation(&eq, &t);
             let z = tinyzero_compute_score(&format!("Assistant:<answer>{eq}</answer>"), &t).verdict;
             prop_assert_eq!(d == Verdict::Correct, z == Verdict::Correct, "{}", eq);
+        }
+    }
+}
+
+/// The typed ground-truth scanner against the general JSON path: wherever [`Task::scan`] reads a
+/// text, the general parser reads the same task; where it declines, `from_json` is the general
+/// parser (so acceptance, refusal and error messages cannot differ).
+#[cfg(test)]
+mod ground_truth_scan {
+    use super::*;
+
+    fn same(text: &str) -> bool {
+        let general = Task::from_json_value(text).map_err(|e| format!("{e:#}"));
+        let both = Task::from_json(text).map_err(|e| format!("{e:#}"));
+        assert_eq!(both, general, "{text:?}");
+        match Task::scan(text) {
+            Some(t) => {
+                assert_eq!(Ok(t), general, "{text:?}");
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[test]
+    fn canonical_texts_are_scanned_and_read_alike() {
+        for t in [
+            r#"{"target": 23, "numbers": [2, 3, 7]}"#,
+            r#"{"numbers":[2,3,7],"target":-23}"#,
+            " \t\r\n{ \"target\" : 0 , \"numbers\" : [ ] } \n",
+            r#"{"target": 999999999999999999, "numbers": [-999999999999999999, 0, 10]}"#,
+            r#"{"target": 5332, "numbers": [98, 54, 6, 34]}"#,
+        ] {
+            assert!(same(t), "not scanned: {t:?}");
+        }
+        // the CPython fixture's tasks, written the way `prepare` writes them
+        let text = include_str!("../../fixtures/score/tinyzero_cases.jsonl");
+        let mut scanned = 0;
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let gt = serde_json::json!({"target": v["target"], "numbers": v["numbers"]});
+            scanned += same(&gt.to_string()) as usize;
+            scanned += same(&serde_json::to_string_pretty(&gt).unwrap()) as usize;
+        }
+        assert!(scanned > 1000, "{scanned}");
+    }
+
+    #[test]
+    fn everything_else_goes_the_general_way() {
+        for t in [
+            "",
+            "{}",
+            "[]",
+            "null",
+            r#"{"target": 23}"#,
+            r#"{"numbers": [1]}"#,
+            r#"{"target": 23, "nums": [2, 3, 7]}"#,
+            r#"{"target": 23, "numbers": [2, 3, 7], "nums": [1]}"#,
+            r#"{"target": 23, "numbers": [2, 3, 7], "x": {"y": [1, "}"]}}"#,
+            r#"{"target": 1, "target": 2, "numbers": []}"#,
+            r#"{"target": 1, "numbers": [1], "numbers": [2, 3]}"#,
+            r#"{"target": 1.5, "numbers": [1]}"#,
+            r#"{"target": -35.10714285714286, "numbers": [15, 50]}"#,
+            r#"{"target": 1e3, "numbers": [1]}"#,
+            r#"{"target": 1E3, "numbers": [1]}"#,
+            r#"{"target": 10, "numbers": [1.0, 2]}"#,
+            r#"{"target": -0, "numbers": [1]}"#,
+            r#"{"target": 0, "numbers": [-0]}"#,
+            r#"{"target": 01, "numbers": [1]}"#,
+            r#"{"target": 1, "numbers": [007]}"#,
+            r#"{"target": -, "numbers": [1]}"#,
+            r#"{"target": +1, "numbers": [1]}"#,
+            r#"{"target": 1000000000000000000, "numbers": [1]}"#,
+            r#"{"target": 9223372036854775807, "numbers": [1]}"#,
+            r#"{"target": -9223372036854775808, "numbers": [1]}"#,
+            r#"{"target": 18446744073709551615, "numbers": [1]}"#,
+            r#"{"target": 99999999999999999999, "numbers": [1]}"#,
+            r#"{"target": "23", "numbers": [1]}"#,
+            r#"{"target": 23, "numbers": "1, 2"}"#,
+            r#"{"target": 23, "numbers": [1, null]}"#,
+            r#"{"target": 23, "numbers": [1,]}"#,
+            r#"{"target": 23, "numbers": [,1]}"#,
+            r#"{"target": 23, "numbers": [1 2]}"#,
+            r#"{"target": 23, "numbers": [1]],"#,
+            r#"{"target": 23, "numbers": [1],}"#,
+            r#"{"target": 23 "numbers": [1]}"#,
+            r#"{"target": 23, "numbers": [1]} x"#,
+            r#"{"target": 23, "numbers": [1]}}"#,
+            r#"{"t\u0061rget": 23, "numbers": [1]}"#,
+            "{\"target\": 23, \"numbers\": [1]\u{a0}}",
+            "\u{feff}{\"target\": 23, \"numbers\": [1]}",
+            r#"{'target': 23, 'numbers': [1]}"#,
+        ] {
+            assert!(!same(t), "scanned: {t:?}");
+        }
+    }
+
+    proptest::proptest! {
+        // texts spliced from JSON-ish pieces: the two readers agree on every one
+        #[test]
+        fn spliced_texts_agree(pieces in proptest::collection::vec(0usize..30, 0..24)) {
+            const P: [&str; 30] = [
+                "{", "}", "[", "]", ":", ",", " ", "\n", "\"target\"", "\"numbers\"",
+                "\"nums\"", "\"x\"", "0", "-0", "7", "-7", "12", "01", "1.5", "2e3", "-", "null",
+                "true", "\"7\"", "999999999999999999", "9999999999999999999", "\t", "\"", "x",
+                "{\"target\": 3, \"numbers\": [1, 2]}",
+            ];
+            let text: String = pieces.iter().map(|&i| P[i]).collect();
+            same(&text);
+            same(&format!("{{\"target\": {text}, \"numbers\": [1]}}"));
+            same(&format!("{{\"target\": 4, \"numbers\": [{text}]}}"));
         }
     }
 }

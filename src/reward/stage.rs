@@ -53,7 +53,7 @@ use crate::reward::rows::{
     self, AnswerScore, ConfidenceScore, CountdownCompat, GroundTruth, ParentAnswer, Preset,
     RowScore, Settings,
 };
-use crate::reward::structured::{Component, ComponentSpec, Value};
+use crate::reward::structured::{ComponentSpec, Value};
 use crate::reward::text::last_answer;
 use crate::reward::{auto_verifier, VerifierKind};
 use crate::table::splice::{self, Part, Source};
@@ -866,7 +866,7 @@ fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
 /// One scored row, on its way to the column builders.
 struct Scored<'a> {
     answer: Option<Cow<'a, str>>,
-    components: Vec<Component>,
+    components: rows::Components,
     acc: f32,
     reward: f32,
     confidence: Option<f32>,
@@ -881,7 +881,7 @@ fn components_and_reward(
     c: &RgCols,
     i: usize,
     row: &RowScore<'_>,
-) -> Result<(Vec<Component>, f64)> {
+) -> Result<(rows::Components, f64)> {
     let mut err = None;
     let components = rows::components(ctx.settings, row, |_: &ComponentSpec, name| {
         column_value(&c.extra[name], i).unwrap_or_else(|e| {

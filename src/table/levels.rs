@@ -4,7 +4,8 @@
 //! A stage that only needs to know how long each row's token list is (the [`Validator`]'s length
 //! and span rules, in `score`) would otherwise decode every token id and log-prob into Arrow
 //! arrays to look at their offsets; on a 1M-row table that was most of the validation pass. Here
-//! each data page is decompressed (the levels sit inside it) and only its level runs are read.
+//! only the level runs of each data page are read: a v2 page keeps them uncompressed, a v1 page's
+//! lead its body and are decompressed alone (zstd; other codecs decompress the whole page).
 //!
 //! Scope: a list of a primitive (`list<int32>`, `list<float32>`, …: one leaf, one repeated level)
 //! in data pages v1 or v2 with RLE levels (what every current writer produces). Anything else —
@@ -16,8 +17,9 @@ use std::fs::File;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use parquet::basic::{Encoding, Repetition};
+use parquet::basic::{Compression, Encoding, Repetition};
 use parquet::column::page::{Page, PageReader};
+use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::serialized_reader::SerializedPageReader;
 
 use super::splice::Part;
@@ -98,79 +100,165 @@ pub fn supported(part: &Part, column: &str) -> bool {
 
 /// The row lengths of list `column` in row group `rg` of `part`. Errors are either
 /// [`Unsupported`] (decode instead) or a corrupt file.
+///
+/// Column chunks compressed with zstd (what rlcr writes) or not at all are read page by page from
+/// their bytes ([`raw_pages`]): a v2 page's levels are read where they lie, uncompressed, and a v1
+/// page is decompressed only as far as its level blocks reach (they lead the page; the values,
+/// most of it, are never decompressed). Other codecs go through the parquet crate's page reader,
+/// which decompresses whole pages.
 pub fn row_group_lengths(part: &Part, rg: usize, column: &str) -> Result<Lengths> {
+    let lf = leaf(part, column)?;
+    let meta = part.meta.metadata().row_group(rg).column(lf.index);
+    let raw = matches!(
+        meta.compression(),
+        Compression::UNCOMPRESSED | Compression::ZSTD(_)
+    );
+    lengths_by(part, rg, column, raw.then_some(FRONT))
+}
+
+/// Bytes of a v1 page read at first ([`raw_pages`] reads more when its levels reach further).
+const FRONT: u64 = 64 * 1024;
+
+/// [`row_group_lengths`] with the page source chosen: the raw pages reading `front` bytes of a
+/// page at first, or (`None`) the parquet crate's page reader (every codec; the tests compare the
+/// two).
+fn lengths_by(part: &Part, rg: usize, column: &str, raw: Option<u64>) -> Result<Lengths> {
     let lf = leaf(part, column)?;
     let rows = part.rg_rows(rg);
     let meta = part.meta.metadata().row_group(rg).column(lf.index);
-    let file = File::open(&part.path)
-        .with_context(|| format!("{}: cannot reopen", part.path.display()))?;
-    let mut pages = SerializedPageReader::new(Arc::new(file), meta, rows, None)
-        .with_context(|| format!("{}: cannot read `{column}`", part.path.display()))?;
     let corrupt = || {
         format!(
             "{}: corrupt or truncated Parquet data in row group {rg}, column `{column}`",
             part.path.display()
         )
     };
-    let mut out = Lengths {
-        len: Vec::with_capacity(rows),
-        null: (lf.list_def > 0).then(|| Vec::with_capacity(rows)),
-    };
-    let (mut rep, mut def) = (Vec::new(), Vec::new());
-    let def_width = bit_width(lf.max_def);
-    // the row being counted: its length so far (none before the first row)
-    let mut open: Option<u32> = None;
-    let mut starts: Vec<u32> = Vec::new();
-    while let Some(page) = pages.get_next_page().with_context(corrupt)? {
-        // the page's repetition and definition level blocks
-        let (n, rep_buf, def_buf) = match &page {
-            Page::DictionaryPage { .. } => continue,
-            Page::DataPage {
-                buf,
-                num_values,
-                def_level_encoding,
-                rep_level_encoding,
-                ..
-            } => {
-                if *def_level_encoding != Encoding::RLE || *rep_level_encoding != Encoding::RLE {
-                    return Err(Unsupported(format!("`{column}`: levels not RLE-encoded")).into());
+    let file = File::open(&part.path)
+        .with_context(|| format!("{}: cannot reopen", part.path.display()))?;
+    let mut count = Count::new(lf, rows);
+    if let Some(front) = raw {
+        raw_pages(&file, meta, column, front, &mut |n, rep, def| {
+            count.page(n, rep, def)
+        })
+        .with_context(corrupt)?;
+    } else {
+        let mut pages = SerializedPageReader::new(Arc::new(file), meta, rows, None)
+            .with_context(|| format!("{}: cannot read `{column}`", part.path.display()))?;
+        while let Some(page) = pages.get_next_page().with_context(corrupt)? {
+            // the page's repetition and definition level blocks
+            match &page {
+                Page::DictionaryPage { .. } => continue,
+                Page::DataPage {
+                    buf,
+                    num_values,
+                    def_level_encoding,
+                    rep_level_encoding,
+                    ..
+                } => {
+                    let rle = *def_level_encoding == Encoding::RLE
+                        && *rep_level_encoding == Encoding::RLE;
+                    rle_levels(rle, column)?;
+                    let (r, d) = v1_blocks(buf)?;
+                    count.page(*num_values as usize, r, d)
                 }
-                let (r, rest) = prefixed(buf).with_context(corrupt)?;
-                let (d, _) = prefixed(rest).with_context(corrupt)?;
-                (*num_values as usize, r, d)
-            }
-            Page::DataPageV2 {
-                buf,
-                num_values,
-                def_levels_byte_len,
-                rep_levels_byte_len,
-                ..
-            } => {
-                let (rl, dl) = (*rep_levels_byte_len as usize, *def_levels_byte_len as usize);
-                if buf.len() < rl + dl {
-                    bail!(corrupt());
+                Page::DataPageV2 {
+                    buf,
+                    num_values,
+                    def_levels_byte_len,
+                    rep_levels_byte_len,
+                    ..
+                } => {
+                    let (rl, dl) = (*rep_levels_byte_len as usize, *def_levels_byte_len as usize);
+                    let (r, d) = v2_blocks(buf, rl, dl)?;
+                    count.page(*num_values as usize, r, d)
                 }
-                (*num_values as usize, &buf[..rl], &buf[rl..rl + dl])
             }
-        };
-        let uniform_def =
-            decode_rle(def_buf, def_width, n, &mut def, true).with_context(corrupt)?;
-        if n == 0 {
-            continue;
+            .with_context(corrupt)?;
         }
+    }
+    count.finish(part, rg, column)
+}
+
+/// Levels in another encoding than RLE (the deprecated BIT_PACKED) are [`Unsupported`].
+fn rle_levels(rle: bool, column: &str) -> Result<()> {
+    if !rle {
+        return Err(Unsupported(format!("`{column}`: levels not RLE-encoded")).into());
+    }
+    Ok(())
+}
+
+/// A v1 page's repetition and definition level blocks (each a 4-byte length, then the RLE runs),
+/// from the start of its decompressed body.
+fn v1_blocks(buf: &[u8]) -> Result<(&[u8], &[u8])> {
+    let (r, rest) = prefixed(buf)?;
+    let (d, _) = prefixed(rest)?;
+    Ok((r, d))
+}
+
+/// A v2 page's repetition and definition level blocks: the first `rep` and next `def` bytes of
+/// its body, never compressed.
+fn v2_blocks(buf: &[u8], rep: usize, def: usize) -> Result<(&[u8], &[u8])> {
+    let Some(levels) = buf.get(..rep + def) else {
+        bail!(
+            "v2 page levels of {} bytes in a {}-byte page",
+            rep + def,
+            buf.len()
+        );
+    };
+    Ok(levels.split_at(rep))
+}
+
+/// Row lengths counted page by page from the level blocks.
+struct Count {
+    lf: Leaf,
+    rows: usize,
+    out: Lengths,
+    def_width: u8,
+    /// The row being counted: its length so far (none before the first row).
+    open: Option<u32>,
+    rep: Vec<u8>,
+    def: Vec<u8>,
+    starts: Vec<u32>,
+}
+
+impl Count {
+    fn new(lf: Leaf, rows: usize) -> Self {
+        Count {
+            lf,
+            rows,
+            out: Lengths {
+                len: Vec::with_capacity(rows),
+                null: (lf.list_def > 0).then(|| Vec::with_capacity(rows)),
+            },
+            def_width: bit_width(lf.max_def),
+            open: None,
+            rep: Vec::new(),
+            def: Vec::new(),
+            starts: Vec::new(),
+        }
+    }
+
+    /// One data page of `n` levels, its repetition and definition level blocks.
+    fn page(&mut self, n: usize, rep_buf: &[u8], def_buf: &[u8]) -> Result<()> {
+        let lf = self.lf;
+        let uniform_def = decode_rle(def_buf, self.def_width, n, &mut self.def, true)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let out = &mut self.out;
         if uniform_def.is_some_and(|d| d as i16 >= lf.element_def) {
             // every level an element (no null or empty lists, no null elements): the common
             // case, where only the row starts (repetition level 0) matter, read from the packed
             // bits without expanding them
-            row_starts(rep_buf, n, &mut starts).with_context(corrupt)?;
-            if open.is_none() && starts.first() != Some(&0) {
-                bail!(corrupt());
+            let starts = &mut self.starts;
+            row_starts(rep_buf, n, starts)?;
+            if self.open.is_none() && starts.first() != Some(&0) {
+                bail!("the first level of the column chunk does not start a row");
             }
             let mut prev = 0u32;
-            let mut cur = open.unwrap_or(0);
-            for &p in &starts {
+            let mut cur = self.open.unwrap_or(0);
+            for &p in starts.iter() {
                 cur += p - prev;
-                if open.is_some() || p > 0 {
+                if self.open.is_some() || p > 0 {
                     out.len.push(cur);
                 }
                 cur = 0;
@@ -179,43 +267,442 @@ pub fn row_group_lengths(part: &Part, rg: usize, column: &str) -> Result<Lengths
             if let Some(nulls) = &mut out.null {
                 nulls.resize(nulls.len() + starts.len(), false);
             }
-            open = Some(cur + (n as u32 - prev));
-            continue;
+            self.open = Some(cur + (n as u32 - prev));
+            return Ok(());
         }
-        decode_rle(rep_buf, 1, n, &mut rep, false).with_context(corrupt)?;
-        if open.is_none() && rep[0] != 0 {
-            bail!(corrupt());
+        decode_rle(rep_buf, 1, n, &mut self.rep, false)?;
+        let rep = &self.rep;
+        if self.open.is_none() && rep[0] != 0 {
+            bail!("the first level of the column chunk does not start a row");
         }
-        for j in 0..n {
+        for (j, &r) in rep.iter().enumerate() {
             let d = match uniform_def {
                 Some(d) => d,
-                None => def[j],
+                None => self.def[j],
             } as i16;
-            if rep[j] == 0 {
-                if let Some(c) = open {
+            if r == 0 {
+                if let Some(c) = self.open {
                     out.len.push(c);
                 }
-                open = Some(0);
+                self.open = Some(0);
                 if let Some(nulls) = &mut out.null {
                     nulls.push(d < lf.list_def);
                 }
             }
             if d >= lf.element_def {
-                open = open.map(|c| c + 1);
+                self.open = self.open.map(|c| c + 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// The lengths, once every page was counted.
+    fn finish(mut self, part: &Part, rg: usize, column: &str) -> Result<Lengths> {
+        if let Some(c) = self.open {
+            self.out.len.push(c);
+        }
+        let rows = self.rows;
+        let out = self.out;
+        if out.len.len() != rows || out.null.as_ref().is_some_and(|nl| nl.len() != rows) {
+            bail!(
+                "{}: row group {rg}, column `{column}` has {} rows, its metadata says {rows}",
+                part.path.display(),
+                out.len.len()
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// What [`raw_pages`] calls for each data page: `(num_values, repetition level block,
+/// definition level block)`.
+type PageLevels<'a> = dyn FnMut(usize, &[u8], &[u8]) -> Result<()> + 'a;
+
+/// Call `page(num_values, repetition levels, definition levels)` for every data page of a column
+/// chunk compressed with zstd or not at all, read from the file's bytes: the page headers are
+/// parsed here ([`PageHeader`]), dictionary and index pages skipped, and a v1 page decompressed
+/// only up to the end of its definition levels.
+fn raw_pages(
+    file: &File,
+    meta: &ColumnChunkMetaData,
+    column: &str,
+    front: u64,
+    page: &mut PageLevels<'_>,
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let zstd = match meta.compression() {
+        Compression::UNCOMPRESSED => false,
+        Compression::ZSTD(_) => true,
+        c => bail!("internal: raw pages of a {c} column chunk"),
+    };
+    let (start, len) = meta.byte_range();
+    let size = file.metadata()?.len();
+    if start.checked_add(len).is_none_or(|end| end > size) {
+        bail!("column chunk at {start}+{len} runs past the end of the file ({size} bytes)");
+    }
+    // bytes `at..at + n` of the chunk into `buf`
+    let read = |at: u64, n: u64, buf: &mut Vec<u8>| -> Result<()> {
+        if at.checked_add(n).is_none_or(|end| end > len) {
+            bail!("page of {n} bytes at {at} runs past its column chunk of {len}");
+        }
+        buf.resize(n as usize, 0);
+        file.read_exact_at(buf, start + at)?;
+        Ok(())
+    };
+    // only what the levels need is read: the page headers, a v2 page's level blocks, the front of
+    // a v1 page (more when its levels reach further)
+    let (mut head, mut body) = (Vec::new(), Vec::new());
+    let mut unzstd = if zstd { Some(Unzstd::new()?) } else { None };
+    let mut pos = 0u64;
+    let mut values = 0u64;
+    while pos < len && values < meta.num_values().max(0) as u64 {
+        let mut n = front.min(256);
+        let (h, hlen) = loop {
+            let n_here = n.min(len - pos);
+            read(pos, n_here, &mut head)?;
+            match PageHeader::parse(&head) {
+                Ok(h) => break h,
+                // perhaps a header longer than what was read
+                Err(_) if n_here < len - pos => n *= 16,
+                Err(e) => return Err(e),
+            }
+        };
+        let at = pos + hlen as u64;
+        let compressed = h.compressed as u64;
+        if at + compressed > len {
+            bail!("page of {compressed} bytes runs past its column chunk");
+        }
+        pos = at + compressed;
+        match h.data {
+            PageData::Other => {}
+            PageData::V1 { num_values, rle } => {
+                values += num_values as u64;
+                rle_levels(rle, column)?;
+                let mut n = front.min(compressed);
+                read(at, n, &mut body)?;
+                let (r, d) = match &mut unzstd {
+                    None => loop {
+                        match v1_blocks(&body) {
+                            Err(_) if n < compressed => {
+                                n = compressed;
+                                read(at, n, &mut body)?;
+                            }
+                            r => break r?,
+                        }
+                    },
+                    Some(z) => {
+                        let k = loop {
+                            match z.v1_levels(&body, h.uncompressed, n == compressed)? {
+                                Some(k) => break k,
+                                None => {
+                                    n = (n * 4).min(compressed);
+                                    read(at, n, &mut body)?;
+                                }
+                            }
+                        };
+                        v1_blocks(&z.out[..k])?
+                    }
+                };
+                page(num_values, r, d)?;
+            }
+            PageData::V2 {
+                num_values,
+                rep_len,
+                def_len,
+            } => {
+                values += num_values as u64;
+                read(at, ((rep_len + def_len) as u64).min(compressed), &mut body)?;
+                let (r, d) = v2_blocks(&body, rep_len, def_len)?;
+                page(num_values, r, d)?;
             }
         }
     }
-    if let Some(c) = open {
-        out.len.push(c);
-    }
-    if out.len.len() != rows || out.null.as_ref().is_some_and(|nl| nl.len() != rows) {
+    if values != meta.num_values().max(0) as u64 {
         bail!(
-            "{}: row group {rg}, column `{column}` has {} rows, its metadata says {rows}",
-            part.path.display(),
-            out.len.len()
+            "the pages hold {values} values, the column chunk's metadata says {}",
+            meta.num_values()
         );
     }
-    Ok(out)
+    Ok(())
+}
+
+/// A zstd stream decoder that decompresses a v1 page only as far as its level blocks reach.
+struct Unzstd {
+    dec: zstd::stream::raw::Decoder<'static>,
+    out: Vec<u8>,
+}
+
+impl Unzstd {
+    fn new() -> Result<Self> {
+        Ok(Unzstd {
+            dec: zstd::stream::raw::Decoder::new()?,
+            out: Vec::new(),
+        })
+    }
+
+    /// How many leading bytes of the page `body` (`full` bytes decompressed) hold its two level
+    /// blocks, decompressed into `self.out`. `body` may be the front of the page only
+    /// (`complete` false): `None` when the levels reach past what it decompresses to.
+    fn v1_levels(&mut self, body: &[u8], full: usize, complete: bool) -> Result<Option<usize>> {
+        use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
+        self.dec.reinit()?;
+        self.out.clear();
+        let mut input = InBuffer::around(body);
+        let mut filled = 0usize;
+        // the bytes needed: the repetition block's prefix, then its block and the definition
+        // block's prefix, then that block
+        let mut want = 4usize;
+        loop {
+            if want > full {
+                bail!("level blocks of {want} bytes in a page of {full}");
+            }
+            while filled < want {
+                self.out.resize(want, 0);
+                let mut output = OutBuffer::around_pos(&mut self.out[..], filled);
+                let before = (input.pos(), filled);
+                self.dec.run(&mut input, &mut output)?;
+                filled = output.pos();
+                if (input.pos(), filled) == before {
+                    if !complete && input.pos() == body.len() {
+                        return Ok(None);
+                    }
+                    bail!("page decompresses to {filled} bytes, its levels need {want}");
+                }
+            }
+            let at = |k: usize| {
+                u32::from_le_bytes([
+                    self.out[k],
+                    self.out[k + 1],
+                    self.out[k + 2],
+                    self.out[k + 3],
+                ]) as usize
+            };
+            let rep = at(0);
+            let next = if want == 4 {
+                8 + rep
+            } else if want == 8 + rep {
+                8 + rep + at(4 + rep)
+            } else {
+                return Ok(Some(want));
+            };
+            if next == want {
+                return Ok(Some(want));
+            }
+            want = next;
+        }
+    }
+}
+
+/// What rlcr reads of a page header (Parquet's `PageHeader`, Thrift compact protocol).
+#[derive(Debug, PartialEq)]
+struct PageHeader {
+    uncompressed: usize,
+    compressed: usize,
+    data: PageData,
+}
+
+#[derive(Debug, PartialEq)]
+enum PageData {
+    /// A dictionary or index page.
+    Other,
+    V1 {
+        num_values: usize,
+        /// Both level blocks RLE-encoded (Encoding 3; the other is the deprecated BIT_PACKED).
+        rle: bool,
+    },
+    V2 {
+        num_values: usize,
+        rep_len: usize,
+        def_len: usize,
+    },
+}
+
+impl PageHeader {
+    /// The header at the start of `buf` and its length in bytes.
+    fn parse(buf: &[u8]) -> Result<(PageHeader, usize)> {
+        let mut t = Thrift { buf, pos: 0 };
+        let (mut kind, mut uncompressed, mut compressed) = (None, None, None);
+        let (mut v1, mut v2) = (None, None);
+        let mut id = 0i16;
+        while let Some((f, ty)) = t.field(&mut id)? {
+            match (f, ty) {
+                (1, 5) => kind = Some(t.i32()?),
+                (2, 5) => uncompressed = Some(t.len()?),
+                (3, 5) => compressed = Some(t.len()?),
+                (5, 12) => {
+                    // DataPageHeader: num_values, encoding, definition and repetition level
+                    // encodings, statistics
+                    let [Some(n), Some(_), Some(d), Some(r)] = t.i32_fields::<4>()? else {
+                        bail!("data page header without its required fields");
+                    };
+                    v1 = Some(PageData::V1 {
+                        num_values: usize::try_from(n)?,
+                        rle: r == 3 && d == 3,
+                    });
+                }
+                (8, 12) => {
+                    // DataPageHeaderV2: num_values, num_nulls, num_rows, encoding, definition and
+                    // repetition level byte lengths, is_compressed, statistics
+                    let [Some(n), _, _, _, Some(d), Some(r)] = t.i32_fields::<6>()? else {
+                        bail!("data page v2 header without its required fields");
+                    };
+                    v2 = Some(PageData::V2 {
+                        num_values: usize::try_from(n)?,
+                        rep_len: usize::try_from(r)?,
+                        def_len: usize::try_from(d)?,
+                    });
+                }
+                _ => t.skip(ty, 0)?,
+            }
+        }
+        let (Some(kind), Some(uncompressed), Some(compressed)) = (kind, uncompressed, compressed)
+        else {
+            bail!("page header without its type or sizes");
+        };
+        // PageType: DATA_PAGE 0, INDEX_PAGE 1, DICTIONARY_PAGE 2, DATA_PAGE_V2 3
+        let data = match (kind, v1, v2) {
+            (0, Some(v1), _) => v1,
+            (3, _, Some(v2)) => v2,
+            (1 | 2, _, _) => PageData::Other,
+            (k, _, _) => bail!("page of type {k} without its header"),
+        };
+        let h = PageHeader {
+            uncompressed,
+            compressed,
+            data,
+        };
+        Ok((h, t.pos))
+    }
+}
+
+/// A reader of the Thrift compact protocol, as far as page headers need it.
+struct Thrift<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Thrift<'_> {
+    fn byte(&mut self) -> Result<u8> {
+        let Some(&b) = self.buf.get(self.pos) else {
+            bail!("page header truncated");
+        };
+        self.pos += 1;
+        Ok(b)
+    }
+    fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..70).step_by(7) {
+            let b = self.byte()?;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        bail!("page header varint too long")
+    }
+    fn i64(&mut self) -> Result<i64> {
+        let v = self.varint()?;
+        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
+    }
+    fn i32(&mut self) -> Result<i32> {
+        Ok(i32::try_from(self.i64()?)?)
+    }
+    /// A non-negative i32, as a size.
+    fn len(&mut self) -> Result<usize> {
+        Ok(usize::try_from(self.i32()?)?)
+    }
+    /// The next field's id and type; `None` at the struct's end. `last` is the previous field's
+    /// id (field ids are deltas).
+    fn field(&mut self, last: &mut i16) -> Result<Option<(i16, u8)>> {
+        let b = self.byte()?;
+        if b == 0 {
+            return Ok(None);
+        }
+        let delta = (b >> 4) as i16;
+        *last = if delta == 0 {
+            i16::try_from(self.i64()?)?
+        } else {
+            last.checked_add(delta)
+                .context("page header field id overflows")?
+        };
+        Ok(Some((*last, b & 0x0f)))
+    }
+    /// A struct's i32 fields with ids 1..=K (the others skipped).
+    fn i32_fields<const K: usize>(&mut self) -> Result<[Option<i32>; K]> {
+        let mut h = [None; K];
+        let mut id = 0i16;
+        while let Some((f, ty)) = self.field(&mut id)? {
+            match (f, ty) {
+                (1.., 5) if f as usize <= K => h[f as usize - 1] = Some(self.i32()?),
+                _ => self.skip(ty, 0)?,
+            }
+        }
+        Ok(h)
+    }
+    /// Skip a value of compact type `ty` (`depth` levels deep in containers).
+    fn skip(&mut self, ty: u8, depth: u32) -> Result<()> {
+        if depth > 16 {
+            bail!("page header nested too deeply");
+        }
+        match ty {
+            1 | 2 => {}
+            3 => {
+                self.byte()?;
+            }
+            4..=6 => {
+                self.varint()?;
+            }
+            7 => self.bytes(8)?,
+            8 => {
+                let n = self.varint()?;
+                self.bytes(usize::try_from(n)?)?;
+            }
+            9 | 10 => {
+                let h = self.byte()?;
+                let n = match h >> 4 {
+                    15 => usize::try_from(self.varint()?)?,
+                    n => n as usize,
+                };
+                for _ in 0..n {
+                    self.element(h & 0x0f, depth)?;
+                }
+            }
+            11 => {
+                let n = usize::try_from(self.varint()?)?;
+                if n > 0 {
+                    let kv = self.byte()?;
+                    for _ in 0..n {
+                        self.element(kv >> 4, depth)?;
+                        self.element(kv & 0x0f, depth)?;
+                    }
+                }
+            }
+            12 => {
+                let mut id = 0i16;
+                while let Some((_, ty)) = self.field(&mut id)? {
+                    self.skip(ty, depth + 1)?;
+                }
+            }
+            t => bail!("page header holds unknown type {t}"),
+        }
+        Ok(())
+    }
+    /// A container element: booleans take a byte here.
+    fn element(&mut self, ty: u8, depth: u32) -> Result<()> {
+        match ty {
+            1 | 2 => self.byte().map(|_| ()),
+            t => self.skip(t, depth + 1),
+        }
+    }
+    fn bytes(&mut self, n: usize) -> Result<()> {
+        match self.pos.checked_add(n) {
+            Some(end) if end <= self.buf.len() => {
+                self.pos = end;
+                Ok(())
+            }
+            _ => bail!("page header truncated"),
+        }
+    }
 }
 
 /// The positions of the zeros among the first `n` repetition levels (width 1) of `buf` (the
@@ -225,22 +712,7 @@ fn row_starts(buf: &[u8], n: usize, starts: &mut Vec<u32>) -> Result<()> {
     let mut pos = 0usize; // byte in buf
     let mut at = 0usize; // level index
     while at < n {
-        let mut header = 0u64;
-        let mut shift = 0;
-        loop {
-            let Some(&b) = buf.get(pos) else {
-                bail!("level data ends after {at} of {n} levels");
-            };
-            pos += 1;
-            header |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-            if shift > 63 {
-                bail!("level run header too long");
-            }
-        }
+        let header = run_header(buf, &mut pos, at, n)?;
         if header & 1 == 1 {
             let groups = (header >> 1) as usize;
             let Some(packed) = buf.get(pos..pos + groups) else {
@@ -278,6 +750,28 @@ fn row_starts(buf: &[u8], n: usize, starts: &mut Vec<u32>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The ULEB128 header of the level run at `pos` (moved past it): the run's length, shifted left
+/// once, with the low bit set for a bit-packed run. `at` of `n` levels were read before it.
+#[inline]
+fn run_header(buf: &[u8], pos: &mut usize, at: usize, n: usize) -> Result<u64> {
+    let mut header = 0u64;
+    let mut shift = 0;
+    loop {
+        let Some(&b) = buf.get(*pos) else {
+            bail!("level data ends after {at} of {n} levels");
+        };
+        *pos += 1;
+        header |= ((b & 0x7f) as u64) << shift;
+        if b & 0x80 == 0 {
+            return Ok(header);
+        }
+        shift += 7;
+        if shift > 63 {
+            bail!("level run header too long");
+        }
+    }
 }
 
 /// Bits of a level up to `max`.
@@ -322,23 +816,7 @@ fn decode_rle(
     let mut pos = 0usize;
     out.reserve(n);
     while out.len() < n {
-        // ULEB128 run header
-        let mut header = 0u64;
-        let mut shift = 0;
-        loop {
-            let Some(&b) = buf.get(pos) else {
-                bail!("level data ends after {} of {n} levels", out.len());
-            };
-            pos += 1;
-            header |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-            if shift > 63 {
-                bail!("level run header too long");
-            }
-        }
+        let header = run_header(buf, &mut pos, out.len(), n)?;
         if header & 1 == 1 {
             // bit-packed: groups of 8 values, `width` bytes a group, least significant bit first
             let groups = (header >> 1) as usize;
@@ -548,13 +1026,35 @@ mod tests {
         let batch =
             RecordBatch::try_new(schema.clone(), vec![list(false), list(true), dense]).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        for (version, dict) in [
-            (WriterVersion::PARQUET_1_0, true),
-            (WriterVersion::PARQUET_1_0, false),
-            (WriterVersion::PARQUET_2_0, true),
-            (WriterVersion::PARQUET_2_0, false),
+        let zstd = Compression::ZSTD(parquet::basic::ZstdLevel::try_new(3).unwrap());
+        for (version, dict, codec, page_stats) in [
+            (WriterVersion::PARQUET_1_0, true, zstd, false),
+            (WriterVersion::PARQUET_1_0, false, zstd, true),
+            (WriterVersion::PARQUET_2_0, true, zstd, false),
+            (WriterVersion::PARQUET_2_0, false, zstd, true),
+            (
+                WriterVersion::PARQUET_1_0,
+                true,
+                Compression::UNCOMPRESSED,
+                true,
+            ),
+            (
+                WriterVersion::PARQUET_2_0,
+                false,
+                Compression::UNCOMPRESSED,
+                false,
+            ),
+            (
+                WriterVersion::PARQUET_1_0,
+                false,
+                Compression::SNAPPY,
+                false,
+            ),
+            (WriterVersion::PARQUET_2_0, true, Compression::SNAPPY, true),
         ] {
-            let path = dir.path().join(format!("t-{version:?}-{dict}.parquet"));
+            let path = dir
+                .path()
+                .join(format!("t-{version:?}-{dict}-{codec}-{page_stats}.parquet"));
             // the tables' own settings, with small pages and the page version under test
             let props =
                 crate::table::io::writer_properties(crate::table::io::Encoding::Table, None)
@@ -562,6 +1062,8 @@ mod tests {
                     .into_builder()
                     .set_writer_version(version)
                     .set_dictionary_enabled(dict)
+                    .set_compression(codec)
+                    .set_write_page_header_statistics(page_stats)
                     .set_data_page_row_count_limit(16)
                     .set_write_batch_size(8)
                     .set_max_row_group_row_count(Some(128))
@@ -588,6 +1090,22 @@ mod tests {
                     .collect();
                 let want_null: Vec<bool> = (0..n).map(|i| want.is_null(i)).collect();
                 assert!(supported(&parts[0], name));
+                // the raw pages and the parquet crate's page reader agree, page header by
+                // page header and in the lengths they give
+                let raw = codec != Compression::SNAPPY;
+                for rg in 0..parts[0].row_groups() {
+                    let a = lengths_by(&parts[0], rg, name, None).unwrap();
+                    assert_eq!(row_group_lengths(&parts[0], rg, name).unwrap(), a);
+                    if raw {
+                        // pages read a few bytes at first, then more as the headers and levels
+                        // need them
+                        for front in [1, 3, 17, FRONT] {
+                            let b = lengths_by(&parts[0], rg, name, Some(front)).unwrap();
+                            assert_eq!(b, a, "front {front}");
+                        }
+                        same_headers(&parts[0], rg, name);
+                    }
+                }
                 let mut s = Stream::new(&parts, name);
                 // uneven windows that cross row groups
                 let mut first = 0;
@@ -607,5 +1125,134 @@ mod tests {
                 assert_eq!(first, n);
             }
         }
+    }
+
+    /// The headers [`PageHeader::parse`] reads from a column chunk's bytes, beside the pages
+    /// the parquet crate reads from it: the same kinds, sizes, value counts, level encodings and
+    /// v2 level lengths.
+    fn same_headers(part: &Part, rg: usize, column: &str) {
+        use std::os::unix::fs::FileExt;
+        let lf = leaf(part, column).unwrap();
+        let meta = part.meta.metadata().row_group(rg).column(lf.index);
+        let (start, len) = meta.byte_range();
+        let mut chunk = vec![0u8; len as usize];
+        part.file.read_exact_at(&mut chunk, start).unwrap();
+        let file = Arc::new(File::open(&part.path).unwrap());
+        let mut pages = SerializedPageReader::new(file, meta, part.rg_rows(rg), None).unwrap();
+        let mut pos = 0;
+        let mut n = 0;
+        while let Some(page) = pages.get_next_page().unwrap() {
+            let (h, hlen) = PageHeader::parse(&chunk[pos..]).unwrap();
+            // every prefix of a header is refused, never a panic
+            for cut in 0..hlen {
+                assert!(PageHeader::parse(&chunk[pos..pos + cut]).is_err(), "{cut}");
+            }
+            pos += hlen + h.compressed;
+            let want = match &page {
+                Page::DictionaryPage { .. } => PageData::Other,
+                Page::DataPage {
+                    num_values,
+                    def_level_encoding,
+                    rep_level_encoding,
+                    ..
+                } => PageData::V1 {
+                    num_values: *num_values as usize,
+                    rle: *def_level_encoding == Encoding::RLE
+                        && *rep_level_encoding == Encoding::RLE,
+                },
+                Page::DataPageV2 {
+                    num_values,
+                    def_levels_byte_len,
+                    rep_levels_byte_len,
+                    ..
+                } => PageData::V2 {
+                    num_values: *num_values as usize,
+                    rep_len: *rep_levels_byte_len as usize,
+                    def_len: *def_levels_byte_len as usize,
+                },
+            };
+            assert_eq!(h.data, want);
+            assert_eq!(h.uncompressed, page.buffer().len());
+            n += 1;
+        }
+        assert_eq!(pos, chunk.len());
+        assert!(n >= 2);
+    }
+
+    /// A column chunk cut short or with a damaged page is an error naming the place, never a
+    /// panic or wrong lengths.
+    #[test]
+    fn damaged_chunks_are_refused() {
+        use arrow::array::{ArrayRef, Int32Array, ListArray, RecordBatch};
+        use arrow::buffer::OffsetBuffer;
+        use arrow::datatypes::{DataType, Field, Schema};
+        use parquet::arrow::ArrowWriter;
+        use std::os::unix::fs::FileExt;
+
+        let lens: Vec<usize> = (0..200).map(|i| 1 + i % 9).collect();
+        let total: usize = lens.iter().sum();
+        let ids: ArrayRef = Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Int32, false)),
+            OffsetBuffer::from_lengths(lens.iter().copied()),
+            Arc::new(Int32Array::from_iter_values(
+                (0..total as i32).map(|k| k * 7919),
+            )),
+            None,
+        ));
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ids",
+            ids.data_type().clone(),
+            false,
+        )]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![ids]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let props = crate::table::io::writer_properties(crate::table::io::Encoding::Table, None)
+            .unwrap()
+            .into_builder()
+            .set_dictionary_enabled(false)
+            .set_data_page_row_count_limit(64)
+            .set_write_batch_size(16)
+            .build();
+        let mut w =
+            ArrowWriter::try_new(File::create(&path).unwrap(), schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let parts = super::super::splice::open_parts(&path).unwrap();
+        let good = row_group_lengths(&parts[0], 0, "ids").unwrap();
+        let want: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+        assert_eq!(good.len, want);
+        let meta = parts[0].meta.metadata().row_group(0).column(0);
+        let (start, len) = meta.byte_range();
+        let mut bytes = std::fs::read(&path).unwrap();
+        // flip bytes across the chunk, one at a time (page headers, level blocks, values): the
+        // result is the right lengths or an error, never a panic
+        let mut errors = 0;
+        for at in (start..start + len).step_by(7) {
+            let old = bytes[at as usize];
+            bytes[at as usize] = old ^ 0x5a;
+            let f = File::options().write(true).open(&path).unwrap();
+            f.write_all_at(&bytes, 0).unwrap();
+            match row_group_lengths(&parts[0], 0, "ids") {
+                // a flip in the values (never read), or one the levels survive with the row
+                // count the metadata gives (the format has no checksum to notice it)
+                Ok(l) => assert_eq!(l.len.len(), want.len()),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    assert!(
+                        msg.contains("row group 0") && msg.contains("`ids`"),
+                        "{msg}"
+                    );
+                    errors += 1;
+                }
+            }
+            bytes[at as usize] = old;
+        }
+        assert!(errors > 0);
+        // cut short: an error
+        let f = File::options().write(true).open(&path).unwrap();
+        f.set_len(start + len / 2).unwrap();
+        let e = format!("{:#}", row_group_lengths(&parts[0], 0, "ids").unwrap_err());
+        assert!(e.contains("corrupt or truncated"), "{e}");
     }
 }

@@ -23,9 +23,10 @@ use serde::Serialize;
 
 use super::loss::{self, LossAgg};
 use super::optim::{clip_coef, global_grad_norm, AdamW, AdamWConfig};
+use crate::logprobs::token_ids;
 use crate::model::value::{Critic, ValueModel};
 use crate::model::ResponseBatch;
-use crate::table::{self, cols, Meta, Reader, Writer};
+use crate::table::{self, cols, Meta, Reader};
 
 /// One row of the critic's training data.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,29 +247,6 @@ pub fn train_critic(
 }
 
 /// Token ids of a list column, checked against the vocabulary.
-fn ids(
-    v: &cols::ListView<'_, arrow::array::Int32Array>,
-    i: usize,
-    at: &dyn Fn(&str) -> String,
-    col: &str,
-    vocab: usize,
-) -> Result<Vec<u32>> {
-    if v.is_null(i) {
-        bail!("{}: null", at(col));
-    }
-    v.values.values()[v.range(i)]
-        .iter()
-        .enumerate()
-        .map(|(k, &x)| match u32::try_from(x) {
-            Ok(id) if (id as usize) < vocab => Ok(id),
-            _ => bail!(
-                "{}, item {k}: token id {x} is outside the model's vocabulary (0..{vocab})",
-                at(col)
-            ),
-        })
-        .collect()
-}
-
 fn floats(
     v: &cols::ListView<'_, arrow::array::Float32Array>,
     i: usize,
@@ -324,8 +302,8 @@ pub fn read_critic_rows(path: &Path, vocab: usize, max_pos: usize) -> Result<Vec
         for i in 0..b.num_rows() {
             let row = first + i;
             let at = |c: &str| format!("{name}: row {row}, column `{c}`");
-            let context = ids(&ctx, i, &at, "context_ids", vocab)?;
-            let response = ids(&resp, i, &at, "response_ids", vocab)?;
+            let context = token_ids(&ctx, i, &at, "context_ids", vocab)?;
+            let response = token_ids(&resp, i, &at, "response_ids", vocab)?;
             let n = response.len();
             if context.is_empty() && n > 0 {
                 bail!("{}: empty", at("context_ids"));
@@ -502,47 +480,20 @@ pub fn run_values(plan: &ValuesPlan) -> Result<String> {
     );
     let mut progress = crate::progress::Progress::new("values", total as u64, "rows");
     let start = std::time::Instant::now();
-    let mut writer: Option<Writer> = None;
-    let mut first = 0usize;
-    for b in reader {
-        let b = b?;
-        let ctx = cols::list_i32(&b, &name, "context_ids")?;
-        let resp = cols::list_i32(&b, &name, "response_ids")?;
-        let mut rows = Vec::with_capacity(b.num_rows());
-        for i in 0..b.num_rows() {
-            let row = first + i;
-            let at = |c: &str| format!("{name}: row {row}, column `{c}`");
-            let c = ids(&ctx, i, &at, "context_ids", vocab)?;
-            let r = ids(&resp, i, &at, "response_ids", vocab)?;
-            if c.is_empty() && !r.is_empty() {
-                bail!("{}: empty", at("context_ids"));
-            }
-            if c.len() + r.len() > max_pos {
-                bail!(
-                    "{}: context + response is {} tokens; the model accepts {max_pos}",
-                    at("context_ids"),
-                    c.len() + r.len()
-                );
-            }
-            rows.push((c, r));
-        }
-        let pairs: Vec<(&[u32], &[u32])> = rows
-            .iter()
-            .map(|(c, r)| (c.as_slice(), r.as_slice()))
-            .collect();
-        let values = critic.predict(&pairs, plan.batch_size)?;
-        progress.inc(b.num_rows() as u64);
-        let out = cols::set_columns(
-            &b,
-            spec,
-            vec![(plan.column.as_str(), cols::build_list_f32(&values))],
-        )?;
-        table::io::write_lazily(&mut writer, &plan.out, &meta, &out)?;
-        first += b.num_rows();
-    }
+    let rows = crate::logprobs::map_token_rows(
+        reader,
+        &name,
+        &plan.out,
+        &meta,
+        None,
+        (vocab, max_pos),
+        |pairs| {
+            let values = critic.predict(pairs, plan.batch_size)?;
+            progress.inc(pairs.len() as u64);
+            Ok(vec![(plan.column.as_str(), cols::build_list_f32(&values))])
+        },
+    )?;
     progress.finish();
-    let w = writer.context("internal: no batch written")?;
-    let rows = w.finish()?;
     Ok(format!(
         "values: {rows} rows in {:.1} s -> {} (column `{}`, head {:?})",
         start.elapsed().as_secs_f64(),
