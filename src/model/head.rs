@@ -188,38 +188,7 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    /// Logits with a wide range (a peaked row, a flat row, large negatives) and odd widths.
-    fn logits(n: usize, v: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n * v)
-            .map(|i| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                match i / v % 3 {
-                    0 => 8.0 * u,
-                    1 => 0.01 * u,
-                    _ => 30.0 * u - 20.0,
-                }
-            })
-            .collect()
-    }
-
-    fn targets(n: usize, v: usize) -> Vec<u32> {
-        (0..n).map(|i| ((i * 7919 + 3) % v) as u32).collect()
-    }
-
-    /// log-prob and entropy of one row in f64, straight from the definitions.
-    fn reference(z: &[f32], t: usize, temp: f64) -> (f64, f64) {
-        let u: Vec<f64> = z.iter().map(|&x| x as f64 / temp).collect();
-        let m = u.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let lse = m + u.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
-        let h = -u.iter().map(|x| (x - lse).exp() * (x - lse)).sum::<f64>();
-        (u[t] - lse, h)
-    }
+    use rlcr_kernels::testing::{head_reference as reference, logits, targets};
 
     fn values(t: Tensor<1>) -> Vec<f32> {
         t.into_data().try_into_vec::<f32>().unwrap()

@@ -179,36 +179,7 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    /// Deterministic values in [-1, 1) with a few exact zeros and wide magnitudes.
-    fn data(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-                if i % 37 == 5 {
-                    0.0
-                } else if i % 11 == 3 {
-                    u * 1e3
-                } else {
-                    u
-                }
-            })
-            .collect()
-    }
-
-    fn isas() -> Vec<Isa> {
-        [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .filter(|&i| i <= Isa::detected())
-            .collect()
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
+    use rlcr_kernels::testing::{bits, data, isas};
 
     /// The custom autodiff op against burn's matmul on `Autodiff<Flex>`: forward values and
     /// both gradients (through a loss that weights every output differently), and the

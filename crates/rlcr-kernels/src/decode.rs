@@ -824,12 +824,7 @@ mod tests {
             .collect()
     }
 
-    fn isas() -> Vec<Isa> {
-        [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .filter(|&i| i <= Isa::detected())
-            .collect()
-    }
+    use crate::testing::isas;
 
     /// The packed kernels (AVX-512 and the AVX2 fallback forced on this machine, f32 and bf16
     /// panels, every row count up to 64, odd panel counts, a partial last panel) and the

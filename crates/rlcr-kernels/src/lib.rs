@@ -18,5 +18,7 @@ pub mod decode;
 pub mod head;
 mod isa;
 pub mod sgemm;
+#[doc(hidden)]
+pub mod testing;
 
 pub use isa::{isa, Isa};
