@@ -40,15 +40,7 @@ pub fn attention(
 /// opt-in). An unknown value is reported once and ignored.
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("RLCR_ATTENTION") {
-        Err(_) => false,
-        Ok(v) if v.is_empty() || v == "burn" => false,
-        Ok(v) if v == "rlcr" => true,
-        Ok(v) => {
-            eprintln!("warning: RLCR_ATTENTION={v:?} is not one of rlcr, burn; using burn");
-            false
-        }
-    })
+    *ON.get_or_init(|| super::cpu::rlcr_path("RLCR_ATTENTION", false))
 }
 
 /// [`attention`] on the kernels of `isa`, whatever the switches (tests, benchmarks).

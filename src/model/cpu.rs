@@ -36,6 +36,26 @@ use rlcr_kernels::decode::{self, AttentionShape, PackedPanels};
 pub use rlcr_kernels::decode::PackPrecision;
 pub use rlcr_kernels::{isa, Isa};
 
+/// Reads a path switch of the CPU backend (`RLCR_GEMM`, `RLCR_ATTENTION`): `rlcr` selects rlcr's
+/// kernels, `burn` burn's ops; unset or empty gives `default_rlcr`. An unknown value is reported
+/// once (callers cache the answer) and gives the default.
+pub(crate) fn rlcr_path(var: &str, default_rlcr: bool) -> bool {
+    let name = |on: bool| if on { "rlcr" } else { "burn" };
+    match std::env::var(var) {
+        Err(_) => default_rlcr,
+        Ok(v) if v.is_empty() => default_rlcr,
+        Ok(v) if v == "rlcr" => true,
+        Ok(v) if v == "burn" => false,
+        Ok(v) => {
+            eprintln!(
+                "warning: {var}={v:?} is not one of rlcr, burn; using {}",
+                name(default_rlcr)
+            );
+            default_rlcr
+        }
+    }
+}
+
 /// Largest number of activation rows sent to the row-major kernel (beyond it gemm's blocking
 /// wins).
 pub const MAX_ROWS: usize = 16;
@@ -225,6 +245,26 @@ fn supported() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The path switches' grammar, on a variable of the test's own (no other test reads it).
+    #[test]
+    fn rlcr_path_reads_rlcr_burn_and_falls_back_to_the_default() {
+        let var = "RLCR_TEST_PATH_SWITCH_CPU_RS";
+        std::env::remove_var(var);
+        assert!(rlcr_path(var, true) && !rlcr_path(var, false));
+        for (value, want_from_true, want_from_false) in [
+            ("", true, false),
+            ("rlcr", true, true),
+            ("burn", false, false),
+            ("RLCR", true, false),
+            ("1", true, false),
+        ] {
+            std::env::set_var(var, value);
+            assert_eq!(rlcr_path(var, true), want_from_true, "{value:?}");
+            assert_eq!(rlcr_path(var, false), want_from_false, "{value:?}");
+        }
+        std::env::remove_var(var);
+    }
     use burn::tensor::Device;
 
     fn naive(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f64> {

@@ -24,15 +24,7 @@ use super::cpu::{self, Isa};
 /// a loop's numbers move with the choice. An unknown value is reported once and ignored.
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("RLCR_GEMM") {
-        Err(_) => true,
-        Ok(v) if v.is_empty() || v == "rlcr" => true,
-        Ok(v) if v == "burn" => false,
-        Ok(v) => {
-            eprintln!("warning: RLCR_GEMM={v:?} is not one of rlcr, burn; using rlcr");
-            true
-        }
-    })
+    *ON.get_or_init(|| super::cpu::rlcr_path("RLCR_GEMM", true))
 }
 
 /// `x · w` for `x: [m, k]`, `w: [k, n]` through [`sgemm`] when both are f32 tensors on a Flex
