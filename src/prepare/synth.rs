@@ -596,6 +596,106 @@ mod tests {
     }
 
     #[test]
+    fn sft_confidence_parses_ranges_of_tenths() {
+        let c = SftConfidence::parse("3=0.0-0.3, 2=0.3-0.7,4=1").unwrap();
+        // 0.3 → tenth 3, 0.7 → 7; a single value is a one-tenth range; sorted by count.
+        assert_eq!(c.ranges, vec![(2, 3, 7), (3, 0, 3), (4, 10, 10)]);
+        assert_eq!(c.range(2), Some((3, 7)));
+        assert_eq!(c.range(5), None);
+        for (spec, needle) in [
+            ("2", "is not NUMBERS=LOW-HIGH"),
+            ("1=0.1-0.2", "number count must be 2 to 7"),
+            ("8=0.1-0.2", "number count must be 2 to 7"),
+            ("x=0.1", "number count must be 2 to 7"),
+            ("2=0.15-0.3", "0.15 is not one of 0.0, 0.1"),
+            ("2=0.1-1.1", "1.1 is not one of"),
+            ("2=-0.1", "is not a number"),
+            ("2=a-0.3", "`a` is not a number"),
+            ("2=0.7-0.3", "low end is above the high end"),
+            ("2=0.1,2=0.2", "2 numbers appear twice"),
+            ("", "is not NUMBERS=LOW-HIGH"),
+        ] {
+            let e = SftConfidence::parse(spec).unwrap_err();
+            assert!(e.contains(needle), "{spec}: {e}");
+        }
+    }
+
+    /// The confidence of an example's text, its number count, and whether its answer is right.
+    fn confidences(ex: &[PromptRow]) -> Vec<(usize, u32, bool)> {
+        ex.chunks(2)
+            .map(|pair| {
+                let c = pair[1].messages.as_array().unwrap().last().unwrap()["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let v = c.split("<confidence>").nth(1).unwrap();
+                let v: f64 = v.trim_end_matches("</confidence>").parse().unwrap();
+                let k = pair[0].ground_truth["numbers"].as_array().unwrap().len();
+                let ok = pair[0].extra_info.as_ref().unwrap()["correct"]
+                    .as_bool()
+                    .unwrap();
+                (k, (v * 10.0).round() as u32, ok)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sft_confidence_follows_the_difficulty() {
+        let shape = SynthShape {
+            min_numbers: 2,
+            max_numbers: 3,
+            max_number: 3,
+            max_target: 9,
+            short_prompt: true,
+            heldout_percent: 20,
+        };
+        let tasks = countdown_synth(11, 600, shape, Split::Train).unwrap();
+        // Without ranges: every tenth 1..=9 for every count (the default, unchanged).
+        let plain = confidences(&sft_examples(11, &tasks, 0.5, None, "", "?").unwrap());
+        assert!(plain.iter().all(|&(_, t, _)| (1..=9).contains(&t)));
+        let sc = SftConfidence::parse("2=0.3-0.7,3=0.0-0.3").unwrap();
+        let ex = sft_examples(11, &tasks, 0.5, Some(&sc), "", "?").unwrap();
+        let got = confidences(&ex);
+        // The answers (and so the examples' correctness) are the same draws as without ranges:
+        // the confidence takes one draw either way.
+        assert_eq!(
+            got.iter().map(|g| g.2).collect::<Vec<_>>(),
+            plain.iter().map(|g| g.2).collect::<Vec<_>>()
+        );
+        for k in [2usize, 3] {
+            let (lo, hi) = if k == 2 { (3, 7) } else { (0, 3) };
+            let of_k: Vec<u32> = got.iter().filter(|g| g.0 == k).map(|g| g.1).collect();
+            assert!(of_k.len() > 150, "{k}: {}", of_k.len());
+            // Every tenth of the range, and nothing outside it.
+            for t in lo..=hi {
+                assert!(of_k.contains(&t), "{k} numbers never got {t}/10");
+            }
+            assert!(of_k.iter().all(|t| (lo..=hi).contains(t)), "{k}: {of_k:?}");
+            // Uniform: mean (lo + hi) / 2 tenths, i.e. 0.5 and 0.15, within 4 standard errors
+            // (SD of a discrete uniform over n values: sqrt((n² − 1) / 12) tenths).
+            let n = (hi - lo + 1) as f64;
+            let mean = of_k.iter().map(|&t| t as f64).sum::<f64>() / of_k.len() as f64;
+            let se = ((n * n - 1.0) / 12.0).sqrt() / (of_k.len() as f64).sqrt();
+            let want = (lo + hi) as f64 / 2.0;
+            assert!(
+                (mean - want).abs() < 4.0 * se,
+                "{k}: mean {mean} want {want}"
+            );
+            // Regardless of correctness: right and wrong examples of a count share the range.
+            for ok in [true, false] {
+                assert!(got.iter().any(|g| g.0 == k && g.2 == ok));
+            }
+        }
+        // A count without a range is an error naming the task.
+        let only2 = SftConfidence::parse("2=0.5").unwrap();
+        let e = sft_examples(11, &tasks, 0.5, Some(&only2), "", "?").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no warm-start confidence range for 3 numbers"),
+            "{e:#}"
+        );
+    }
+
+    #[test]
     fn tinyzero_prompt_text() {
         assert_eq!(
             countdown_prompt(&[44, 19, 35], 98),
