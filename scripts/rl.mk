@@ -38,6 +38,12 @@ MODEL ?= tiny
 SMOL_DIR ?= $(RUNS)/models/smollm2-135m
 ifeq ($(MODEL),tiny)
 override MODEL := $(ROOT)/fixtures/tiny-qwen2
+# The tiny model's warm start states a confidence that depends on the number count (two numbers:
+# 0.5-0.9, three: 0.1-0.5, whether the example's answer is right or not; `prepare
+# --sft-confidence`), and its loop rewards well-formed answers with 0.1 (`score --format-weight`):
+# issue 19's AUROC goal (README). `SFT_CONFIDENCE= SCORE_FLAGS=` gives the previous defaults.
+SFT_CONFIDENCE ?= 2=0.5-0.9,3=0.1-0.5
+SCORE_FLAGS ?= --format-weight 0.1
 else ifeq ($(MODEL),smollm2)
 override MODEL := $(SMOL_DIR)
 RLCR_OPT = 1
@@ -90,6 +96,8 @@ BATCH ?= 64
 
 # Scoring, advantage, update.
 VERIFIER ?= countdown
+# Extra flags of `score` in the loop, e.g. `--format-weight 0.1` (a reward for well-formed answers).
+SCORE_FLAGS ?=
 ESTIMATOR ?= rlcr
 # Confidence advantages: reward minus the mean of the G_c confidences of the same answer (RLCR's
 # confidence reproduction). Dividing by their std as well (`--norm-conf std`) turns any difference
@@ -148,6 +156,9 @@ SFT_EPOCHS ?= 12
 SFT_FLAGS ?=
 # Flags of `prepare --sft` (the warm start's examples), e.g. `--sft-correct-fraction 0.8`.
 SFT_PREPARE_FLAGS ?=
+# Confidence of the warm start's examples per number count (`prepare --sft-confidence`, e.g.
+# `2=0.5-0.9,3=0.1-0.5`; every count of TASK_FLAGS needs a range); empty = uniform 0.1-0.9.
+SFT_CONFIDENCE ?=
 
 G := --seed $(SEED) --device $(DEVICE)
 ITER_IDS := $(shell seq -f '%04g' 1 $(ITERS))
@@ -164,7 +175,8 @@ loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
 # --- supervised warm start: format examples generated from synthetic tasks with known solutions
 $(DIR)/prompts-sft.parquet:
 	$(RLCR) $(G) prepare --from countdown-synth --count $(SFT_COUNT) $(TASK_FLAGS) $(TRAIN_SPLIT) \
-	  --sft $(SFT_PREPARE_FLAGS) $(SYS_FLAG) $(CONF_FLAG) -o $@
+	  --sft $(SFT_PREPARE_FLAGS) $(if $(SFT_CONFIDENCE),--sft-confidence $(SFT_CONFIDENCE)) \
+	  $(SYS_FLAG) $(CONF_FLAG) -o $@
 
 $(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet $(MODEL)/config.json
 	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) $(SFT_FLAGS)
@@ -186,7 +198,7 @@ $(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(2)/confi
 	  $$(SYS_FLAG) $$(CONF_FLAG)
 
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
-	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER)
+	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER) $$(SCORE_FLAGS)
 
 ifeq ($(ESTIMATOR),gae)
 $(DIR)/iter-$(1)/valued.parquet: $(DIR)/iter-$(1)/scored.parquet $(2)/config.json
@@ -287,7 +299,7 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   MICRO_BATCH=$(MICRO_BATCH) MAX_NEW=$(MAX_NEW) MAX_NEW_CONF=$(MAX_NEW_CONF) BATCH=$(BATCH) \
   PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) \
   CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) UPDATE_FLAGS="$(UPDATE_FLAGS)" \
-  VERIFIER=$(VERIFIER)
+  VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)"
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
 	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 summary
