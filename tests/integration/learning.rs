@@ -6,10 +6,13 @@
 //! Configuration: the main job's (`scripts/rl.mk` defaults): a mixed-difficulty countdown task
 //! (two or three numbers in 1..3, targets up to 9, `--prompt-style short`: the difficulty, how many
 //! numbers, is in the prompt), the warm start and every iteration drawing `--split train`; warm
-//! start of 12 epochs over 256 format examples at lr 1e-2, the short confidence question
-//! `Confidence?`, 20 iterations of 16 prompts × 4 answers × 2 confidences, at most 24 new tokens,
-//! `advantage --estimator rlcr --norm-conf mean`, `update --lr 1e-3 --epochs 2 --mini-batches 4
-//! --micro-batch 16` (8 optimizer steps per iteration).
+//! start of 12 epochs over 256 format examples at lr 1e-2 whose stated confidences depend on the
+//! number count (`prepare --sft-confidence 2=0.5-0.9,3=0.1-0.5`: uniform tenths in those ranges,
+//! whether the example's answer is right or not), the short confidence question `Confidence?`,
+//! 20 iterations of 16 prompts × 4 answers × 2 confidences, at most 24 new tokens, `score
+//! --format-weight 0.1` (a well-formed answer earns 0.1), `advantage --estimator rlcr --norm-conf
+//! mean`, `update --lr 1e-3 --epochs 2 --mini-batches 4 --micro-batch 16` (8 optimizer steps per
+//! iteration).
 //!
 //! What is compared: the warm start and the last policy, sampled with the same seed on one
 //! evaluation folder of three parts: 160 new prompts of the training distribution (judged), 48
