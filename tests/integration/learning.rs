@@ -70,7 +70,7 @@
 //! bonus, a two-to-four-number mix, 40 iterations, ANCHORS §3.2 variant (c)) and session 8's
 //! exploration bonuses on the confidence turn alone (`update --conf-value-entropy-coef 0.002`, 40
 //! iterations: 0.641 / 0.662 / 0.638 on seeds 0–2) fell short of 0.65 on three seeds (README,
-//! "Why the tiny model misses the AUROC goal"); `learning_conf_value_entropy_report` reruns
+//! "Why the tiny model missed the AUROC goal before session 9"); `learning_conf_value_entropy_report` reruns
 //! session 8's configuration (the previous warm start, no format reward).
 //!
 //! What the held-out split shows: the tiny model learns the training problems, not arithmetic.
