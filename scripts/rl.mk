@@ -14,14 +14,16 @@
 #   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration)
 #
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
-# format examples: shorter ones leave it unable to copy the numbers), on a small mixed-difficulty
+# format examples: shorter ones leave it unable to copy the numbers; their stated confidences are
+# 0.5-0.9 on two numbers and 0.1-0.5 on three, SFT_CONFIDENCE), on a small mixed-difficulty
 # countdown task (two or three numbers in 1..3, targets up to 9, the training split of its
 # problems), 20 iterations of 16 prompts x 4
 # answers x 2 confidences, 2 epochs x 4 mini-batches (8 optimizer steps) per iteration at lr 1e-3,
-# confidence advantages mean-centred per answer (`--norm-conf mean`), and the short confidence
+# confidence advantages mean-centred per answer (`--norm-conf mean`), a 0.1 reward for a
+# well-formed answer (SCORE_FLAGS=--format-weight 0.1), and the short confidence
 # question `Confidence?` (the tiny model's context is short: rlcr's full request makes every
 # confidence row 2.6x longer and the update 4x slower). About 2.5 minutes on 2 idle cores. It learns
-# both to answer (accuracy about 0.19 -> 0.45) and to say how sure it is (Brier, ECE): see the
+# both to answer (accuracy about 0.17 -> 0.39) and to say how sure it is (Brier, ECE, AUROC): see the
 # README and tests/integration/learning.rs. `make -f scripts/rl.mk compare` adds the RLVR arm
 # from the same warm start and evaluates base / RLVR / RLCR on held-out and out-of-domain prompts.
 # `make -f scripts/rl.mk smollm2` runs the same loop on SmolLM2-135M-Instruct imported from its
