@@ -15,7 +15,7 @@
 #
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
 # format examples: shorter ones leave it unable to copy the numbers; their stated confidences are
-# 0.5-0.9 on two numbers and 0.1-0.5 on three, SFT_CONFIDENCE), on a small mixed-difficulty
+# 0.6-0.9 on two numbers and 0.0-0.3 on three, SFT_CONFIDENCE), on a small mixed-difficulty
 # countdown task (two or three numbers in 1..3, targets up to 9, the training split of its
 # problems), 20 iterations of 16 prompts x 4
 # answers x 2 confidences, 2 epochs x 4 mini-batches (8 optimizer steps) per iteration at lr 1e-3,
@@ -41,10 +41,10 @@ SMOL_DIR ?= $(RUNS)/models/smollm2-135m
 ifeq ($(MODEL),tiny)
 override MODEL := $(ROOT)/fixtures/tiny-qwen2
 # The tiny model's warm start states a confidence that depends on the number count (two numbers:
-# 0.5-0.9, three: 0.1-0.5, whether the example's answer is right or not; `prepare
+# 0.6-0.9, three: 0.0-0.3, whether the example's answer is right or not; `prepare
 # --sft-confidence`), and its loop rewards well-formed answers with 0.1 (`score --format-weight`):
 # issue 19's AUROC goal (README). `SFT_CONFIDENCE= SCORE_FLAGS=` gives the previous defaults.
-SFT_CONFIDENCE ?= 2=0.5-0.9,3=0.1-0.5
+SFT_CONFIDENCE ?= 2=0.6-0.9,3=0.0-0.3
 SCORE_FLAGS ?= --format-weight 0.1
 else ifeq ($(MODEL),smollm2)
 override MODEL := $(SMOL_DIR)
@@ -159,7 +159,7 @@ SFT_FLAGS ?=
 # Flags of `prepare --sft` (the warm start's examples), e.g. `--sft-correct-fraction 0.8`.
 SFT_PREPARE_FLAGS ?=
 # Confidence of the warm start's examples per number count (`prepare --sft-confidence`, e.g.
-# `2=0.5-0.9,3=0.1-0.5`; every count of TASK_FLAGS needs a range); empty = uniform 0.1-0.9.
+# `2=0.6-0.9,3=0.0-0.3`; every count of TASK_FLAGS needs a range); empty = uniform 0.1-0.9.
 SFT_CONFIDENCE ?=
 
 G := --seed $(SEED) --device $(DEVICE)

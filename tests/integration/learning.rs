@@ -159,7 +159,7 @@ const FORMAT_FLOOR: f64 = 0.70;
 /// Least fraction of well-formed answers and of well-formed confidences of every seed's last policy.
 const FORMAT_FLOOR_EACH: f64 = 0.50;
 /// Least mean AUROC of the last policies (training distribution); see the module doc.
-const AUROC_MARGIN: f64 = 0.62;
+const AUROC_MARGIN: f64 = 0.67;
 
 /// Seed of the held-out evaluation prompts (plus the loop's seed); far from the iterations' seeds.
 const EVAL_SEED: u64 = 777_777;
@@ -181,7 +181,7 @@ const DEFAULT: LoopConfig = LoopConfig {
     lambda_ans: "1",
     lambda_conf: "1",
     conf_value_entropy: "0",
-    sft_confidence: "2=0.5-0.9,3=0.1-0.5",
+    sft_confidence: "2=0.6-0.9,3=0.0-0.3",
     format_weight: "0.1",
     confidence_prompt: "Confidence?",
     eval_prompts: 160,
@@ -823,19 +823,24 @@ fn learning_judge_margins() {
         "{e}"
     );
     let strong = SeedFigures {
-        auroc: (Some(0.5), Some(0.95)),
+        auroc: (Some(0.5), Some(0.75)),
         ..good
     };
     let weak_auroc = SeedFigures {
-        auroc: (Some(0.6), Some(0.48)),
+        auroc: (Some(0.6), Some(0.52)),
         ..good
     };
-    // (0.95 + 0.48 + 0.48) / 3 = 0.6367 ≥ 0.62.
-    assert_eq!(judge(&[strong, weak_auroc, weak_auroc]), Ok(()));
+    // (0.75 + 0.75 + 0.52) / 3 = 0.6733 ≥ 0.67; (0.75 + 0.52 + 0.52) / 3 = 0.5967 is not.
+    assert_eq!(judge(&[strong, strong, weak_auroc]), Ok(()));
+    let e = judge(&[strong, weak_auroc, weak_auroc]).unwrap_err();
+    assert!(
+        e.contains("mean AUROC of the last policies 0.597 < 0.67"),
+        "{e}"
+    );
     // The margin was raised from 0.52 with the difficulty-aware warm start (module doc): the
     // previous defaults' last policies (RLCR_GEMM=rlcr, README) averaged (0.559 + 0.692 + 0.506
-    // + 0.549 + 0.500) / 5 = 0.5612 and now fail; this warm start's five seeds, (0.653 + 0.660 +
-    // 0.666 + 0.569 + 0.752) / 5 = 0.660, pass.
+    // + 0.549 + 0.500) / 5 = 0.5612 and now fail; this warm start's five seeds, (0.700 + 0.728 +
+    // 0.625 + 0.762 + 0.691) / 5 = 0.7012, pass.
     let at = |a: f64| SeedFigures {
         auroc: (Some(0.5), Some(a)),
         ..good
@@ -843,10 +848,10 @@ fn learning_judge_margins() {
     let before: Vec<SeedFigures> = [0.559, 0.692, 0.506, 0.549, 0.500].map(at).to_vec();
     let e = judge(&before).unwrap_err();
     assert!(
-        e.contains("mean AUROC of the last policies 0.561 < 0.62"),
+        e.contains("mean AUROC of the last policies 0.561 < 0.67"),
         "{e}"
     );
-    let now: Vec<SeedFigures> = [0.653, 0.660, 0.666, 0.569, 0.752].map(at).to_vec();
+    let now: Vec<SeedFigures> = [0.700, 0.728, 0.625, 0.762, 0.691].map(at).to_vec();
     assert_eq!(judge(&now), Ok(()));
     // A format that erodes on every seed fails on the mean.
     let eroded = SeedFigures {
