@@ -1,11 +1,11 @@
 //! Masked attention on rlcr's kernels ([`rlcr_kernels::attention`]) for burn tensors on Flex:
 //! plain (prefill, log-prob scoring) or autodiff (training, a custom `Backward` op over the
 //! three inputs), in place of burn's attention, whose autodiff version is a composite of
-//! batched gemm-crate products and element-wise softmax ops. Opt-in for now,
-//! `RLCR_ATTENTION=rlcr` ([`enabled`]), and only while the GEMM is on (`RLCR_GEMM` not `burn`):
-//! it rounds differently from burn's attention, so it changes the learning loop's trajectories,
-//! and the learning figures (and other experiments' seeds) are measured without it. Every other
-//! device keeps burn's attention.
+//! batched gemm-crate products and element-wise softmax ops that runs serially in places. The
+//! default on Flex while the GEMM is on (`RLCR_GEMM` not `burn`); `RLCR_ATTENTION=burn`
+//! ([`enabled`]) keeps burn's attention. The two round differently, so the choice changes the
+//! learning loop's trajectories (README, "What it learns", gives the learning figures of both).
+//! Every other device keeps burn's attention.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -35,12 +35,11 @@ pub fn attention(
     attention_isa(q, k, v, hidden, scale, cpu::isa())
 }
 
-/// Whether [`attention`] runs (read once per process): `RLCR_ATTENTION=rlcr`; unset or
-/// `RLCR_ATTENTION=burn` keeps burn's attention (see the module documentation for why it is
-/// opt-in). An unknown value is reported once and ignored.
+/// Whether [`attention`] runs (read once per process): the default, and `RLCR_ATTENTION=rlcr`;
+/// `RLCR_ATTENTION=burn` keeps burn's attention. An unknown value is reported once and ignored.
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::cpu::rlcr_path("RLCR_ATTENTION", false))
+    *ON.get_or_init(|| super::cpu::rlcr_path("RLCR_ATTENTION", true))
 }
 
 /// [`attention`] on the kernels of `isa`, whatever the switches (tests, benchmarks).
