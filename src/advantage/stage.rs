@@ -37,9 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::array::{
-    Array, ArrayRef, BooleanArray, Float32Array, ListArray, RecordBatch, StringArray,
-};
+use arrow::array::{Array, ArrayRef, BooleanArray, Float32Array, ListArray, RecordBatch};
 use arrow::buffer::{BooleanBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Schema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -332,7 +330,7 @@ fn req_row<'a>(f: &'a Option<Flat<f64>>, i: usize, name: &str, len: usize) -> Re
     Ok(r)
 }
 
-fn kind_of(s: &StringArray, i: usize) -> Result<SampleKind> {
+fn kind_of(s: &cols::Utf8Col, i: usize) -> Result<SampleKind> {
     if s.is_null(i) {
         bail!("column `sample_type`: null");
     }
@@ -437,7 +435,11 @@ fn projection(plan: &Plan) -> Vec<&'static str> {
 fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     // `sample_id` is read for the validator alone: as string views, compared where Parquet
     // decoded them
-    let reader = table::Reader::open_columns(input, &projection(plan))?.with_views(&["sample_id"]);
+    // and `prompt_id`, `sample_type` as dictionaries: a kind found once per distinct value, a
+    // prompt looked up when its key changes
+    let reader = table::Reader::open_columns(input, &projection(plan))?
+        .with_dictionaries(&["prompt_id", "sample_type"])
+        .with_views(&["sample_id"]);
     let display = reader.display.clone();
     let mut validator = Validator::new(&display, &TRAJECTORY);
     validator.reserve(reader.num_rows());
@@ -469,8 +471,16 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         let batch = batch.context("decoding a record batch")?;
         validator.check_batch(&batch)?;
         let n = batch.num_rows();
-        let pid = cols::strings(&batch, "prompt_id")?;
-        let st = cols::strings(&batch, "sample_type")?;
+        let pid = cols::Utf8Col::of(&batch, "prompt_id")?;
+        let st = cols::Utf8Col::of(&batch, "sample_type")?;
+        // the kind of each dictionary value (other values and null rows: `kind_of`'s message)
+        let st_kinds = st.per_value(|v| match v {
+            Some("answer") => Some(SampleKind::Answer),
+            Some("confidence") => Some(SampleKind::Confidence),
+            _ => None,
+        });
+        // the previous row's prompt_id key and prompt number (keys are per batch)
+        let mut last_pid: Option<(i32, u32)> = None;
         let aidx = if est == Estimator::Rlcr {
             Some(cols::ints(&batch, "answer_idx").with_context(|| display.clone())?)
         } else {
@@ -494,11 +504,21 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         for i in 0..n {
             let row = base + i;
             (|| -> Result<()> {
-                let kind = kind_of(&st, i)?;
-                if pid.is_null(i) {
-                    bail!("column `prompt_id`: null");
-                }
-                let p = prompts.intern(pid.value(i));
+                let kind = match st.key(i).and_then(|k| st_kinds.get(k as usize)) {
+                    Some(&Some(k)) => k,
+                    _ => kind_of(&st, i)?,
+                };
+                let p = match (pid.key(i), last_pid) {
+                    (Some(k), Some((lk, lp))) if k == lk => lp,
+                    (k, _) => {
+                        if pid.is_null(i) {
+                            bail!("column `prompt_id`: null");
+                        }
+                        let p = prompts.intern(pid.value(i));
+                        last_pid = k.map(|k| (k, p));
+                        p
+                    }
+                };
                 let mut score = match (est, &rew) {
                     (Estimator::GrpoMultiturn, _) => 0.0,
                     (_, Some(r)) => reward_of(r, i)?,
@@ -1110,7 +1130,7 @@ fn print_stats(s: &serde_json::Value) {
 
 fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -> Result<Built> {
     let n = batch.num_rows();
-    let st = cols::strings(batch, "sample_type")?;
+    let st = cols::Utf8Col::of(batch, "sample_type")?;
     let rew = match batch.column_by_name("reward") {
         Some(_) => Some(cols::floats(batch, "reward")?),
         None => None,

@@ -529,10 +529,77 @@ pub struct Validator {
     row: usize,
     ids: IdLog,
     /// The identity digests of the current prompt's rows (a run of rows of one prompt).
-    prompt_ids: (Option<u32>, Vec<u128>),
+    prompt_ids: PromptIds,
     answers: AnswerSet,
     conf_refs: Vec<(u32, usize, i32)>,
     links: Links,
+}
+
+/// The identity digests of the current prompt's rows (rows of one prompt come together), in an
+/// open-addressed table emptied for each prompt by a generation count: a repeat is found in a
+/// probe or two however many rows the prompt has (was: a scan of the prompt's earlier digests for
+/// every row, quadratic in the prompt's size).
+#[derive(Default)]
+struct PromptIds {
+    /// The prompt whose digests the table holds.
+    prompt: Option<u32>,
+    /// The current generation (≥ 1 once a prompt was entered); a slot of another one is empty.
+    generation: u32,
+    /// `(generation, digest)`; a power of two long, at most half full.
+    slots: Vec<(u32, u128)>,
+    /// Digests of the current generation.
+    len: usize,
+}
+
+impl PromptIds {
+    /// Make prompt `p` the current one (emptying the table) unless it is already.
+    #[inline]
+    fn enter(&mut self, p: u32) {
+        if self.prompt == Some(p) {
+            return;
+        }
+        self.prompt = Some(p);
+        self.len = 0;
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            // after 2^32 prompts: forget every older generation for real
+            self.slots.fill((0, 0));
+            self.generation = 1;
+        }
+    }
+    /// Add `key` to the current prompt's digests; false if it is there already.
+    #[inline]
+    fn insert(&mut self, key: u128) -> bool {
+        if 2 * (self.len + 1) > self.slots.len() {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        // the digests' high bits are mixed (short ids: a bijection; long ones: chained words)
+        let mut at = (key >> 64) as usize & mask;
+        loop {
+            let (g, k) = self.slots[at];
+            if g != self.generation {
+                self.slots[at] = (self.generation, key);
+                self.len += 1;
+                return true;
+            }
+            if k == key {
+                return false;
+            }
+            at = (at + 1) & mask;
+        }
+    }
+    /// Double the table (64 slots at first), keeping the current generation's digests.
+    fn grow(&mut self) {
+        let cap = (2 * self.slots.len()).max(64);
+        let old = std::mem::replace(&mut self.slots, vec![(0, 0); cap]);
+        self.len = 0;
+        for (g, k) in old {
+            if g == self.generation {
+                self.insert(k);
+            }
+        }
+    }
 }
 
 /// The answer rows seen so far, keyed by `(prompt, answer_idx)` where `prompt` numbers the
@@ -608,7 +675,7 @@ impl Validator {
             spec,
             row: 0,
             ids: IdLog::new(),
-            prompt_ids: (None, Vec::new()),
+            prompt_ids: PromptIds::default(),
             answers: AnswerSet::default(),
             conf_refs: Vec::new(),
             links: Links::default(),
@@ -825,18 +892,14 @@ impl Validator {
                 // A repeat within the rows of one prompt (a confidence row carrying its answer's
                 // id) is found here, with its value; any other repeat when the table is finished.
                 if let Some(&p) = prompt_of.get(i) {
-                    if self.prompt_ids.0 != Some(p) {
-                        self.prompt_ids.0 = Some(p);
-                        self.prompt_ids.1.clear();
-                    }
-                    if self.prompt_ids.1.contains(&key) {
+                    self.prompt_ids.enter(p);
+                    if !self.prompt_ids.insert(key) {
                         bail!(
                             "{file}, row {}, column `sample_id`: duplicate sample_id {:?}",
                             self.row + i,
                             ids.text(i)
                         );
                     }
-                    self.prompt_ids.1.push(key);
                 }
                 self.ids.push(key, (self.row + i) as u32);
             }
@@ -927,6 +990,55 @@ mod tests {
             Arc::new(Float32Array::from(vec![1.0; n])),
         ];
         RecordBatch::try_new(schema, cols).unwrap()
+    }
+
+    /// The per-prompt digest table: repeats found in a prompt of any size (the table grows past
+    /// its 64 first slots; digests sharing their high bits probe on), nothing carried from one
+    /// prompt to the next, and the generation count's wrap empties the table.
+    #[test]
+    fn prompt_ids_find_repeats_within_a_prompt_only() {
+        let mut t = PromptIds::default();
+        t.enter(0);
+        // the same high 64 bits: one long probe chain
+        for k in 0..1000u128 {
+            assert!(t.insert(k), "{k}");
+        }
+        assert!(t.slots.len() >= 2000 && t.slots.len().is_power_of_two());
+        for k in [0u128, 1, 499, 999] {
+            assert!(!t.insert(k), "{k} is a repeat");
+        }
+        assert!(t.insert(1000));
+        t.enter(0); // still prompt 0: its digests stay
+        assert!(!t.insert(7));
+        t.enter(1);
+        assert!(t.insert(7) && !t.insert(7));
+        assert!(t.insert(5u128 << 64 | 3) && t.insert(6u128 << 64 | 3));
+        t.enter(0); // a new run of prompt 0 (the table's rows are not grouped): empty again
+        assert!(t.insert(999) && t.insert(7));
+        t.generation = u32::MAX;
+        t.prompt = Some(9);
+        assert!(t.insert(42));
+        t.enter(3);
+        assert_eq!(t.generation, 1);
+        assert!(t.slots.iter().all(|&s| s == (0, 0)));
+        assert!(t.insert(42) && t.insert(999) && !t.insert(42));
+
+        // through the validator: 200 answers of one prompt, the last repeating row 3's id
+        let types = vec!["answer"; 200];
+        let mut ids: Vec<String> = (0..200).map(|i| format!("p/a{i}")).collect();
+        let aidx: Vec<i32> = (0..200).collect();
+        fn refs(ids: &[String]) -> Vec<&str> {
+            ids.iter().map(String::as_str).collect()
+        }
+        check(&table(&types, &refs(&ids), &aidx, &[3; 200])).unwrap();
+        ids[199] = "p/a3".into();
+        let e = check(&table(&types, &refs(&ids), &aidx, &[3; 200]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "t.parquet, row 199, column `sample_id`: duplicate sample_id \"p/a3\""
+        );
     }
 
     fn check(b: &RecordBatch) -> Result<()> {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int32Array, RecordBatch, StringArray,
-    StructArray,
+    Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, Float64Array, Int32Array, RecordBatch,
+    StringArray, StructArray,
 };
 use arrow::compute::cast;
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int32Type};
@@ -39,6 +39,69 @@ pub fn strings(batch: &RecordBatch, name: &str) -> Result<StringArray> {
     Ok(need(batch, name, &DataType::Utf8)?
         .as_string::<i32>()
         .clone())
+}
+
+/// A utf8 column that may have been read as a dictionary with int32 keys (`prompt_id` and
+/// `sample_type` in the keys pass): a dictionary keeps its keys, so a value need be looked at
+/// only once per distinct key, or when the key changes from the previous row's. Any other string
+/// type is cast to plain `Utf8`.
+pub enum Utf8Col {
+    Plain(StringArray),
+    Dict {
+        keys: Int32Array,
+        values: StringArray,
+    },
+}
+
+impl Utf8Col {
+    /// Column `name` of `batch`.
+    pub fn of(batch: &RecordBatch, name: &str) -> Result<Self> {
+        let col = batch
+            .column_by_name(name)
+            .ok_or_else(|| anyhow!("missing column `{name}`"))?;
+        if let Some(d) = col.as_any().downcast_ref::<DictionaryArray<Int32Type>>() {
+            if let Some(v) = d.values().as_any().downcast_ref::<StringArray>() {
+                return Ok(Utf8Col::Dict {
+                    keys: d.keys().clone(),
+                    values: v.clone(),
+                });
+            }
+        }
+        Ok(Utf8Col::Plain(strings(batch, name)?))
+    }
+    /// The dictionary key of row `i` (`None` for a plain column or a null key). Within a batch,
+    /// equal keys are equal values.
+    #[inline]
+    pub fn key(&self, i: usize) -> Option<i32> {
+        match self {
+            Utf8Col::Plain(_) => None,
+            Utf8Col::Dict { keys, .. } => keys.is_valid(i).then(|| keys.value(i)),
+        }
+    }
+    pub fn is_null(&self, i: usize) -> bool {
+        match self {
+            Utf8Col::Plain(a) => a.is_null(i),
+            Utf8Col::Dict { keys, values } => {
+                keys.is_null(i) || values.is_null(keys.value(i) as usize)
+            }
+        }
+    }
+    /// Row `i`'s value (empty for a null row: ask [`Utf8Col::is_null`] first).
+    pub fn value(&self, i: usize) -> &str {
+        match self {
+            Utf8Col::Plain(a) => a.value(i),
+            Utf8Col::Dict { keys, values } => values.value(keys.value(i) as usize),
+        }
+    }
+    /// `f` of each dictionary value, by key (`None` for a null value; empty for a plain column).
+    pub fn per_value<T>(&self, f: impl Fn(Option<&str>) -> T) -> Vec<T> {
+        match self {
+            Utf8Col::Plain(_) => Vec::new(),
+            Utf8Col::Dict { values, .. } => (0..values.len())
+                .map(|v| f(values.is_valid(v).then(|| values.value(v))))
+                .collect(),
+        }
+    }
 }
 
 /// An integer column as `Int32`.
