@@ -14,14 +14,16 @@
 #   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration)
 #
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
-# format examples: shorter ones leave it unable to copy the numbers), on a small mixed-difficulty
+# format examples: shorter ones leave it unable to copy the numbers; their stated confidences are
+# 0.6-0.9 on two numbers and 0.0-0.3 on three, SFT_CONFIDENCE), on a small mixed-difficulty
 # countdown task (two or three numbers in 1..3, targets up to 9, the training split of its
 # problems), 20 iterations of 16 prompts x 4
 # answers x 2 confidences, 2 epochs x 4 mini-batches (8 optimizer steps) per iteration at lr 1e-3,
-# confidence advantages mean-centred per answer (`--norm-conf mean`), and the short confidence
+# confidence advantages mean-centred per answer (`--norm-conf mean`), a 0.1 reward for a
+# well-formed answer (SCORE_FLAGS=--format-weight 0.1), and the short confidence
 # question `Confidence?` (the tiny model's context is short: rlcr's full request makes every
 # confidence row 2.6x longer and the update 4x slower). About 2.5 minutes on 2 idle cores. It learns
-# both to answer (accuracy about 0.19 -> 0.45) and to say how sure it is (Brier, ECE): see the
+# both to answer (accuracy about 0.17 -> 0.39) and to say how sure it is (Brier, ECE, AUROC): see the
 # README and tests/integration/learning.rs. `make -f scripts/rl.mk compare` adds the RLVR arm
 # from the same warm start and evaluates base / RLVR / RLCR on held-out and out-of-domain prompts.
 # `make -f scripts/rl.mk smollm2` runs the same loop on SmolLM2-135M-Instruct imported from its
@@ -38,6 +40,12 @@ MODEL ?= tiny
 SMOL_DIR ?= $(RUNS)/models/smollm2-135m
 ifeq ($(MODEL),tiny)
 override MODEL := $(ROOT)/fixtures/tiny-qwen2
+# The tiny model's warm start states a confidence that depends on the number count (two numbers:
+# 0.6-0.9, three: 0.0-0.3, whether the example's answer is right or not; `prepare
+# --sft-confidence`), and its loop rewards well-formed answers with 0.1 (`score --format-weight`):
+# issue 19's AUROC goal (README). `SFT_CONFIDENCE= SCORE_FLAGS=` gives the previous defaults.
+SFT_CONFIDENCE ?= 2=0.6-0.9,3=0.0-0.3
+SCORE_FLAGS ?= --format-weight 0.1
 else ifeq ($(MODEL),smollm2)
 override MODEL := $(SMOL_DIR)
 RLCR_OPT = 1
@@ -90,6 +98,8 @@ BATCH ?= 64
 
 # Scoring, advantage, update.
 VERIFIER ?= countdown
+# Extra flags of `score` in the loop, e.g. `--format-weight 0.1` (a reward for well-formed answers).
+SCORE_FLAGS ?=
 ESTIMATOR ?= rlcr
 # Confidence advantages: reward minus the mean of the G_c confidences of the same answer (RLCR's
 # confidence reproduction). Dividing by their std as well (`--norm-conf std`) turns any difference
@@ -148,6 +158,9 @@ SFT_EPOCHS ?= 12
 SFT_FLAGS ?=
 # Flags of `prepare --sft` (the warm start's examples), e.g. `--sft-correct-fraction 0.8`.
 SFT_PREPARE_FLAGS ?=
+# Confidence of the warm start's examples per number count (`prepare --sft-confidence`, e.g.
+# `2=0.6-0.9,3=0.0-0.3`; every count of TASK_FLAGS needs a range); empty = uniform 0.1-0.9.
+SFT_CONFIDENCE ?=
 
 G := --seed $(SEED) --device $(DEVICE)
 ITER_IDS := $(shell seq -f '%04g' 1 $(ITERS))
@@ -164,7 +177,8 @@ loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
 # --- supervised warm start: format examples generated from synthetic tasks with known solutions
 $(DIR)/prompts-sft.parquet:
 	$(RLCR) $(G) prepare --from countdown-synth --count $(SFT_COUNT) $(TASK_FLAGS) $(TRAIN_SPLIT) \
-	  --sft $(SFT_PREPARE_FLAGS) $(SYS_FLAG) $(CONF_FLAG) -o $@
+	  --sft $(SFT_PREPARE_FLAGS) $(if $(SFT_CONFIDENCE),--sft-confidence $(SFT_CONFIDENCE)) \
+	  $(SYS_FLAG) $(CONF_FLAG) -o $@
 
 $(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet $(MODEL)/config.json
 	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) $(SFT_FLAGS)
@@ -186,7 +200,7 @@ $(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(2)/confi
 	  $$(SYS_FLAG) $$(CONF_FLAG)
 
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
-	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER)
+	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER) $$(SCORE_FLAGS)
 
 ifeq ($(ESTIMATOR),gae)
 $(DIR)/iter-$(1)/valued.parquet: $(DIR)/iter-$(1)/scored.parquet $(2)/config.json
@@ -287,7 +301,7 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   MICRO_BATCH=$(MICRO_BATCH) MAX_NEW=$(MAX_NEW) MAX_NEW_CONF=$(MAX_NEW_CONF) BATCH=$(BATCH) \
   PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) \
   CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) UPDATE_FLAGS="$(UPDATE_FLAGS)" \
-  VERIFIER=$(VERIFIER)
+  VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)"
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
 	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 summary

@@ -435,7 +435,9 @@ fn projection(plan: &Plan) -> Vec<&'static str> {
 /// read here and the cross-row rules; pass 2 checks the token columns), so its errors name the
 /// file, row and column.
 fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
-    let reader = table::Reader::open_columns(input, &projection(plan))?;
+    // `sample_id` is read for the validator alone: as string views, compared where Parquet
+    // decoded them
+    let reader = table::Reader::open_columns(input, &projection(plan))?.with_views(&["sample_id"]);
     let display = reader.display.clone();
     let mut validator = Validator::new(&display, &TRAJECTORY);
     validator.reserve(reader.num_rows());

@@ -6,7 +6,7 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::common::{Global, UsageError};
-use crate::prepare::{Build, Plan, SftPlan, Source, Split, SynthShape};
+use crate::prepare::{Build, Plan, SftConfidence, SftPlan, Source, Split, SynthShape};
 
 pub const ABOUT: &str =
     "Build a prompts table (countdown-synth, TinyZero countdown, verl Parquet, JSONL)";
@@ -83,6 +83,12 @@ pub struct Args {
     /// warm-started policy leaves room to learn.
     #[arg(long, default_value_t = 0.5)]
     pub sft_correct_fraction: f64,
+    /// With --sft: the confidence of the examples per difficulty, `NUMBERS=LOW-HIGH` entries
+    /// separated by commas (e.g. `2=0.3-0.7,3=0.0-0.3`): each example's confidence is drawn
+    /// uniformly from the tenths of its number count's range, whether its answer is right or not.
+    /// Every number count of the task shape needs a range. Default: 0.1–0.9 for every task.
+    #[arg(long)]
+    pub sft_confidence: Option<String>,
     /// With --sft: the system prompt of the examples (use the one you will sample with).
     #[arg(long)]
     pub system_prompt: Option<String>,
@@ -109,6 +115,9 @@ impl TryFrom<(&Global, &Args)> for Plan {
     /// Check the flags (usage errors: exit 2) and build the engine's plan.
     fn try_from((g, a): (&Global, &Args)) -> Result<Plan> {
         let usage = |m: String| -> anyhow::Error { UsageError(m).into() };
+        if a.sft_confidence.is_some() && !a.sft {
+            return Err(usage("--sft-confidence works with --sft".into()));
+        }
         let build = match a.from {
             Source::CountdownSynth => {
                 if a.input.is_some() {
@@ -135,10 +144,28 @@ impl TryFrom<(&Global, &Args)> for Plan {
                     let query = a.confidence_prompt.clone().unwrap_or_else(|| {
                         crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT.to_string()
                     });
+                    let confidence = match &a.sft_confidence {
+                        None => None,
+                        Some(spec) => {
+                            let c = SftConfidence::parse(spec)
+                                .map_err(|e| usage(format!("--sft-confidence: {e}")))?;
+                            for k in a.min_numbers..=a.max_numbers {
+                                if c.range(k).is_none() {
+                                    return Err(usage(format!(
+                                        "--sft-confidence has no range for tasks of {k} numbers \
+                                         (--min-numbers {} to --max-numbers {})",
+                                        a.min_numbers, a.max_numbers
+                                    )));
+                                }
+                            }
+                            Some(c)
+                        }
+                    };
                     Some(SftPlan {
                         correct_fraction: a.sft_correct_fraction,
                         system,
                         query,
+                        confidence,
                     })
                 } else {
                     None

@@ -27,7 +27,7 @@ use crate::table::{self, Meta, PROMPTS};
 
 pub use synth::{
     canonical_key, countdown_prompt, countdown_prompt_short, countdown_synth, heldout_bucket,
-    sft_examples, Split, SynthShape,
+    sft_examples, SftConfidence, Split, SynthShape,
 };
 
 /// One prompt row.
@@ -70,6 +70,8 @@ pub struct SftPlan {
     pub system: String,
     /// The confidence query of the examples.
     pub query: String,
+    /// Confidence ranges per difficulty (None: uniform on 0.1–0.9 for every task).
+    pub confidence: Option<SftConfidence>,
 }
 
 /// What to build: a validated plan (the CLI checks the flags and builds it).
@@ -120,7 +122,14 @@ pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
         } => {
             let tasks = countdown_synth(*seed, *count, *shape, *split)?;
             match sft {
-                Some(s) => sft_examples(*seed, &tasks, s.correct_fraction, &s.system, &s.query)?,
+                Some(s) => sft_examples(
+                    *seed,
+                    &tasks,
+                    s.correct_fraction,
+                    s.confidence.as_ref(),
+                    &s.system,
+                    &s.query,
+                )?,
                 None => tasks,
             }
         }

@@ -284,11 +284,15 @@ pub fn countdown_synth(
 /// <confidence>p</confidence>]`. A fraction `1 − correct_fraction` of the answers swap one operation
 /// for another that changes the value (a wrong but well-formed answer); confidences are drawn
 /// uniformly from {0.1, …, 0.9} regardless of correctness, so the warm start teaches the format and
-/// leaves calibration to the RL loop.
+/// leaves calibration to the RL loop. With `confidence`, an example's confidence is drawn
+/// uniformly from the tenths of its difficulty's range instead (still regardless of whether the
+/// example's answer is correct): a warm start whose stated confidence already depends on the
+/// difficulty shown in the prompt (see [`SftConfidence`]).
 pub fn sft_examples(
     seed: u64,
     tasks: &[PromptRow],
     correct_fraction: f64,
+    confidence: Option<&SftConfidence>,
     system: &str,
     query: &str,
 ) -> Result<Vec<PromptRow>> {
@@ -318,7 +322,24 @@ pub fn sft_examples(
             wrong_equation(sol, &task, &mut rng).unwrap_or_else(|| sol.to_string())
         };
         let answer = format!("<think>{eq}</think><answer>{eq}</answer>");
-        let c = rng.random_range(1..=9) as f64 / 10.0;
+        let (lo, hi) = match confidence {
+            None => (1, 9),
+            Some(sc) => {
+                let k = t
+                    .extra_info
+                    .as_ref()
+                    .and_then(|e| e.get("difficulty"))
+                    .and_then(Value::as_u64)
+                    .with_context(|| format!("task {} has no difficulty", t.prompt_id))?;
+                sc.range(k as u32).with_context(|| {
+                    format!(
+                        "task {}: no warm-start confidence range for {k} numbers",
+                        t.prompt_id
+                    )
+                })?
+            }
+        };
+        let c = rng.random_range(lo..=hi) as f64 / 10.0;
         let conf = format!("<analysis>{eq}</analysis><confidence>{c:.1}</confidence>");
         let mut base = vec![];
         if !system.is_empty() {
@@ -341,6 +362,72 @@ pub fn sft_examples(
         }
     }
     Ok(out)
+}
+
+/// Warm-start confidences per difficulty (`prepare --sft-confidence 2=0.3-0.7,3=0.0-0.3`): for
+/// each number count, the inclusive range of tenths an example's confidence is drawn from
+/// (uniformly; a single value `K=P` is the range P–P). Parsed from `K=LO-HI` entries separated
+/// by commas; K in 2..=7, LO ≤ HI in 0..=1 and multiples of 0.1, every K at most once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SftConfidence {
+    /// (number count, lowest tenth, highest tenth), sorted by count.
+    ranges: Vec<(u32, u32, u32)>,
+}
+
+impl SftConfidence {
+    /// Parse `K=LO-HI[,K=LO-HI…]`; the error says which entry is wrong and why.
+    pub fn parse(spec: &str) -> std::result::Result<SftConfidence, String> {
+        fn tenths(x: &str, entry: &str) -> std::result::Result<u32, String> {
+            let v: f64 = x
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{entry}`: `{x}` is not a number"))?;
+            let t = (v * 10.0).round();
+            if !(0.0..=1.0).contains(&v) || (v * 10.0 - t).abs() > 1e-9 {
+                return Err(format!(
+                    "`{entry}`: {x} is not one of 0.0, 0.1, …, 1.0 (confidences are tenths)"
+                ));
+            }
+            Ok(t as u32)
+        }
+        let mut ranges: Vec<(u32, u32, u32)> = Vec::new();
+        for entry in spec.split(',') {
+            let entry = entry.trim();
+            let (k, r) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("`{entry}` is not NUMBERS=LOW-HIGH (e.g. 2=0.3-0.7)"))?;
+            let k: u32 = k
+                .trim()
+                .parse()
+                .ok()
+                .filter(|k| (2..=7).contains(k))
+                .ok_or_else(|| format!("`{entry}`: the number count must be 2 to 7"))?;
+            let (lo, hi) = match r.split_once('-') {
+                Some((lo, hi)) => (tenths(lo, entry)?, tenths(hi, entry)?),
+                None => {
+                    let v = tenths(r, entry)?;
+                    (v, v)
+                }
+            };
+            if lo > hi {
+                return Err(format!("`{entry}`: the low end is above the high end"));
+            }
+            if ranges.iter().any(|&(j, _, _)| j == k) {
+                return Err(format!("{k} numbers appear twice"));
+            }
+            ranges.push((k, lo, hi));
+        }
+        ranges.sort_unstable();
+        Ok(SftConfidence { ranges })
+    }
+
+    /// The inclusive range of tenths for tasks of `numbers` numbers, if given.
+    pub fn range(&self, numbers: u32) -> Option<(u32, u32)> {
+        self.ranges
+            .iter()
+            .find(|&&(k, _, _)| k == numbers)
+            .map(|&(_, lo, hi)| (lo, hi))
+    }
 }
 
 /// Replace one operator of `eq` so that the countdown verifier no longer judges it correct for
@@ -468,7 +555,7 @@ mod tests {
     #[test]
     fn sft_examples_have_the_format_and_the_fraction() {
         let tasks = countdown_synth(5, 200, SynthShape::default(), Split::All).unwrap();
-        let ex = sft_examples(5, &tasks, 0.5, "sys", "how sure?").unwrap();
+        let ex = sft_examples(5, &tasks, 0.5, None, "sys", "how sure?").unwrap();
         assert_eq!(ex.len(), 400);
         let mut correct = 0;
         for pair in ex.chunks(2) {
@@ -506,6 +593,106 @@ mod tests {
         }
         // 200 draws at p = 0.5: within 4 standard deviations (±28).
         assert!((72..=128).contains(&correct), "{correct}");
+    }
+
+    #[test]
+    fn sft_confidence_parses_ranges_of_tenths() {
+        let c = SftConfidence::parse("3=0.0-0.3, 2=0.3-0.7,4=1").unwrap();
+        // 0.3 → tenth 3, 0.7 → 7; a single value is a one-tenth range; sorted by count.
+        assert_eq!(c.ranges, vec![(2, 3, 7), (3, 0, 3), (4, 10, 10)]);
+        assert_eq!(c.range(2), Some((3, 7)));
+        assert_eq!(c.range(5), None);
+        for (spec, needle) in [
+            ("2", "is not NUMBERS=LOW-HIGH"),
+            ("1=0.1-0.2", "number count must be 2 to 7"),
+            ("8=0.1-0.2", "number count must be 2 to 7"),
+            ("x=0.1", "number count must be 2 to 7"),
+            ("2=0.15-0.3", "0.15 is not one of 0.0, 0.1"),
+            ("2=0.1-1.1", "1.1 is not one of"),
+            ("2=-0.1", "is not a number"),
+            ("2=a-0.3", "`a` is not a number"),
+            ("2=0.7-0.3", "low end is above the high end"),
+            ("2=0.1,2=0.2", "2 numbers appear twice"),
+            ("", "is not NUMBERS=LOW-HIGH"),
+        ] {
+            let e = SftConfidence::parse(spec).unwrap_err();
+            assert!(e.contains(needle), "{spec}: {e}");
+        }
+    }
+
+    /// The confidence of an example's text, its number count, and whether its answer is right.
+    fn confidences(ex: &[PromptRow]) -> Vec<(usize, u32, bool)> {
+        ex.chunks(2)
+            .map(|pair| {
+                let c = pair[1].messages.as_array().unwrap().last().unwrap()["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let v = c.split("<confidence>").nth(1).unwrap();
+                let v: f64 = v.trim_end_matches("</confidence>").parse().unwrap();
+                let k = pair[0].ground_truth["numbers"].as_array().unwrap().len();
+                let ok = pair[0].extra_info.as_ref().unwrap()["correct"]
+                    .as_bool()
+                    .unwrap();
+                (k, (v * 10.0).round() as u32, ok)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sft_confidence_follows_the_difficulty() {
+        let shape = SynthShape {
+            min_numbers: 2,
+            max_numbers: 3,
+            max_number: 3,
+            max_target: 9,
+            short_prompt: true,
+            heldout_percent: 20,
+        };
+        let tasks = countdown_synth(11, 600, shape, Split::Train).unwrap();
+        // Without ranges: every tenth 1..=9 for every count (the default, unchanged).
+        let plain = confidences(&sft_examples(11, &tasks, 0.5, None, "", "?").unwrap());
+        assert!(plain.iter().all(|&(_, t, _)| (1..=9).contains(&t)));
+        let sc = SftConfidence::parse("2=0.3-0.7,3=0.0-0.3").unwrap();
+        let ex = sft_examples(11, &tasks, 0.5, Some(&sc), "", "?").unwrap();
+        let got = confidences(&ex);
+        // The answers (and so the examples' correctness) are the same draws as without ranges:
+        // the confidence takes one draw either way.
+        assert_eq!(
+            got.iter().map(|g| g.2).collect::<Vec<_>>(),
+            plain.iter().map(|g| g.2).collect::<Vec<_>>()
+        );
+        for k in [2usize, 3] {
+            let (lo, hi) = if k == 2 { (3, 7) } else { (0, 3) };
+            let of_k: Vec<u32> = got.iter().filter(|g| g.0 == k).map(|g| g.1).collect();
+            assert!(of_k.len() > 150, "{k}: {}", of_k.len());
+            // Every tenth of the range, and nothing outside it.
+            for t in lo..=hi {
+                assert!(of_k.contains(&t), "{k} numbers never got {t}/10");
+            }
+            assert!(of_k.iter().all(|t| (lo..=hi).contains(t)), "{k}: {of_k:?}");
+            // Uniform: mean (lo + hi) / 2 tenths, i.e. 0.5 and 0.15, within 4 standard errors
+            // (SD of a discrete uniform over n values: sqrt((n² − 1) / 12) tenths).
+            let n = (hi - lo + 1) as f64;
+            let mean = of_k.iter().map(|&t| t as f64).sum::<f64>() / of_k.len() as f64;
+            let se = ((n * n - 1.0) / 12.0).sqrt() / (of_k.len() as f64).sqrt();
+            let want = (lo + hi) as f64 / 2.0;
+            assert!(
+                (mean - want).abs() < 4.0 * se,
+                "{k}: mean {mean} want {want}"
+            );
+            // Regardless of correctness: right and wrong examples of a count share the range.
+            for ok in [true, false] {
+                assert!(got.iter().any(|g| g.0 == k && g.2 == ok));
+            }
+        }
+        // A count without a range is an error naming the task.
+        let only2 = SftConfidence::parse("2=0.5").unwrap();
+        let e = sft_examples(11, &tasks, 0.5, Some(&only2), "", "?").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no warm-start confidence range for 3 numbers"),
+            "{e:#}"
+        );
     }
 
     #[test]

@@ -312,11 +312,20 @@ impl StrCol {
         }
     }
 
-    /// The dictionary key of row `i` (`None` for plain columns).
-    fn key(&self, i: usize) -> Option<i32> {
+    /// The dictionary key of row `i` when the row holds a value (`None` for plain columns and
+    /// null rows). Equal keys of one batch are equal strings, so a cache keyed by them (per batch)
+    /// need not fetch and compare the string.
+    #[inline]
+    fn valid_key(&self, i: usize) -> Option<i32> {
         match self {
             StrCol::Plain(_) => None,
-            StrCol::Dict { keys, .. } => Some(keys.value(i)),
+            StrCol::Dict { keys, values } => {
+                if keys.is_null(i) {
+                    return None;
+                }
+                let k = keys.value(i);
+                (!values.is_null(k as usize)).then_some(k)
+            }
         }
     }
 }
@@ -468,8 +477,9 @@ fn validate_with(read: &Path, parts: &[Part], by_levels: &[&str]) -> Result<Link
         .into_iter()
         .filter(|c| !STALE_COLUMNS.contains(c) && !by_levels.contains(c))
         .collect();
-    let reader =
-        table::Reader::open_columns(read, &names)?.with_dictionaries(&["sample_type", "prompt_id"]);
+    let reader = table::Reader::open_columns(read, &names)?
+        .with_dictionaries(&["sample_type", "prompt_id"])
+        .with_views(&["sample_id"]);
     table::check_schema(&reader.display, &reader.file_schema(), &TRAJECTORY, &[])?;
     let mut v = Validator::new(&reader.display.clone(), &TRAJECTORY);
     v.reserve(reader.num_rows());
@@ -676,6 +686,8 @@ struct VerifyCache {
     msg_text: String,
     prefix: String,
     ds: Option<(String, VerifierKind)>,
+    /// Dictionary key of the cached data source.
+    ds_key: Option<i32>,
 }
 
 /// Verify answer row `i` with the built-in verifiers.
@@ -686,36 +698,50 @@ fn verify_one<'b>(
     cache: &mut VerifyCache,
 ) -> Result<(Verdict<'b>, VerifierKind)> {
     let row = c.rows.at(i);
-    let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
+    // data source and ground truth: the strings are fetched (and null rows refused) only when
+    // the row's dictionary key is not the cached one
+    let ds_key = c.data_source.valid_key(i);
     let kind = match (ctx.settings.verifier, cache.ds.as_ref()) {
-        (Some(k), _) => k,
-        (None, Some((d, k))) if d == ds => *k,
-        (None, _) => {
-            let k = auto_verifier(ds);
-            cache.ds = Some((ds.to_string(), k));
-            k
+        (Some(k), _) if ds_key.is_some() => k,
+        (None, Some((_, k))) if ds_key.is_some() && ds_key == cache.ds_key => *k,
+        (verifier, cached) => {
+            let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
+            match (verifier, cached) {
+                (Some(k), _) => k,
+                (None, Some((d, k))) if d == ds => {
+                    let k = *k;
+                    cache.ds_key = ds_key;
+                    k
+                }
+                (None, _) => {
+                    let k = auto_verifier(ds);
+                    cache.ds = Some((ds.to_string(), k));
+                    cache.ds_key = ds_key;
+                    k
+                }
+            }
         }
     };
     if ctx.settings.preset == Preset::Tinyzero && kind != VerifierKind::Countdown {
+        let ds = str_at(&c.data_source, i, ctx.path, "data_source", row)?;
         bail!(
             "{}, row {row}: --reward-preset tinyzero needs the countdown verifier, but data_source {ds:?} uses {}",
             ctx.path.display(),
             kind.name()
         );
     }
-    let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
-    let key = c.ground_truth.key(i);
-    let same_text = match (key, cache.gt_key) {
-        (Some(a), Some(b)) if a == b => true,
-        _ => cache.gt_text.as_str() == gts,
-    };
-    let cached = matches!(&cache.gt, Some((k, _)) if *k == kind) && same_text;
-    if !cached {
-        let gt = GroundTruth::parse(kind, gts)
-            .with_context(|| format!("{}, row {row}, column `ground_truth`", ctx.path.display()))?;
-        cache.gt = Some((kind, gt));
-        cache.gt_text.clear();
-        cache.gt_text.push_str(gts);
+    let key = c.ground_truth.valid_key(i);
+    let cached_kind = matches!(&cache.gt, Some((k, _)) if *k == kind);
+    if !(cached_kind && key.is_some() && key == cache.gt_key) {
+        let gts = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+        if !(cached_kind && cache.gt_text.as_str() == gts) {
+            let gt = GroundTruth::parse(kind, gts).with_context(|| {
+                format!("{}, row {row}, column `ground_truth`", ctx.path.display())
+            })?;
+            cache.gt = Some((kind, gt));
+            cache.gt_text.clear();
+            cache.gt_text.push_str(gts);
+        }
         cache.gt_key = key;
     }
     let (_, gt) = cache.gt.as_ref().context("internal: ground-truth cache")?;
@@ -1215,17 +1241,23 @@ impl Scorer<'_> {
         let mut answer_scored: Vec<Scored> =
             Vec::with_capacity(if has_conf { ans.len() } else { 0 });
         let mut last_ds: Option<&str> = None;
+        let mut last_ds_key: Option<i32> = None;
         for (&i, r) in ans.iter().zip(answers) {
             let a = r?;
             if let Some(k) = a.kind {
-                let ds = c.data_source.value_at(i);
-                if last_ds != Some(ds) {
-                    if !self.summary.verifiers.contains_key(ds) {
-                        self.summary
-                            .verifiers
-                            .insert(ds.to_string(), k.name().to_string());
+                // (the row's verifier follows from its data source: an equal key, a known entry)
+                let key = c.data_source.valid_key(i);
+                if key.is_none() || key != last_ds_key {
+                    let ds = c.data_source.value_at(i);
+                    if last_ds != Some(ds) {
+                        if !self.summary.verifiers.contains_key(ds) {
+                            self.summary
+                                .verifiers
+                                .insert(ds.to_string(), k.name().to_string());
+                        }
+                        last_ds = Some(ds);
                     }
-                    last_ds = Some(ds);
+                    last_ds_key = key;
                 }
             }
             match a.countdown {

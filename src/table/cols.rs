@@ -161,15 +161,7 @@ pub fn list_bool<'a>(
 
 /// A span column: per row `Some((start, end))` or `None`.
 pub fn spans(b: &RecordBatch, table: &str, name: &str) -> Result<Vec<Option<(i32, i32)>>> {
-    let s = struct_col(b, table, name)?;
-    let start = s
-        .column_by_name("start")
-        .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
-        .ok_or_else(|| anyhow!("{table}: column `{name}` has no int32 field `start`"))?;
-    let end = s
-        .column_by_name("end")
-        .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
-        .ok_or_else(|| anyhow!("{table}: column `{name}` has no int32 field `end`"))?;
+    let (s, start, end) = span_parts(b, table, name)?;
     Ok((0..s.len())
         .map(|i| {
             if s.is_null(i) || start.is_null(i) || end.is_null(i) {
@@ -179,6 +171,24 @@ pub fn spans(b: &RecordBatch, table: &str, name: &str) -> Result<Vec<Option<(i32
             }
         })
         .collect())
+}
+
+/// A span column and its `start` and `end` fields (what [`spans`] reads, without collecting).
+pub fn span_parts<'a>(
+    b: &'a RecordBatch,
+    table: &str,
+    name: &str,
+) -> Result<(&'a StructArray, &'a Int32Array, &'a Int32Array)> {
+    let s = struct_col(b, table, name)?;
+    let start = s
+        .column_by_name("start")
+        .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+        .ok_or_else(|| anyhow!("{table}: column `{name}` has no int32 field `start`"))?;
+    let end = s
+        .column_by_name("end")
+        .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+        .ok_or_else(|| anyhow!("{table}: column `{name}` has no int32 field `end`"))?;
+    Ok((s, start, end))
 }
 
 /// Build a `list<int32>` array.

@@ -106,6 +106,8 @@ pub struct Reader {
     columns: Option<Vec<String>>,
     /// Utf8 columns read and kept as `Dictionary(Int32, Utf8)` ([`Reader::with_dictionaries`]).
     dictionaries: Vec<String>,
+    /// Utf8 columns read and kept as `Utf8View` ([`Reader::with_views`]).
+    views: Vec<String>,
     /// Display name for errors.
     pub display: String,
 }
@@ -175,6 +177,7 @@ impl Reader {
             num_rows,
             columns,
             dictionaries: Vec::new(),
+            views: Vec::new(),
             display: path.display().to_string(),
         })
     }
@@ -185,6 +188,24 @@ impl Reader {
     pub fn with_dictionaries(mut self, names: &[&str]) -> Self {
         self.dictionaries = names.iter().map(|s| s.to_string()).collect();
         self
+    }
+
+    /// Read the utf8 columns `names` as `Utf8View` and keep them so: for columns of distinct
+    /// short strings read only to be compared (`sample_id`), whose values then stay where Parquet
+    /// decoded them (a string of up to 12 bytes inside its view) instead of being copied into one
+    /// buffer per batch.
+    pub fn with_views(mut self, names: &[&str]) -> Self {
+        self.views = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// The columns kept in the type they were read as ([`Reader::with_dictionaries`],
+    /// [`Reader::with_views`]).
+    fn kept(&self, name: &str) -> bool {
+        self.dictionaries
+            .iter()
+            .chain(&self.views)
+            .any(|d| d == name)
     }
 
     /// The (normalised) schema of the batches this reader yields.
@@ -237,7 +258,7 @@ impl Reader {
         };
         self.next_file += 1;
         let mut b = builder(&f)?;
-        if !self.dictionaries.is_empty() {
+        if !self.dictionaries.is_empty() || !self.views.is_empty() {
             let dict = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
             let fields: Vec<Field> = b
                 .schema()
@@ -245,10 +266,13 @@ impl Reader {
                 .iter()
                 .map(|fld| {
                     let fld = fld.as_ref().clone();
-                    if self.dictionaries.iter().any(|d| d == fld.name())
-                        && fld.data_type() == &DataType::Utf8
-                    {
+                    let name = fld.name();
+                    if fld.data_type() != &DataType::Utf8 {
+                        fld
+                    } else if self.dictionaries.iter().any(|d| d == name) {
                         fld.with_data_type(dict.clone())
+                    } else if self.views.iter().any(|d| d == name) {
+                        fld.with_data_type(DataType::Utf8View)
                     } else {
                         fld
                     }
@@ -298,7 +322,7 @@ impl Iterator for Reader {
         loop {
             if let Some(r) = &mut self.current {
                 match r.next() {
-                    Some(Ok(b)) => return Some(normalize_batch(&b, &self.dictionaries)),
+                    Some(Ok(b)) => return Some(normalize_batch(&b, |name| self.kept(name))),
                     Some(Err(e)) => {
                         let f = self
                             .files
@@ -448,11 +472,12 @@ fn normalized_schema(s: &SchemaRef) -> SchemaRef {
     ))
 }
 
-/// `b` with its columns' types normalised ([`normalized_type`]), except the dictionaries `keep`.
-fn normalize_batch(b: &RecordBatch, keep: &[String]) -> Result<RecordBatch> {
+/// `b` with its columns' types normalised ([`normalized_type`]), except the dictionaries and
+/// string views of the columns `keep` names.
+fn normalize_batch(b: &RecordBatch, keep: impl Fn(&str) -> bool) -> Result<RecordBatch> {
     let schema = b.schema();
     let want = |f: &Field| match f.data_type() {
-        DataType::Dictionary(..) if keep.iter().any(|k| k == f.name()) => f.data_type().clone(),
+        DataType::Dictionary(..) | DataType::Utf8View if keep(f.name()) => f.data_type().clone(),
         t => normalized_type(t),
     };
     if schema.fields().iter().all(|f| want(f) == *f.data_type()) {

@@ -41,6 +41,100 @@ fn usage_errors_exit_2() {
     assert!(wd.listing().is_empty());
 }
 
+/// `prepare --sft-confidence`: warm-start confidences per number count; its usage errors exit 2
+/// and write nothing.
+#[test]
+fn prepare_sft_confidence_per_difficulty() {
+    let wd = Workdir::new();
+    let base = [
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "40",
+        "--min-numbers",
+        "2",
+        "--max-numbers",
+        "3",
+        "--max-number",
+        "3",
+        "--max-target",
+        "9",
+        "--split",
+        "train",
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter()
+            .chain(extra)
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+    };
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    for (extra, needle) in [
+        (
+            &["--sft", "--sft-confidence", "2=0.5", "-o", "x.parquet"][..],
+            "no range for tasks of 3 numbers",
+        ),
+        (
+            &[
+                "--sft",
+                "--sft-confidence",
+                "2=0.5,3=0.25",
+                "-o",
+                "x.parquet",
+            ][..],
+            "0.25 is not one of",
+        ),
+        (
+            &["--sft-confidence", "2=0.5,3=0.2", "-o", "x.parquet"][..],
+            "--sft-confidence works with --sft",
+        ),
+    ] {
+        let e = wd.fail(&refs(&with(extra)), 2);
+        assert!(e.contains(needle), "{extra:?}: {e}");
+    }
+    assert!(wd.listing().is_empty());
+    let args = with(&[
+        "--sft",
+        "--sft-confidence",
+        "2=0.6,3=0.1-0.2",
+        "-o",
+        "s.parquet",
+    ]);
+    wd.run(&refs(&args));
+    let b = rlcr::table::Reader::open(&wd.path("s.parquet"))
+        .unwrap()
+        .read_all()
+        .unwrap();
+    let ids = rlcr::table::cols::str_col(&b[0], "s", "prompt_id").unwrap();
+    let m = rlcr::table::cols::str_col(&b[0], "s", "messages").unwrap();
+    let gt = rlcr::table::cols::str_col(&b[0], "s", "ground_truth").unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..b[0].num_rows() {
+        if !ids.value(i).ends_with("/sft-c") {
+            continue;
+        }
+        let k = serde_json::from_str::<serde_json::Value>(gt.value(i)).unwrap()["numbers"]
+            .as_array()
+            .unwrap()
+            .len();
+        let msgs: serde_json::Value = serde_json::from_str(m.value(i)).unwrap();
+        let text = msgs.as_array().unwrap().last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let c = text.split("<confidence>").nth(1).unwrap();
+        let c = c.trim_end_matches("</confidence>").to_string();
+        // Two numbers: always 0.6; three: 0.1 or 0.2.
+        let allowed: &[&str] = if k == 2 { &["0.6"] } else { &["0.1", "0.2"] };
+        assert!(allowed.contains(&c.as_str()), "{k} numbers: {text}");
+        seen.insert((k, c));
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
+}
+
 #[test]
 fn prepare_countdown_synth_and_inspect() {
     let wd = Workdir::new();

@@ -6,10 +6,13 @@
 //! Configuration: the main job's (`scripts/rl.mk` defaults): a mixed-difficulty countdown task
 //! (two or three numbers in 1..3, targets up to 9, `--prompt-style short`: the difficulty, how many
 //! numbers, is in the prompt), the warm start and every iteration drawing `--split train`; warm
-//! start of 12 epochs over 256 format examples at lr 1e-2, the short confidence question
-//! `Confidence?`, 20 iterations of 16 prompts × 4 answers × 2 confidences, at most 24 new tokens,
-//! `advantage --estimator rlcr --norm-conf mean`, `update --lr 1e-3 --epochs 2 --mini-batches 4
-//! --micro-batch 16` (8 optimizer steps per iteration).
+//! start of 12 epochs over 256 format examples at lr 1e-2 whose stated confidences depend on the
+//! number count (`prepare --sft-confidence 2=0.6-0.9,3=0.0-0.3`: uniform tenths in those ranges,
+//! whether the example's answer is right or not), the short confidence question `Confidence?`,
+//! 20 iterations of 16 prompts × 4 answers × 2 confidences, at most 24 new tokens, `score
+//! --format-weight 0.1` (a well-formed answer earns 0.1), `advantage --estimator rlcr --norm-conf
+//! mean`, `update --lr 1e-3 --epochs 2 --mini-batches 4 --micro-batch 16` (8 optimizer steps per
+//! iteration).
 //!
 //! What is compared: the warm start and the last policy, sampled with the same seed on one
 //! evaluation folder of three parts: 160 new prompts of the training distribution (judged), 48
@@ -25,53 +28,66 @@
 //! single seed's trajectory follows the float rounding of the matrix kernels, which differs
 //! between CPUs (issue 17: seed 0 gave Brier +0.040 on a Zen 3 and +0.003 on a Zen 5).
 //!
-//! Measured on this task (Xeon, gemm's AVX-512 kernels, 2026-11-24; 640 answers and 1280
-//! confidences per seed on the training distribution; 19.6 min wall, 18.1 min user for the six
-//! loops at load ≈ 25):
+//! Measured on this configuration (8b754cc, rlcr's GEMM and attention, Xeon, 2026-11-24; 640
+//! answers and 1280 confidences per seed on the training distribution; 7.5 min wall, 6.6 min user
+//! for the six loops at load 22–25; the sweep harness of the session notes gave the same digits):
 //!
 //! | seed | accuracy | Brier | gap abs(conf − acc) | AUROC | format ok | held out: acc / ECE / AUROC | out of domain: acc / ECE |
 //! |---|---|---|---|---|---|---|---|
-//! | 0 | 0.094 → 0.336 | 0.285 → 0.241 | 0.342 → 0.153 | 0.500 → 0.608 | 0.96 / 0.99 | 0.010 / 0.165 / 0.560 | 0.000 / 0.202 |
-//! | 1 | 0.163 → 0.314 | 0.318 → 0.185 | 0.343 → 0.001 | 0.494 → 0.732 | 0.82 / 0.98 | 0.000 / 0.273 / - | 0.000 / 0.288 |
-//! | 2 | 0.123 → 0.250 | 0.260 → 0.201 | 0.282 → 0.102 | 0.595 → 0.533 | 0.97 / 0.97 | 0.016 / 0.128 / 0.420 | 0.000 / 0.143 |
-//! | 3 | 0.144 → 0.244 | 0.337 → 0.190 | 0.396 → 0.003 | 0.569 → 0.481 | 0.78 / 0.97 | 0.026 / 0.197 / 0.564 | 0.000 / 0.233 |
-//! | 4 | 0.128 → 0.239 | 0.315 → 0.208 | 0.367 → 0.150 | 0.601 → 0.509 | 0.95 / 0.97 | 0.000 / 0.389 / - | 0.000 / 0.386 |
+//! | 0 | 0.181 → 0.394 | 0.242 → 0.206 | 0.244 → 0.022 | 0.697 → 0.700 | 1.00 / 0.99 | 0.010 / 0.358 / 0.327 | 0.000 / 0.154 |
+//! | 1 | 0.136 → 0.350 | 0.256 → 0.196 | 0.288 → 0.017 | 0.691 → 0.728 | 0.99 / 0.97 | 0.000 / 0.246 / - | 0.005 / 0.022 |
+//! | 2 | 0.153 → 0.289 | 0.270 → 0.216 | 0.288 → 0.132 | 0.693 → 0.625 | 1.00 / 0.99 | 0.047 / 0.133 / 0.547 | 0.000 / 0.098 |
+//! | 3 | 0.145 → 0.348 | 0.286 → 0.175 | 0.320 → 0.019 | 0.691 → 0.762 | 0.99 / 0.99 | 0.005 / 0.315 / 0.724 | 0.000 / 0.343 |
+//! | 4 | 0.120 → 0.330 | 0.275 → 0.209 | 0.325 → 0.071 | 0.687 → 0.691 | 0.99 / 0.98 | 0.000 / 0.368 / - | 0.000 / 0.396 |
 //!
-//! Means: accuracy +0.146, Brier +0.098, gap narrowing 0.264, answers well formed 0.90, AUROC of
-//! the last policies 0.573 (warm starts 0.552; seed SD ≈ 0.10, five-seed SE ≈ 0.045).
-//! On rlcr's GEMM and attention (the CPU default since the kern branch after b1a61fd; README,
-//! "What it learns", per seed) the means are accuracy +0.096, Brier +0.085, gap narrowing 0.182,
-//! answers / confidences well formed 0.84 / 0.90, AUROC of the last policies 0.537; with the
-//! fused LM head as well (the default since; `RLCR_FUSED_HEAD=0` gives the former): accuracy
-//! +0.138, Brier +0.084, gap narrowing 0.231, formats 0.93 / 0.98, AUROC 0.547.
+//! Means: accuracy +0.195, Brier +0.065, gap narrowing 0.241, answers / confidences well formed
+//! 0.99 / 0.98, AUROC of the last policies 0.701 (warm starts 0.692; seed SD 0.051, five-seed SE
+//! 0.023). Issue 19's tiny-model goal, AUROC ≥ 0.65 on three seeds, holds on four of the five
+//! (seeds 0, 1, 3, 4: 0.700 / 0.728 / 0.762 / 0.691; seed 2 0.625; `RLCR_LEARNING_SEEDS=5,6,7`
+//! through the sweep harness: 0.653 / 0.659 / 0.741). The warm start carries the
+//! ordering (its examples' confidences follow the number count, not whether they are right:
+//! AUROC 0.69–0.70 before any RL step, with ECE 0.28–0.34); the loop calibrates the levels (ECE
+//! 0.06–0.13) and keeps the ordering. The RLVR control (same warm start, `--lambda-conf 0`) keeps
+//! its answers well formed now that they earn the format reward (0.98; accuracy 0.322 on seed 0)
+//! and its untrained confidence keeps the warm start's ordering as well (AUROC 0.709, ECE 0.144,
+//! 0.79 parsed; RLCR 0.700, 0.055, 0.99): on this model RLCR's gain over RLVR is calibration and
+//! accuracy, not discrimination. With the warm start `2=0.5-0.9,3=0.1-0.5` the same
+//! test gave 0.653 / 0.660 / 0.666 / 0.569 / 0.752 (mean 0.660; accuracy +0.134, Brier +0.048).
+//!
+//! On the previous defaults (uniform warm-start confidences 0.1–0.9, no format reward) the same
+//! test gave, on gemm's AVX-512 kernels, accuracy 0.094 → 0.336 / 0.163 → 0.314 / 0.123 → 0.250 /
+//! 0.144 → 0.244 / 0.128 → 0.239, AUROC 0.608 / 0.732 / 0.533 / 0.481 / 0.509 (means: accuracy
+//! +0.146, Brier +0.098, gap narrowing 0.264, answers well formed 0.90, AUROC 0.573, warm starts
+//! 0.552; seed SD ≈ 0.10); on rlcr's GEMM and attention (README, "What it learns") means
+//! accuracy +0.096, Brier +0.085, gap narrowing 0.182, formats 0.84 / 0.90, AUROC 0.537; with
+//! the fused LM head as well: accuracy +0.138, Brier +0.084, gap narrowing 0.231, formats
+//! 0.93 / 0.98, AUROC 0.547.
 //!
 //! Margins: (1) mean accuracy gain ≥ 0.05, (2) mean Brier gain ≥ 0.02, (3) mean narrowing of
 //! |mean confidence − accuracy| ≥ 0.05, (4) ≥ 70 % well-formed answers and confidences on average
 //! and ≥ 50 % on every seed — kept from the two-number task (where path means were accuracy
-//! +0.155–0.259, Brier +0.048–0.072, narrowing 0.20–0.23); here they sit 3.8, 3.9 and 4.9
-//! five-seed SEs above. (5) The mean AUROC of the last policies ≥ 0.52, chosen from the five
-//! seeds above: 1.2 SEs below their mean of 0.573, as tight as the Brier margin was when chosen,
-//! and above 0.5 (confidence no better than chance). It is **short of issue 19's goal** (AUROC ≥
-//! 0.65 on three seeds): seeds 0–2 reach 0.608 / 0.732 / 0.533; only seed 1 passes.
-//! A sweep of ten settings (2026-11-24: confidence weight ×4, G_c = 4, a warm start on correct
-//! examples only, a hotter confidence turn, an entropy bonus, a two-to-four-number mix, 40
-//! iterations, ANCHORS §3.2 variant (c); README, "Why the tiny model misses the AUROC goal") found
-//! none better on three seeds: the confidence turn collapses to one value for every prompt before
-//! it learns the difficulty on most seeds, so no measured spread supports a margin above 0.52 yet.
-//! Session 8 added exploration bonuses on the confidence turn alone (`update --conf-entropy-coef`,
-//! `--conf-value-entropy-coef`): the value bonus at 0.002 stops the collapse, and with 40
-//! iterations reaches 0.641 / 0.662 / 0.638 on seeds 0–2 (RLCR_GEMM=rlcr), still short of 0.65 on
-//! two seeds and with seed 1's answers well formed 0.57 of the time, so the defaults (and this
-//! margin) stay; `learning_conf_value_entropy_report` reruns that configuration.
+//! +0.155–0.259, Brier +0.048–0.072, narrowing 0.20–0.23); on the table above the means sit 9.7,
+//! 3.6 and 7.7 five-seed SEs above them. (5) The mean AUROC of the last policies ≥ 0.67, chosen
+//! from the five seeds above: 1.2 SEs (0.027) below their mean of 0.701, the rule that chose 0.52
+//! from the previous defaults' 0.573, and above 0.5 (confidence no better than chance). The
+//! previous defaults fail it (0.573 and 0.537); `learning_judge_margins` checks both by hand.
+//! Before the difficulty-aware warm start, a sweep of ten settings (session 7: confidence weight
+//! ×4, G_c = 4, a warm start on correct examples only, a hotter confidence turn, an entropy
+//! bonus, a two-to-four-number mix, 40 iterations, ANCHORS §3.2 variant (c)) and session 8's
+//! exploration bonuses on the confidence turn alone (`update --conf-value-entropy-coef 0.002`, 40
+//! iterations: 0.641 / 0.662 / 0.638 on seeds 0–2) fell short of 0.65 on three seeds (README,
+//! "Why the tiny model missed the AUROC goal before session 9"); `learning_conf_value_entropy_report` reruns
+//! session 8's configuration (the previous warm start, no format reward).
 //!
 //! What the held-out split shows: the tiny model learns the training problems, not arithmetic.
-//! On problems held out of training its accuracy is 0.00–0.03 after the loop (0.04 for seed 0's
-//! warm start), on four numbers 0; RLCR still lowers its confidence there (ECE 0.13–0.39, mean
-//! confidence ≈ 0.2), so calibration transfers as "say low", not as discrimination. The RLVR
-//! control lost the answer format by iteration 4 (accuracy 0, well-formed answers 0.00; its
-//! confidences, untrained, kept the warm start's ≈ 0.44): on this model the comparison's RLVR row
-//! is degenerate, see the README. Judging on held-out problems (the first attempt) failed the
-//! accuracy margin for that reason (mean gain −0.032).
+//! On problems held out of training its accuracy is 0.00–0.05 after the loop, on four numbers 0.
+//! With the uniform warm start RLCR lowered its confidence there (mean ≈ 0.2), so calibration
+//! transferred as "say low"; with the difficulty-aware one it states there what it learned for
+//! seen problems of the same size (ECE 0.13–0.37, held-out AUROC 0.33–0.72): the difficulty
+//! read off the prompt is the wrong signal on problems it has not memorised. On the previous
+//! defaults the RLVR control lost the answer format by iteration 4 (accuracy 0, well-formed
+//! answers 0.00); the format reward fixed that. Judging on held-out problems (the first attempt)
+//! failed the accuracy margin for that reason (mean gain −0.032).
 //!
 //! The ablation of seed 000's choice (confidence rewards normalised over all answers of a prompt,
 //! `--estimator grpo`, instead of per answer) is `learning_ablation_pooled_confidence_norm`,
@@ -124,6 +140,10 @@ struct LoopConfig {
     /// `update --conf-value-entropy-coef` (entropy bonus over the digits at the confidence value
     /// position; "0" = off, as in the RLVR control).
     conf_value_entropy: &'static str,
+    /// `prepare --sft-confidence` of the warm start's examples ("" = the uniform 0.1–0.9).
+    sft_confidence: &'static str,
+    /// `score --format-weight` in the loop (reward of a well-formed answer; "0" = none).
+    format_weight: &'static str,
     confidence_prompt: &'static str,
     /// Evaluation prompts drawn anew from the training distribution (`--split train`), judged.
     eval_prompts: usize,
@@ -145,7 +165,7 @@ const FORMAT_FLOOR: f64 = 0.70;
 /// Least fraction of well-formed answers and of well-formed confidences of every seed's last policy.
 const FORMAT_FLOOR_EACH: f64 = 0.50;
 /// Least mean AUROC of the last policies (training distribution); see the module doc.
-const AUROC_MARGIN: f64 = 0.52;
+const AUROC_MARGIN: f64 = 0.67;
 
 /// Seed of the held-out evaluation prompts (plus the loop's seed); far from the iterations' seeds.
 const EVAL_SEED: u64 = 777_777;
@@ -167,6 +187,8 @@ const DEFAULT: LoopConfig = LoopConfig {
     lambda_ans: "1",
     lambda_conf: "1",
     conf_value_entropy: "0",
+    sft_confidence: "2=0.6-0.9,3=0.0-0.3",
+    format_weight: "0.1",
     confidence_prompt: "Confidence?",
     eval_prompts: 160,
     eval_heldout_prompts: 48,
@@ -264,7 +286,7 @@ impl Runner<'_> {
         a.extend([s("-o"), f("trajectory.parquet")]);
         a.extend(sampling("--num-confidences", c.g_c));
         self.stage(&a);
-        self.stage(&[
+        let mut score = vec![
             s("score"),
             s("--input"),
             f("trajectory.parquet"),
@@ -272,7 +294,11 @@ impl Runner<'_> {
             f("scored.parquet"),
             s("--verifier"),
             s("countdown"),
-        ]);
+        ];
+        if c.format_weight != "0" {
+            score.extend([s("--format-weight"), s(c.format_weight)]);
+        }
+        self.stage(&score);
         f("scored.parquet")
     }
 
@@ -309,19 +335,17 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
     let tiny = fixtures().join("tiny-qwen2").to_string_lossy().to_string();
 
     // Supervised warm start on format examples with known solutions.
-    r.prepare(
-        c.seed,
-        c.sft_count,
-        "train",
-        &[
-            s("--sft"),
-            s("--system-prompt"),
-            s(""),
-            s("--confidence-prompt"),
-            s(c.confidence_prompt),
-        ],
-        "sft.parquet",
-    );
+    let mut sft = vec![
+        s("--sft"),
+        s("--system-prompt"),
+        s(""),
+        s("--confidence-prompt"),
+        s(c.confidence_prompt),
+    ];
+    if !c.sft_confidence.is_empty() {
+        sft.extend([s("--sft-confidence"), s(c.sft_confidence)]);
+    }
+    r.prepare(c.seed, c.sft_count, "train", &sft, "sft.parquet");
     r.stage(&[
         s("sft"),
         s("--model"),
@@ -799,18 +823,42 @@ fn learning_judge_margins() {
     };
     let e = judge(&[blind, blind, blind]).unwrap_err();
     assert!(
-        e.contains("mean AUROC of the last policies 0.500 < 0.52"),
+        e.contains(&format!(
+            "mean AUROC of the last policies 0.500 < {AUROC_MARGIN}"
+        )),
         "{e}"
     );
     let strong = SeedFigures {
-        auroc: (Some(0.5), Some(0.73)),
+        auroc: (Some(0.5), Some(0.75)),
         ..good
     };
     let weak_auroc = SeedFigures {
-        auroc: (Some(0.6), Some(0.48)),
+        auroc: (Some(0.6), Some(0.52)),
         ..good
     };
-    assert_eq!(judge(&[strong, weak_auroc, weak_auroc]), Ok(()));
+    // (0.75 + 0.75 + 0.52) / 3 = 0.6733 ≥ 0.67; (0.75 + 0.52 + 0.52) / 3 = 0.5967 is not.
+    assert_eq!(judge(&[strong, strong, weak_auroc]), Ok(()));
+    let e = judge(&[strong, weak_auroc, weak_auroc]).unwrap_err();
+    assert!(
+        e.contains("mean AUROC of the last policies 0.597 < 0.67"),
+        "{e}"
+    );
+    // The margin was raised from 0.52 with the difficulty-aware warm start (module doc): the
+    // previous defaults' last policies (RLCR_GEMM=rlcr, README) averaged (0.559 + 0.692 + 0.506
+    // + 0.549 + 0.500) / 5 = 0.5612 and now fail; this warm start's five seeds, (0.700 + 0.728 +
+    // 0.625 + 0.762 + 0.691) / 5 = 0.7012, pass.
+    let at = |a: f64| SeedFigures {
+        auroc: (Some(0.5), Some(a)),
+        ..good
+    };
+    let before: Vec<SeedFigures> = [0.559, 0.692, 0.506, 0.549, 0.500].map(at).to_vec();
+    let e = judge(&before).unwrap_err();
+    assert!(
+        e.contains("mean AUROC of the last policies 0.561 < 0.67"),
+        "{e}"
+    );
+    let now: Vec<SeedFigures> = [0.700, 0.728, 0.625, 0.762, 0.691].map(at).to_vec();
+    assert_eq!(judge(&now), Ok(()));
     // A format that erodes on every seed fails on the mean.
     let eroded = SeedFigures {
         format: (0.65, 0.95),
@@ -823,7 +871,8 @@ fn learning_judge_margins() {
     );
 }
 
-/// Issue 19's closest configuration to the tiny-model AUROC goal (session 8 sweep, README): the
+/// Session 8's closest configuration to the tiny-model AUROC goal (README), on the warm start of
+/// that time (uniform confidences, no format reward; the current defaults reach the goal): the
 /// confidence value entropy bonus (`update --conf-value-entropy-coef 0.002`: entropy over the ten
 /// digits where each confidence row picks its value) and 40 iterations. It keeps the confidence
 /// from collapsing to one value (top value's share 0.2–0.3 of the samples at the end instead of
@@ -831,7 +880,7 @@ fn learning_judge_margins() {
 /// AUROC 0.641 / 0.662 / 0.638 on seeds 0–2 (this test on 9ea0c56, RLCR_GEMM=rlcr, 6.9 min wall
 /// for the four loops at load ≈ 14; the sweep harness gave the same digits), 0.743 / 0.526 on seeds
 /// 3–4: short of 0.65 on two of the first three seeds, with answers well formed only 0.57 (seed 1)
-/// and 0.55 (seed 3) of the time. Reports; judges nothing (the defaults stay).
+/// and 0.55 (seed 3) of the time (burn's attention). Reports; judges nothing.
 /// `RLCR_LEARNING_SEEDS=0,1,2` for the three documented seeds.
 #[test]
 #[ignore = "issue 19's value-entropy configuration (40 iterations, several minutes): cargo test --test integration learning_conf_value -- --ignored --nocapture"]
@@ -840,6 +889,8 @@ fn learning_conf_value_entropy_report() {
     let c = LoopConfig {
         iters: 40,
         conf_value_entropy: "0.002",
+        sft_confidence: "",
+        format_weight: "0",
         ..DEFAULT
     };
     let (figs, control) = run_seeds(&c, &seeds);
