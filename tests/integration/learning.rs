@@ -59,7 +59,10 @@
 //! 0.144 → 0.244 / 0.128 → 0.239, AUROC 0.608 / 0.732 / 0.533 / 0.481 / 0.509 (means: accuracy
 //! +0.146, Brier +0.098, gap narrowing 0.264, answers well formed 0.90, AUROC 0.573, warm starts
 //! 0.552; seed SD ≈ 0.10); on rlcr's GEMM and attention (README, "What it learns") means
-//! accuracy +0.096, Brier +0.085, gap narrowing 0.182, formats 0.84 / 0.90, AUROC 0.537.
+//! accuracy +0.096, Brier +0.085, gap narrowing 0.182, formats 0.84 / 0.90, AUROC 0.537; with
+//! the fused LM head as well (`RLCR_FUSED_HEAD=1`): accuracy +0.138, Brier +0.084, gap narrowing
+//! 0.231, formats 0.93 / 0.98, AUROC 0.547. On the current defaults the fused head fails this
+//! test (kern e39ca95: seeds 3 and 4's confidences collapsed, mean AUROC 0.607, Brier +0.019).
 //!
 //! Margins: (1) mean accuracy gain ≥ 0.05, (2) mean Brier gain ≥ 0.02, (3) mean narrowing of
 //! |mean confidence − accuracy| ≥ 0.05, (4) ≥ 70 % well-formed answers and confidences on average

@@ -118,7 +118,7 @@ pub fn forward(
             // Scores Q·Kᵀ, then the masked softmax in place.
             sgemm_serial(rows, keys, dim, qp, kp.t(), pr, isa);
             for (srow, mrow) in pr.chunks_exact_mut(keys).zip(m.chunks_exact(keys)) {
-                softmax_row(srow, mrow, scale);
+                softmax_row(srow, mrow, scale, isa);
             }
             sgemm_serial(rows, dim, keys, View::rows(pr, keys), vp, o, isa);
         });
@@ -192,8 +192,15 @@ pub fn backward(
 }
 
 /// `row ← softmax(scale · row)` over the entries whose `hidden` flag is false (hidden entries
-/// get 0; a row with every entry hidden gets all zeros). Max subtracted; sums in f32 in order.
-fn softmax_row(row: &mut [f32], hidden: &[bool], scale: f32) {
+/// get 0; a row with every entry hidden gets all zeros). Max subtracted; the sum in f32, in
+/// order, over the visible entries (a hidden entry's 0 would change no bit of it).
+///
+/// The exponentials run as their own loop so that it vectorises (compiled for AVX-512F and for
+/// AVX2 below: [`exp_poly`] is plain multiplies and adds, the same bits in every lane); only the
+/// sum stays a serial chain. The bits are those of the one-loop form (`softmax_row_reference`
+/// in the tests; measured: this row was 3.6 % of a SmolLM2-135M training step in that form).
+#[inline(always)]
+fn softmax_row_body(row: &mut [f32], hidden: &[bool], scale: f32) {
     let mut max = f32::NEG_INFINITY;
     for (x, &h) in row.iter_mut().zip(hidden) {
         *x *= scale;
@@ -205,14 +212,49 @@ fn softmax_row(row: &mut [f32], hidden: &[bool], scale: f32) {
         row.fill(0.0);
         return;
     }
-    let mut sum = 0f32;
     for (x, &h) in row.iter_mut().zip(hidden) {
-        *x = if h { 0.0 } else { exp_poly(*x - max) };
-        sum += *x;
+        let e = exp_poly(*x - max);
+        *x = if h { 0.0 } else { e };
+    }
+    let mut sum = 0f32;
+    for (&x, &h) in row.iter().zip(hidden) {
+        if !h {
+            sum += x;
+        }
     }
     let inv = 1.0 / sum;
     for x in row.iter_mut() {
         *x *= inv;
+    }
+}
+
+/// [`softmax_row_body`] on the widest vectors of `isa` (lowered to what the CPU has).
+fn softmax_row(row: &mut [f32], hidden: &[bool], scale: f32, isa: Isa) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the ISA is lowered to what the CPU has first.
+        match isa.min(Isa::detected()) {
+            Isa::Avx512 => return unsafe { x86::softmax_row_avx512(row, hidden, scale) },
+            Isa::Avx2 => return unsafe { x86::softmax_row_avx2(row, hidden, scale) },
+            Isa::Scalar => {}
+        }
+    }
+    let _ = isa;
+    softmax_row_body(row, hidden, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::softmax_row_body;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn softmax_row_avx512(row: &mut [f32], hidden: &[bool], scale: f32) {
+        softmax_row_body(row, hidden, scale)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn softmax_row_avx2(row: &mut [f32], hidden: &[bool], scale: f32) {
+        softmax_row_body(row, hidden, scale)
     }
 }
 
@@ -308,6 +350,71 @@ mod tests {
                 (*a as f64 - b).abs() <= 1e-5 * (1.0 + scale),
                 "{what}[{i}]: {a} vs {b}"
             );
+        }
+    }
+
+    /// The one-loop softmax row that [`softmax_row`] replaced (exponential and sum in one loop,
+    /// every entry added): the bits the vectorised form must keep.
+    fn softmax_row_reference(row: &mut [f32], hidden: &[bool], scale: f32) {
+        let mut max = f32::NEG_INFINITY;
+        for (x, &h) in row.iter_mut().zip(hidden) {
+            *x *= scale;
+            if !h && *x > max {
+                max = *x;
+            }
+        }
+        if max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            return;
+        }
+        let mut sum = 0f32;
+        for (x, &h) in row.iter_mut().zip(hidden) {
+            *x = if h { 0.0 } else { exp_poly(*x - max) };
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in row.iter_mut() {
+            *x *= inv;
+        }
+    }
+
+    /// The vectorised softmax row gives the one-loop form's bits on every ISA: causal rows,
+    /// scattered masks, a fully hidden row, lengths around the vector widths, large scores.
+    #[test]
+    fn softmax_row_keeps_the_one_loop_bits() {
+        let mut isas = isas();
+        isas.push(Isa::Scalar);
+        for len in [1, 7, 15, 16, 17, 31, 33, 100, 512, 515] {
+            for case in 0..4 {
+                let row = vals(len, 10 + len as u64 * 4 + case);
+                let hidden: Vec<bool> = (0..len)
+                    .map(|j| match case {
+                        0 => false,
+                        1 => j > len / 2,
+                        2 => (j * 7 + 3) % 5 == 0,
+                        _ => true,
+                    })
+                    .collect();
+                for scale in [0.125f32, 30.0] {
+                    let mut want = row.clone();
+                    softmax_row_reference(&mut want, &hidden, scale);
+                    for &isa in &isas {
+                        let mut got = row.clone();
+                        softmax_row(&mut got, &hidden, scale, isa);
+                        let (g, w): (Vec<u32>, Vec<u32>) = (
+                            got.iter().map(|x| x.to_bits()).collect(),
+                            want.iter().map(|x| x.to_bits()).collect(),
+                        );
+                        assert_eq!(g, w, "len {len} case {case} scale {scale} {isa:?}");
+                    }
+                    if case == 3 {
+                        assert!(want.iter().all(|&x| x == 0.0));
+                    } else {
+                        let sum: f32 = want.iter().sum();
+                        assert!((sum - 1.0).abs() < 1e-5, "sums to {sum}");
+                    }
+                }
+            }
         }
     }
 

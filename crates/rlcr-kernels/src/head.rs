@@ -140,7 +140,9 @@ pub(crate) fn exp_poly(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5; // Cephes: 5.0000001201e-1, which is 0.5 in f32
     let y = p * (r * r) + r + 1.0;
-    y * f32::from_bits(((k + 127) as u32) << 23)
+    // `wrapping_add`: k is in −126..=128 here, and an overflow-checked add (dev builds check
+    // overflow even at opt-level 3) would keep LLVM from vectorising the callers' loops.
+    y * f32::from_bits((k.wrapping_add(127) as u32) << 23)
 }
 
 /// One row forward: `[log p_t, H, s·max z, ln S]`.

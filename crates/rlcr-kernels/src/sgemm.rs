@@ -283,7 +283,7 @@ fn pack_b(b: &View<'_>, k0: usize, kc: usize, j0: usize, nc: usize, nr: usize, b
         for (kk, dst) in panel.chunks_exact_mut(nr).enumerate() {
             let base = b.off + (k0 + kk) * b.rs + jp * b.cs;
             if b.cs == 1 {
-                dst[..w].copy_from_slice(&b.data[base..base + w]);
+                copy_strip(&mut dst[..w], &b.data[base..base + w]);
             } else {
                 for (j, v) in dst[..w].iter_mut().enumerate() {
                     *v = b.data[base + j * b.cs];
@@ -291,6 +291,26 @@ fn pack_b(b: &View<'_>, k0: usize, kc: usize, j0: usize, nc: usize, nr: usize, b
             }
             dst[w..].fill(0.0);
         }
+    }
+}
+
+/// `dst ← src` for one strip of a packed panel: the full widths of the tiles (32, 16, 12, 6)
+/// as fixed-size copies, which compile to a few vector moves instead of a `memmove` call per
+/// strip (measured: `memmove` from packing was ≈ 3.6 % of a training step, most of it call
+/// overhead on 24–128-byte copies).
+#[inline(always)]
+fn copy_strip(dst: &mut [f32], src: &[f32]) {
+    fn fixed<const N: usize>(dst: &mut [f32], src: &[f32]) {
+        let d: &mut [f32; N] = dst.try_into().expect("strip width");
+        let s: &[f32; N] = src.try_into().expect("strip width");
+        *d = *s;
+    }
+    match dst.len() {
+        32 => fixed::<32>(dst, src),
+        16 => fixed::<16>(dst, src),
+        12 => fixed::<12>(dst, src),
+        6 => fixed::<6>(dst, src),
+        _ => dst.copy_from_slice(src),
     }
 }
 
@@ -308,7 +328,7 @@ fn pack_a(a: &View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, mr: usize, b
             // Columns of A are contiguous (a transposed view): one copy per step of K.
             for (kk, dst) in panel.chunks_exact_mut(mr).enumerate() {
                 let base = a.off + ip + (k0 + kk) * a.cs;
-                dst[..h].copy_from_slice(&a.data[base..base + h]);
+                copy_strip(&mut dst[..h], &a.data[base..base + h]);
                 dst[h..].fill(0.0);
             }
         } else {
