@@ -710,7 +710,7 @@ mod tests {
         let only2 = SftConfidence::parse("2=0.5").unwrap();
         let e = sft_examples(11, &tasks, 0.5, Some(&only2), "", "?").unwrap_err();
         assert!(
-            format!("{e:#}").contains("no warm-start confidence range for 3 numbers"),
+            format!("{e:#}").contains("no warm-start confidence range for difficulty 3"),
             "{e:#}"
         );
     }
