@@ -10,9 +10,12 @@
 //! - [`synth`]: seeded synthetic countdown tasks with graded difficulty, the held-out split (by a
 //!   hash of the canonical problem) and the out-of-domain bucket, and supervised warm-start
 //!   examples.
+//! - [`arith`]: seeded synthetic arithmetic (`A op B`, difficulty = digits per operand) with the
+//!   same split rules and warm-start examples.
 //! - [`sources`]: readers of TinyZero's countdown files, verl Parquet and JSONL.
 //!
 //! [`Plan`] is the stage's validated, clap-free input; [`run`] does the work and writes the table.
+pub mod arith;
 pub mod sources;
 pub mod synth;
 
@@ -25,6 +28,7 @@ use serde_json::Value;
 
 use crate::table::{self, Meta, PROMPTS};
 
+pub use arith::{arithmetic_synth, parse_ops, ArithShape};
 pub use synth::{
     canonical_key, countdown_prompt, countdown_prompt_short, countdown_synth, heldout_bucket,
     sft_examples, SftConfidence, Split, SynthShape,
@@ -45,6 +49,7 @@ pub struct PromptRow {
 #[serde(rename_all = "kebab-case")]
 pub enum Source {
     CountdownSynth,
+    ArithmeticSynth,
     Countdown,
     Verl,
     Jsonl,
@@ -54,6 +59,7 @@ impl Source {
     pub fn name(self) -> &'static str {
         match self {
             Source::CountdownSynth => "countdown-synth",
+            Source::ArithmeticSynth => "arithmetic-synth",
             Source::Countdown => "countdown",
             Source::Verl => "verl",
             Source::Jsonl => "jsonl",
@@ -61,7 +67,7 @@ impl Source {
     }
 }
 
-/// Supervised warm-start examples instead of prompts (countdown-synth only).
+/// Supervised warm-start examples instead of prompts (synthetic sources only).
 #[derive(Clone, Debug)]
 pub struct SftPlan {
     /// Fraction of the examples' answers that are correct, in 0..=1.
@@ -83,6 +89,15 @@ pub enum Build {
         seed: u64,
         count: usize,
         shape: SynthShape,
+        split: Split,
+        sft: Option<SftPlan>,
+    },
+    /// `count` synthetic arithmetic tasks of `shape` in `split`, drawn from `seed`; with `sft`,
+    /// warm-start examples of those tasks.
+    Arith {
+        seed: u64,
+        count: usize,
+        shape: ArithShape,
         split: Split,
         sft: Option<SftPlan>,
     },
@@ -110,6 +125,21 @@ pub struct Summary {
     pub rows: usize,
 }
 
+/// The tasks themselves, or their warm-start examples under `sft`.
+fn with_sft(seed: u64, tasks: Vec<PromptRow>, sft: Option<&SftPlan>) -> Result<Vec<PromptRow>> {
+    match sft {
+        Some(s) => sft_examples(
+            seed,
+            &tasks,
+            s.correct_fraction,
+            s.confidence.as_ref(),
+            &s.system,
+            &s.query,
+        ),
+        None => Ok(tasks),
+    }
+}
+
 /// The rows of a plan, checked (non-empty, unique ids), without writing them.
 pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
     let rows = match build {
@@ -121,17 +151,17 @@ pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
             sft,
         } => {
             let tasks = countdown_synth(*seed, *count, *shape, *split)?;
-            match sft {
-                Some(s) => sft_examples(
-                    *seed,
-                    &tasks,
-                    s.correct_fraction,
-                    s.confidence.as_ref(),
-                    &s.system,
-                    &s.query,
-                )?,
-                None => tasks,
-            }
+            with_sft(*seed, tasks, sft.as_ref())?
+        }
+        Build::Arith {
+            seed,
+            count,
+            shape,
+            split,
+            sft,
+        } => {
+            let tasks = arithmetic_synth(*seed, *count, shape, *split)?;
+            with_sft(*seed, tasks, sft.as_ref())?
         }
         Build::File {
             source,
@@ -142,7 +172,9 @@ pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
                 Source::Countdown => sources::read_countdown(input)?,
                 Source::Verl => sources::read_verl(input)?,
                 Source::Jsonl => sources::read_jsonl(input)?,
-                Source::CountdownSynth => bail!("countdown-synth reads no file"),
+                Source::CountdownSynth | Source::ArithmeticSynth => {
+                    bail!("{} reads no file", source.name())
+                }
             };
             if let Some(n) = count {
                 rows.truncate(*n);
@@ -152,7 +184,7 @@ pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
     };
     let input = match build {
         Build::File { input, .. } => Some(input.as_path()),
-        Build::Synth { .. } => None,
+        Build::Synth { .. } | Build::Arith { .. } => None,
     };
     if rows.is_empty() {
         match input {
@@ -182,7 +214,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let batch = to_batch(&rows)?;
     let inputs: Vec<&Path> = match &plan.build {
         Build::File { input, .. } => vec![input.as_path()],
-        Build::Synth { .. } => vec![],
+        Build::Synth { .. } | Build::Arith { .. } => vec![],
     };
     let meta = Meta::new(&PROMPTS, "prepare", plan.config.clone(), &inputs);
     let n = table::write_table(&plan.out, batch.schema(), &[batch], &meta)?;

@@ -279,7 +279,9 @@ pub fn countdown_synth(
 }
 
 /// Supervised warm-start conversations for synthetic countdown tasks (for `rlcr sft`): per task an
-/// answer example `[system, user, assistant: <think>E</think><answer>E</answer>]` and a
+/// answer example `[system, user, assistant: <think>E</think><answer>E</answer>]` (arithmetic
+/// tasks: `<think>A op B = C</think><answer>C</answer>`, a wrong one with one digit of C changed,
+/// [`super::arith::wrong_result`]) and a
 /// confidence example `[…, assistant: answer, user: query, assistant: <analysis>E</analysis>
 /// <confidence>p</confidence>]`. A fraction `1 − correct_fraction` of the answers swap one operation
 /// for another that changes the value (a wrong but well-formed answer); confidences are drawn
@@ -299,14 +301,6 @@ pub fn sft_examples(
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7366_745f_6578_616d);
     let mut out = Vec::with_capacity(tasks.len() * 2);
     for t in tasks {
-        let sol = t
-            .extra_info
-            .as_ref()
-            .and_then(|e| e.get("solution"))
-            .and_then(Value::as_str)
-            .with_context(|| format!("task {} has no solution", t.prompt_id))?;
-        let task = Task::from_value(&t.ground_truth)
-            .with_context(|| format!("task {}: ground_truth", t.prompt_id))?;
         let user = t
             .messages
             .as_array()
@@ -316,12 +310,36 @@ pub fn sft_examples(
             .unwrap_or_default()
             .to_string();
         let correct = rng.random_bool(correct_fraction);
-        let eq = if correct {
-            sol.to_string()
-        } else {
-            wrong_equation(sol, &task, &mut rng).unwrap_or_else(|| sol.to_string())
+        let extra = |k: &str| {
+            t.extra_info
+                .as_ref()
+                .and_then(|e| e.get(k))
+                .and_then(Value::as_str)
         };
-        let answer = format!("<think>{eq}</think><answer>{eq}</answer>");
+        // (the worked step, the answer)
+        let (eq, ans) = if let Some(expr) = extra("expression") {
+            // arithmetic-synth: `A op B = C`, C (a wrong one has one digit of C changed)
+            let c =
+                extra("result").with_context(|| format!("task {} has no result", t.prompt_id))?;
+            let c = if correct {
+                c.to_string()
+            } else {
+                super::arith::wrong_result(c, &mut rng)
+            };
+            (format!("{expr} = {c}"), c)
+        } else {
+            let sol = extra("solution")
+                .with_context(|| format!("task {} has no solution", t.prompt_id))?;
+            let task = Task::from_value(&t.ground_truth)
+                .with_context(|| format!("task {}: ground_truth", t.prompt_id))?;
+            let eq = if correct {
+                sol.to_string()
+            } else {
+                wrong_equation(sol, &task, &mut rng).unwrap_or_else(|| sol.to_string())
+            };
+            (eq.clone(), eq)
+        };
+        let answer = format!("<think>{eq}</think><answer>{ans}</answer>");
         let (lo, hi) = match confidence {
             None => (1, 9),
             Some(sc) => {
@@ -333,7 +351,7 @@ pub fn sft_examples(
                     .with_context(|| format!("task {} has no difficulty", t.prompt_id))?;
                 sc.range(k as u32).with_context(|| {
                     format!(
-                        "task {}: no warm-start confidence range for {k} numbers",
+                        "task {}: no warm-start confidence range for difficulty {k}",
                         t.prompt_id
                     )
                 })?
@@ -365,9 +383,9 @@ pub fn sft_examples(
 }
 
 /// Warm-start confidences per difficulty (`prepare --sft-confidence 2=0.3-0.7,3=0.0-0.3`): for
-/// each number count, the inclusive range of tenths an example's confidence is drawn from
-/// (uniformly; a single value `K=P` is the range P–P). Parsed from `K=LO-HI` entries separated
-/// by commas; K in 2..=7, LO ≤ HI in 0..=1 and multiples of 0.1, every K at most once.
+/// each difficulty (countdown: the number count; arithmetic: the digits per operand, `1=0.6-0.9`),
+/// the inclusive range of tenths an example's confidence is drawn from (uniformly; a single value
+/// `K=P` is the range P–P). Parsed from `K=LO-HI` entries separated by commas; K in 1..=9, LO ≤ HI in 0..=1 and multiples of 0.1, every K at most once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SftConfidence {
     /// (number count, lowest tenth, highest tenth), sorted by count.
@@ -400,8 +418,10 @@ impl SftConfidence {
                 .trim()
                 .parse()
                 .ok()
-                .filter(|k| (2..=7).contains(k))
-                .ok_or_else(|| format!("`{entry}`: the number count must be 2 to 7"))?;
+                .filter(|k| (1..=9).contains(k))
+                .ok_or_else(|| {
+                    format!("`{entry}`: the difficulty (number count or digits) must be 1 to 9")
+                })?;
             let (lo, hi) = match r.split_once('-') {
                 Some((lo, hi)) => (tenths(lo, entry)?, tenths(hi, entry)?),
                 None => {
@@ -604,9 +624,9 @@ mod tests {
         assert_eq!(c.range(5), None);
         for (spec, needle) in [
             ("2", "is not NUMBERS=LOW-HIGH"),
-            ("1=0.1-0.2", "number count must be 2 to 7"),
-            ("8=0.1-0.2", "number count must be 2 to 7"),
-            ("x=0.1", "number count must be 2 to 7"),
+            ("0=0.1-0.2", "must be 1 to 9"),
+            ("10=0.1-0.2", "must be 1 to 9"),
+            ("x=0.1", "must be 1 to 9"),
             ("2=0.15-0.3", "0.15 is not one of 0.0, 0.1"),
             ("2=0.1-1.1", "1.1 is not one of"),
             ("2=-0.1", "is not a number"),
@@ -690,7 +710,7 @@ mod tests {
         let only2 = SftConfidence::parse("2=0.5").unwrap();
         let e = sft_examples(11, &tasks, 0.5, Some(&only2), "", "?").unwrap_err();
         assert!(
-            format!("{e:#}").contains("no warm-start confidence range for 3 numbers"),
+            format!("{e:#}").contains("no warm-start confidence range for difficulty 3"),
             "{e:#}"
         );
     }

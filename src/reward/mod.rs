@@ -141,6 +141,10 @@ mod tests {
         assert_eq!(auto_verifier("gpqa"), VerifierKind::Choice);
         assert_eq!(auto_verifier("big-math-digits"), VerifierKind::Math);
         assert_eq!(auto_verifier("gsm8k"), VerifierKind::Math);
+        // prepare --from arithmetic-synth's three data sources
+        for ds in ["arithmetic", "arithmetic-heldout", "arithmetic-hard"] {
+            assert_eq!(auto_verifier(ds), VerifierKind::Math, "{ds}");
+        }
         assert_eq!(auto_verifier(""), VerifierKind::Math);
     }
 }

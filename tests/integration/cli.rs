@@ -576,3 +576,51 @@ fn kl_estimator_names_are_the_same_for_advantage_and_update() {
     }
     assert!(wd.listing().is_empty(), "{:?}", wd.listing());
 }
+
+#[test]
+fn prepare_arithmetic_synth_usage_errors_exit_2() {
+    let wd = Workdir::new();
+    let base = ["prepare", "--from", "arithmetic-synth", "-o", "x.parquet"];
+    for (extra, needle) in [
+        (
+            &["--count", "4", "--ops", "+/"][..],
+            "`/` is not one of + - *",
+        ),
+        (&["--count", "4", "--ops", "++"][..], "appears twice"),
+        (
+            &["--count", "4", "--min-digits", "3", "--max-digits", "2"][..],
+            "--min-digits 3 is larger than --max-digits 2",
+        ),
+        (
+            &["--count", "4", "--max-digits", "10"][..],
+            "operands have 1 to 9 digits",
+        ),
+        (
+            &["--count", "4", "--min-digits", "0"][..],
+            "operands have 1 to 9 digits",
+        ),
+        (&["--ops", "+"][..], "needs --count N"),
+        (
+            &["--count", "4", "--sft", "--sft-confidence", "1=0.8,2=0.5"][..],
+            "no range for tasks of 3 digits",
+        ),
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let e = wd.fail(&args, 2);
+        assert!(e.contains(needle), "{extra:?}: {e}");
+    }
+    assert!(wd.listing().is_empty());
+    // digit counts are valid --sft-confidence difficulties
+    wd.run(&[
+        "prepare",
+        "--from",
+        "arithmetic-synth",
+        "--count",
+        "8",
+        "--sft",
+        "--sft-confidence",
+        "1=0.8,2=0.4-0.5,3=0.1",
+        "-o",
+        "sft.parquet",
+    ]);
+}

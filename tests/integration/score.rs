@@ -919,3 +919,135 @@ fn same_input_same_bytes() {
         second.len()
     );
 }
+
+/// `prepare --from arithmetic-synth` end to end through `score` (its default `--verifier auto`
+/// picks math for the `arithmetic*` data sources): the first rows of seed 1 are pinned, the right
+/// result (also written `1,234`-style or with a `\boxed{}`) scores 1, a result off by one 0.
+#[test]
+fn arithmetic_synth_rows_score_with_the_math_verifier() {
+    let d = tmp();
+    let mut rows = Vec::new();
+    for (split, name) in [("train", "arith.parquet"), ("hard", "hard.parquet")] {
+        let out = p(&d, name);
+        ok(&[
+            "--seed",
+            "1",
+            "prepare",
+            "--from",
+            "arithmetic-synth",
+            "--count",
+            "40",
+            "--split",
+            split,
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let b = read_all(&out);
+        let ids = col::<StringArray>(&b, "prompt_id");
+        let msgs = col::<StringArray>(&b, "messages");
+        let ds = col::<StringArray>(&b, "data_source");
+        let gts = col::<StringArray>(&b, "ground_truth");
+        for i in 0..b.num_rows() {
+            let m: serde_json::Value = serde_json::from_str(msgs.value(i)).unwrap();
+            let text = m[0]["content"].as_str().unwrap().to_string();
+            // the result computed here from the prompt's text
+            let body: Vec<&str> = text["What is ".len()..text.find('?').unwrap()]
+                .split(' ')
+                .collect();
+            let (a, b_): (u128, u128) = (body[0].parse().unwrap(), body[2].parse().unwrap());
+            let c = match body[1] {
+                "+" => a + b_,
+                "*" => a * b_,
+                op => panic!("op {op}"),
+            };
+            assert_eq!(gts.value(i), format!("\"{c}\""));
+            rows.push((
+                ids.value(i).to_string(),
+                ds.value(i).to_string(),
+                gts.value(i).to_string(),
+                msgs.value(i).to_string(),
+                text,
+                c,
+            ));
+        }
+    }
+    // seed 1's first training rows, by hand: the prompt text and its result
+    let first: Vec<(&str, &str)> = rows[..3]
+        .iter()
+        .map(|r| (r.4.as_str(), r.2.as_str()))
+        .collect();
+    assert_eq!(first, PINNED_ARITH.to_vec(), "{first:?}");
+
+    let mut table = Vec::new();
+    let mut want = Vec::new();
+    for (id, ds, gt, msgs, _, c) in &rows {
+        let with_commas = {
+            let s = c.to_string();
+            let mut out = String::new();
+            for (k, ch) in s.chars().enumerate() {
+                if k > 0 && (s.len() - k) % 3 == 0 {
+                    out.push(',');
+                }
+                out.push(ch);
+            }
+            out
+        };
+        for (k, (said, right)) in [
+            (c.to_string(), 1.0),
+            (format!("\\boxed{{{with_commas}}}"), 1.0),
+            ((c + 1).to_string(), 0.0),
+            ("".to_string(), 0.0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            table.push(Row {
+                prompt_id: id.clone(),
+                sample_type: "answer",
+                answer_idx: k as i32,
+                confidence_idx: None,
+                data_source: ds.clone(),
+                ground_truth: gt.clone(),
+                messages: msgs.clone(),
+                response: format!("<think>w</think><answer>{said}</answer>"),
+                tokens: vec![k as i32],
+            });
+            want.push(right);
+        }
+    }
+    let input = p(&d, "answers.parquet");
+    write_table(&input, &table, 64, vec![]);
+    let out = p(&d, "scored.parquet");
+    ok(&[
+        "score",
+        "--input",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let b = read_all(&out);
+    let acc = col::<Float32Array>(&b, "acc_reward");
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(acc.value(i), *w as f32, "row {i}: {:?}", table[i].response);
+    }
+    let summary: serde_json::Value = serde_json::from_str(&kv(&out)["rlcr.score_summary"]).unwrap();
+    assert_eq!(summary["verifiers"]["arithmetic"], "math");
+    assert_eq!(summary["verifiers"]["arithmetic-hard"], "math");
+}
+
+/// `rlcr --seed 1 prepare --from arithmetic-synth --split train`'s first three rows (checked by
+/// hand: 4 × 1 = 4; 7 + 8 = 15; 272 × 841 = 217,600 + 11,152 = 228,752).
+const PINNED_ARITH: [(&str, &str); 3] = [
+    (
+        "What is 4 * 1? Put the final answer in <answer> </answer> tags.",
+        "\"4\"",
+    ),
+    (
+        "What is 7 + 8? Put the final answer in <answer> </answer> tags.",
+        "\"15\"",
+    ),
+    (
+        "What is 272 * 841? Put the final answer in <answer> </answer> tags.",
+        "\"228752\"",
+    ),
+];
