@@ -100,6 +100,7 @@ impl Summary {
                 tokens: done.iter().map(|m| m.tokens).sum::<usize>() / done.len(),
                 rows: done.iter().map(|m| m.rows).sum::<usize>() / done.len(),
                 confidence_rows: done.iter().map(|m| m.confidence_rows).sum::<usize>() / done.len(),
+                inert_rows: done.iter().map(|m| m.inert_rows).sum::<usize>() / done.len(),
                 seconds: avg(&|m| m.seconds),
                 skipped: false,
             })

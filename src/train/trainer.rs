@@ -131,7 +131,8 @@ pub struct StepMetrics {
     pub pg_loss: f64,
     /// Aggregated KL loss (0 when off).
     pub kl_loss: f64,
-    /// Mean per-token entropy over learnable tokens.
+    /// Mean per-token entropy over the learnable tokens of the rows that ran a forward pass
+    /// (every row but the inert ones, see `inert_rows`).
     pub entropy: f64,
     /// Mean per-token entropy over the learnable tokens of confidence rows (0 without any).
     #[serde(default)]
@@ -140,7 +141,8 @@ pub struct StepMetrics {
     /// `--conf-value-entropy-coef` is on).
     #[serde(default)]
     pub confidence_value_entropy: f64,
-    /// verl's `ppo_kl`: mean of `old_logp − logp` over learnable tokens.
+    /// verl's `ppo_kl`: mean of `old_logp − logp` over the learnable tokens of the rows that ran
+    /// a forward pass.
     pub approx_kl: f64,
     /// Fraction of learnable tokens with the low clip active.
     pub clip_frac_low: f64,
@@ -156,6 +158,11 @@ pub struct StepMetrics {
     pub rows: usize,
     /// Confidence rows among them.
     pub confidence_rows: usize,
+    /// Rows left out of the forward and backward passes because their loss is zero whatever the
+    /// weights (every advantage 0 and no KL or entropy term on them): they still count in the
+    /// token-mean denominators, so the gradient is the one of the whole batch.
+    #[serde(default)]
+    pub inert_rows: usize,
     /// Wall time of the step, seconds.
     pub seconds: f64,
     /// True when the step was skipped (non-finite gradient norm or nothing to learn).
@@ -187,6 +194,12 @@ pub struct BatchSums {
     pub conf_tokens: usize,
     /// Confidence value positions (when the value bonus is on).
     pub value_tokens: usize,
+    /// Learnable tokens of the rows that ran a forward pass (the denominators of the entropy and
+    /// approx-KL means), and of the confidence rows among them.
+    pub forward_tokens: usize,
+    pub forward_conf_tokens: usize,
+    /// Rows left out as inert (see [`StepMetrics::inert_rows`]).
+    pub inert_rows: usize,
 }
 
 impl TrainConfig {
@@ -250,6 +263,32 @@ impl TrainConfig {
                 ..
             } if conf_value_entropy_coef != 0.0 => value_tokens,
             _ => None,
+        }
+    }
+
+    /// True when `row`'s loss is zero whatever the weights: a policy objective, every learnable
+    /// advantage ±0, no KL term, no entropy bonus (and, on a confidence row, no confidence entropy
+    /// bonus) that would reach it. SFT rows are never inert.
+    pub fn row_is_inert(&self, row: &TrainRow) -> bool {
+        match self.objective {
+            Objective::Policy {
+                kl_coef,
+                entropy_coef,
+                conf_entropy_coef,
+                conf_value_entropy_coef,
+                ..
+            } => {
+                kl_coef == 0.0
+                    && entropy_coef == 0.0
+                    && (!row.is_confidence
+                        || (conf_entropy_coef == 0.0 && conf_value_entropy_coef == 0.0))
+                    && row
+                        .adv
+                        .iter()
+                        .zip(&row.mask)
+                        .all(|(&a, &m)| !m || a == 0.0)
+            }
+            Objective::Sft => false,
         }
     }
 
@@ -337,10 +376,29 @@ pub fn batch_gradients(
         value_tokens,
         ..Default::default()
     };
-    // Rows with nothing learnable contribute nothing: leave them out of the forward passes.
+    // Rows with nothing learnable contribute nothing: leave them out of the forward passes. So do
+    // inert rows (every learnable advantage 0 and no KL or entropy term that reaches them): their
+    // clipped PPO term is −0·ratio = 0 whatever the weights, so their gradient is exactly zero. A
+    // group whose answers all score alike (GRPO's zero-variance groups) and RLVR's confidence
+    // rows (`--lambda-conf 0`) are such rows. They keep their place in the aggregation weights
+    // above (token-mean denominators), so the gradient is the whole batch's. If every row is
+    // inert the first learnable one still runs: the optimizer then takes its step with a zero
+    // gradient (momentum and weight decay), as it would with all rows.
+    let learnable = |i: usize| !rows[i].response.is_empty() && rows[i].n_learnable() > 0;
+    let inert = |i: usize| cfg.row_is_inert(rows[i]);
     let mut live: Vec<usize> = (0..rows.len())
-        .filter(|&i| !rows[i].response.is_empty() && rows[i].n_learnable() > 0)
+        .filter(|&i| learnable(i) && !inert(i))
         .collect();
+    if live.is_empty() {
+        live.extend((0..rows.len()).find(|&i| learnable(i)));
+    }
+    sums.inert_rows = (0..rows.len()).filter(|&i| learnable(i)).count() - live.len();
+    sums.forward_tokens = live.iter().map(|&i| rows[i].n_learnable()).sum();
+    sums.forward_conf_tokens = live
+        .iter()
+        .filter(|&&i| rows[i].is_confidence)
+        .map(|&i| rows[i].n_learnable())
+        .sum();
     live.sort_by_key(|&i| std::cmp::Reverse(rows[i].total_len()));
     let mut acc = GradientsAccumulator::<Transformer>::new();
     let coefs = match cfg.objective {
@@ -544,6 +602,7 @@ pub fn train(
                 model = opt.step(model, grads, lr, clip_coef(norm, cfg.grad_clip));
             }
             let n = sums.tokens.max(1) as f64;
+            let nf = sums.forward_tokens.max(1) as f64;
             let m = StepMetrics {
                 step: opt.step,
                 epoch,
@@ -552,10 +611,10 @@ pub fn train(
                 loss: sums.loss,
                 pg_loss: sums.pg_loss,
                 kl_loss: sums.kl_loss,
-                entropy: sums.entropy / n,
-                confidence_entropy: sums.conf_entropy / sums.conf_tokens.max(1) as f64,
+                entropy: sums.entropy / nf,
+                confidence_entropy: sums.conf_entropy / sums.forward_conf_tokens.max(1) as f64,
                 confidence_value_entropy: sums.value_entropy / sums.value_tokens.max(1) as f64,
-                approx_kl: sums.neg_log_ratio / n,
+                approx_kl: sums.neg_log_ratio / nf,
                 clip_frac_low: sums.clipped[0] / n,
                 clip_frac_high: sums.clipped[1] / n,
                 clip_frac_dual: sums.clipped[2] / n,
@@ -563,6 +622,7 @@ pub fn train(
                 tokens: sums.tokens,
                 rows: batch.len(),
                 confidence_rows: batch.iter().filter(|r| r.is_confidence).count(),
+                inert_rows: sums.inert_rows,
                 seconds: t0.elapsed().as_secs_f64(),
                 skipped,
             };
@@ -703,6 +763,77 @@ pub(crate) mod tests {
             }
         }
         (diff, scale)
+    }
+
+    /// Inert rows (every advantage 0, no KL or entropy term) are left out of the passes without
+    /// changing the gradient: the same batch whose zero advantages are replaced by 1e-30 (not
+    /// inert, so every row runs; their terms are ~1e-30 of the others', far below f32's
+    /// resolution) gives the same gradient up to the summation order of other micro-batches, for
+    /// every aggregation mode. The denominators keep the inert rows: halving the batch's learnable
+    /// tokens would double a token-mean gradient. A batch of inert rows alone still takes its
+    /// (zero-gradient) optimizer step.
+    #[test]
+    fn inert_rows_are_skipped_without_changing_the_gradient() {
+        let m = tiny();
+        let mut base = rows(&m.transformer, 6, 7, 0.3);
+        for r in base.iter_mut().skip(1).step_by(2) {
+            r.adv.iter_mut().for_each(|a| *a = 0.0);
+        }
+        let mut tiny_adv = base.clone();
+        for r in tiny_adv.iter_mut().skip(1).step_by(2) {
+            r.adv.iter_mut().for_each(|a| *a = 1e-30);
+        }
+        let plain = |agg, micro| {
+            let mut c = config(agg, micro);
+            if let Objective::Policy {
+                kl_coef,
+                entropy_coef,
+                conf_entropy_coef,
+                ..
+            } = &mut c.objective
+            {
+                *kl_coef = 0.0;
+                *entropy_coef = 0.0;
+                *conf_entropy_coef = 0.0;
+            }
+            c
+        };
+        for agg in [
+            LossAgg::TokenMean,
+            LossAgg::SeqMeanTokenMean,
+            LossAgg::SeqMeanTokenSum,
+            LossAgg::SeqMeanTokenSumNorm,
+        ] {
+            let cfg = plain(agg, 2);
+            assert!(cfg.row_is_inert(&base[1]) && !cfg.row_is_inert(&tiny_adv[1]));
+            let a: Vec<&TrainRow> = base.iter().collect();
+            let b: Vec<&TrainRow> = tiny_adv.iter().collect();
+            let (ga, sa) = batch_gradients(&m.transformer, &a, &cfg).expect("skipping");
+            let (gb, sb) = batch_gradients(&m.transformer, &b, &cfg).expect("all rows");
+            assert_eq!((sa.inert_rows, sb.inert_rows), (3, 0));
+            assert_eq!(sa.tokens, sb.tokens);
+            assert!(sa.forward_tokens < sb.forward_tokens);
+            let (diff, scale) = max_abs_diff(
+                &grads_to_host(&m.transformer, &ga),
+                &grads_to_host(&m.transformer, &gb),
+            );
+            assert!(scale > 1e-3, "{agg:?}: gradients vanish ({scale})");
+            assert!(diff <= 1e-6 * scale, "{agg:?}: |Δgrad| {diff:e} of {scale:e}");
+            assert!((sa.loss - sb.loss).abs() <= 1e-6 * sb.loss.abs().max(1e-3));
+            // With an entropy bonus or a KL term no row is inert.
+            let (_, s) = batch_gradients(&m.transformer, &a, &config(agg, 2)).expect("bonus");
+            assert_eq!(s.inert_rows, 0);
+        }
+        // A batch of inert rows alone: one row still runs and the step is taken, not skipped.
+        let only: Vec<TrainRow> = base.iter().skip(1).step_by(2).cloned().collect();
+        let cfg = plain(LossAgg::TokenMean, 2);
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let (_, steps) = train(m.transformer.clone(), &mut opt, &only, &cfg, |_| Ok(()))
+            .expect("train");
+        assert_eq!(steps.len(), 1);
+        assert!(!steps[0].skipped);
+        assert_eq!(steps[0].inert_rows, 2);
+        assert_eq!(steps[0].grad_norm, 0.0);
     }
 
     /// D6/D7: 4 micro-batches of one row give the same gradient as one batch of four rows, for
