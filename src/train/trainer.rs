@@ -282,11 +282,7 @@ impl TrainConfig {
                     && entropy_coef == 0.0
                     && (!row.is_confidence
                         || (conf_entropy_coef == 0.0 && conf_value_entropy_coef == 0.0))
-                    && row
-                        .adv
-                        .iter()
-                        .zip(&row.mask)
-                        .all(|(&a, &m)| !m || a == 0.0)
+                    && row.adv.iter().zip(&row.mask).all(|(&a, &m)| !m || a == 0.0)
             }
             Objective::Sft => false,
         }
@@ -818,7 +814,10 @@ pub(crate) mod tests {
                 &grads_to_host(&m.transformer, &gb),
             );
             assert!(scale > 1e-3, "{agg:?}: gradients vanish ({scale})");
-            assert!(diff <= 1e-6 * scale, "{agg:?}: |Δgrad| {diff:e} of {scale:e}");
+            assert!(
+                diff <= 1e-6 * scale,
+                "{agg:?}: |Δgrad| {diff:e} of {scale:e}"
+            );
             assert!((sa.loss - sb.loss).abs() <= 1e-6 * sb.loss.abs().max(1e-3));
             // With an entropy bonus or a KL term no row is inert.
             let (_, s) = batch_gradients(&m.transformer, &a, &config(agg, 2)).expect("bonus");
@@ -828,8 +827,8 @@ pub(crate) mod tests {
         let only: Vec<TrainRow> = base.iter().skip(1).step_by(2).cloned().collect();
         let cfg = plain(LossAgg::TokenMean, 2);
         let mut opt = AdamW::new(AdamWConfig::default());
-        let (_, steps) = train(m.transformer.clone(), &mut opt, &only, &cfg, |_| Ok(()))
-            .expect("train");
+        let (_, steps) =
+            train(m.transformer.clone(), &mut opt, &only, &cfg, |_| Ok(())).expect("train");
         assert_eq!(steps.len(), 1);
         assert!(!steps[0].skipped);
         assert_eq!(steps[0].inert_rows, 2);
