@@ -42,7 +42,6 @@
 //!   read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the bus").
 use anyhow::{bail, ensure, Result};
 use burn::module::{Module, Param};
-use burn::tensor::activation::sigmoid;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
@@ -149,10 +148,10 @@ impl Rope {
 // Helpers: RMSNorm and linear
 // ---------------------------------------------------------------------------------------------
 
-/// HF's RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last axis of `[N, h]`.
+/// HF's RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last axis of `[N, h]` (one fused op on
+/// Flex, burn's composite elsewhere: [`super::fused::rms_norm`]).
 fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
-    let ms = x.clone().square().mean_dim(1);
-    x * ms.add_scalar(eps).sqrt().recip() * w.val().unsqueeze_dim(0)
+    super::fused::rms_norm(x, w.val(), eps)
 }
 
 /// `x · W`, through the CPU fast paths for decode-shaped products when they apply (the packed
@@ -211,12 +210,8 @@ impl Mlp {
             &self.gate_up_bias,
             packed.and_then(|p| p.gate_up.as_ref()),
         );
-        let [n, two_i] = gu.dims();
-        let i = two_i / 2;
-        let gate = gu.clone().slice([0..n, 0..i]);
-        let up = gu.slice([0..n, i..two_i]);
-        // silu(g) = g · sigmoid(g), as torch's silu.
-        let h = gate.clone() * sigmoid(gate) * up;
+        // silu(gate) · up with silu(g) = g · sigmoid(g), as torch's silu (one fused op on Flex).
+        let h = super::fused::swiglu(gu);
         linear(
             h,
             &self.down,
