@@ -128,7 +128,7 @@ fn norm_weight_grad(x: &[f32], r: &[f32], dy: &[f32], h: usize, col: usize, out:
 pub fn rms_norm_forward(x: &[f32], w: &[f32], eps: f32, isa: Isa) -> (Vec<f32>, Vec<f32>) {
     let h = w.len();
     assert!(
-        h > 0 && x.len() % h == 0,
+        h > 0 && x.len().is_multiple_of(h),
         "{} values for rows of {h}",
         x.len()
     );
@@ -196,7 +196,7 @@ fn sigmoid(x: f32) -> f32 {
 /// If `gu.len()` is not a multiple of `2·i` (a caller bug).
 pub fn swiglu_forward(gu: &[f32], i: usize) -> Vec<f32> {
     assert!(
-        i > 0 && gu.len() % (2 * i) == 0,
+        i > 0 && gu.len().is_multiple_of(2 * i),
         "{} values for rows of 2×{i}",
         gu.len()
     );
@@ -227,7 +227,7 @@ pub fn swiglu_forward(gu: &[f32], i: usize) -> Vec<f32> {
 /// If the lengths disagree (a caller bug).
 pub fn swiglu_backward(gu: &[f32], dy: &[f32], i: usize) -> Vec<f32> {
     assert!(
-        i > 0 && gu.len() % (2 * i) == 0 && dy.len() * 2 == gu.len(),
+        i > 0 && gu.len().is_multiple_of(2 * i) && dy.len() * 2 == gu.len(),
         "swiglu_backward: {} values, {} gradients for rows of 2×{i}",
         gu.len(),
         dy.len()
