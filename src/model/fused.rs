@@ -1,4 +1,4 @@
-//! RMSNorm and the SwiGLU gate as single ops on Flex (plain, and `Autodiff<Flex>` as custom
+//! RMSNorm, the SwiGLU gate and RoPE as single ops on Flex (plain, and `Autodiff<Flex>` as custom
 //! `Backward` ops), in place of burn's composites: the row loops are
 //! [`rlcr_kernels::norm`] (one pass forward, one backward, rows in parallel).
 //!
@@ -18,6 +18,10 @@
 //!   composite in the last bits (within 2e-6 of the largest value here, tested; and against an
 //!   f64 evaluation in the kernels crate). Opt-in (`RLCR_NORM=rlcr`): see [`norm_enabled`].
 //!
+//! - [`rope`] (HF's rotate-half rotary embedding) gives the composite's bits too, reads the
+//!   attention's strided `q`/`k` view in place and keeps only the cos / sin tables for backward;
+//!   on by default, `RLCR_ROPE=burn` keeps the composite.
+//!
 //! Every other device (wgpu, CUDA) runs the composites: the fused paths are entered only when the
 //! tensors convert to Flex primitives.
 use std::sync::Arc;
@@ -32,6 +36,7 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::{DType, Tensor, TensorData};
 
 use rlcr_kernels::norm as kernel;
+use rlcr_kernels::rope as rope_kernel;
 
 use super::cpu::{self, Isa};
 
@@ -52,6 +57,96 @@ pub fn norm_enabled() -> bool {
 pub fn swiglu_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| cpu::rlcr_path("RLCR_SWIGLU", true))
+}
+
+/// Whether [`rope`] runs rlcr's fused op on Flex (read once per process): `RLCR_ROPE=rlcr` (the
+/// default: the same bits as the composite) or `burn`.
+pub fn rope_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| cpu::rlcr_path("RLCR_ROPE", true))
+}
+
+/// HF's rotate-half RoPE, `x·cos + rotate_half(x)·sin`, on `x: [B, n, T, d]` with `cos`, `sin`:
+/// `[B, 1, T, d/2]` (constants): first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s`. The fused
+/// op on Flex when [`rope_enabled`], burn's composite otherwise (the same bits on Flex).
+pub fn rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    if rope_enabled() {
+        if let Some(y) = rope_fused(&x, cos, sin) {
+            return y;
+        }
+    }
+    rope_composite(x, cos, sin)
+}
+
+/// burn's composite RoPE, on any device.
+pub fn rope_composite(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    let [b, n, t, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..n, 0..t, 0..half]);
+    let x2 = x.slice([0..b, 0..n, 0..t, half..d]);
+    let o1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+    let o2 = x2 * cos.clone() + x1 * sin.clone();
+    Tensor::cat(vec![o1, o2], 3)
+}
+
+/// The fused RoPE on Flex (plain or autodiff; `x` may be a strided view whose last axis is
+/// contiguous, read in place); `None` on other devices, dtypes or shapes.
+pub fn rope_fused(x: &Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Option<Tensor<4>> {
+    let [b, n, t, d] = x.dims();
+    if d % 2 != 0 || cos.dims() != [b, 1, t, d / 2] || sin.dims() != cos.dims() {
+        return None;
+    }
+    let table = |c: &Tensor<4>| -> Option<FlexTensor> {
+        let p = match c.clone().try_into_primitive::<Autodiff<Flex>>() {
+            Ok(a) => a.into_parts().0,
+            Err(_) => c.clone().try_into_primitive::<Flex>().ok()?,
+        };
+        contiguous(p)
+    };
+    let (ct, st) = (table(cos)?, table(sin)?);
+    let forward = |p: FlexTensor| -> Option<FlexTensor> {
+        let p = if p.dtype() != DType::F32 {
+            return None;
+        } else if rope_rows(&p).is_some() {
+            p
+        } else {
+            p.to_contiguous()
+        };
+        let rows = rope_rows(&p)?;
+        let y = rope_kernel::forward(p.storage::<f32>(), rows, slice(&ct), slice(&st));
+        Some(FlexTensor::from_data(TensorData::new(y, [b, n, t, d])))
+    };
+    if let Ok(xa) = x.clone().try_into_primitive::<Autodiff<Flex>>() {
+        let (xp, xg) = xa.into_parts();
+        let y = forward(xp)?;
+        let y = match RopeBackward
+            .prepare::<NoCheckpointing>([xg])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(RopeState { cos: ct, sin: st }, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        return Some(Tensor::<4>::from_primitive::<Autodiff<Flex>>(y));
+    }
+    let y = forward(x.clone().try_into_primitive::<Flex>().ok()?)?;
+    Some(Tensor::<4>::from_primitive::<Flex>(y))
+}
+
+/// The row layout of a 4-D f32 tensor whose last axis is contiguous and other strides are
+/// non-negative; `None` otherwise.
+fn rope_rows(p: &FlexTensor) -> Option<rope_kernel::Rows> {
+    let l = p.layout();
+    let sh = l.shape();
+    let st = l.strides();
+    if sh.num_dims() != 4 || (st[3] != 1 && sh[3] > 1) || st[..3].iter().any(|&s| s < 0) {
+        return None;
+    }
+    Some(rope_kernel::Rows {
+        shape: [sh[0], sh[1], sh[2], sh[3]],
+        strides: [st[0] as usize, st[1] as usize, st[2] as usize],
+        offset: l.start_offset(),
+    })
 }
 
 /// HF's RMSNorm, `w · x / sqrt(mean(x²) + eps)` over the last axis of `x: [N, h]`, `w: [h]`:
@@ -235,6 +330,31 @@ impl Backward<Flex, 1> for SwigluBackward {
     }
 }
 
+#[derive(Debug)]
+struct RopeBackward;
+
+/// What RoPE's backward keeps: the cos / sin tables (the gradient does not need `x`).
+#[derive(Debug, Clone)]
+struct RopeState {
+    cos: FlexTensor,
+    sin: FlexTensor,
+}
+
+impl Backward<Flex, 1> for RopeBackward {
+    type State = RopeState;
+
+    fn backward(self, ops: Ops<RopeState, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let RopeState { cos, sin } = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
+            let g = contiguous(grad).unwrap_or_else(|| unreachable!("f32 RoPE gradient"));
+            let sh = g.layout().shape();
+            let shape = [sh[0], sh[1], sh[2], sh[3]];
+            let dx = rope_kernel::backward(slice(&g), shape, slice(&cos), slice(&sin));
+            FlexTensor::from_data(TensorData::new(dx, shape))
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +411,63 @@ mod tests {
         assert!(ours[1].iter().filter(|&&v| v != 0.0).count() > n * i);
         let plain = Tensor::<2>::from_data(TensorData::new(gu, [n, 2 * i]), &Device::flex());
         same_bits(&read(swiglu_fused(&plain).unwrap()), &ours[0], "plain");
+    }
+
+    /// RoPE fused against the composite on `Autodiff<Flex>`, on the strided view the attention
+    /// takes (heads `0..n` of a `[B·T, (n + 1)·d]` projection, reshaped and swapped): values and
+    /// the gradient of the whole projection, bit for bit; plain Flex gives the autodiff bits.
+    #[test]
+    fn rope_gives_the_composites_bits() {
+        let (b, n, t, d) = (2, 3, 7, 16);
+        let half = d / 2;
+        let proj = data(b * t * (n + 1) * d, 31);
+        let angle: Vec<f64> = (0..b * t * half).map(|i| 0.61 * i as f64).collect();
+        let cos: Vec<f32> = angle.iter().map(|a| a.cos() as f32).collect();
+        let sin: Vec<f32> = angle.iter().map(|a| a.sin() as f32).collect();
+        let c = data(b * n * t * d, 32);
+        let run = |fused: bool, dev: &Device| {
+            let p =
+                Tensor::<2>::from_data(TensorData::new(proj.clone(), [b * t, (n + 1) * d]), dev)
+                    .require_grad();
+            let x =
+                p.clone()
+                    .reshape([b, t, n + 1, d])
+                    .swap_dims(1, 2)
+                    .slice([0..b, 0..n, 0..t, 0..d]);
+            let ct = Tensor::<4>::from_data(TensorData::new(cos.clone(), [b, 1, t, half]), dev);
+            let st = Tensor::<4>::from_data(TensorData::new(sin.clone(), [b, 1, t, half]), dev);
+            let y = if fused {
+                rope_fused(&x, &ct, &st).expect("Flex path")
+            } else {
+                rope_composite(x, &ct, &st)
+            };
+            let w = Tensor::<4>::from_data(TensorData::new(c.clone(), [b, n, t, d]), dev);
+            let grads = (y.clone() * w).sum().backward();
+            [read(y), read(p.grad(&grads).unwrap())]
+        };
+        let dev = Device::flex().autodiff();
+        let ours = run(true, &dev);
+        let theirs = run(false, &dev);
+        same_bits(&ours[0], &theirs[0], "values");
+        same_bits(&ours[1], &theirs[1], "gradient");
+        // The last head of the projection (not an input of RoPE) gets zeros, the others not.
+        assert!(ours[1].iter().filter(|&&v| v != 0.0).count() > b * t * n * d / 2);
+        let x = Tensor::<2>::from_data(
+            TensorData::new(proj.clone(), [b * t, (n + 1) * d]),
+            &Device::flex(),
+        )
+        .reshape([b, t, n + 1, d])
+        .swap_dims(1, 2)
+        .slice([0..b, 0..n, 0..t, 0..d]);
+        let ct = Tensor::<4>::from_data(
+            TensorData::new(cos.clone(), [b, 1, t, half]),
+            &Device::flex(),
+        );
+        let st = Tensor::<4>::from_data(
+            TensorData::new(sin.clone(), [b, 1, t, half]),
+            &Device::flex(),
+        );
+        same_bits(&read(rope_fused(&x, &ct, &st).unwrap()), &ours[0], "plain");
     }
 
     /// Values and gradients (x and w) of `Σ rms_norm(x, w) ∘ c` on `Autodiff<Flex>`.

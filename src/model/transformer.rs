@@ -133,14 +133,9 @@ impl Rope {
 
     /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
     /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings).
+    /// One fused op on Flex, burn's composite elsewhere ([`super::fused::rope`]).
     fn apply(&self, x: Tensor<4>) -> Tensor<4> {
-        let [b, n, t, d] = x.dims();
-        let half = d / 2;
-        let x1 = x.clone().slice([0..b, 0..n, 0..t, 0..half]);
-        let x2 = x.slice([0..b, 0..n, 0..t, half..d]);
-        let o1 = x1.clone() * self.cos.clone() - x2.clone() * self.sin.clone();
-        let o2 = x2 * self.cos.clone() + x1 * self.sin.clone();
-        Tensor::cat(vec![o1, o2], 3)
+        super::fused::rope(x, &self.cos, &self.sin)
     }
 }
 
