@@ -8,7 +8,8 @@
 //! - [`tokenizer`]: `tokenizer.json`, special tokens, token ↔ text offsets for spans.
 //! - [`chat`]: chat templates rendered like transformers.
 //! - [`cpu`], [`sgemm`], [`attention`], [`head`]: rlcr's CPU kernels (crate `rlcr-kernels`) on
-//!   Flex tensors: decode products, the training/prefill GEMM, attention, the fused LM head.
+//!   Flex tensors: decode products, the training/prefill GEMM, attention, the fused LM head;
+//!   [`fused`]: RMSNorm and the SwiGLU gate as single ops.
 //! - [`gguf`]: llama.cpp GGUF import.
 //!
 //! [`Model`] bundles them for the stages; [`logprobs`] is the batched per-token log-prob routine
@@ -24,6 +25,7 @@ pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod cpu;
+pub mod fused;
 pub mod gguf;
 pub mod head;
 pub mod sgemm;

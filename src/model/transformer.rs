@@ -42,7 +42,6 @@
 //!   read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the bus").
 use anyhow::{bail, ensure, Result};
 use burn::module::{Module, Param};
-use burn::tensor::activation::sigmoid;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
@@ -134,14 +133,9 @@ impl Rope {
 
     /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
     /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings).
+    /// One fused op on Flex, burn's composite elsewhere ([`super::fused::rope`]).
     fn apply(&self, x: Tensor<4>) -> Tensor<4> {
-        let [b, n, t, d] = x.dims();
-        let half = d / 2;
-        let x1 = x.clone().slice([0..b, 0..n, 0..t, 0..half]);
-        let x2 = x.slice([0..b, 0..n, 0..t, half..d]);
-        let o1 = x1.clone() * self.cos.clone() - x2.clone() * self.sin.clone();
-        let o2 = x2 * self.cos.clone() + x1 * self.sin.clone();
-        Tensor::cat(vec![o1, o2], 3)
+        super::fused::rope(x, &self.cos, &self.sin)
     }
 }
 
@@ -149,10 +143,10 @@ impl Rope {
 // Helpers: RMSNorm and linear
 // ---------------------------------------------------------------------------------------------
 
-/// HF's RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last axis of `[N, h]`.
+/// HF's RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last axis of `[N, h]` (one fused op on
+/// Flex, burn's composite elsewhere: [`super::fused::rms_norm`]).
 fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
-    let ms = x.clone().square().mean_dim(1);
-    x * ms.add_scalar(eps).sqrt().recip() * w.val().unsqueeze_dim(0)
+    super::fused::rms_norm(x, w.val(), eps)
 }
 
 /// `x · W`, through the CPU fast paths for decode-shaped products when they apply (the packed
@@ -211,12 +205,8 @@ impl Mlp {
             &self.gate_up_bias,
             packed.and_then(|p| p.gate_up.as_ref()),
         );
-        let [n, two_i] = gu.dims();
-        let i = two_i / 2;
-        let gate = gu.clone().slice([0..n, 0..i]);
-        let up = gu.slice([0..n, i..two_i]);
-        // silu(g) = g · sigmoid(g), as torch's silu.
-        let h = gate.clone() * sigmoid(gate) * up;
+        // silu(gate) · up with silu(g) = g · sigmoid(g), as torch's silu (one fused op on Flex).
+        let h = super::fused::swiglu(gu);
         linear(
             h,
             &self.down,

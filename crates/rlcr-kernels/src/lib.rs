@@ -1,6 +1,7 @@
 //! rlcr's CPU kernels, on plain `f32` slices (no tensor library): the blocked GEMM of training
 //! and prefill ([`sgemm`]), the decode-shaped products and decode attention of sampling
-//! ([`decode`]), and the loss rows of the fused LM head ([`head`]). rlcr's `model` module holds
+//! ([`decode`]), the loss rows of the fused LM head ([`head`]), RMSNorm and the SwiGLU gate
+//! forward and backward ([`norm`]), and the rotary embedding ([`rope`]). rlcr's `model` module holds
 //! the glue to burn (tensor conversions, the autodiff `Backward` ops).
 //!
 //! **Instruction sets** ([`Isa`], chosen at run time): AVX-512F kernels where the CPU has them,
@@ -17,6 +18,8 @@ pub mod attention;
 pub mod decode;
 pub mod head;
 mod isa;
+pub mod norm;
+pub mod rope;
 pub mod sgemm;
 #[doc(hidden)]
 pub mod testing;
