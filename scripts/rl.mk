@@ -68,14 +68,18 @@ endif
 SYSTEM_PROMPT ?= Think in <think> </think> tags, then give the final answer in <answer> </answer> tags.
 CONFIDENCE_PROMPT ?= default
 EPOCHS ?= 1
-MINI_BATCHES ?= 1
+# Two optimizer steps per iteration at lr 1e-5 (issue 19's measured run, README).
+MINI_BATCHES ?= 2
 MAX_NEW ?= 64
 MAX_NEW_CONF ?= 48
 BATCH ?= 8
 MICRO_BATCH ?= 4
-LR ?= 1e-6
+LR ?= 1e-5
 PROMPTS_PER_ITER ?= 8
-ITERS ?= 10
+ITERS ?= 8
+# One confidence per evaluation answer: the long confidence request makes its prefill most of an
+# evaluation's time (G_C = 2 took 35 min for the warm start alone on 2 busy cores).
+EVAL_G_C ?= 1
 # Warm start: 256 tasks (512 examples: answer + confidence turn) x 3 epochs at lr 3e-5. The
 # measured 64 x 2 at 1e-5 ended with its loss still 0.35 and falling after 8 steps and left the
 # format unlearnt (0.21 well-formed); this is 4x the examples, 1.5x the passes and 3x the step
