@@ -121,8 +121,9 @@ pub fn attention_isa(
     Some(Tensor::<4>::from_primitive::<Flex>(out))
 }
 
-/// A contiguous f32 copy (or the tensor itself when it already is one).
-fn contiguous(t: FlexTensor) -> Option<FlexTensor> {
+/// A contiguous f32 copy (or the tensor itself when it already is one); `None` for another dtype.
+/// Shared with the other fused ops (`model::fused`).
+pub(super) fn contiguous(t: FlexTensor) -> Option<FlexTensor> {
     if t.dtype() != DType::F32 {
         return None;
     }
@@ -134,7 +135,7 @@ fn contiguous(t: FlexTensor) -> Option<FlexTensor> {
 }
 
 /// The values of a contiguous f32 tensor.
-fn slice(t: &FlexTensor) -> &[f32] {
+pub(super) fn slice(t: &FlexTensor) -> &[f32] {
     let off = t.layout().start_offset();
     let n = t.layout().shape().num_elements();
     &t.storage::<f32>()[off..off + n]

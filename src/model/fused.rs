@@ -35,6 +35,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{DType, Tensor, TensorData};
 
+use super::attention::{contiguous, slice};
 use rlcr_kernels::norm as kernel;
 use rlcr_kernels::rope as rope_kernel;
 
@@ -254,25 +255,6 @@ pub fn swiglu_fused(gu: &Tensor<2>) -> Option<Tensor<2>> {
     let y = kernel::swiglu_forward(slice(&gc), i);
     let y = FlexTensor::from_data(TensorData::new(y, [n, i]));
     Some(Tensor::<2>::from_primitive::<Flex>(y))
-}
-
-/// A contiguous f32 tensor (the tensor itself when it already is one).
-fn contiguous(t: FlexTensor) -> Option<FlexTensor> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    Some(if t.is_contiguous() {
-        t
-    } else {
-        t.to_contiguous()
-    })
-}
-
-/// The values of a contiguous f32 tensor.
-fn slice(t: &FlexTensor) -> &[f32] {
-    let off = t.layout().start_offset();
-    let n = t.layout().shape().num_elements();
-    &t.storage::<f32>()[off..off + n]
 }
 
 #[derive(Debug)]
