@@ -125,6 +125,9 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     for batch in reader {
         let batch = batch?;
         validator.check_batch(&batch)?;
+        // rlcr's types and nullability for the documented columns, whatever wrote the table (the
+        // confidence rows built below carry rlcr's; the answer rows are copied beside them).
+        let batch = cols::conform(&batch, &TRAJECTORY, &name)?;
         let pid = cols::str_col(&batch, &name, "prompt_id")?;
         let st = cols::str_col(&batch, &name, "sample_type")?;
         let aidx = cols::i32_col(&batch, &name, "answer_idx")?;

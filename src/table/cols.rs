@@ -5,7 +5,7 @@
 //! vectors into the exact Arrow types of [`super::schema`].
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
     Array, ArrayRef, BooleanArray, BooleanBuilder, Float32Array, Int32Array, ListArray,
     RecordBatch, StringArray, StructArray,
@@ -341,6 +341,52 @@ pub fn set_columns(
     )?)
 }
 
+/// `b` with every column `spec` documents given the spec's field: its type (arrays cast when
+/// another writer chose a different but accepted layout, e.g. polars marks a struct's fields
+/// nullable) and its nullability. Unknown columns are kept as they are. For a batch the
+/// validator has checked (no nulls where the spec forbids them); `table` names it in errors.
+pub fn conform(b: &RecordBatch, spec: &TableSpec, table: &str) -> Result<RecordBatch> {
+    let schema = b.schema();
+    let mut fields = Vec::with_capacity(b.num_columns());
+    let mut columns = Vec::with_capacity(b.num_columns());
+    let mut changed = false;
+    for (f, c) in schema.fields().iter().zip(b.columns()) {
+        let Some(spec_col) = spec.column(f.name()) else {
+            fields.push(f.as_ref().clone());
+            columns.push(c.clone());
+            continue;
+        };
+        let want = spec_col.field();
+        let mut c = c.clone();
+        if c.data_type() != want.data_type() {
+            c = arrow::compute::cast(c.as_ref(), want.data_type()).with_context(|| {
+                format!(
+                    "{table}: column `{}`: cannot convert {} to {}",
+                    f.name(),
+                    c.data_type(),
+                    want.data_type()
+                )
+            })?;
+        }
+        if !want.is_nullable() && c.null_count() > 0 {
+            bail!(
+                "{table}: column `{}` holds nulls, which it may not",
+                f.name()
+            );
+        }
+        changed |= want != *f.as_ref();
+        fields.push(want);
+        columns.push(c);
+    }
+    if !changed {
+        return Ok(b.clone());
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
 /// Drop columns by name (missing names are ignored).
 pub fn drop_columns(b: &RecordBatch, names: &[&str]) -> Result<RecordBatch> {
     let keep: Vec<usize> = b
@@ -358,6 +404,69 @@ pub fn drop_columns(b: &RecordBatch, names: &[&str]) -> Result<RecordBatch> {
 mod tests {
     use super::*;
     use crate::table::schema::TRAJECTORY;
+
+    /// A batch as polars writes it (every field nullable, a span struct's fields too, an extra
+    /// column) takes rlcr's fields for the documented columns and keeps the extra one; a null in a
+    /// non-nullable column is an error naming the table and the column.
+    #[test]
+    fn conform_gives_the_spec_fields() {
+        use arrow::array::{Int32Array, StructArray};
+        let loose = arrow::datatypes::Fields::from(vec![
+            Field::new("start", DataType::Int32, true),
+            Field::new("end", DataType::Int32, true),
+        ]);
+        let span = StructArray::new(
+            loose.clone(),
+            vec![
+                Arc::new(Int32Array::from(vec![1, 0])),
+                Arc::new(Int32Array::from(vec![3, 0])),
+            ],
+            Some(vec![true, false].into()),
+        );
+        let batch = |pid: StringArray| {
+            RecordBatch::try_new(
+                Arc::new(Schema::new(vec![
+                    Field::new("prompt_id", DataType::Utf8, true),
+                    Field::new("answer_span", DataType::Struct(loose.clone()), true),
+                    Field::new("mine", DataType::Int32, true),
+                ])),
+                vec![
+                    Arc::new(pid),
+                    Arc::new(span.clone()),
+                    Arc::new(Int32Array::from(vec![Some(5), None])),
+                ],
+            )
+            .unwrap()
+        };
+        let got = conform(
+            &batch(StringArray::from(vec!["a", "b"])),
+            &TRAJECTORY,
+            "t.parquet",
+        )
+        .unwrap();
+        let s = got.schema();
+        assert_eq!(s.field(0), &TRAJECTORY.column("prompt_id").unwrap().field());
+        assert_eq!(
+            s.field(1),
+            &TRAJECTORY.column("answer_span").unwrap().field()
+        );
+        assert_eq!(s.field(2), &Field::new("mine", DataType::Int32, true));
+        assert_eq!(
+            spans(&got, "t", "answer_span").unwrap(),
+            vec![Some((1, 3)), None]
+        );
+        let err = conform(
+            &batch(StringArray::from(vec![Some("a"), None])),
+            &TRAJECTORY,
+            "t.parquet",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("t.parquet") && err.contains("`prompt_id`"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn builders_have_schema_types() {

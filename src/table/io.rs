@@ -441,13 +441,20 @@ pub fn check_footer(
 }
 
 /// The normalised form of a type: `LargeList`→`List`, `LargeUtf8`/`Utf8View`→`Utf8`, dictionaries
-/// of strings → `Utf8`, recursively.
+/// of strings → `Utf8`, recursively; a list's item field is named `item` (arrow's default, what
+/// rlcr writes), whatever the writer called it: pyarrow's default Parquet writer, polars and
+/// DuckDB write the Parquet format's compliant name `element`, and a table of such lists could
+/// not be joined with rlcr's own rows.
 pub fn normalized_type(dt: &DataType) -> DataType {
     match dt {
         DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
         DataType::Dictionary(_, v) => normalized_type(v),
         DataType::LargeList(f) | DataType::List(f) | DataType::ListView(f) => {
-            DataType::List(Arc::new(normalized_field(f)))
+            DataType::List(Arc::new(Field::new(
+                Field::LIST_FIELD_DEFAULT_NAME,
+                normalized_type(f.data_type()),
+                f.is_nullable(),
+            )))
         }
         DataType::Struct(fs) => DataType::Struct(
             fs.iter()
@@ -822,6 +829,75 @@ mod tests {
         let want = r.schema();
         let got = r.read_all().unwrap();
         assert_eq!(got[0].column(0).data_type(), want.field(0).data_type());
+    }
+
+    /// pyarrow, polars and DuckDB name a list's item `element` (Parquet's compliant layout); the
+    /// reader gives arrow's `item`, the name of every list rlcr builds, so the two can be joined.
+    #[test]
+    fn compliant_list_item_names_are_normalised() {
+        use arrow::array::{Int32Builder, ListArray, ListBuilder};
+        let d = tempfile::tempdir().unwrap();
+        let element = Arc::new(Field::new("element", DataType::Int32, true));
+        let mut lb = ListBuilder::new(Int32Builder::new()).with_field(element.clone());
+        lb.append_value([Some(7), None, Some(9)]);
+        lb.append_value([]);
+        let ids: ListArray = lb.finish();
+        // A list of lists, to check the rename recurses.
+        let inner = ListArray::new(
+            element.clone(),
+            ids.offsets().clone(),
+            ids.values().clone(),
+            None,
+        );
+        let outer_field = Arc::new(Field::new("element", inner.data_type().clone(), true));
+        let nested = ListArray::new(
+            outer_field,
+            arrow::buffer::OffsetBuffer::from_lengths([1, 1]),
+            Arc::new(inner),
+            None,
+        );
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("ids", ids.data_type().clone(), false),
+            Field::new("nested", nested.data_type().clone(), false),
+        ]));
+        let b =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(ids), Arc::new(nested)]).unwrap();
+        let p = d.path().join("e.parquet");
+        write_table(&p, schema, &[b], &meta()).unwrap();
+        // The file itself keeps the writer's name (the test would prove nothing otherwise).
+        let file_schema = builder(&p).unwrap().schema().clone();
+        assert!(format!("{:?}", file_schema.field(0).data_type()).contains("\"element\""));
+        let r = Reader::open(&p).unwrap();
+        let item = |t: DataType| DataType::List(Arc::new(Field::new_list_field(t, true)));
+        assert_eq!(r.schema().field(0).data_type(), &item(DataType::Int32));
+        assert_eq!(
+            r.schema().field(1).data_type(),
+            &item(item(DataType::Int32))
+        );
+        let got = r.read_all().unwrap();
+        assert_eq!(got[0].schema().field(0).data_type(), &item(DataType::Int32));
+        assert_eq!(
+            got[0].schema().field(1).data_type(),
+            &item(item(DataType::Int32))
+        );
+        let ids = got[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<ListArray>()
+            .unwrap();
+        let v0 = ids.value(0);
+        let v0 = v0
+            .as_any()
+            .downcast_ref::<arrow::array::Int32Array>()
+            .unwrap();
+        assert_eq!(v0.iter().collect::<Vec<_>>(), vec![Some(7), None, Some(9)]);
+        assert_eq!(ids.value(1).len(), 0);
+        // Joins with a list rlcr builds (arrow's default item name).
+        let mine =
+            ListArray::from_iter_primitive::<arrow::datatypes::Int32Type, _, _>(vec![Some(vec![
+                Some(1),
+            ])]);
+        assert_eq!(mine.data_type(), got[0].schema_ref().field(0).data_type());
     }
 
     #[test]

@@ -208,3 +208,156 @@ fn loop_tables_open_in_polars_and_duckdb_and_recipes_match_report() {
     assert_eq!(v["span_tokens"], v["span_tokens_polars"]);
     assert!(!v["span_tokens"].as_array().unwrap().is_empty());
 }
+
+/// Rewrite `src` to `dst` with pyarrow's or polars' default Parquet writer (lists as Parquet's
+/// compliant `element` items, pyarrow's own string and metadata choices) and return the file's
+/// list types as the writer stored them; `None` when the module is missing and not required.
+fn rewrite_with(lib: &str, src: &Path, dst: &Path) -> Option<String> {
+    let required = std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1");
+    let code = match lib {
+        "pyarrow" => "import sys, pyarrow.parquet as pq\npq.write_table(pq.read_table(sys.argv[1]), sys.argv[2])",
+        _ => "import sys, polars as pl\npl.read_parquet(sys.argv[1]).write_parquet(sys.argv[2])",
+    };
+    let show = "import sys, pyarrow.parquet as pq\nprint(pq.read_schema(sys.argv[1]))";
+    let out = Command::new("python3")
+        .args(["-c", code])
+        .arg(src)
+        .arg(dst)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr).to_string();
+            if !required && err.contains("No module named") {
+                eprintln!("skipped: {err}");
+                return None;
+            }
+            panic!("{lib} rewrite failed:\n{err}");
+        }
+        Err(e) if !required => {
+            eprintln!("skipped: python3 not runnable: {e}");
+            return None;
+        }
+        Err(e) => panic!("python3 not runnable: {e}"),
+    }
+    let o = Command::new("python3")
+        .args(["-c", show])
+        .arg(dst)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Some(String::from_utf8_lossy(&o.stdout).to_string())
+}
+
+/// Every column of a table as rlcr's reader gives it (types normalised, batches concatenated).
+fn read_normalised(p: &Path) -> arrow::record_batch::RecordBatch {
+    let batches = rlcr::table::Reader::open(p).unwrap().read_all().unwrap();
+    let b = rlcr::table::io::concat(&batches[0].schema(), &batches).unwrap();
+    let fields = b.schema().fields().clone();
+    b.with_schema(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)))
+        .unwrap()
+}
+
+/// Tables that pyarrow or polars rewrote (lists with Parquet's compliant `element` items) feed
+/// every later stage and give the same rows as rlcr's own tables: `generate-confidence` used to
+/// fail after sampling every row ("List(Int32) vs List(Int32, field: 'element')") when it joined
+/// the answers it read with the confidence rows it built.
+#[test]
+fn tables_rewritten_by_pyarrow_and_polars_feed_the_next_stage() {
+    let wd = Workdir::new();
+    let m = crate::fixtures().join("tiny-qwen2").display().to_string();
+    let prepare = crate::support::pipeline::easy_countdown_args(3, "prompts.parquet");
+    let answers = crate::support::pipeline::answers_args(
+        &m,
+        "prompts.parquet",
+        "answers.parquet",
+        2,
+        8,
+        &["--response-prefix", "<think>"],
+    );
+    crate::support::pipeline::run(&wd, &prepare);
+    crate::support::pipeline::run(&wd, &answers);
+    // Each stage on rlcr's table and on the rewritten one, the outputs compared row for row.
+    let args = |stage: &str, input: &str, out: &str| -> Vec<String> {
+        let v: Vec<&str> = match stage {
+            "traj" => vec![
+                "generate-confidence",
+                "--model",
+                &m,
+                "--input",
+                input,
+                "-o",
+                out,
+                "--num-confidences",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--response-prefix",
+                "<confidence>0.",
+            ],
+            "scored" => vec!["score", "--input", input, "-o", out],
+            _ => vec!["advantage", "--input", input, "-o", out],
+        };
+        v.into_iter().map(String::from).collect()
+    };
+    let stages = [("answers", "traj"), ("traj", "scored"), ("scored", "adv")];
+    for lib in ["pyarrow", "polars"] {
+        for (input, output) in stages {
+            let ours = wd.path(&format!("{input}.parquet"));
+            let theirs = wd.path(&format!("{input}-{lib}.parquet"));
+            let Some(schema) = rewrite_with(lib, &ours, &theirs) else {
+                return;
+            };
+            assert!(
+                schema.contains("list<element:"),
+                "{lib} kept arrow's item name, the test would prove nothing:\n{schema}"
+            );
+            let a = format!("{output}.parquet");
+            let b = format!("{output}-from-{lib}.parquet");
+            crate::support::pipeline::run(&wd, &args(output, &format!("{input}.parquet"), &a));
+            crate::support::pipeline::run(
+                &wd,
+                &args(output, &format!("{input}-{lib}.parquet"), &b),
+            );
+            // Same columns and values; the row-preserving stages (`score`, `advantage`) copy the
+            // input's column chunks as they are, so a field's nullability flag may be polars'.
+            let (x, y) = (read_normalised(&wd.path(&a)), read_normalised(&wd.path(&b)));
+            assert_eq!(x.num_rows(), y.num_rows());
+            let names = |b: &arrow::record_batch::RecordBatch| -> Vec<String> {
+                b.schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone())
+                    .collect()
+            };
+            assert_eq!(
+                names(&x),
+                names(&y),
+                "{output} from {lib}'s {input}: columns"
+            );
+            for (i, f) in x.schema().fields().iter().enumerate() {
+                let theirs = arrow::compute::cast(y.column(i), f.data_type()).unwrap();
+                assert_eq!(
+                    x.column(i).as_ref(),
+                    theirs.as_ref(),
+                    "{output} from {lib}'s {input} differs from {output} from rlcr's in `{}`",
+                    f.name()
+                );
+            }
+        }
+        // And the update takes the rewritten advantage table.
+        let adv = wd.path("adv.parquet");
+        let theirs = wd.path(&format!("adv-{lib}.parquet"));
+        rewrite_with(lib, &adv, &theirs).unwrap();
+        wd.run(&[
+            "update",
+            "--model",
+            &m,
+            "--input",
+            theirs.to_str().unwrap(),
+            "-o",
+            &format!("model-{lib}"),
+        ]);
+        assert!(wd.path(&format!("model-{lib}/config.json")).exists());
+    }
+}
