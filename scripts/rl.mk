@@ -185,6 +185,17 @@ CONF_VALUE_ENTROPY_COEF ?= 0
 CONF_ENTROPY_FLAG = $(if $(filter-out 0,$(CONF_ENTROPY_COEF)),--conf-entropy-coef $(CONF_ENTROPY_COEF)) \
   $(if $(filter-out 0,$(CONF_VALUE_ENTROPY_COEF)),--conf-value-entropy-coef $(CONF_VALUE_ENTROPY_COEF))
 
+# Disk: keep the weights and optimizer state of only the last KEEP_CHECKPOINTS iterations (empty =
+# keep every one). A SmolLM2 checkpoint with its AdamW state is 1.6 GB, so 20 iterations need 32 GB.
+# An older iteration keeps its config, metrics and tables (the loop stays resumable and `make` sees
+# it as done), but rerunning a later iteration from it fails on the missing weights.
+KEEP_CHECKPOINTS ?=
+ifneq ($(KEEP_CHECKPOINTS),)
+ifeq ($(shell [ "$(KEEP_CHECKPOINTS)" -ge 1 ] 2>/dev/null && echo ok),)
+$(error KEEP_CHECKPOINTS must be a whole number of at least 1 (or empty: keep all), not `$(KEEP_CHECKPOINTS)`)
+endif
+endif
+
 # Supervised warm start.
 SFT ?= 1
 SFT_COUNT ?= 256
@@ -257,11 +268,15 @@ $(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.j
 	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
 	  $$(CONF_ENTROPY_FLAG) \
 	  $(if $(filter gae,$(ESTIMATOR)),--critic $(3) --critic-out $(DIR)/iter-$(1)/critic $$(CRITIC_FLAGS))
+	$(if $(KEEP_CHECKPOINTS),$$(call drop_checkpoint,$$(shell printf '%04d' $$$$((10#$(1) - $(KEEP_CHECKPOINTS))))))
 
 $(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet
 	$$(RLCR) $$(G) report --input $$< -o $(DIR)/iter-$(1)/report
 endef
 
+# Delete iteration $(1)'s weights and optimizer state (KEEP_CHECKPOINTS); nothing for id 0000 or less.
+drop_checkpoint = $(if $(filter-out 0000 -%,$(1)),rm -rf $(DIR)/iter-$(1)/model/model.safetensors \
+  $(DIR)/iter-$(1)/model/rlcr-train $(DIR)/iter-$(1)/critic/model.safetensors $(DIR)/iter-$(1)/critic/rlcr-train)
 prev = $(if $(filter 0001,$(1)),$(START),$(DIR)/iter-$(shell printf '%04d' $$((10#$(1) - 1)))/model)
 # The critic an iteration starts from (ESTIMATOR=gae): the previous iteration's, or the starting
 # policy (zero value head). It is written by the previous update, so it depends on its model.
@@ -336,7 +351,7 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   MICRO_BATCH=$(MICRO_BATCH) MAX_NEW=$(MAX_NEW) MAX_NEW_CONF=$(MAX_NEW_CONF) BATCH=$(BATCH) \
   PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) \
   CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) UPDATE_FLAGS="$(UPDATE_FLAGS)" \
-  VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)"
+  VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)" KEEP_CHECKPOINTS=$(KEEP_CHECKPOINTS)
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
 	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 summary

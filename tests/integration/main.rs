@@ -19,6 +19,7 @@ mod model;
 mod multiturn;
 mod probe;
 mod report;
+mod rl_make;
 mod sample;
 mod score;
 mod shards;
