@@ -68,9 +68,9 @@ endif
 SYSTEM_PROMPT ?= Think in <think> </think> tags, then give the final answer in <answer> </answer> tags.
 CONFIDENCE_PROMPT ?= default
 EPOCHS ?= 1
-# Four optimizer steps per iteration at lr 1e-5, 24 iterations (issue 19's measured run, README:
-# its first 8 iterations took 2 steps each; RLCR's held-out AUROC 0.632 against RLVR's 0.497). At
-# lr 5e-5 the arithmetic broke within 4 iterations in both arms.
+# Four optimizer steps per iteration at lr 1e-5, 36 iterations (issue 19's measured run, README:
+# its first 8 iterations took 2 steps each; RLCR's held-out AUROC 0.801 against RLVR's 0.506, ECE
+# 0.093 against 0.250). At lr 5e-5 the arithmetic broke within 4 iterations in both arms.
 MINI_BATCHES ?= 4
 MAX_NEW ?= 64
 MAX_NEW_CONF ?= 48
@@ -78,7 +78,7 @@ BATCH ?= 8
 MICRO_BATCH ?= 4
 LR ?= 1e-5
 PROMPTS_PER_ITER ?= 8
-ITERS ?= 24
+ITERS ?= 36
 # One confidence per evaluation answer: the long confidence request makes its prefill most of an
 # evaluation's time (G_C = 2 took 35 min for the warm start alone on 2 busy cores).
 EVAL_G_C ?= 1
