@@ -49,25 +49,19 @@ fn prompts_table_opens_in_polars_and_duckdb() {
     check_tables(&[&wd.path("p.parquet")]);
 }
 
-/// Run `scripts/inspect_table.py --json` on a table; `None` when polars/duckdb are missing and not
-/// required.
-fn inspect_json(table: &Path) -> Option<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/inspect_table.py");
+/// Run `python3 ARGS`; its stdout, or `None` (the test says skipped) when python3 or a module is
+/// missing and `RLCR_REQUIRE_PYTHON=1` is not set. Any other failure panics naming `what`.
+fn python(args: &[&std::ffi::OsStr], what: &str) -> Option<Vec<u8>> {
     let required = std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg(table)
-        .arg("--json")
-        .output();
-    match out {
-        Ok(o) if o.status.success() => Some(serde_json::from_slice(&o.stdout).unwrap()),
+    match Command::new("python3").args(args).output() {
+        Ok(o) if o.status.success() => Some(o.stdout),
         Ok(o) => {
             let err = String::from_utf8_lossy(&o.stderr).to_string();
             if !required && err.contains("No module named") {
                 eprintln!("skipped: {err}");
                 return None;
             }
-            panic!("inspect.py failed:\n{err}");
+            panic!("{what} failed:\n{err}");
         }
         Err(e) if !required => {
             eprintln!("skipped: python3 not runnable: {e}");
@@ -75,6 +69,17 @@ fn inspect_json(table: &Path) -> Option<serde_json::Value> {
         }
         Err(e) => panic!("python3 not runnable: {e}"),
     }
+}
+
+/// Run `scripts/inspect_table.py --json` on a table; `None` when polars/duckdb are missing and not
+/// required.
+fn inspect_json(table: &Path) -> Option<serde_json::Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/inspect_table.py");
+    let out = python(
+        &[script.as_os_str(), table.as_os_str(), "--json".as_ref()],
+        "inspect_table.py",
+    )?;
+    Some(serde_json::from_slice(&out).unwrap())
 }
 
 /// Every table of one loop iteration (prompts, answers, trajectory, scored, advantage, probe,
@@ -213,40 +218,25 @@ fn loop_tables_open_in_polars_and_duckdb_and_recipes_match_report() {
 /// compliant `element` items, pyarrow's own string and metadata choices) and return the file's
 /// list types as the writer stored them; `None` when the module is missing and not required.
 fn rewrite_with(lib: &str, src: &Path, dst: &Path) -> Option<String> {
-    let required = std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1");
     let code = match lib {
         "pyarrow" => "import sys, pyarrow.parquet as pq\npq.write_table(pq.read_table(sys.argv[1]), sys.argv[2])",
         _ => "import sys, polars as pl\npl.read_parquet(sys.argv[1]).write_parquet(sys.argv[2])",
     };
     let show = "import sys, pyarrow.parquet as pq\nprint(pq.read_schema(sys.argv[1]))";
-    let out = Command::new("python3")
-        .args(["-c", code])
-        .arg(src)
-        .arg(dst)
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            let err = String::from_utf8_lossy(&o.stderr).to_string();
-            if !required && err.contains("No module named") {
-                eprintln!("skipped: {err}");
-                return None;
-            }
-            panic!("{lib} rewrite failed:\n{err}");
-        }
-        Err(e) if !required => {
-            eprintln!("skipped: python3 not runnable: {e}");
-            return None;
-        }
-        Err(e) => panic!("python3 not runnable: {e}"),
-    }
-    let o = Command::new("python3")
-        .args(["-c", show])
-        .arg(dst)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    Some(String::from_utf8_lossy(&o.stdout).to_string())
+    python(
+        &[
+            "-c".as_ref(),
+            code.as_ref(),
+            src.as_os_str(),
+            dst.as_os_str(),
+        ],
+        &format!("{lib} rewrite"),
+    )?;
+    let schema = python(
+        &["-c".as_ref(), show.as_ref(), dst.as_os_str()],
+        "read_schema",
+    )?;
+    Some(String::from_utf8_lossy(&schema).to_string())
 }
 
 /// Every column of a table as rlcr's reader gives it (types normalised, batches concatenated).
