@@ -14,16 +14,19 @@
 //! probabilities, their product; autodiff keeps most of them for backward): at SmolLM2's 49,152
 //! columns and 2,048 rows each one is 400 MB. On Flex this module instead reads the logits twice
 //! forward (max, then both sums) and once backward (writing the gradient), and keeps only the
-//! logits and three numbers per row. It is opt-in (`RLCR_FUSED_HEAD=1`; Flex only, every other
-//! device runs the composite): the fused sums round differently from the composite (within
-//! 2e-5), and that rounding changes the learning loop's trajectories. On main f1735aa it sent
-//! one seed into a format collapse; on rlcr's GEMM and attention with the earlier tiny-model
-//! defaults the learning test passed with more room on it than on the composite (accuracy
-//! +0.138 against +0.096), but on the session-9 defaults (8b754cc: warm-start confidences per
-//! number count, format reward) two seeds' confidences collapsed (mean confidence 0.000 and
-//! 0.062) and the test failed (mean AUROC 0.607 < 0.67, Brier gain 0.019 < 0.02; kern e39ca95).
-//! So the default stays the composite. Both are the same function up to rounding (tested
-//! against each other and, through the parity tests, against transformers).
+//! logits and three numbers per row. It is the default on Flex (`RLCR_FUSED_HEAD=0` opts out;
+//! every other device runs the composite). The fused sums round differently from the composite
+//! (within 2e-5), and that rounding changes the learning loop's trajectories, so it was opt-in
+//! until a configuration learnt on it: on main f1735aa it sent one seed into a format collapse, and
+//! on the session-9 tiny-model defaults (kern e39ca95) two seeds' confidences collapsed and the
+//! learning test failed (mean AUROC 0.607 < 0.67), while on the earlier defaults it passed with
+//! more room than the composite. On the defaults since c5c6071 (inert rows skipped) the learning
+//! test passes on it with more room than on the composite (360d504 + `RLCR_FUSED_HEAD=1`, session
+//! 12: mean AUROC of the last policies 0.715 against 0.691, Brier gain 0.065 against 0.056,
+//! accuracy +0.197 against +0.176), and it is 13 % faster per CPU-second on the SmolLM2-135M step
+//! with 16 % less peak memory (BENCHMARKS.md), so it became the default. Both are the same
+//! function up to rounding (tested against each other and, through the parity tests, against
+//! transformers).
 //!
 //! The row loops (a vectorised Cephes `expf`, fixed summation order: the same bits on every ISA,
 //! batch and thread count) are [`rlcr_kernels::head`]; this module is the burn glue (tensor
@@ -76,22 +79,22 @@ pub fn logprob_entropy(
     Ok(composite(logits, targets, temperature, entropy))
 }
 
-/// Whether the fused head runs on Flex (read once per process): `RLCR_FUSED_HEAD=1`; unset,
-/// empty or `0` keeps burn's composite (see the module documentation for why it is opt-in).
-/// Another value is reported once and ignored.
+/// Whether the fused head runs on Flex (read once per process): unset, empty or `1` on;
+/// `RLCR_FUSED_HEAD=0` keeps burn's composite (the previous default, see the module
+/// documentation). Another value is reported once and ignored.
 fn fused_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| fused_switch(std::env::var("RLCR_FUSED_HEAD").ok().as_deref()))
 }
 
-/// `RLCR_FUSED_HEAD`'s value read: `1` on; unset, empty or `0` off; anything else off (warned).
+/// `RLCR_FUSED_HEAD`'s value read: unset, empty or `1` on; `0` off; anything else on (warned).
 fn fused_switch(value: Option<&str>) -> bool {
     match value {
-        Some("1") => true,
-        None | Some("") | Some("0") => false,
+        None | Some("") | Some("1") => true,
+        Some("0") => false,
         Some(v) => {
-            eprintln!("warning: RLCR_FUSED_HEAD={v:?} is not one of 0, 1; using 0");
-            false
+            eprintln!("warning: RLCR_FUSED_HEAD={v:?} is not one of 0, 1; using 1");
+            true
         }
     }
 }
@@ -212,12 +215,12 @@ mod tests {
     }
 
     #[test]
-    fn fused_switch_is_off_unless_set_to_1() {
-        assert!(!fused_switch(None));
-        assert!(!fused_switch(Some("")));
+    fn fused_switch_is_on_unless_set_to_0() {
+        assert!(fused_switch(None));
+        assert!(fused_switch(Some("")));
         assert!(fused_switch(Some("1")));
         assert!(!fused_switch(Some("0")));
-        assert!(!fused_switch(Some("on")));
+        assert!(fused_switch(Some("on")));
     }
 
     /// Values and gradients of the fused op against burn's composite, on an autodiff Flex

@@ -61,8 +61,12 @@
 //! 0.552; seed SD ≈ 0.10); on rlcr's GEMM and attention (README, "What it learns") means
 //! accuracy +0.096, Brier +0.085, gap narrowing 0.182, formats 0.84 / 0.90, AUROC 0.537; with
 //! the fused LM head as well (`RLCR_FUSED_HEAD=1`): accuracy +0.138, Brier +0.084, gap narrowing
-//! 0.231, formats 0.93 / 0.98, AUROC 0.547. On the current defaults the fused head fails this
-//! test (kern e39ca95: seeds 3 and 4's confidences collapsed, mean AUROC 0.607, Brier +0.019).
+//! 0.231, formats 0.93 / 0.98, AUROC 0.547. On the session-9 defaults the fused head failed this
+//! test (kern e39ca95: seeds 3 and 4's confidences collapsed, mean AUROC 0.607, Brier +0.019); on
+//! the defaults since c5c6071 (inert rows skipped) it passes with more room than the composite
+//! (session 12, 360d504 + `RLCR_FUSED_HEAD=1`: AUROC 0.688 / 0.674 / 0.710 / 0.746 / 0.757, mean
+//! 0.715; accuracy +0.197, Brier +0.065; the composite's c5c6071 draw: 0.691, +0.176, +0.056), and
+//! it is the default since.
 //!
 //! Margins: (1) mean accuracy gain ≥ 0.05, (2) mean Brier gain ≥ 0.02, (3) mean narrowing of
 //! |mean confidence − accuracy| ≥ 0.05, (4) ≥ 70 % well-formed answers and confidences on average
