@@ -20,7 +20,9 @@
 #   train   examples/bench_train.rs vs scripts/bench_transformers.py train: forward + backward
 #           on a 38.9M-parameter Qwen2 config, 8 x 256 tokens, fp32
 #   trainsmol  the same full step on SmolLM2-135M's shape (random weights), 8 x 512 tokens in
-#           micro-batches of 4 on both sides, fp32, with each side's peak RSS (not in `all`: long)
+#           micro-batches of 4 on both sides, fp32, with each side's peak RSS (not in `all`: long);
+#           each side runs a warm-up step first and reports the next (torch always did; rlcr's
+#           harness reported its first step until session 12)
 #   gemm    examples/bench_gemm.rs vs scripts/bench_transformers.py gemm: the matrix products of
 #           that forward + backward one at a time (GFLOP/s instead of tokens/s)
 #   peak    examples/bench_peak.rs only (always run first): the CPU's SIMD flags, its measured
@@ -90,7 +92,7 @@ if [ "$what" = train ] || [ "$what" = all ]; then
 fi
 if [ "$what" = trainsmol ]; then
   for _ in $(seq "$REPS"); do
-    run rlcr "$ex/bench_train" smollm2 8 512 4 1
+    run rlcr "$ex/bench_train" smollm2 8 512 4 2
     run transformers "$PY" scripts/bench_transformers.py train 8 512 1 fp32 smollm2 4
   done
 fi

@@ -23,8 +23,9 @@
 //! more room than the composite. On the defaults since c5c6071 (inert rows skipped) the learning
 //! test passes on it with more room than on the composite (360d504 + `RLCR_FUSED_HEAD=1`, session
 //! 12: mean AUROC of the last policies 0.715 against 0.691, Brier gain 0.065 against 0.056,
-//! accuracy +0.197 against +0.176), and it is 13 % faster per CPU-second on the SmolLM2-135M step
-//! with 16 % less peak memory (BENCHMARKS.md), so it became the default. Both are the same
+//! accuracy +0.197 against +0.176), and it keeps the SmolLM2-135M 8 × 512 step's peak memory
+//! 18 % lower (5267 against 6410–6426 MiB; the step's speed is the same within the runs' spread,
+//! the main job's CPU time 7 % lower: BENCHMARKS.md, session 12), so it became the default. Both are the same
 //! function up to rounding (tested against each other and, through the parity tests, against
 //! transformers).
 //!
