@@ -11,7 +11,8 @@
 //! Output lines: `PEAK <name> <value> <unit>   # note`, names `f32_fma_zmm`, `f32_fma_ymm`,
 //! `bf16_dot_zmm` (GFLOP/s; one FMA = 2 FLOP, one `VDPBF16PS` lane = 2 products = 4 FLOP),
 //! `bw_copy`, `bw_triad` (GB/s, STREAM's convention: bytes read + bytes written, write-allocate
-//! traffic not counted), and `flags` (the CPU's SIMD flags).
+//! traffic not counted), `bw_read` (GB/s read by a sum over one array: what a decode step that
+//! streams its weights can reach), and `flags` (the CPU's SIMD flags).
 //!
 //! Method: each thread runs 24 (zmm) or 14 (ymm) independent accumulator chains in inline
 //! assembly for a fixed number of iterations; best of 5 runs.
@@ -248,6 +249,7 @@ fn main() {
     let chunk = n.div_ceil(t);
     let mut copy = f64::INFINITY;
     let mut triad = f64::INFINITY;
+    let mut read = f64::INFINITY;
     for rep in 0..6 {
         let start = Instant::now();
         std::thread::scope(|s| {
@@ -271,9 +273,35 @@ fn main() {
             }
         });
         let tt = start.elapsed().as_secs_f64();
+        // Read only: 16 independent sums per thread (vector lanes), nothing written.
+        let start = Instant::now();
+        let sums: Vec<f32> = std::thread::scope(|s| {
+            let handles: Vec<_> = b
+                .chunks(chunk)
+                .map(|y| {
+                    s.spawn(move || {
+                        let mut acc = [0f32; 16];
+                        let (blocks, _) = y.as_chunks::<16>();
+                        for blk in blocks {
+                            for (a, &v) in acc.iter_mut().zip(blk) {
+                                *a += v;
+                            }
+                        }
+                        acc.iter().sum::<f32>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0.0))
+                .collect()
+        });
+        let tr = start.elapsed().as_secs_f64();
+        std::hint::black_box(sums);
         if rep > 0 {
             copy = copy.min(tc);
             triad = triad.min(tt);
+            read = read.min(tr);
         }
         std::hint::black_box((&a, &b, &c));
     }
@@ -285,6 +313,10 @@ fn main() {
     println!(
         "PEAK bw_triad {:.1} GB/s   # 2 x 256 MiB read + 256 MiB written, {t} threads",
         3.0 * bytes / triad / 1e9
+    );
+    println!(
+        "PEAK bw_read {:.1} GB/s   # 256 MiB read (a sum), {t} threads",
+        bytes / read / 1e9
     );
     b[0] = a[1];
 }

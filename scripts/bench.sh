@@ -30,7 +30,7 @@
 #           CPU has avx512_bf16) and memory bandwidth (copy, triad), on THREADS threads
 # Prints every measurement, then the medians (tokens/s wall and tokens per CPU-second), the
 # ratio rlcr / transformers and each side's FLOP rate as a fraction of the measured f32 peak
-# (sampling at batch 8 also as a fraction of the weight-streaming bound at the measured copy
+# (sampling at batch 8 also as a fraction of the weight-streaming bound at the measured read
 # bandwidth).
 set -euo pipefail
 { # the whole script is parsed before it runs (safe to edit while a benchmark is running)
@@ -122,7 +122,8 @@ print("roofline:", ", ".join(f"{k} {v}" for k, v in peak.items()))
 fpeak = float(peak.get("f32_fma_zmm", peak.get("f32_fma_ymm", "nan")))
 # Per CPU-second of one thread: the denominator of the per-CPU-second rates (load-independent).
 fcpu = float(peak.get("f32_fma_zmm_cpu", peak.get("f32_fma_ymm_cpu", "nan")))
-bw = float(peak.get("bw_copy", "nan"))
+# A decode step reads its weights: the read-only bandwidth bounds it (older runs: copy's).
+bw = float(peak.get("bw_read", peak.get("bw_copy", "nan")))
 
 # Useful FLOP per token (2 per multiply-add), from the model shapes:
 # - Qwen2 38.9M training (bench_train qwen39m, 8 x 256): per token per layer q/k/v/o
