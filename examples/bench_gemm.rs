@@ -12,7 +12,9 @@
 //!
 //! `GEMM=rlcr` times rlcr's packed kernel (`rlcr::model::sgemm`, what training and prefill use on
 //! Flex) on the same products instead of burn's matmul (`GEMM=burn`, the default: the gemm
-//! crate); `SHAPES=smollm2` takes SmolLM2-135M's projections (8 × 512 rows) instead.
+//! crate); `GEMM=bf16` times the bf16 mode's product (`rlcr_kernels::bf16`: both operands
+//! rounded to bf16, then VDPBF16PS with f32 sums, or the f32 kernel on widened operands on CPUs
+//! without avx512_bf16); `SHAPES=smollm2` takes SmolLM2-135M's projections (8 × 512 rows) instead.
 use std::time::Instant;
 
 use burn::tensor::{Device, Tensor, TensorData};
@@ -61,6 +63,7 @@ fn main() {
         .unwrap_or(3);
     let dev = Device::flex();
     let ours = std::env::var("GEMM").is_ok_and(|v| v == "rlcr");
+    let bf16 = std::env::var("GEMM").is_ok_and(|v| v == "bf16");
     let smol = std::env::var("SHAPES").is_ok_and(|v| v == "smollm2");
     // (name, in, out, uses per forward): the 38.9M Qwen2 config, or SmolLM2-135M's.
     let (n, shapes) = if smol {
@@ -99,7 +102,37 @@ fn main() {
             assert!(sgemm::sgemm(m, nn, k, a, b, &mut c, isa), "no kernel");
             c
         };
-        let products: [(&str, Product<'_>); 3] = if ours {
+        // bf16: both operands rounded (timed: training rounds them per product) and multiplied by
+        // rlcr_kernels::bf16::gemm (VDPBF16PS where the CPU has avx512_bf16).
+        let bg = |m: usize, nn: usize, k: usize, a: View<'_>, b: View<'_>, ta: bool, tb: bool| {
+            let round = |v: &View<'_>| {
+                let mut h = vec![0u16; v.data.len()];
+                rlcr_kernels::bf16::round_slice(v.data, &mut h);
+                h
+            };
+            let (ah, bh) = (round(&a), round(&b));
+            let (av, bv) = (View::rows(&ah, a.rs.max(a.cs)), View::rows(&bh, b.rs.max(b.cs)));
+            let (av, bv) = (if ta { av.t() } else { av }, if tb { bv.t() } else { bv });
+            let mut c = vec![0f32; m * nn];
+            assert!(rlcr_kernels::bf16::gemm(m, nn, k, av, bv, &mut c, isa), "no kernel");
+            c
+        };
+        let products: [(&str, Product<'_>); 3] = if bf16 {
+            [
+                (
+                    "fwd",
+                    Box::new(|| bg(n, o, i, View::rows(&xh, i), View::rows(&wh, o), false, false).len()),
+                ),
+                (
+                    "dx",
+                    Box::new(|| bg(n, i, o, View::rows(&dyh, o), View::rows(&wh, o), false, true).len()),
+                ),
+                (
+                    "dw",
+                    Box::new(|| bg(i, o, n, View::rows(&xh, i), View::rows(&dyh, o), true, false).len()),
+                ),
+            ]
+        } else if ours {
             [
                 (
                     "fwd",

@@ -1,8 +1,9 @@
 //! Training speed and memory of rlcr's update step on the CPU (Flex) backend.
 //!
 //! ```text
-//! cargo run --example bench_train -- [qwen39m | smollm2 | MODEL_DIR] [BATCH] [LEN] [MICRO] [REPS]
+//! cargo run --example bench_train -- [qwen39m | smollm2 | MODEL_DIR] [BATCH] [LEN] [MICRO] [REPS] [f32 | bf16]
 //! ```
+//! The last argument is `update --precision` (default f32).
 //! Measures forward + backward (the PPO loss over every response token, gradients accumulated
 //! over micro-batches of MICRO rows) and the AdamW step separately, and prints the peak resident
 //! memory, wall time and CPU time (the machine is shared: tokens per CPU-second is the figure that
@@ -76,6 +77,11 @@ fn main() -> anyhow::Result<()> {
     let len: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(256);
     let micro: usize = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(batch);
     let reps: usize = args.get(4).map(|s| s.parse()).transpose()?.unwrap_or(3);
+    let precision = match args.get(5).map(String::as_str) {
+        None | Some("f32") => rlcr::model::sgemm::Precision::F32,
+        Some("bf16") => rlcr::model::sgemm::Precision::Bf16,
+        Some(other) => anyhow::bail!("precision {other:?}: f32 or bf16"),
+    };
     let device = model::device_from_str("cpu")?.autodiff();
     let m: Transformer = match which {
         "qwen39m" | "smollm2" => {
@@ -138,6 +144,7 @@ fn main() -> anyhow::Result<()> {
         temperature: 1.0,
         shuffle: false,
         seed: 0,
+        precision: precision,
     };
     let refs: Vec<&TrainRow> = rows.iter().collect();
     let mut opt = AdamW::new(AdamWConfig::default());
@@ -151,6 +158,12 @@ fn main() -> anyhow::Result<()> {
         "qwen39m" => String::new(),
         "smollm2" => "_smollm2".to_string(),
         _ => "_model".to_string(),
+    };
+    // bf16 runs end in `_bf16`, as transformers' autocast runs do.
+    let suf = if precision == rlcr::model::sgemm::Precision::Bf16 {
+        "_bf16"
+    } else {
+        ""
     };
     for rep in 0..reps {
         let t0 = Instant::now();
@@ -172,13 +185,13 @@ fn main() -> anyhow::Result<()> {
         if rep > 0 || reps == 1 {
             // Machine-readable (scripts/bench.sh); the first repetition is a warm-up.
             println!(
-                "RESULT train{tag}_b{batch}_l{len} {:.2} {:.2}",
+                "RESULT train{tag}_b{batch}_l{len}{suf} {:.2} {:.2}",
                 tokens as f64 / t_fb,
                 tokens as f64 / c_fb
             );
             // The whole update step: forward + backward, global clipping, AdamW.
             println!(
-                "RESULT step{tag}_b{batch}_l{len} {:.2} {:.2}",
+                "RESULT step{tag}_b{batch}_l{len}{suf} {:.2} {:.2}",
                 tokens as f64 / t0.elapsed().as_secs_f64(),
                 tokens as f64 / (cpu_seconds() - c0)
             );
@@ -195,7 +208,7 @@ fn main() -> anyhow::Result<()> {
     };
     // Peak resident memory (MiB) in both columns of a RESULT line.
     println!(
-        "RESULT rss{tag}_b{batch}_l{len} {:.0} {:.0}",
+        "RESULT rss{tag}_b{batch}_l{len}{suf} {:.0} {:.0}",
         peak_rss_mib(),
         peak_rss_mib()
     );

@@ -19,6 +19,7 @@ use crate::train::loss::LossAgg;
 use crate::train::optim::AdamWConfig;
 use crate::train::schedule::{Schedule, ScheduleKind};
 use crate::train::session::ResumeMode;
+use crate::model::sgemm::Precision;
 use crate::train::trainer::{Objective, TrainConfig};
 
 /// The shared part of a model stage's plan: the model and table flags, the shard and the global
@@ -186,6 +187,12 @@ pub struct OptimArgs {
     /// (`--resume` = yes; `auto` resumes when there is a state).
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "yes", default_value_t = ResumeMode::No)]
     pub resume: ResumeMode,
+    /// Precision of the matrix products of forward and backward: f32, or bf16 (operands
+    /// rounded to bfloat16, products summed in f32, as torch's CPU autocast; weights, gradients
+    /// and optimizer state stay f32). bf16 runs on VDPBF16PS where the CPU has avx512_bf16 and
+    /// works everywhere else (slower there than f32); other devices ignore it.
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
 }
 
 impl OptimArgs {
@@ -231,6 +238,7 @@ impl OptimArgs {
             temperature,
             shuffle: self.shuffle,
             seed,
+            precision: self.precision,
         };
         cfg.validate().map_err(usage)?;
         self.adamw().validate().map_err(usage)?;

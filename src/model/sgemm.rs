@@ -15,6 +15,60 @@ use burn::tensor::{DType, Tensor, TensorData};
 
 pub use rlcr_kernels::sgemm::{sgemm, View, KC, MC, NC};
 
+use std::cell::Cell;
+
+/// The precision of [`matmul`]'s products: f32 (the default), or bf16 operands with f32
+/// accumulation ([`rlcr_kernels::bf16`]), as torch's CPU autocast runs a `Linear`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 operands: every product one FMA chain over K (the bits of decode and prefill).
+    #[default]
+    F32,
+    /// Operands rounded to bfloat16 (nearest, ties to even), products summed in f32; outputs,
+    /// gradients, master weights and optimizer state stay f32.
+    Bf16,
+}
+
+impl Precision {
+    /// `f32` / `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+thread_local! {
+    static PRECISION: Cell<Precision> = const { Cell::new(Precision::F32) };
+}
+
+/// The precision [`matmul`] uses on this thread ([`autocast`] sets it; f32 otherwise).
+pub fn precision() -> Precision {
+    PRECISION.with(|p| p.get())
+}
+
+/// Runs the products of [`matmul`] on this thread in `precision` until the returned guard is
+/// dropped (then the previous precision is back), like `torch.autocast`: a thread-local scope,
+/// so tests and threads do not see each other's. Backward runs in the precision its forward had.
+#[must_use = "the precision holds only while the guard lives"]
+pub fn autocast(precision: Precision) -> Autocast {
+    Autocast(PRECISION.with(|p| p.replace(precision)))
+}
+
+/// The scope of [`autocast`]; dropping it restores the previous precision.
+#[derive(Debug)]
+pub struct Autocast(Precision);
+
+impl Drop for Autocast {
+    fn drop(&mut self) {
+        PRECISION.with(|p| p.set(self.0));
+    }
+}
+
 use super::cpu::{self, Isa};
 
 /// Whether [`matmul`] runs (read once per process): the default, and `RLCR_GEMM=rlcr`;
@@ -55,7 +109,17 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
         let (xp, xg) = xa.into_parts();
         let (wp, wg) = wa.into_parts();
         let (xv, wv) = (f32_tensor(xp)?, f32_tensor(wp)?);
-        let y = product(m, n, k, (&xv, false), (&wv, false), isa)?;
+        let (y, xs, ws) = match precision() {
+            Precision::F32 => {
+                let y = product(m, n, k, (&xv, false), (&wv, false), isa)?;
+                (y, Saved::F32(xv), Saved::F32(wv))
+            }
+            Precision::Bf16 => {
+                let (xb, wb) = (Bf16Matrix::of(&xv), Bf16Matrix::of(&wv));
+                let y = bf16_product(m, n, k, xb.view(false), wb.view(false), isa)?;
+                (y, Saved::Bf16(xb), Saved::Bf16(wb))
+            }
+        };
         let out = match MatmulBackward
             .prepare::<NoCheckpointing>([xg, wg])
             .compute_bound()
@@ -63,8 +127,8 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
         {
             OpsKind::Tracked(prep) => prep.finish(
                 MatmulState {
-                    x: w_tracked.then_some(xv),
-                    w: x_tracked.then_some(wv),
+                    x: w_tracked.then_some(xs),
+                    w: x_tracked.then_some(ws),
                     isa,
                 },
                 y,
@@ -75,8 +139,75 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
     }
     let xp = f32_tensor(x.clone().try_into_primitive::<Flex>().ok()?)?;
     let wp = f32_tensor(w.clone().try_into_primitive::<Flex>().ok()?)?;
-    let y = product(m, n, k, (&xp, false), (&wp, false), isa)?;
+    let y = match precision() {
+        Precision::F32 => product(m, n, k, (&xp, false), (&wp, false), isa)?,
+        Precision::Bf16 => {
+            let (xb, wb) = (Bf16Matrix::of(&xp), Bf16Matrix::of(&wp));
+            bf16_product(m, n, k, xb.view(false), wb.view(false), isa)?
+        }
+    };
     Some(Tensor::<2>::from_primitive::<Flex>(y))
+}
+
+/// A 2-D tensor's values rounded to bf16 ([`rlcr_kernels::bf16::round`]), row-major.
+#[derive(Debug, Clone)]
+struct Bf16Matrix {
+    data: Vec<u16>,
+    cols: usize,
+}
+
+impl Bf16Matrix {
+    fn of(t: &FlexTensor) -> Bf16Matrix {
+        let (rows, cols) = (t.layout().shape()[0], t.layout().shape()[1]);
+        let v = view(t, false);
+        let mut data = vec![0u16; rows * cols];
+        if v.cs == 1 && (v.rs == cols || rows <= 1) {
+            rlcr_kernels::bf16::round_slice(&v.data[v.off..v.off + rows * cols], &mut data);
+        } else {
+            // A strided layout (a transposed view): gather row by row, then round.
+            let mut row = vec![0f32; cols];
+            for (i, out) in data.chunks_exact_mut(cols.max(1)).enumerate().take(rows) {
+                for (j, r) in row.iter_mut().enumerate() {
+                    *r = v.data[v.off + i * v.rs + j * v.cs];
+                }
+                rlcr_kernels::bf16::round_slice(&row, out);
+            }
+        }
+        Bf16Matrix { data, cols }
+    }
+
+    /// The matrix (transposed when `t`) as a kernel view.
+    fn view(&self, t: bool) -> View<'_, u16> {
+        let v = View::rows(&self.data, self.cols);
+        if t {
+            v.t()
+        } else {
+            v
+        }
+    }
+}
+
+/// `A · B` of bf16 views as a new `[m, n]` f32 tensor ([`rlcr_kernels::bf16::gemm`]).
+fn bf16_product(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View<'_, u16>,
+    b: View<'_, u16>,
+    isa: Isa,
+) -> Option<FlexTensor> {
+    let mut out = vec![0f32; m * n];
+    if !rlcr_kernels::bf16::gemm(m, n, k, a, b, &mut out, isa) {
+        return None;
+    }
+    Some(FlexTensor::from_data(TensorData::new(out, [m, n])))
+}
+
+/// An operand kept for backward, in the precision of its forward.
+#[derive(Debug, Clone)]
+enum Saved {
+    F32(FlexTensor),
+    Bf16(Bf16Matrix),
 }
 
 /// An f32 tensor whose strides are non-negative (any other layout is made contiguous).
@@ -130,8 +261,8 @@ struct MatmulBackward;
 /// What backward keeps: `x` when `w` needs a gradient, `w` when `x` does.
 #[derive(Debug, Clone)]
 struct MatmulState {
-    x: Option<FlexTensor>,
-    w: Option<FlexTensor>,
+    x: Option<Saved>,
+    w: Option<Saved>,
     isa: Isa,
 }
 
@@ -149,18 +280,35 @@ impl Backward<Flex, 2> for MatmulBackward {
                 let w = w.unwrap_or_else(|| unreachable!("w kept when x is tracked"));
                 let dy = f32_tensor(dy).unwrap_or_else(|| unreachable!("f32 gradient"));
                 let (m, n) = (dy.layout().shape()[0], dy.layout().shape()[1]);
-                let k = w.layout().shape()[0];
-                product(m, k, n, (&dy, false), (&w, true), isa)
-                    .unwrap_or_else(|| unreachable!("kernel checked in forward"))
+                match w {
+                    Saved::F32(w) => {
+                        let k = w.layout().shape()[0];
+                        product(m, k, n, (&dy, false), (&w, true), isa)
+                    }
+                    Saved::Bf16(w) => {
+                        let k = w.data.len() / w.cols.max(1);
+                        let dyb = Bf16Matrix::of(&dy);
+                        bf16_product(m, k, n, dyb.view(false), w.view(true), isa)
+                    }
+                }
+                .unwrap_or_else(|| unreachable!("kernel checked in forward"))
             },
             |dy| {
                 // dw = xᵀ · dy: [k, m] · [m, n].
                 let x = x.unwrap_or_else(|| unreachable!("x kept when w is tracked"));
                 let dy = f32_tensor(dy).unwrap_or_else(|| unreachable!("f32 gradient"));
                 let (m, n) = (dy.layout().shape()[0], dy.layout().shape()[1]);
-                let k = x.layout().shape()[1];
-                product(k, n, m, (&x, true), (&dy, false), isa)
-                    .unwrap_or_else(|| unreachable!("kernel checked in forward"))
+                match x {
+                    Saved::F32(x) => {
+                        let k = x.layout().shape()[1];
+                        product(k, n, m, (&x, true), (&dy, false), isa)
+                    }
+                    Saved::Bf16(x) => {
+                        let dyb = Bf16Matrix::of(&dy);
+                        bf16_product(x.cols, n, m, x.view(true), dyb.view(false), isa)
+                    }
+                }
+                .unwrap_or_else(|| unreachable!("kernel checked in forward"))
             },
         );
     }
@@ -238,5 +386,53 @@ mod tests {
             .try_into_vec::<f32>()
             .unwrap();
         assert_eq!(bits(&yp), bits(&res[0].0));
+    }
+
+    /// The bf16 mode through the autodiff op: forward and both gradients are exactly
+    /// [`rlcr_kernels::bf16::gemm`] of the rounded operands (the upstream gradient rounded too),
+    /// on a strided weight; the scope ends with its guard and nests.
+    #[test]
+    fn bf16_autocast_products_and_gradients_are_the_kernels() {
+        use rlcr_kernels::bf16::{gemm, round};
+        let Some(&isa) = isas().first() else {
+            return;
+        };
+        assert_eq!(precision(), Precision::F32);
+        let dev = Device::flex().autodiff();
+        let (m, k, n) = (29, 260, 45);
+        let (xd, wd, gd) = (data(m * k, 15), data(k * n, 16), data(m * n, 17));
+        let r = |v: &[f32]| v.iter().map(|&x| round(x)).collect::<Vec<u16>>();
+        let (xb, wtb, gb) = (r(&xd), r(&wd), r(&gd));
+        let x = Tensor::<2>::from_data(TensorData::new(xd.clone(), [m, k]), &dev).require_grad();
+        let wt = Tensor::<2>::from_data(TensorData::new(wd.clone(), [n, k]), &dev).require_grad();
+        let y = {
+            let _outer = autocast(Precision::Bf16);
+            {
+                let _inner = autocast(Precision::F32);
+                assert_eq!(precision(), Precision::F32);
+            }
+            assert_eq!(precision(), Precision::Bf16);
+            matmul_isa(&x, &wt.clone().transpose(), isa).expect("Flex autodiff path")
+        };
+        assert_eq!(precision(), Precision::F32);
+        let g = Tensor::<2>::from_data(TensorData::new(gd.clone(), [m, n]), &dev);
+        let grads = (y.clone() * g).sum().backward();
+        let read = |t: Tensor<2>| t.into_data().try_into_vec::<f32>().unwrap();
+        let run = |mm, nn, kk, a: View<'_, u16>, b: View<'_, u16>| {
+            let mut c = vec![0f32; mm * nn];
+            assert!(gemm(mm, nn, kk, a, b, &mut c, isa));
+            c
+        };
+        // y = x · w with w = wtᵀ; dx = g · wᵀ = g · wt; dwt = (xᵀ · g)ᵀ = gᵀ · x.
+        let want_y = run(m, n, k, View::rows(&xb, k), View::rows(&wtb, k).t());
+        assert_eq!(bits(&read(y)), bits(&want_y), "y");
+        let want_dx = run(m, k, n, View::rows(&gb, n), View::rows(&wtb, k));
+        assert_eq!(bits(&read(x.grad(&grads).unwrap())), bits(&want_dx), "dx");
+        let dw = run(k, n, m, View::rows(&xb, k).t(), View::rows(&gb, n));
+        let dw_t: Vec<f32> = (0..n * k).map(|i| dw[(i % k) * n + i / k]).collect();
+        assert_eq!(bits(&read(wt.grad(&grads).unwrap())), bits(&dw_t), "dw");
+        // And it is not the f32 product.
+        let f32_y = rlcr_kernels::sgemm::reference(m, n, k, View::rows(&xd, k), View::rows(&wd, k).t());
+        assert_ne!(bits(&f32_y), bits(&want_y));
     }
 }

@@ -23,6 +23,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use crate::model::sgemm::Precision;
 use crate::model::Transformer;
 
 use super::data::TrainRow;
@@ -112,6 +113,11 @@ pub struct TrainConfig {
     pub shuffle: bool,
     /// Seed of the shuffle.
     pub seed: u64,
+    /// Precision of the matrix products of forward and backward (f32, or bf16 operands with
+    /// f32 accumulation: [`crate::model::sgemm::Precision`]); weights, gradients and optimizer
+    /// state are f32 either way.
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 /// Metrics of one optimizer step (one line of `train_metrics.jsonl`).
@@ -347,6 +353,8 @@ pub fn batch_gradients(
         .map(|r| r.n_learnable())
         .sum();
     let value = cfg.value_bonus();
+    // Every product of the forward and backward passes below in the configured precision.
+    let _precision = crate::model::sgemm::autocast(cfg.precision);
     if let Objective::Policy {
         conf_value_entropy_coef,
         value_tokens: None,
@@ -744,6 +752,7 @@ pub(crate) mod tests {
             temperature: 1.0,
             shuffle: false,
             seed: 0,
+            precision: Precision::F32,
         }
     }
 

@@ -536,3 +536,117 @@ mod cli {
         assert_eq!(wd.listing(), vec!["bad.parquet", "empty.parquet"]);
     }
 }
+
+/// Next-token log-probs of one unpadded sequence, log-softmax in f64 (as the references).
+fn seq_logprobs(m: &Model, ids: &[u32]) -> Vec<f64> {
+    let vocab = m.config.vocab_size;
+    let logits = m
+        .transformer
+        .forward(&TokenBatch::left_padded(&[ids.to_vec()]))
+        .unwrap();
+    let logits = model::read_f32(logits).unwrap();
+    (0..ids.len() - 1)
+        .map(|t| {
+            let row: Vec<f64> = logits[t * vocab..(t + 1) * vocab]
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            row[ids[t + 1] as usize] - lse
+        })
+        .collect()
+}
+
+/// Every parameter's gradient of the summed next-token NLL of `ids` (autodiff model), flattened
+/// in module order.
+fn nll_gradient(m: &Model, ids: &[u32]) -> Vec<f32> {
+    use burn::optim::GradientsParams;
+    use burn::tensor::{activation::log_softmax, Int, Tensor, TensorData};
+    let n = ids.len();
+    let logits = m
+        .transformer
+        .forward(&TokenBatch::left_padded(&[ids.to_vec()]))
+        .unwrap();
+    let v = logits.dims()[2];
+    let lp = log_softmax(logits.reshape([n, v]), 1).slice([0..n - 1]);
+    let next: Vec<i64> = ids[1..].iter().map(|&i| i as i64).collect();
+    let next = Tensor::<2, Int>::from_data(TensorData::new(next, [n - 1, 1]), &lp.device());
+    let nll = lp.gather(1, next).sum().neg();
+    let grads = GradientsParams::from_grads(nll.backward(), &m.transformer);
+    rlcr::train::trainer::grads_to_host(&m.transformer, &grads)
+        .into_iter()
+        .flat_map(|(_, g)| g)
+        .collect()
+}
+
+/// `--precision bf16` against torch's bf16 autocast on the fixture models
+/// (`fixtures/refs/MODEL.rand.bf16.json`, written by `scripts/refs_bf16.py`), both measured
+/// against the exact (float64) model: rlcr's bf16 log-probs are no further from exact than
+/// torch's (rlcr keeps the products' outputs in f32; torch rounds them to bf16), they are within
+/// twice torch's error of torch's own, and the mode is really on (far more than f32's 1e-4). The
+/// gradient of the summed NLL moves from f32's by no more than 1.5 × what autocast moves
+/// torch's gradient from float64's (relative L2 over every parameter), and moves at all.
+#[test]
+fn bf16_mode_is_as_close_to_exact_as_torch_autocast() {
+    use rlcr::model::sgemm::{autocast, Precision};
+    for name in ["tiny-qwen2", "tiny-llama"] {
+        let exact = load_refs(&format!("{name}.rand.f64.json"));
+        let path = fixtures().join("refs").join(format!("{name}.rand.bf16.json"));
+        let torch: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let torch = torch["sequences"].as_array().unwrap();
+        assert_eq!(torch.len(), exact.len());
+        let plain = Model::load(&fixtures().join(name), &cpu()).unwrap();
+        let train = Model::load(&fixtures().join(name), &cpu().autodiff()).unwrap();
+        for (k, (ex, tb)) in exact.iter().zip(torch).enumerate() {
+            let tb_lp: Vec<f64> = tb["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            assert_eq!(tb["input_ids"].as_array().unwrap().len(), ex.ids.len());
+            let worst = |a: &[f64], b: &[f64]| {
+                assert_eq!(a.len(), b.len());
+                a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f64, f64::max)
+            };
+            let lp32 = seq_logprobs(&plain, &ex.ids);
+            let lp16 = {
+                let _bf16 = autocast(Precision::Bf16);
+                seq_logprobs(&plain, &ex.ids)
+            };
+            let (d32, ours, theirs) = (
+                worst(&lp32, &ex.logprobs),
+                worst(&lp16, &ex.logprobs),
+                worst(&tb_lp, &ex.logprobs),
+            );
+            let cross = worst(&lp16, &tb_lp);
+            eprintln!(
+                "{name} seq {k}: max |logprob - exact|: f32 {d32:.1e}, rlcr bf16 {ours:.2e}, \
+                 torch autocast {theirs:.2e}; rlcr bf16 vs torch {cross:.2e}"
+            );
+            assert!(d32 < 1e-4, "{name} seq {k}: f32 off by {d32}");
+            assert!(ours > 1e-3, "{name} seq {k}: bf16 mode moved nothing ({ours})");
+            assert!(ours <= theirs, "{name} seq {k}: {ours} vs torch {theirs}");
+            assert!(cross <= 2.0 * theirs, "{name} seq {k}: {cross} from torch");
+
+            let g32 = nll_gradient(&train, &ex.ids);
+            let g16 = {
+                let _bf16 = autocast(Precision::Bf16);
+                nll_gradient(&train, &ex.ids)
+            };
+            assert_eq!(g32.len(), g16.len());
+            let (mut diff, mut norm) = (0f64, 0f64);
+            for (a, b) in g16.iter().zip(&g32) {
+                diff += ((a - b) as f64).powi(2);
+                norm += (*b as f64).powi(2);
+            }
+            let rel = (diff / norm).sqrt();
+            let torch_rel = tb["grad_rel_diff"].as_f64().unwrap();
+            eprintln!("{name} seq {k}: gradient moved {rel:.3e} (torch autocast: {torch_rel:.3e})");
+            assert!(rel > 1e-4, "{name} seq {k}: bf16 gradient moved nothing ({rel})");
+            assert!(rel <= 1.5 * torch_rel, "{name} seq {k}: {rel} vs torch {torch_rel}");
+        }
+    }
+}

@@ -400,6 +400,7 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
         temperature: 1.0,
         shuffle: false,
         seed: 0,
+        precision: Default::default(),
     };
     let grads = |rows: &[rlcr::train::data::TrainRow]| {
         let refs: Vec<&rlcr::train::data::TrainRow> = rows.iter().collect();

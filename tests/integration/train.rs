@@ -180,6 +180,76 @@ fn update_learns_and_resumes() {
     assert_eq!(m[0]["confidence_rows"], 2);
 }
 
+/// `--precision bf16`: the step learns as f32's does (positive-advantage responses gain, negative
+/// ones lose), the weights differ from the f32 run's by a small fraction of the step, and the
+/// choice is recorded in the trainer state (so a resumed run sees it).
+#[test]
+fn update_in_bf16_learns_and_records_its_precision() {
+    let w = Workdir::new();
+    let rows = train_rows();
+    write_rows(&w.path("train.parquet"), &rows);
+    let model = tiny();
+    for (out, precision) in [("f32", "f32"), ("bf16", "bf16")] {
+        w.run(&[
+            "update",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            "train.parquet",
+            "-o",
+            out,
+            "--lr",
+            "3e-3",
+            "--micro-batch",
+            "4",
+            "--epochs",
+            "2",
+            "--precision",
+            precision,
+        ]);
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(w.path(&format!("{out}/rlcr-train/trainer_state.json")))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(state["config"]["train"]["precision"], precision);
+    }
+    let (p0, n0) = (
+        mean_logp(&model, &rows, true),
+        mean_logp(&model, &rows, false),
+    );
+    let (p1, n1) = (
+        mean_logp(&w.path("bf16"), &rows, true),
+        mean_logp(&w.path("bf16"), &rows, false),
+    );
+    assert!(p1 > p0, "positive {p0} -> {p1}");
+    assert!(n1 < n0, "negative {n0} -> {n1}");
+    // Same direction as f32, a different and nearby point: |bf16 − f32| is a small fraction of
+    // the f32 step |f32 − start| (and not zero).
+    let (a, b, s) = (
+        tensors(&w.path("f32")),
+        tensors(&w.path("bf16")),
+        tensors(&model),
+    );
+    let (mut moved, mut apart) = (0f64, 0f64);
+    let f32s = |t: &(String, Vec<usize>, Vec<u8>)| -> Vec<f32> {
+        assert_eq!(t.0, "F32");
+        t.2.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    for (k, ta) in &a {
+        let (ta, tb, ts) = (f32s(ta), f32s(&b[k]), f32s(&s[k]));
+        for ((x, y), z) in ta.iter().zip(&tb).zip(&ts) {
+            moved += ((x - z) as f64).powi(2);
+            apart += ((x - y) as f64).powi(2);
+        }
+    }
+    let ratio = (apart / moved).sqrt();
+    eprintln!("bf16 vs f32 after 2 steps: {ratio:.3e} of the f32 step");
+    assert!(ratio > 0.0 && ratio < 0.2, "{ratio}");
+}
+
 #[test]
 fn update_kl_needs_reference_log_probs() {
     let w = Workdir::new();
@@ -216,6 +286,7 @@ fn update_rejects_bad_flags_as_usage_errors() {
         ["--clip-dual", "1"],
         ["--micro-batch", "0"],
         ["--schedule", "cosine"],
+        ["--precision", "fp16"],
     ] {
         let mut a = vec![
             "update",

@@ -15,6 +15,7 @@
 //! 7× slower than burn's matmul; the workspace optimises this crate at opt-level 3 in every
 //! profile (see the root `Cargo.toml`).
 pub mod attention;
+pub mod bf16;
 pub mod decode;
 pub mod head;
 mod isa;

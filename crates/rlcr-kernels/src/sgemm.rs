@@ -44,18 +44,26 @@ pub const MC: usize = 96;
 /// L2 (2 MiB per core on the Xeon measured).
 pub const NC: usize = 1024;
 
-/// A read-only strided matrix: element `(i, j)` is `data[off + i·rs + j·cs]`.
-#[derive(Clone, Copy, Debug)]
-pub struct View<'a> {
-    pub data: &'a [f32],
+/// A read-only strided matrix: element `(i, j)` is `data[off + i·rs + j·cs]` (f32 for
+/// [`sgemm`], bf16 bit patterns (`u16`) for [`crate::bf16::gemm`]).
+#[derive(Debug)]
+pub struct View<'a, T = f32> {
+    pub data: &'a [T],
     pub off: usize,
     pub rs: usize,
     pub cs: usize,
 }
 
-impl<'a> View<'a> {
+impl<T> Clone for View<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for View<'_, T> {}
+
+impl<'a, T> View<'a, T> {
     /// A row-major `[rows, cols]` matrix.
-    pub fn rows(data: &'a [f32], cols: usize) -> Self {
+    pub fn rows(data: &'a [T], cols: usize) -> Self {
         View {
             data,
             off: 0,
@@ -74,7 +82,7 @@ impl<'a> View<'a> {
     }
 
     /// The last element index touched by an `[m, n]` view (for bounds checks).
-    fn end(&self, m: usize, n: usize) -> usize {
+    pub(crate) fn end(&self, m: usize, n: usize) -> usize {
         if m == 0 || n == 0 {
             return self.off;
         }
@@ -158,21 +166,12 @@ fn run(
         c[..m * n].fill(0.0);
         return true;
     }
-    // Jobs: the output cut along its longer side into about two blocks per thread (whole
-    // tiles), each computed by one job with the blocked loops below.
-    let want = if parallel {
-        (rayon::current_num_threads() * 2).max(1)
-    } else {
-        1
-    };
-    let (row_jobs, col_jobs) = if m >= n {
-        (want.min(m.div_ceil(mr)), 1)
-    } else {
-        (1, want.min(n.div_ceil(nr)))
-    };
-    let rows_per = m.div_ceil(row_jobs).next_multiple_of(mr);
-    let cols_per = n.div_ceil(col_jobs).next_multiple_of(nr);
-    let (row_jobs, col_jobs) = (m.div_ceil(rows_per), n.div_ceil(cols_per));
+    let Jobs {
+        rows_per,
+        cols_per,
+        row_jobs,
+        col_jobs,
+    } = Jobs::new(m, n, mr, nr, parallel);
     let ptr = OutPtr(c.as_mut_ptr());
     let job = |job: usize| {
         let out = ptr; // the whole struct (Send), not its raw-pointer field
@@ -250,6 +249,38 @@ fn run(
         (0..row_jobs * col_jobs).into_par_iter().for_each(job);
     }
     true
+}
+
+/// How a driver cuts an `m × n` output into jobs: along its longer side into about two blocks
+/// per rayon thread (whole `mr × nr` tiles), each computed by one job with the blocked loops.
+pub(crate) struct Jobs {
+    pub rows_per: usize,
+    pub cols_per: usize,
+    pub row_jobs: usize,
+    pub col_jobs: usize,
+}
+
+impl Jobs {
+    pub(crate) fn new(m: usize, n: usize, mr: usize, nr: usize, parallel: bool) -> Jobs {
+        let want = if parallel {
+            (rayon::current_num_threads() * 2).max(1)
+        } else {
+            1
+        };
+        let (row_jobs, col_jobs) = if m >= n {
+            (want.min(m.div_ceil(mr)), 1)
+        } else {
+            (1, want.min(n.div_ceil(nr)))
+        };
+        let rows_per = m.div_ceil(row_jobs).next_multiple_of(mr);
+        let cols_per = n.div_ceil(col_jobs).next_multiple_of(nr);
+        Jobs {
+            rows_per,
+            cols_per,
+            row_jobs: m.div_ceil(rows_per),
+            col_jobs: n.div_ceil(cols_per),
+        }
+    }
 }
 
 /// The scalar reference every kernel reproduces bit for bit: `C[i, j] = Σ_k A[i, k] · B[k, j]`
@@ -350,7 +381,7 @@ fn pack_a(a: &View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, mr: usize, b
 
 /// Output pointer shared by the jobs (each writes its own block).
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: jobs write disjoint blocks of the output, which outlives the parallel loop.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
