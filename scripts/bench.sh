@@ -18,11 +18,13 @@
 #   sample  examples/bench_sample.rs vs scripts/bench_transformers.py sample: B rows (B distinct
 #           chat prompts), NEW new tokens each, temperature 1, EOS ignored, fp32
 #   train   examples/bench_train.rs vs scripts/bench_transformers.py train: forward + backward
-#           on a 38.9M-parameter Qwen2 config, 8 x 256 tokens, fp32
+#           on a 38.9M-parameter Qwen2 config, 8 x 256 tokens, fp32, and bf16 (rlcr
+#           `--precision bf16` against torch.autocast bf16; names end in _bf16)
 #   trainsmol  the same full step on SmolLM2-135M's shape (random weights), 8 x 512 tokens in
 #           micro-batches of 4 on both sides, fp32, with each side's peak RSS (not in `all`: long);
 #           each side runs a warm-up step first and reports the next (torch always did; rlcr's
-#           harness reported its first step until session 12)
+#           harness reported its first step until session 12); then the same in bf16 on both
+#           sides (BF16=0 skips it)
 #   gemm    examples/bench_gemm.rs vs scripts/bench_transformers.py gemm: the matrix products of
 #           that forward + backward one at a time (GFLOP/s instead of tokens/s)
 #   peak    examples/bench_peak.rs only (always run first): the CPU's SIMD flags, its measured
@@ -87,6 +89,7 @@ fi
 if [ "$what" = train ] || [ "$what" = all ]; then
   for _ in $(seq "$REPS"); do
     run rlcr "$ex/bench_train" qwen39m 8 256 8 2
+    run rlcr "$ex/bench_train" qwen39m 8 256 8 2 bf16
     run transformers "$PY" scripts/bench_transformers.py train 8 256 1 fp32,bf16
   done
 fi
@@ -94,6 +97,10 @@ if [ "$what" = trainsmol ]; then
   for _ in $(seq "$REPS"); do
     run rlcr "$ex/bench_train" smollm2 8 512 4 2
     run transformers "$PY" scripts/bench_transformers.py train 8 512 1 fp32 smollm2 4
+    if [ "${BF16:-1}" = 1 ]; then
+      run rlcr "$ex/bench_train" smollm2 8 512 4 2 bf16
+      run transformers "$PY" scripts/bench_transformers.py train 8 512 1 bf16 smollm2 4
+    fi
   done
 fi
 if [ "$what" = gemm ] || [ "$what" = all ]; then
@@ -124,6 +131,9 @@ fpeak = float(peak.get("f32_fma_zmm", peak.get("f32_fma_ymm", "nan")))
 fcpu = float(peak.get("f32_fma_zmm_cpu", peak.get("f32_fma_ymm_cpu", "nan")))
 # A decode step reads its weights: the read-only bandwidth bounds it (older runs: copy's).
 bw = float(peak.get("bw_read", peak.get("bw_copy", "nan")))
+# bf16 workloads (`update --precision bf16`, torch autocast) against the bf16 dot-product peak.
+bpeak = float(peak.get("bf16_dot_zmm", "nan"))
+bcpu = float(peak.get("bf16_dot_zmm_cpu", "nan"))
 
 # Useful FLOP per token (2 per multiply-add), from the model shapes:
 # - Qwen2 38.9M training (bench_train qwen39m, 8 x 256): per token per layer q/k/v/o
@@ -148,7 +158,8 @@ def flop_per_unit(name):
 
 print("(sample/train/step: tokens; gemm: GFLOP; per second wall and per CPU-second;")
 print(f" %pk: FLOP rate against the measured f32 peak {fpeak:.0f} GFLOP/s on these threads;")
-print(f" %pk/cpu: FLOP per CPU-second against one thread's {fcpu:.0f} GFLOP per CPU-second)")
+print(f" %pk/cpu: FLOP per CPU-second against one thread's {fcpu:.0f} GFLOP per CPU-second;")
+print(f" names ending in _bf16: against the bf16 dot-product peak {bpeak:.0f} / {bcpu:.0f})")
 print(f"{'workload':22} {'n':>3} {'rlcr /s':>11} {'HF /s':>9} {'ratio':>6}"
       f" {'rlcr /cpu-s':>12} {'HF /cpu-s':>10} {'ratio':>6} {'rlcr %pk':>8} {'HF %pk':>7}"
       f" {'%pk/cpu':>8} {'HF':>5}")
@@ -162,8 +173,9 @@ for name, sides in rows.items():
         continue
     rw, rc = statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)
     fl = flop_per_unit(name)
-    rp = 100 * rw * fl / 1e9 / fpeak
-    rpc = 100 * rc * fl / 1e9 / fcpu
+    pk, pkc = (bpeak, bcpu) if name.endswith("_bf16") else (fpeak, fcpu)
+    rp = 100 * rw * fl / 1e9 / pk
+    rpc = 100 * rc * fl / 1e9 / pkc
     extra = ""
     if name.startswith("sample_b"):
         b = int(name.split("_")[1][1:])
@@ -174,8 +186,8 @@ for name, sides in rows.items():
               f" {'-':>6} {rp:>7.0f}% {'-':>7} {rpc:>7.0f}% {'-':>5}{extra}")
         continue
     hw, hc = statistics.median(x[0] for x in h), statistics.median(x[1] for x in h)
-    hp = 100 * hw * fl / 1e9 / fpeak
-    hpc = 100 * hc * fl / 1e9 / fcpu
+    hp = 100 * hw * fl / 1e9 / pk
+    hpc = 100 * hc * fl / 1e9 / pkc
     print(f"{name:22.22} {min(len(r), len(h)):>3} {rw:>11.1f} {hw:>9.1f} {rw / hw:>6.2f}"
           f" {rc:>12.1f} {hc:>10.1f} {rc / hc:>6.2f} {rp:>7.0f}% {hp:>6.0f}%"
           f" {rpc:>7.0f}% {hpc:>4.0f}%{extra}")

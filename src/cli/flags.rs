@@ -296,6 +296,7 @@ impl CriticArgs {
                 mini_batches,
                 epochs: optim.epochs,
                 adam: optim.adamw(),
+                precision: optim.precision,
             },
             device: g.device.clone(),
         })?;

@@ -89,6 +89,8 @@ pub struct CriticConfig {
     pub mini_batches: usize,
     pub epochs: usize,
     pub adam: AdamWConfig,
+    /// Precision of the matrix products (`update --precision`, as the policy's).
+    pub precision: crate::model::sgemm::Precision,
 }
 
 impl CriticConfig {
@@ -140,6 +142,7 @@ pub fn value_gradients(
     rows: &[&CriticRow],
     cfg: &CriticConfig,
 ) -> Result<(GradientsParams, f64, f64, f64)> {
+    let _precision = crate::model::sgemm::autocast(cfg.precision);
     let masks: Vec<Vec<bool>> = rows.iter().map(|r| r.mask.clone()).collect();
     let weights = loss::agg_weights(&masks, cfg.loss_agg, cfg.agg_len);
     let live: Vec<usize> = (0..rows.len())

@@ -261,6 +261,13 @@ fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
+/// Whether a view takes the vectorised packing (AVX-512 gathers with 32-bit offsets): the CPU has
+/// the native kernel and every element offset fits in an `i32`.
+#[cfg(target_arch = "x86_64")]
+fn fast(v: &View<'_, u16>) -> bool {
+    v.data.len() < i32::MAX as usize && has_native()
+}
+
 /// Packs `B[k0..k0+2kp, j0..j0+nc]` into `nr`-column micro-panels of pairs
 /// (`[nc/nr][kp][nr]` of `u32`; steps at or past `k` and columns past `nc` are zero).
 #[allow(clippy::too_many_arguments)]
@@ -284,6 +291,25 @@ fn pack_b(
         for (q, dst) in panel.chunks_exact_mut(nr).enumerate() {
             let (klo, khi) = (k0 + 2 * q, k0 + 2 * q + 1);
             let lo = b.off + klo * b.rs + jp * b.cs;
+            #[cfg(target_arch = "x86_64")]
+            if nr == 32 && fast(b) {
+                // SAFETY: the native kernel runs only where the CPU has AVX-512F/BW/VL (checked
+                // by `gemm_with`); rows klo (and khi when < k) hold columns jp..jp+w; every
+                // gathered pair (klo, klo + 1 = khi < k) is inside the view; offsets fit in i32.
+                unsafe {
+                    let base = b.data.as_ptr().add(lo);
+                    if b.cs == 1 {
+                        let hi = (khi < k).then(|| base.add(b.rs));
+                        avx512::interleave(base, hi, dst.as_mut_ptr(), w);
+                        dst[w..].fill(0);
+                        continue;
+                    }
+                    if b.rs == 1 && khi < k {
+                        avx512::gather_pairs(base, b.cs, w, dst.as_mut_ptr(), 32);
+                        continue;
+                    }
+                }
+            }
             if b.cs == 1 {
                 // Rows of B contiguous (W in the forward, dY in dW = Xᵀ·dY): interleave two rows.
                 let rlo = &b.data[lo..lo + w];
@@ -334,6 +360,35 @@ fn pack_a(
     {
         let ip = i0 + p * mr;
         let h = (i0 + mc - ip).min(mr);
+        #[cfg(target_arch = "x86_64")]
+        if mr == 12 && fast(a) {
+            // SAFETY: as in `pack_b`: AVX-512F/BW/VL checked by `gemm_with`; every read is
+            // inside the view (a pair only when both steps are < k); offsets fit in i32.
+            unsafe {
+                for (q, dst) in panel.chunks_exact_mut(mr).enumerate() {
+                    let (klo, khi) = (k0 + 2 * q, k0 + 2 * q + 1);
+                    let base = a.data.as_ptr().add(a.off + ip * a.rs + klo * a.cs);
+                    if a.rs == 1 {
+                        let hi = (khi < k).then(|| base.add(a.cs));
+                        avx512::interleave(base, hi, dst.as_mut_ptr(), h);
+                        dst[h..].fill(0);
+                    } else if a.cs == 1 && khi < k {
+                        avx512::gather_pairs(base, a.rs, h, dst.as_mut_ptr(), 12);
+                    } else {
+                        for (r, d) in dst.iter_mut().enumerate() {
+                            *d = if r < h {
+                                let at = a.off + (ip + r) * a.rs;
+                                let y = if khi < k { a.data[at + khi * a.cs] } else { 0 };
+                                pair(a.data[at + klo * a.cs], y)
+                            } else {
+                                0
+                            };
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         if a.rs == 1 {
             // Columns of A contiguous (Xᵀ in dW = Xᵀ·dY): interleave two columns.
             for (q, dst) in panel.chunks_exact_mut(mr).enumerate() {
@@ -396,6 +451,71 @@ mod avx512 {
             }
         }
         n
+    }
+
+    /// `dst[j] = lo[j] | hi[j] << 16` for `j < w` (`hi` absent: 0), 16 at a time; nothing is
+    /// read or written at or past `w`.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VL must be available; `lo` (and `hi`) readable and `dst` writable for `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn interleave(lo: *const u16, hi: Option<*const u16>, dst: *mut u32, w: usize) {
+        let mut j = 0;
+        // SAFETY: masked loads and stores touch indices j..j+n ≤ w only.
+        unsafe {
+            while j < w {
+                let n = (w - j).min(16);
+                let m: __mmask16 = if n == 16 { 0xffff } else { ((1u32 << n) - 1) as __mmask16 };
+                let l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo.add(j) as *const i16));
+                let v = match hi {
+                    Some(h) => {
+                        let hv = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                            m,
+                            h.add(j) as *const i16,
+                        ));
+                        _mm512_or_si512(l, _mm512_slli_epi32::<16>(hv))
+                    }
+                    None => l,
+                };
+                _mm512_mask_storeu_epi32(dst.add(j) as *mut i32, m, v);
+                j += 16;
+            }
+        }
+    }
+
+    /// `dst[j] = base[j·stride] | base[j·stride + 1] << 16` for `j < w`, zero for `w ≤ j <
+    /// width` (`width` 12 or 32): each pair one 32-bit gather lane.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; both elements of every pair `j < w` readable; offsets
+    /// `j·stride` below 2³¹; `dst` writable for `width`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gather_pairs(base: *const u16, stride: usize, w: usize, dst: *mut u32, width: usize) {
+        let s = stride as i32;
+        let step = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(s),
+        );
+        let mut j = 0;
+        // SAFETY: masked gathers read only lanes j < w (pairs inside the view); masked stores
+        // write lanes below `width`.
+        unsafe {
+            while j < width {
+                let n = width - j;
+                let store: __mmask16 = if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as __mmask16 };
+                let live = w.saturating_sub(j).min(16);
+                let read: __mmask16 = if live == 16 { 0xffff } else { ((1u32 << live) - 1) as __mmask16 };
+                let idx = _mm512_add_epi32(step, _mm512_set1_epi32(j as i32 * s));
+                let v = _mm512_mask_i32gather_epi32::<2>(
+                    _mm512_setzero_si512(),
+                    read,
+                    idx,
+                    base as *const i32,
+                );
+                _mm512_mask_storeu_epi32(dst.add(j) as *mut i32, store, v);
+                j += 16;
+            }
+        }
     }
 
     /// `C[r, c] (+)= Σ_q a(r, q) · b(q, c)` over `kp` pairs for `r < rows ≤ 12`, `c < cols ≤ 32`
