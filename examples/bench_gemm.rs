@@ -111,25 +111,64 @@ fn main() {
                 h
             };
             let (ah, bh) = (round(&a), round(&b));
-            let (av, bv) = (View::rows(&ah, a.rs.max(a.cs)), View::rows(&bh, b.rs.max(b.cs)));
+            let (av, bv) = (
+                View::rows(&ah, a.rs.max(a.cs)),
+                View::rows(&bh, b.rs.max(b.cs)),
+            );
             let (av, bv) = (if ta { av.t() } else { av }, if tb { bv.t() } else { bv });
             let mut c = vec![0f32; m * nn];
-            assert!(rlcr_kernels::bf16::gemm(m, nn, k, av, bv, &mut c, isa), "no kernel");
+            assert!(
+                rlcr_kernels::bf16::gemm(m, nn, k, av, bv, &mut c, isa),
+                "no kernel"
+            );
             c
         };
         let products: [(&str, Product<'_>); 3] = if bf16 {
             [
                 (
                     "fwd",
-                    Box::new(|| bg(n, o, i, View::rows(&xh, i), View::rows(&wh, o), false, false).len()),
+                    Box::new(|| {
+                        bg(
+                            n,
+                            o,
+                            i,
+                            View::rows(&xh, i),
+                            View::rows(&wh, o),
+                            false,
+                            false,
+                        )
+                        .len()
+                    }),
                 ),
                 (
                     "dx",
-                    Box::new(|| bg(n, i, o, View::rows(&dyh, o), View::rows(&wh, o), false, true).len()),
+                    Box::new(|| {
+                        bg(
+                            n,
+                            i,
+                            o,
+                            View::rows(&dyh, o),
+                            View::rows(&wh, o),
+                            false,
+                            true,
+                        )
+                        .len()
+                    }),
                 ),
                 (
                     "dw",
-                    Box::new(|| bg(i, o, n, View::rows(&xh, i), View::rows(&dyh, o), true, false).len()),
+                    Box::new(|| {
+                        bg(
+                            i,
+                            o,
+                            n,
+                            View::rows(&xh, i),
+                            View::rows(&dyh, o),
+                            true,
+                            false,
+                        )
+                        .len()
+                    }),
                 ),
             ]
         } else if ours {

@@ -8,6 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::common::{Global, UsageError};
+use crate::model::sgemm::Precision;
 use crate::reward::rows::CountdownCompat;
 use crate::reward::VerifierChoice;
 use crate::sample::logits::SamplingParams;
@@ -19,7 +20,6 @@ use crate::train::loss::LossAgg;
 use crate::train::optim::AdamWConfig;
 use crate::train::schedule::{Schedule, ScheduleKind};
 use crate::train::session::ResumeMode;
-use crate::model::sgemm::Precision;
 use crate::train::trainer::{Objective, TrainConfig};
 
 /// The shared part of a model stage's plan: the model and table flags, the shard and the global

@@ -20,7 +20,15 @@ use std::cell::Cell;
 /// The precision of [`matmul`]'s products: f32 (the default), or bf16 operands with f32
 /// accumulation ([`rlcr_kernels::bf16`]), as torch's CPU autocast runs a `Linear`.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
@@ -271,6 +279,8 @@ impl Backward<Flex, 2> for MatmulBackward {
 
     fn backward(self, ops: Ops<MatmulState, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let MatmulState { x, w, isa } = ops.state;
+        // bf16: the upstream gradient is rounded once for both products.
+        let dy_bf16: std::cell::OnceCell<Bf16Matrix> = std::cell::OnceCell::new();
         binary::<Flex, _, _>(
             ops.parents,
             ops.node,
@@ -287,7 +297,7 @@ impl Backward<Flex, 2> for MatmulBackward {
                     }
                     Saved::Bf16(w) => {
                         let k = w.data.len() / w.cols.max(1);
-                        let dyb = Bf16Matrix::of(&dy);
+                        let dyb = dy_bf16.get_or_init(|| Bf16Matrix::of(&dy));
                         bf16_product(m, k, n, dyb.view(false), w.view(true), isa)
                     }
                 }
@@ -304,7 +314,7 @@ impl Backward<Flex, 2> for MatmulBackward {
                         product(k, n, m, (&x, true), (&dy, false), isa)
                     }
                     Saved::Bf16(x) => {
-                        let dyb = Bf16Matrix::of(&dy);
+                        let dyb = dy_bf16.get_or_init(|| Bf16Matrix::of(&dy));
                         bf16_product(x.cols, n, m, x.view(true), dyb.view(false), isa)
                     }
                 }
@@ -432,7 +442,8 @@ mod tests {
         let dw_t: Vec<f32> = (0..n * k).map(|i| dw[(i % k) * n + i / k]).collect();
         assert_eq!(bits(&read(wt.grad(&grads).unwrap())), bits(&dw_t), "dw");
         // And it is not the f32 product.
-        let f32_y = rlcr_kernels::sgemm::reference(m, n, k, View::rows(&xd, k), View::rows(&wd, k).t());
+        let f32_y =
+            rlcr_kernels::sgemm::reference(m, n, k, View::rows(&xd, k), View::rows(&wd, k).t());
         assert_ne!(bits(&f32_y), bits(&want_y));
     }
 }

@@ -592,7 +592,9 @@ fn bf16_mode_is_as_close_to_exact_as_torch_autocast() {
     use rlcr::model::sgemm::{autocast, Precision};
     for name in ["tiny-qwen2", "tiny-llama"] {
         let exact = load_refs(&format!("{name}.rand.f64.json"));
-        let path = fixtures().join("refs").join(format!("{name}.rand.bf16.json"));
+        let path = fixtures()
+            .join("refs")
+            .join(format!("{name}.rand.bf16.json"));
         let torch: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let torch = torch["sequences"].as_array().unwrap();
@@ -609,7 +611,10 @@ fn bf16_mode_is_as_close_to_exact_as_torch_autocast() {
             assert_eq!(tb["input_ids"].as_array().unwrap().len(), ex.ids.len());
             let worst = |a: &[f64], b: &[f64]| {
                 assert_eq!(a.len(), b.len());
-                a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f64, f64::max)
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f64, f64::max)
             };
             let lp32 = seq_logprobs(&plain, &ex.ids);
             let lp16 = {
@@ -627,7 +632,10 @@ fn bf16_mode_is_as_close_to_exact_as_torch_autocast() {
                  torch autocast {theirs:.2e}; rlcr bf16 vs torch {cross:.2e}"
             );
             assert!(d32 < 1e-4, "{name} seq {k}: f32 off by {d32}");
-            assert!(ours > 1e-3, "{name} seq {k}: bf16 mode moved nothing ({ours})");
+            assert!(
+                ours > 1e-3,
+                "{name} seq {k}: bf16 mode moved nothing ({ours})"
+            );
             assert!(ours <= theirs, "{name} seq {k}: {ours} vs torch {theirs}");
             assert!(cross <= 2.0 * theirs, "{name} seq {k}: {cross} from torch");
 
@@ -645,8 +653,14 @@ fn bf16_mode_is_as_close_to_exact_as_torch_autocast() {
             let rel = (diff / norm).sqrt();
             let torch_rel = tb["grad_rel_diff"].as_f64().unwrap();
             eprintln!("{name} seq {k}: gradient moved {rel:.3e} (torch autocast: {torch_rel:.3e})");
-            assert!(rel > 1e-4, "{name} seq {k}: bf16 gradient moved nothing ({rel})");
-            assert!(rel <= 1.5 * torch_rel, "{name} seq {k}: {rel} vs torch {torch_rel}");
+            assert!(
+                rel > 1e-4,
+                "{name} seq {k}: bf16 gradient moved nothing ({rel})"
+            );
+            assert!(
+                rel <= 1.5 * torch_rel,
+                "{name} seq {k}: {rel} vs torch {torch_rel}"
+            );
         }
     }
 }

@@ -414,11 +414,7 @@ fn pack_a(
                     for q in 0..kp {
                         let (klo, khi) = (k0 + 2 * q, k0 + 2 * q + 1);
                         let x = a.data[row + klo * a.cs];
-                        let y = if khi < k {
-                            a.data[row + khi * a.cs]
-                        } else {
-                            0
-                        };
+                        let y = if khi < k { a.data[row + khi * a.cs] } else { 0 };
                         panel[q * mr + r] = pair(x, y);
                     }
                 } else {
@@ -465,7 +461,11 @@ mod avx512 {
         unsafe {
             while j < w {
                 let n = (w - j).min(16);
-                let m: __mmask16 = if n == 16 { 0xffff } else { ((1u32 << n) - 1) as __mmask16 };
+                let m: __mmask16 = if n == 16 {
+                    0xffff
+                } else {
+                    ((1u32 << n) - 1) as __mmask16
+                };
                 let l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo.add(j) as *const i16));
                 let v = match hi {
                     Some(h) => {
@@ -490,7 +490,13 @@ mod avx512 {
     /// AVX-512F must be available; both elements of every pair `j < w` readable; offsets
     /// `j·stride` below 2³¹; `dst` writable for `width`.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn gather_pairs(base: *const u16, stride: usize, w: usize, dst: *mut u32, width: usize) {
+    pub unsafe fn gather_pairs(
+        base: *const u16,
+        stride: usize,
+        w: usize,
+        dst: *mut u32,
+        width: usize,
+    ) {
         let s = stride as i32;
         let step = _mm512_mullo_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -502,9 +508,17 @@ mod avx512 {
         unsafe {
             while j < width {
                 let n = width - j;
-                let store: __mmask16 = if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as __mmask16 };
+                let store: __mmask16 = if n >= 16 {
+                    0xffff
+                } else {
+                    ((1u32 << n) - 1) as __mmask16
+                };
                 let live = w.saturating_sub(j).min(16);
-                let read: __mmask16 = if live == 16 { 0xffff } else { ((1u32 << live) - 1) as __mmask16 };
+                let read: __mmask16 = if live == 16 {
+                    0xffff
+                } else {
+                    ((1u32 << live) - 1) as __mmask16
+                };
                 let idx = _mm512_add_epi32(step, _mm512_set1_epi32(j as i32 * s));
                 let v = _mm512_mask_i32gather_epi32::<2>(
                     _mm512_setzero_si512(),
@@ -640,7 +654,13 @@ mod tests {
     /// for K = 0.
     #[test]
     fn both_kernels_within_the_f32_summation_bound_on_every_layout() {
-        for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (25, 70, 515), (40, 31, 1030), (3, 5, 0)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (13, 33, 7),
+            (25, 70, 515),
+            (40, 31, 1030),
+            (3, 5, 0),
+        ] {
             let a = bf(m * k, 1);
             let b = bf(k * n, 2);
             let at = bf(m * k, 1); // the same values stored transposed below
@@ -689,7 +709,15 @@ mod tests {
         round_slice(&a, &mut ab);
         round_slice(&b, &mut bb);
         let mut c = vec![0f32; m * n];
-        assert!(gemm(m, n, k, View::rows(&ab, k), View::rows(&bb, n), &mut c, Isa::detected()));
+        assert!(gemm(
+            m,
+            n,
+            k,
+            View::rows(&ab, k),
+            View::rows(&bb, n),
+            &mut c,
+            Isa::detected()
+        ));
         let mut moved = 0usize;
         for i in 0..m {
             for j in 0..n {
@@ -699,7 +727,9 @@ mod tests {
                     exact += p;
                     scale += p.abs();
                 }
-                let bound = (2.0 * 2f64.powi(-9) + 2f64.powi(-16) + (k as f64 + 1.0) * 2f64.powi(-24)) * scale;
+                let bound =
+                    (2.0 * 2f64.powi(-9) + 2f64.powi(-16) + (k as f64 + 1.0) * 2f64.powi(-24))
+                        * scale;
                 let err = (c[i * n + j] as f64 - exact).abs();
                 assert!(err <= bound, "({i}, {j}): {} vs {exact}", c[i * n + j]);
                 moved += (err > 1e-6 * scale) as usize;
@@ -717,18 +747,56 @@ mod tests {
         let (a, b) = (bf(m * k, 7), bf(k * n, 8));
         for native in [true, false] {
             let mut all = vec![0f32; m * n];
-            assert!(gemm_with(m, n, k, View::rows(&a, k), View::rows(&b, n), &mut all, Isa::detected(), native));
-            let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            assert!(gemm_with(
+                m,
+                n,
+                k,
+                View::rows(&a, k),
+                View::rows(&b, n),
+                &mut all,
+                Isa::detected(),
+                native
+            ));
+            let one = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
             let mut serial = vec![0f32; m * n];
             one.install(|| {
-                assert!(gemm_with(m, n, k, View::rows(&a, k), View::rows(&b, n), &mut serial, Isa::detected(), native))
+                assert!(gemm_with(
+                    m,
+                    n,
+                    k,
+                    View::rows(&a, k),
+                    View::rows(&b, n),
+                    &mut serial,
+                    Isa::detected(),
+                    native
+                ))
             });
             assert_eq!(crate::testing::bits(&all), crate::testing::bits(&serial));
             for i in [0, 13, 49] {
                 let mut row = vec![0f32; n];
-                let av = View { data: &a, off: i * k, rs: k, cs: 1 };
-                assert!(gemm_with(1, n, k, av, View::rows(&b, n), &mut row, Isa::detected(), native));
-                assert_eq!(crate::testing::bits(&row), crate::testing::bits(&all[i * n..][..n]));
+                let av = View {
+                    data: &a,
+                    off: i * k,
+                    rs: k,
+                    cs: 1,
+                };
+                assert!(gemm_with(
+                    1,
+                    n,
+                    k,
+                    av,
+                    View::rows(&b, n),
+                    &mut row,
+                    Isa::detected(),
+                    native
+                ));
+                assert_eq!(
+                    crate::testing::bits(&row),
+                    crate::testing::bits(&all[i * n..][..n])
+                );
             }
         }
     }
