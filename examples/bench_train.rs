@@ -144,7 +144,7 @@ fn main() -> anyhow::Result<()> {
         temperature: 1.0,
         shuffle: false,
         seed: 0,
-        precision: precision,
+        precision,
     };
     let refs: Vec<&TrainRow> = rows.iter().collect();
     let mut opt = AdamW::new(AdamWConfig::default());

@@ -569,7 +569,7 @@ fn nll_gradient(m: &Model, ids: &[u32]) -> Vec<f32> {
         .forward(&TokenBatch::left_padded(&[ids.to_vec()]))
         .unwrap();
     let v = logits.dims()[2];
-    let lp = log_softmax(logits.reshape([n, v]), 1).slice([0..n - 1]);
+    let lp = log_softmax(logits.reshape([n, v]), 1).narrow(0, 0, n - 1);
     let next: Vec<i64> = ids[1..].iter().map(|&i| i as i64).collect();
     let next = Tensor::<2, Int>::from_data(TensorData::new(next, [n - 1, 1]), &lp.device());
     let nll = lp.gather(1, next).sum().neg();
