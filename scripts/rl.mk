@@ -199,6 +199,10 @@ $(error KEEP_CHECKPOINTS must be a whole number of at least 1 (or empty: keep al
 endif
 endif
 
+# Precision of the matrix products of `sft` and `update` (`--precision`): f32, or bf16 (bf16
+# operands, f32 sums; README, "`rlcr update` and `rlcr sft`"). The figures of this file are f32.
+PRECISION ?= f32
+
 # Supervised warm start.
 SFT ?= 1
 SFT_COUNT ?= 256
@@ -230,7 +234,8 @@ $(DIR)/prompts-sft.parquet:
 	  $(SYS_FLAG) $(CONF_FLAG) -o $@
 
 $(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet $(MODEL)/config.json
-	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) $(SFT_FLAGS)
+	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) \
+	  --precision $(PRECISION) $(SFT_FLAGS)
 
 # --- one iteration: $(1) = iteration id, $(2) = policy folder
 define ITER
@@ -269,7 +274,7 @@ endif
 $(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
 	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) \
 	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
-	  $$(CONF_ENTROPY_FLAG) \
+	  --precision $$(PRECISION) $$(CONF_ENTROPY_FLAG) \
 	  $(if $(filter gae,$(ESTIMATOR)),--critic $(3) --critic-out $(DIR)/iter-$(1)/critic $$(CRITIC_FLAGS))
 	$(if $(KEEP_CHECKPOINTS),$$(call drop_checkpoint,$$(shell printf '%04d' $$$$((10#$(1) - $(KEEP_CHECKPOINTS))))))
 
