@@ -63,6 +63,12 @@ pub(crate) fn load_refs(name: &str) -> Vec<RefSeq> {
         .collect()
 }
 
+/// `log Σ exp x` of one logit row, in f64 (max-shifted).
+fn log_sum_exp(row: &[f64]) -> f64 {
+    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln()
+}
+
 fn cpu() -> Device {
     model::device_from_str("cpu").unwrap()
 }
@@ -85,8 +91,7 @@ pub(crate) fn check_refs(m: &Model, file: &str) -> f64 {
                 .iter()
                 .map(|&x| x as f64)
                 .collect();
-            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            let lse = log_sum_exp(&row);
             let ent: f64 = -row.iter().map(|x| (x - lse).exp() * (x - lse)).sum::<f64>();
             let d_lse = (lse - r.logsumexp[t]).abs();
             let d_ent = (ent - r.entropy[t]).abs();
@@ -551,8 +556,7 @@ fn seq_logprobs(m: &Model, ids: &[u32]) -> Vec<f64> {
                 .iter()
                 .map(|&x| x as f64)
                 .collect();
-            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            let lse = log_sum_exp(&row);
             row[ids[t + 1] as usize] - lse
         })
         .collect()

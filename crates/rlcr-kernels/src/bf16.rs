@@ -461,11 +461,7 @@ mod avx512 {
         unsafe {
             while j < w {
                 let n = (w - j).min(16);
-                let m: __mmask16 = if n == 16 {
-                    0xffff
-                } else {
-                    ((1u32 << n) - 1) as __mmask16
-                };
+                let m = crate::sgemm::mask16(n);
                 let l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo.add(j) as *const i16));
                 let v = match hi {
                     Some(h) => {
@@ -507,18 +503,8 @@ mod avx512 {
         // write lanes below `width`.
         unsafe {
             while j < width {
-                let n = width - j;
-                let store: __mmask16 = if n >= 16 {
-                    0xffff
-                } else {
-                    ((1u32 << n) - 1) as __mmask16
-                };
-                let live = w.saturating_sub(j).min(16);
-                let read: __mmask16 = if live == 16 {
-                    0xffff
-                } else {
-                    ((1u32 << live) - 1) as __mmask16
-                };
+                let store = crate::sgemm::mask16(width - j);
+                let read = crate::sgemm::mask16(w.saturating_sub(j));
                 let idx = _mm512_add_epi32(step, _mm512_set1_epi32(j as i32 * s));
                 let v = _mm512_mask_i32gather_epi32::<2>(
                     _mm512_setzero_si512(),
@@ -552,18 +538,7 @@ mod avx512 {
         first: bool,
     ) {
         debug_assert!(a.len() >= kp * 12 && b.len() >= kp * 32);
-        let m0: __mmask16 = if cols >= 16 {
-            0xffff
-        } else {
-            ((1u32 << cols) - 1) as __mmask16
-        };
-        let m1: __mmask16 = if cols >= 32 {
-            0xffff
-        } else if cols > 16 {
-            ((1u32 << (cols - 16)) - 1) as __mmask16
-        } else {
-            0
-        };
+        let (m0, m1) = crate::sgemm::lane_masks(cols);
         // SAFETY: reads stay inside the panels (kp pairs); masked stores touch `cols` columns of
         // `rows` rows.
         unsafe {

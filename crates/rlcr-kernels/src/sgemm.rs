@@ -379,6 +379,20 @@ fn pack_a(a: &View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, mr: usize, b
     }
 }
 
+/// A 16-lane mask of the first `n` lanes (all of them from 16 up).
+pub(crate) fn mask16(n: usize) -> u16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        ((1u32 << n) - 1) as u16
+    }
+}
+
+/// The masks of the two 16-lane halves of a 32-column tile row with `cols` live columns.
+pub(crate) fn lane_masks(cols: usize) -> (u16, u16) {
+    (mask16(cols), mask16(cols.saturating_sub(16)))
+}
+
 /// Output pointer shared by the jobs (each writes its own block).
 #[derive(Clone, Copy)]
 pub(crate) struct OutPtr(pub(crate) *mut f32);
@@ -419,18 +433,7 @@ mod avx512 {
         first: bool,
     ) {
         debug_assert!(b.len() >= kc * 32);
-        let m0: __mmask16 = if cols >= 16 {
-            0xffff
-        } else {
-            ((1u32 << cols) - 1) as __mmask16
-        };
-        let m1: __mmask16 = if cols >= 32 {
-            0xffff
-        } else if cols > 16 {
-            ((1u32 << (cols - 16)) - 1) as __mmask16
-        } else {
-            0
-        };
+        let (m0, m1) = super::lane_masks(cols);
         // SAFETY: pointer arithmetic stays inside the regions promised by the caller; masked
         // loads and stores touch only the first `cols` columns.
         unsafe {
