@@ -206,17 +206,11 @@ fn native_gemm(m: usize, n: usize, k: usize, a: View<'_, u16>, b: View<'_, u16>,
         return;
     }
     let pairs = k.div_ceil(2);
-    let Jobs {
-        rows_per,
-        cols_per,
-        row_jobs,
-        col_jobs,
-    } = Jobs::new(m, n, MR, NR, true);
+    let jobs = Jobs::new(m, n, MR, NR, true);
     let ptr = OutPtr(c.as_mut_ptr());
     let job = |job: usize| {
         let out = ptr;
-        let (i0, j0) = ((job / col_jobs) * rows_per, (job % col_jobs) * cols_per);
-        let (i1, j1) = ((i0 + rows_per).min(m), (j0 + cols_per).min(n));
+        let (i0, i1, j0, j1) = jobs.block(job, m, n);
         // Loop order: K blocks outermost, so that each block of A (all of this job's rows) is
         // packed once and serves every column block (packing A per column block, as the f32
         // driver's order would, cost 8 % of a training step at the LM head's 32 column blocks).
@@ -225,10 +219,10 @@ fn native_gemm(m: usize, n: usize, k: usize, a: View<'_, u16>, b: View<'_, u16>,
         let mut p0 = 0;
         while p0 < pairs {
             let kp = KP.min(pairs - p0);
-            pack_a(&a, k, i0, i1 - i0, 2 * p0, kp, MR, &mut abuf);
+            pack(&a.t(), k, 2 * p0, kp, i0, i1 - i0, MR, &mut abuf);
             for jc in (j0..j1).step_by(NC) {
                 let nc = NC.min(j1 - jc);
-                pack_b(&b, k, 2 * p0, kp, jc, nc, NR, &mut bbuf);
+                pack(&b, k, 2 * p0, kp, jc, nc, NR, &mut bbuf);
                 for ir in (0..i1 - i0).step_by(MR) {
                     let rows = (i1 - i0 - ir).min(MR);
                     let ap = &abuf[(ir / MR) * kp * MR..][..kp * MR];
@@ -248,11 +242,7 @@ fn native_gemm(m: usize, n: usize, k: usize, a: View<'_, u16>, b: View<'_, u16>,
             p0 += kp;
         }
     };
-    if row_jobs * col_jobs == 1 {
-        job(0);
-    } else {
-        (0..row_jobs * col_jobs).into_par_iter().for_each(job);
-    }
+    jobs.run(job);
 }
 
 /// `lo | hi << 16`: one pair of K steps as `VDPBF16PS` reads it (even step in the low half).
@@ -269,9 +259,11 @@ fn fast(v: &View<'_, u16>) -> bool {
 }
 
 /// Packs `B[k0..k0+2kp, j0..j0+nc]` into `nr`-column micro-panels of pairs
-/// (`[nc/nr][kp][nr]` of `u32`; steps at or past `k` and columns past `nc` are zero).
+/// (`[nc/nr][kp][nr]` of `u32`; steps at or past `k` and columns past `nc` are zero). `A`'s
+/// `mr`-row panels are the same thing for `Aᵀ` (`[mc/mr][kp][mr]`, pairs of two K steps of one
+/// row): `pack(&a.t(), …)`.
 #[allow(clippy::too_many_arguments)]
-fn pack_b(
+fn pack(
     b: &View<'_, u16>,
     k: usize,
     k0: usize,
@@ -292,7 +284,7 @@ fn pack_b(
             let (klo, khi) = (k0 + 2 * q, k0 + 2 * q + 1);
             let lo = b.off + klo * b.rs + jp * b.cs;
             #[cfg(target_arch = "x86_64")]
-            if nr == 32 && fast(b) {
+            if nr <= 32 && fast(b) {
                 // SAFETY: the native kernel runs only where the CPU has AVX-512F/BW/VL (checked
                 // by `gemm_with`); rows klo (and khi when < k) hold columns jp..jp+w; every
                 // gathered pair (klo, klo + 1 = khi < k) is inside the view; offsets fit in i32.
@@ -305,13 +297,14 @@ fn pack_b(
                         continue;
                     }
                     if b.rs == 1 && khi < k {
-                        avx512::gather_pairs(base, b.cs, w, dst.as_mut_ptr(), 32);
+                        avx512::gather_pairs(base, b.cs, w, dst.as_mut_ptr(), nr);
                         continue;
                     }
                 }
             }
             if b.cs == 1 {
-                // Rows of B contiguous (W in the forward, dY in dW = Xᵀ·dY): interleave two rows.
+                // Rows of B contiguous (W in the forward, dY in dW = Xᵀ·dY, Xᵀ's columns):
+                // interleave two rows.
                 let rlo = &b.data[lo..lo + w];
                 if khi < k {
                     let hi = lo + b.rs;
@@ -336,93 +329,6 @@ fn pack_b(
                 }
             }
             dst[w..].fill(0);
-        }
-    }
-}
-
-/// Packs `A[i0..i0+mc, k0..k0+2kp]` into `mr`-row micro-panels of pairs (`[mc/mr][kp][mr]` of
-/// `u32`; steps at or past `k` and rows past `mc` are zero).
-#[allow(clippy::too_many_arguments)]
-fn pack_a(
-    a: &View<'_, u16>,
-    k: usize,
-    i0: usize,
-    mc: usize,
-    k0: usize,
-    kp: usize,
-    mr: usize,
-    buf: &mut [u32],
-) {
-    for (p, panel) in buf
-        .chunks_exact_mut(kp * mr)
-        .take(mc.div_ceil(mr))
-        .enumerate()
-    {
-        let ip = i0 + p * mr;
-        let h = (i0 + mc - ip).min(mr);
-        #[cfg(target_arch = "x86_64")]
-        if mr == 12 && fast(a) {
-            // SAFETY: as in `pack_b`: AVX-512F/BW/VL checked by `gemm_with`; every read is
-            // inside the view (a pair only when both steps are < k); offsets fit in i32.
-            unsafe {
-                for (q, dst) in panel.chunks_exact_mut(mr).enumerate() {
-                    let (klo, khi) = (k0 + 2 * q, k0 + 2 * q + 1);
-                    let base = a.data.as_ptr().add(a.off + ip * a.rs + klo * a.cs);
-                    if a.rs == 1 {
-                        let hi = (khi < k).then(|| base.add(a.cs));
-                        avx512::interleave(base, hi, dst.as_mut_ptr(), h);
-                        dst[h..].fill(0);
-                    } else if a.cs == 1 && khi < k {
-                        avx512::gather_pairs(base, a.rs, h, dst.as_mut_ptr(), 12);
-                    } else {
-                        for (r, d) in dst.iter_mut().enumerate() {
-                            *d = if r < h {
-                                let at = a.off + (ip + r) * a.rs;
-                                let y = if khi < k { a.data[at + khi * a.cs] } else { 0 };
-                                pair(a.data[at + klo * a.cs], y)
-                            } else {
-                                0
-                            };
-                        }
-                    }
-                }
-            }
-            continue;
-        }
-        if a.rs == 1 {
-            // Columns of A contiguous (Xᵀ in dW = Xᵀ·dY): interleave two columns.
-            for (q, dst) in panel.chunks_exact_mut(mr).enumerate() {
-                let (klo, khi) = (k0 + 2 * q, k0 + 2 * q + 1);
-                let lo = a.off + ip + klo * a.cs;
-                let rlo = &a.data[lo..lo + h];
-                if khi < k {
-                    let rhi = &a.data[lo + a.cs..lo + a.cs + h];
-                    for ((d, &x), &y) in dst[..h].iter_mut().zip(rlo).zip(rhi) {
-                        *d = pair(x, y);
-                    }
-                } else {
-                    for (d, &x) in dst[..h].iter_mut().zip(rlo) {
-                        *d = x as u32;
-                    }
-                }
-                dst[h..].fill(0);
-            }
-        } else {
-            for r in 0..mr {
-                if r < h {
-                    let row = a.off + (ip + r) * a.rs;
-                    for q in 0..kp {
-                        let (klo, khi) = (k0 + 2 * q, k0 + 2 * q + 1);
-                        let x = a.data[row + klo * a.cs];
-                        let y = if khi < k { a.data[row + khi * a.cs] } else { 0 };
-                        panel[q * mr + r] = pair(x, y);
-                    }
-                } else {
-                    for q in 0..kp {
-                        panel[q * mr + r] = 0;
-                    }
-                }
-            }
         }
     }
 }

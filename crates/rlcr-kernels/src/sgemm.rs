@@ -166,17 +166,11 @@ fn run(
         c[..m * n].fill(0.0);
         return true;
     }
-    let Jobs {
-        rows_per,
-        cols_per,
-        row_jobs,
-        col_jobs,
-    } = Jobs::new(m, n, mr, nr, parallel);
+    let jobs = Jobs::new(m, n, mr, nr, parallel);
     let ptr = OutPtr(c.as_mut_ptr());
     let job = |job: usize| {
         let out = ptr; // the whole struct (Send), not its raw-pointer field
-        let (i0, j0) = ((job / col_jobs) * rows_per, (job % col_jobs) * cols_per);
-        let (i1, j1) = ((i0 + rows_per).min(m), (j0 + cols_per).min(n));
+        let (i0, i1, j0, j1) = jobs.block(job, m, n);
         // A row-major A is read in place by the micro-kernel (no packing: for the thin
         // products of attention, packing A cost about as much as the product); other layouts
         // are packed.
@@ -243,11 +237,7 @@ fn run(
             }
         }
     };
-    if row_jobs * col_jobs == 1 {
-        job(0);
-    } else {
-        (0..row_jobs * col_jobs).into_par_iter().for_each(job);
-    }
+    jobs.run(job);
     true
 }
 
@@ -279,6 +269,28 @@ impl Jobs {
             cols_per,
             row_jobs: m.div_ceil(rows_per),
             col_jobs: n.div_ceil(cols_per),
+        }
+    }
+
+    /// The output block of job `job`: rows `i0..i1`, columns `j0..j1` of the `m × n` output.
+    pub(crate) fn block(&self, job: usize, m: usize, n: usize) -> (usize, usize, usize, usize) {
+        let (i0, j0) = (
+            (job / self.col_jobs) * self.rows_per,
+            (job % self.col_jobs) * self.cols_per,
+        );
+        (
+            i0,
+            (i0 + self.rows_per).min(m),
+            j0,
+            (j0 + self.cols_per).min(n),
+        )
+    }
+
+    /// Runs `job` for every job: in parallel when there are several, else on this thread.
+    pub(crate) fn run(&self, job: impl Fn(usize) + Send + Sync) {
+        match self.row_jobs * self.col_jobs {
+            1 => job(0),
+            all => (0..all).into_par_iter().for_each(job),
         }
     }
 }
