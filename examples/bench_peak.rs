@@ -72,7 +72,7 @@ mod kernels {
     use std::arch::asm;
 
     /// Independent accumulator chains per thread on 512-bit registers (zmm0–zmm23; zmm30/31 hold
-    /// the operands). 12 chains reached half the rate of 24 on this session's Xeon.
+    /// the operands). 12 chains reached half the rate of 24 on a Xeon.
     pub const ZMM_CHAINS: usize = 24;
     /// On 256-bit registers (an AVX2 CPU has 16: ymm0–ymm13 accumulate, ymm14/15 are operands).
     pub const YMM_CHAINS: usize = 14;

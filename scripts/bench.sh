@@ -23,7 +23,7 @@
 #   trainsmol  the same full step on SmolLM2-135M's shape (random weights), 8 x 512 tokens in
 #           micro-batches of 4 on both sides, fp32, with each side's peak RSS (not in `all`: long);
 #           each side runs a warm-up step first and reports the next (torch always did; rlcr's
-#           harness reported its first step until session 12); then the same in bf16 on both
+#           harness once reported its first step, which includes one-off set-up); then the same in bf16 on both
 #           sides (BF16=0 skips it)
 #   gemm    examples/bench_gemm.rs vs scripts/bench_transformers.py gemm: the matrix products of
 #           that forward + backward one at a time (GFLOP/s instead of tokens/s)

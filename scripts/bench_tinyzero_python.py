@@ -4,7 +4,7 @@
 usage: bench_tinyzero_python.py TABLE.parquet [ROWS]
 
 Scores the table's responses (after a TinyZero base prompt) with a re-implementation of
-`compute_score` written from ANCHORS §1.3.1 (the functions of gen_countdown_fixtures.py, with
+`compute_score` written from TinyZero's published rules (docs/math.md §1.1) (the functions of gen_countdown_fixtures.py, with
 `eval`), no Parquet writing, and prints rows per CPU-second and the mean score (compare with
 `rlcr score --countdown-compat tinyzero --reward-preset tinyzero`). Needs pyarrow.
 """

@@ -29,7 +29,7 @@ def rows(path):
 
 
 def token_scores(row, dist, mask):
-    """Seed 001's convert_structured_to_token_level."""
+    """KG-R1's convert_structured_to_token_level."""
     n = len(mask)
     out = np.zeros(n)
     turn = {}

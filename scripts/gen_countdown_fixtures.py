@@ -7,7 +7,7 @@ Writes, next to the repo's other score fixtures:
 
 `pyexpr_cases` are CPython's own `eval(expr, {"__builtins__": None}, {})` results on random
 strings over TinyZero's character set; `tinyzero_cases` run a re-implementation of TinyZero's
-`compute_score` written from the published description (ANCHORS.md §1.3.1): marker after the first
+`compute_score` written from the published description (docs/math.md §1.1): marker after the first
 "Assistant:" (else "<|im_start|>assistant"), last line, last non-greedy <answer>, \\d+ validation,
 character whitelist + eval, |v - target| < 1e-5. Run with CPython 3.11 (the figures rlcr's
 evaluator mirrors); deterministic for a given seed.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small knowledge-base environment for `rlcr generate-multiturn` (Python standard library only).
 
-The shape of seed 001's KG queries: the model asks the knowledge base with
+The shape of KG-R1's knowledge-graph queries: the model asks the knowledge base with
 `<query>relation(entity)</query>`, the environment answers with `<information>...</information>`,
 and the model finishes with `<answer>...</answer>`.
 
@@ -13,7 +13,7 @@ Protocol (see `rlcr generate-multiturn --help`): a request per ended model turn
 `{"id", "prompt_id", "sample_id", "turn", "messages", "response_so_far", "turn_text", "finish",
 "data_source", "ground_truth"}`, a reply `{"id", "observation", "done", "turn_reward", "extra"}`.
 
-Rewards per turn (seed 001's turn components and weights):
+Rewards per turn (KG-R1's turn components and weights):
   kg_query_validity 0.1  the turn asks a well-formed query about a known entity and relation
   is_answer_score   0.1  the turn gives an <answer>
   format_score      0.15 the turn ends with </query> or </answer>

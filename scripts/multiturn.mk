@@ -1,4 +1,4 @@
-# Seed 001's multi-turn loop as a Makefile (`make -f scripts/rl.mk multiturn` runs it): the policy
+# The structured multi-turn loop as a Makefile (`make -f scripts/rl.mk multiturn` runs it): the policy
 # asks the example knowledge-base environment (scripts/kb_env.py) with <query>relation(entity)</query>,
 # reads the <information> it gets back, and answers in <answer></answer>.
 #
@@ -12,7 +12,7 @@
 #   runs/$(RUN)/curve.tsv                         turn reward, exact match, turns per iteration
 #
 # Rewards (scripts/kb_rewards.toml): the environment's turn reward of every model turn
-# (kg_query_validity 0.1 + is_answer_score 0.1 + format_score 0.15, seed 001's weights) as a turn
+# (kg_query_validity 0.1 + is_answer_score 0.1 + format_score 0.15, KG-R1's weights) as a turn
 # component, exact match as a global one: reward = mean over turns + exact match.
 include $(dir $(lastword $(MAKEFILE_LIST)))common.mk
 

@@ -1,10 +1,10 @@
 //! Generalised advantage estimation with verl's masked recursion, and masked whitening.
 //!
-//! verl's `compute_gae_advantage_return` (ANCHORS §1.4.4) runs the GAE recursion backwards over the
+//! verl's `compute_gae_advantage_return` (`docs/math.md` §2.6) runs the GAE recursion backwards over the
 //! response and *skips* masked positions (observation/info/padding tokens): they neither update the
 //! next value nor decay the carried advantage, so a turn's last token sees the value of the next
 //! turn's first token as its successor. Returns are `adv + V`, taken **before** whitening; then the
-//! advantages are whitened over the whole update batch using only masked tokens (ANCHORS D18).
+//! advantages are whitened over the whole update batch using only masked tokens.
 //!
 //! Whitening needs batch-wide moments before any row can be written, so the stage accumulates
 //! [`MaskedMoments`] in a first pass and applies [`whiten_value`] in the second. The moments are
@@ -182,9 +182,9 @@ mod tests {
         (a, ret)
     }
 
-    // ANCHORS §3.3.
+    // The worked example of docs/math.md §2.6.
     #[test]
-    fn anchors_3_3_gae() {
+    fn gae_worked_example() {
         let r = [0.0, 0.0, 0.0, 0.0, 1.0];
         let v = [0.1, 0.2, 0.3, 0.4, 0.5];
         let all = [true; 5];

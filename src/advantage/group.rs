@@ -24,7 +24,7 @@ pub struct GroupNorm {
 }
 
 impl Default for GroupNorm {
-    /// The toolkit defaults (ANCHORS §2): std normalisation, unbiased std, eps 1e-6, singleton → 0.
+    /// The toolkit defaults (`docs/math.md` §5): std normalisation, unbiased std, eps 1e-6, singleton → 0.
     fn default() -> Self {
         GroupNorm {
             norm: Norm::Std,
@@ -48,7 +48,7 @@ pub struct GroupStat {
     pub zero_std: bool,
 }
 
-/// Counts over the groups of one kind, for the statistics the stage logs (ANCHORS D3, D4).
+/// Counts over the groups of one kind, for the statistics the stage logs (`docs/math.md` §2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
 pub struct GroupSummary {
     /// Non-empty groups.
@@ -102,11 +102,11 @@ impl GroupSummary {
 /// Per-group count, mean, standard deviation and zero-std flag.
 ///
 /// Formula: `mean_g = Σ_{i∈g} x_i / n_g`; `std_g = sqrt(Σ_{i∈g} (x_i − mean_g)² / d)` with
-/// `d = n_g − 1` (unbiased, `torch.std`, ANCHORS D1) or `d = n_g` (biased).
+/// `d = n_g − 1` (unbiased, `torch.std`) or `d = n_g` (biased).
 ///
 /// Edge cases: groups with no row get `count 0, mean 0, std 0`; a group of one row has std 0 and is
 /// not flagged zero-std (singletons are a policy of their own, see [`normalized`]); a group of two or
-/// more bit-identical values is flagged `zero_std` (ANCHORS D4). NaN values make their group's mean
+/// more bit-identical values is flagged `zero_std` (`docs/math.md` §2.1). NaN values make their group's mean
 /// and std NaN (the stage rejects non-finite rewards before calling this).
 ///
 /// `groups[i]` must be `< n_groups` and `values.len() == groups.len()` (caller invariants; a
@@ -164,13 +164,13 @@ pub fn group_stats(
 
 /// The advantage of one value `x` given its group's statistics.
 ///
-/// Formula (verl `compute_grpo_outcome_advantage`, TRL, seed 000; ANCHORS §1.4.1–1.4.2):
+/// Formula (verl `compute_grpo_outcome_advantage`, TRL; `docs/math.md` §2.1):
 /// `A = (x − mean_g) / (std_g + eps)` with `Norm::Std`, `A = x − mean_g` with `Norm::Mean`.
 ///
 /// Edge cases:
-/// - zero-std group (two or more identical values): `A = 0` exactly (ANCHORS D4);
+/// - zero-std group (two or more identical values): `A = 0` exactly;
 /// - singleton group: `Singleton::Zero` → `A = 0` (TRL, toolkit default); `Singleton::Verl` → mean 0
-///   and std 1, so `A = x / (1 + eps)` (or `x` with `Norm::Mean`) (verl, KG-R1; ANCHORS D3).
+///   and std 1, so `A = x / (1 + eps)` (or `x` with `Norm::Mean`) (verl, KG-R1).
 pub fn normalized(x: f64, s: &GroupStat, cfg: &GroupNorm) -> f64 {
     if s.count <= 1 {
         return match cfg.singleton {
@@ -283,9 +283,9 @@ pub(crate) mod tests {
         a
     }
 
-    // ANCHORS §3.1, columns: verl (unbiased, 1e-6), biased 1e-6, TRL (unbiased, 1e-4), Dr.GRPO.
+    // docs/math.md §2.1 worked table, columns: verl (unbiased, 1e-6), biased 1e-6, TRL (unbiased, 1e-4), Dr.GRPO.
     #[test]
-    fn anchors_3_1_grpo_vectors() {
+    fn grpo_worked_table() {
         let verl = cfg(Norm::Std, StdKind::Unbiased, 1e-6, Singleton::Verl);
         let biased = cfg(Norm::Std, StdKind::Biased, 1e-6, Singleton::Verl);
         let trl = cfg(Norm::Std, StdKind::Unbiased, 1e-4, Singleton::Zero);
@@ -321,7 +321,7 @@ pub(crate) mod tests {
             &[1.732047, -0.577349, -0.577349, -0.577349],
             t,
         );
-        // TRL column is given to 4 d.p. in the anchor; check it there and against a hand value.
+        // TRL column is given to 4 d.p. in the worked table; check it there and against a hand value.
         let a = one_group(&r, &trl);
         close(&a, &[1.4997, -0.4999, -0.4999, -0.4999], 1e-4);
         close(

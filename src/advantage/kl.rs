@@ -1,5 +1,5 @@
 //! KL penalty in the reward: per-token estimators and the fixed / adaptive coefficient controller
-//! (verl `kl_penalty`, `apply_kl_penalty`, `AdaptiveKLController`; ANCHORS §1.4.5–1.4.6, D13–D14).
+//! (verl `kl_penalty`, `apply_kl_penalty`, `AdaptiveKLController`; `docs/math.md` §2.7).
 //!
 //! With `d = logp − ref_logp` (behaviour policy log-prob minus reference log-prob, per token):
 //! `k1 = d`, `abs = |d|`, `k2 = d²/2`, `k3 = clamp(eˣ − x − 1, −10, 10)` with `x = clamp(−d, −20, 20)`.
@@ -15,7 +15,7 @@ pub const K3_LOG_CLAMP: f64 = 20.0;
 /// Clamp applied to the value of k3 (verl `low_var_kl`).
 pub const K3_VALUE_CLAMP: f64 = 10.0;
 
-/// KL estimator (ANCHORS §1.4.6; D13), one enum for both places verl uses its `kl_penalty`: the
+/// KL estimator (`docs/math.md` §2.7), one enum for both places verl uses its `kl_penalty`: the
 /// KL in the reward (`advantage --kl-estimator`, verl `algorithm.kl_penalty`, default `kl` = k1)
 /// and the KL loss (`update --kl-estimator`, verl `actor.kl_loss_type`, default `low_var_kl` =
 /// k3). Both stages parse it with the same names, ours and verl's: `k1`/`kl`, `abs`, `k2`/`mse`,
@@ -132,9 +132,9 @@ mod tests {
         }
     }
 
-    // ANCHORS §3.4.
+    // The estimator table of docs/math.md §2.7.
     #[test]
-    fn anchors_3_4_estimators() {
+    fn kl_estimator_table() {
         let rows: [(f64, f64, [f64; 4]); 4] = [
             (-1.0, -1.5, [0.5, 0.5, 0.125, 0.106531]),
             (-2.0, -1.0, [-1.0, 1.0, 0.5, 0.718282]),
@@ -164,9 +164,9 @@ mod tests {
         assert!((kl_value(-3.0, -1.0, KlEstimator::K3) - (x.exp() - x - 1.0)).abs() < 1e-12);
     }
 
-    // ANCHORS §3.3: KL in the reward, β = 0.001, per-token k1 = [0.02, −0.01, 0.03, 0, 0.05].
+    // docs/math.md §2.7: KL in the reward, β = 0.001, per-token k1 = [0.02, −0.01, 0.03, 0, 0.05].
     #[test]
-    fn anchors_3_3_kl_in_reward() {
+    fn kl_in_reward_worked_example() {
         let r = [0.0, 0.0, 0.0, 0.0, 1.0];
         let k1 = [0.02, -0.01, 0.03, 0.0, 0.05];
         let c = KlController::Fixed { coef: 0.001 };
@@ -177,9 +177,9 @@ mod tests {
         }
     }
 
-    // ANCHORS §3.5: adaptive controller (kl_coef 0.2, target 6, horizon 1e4, n_steps 256).
+    // docs/math.md §2.7: adaptive controller (kl_coef 0.2, target 6, horizon 1e4, n_steps 256).
     #[test]
-    fn anchors_3_5_adaptive_controller() {
+    fn adaptive_controller_worked_example() {
         for (kl, want) in [(9.0, 0.201024), (3.0, 0.198976), (6.3, 0.200256)] {
             let mut c = KlController::Adaptive {
                 coef: 0.2,

@@ -3,15 +3,16 @@
 //! Everything here follows the manner of verl's `core_algos.py`: plain functions that take rewards
 //! (as `f64` slices) and a group index per row (dense `u32` ids `0..n_groups`, built by the caller
 //! from `prompt_id` or `(prompt_id, answer_idx)`), and return values. Each function documents its
-//! formula, the anchor it reproduces (`ANCHORS.md` section) and its edge-case policy, and has a slow,
+//! formula (derived with worked numbers in `docs/math.md`), the public implementation it reproduces
+//! and its edge-case policy, and has a slow,
 //! obvious reference implementation next to it that the tests check it against on random inputs.
 //!
 //! Layout:
 //! - [`group`]: group statistics and normalisation (mean/std, `--norm`, `--std`, `--eps`,
 //!   `--singleton`, zero-std detection). Every grouped estimator is built on it.
-//! - [`outcome`]: sequence-level estimators: GRPO outcome, RLOO and the RLCR confidence tree (seed
-//!   000: answers per prompt, confidences per answer, never pooled across answers).
-//! - [`multiturn`]: seed 001 / KG-R1 multi-turn GRPO (turn rewards and global rewards normalised
+//! - [`outcome`]: sequence-level estimators: GRPO outcome, RLOO and the RLCR confidence tree
+//!   (answers per prompt, confidences per answer, never pooled across answers).
+//! - [`multiturn`]: structured multi-turn GRPO (KG-R1's) (turn rewards and global rewards normalised
 //!   separately per prompt, combined with weights, written per turn).
 //! - [`gae`]: verl's masked GAE recursion and batch-wide masked whitening.
 //! - [`kl`]: KL estimators (k1/abs/k2/k3 with verl's clamps) and the fixed/adaptive KL controller.
@@ -22,8 +23,8 @@
 //! - Arithmetic is `f64` throughout (rewards arrive as `f32`); results are rounded to `f32` only
 //!   when written. The order of every sum is the row order, so results do not depend on batch sizes
 //!   or thread counts.
-//! - A group whose rewards are all bit-identical is "zero-std": its advantages are exactly 0 (ANCHORS
-//!   D4), instead of a rounding residue divided by `eps`.
+//! - A group whose rewards are all bit-identical is "zero-std": its advantages are exactly 0
+//!   (`docs/math.md` §2.1), instead of a rounding residue divided by `eps`.
 //! - The choices people argue about are closed enums (clap `ValueEnum` + serde) whose names are the
 //!   flag values, so the choice is recorded verbatim in the output's metadata.
 
@@ -55,13 +56,13 @@ pub use tokens::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Estimator {
-    /// Seed 000's tree: answers per prompt over G_a, confidences per answer over G_c.
+    /// The RLCR tree: answers per prompt over G_a, confidences per answer over G_c.
     Rlcr,
     /// Outcome GRPO per prompt over all rows of one sample type (verl `grpo`).
     Grpo,
     /// Leave-one-out baseline per prompt and sample type (verl `rloo`).
     Rloo,
-    /// Seed 001 / KG-R1: turn and global rewards normalised separately per prompt.
+    /// Structured multi-turn (KG-R1): turn and global rewards normalised separately per prompt.
     GrpoMultiturn,
     /// Generalised advantage estimation with a `values` column (verl `gae`).
     Gae,
@@ -77,17 +78,17 @@ pub enum Norm {
     Mean,
 }
 
-/// Which standard deviation (`--std`); ANCHORS D1.
+/// Which standard deviation (`--std`); `docs/math.md` §2.1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StdKind {
-    /// Bessel-corrected, divide by N−1 (`torch.std`, every anchor).
+    /// Bessel-corrected, divide by N−1 (`torch.std`; verl, TRL, RLCR).
     Unbiased,
-    /// Divide by N (numpy's default, the DeepSeekMath paper text, seed 000's formula).
+    /// Divide by N (numpy's default, the DeepSeekMath paper text).
     Biased,
 }
 
-/// What a group of one row gets (`--singleton`); ANCHORS D3.
+/// What a group of one row gets (`--singleton`); `docs/math.md` §2.1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Singleton {
@@ -97,7 +98,7 @@ pub enum Singleton {
     Verl,
 }
 
-/// The confidence branch of the RLCR tree (`--conf-norm`); ANCHORS §1.4.8.
+/// The confidence branch of the RLCR tree (`--conf-norm`); `docs/math.md` §2.3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 pub enum ConfNorm {
     /// Level 1 only: each confidence normalised within its own answer's G_c group.

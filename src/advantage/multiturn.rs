@@ -1,5 +1,5 @@
-//! Multi-turn GRPO with turn and global rewards (seed 001; KG-R1
-//! `compute_grpo_multiturn_advantage`, ANCHORS §1.4.7, D15–D16).
+//! Multi-turn GRPO with turn and global rewards (KG-R1's
+//! `compute_grpo_multiturn_advantage`; `docs/math.md` §2.4).
 //!
 //! A row carries structured rewards: per-turn rewards `R_{i,k}` (the weighted sum of the components
 //! of turn k) and a global reward `G_i` (the weighted sum of the global components, `_raw_*` names
@@ -7,7 +7,7 @@
 //! pools them); global rewards form one group per prompt. Both are normalised with the same
 //! [`GroupNorm`], then combined per token: a token of turn k of row i gets
 //! `w_turn · A_turn(i,k) + w_global · A_global(i)`; tokens outside the loss mask or with turn id −1 get
-//! 0. The default weights are 1.0 / 1.0 (ANCHORS D16); KG-R1's `0.5 · A_turn + A_global` is the
+//! 0. The default weights are 1.0 / 1.0; KG-R1's `0.5 · A_turn + A_global` is the
 //! [`MultiTurnConfig::kg_r1`] preset.
 
 use super::group::{group_stats, normalized, GroupNorm, GroupSummary};
@@ -79,7 +79,7 @@ pub struct MultiTurnOutput {
     pub globals: GroupSummary,
 }
 
-/// Multi-turn GRPO advantages (ANCHORS §1.4.7).
+/// Multi-turn GRPO advantages (`docs/math.md` §2.4).
 ///
 /// Formulas: `A_turn(i,k) = norm(R_{i,k}; {R_{i',k'} : prompt(i') = prompt(i), all turns k'})`,
 /// `A_global(i) = norm(G_i; {G_{i'} : prompt(i') = prompt(i)})`, with `norm` of [`normalized`].

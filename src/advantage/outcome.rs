@@ -4,12 +4,12 @@
 //! group summaries (for the logged statistics). Lambdas are applied by the tree; for GRPO and RLOO the
 //! caller multiplies by a per-type weight if it wants one.
 //!
-//! The tree (seed 000) is group normalisation with a particular keying: answer rows are grouped by
+//! The tree is group normalisation with a particular keying: answer rows are grouped by
 //! prompt, confidence rows by *their own answer* `(prompt, answer_idx)`. Confidences of different
 //! answers are never pooled: an answer's correctness changes every one of its confidences' Brier
 //! rewards by the same kind of shift, and pooling would turn that into confidence advantages
-//! (ANCHORS §1.4.8 variant (b) shows the leak). The optional prompt-level step (variant (c)) keeps the
-//! per-answer centring and only rescales by the prompt-level spread.
+//! (`docs/math.md` §2.3, variant (b), shows the leak). The optional prompt-level step (variant
+//! (c)) keeps the per-answer centring and only rescales by the prompt-level spread.
 
 use super::group::{group_stats, normalized, GroupNorm, GroupStat, GroupSummary};
 use super::{ConfNorm, Norm, Singleton};
@@ -38,7 +38,7 @@ pub struct Outcome {
     pub summary: GroupSummary,
 }
 
-/// Outcome GRPO (verl `compute_grpo_outcome_advantage`, TRL; ANCHORS §1.4.1, §1.4.2):
+/// Outcome GRPO (verl `compute_grpo_outcome_advantage`, TRL; `docs/math.md` §2.1):
 /// `A_i = (s_i − mean_g) / (std_g + eps)` (or `s_i − mean_g` with `Norm::Mean`, Dr.GRPO), where `s_i`
 /// is the row's sequence score (reward, minus the KL penalty when there is one).
 ///
@@ -64,7 +64,7 @@ fn finish(advantages: Vec<f64>, groups: &[u32], stats: Vec<GroupStat>) -> Outcom
     }
 }
 
-/// RLOO (verl `rloo`; ANCHORS §1.4.3): for a group of `n > 1` rows,
+/// RLOO (verl `rloo`; `docs/math.md` §2.2): for a group of `n > 1` rows,
 /// `A_i = s_i − mean(s_j, j ≠ i) = n/(n−1) · (s_i − mean_g)`; no std scaling (`--norm`, `--std` and
 /// `--eps` do not apply).
 ///
@@ -167,7 +167,7 @@ pub struct TreeOutput {
     pub prompt_level: Option<GroupSummary>,
 }
 
-/// The RLCR tree estimator (seed 000; ANCHORS §1.4.8, vectors §3.2).
+/// The RLCR tree estimator (`docs/math.md` §2.3, with its worked tree).
 ///
 /// Inputs per row: `rewards[i]` (acc reward on answer rows, Brier reward on confidence rows),
 /// `kinds[i]`, `prompt[i]` (dense prompt id, `< n_prompts`) and `answer[i]` (dense id of the row's
@@ -350,7 +350,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// ANCHORS §3.2: one prompt, answer 1 correct with confidences [0.9, 0.6, 0.3], answer 2 wrong
+    /// The worked tree of `docs/math.md` §2.3: one prompt, answer 1 correct with confidences [0.9, 0.6, 0.3], answer 2 wrong
     /// with [0.2, 0.5, 0.8]. Rows: the two answers, then the six confidences.
     fn tree_3_2() -> (Vec<f64>, Vec<SampleKind>, Vec<u32>, Vec<u32>) {
         let brier = |acc: f64, c: f64| 1.0 - (acc - c) * (acc - c);
@@ -390,13 +390,13 @@ mod tests {
     }
 
     #[test]
-    fn anchors_3_2_brier_rewards() {
+    fn worked_tree_brier_rewards() {
         let (r, ..) = tree_3_2();
         close(&r[2..], &[0.99, 0.84, 0.51, 0.96, 0.75, 0.36], 1e-12);
     }
 
     #[test]
-    fn anchors_3_2_level_one() {
+    fn worked_tree_level_one() {
         let t = 1e-6;
         let a = run(&conf(Norm::Std, StdKind::Unbiased, 1e-6));
         close(
@@ -427,7 +427,7 @@ mod tests {
     }
 
     #[test]
-    fn anchors_3_2_variant_c_answer_then_prompt() {
+    fn worked_tree_variant_c_answer_then_prompt() {
         let mut c = conf(Norm::Std, StdKind::Unbiased, 1e-6);
         c.conf_norm = ConfNorm::AnswerPrompt;
         let a = run(&c);
@@ -439,7 +439,7 @@ mod tests {
     }
 
     #[test]
-    fn anchors_3_2_variant_b_pooled_is_grpo_by_prompt() {
+    fn worked_tree_variant_b_pooled_is_grpo_by_prompt() {
         // Variant (b) is not a tree option (it leaks correctness); it is GRPO over the prompt's
         // confidence rows, which is what `--estimator grpo` does per (prompt, type).
         let (r, ..) = tree_3_2();
@@ -452,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn anchors_3_2_variant_d_gigpo_sum_composes() {
+    fn worked_tree_variant_d_gigpo_sum_composes() {
         let (r, k, p, a) = tree_3_2();
         let centre = GroupNorm {
             norm: Norm::Mean,
@@ -519,7 +519,7 @@ mod tests {
     }
 
     #[test]
-    fn anchors_3_1_rloo() {
+    fn rloo_worked_example() {
         let out = rloo(&[1.0, 0.0, 0.0, 1.0], &[0; 4], 1, Singleton::Verl);
         close(
             &out.advantages,

@@ -18,15 +18,15 @@ pub const LONG_ABOUT: &str = "\
 Compute per-row advantages from the rewards of a scored table, and put them on tokens.
 
 Estimators (--estimator):
-  rlcr            (default; seed 000) answers normalised per prompt over their G_a rewards, times
+  rlcr            (default) answers normalised per prompt over their G_a rewards, times
                   --lambda-ans; confidences normalised per answer over their G_c Brier rewards, times
                   --lambda-conf. Confidences of different answers are never pooled. --conf-norm
                   answer+prompt adds a prompt-level scaling step (centre per answer, then divide by the
                   prompt-level std of the centred values).
   grpo            outcome GRPO per (prompt, sample_type).
   rloo            leave-one-out baseline per (prompt, sample_type).
-  grpo-multiturn  seed 001 / KG-R1: turn rewards (pooled over all turns of a prompt) and global rewards
-                  normalised separately per prompt, combined as --turn-weight * A_turn +
+  grpo-multiturn  KG-R1's multi-turn GRPO: turn rewards (pooled over all turns of a prompt) and
+                  global rewards normalised separately per prompt, combined as --turn-weight * A_turn +
                   --global-weight * A_global on each turn's tokens (needs reward_components; turns are
                   matched through token_turn_ids).
   gae             verl's masked GAE (--gamma, --lam) over a `values` column, returns before

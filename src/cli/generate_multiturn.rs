@@ -1,4 +1,4 @@
-//! `rlcr generate-multiturn`: multi-turn rollouts against an environment process (seed 001).
+//! `rlcr generate-multiturn`: multi-turn rollouts against an environment process.
 //! A thin shell over [`crate::sample::multiturn_stage`].
 use std::path::PathBuf;
 use std::time::Duration;

@@ -17,7 +17,7 @@ pub const ABOUT: &str =
     "Calibration report: accuracy, Brier, ECE, AUROC, reliability diagram, curves";
 pub const LONG_ABOUT: &str = "\
 Compute calibration metrics (accuracy, format rate, strict and lenient confidence parse rates, mean
-confidence, Brier, ECE, AUROC, lengths, per data_source) and seed 000's training-signal statistics
+confidence, Brier, ECE, AUROC, lengths, per data_source) and the per-turn training-signal statistics
 (reward mean/std and lengths of answers and confidences, G_a / G_c groups with non-zero reward std),
 and draw a reliability diagram and reward/length histograms. Calibration is evaluated over the
 confidence rows (each carries its answer's acc_reward); a missing confidence counts as 0 (RLCR's

@@ -24,12 +24,12 @@ Answers: acc_reward = the verifier's verdict on the extracted answer (1/0; the F
 0 when the format check fails and gating is on. Confidence rows: the last <confidence> parsed
 strictly (a finite number in [0,1]; nan, inf, 80%, 1.2 are failures), conf_reward =
 1 - (acc - c)^2 with acc taken from the row's own answer, 0 on a format or parse failure.
-reward = the total of reward_components: `mean over turns + sum of globals` (seed 001), which for
+reward = the total of reward_components: `mean over turns + sum of globals`, which for
 the presets is: rlcr (answers: acc + format-weight * format; confidences: Brier), rlcr-single
 (RLCR's single-completion 0.5*(format + acc + brier) + 1e-6 * (mean conf + 0/1 conf), for
 --answer-format tabc), tinyzero (answers: the countdown score 0 / 0.1 / 1). --rewards FILE.toml
 defines named components instead:
-  preset = \"kg-r1\"            # optional: seed 001's defaults (format_score 0.15, is_answer_score
+  preset = \"kg-r1\"            # optional: KG-R1's defaults (format_score 0.15, is_answer_score
                                # 0.1, kg_query_validity 0.1; exact_match 0.3, retrieval_quality 0.4)
   [[turn]]                     # or [[global]]
   name = \"format_score\"
@@ -95,7 +95,7 @@ pub struct Args {
     /// Reward preset.
     #[arg(long, value_enum, default_value = "rlcr")]
     pub reward_preset: Preset,
-    /// Structured rewards definition (seed 001), TOML; replaces the preset's components.
+    /// Structured rewards definition, TOML; replaces the preset's components.
     #[arg(long)]
     pub rewards: Option<PathBuf>,
     /// Format required of answer rows [default: ta; tabc with --reward-preset rlcr-single].

@@ -43,8 +43,8 @@ use super::cpu::{self, Isa};
 
 /// Whether [`rms_norm`] runs rlcr's fused op on Flex (read once per process): `RLCR_NORM=rlcr`;
 /// unset, empty or `burn` keeps burn's composite. Opt-in, like the fused LM head: its rounding
-/// (the row sums' order) alone changes the learning loop's trajectories, and on the session-9
-/// defaults the learning test failed on it (kern dc1ee77, 2026-11-24: mean AUROC of the last
+/// (the row sums' order) alone changes the learning loop's trajectories, and with uniform
+/// warm-start confidences the learning test failed on it (dc1ee77, 2026-11-24: mean AUROC of the last
 /// policies 0.622 < 0.67, seed 0's confidences 0.287 well formed), while it passes on the
 /// composite. Bit-identity with the composite would need burn's reduction order (macerator's
 /// 8-accumulator sum at the SIMD width it picks at run time) in the two row sums.

@@ -17,15 +17,14 @@
 //! logits and three numbers per row. It is the default on Flex (`RLCR_FUSED_HEAD=0` opts out;
 //! every other device runs the composite). The fused sums round differently from the composite
 //! (within 2e-5), and that rounding changes the learning loop's trajectories, so it was opt-in
-//! until a configuration learnt on it: on main f1735aa it sent one seed into a format collapse, and
-//! on the session-9 tiny-model defaults (kern e39ca95) two seeds' confidences collapsed and the
-//! learning test failed (mean AUROC 0.607 < 0.67), while on the earlier defaults it passed with
-//! more room than the composite. On the defaults since c5c6071 (inert rows skipped) the learning
-//! test passes on it with more room than on the composite (360d504 + `RLCR_FUSED_HEAD=1`, session
-//! 12: mean AUROC of the last policies 0.715 against 0.691, Brier gain 0.065 against 0.056,
+//! until a configuration learnt on it: at f1735aa it sent one seed into a format collapse, and
+//! at e39ca95 (uniform warm-start confidences) two seeds' confidences collapsed and the learning
+//! test failed (mean AUROC 0.607 < 0.67). On the defaults since c5c6071 (inert rows skipped) the
+//! learning test passes on it with more room than on the composite (360d504 + `RLCR_FUSED_HEAD=1`:
+//! mean AUROC of the last policies 0.715 against 0.691, Brier gain 0.065 against 0.056,
 //! accuracy +0.197 against +0.176), and it keeps the SmolLM2-135M 8 × 512 step's peak memory
 //! 18 % lower (5267 against 6410–6426 MiB; the step's speed is the same within the runs' spread,
-//! the main job's CPU time 7 % lower: BENCHMARKS.md, session 12), so it became the default. Both are the same
+//! the main job's CPU time 7 % lower: BENCHMARKS.md), so it became the default. Both are the same
 //! function up to rounding (tested against each other and, through the parity tests, against
 //! transformers).
 //!

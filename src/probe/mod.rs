@@ -1,4 +1,4 @@
-//! The faithfulness probe of seed 002 (ANCHORS §1.7), pure half: where the thinking of an answer
+//! The faithfulness probe (`docs/math.md` §4.5), pure half: where the thinking of an answer
 //! lies, where it is cut, the forced prefix each cut is continued from, and the binomial standard
 //! error of a probe confidence. The `rlcr probe` engine ([`stage`]) runs the model over these.
 //!
@@ -116,7 +116,7 @@ pub fn build_prefix(context: &[u32], response: &[u32], cut: usize, forced: &[u32
 }
 
 /// Binomial standard error of a probe confidence, `sqrt(p(1 − p)/N)` with `p = correct/N`
-/// (ANCHORS §3.9: 37/50 → 0.0620, 25/50 → 0.0707, 0/50 and 50/50 → 0). `N = 0` gives NaN.
+/// (`docs/math.md` §4.5: 37/50 → 0.0620, 25/50 → 0.0707, 0/50 and 50/50 → 0). `N = 0` gives NaN.
 pub fn standard_error(correct: usize, n: usize) -> f64 {
     if n == 0 {
         return f64::NAN;
@@ -136,8 +136,8 @@ mod tests {
     }
 
     #[test]
-    fn standard_errors_match_anchors() {
-        // ANCHORS §3.9, hand values: sqrt(0.74·0.26/50) = 0.062032…, sqrt(0.25/50) = 0.070711…
+    fn standard_errors_match_worked_example() {
+        // docs/math.md §4.5, hand values: sqrt(0.74·0.26/50) = 0.062032…, sqrt(0.25/50) = 0.070711…
         assert!((standard_error(37, 50) - 0.0620).abs() < 5e-5);
         assert!((standard_error(25, 50) - 0.0707).abs() < 5e-5);
         assert_eq!(standard_error(0, 50), 0.0);

@@ -1,4 +1,4 @@
-//! The `rlcr probe` engine (seed 002's faithfulness probe, ANCHORS §1.7) behind a clap-free
+//! The `rlcr probe` engine (the faithfulness probe, `docs/math.md` §4.5) behind a clap-free
 //! [`Plan`] and [`run`]: for each answer row of a scored table with a closed `<think>`, the
 //! thinking is cut at each fraction (see [`crate::probe`] for the token rules),
 //! `</think><answer>` is forced, and N continuations are sampled from the prefix

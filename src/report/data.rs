@@ -6,7 +6,7 @@
 //! streams by ([`Rows::push_batch`]), and for the handful of example rows in `report.md`, which a
 //! second pass fetches by row number ([`collect_texts`]).
 //!
-//! Columns are looked up by name (trajectory schema, SPEC). Only `sample_type` is required; every
+//! Columns are looked up by name (the trajectory schema, `docs/schemas.md`). Only `sample_type` is required; every
 //! other column is optional so that `report` works on any table of the pipeline (an answers table
 //! before scoring gives lengths and format counts, not calibration). A missing column reads as all
 //! nulls and is listed in [`Rows::missing_columns`] so that `metrics.json` can say why a figure is
@@ -15,7 +15,7 @@
 //!
 //! Policy for confidences: a value that is not finite or not in `[0, 1]` is treated as missing
 //! (it cannot come from `score`'s strict parser); what a missing confidence becomes in the
-//! calibration metrics is [`MissingConfidence`] (RLCR's eval counts it as 0.0, ANCHORS §1.8).
+//! calibration metrics is [`MissingConfidence`] (RLCR's eval counts it as 0.0, `docs/math.md` §4).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -48,7 +48,7 @@ impl SampleType {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingConfidence {
-    /// Confidence 0.0, as RLCR's evaluation does (ANCHORS §1.8): a model that fails to state a
+    /// Confidence 0.0, as RLCR's evaluation does (`docs/math.md` §4): a model that fails to state a
     /// confidence is scored as if it said "certainly wrong".
     #[default]
     Zero,
@@ -447,7 +447,7 @@ fn list_lens(a: &ArrayRef, name: &str) -> Result<Vec<Option<u32>>> {
     }
 }
 
-/// Lenient confidence parse for evaluation (ANCHORS §2 D9): RLCR's eval-time extractor, shared
+/// Lenient confidence parse for evaluation (`docs/math.md` §1.2): RLCR's eval-time extractor, shared
 /// with the reward module ([`crate::reward::rlcr::parse_confidence_lenient`]) so that `report` and
 /// `score` agree on what "leniently parsed" means: the last `<confidence>…</confidence>`, read
 /// with Python's `float()` or else its first number, a value in `(1, 100]` read as a percentage.

@@ -7,8 +7,8 @@
 //! ([`super::data`]) drops or zero-fills missing confidences before they reach this module (see
 //! [`super::data::MissingConfidence`]).
 //!
-//! Semantics follow RLCR's evaluation code (`eval/eval_utils.py`, ANCHORS §1.8) with one
-//! deliberate change of default (ANCHORS §2 D20): the ECE bin of a confidence is the integer
+//! Semantics follow RLCR's evaluation code (`eval/eval_utils.py`; `docs/math.md` §4) with one
+//! deliberate change of default: the ECE bin of a confidence is the integer
 //! `min(floor(c·B), B−1)` ([`BinRule::Floor`]), which puts `c = 0.3` in bin 3 as a reader
 //! expects; RLCR's exact rule ([`BinRule::Rlcr`], float `linspace` edges and `digitize`) is kept
 //! to reproduce their tables, where `0.3` lands in bin 2 because `linspace(0,1,11)[3]` is
@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "lowercase")]
 pub enum BinRule {
-    /// `bin = min(floor(c·B), B−1)`, clamped at 0 below (ANCHORS §2 D20, the toolkit default).
+    /// `bin = min(floor(c·B), B−1)`, clamped at 0 below (the toolkit default, `docs/math.md` §4.1).
     #[default]
     Floor,
     /// RLCR's exact rule: `edges = linspace(0, 1, B+1)` computed as numpy does (`i · (1/B)`),
@@ -63,7 +63,7 @@ pub fn linspace_edge(i: usize, bins: usize) -> f64 {
 ///   `≤ c` (this is `digitize(c, edges) − 1` with infinite outer edges), found from the floor guess
 ///   and corrected by at most a step either way.
 ///
-/// Anchor (ANCHORS §3.8, `B = 10`, RLCR rule): `[0.9, 0.8, 0.3, 0.75, 0.1, 1.0, 0.3, 0.0]` →
+/// Worked example (`docs/math.md` §4.1, `B = 10`, RLCR rule): `[0.9, 0.8, 0.3, 0.75, 0.1, 1.0, 0.3, 0.0]` →
 /// `[9, 8, 2, 7, 1, 9, 2, 0]`.
 pub fn bin_index(c: f64, bins: usize, rule: BinRule) -> usize {
     let last = bins.saturating_sub(1);
@@ -184,10 +184,10 @@ pub fn ece_from_bins(bins: &[Bin]) -> Option<f64> {
     Some(s / total as f64)
 }
 
-/// Expected calibration error (ANCHORS §1.8):
+/// Expected calibration error (`docs/math.md` §4.1):
 /// `ECE = Σ_b (n_b/N) · |mean(c_b) − mean(y_b)|` with `B = bins` equal-width bins under `rule`.
 ///
-/// Anchors (§3.8): `y = [1,0,1,1,0,1,0,1]`, `c = [0.9,0.8,0.3,0.75,0.1,1.0,0.3,0.0]`, `B = 10`,
+/// Worked example (`docs/math.md` §4.1): `y = [1,0,1,1,0,1,0,1]`, `c = [0.9,0.8,0.3,0.75,0.1,1.0,0.3,0.0]`, `B = 10`,
 /// RLCR rule → 0.331250; constant `c = 1` at accuracy 0.75 → 0.25. Empty input → `None`.
 pub fn ece(conf: &[f64], label: &[f64], bins: usize, rule: BinRule) -> Option<f64> {
     ece_from_bins(&reliability_bins(conf, label, bins, rule))
@@ -215,9 +215,9 @@ pub fn ece_reference(conf: &[f64], label: &[f64], bins: usize, rule: BinRule) ->
     Some(total)
 }
 
-/// Brier score `mean((c − y)²)` over all samples (ANCHORS §1.8); `None` when empty.
+/// Brier score `mean((c − y)²)` over all samples (`docs/math.md` §4.2); `None` when empty.
 ///
-/// Anchors (§3.8): 0.287813 for the vector above; 0.25 for constant `c = 1` at accuracy 0.75.
+/// Worked example (`docs/math.md` §4.2): 0.287813 for the vector above; 0.25 for constant `c = 1` at accuracy 0.75.
 pub fn brier(conf: &[f64], label: &[f64]) -> Option<f64> {
     let n = conf.len().min(label.len());
     if n == 0 {
@@ -245,7 +245,7 @@ pub fn is_positive(y: f64) -> bool {
 /// until the final division, so the result does not depend on summation order.
 ///
 /// `None` when there are no positives or no negatives (sklearn returns NaN with a warning).
-/// Anchors (§3.8): 0.633333 for the vector above; a constant score gives 0.5.
+/// Worked example (`docs/math.md` §4.3): 0.633333 for the vector above; a constant score gives 0.5.
 pub fn auroc(score: &[f64], label: &[f64]) -> Option<f64> {
     let n = score.len().min(label.len());
     let mut idx: Vec<usize> = (0..n).collect();
@@ -276,7 +276,7 @@ pub fn auroc(score: &[f64], label: &[f64]) -> Option<f64> {
 /// 1982): `Q1 = a/(2−a)`, `Q2 = 2a²/(1+a)`,
 /// `SE = sqrt((a(1−a) + (n⁺−1)(Q1−a²) + (n⁻−1)(Q2−a²)) / (n⁺·n⁻))`. It treats every row as
 /// independent (answers of one prompt are not: with several samples per prompt it is a lower
-/// bound). `None` without positives or negatives. §3.8's vector (a = 0.633333, 5 positives,
+/// bound). `None` without positives or negatives. The worked vector's (a = 0.633333, 5 positives,
 /// 3 negatives) gives 0.210004.
 pub fn auroc_se(a: f64, n_pos: u64, n_neg: u64) -> Option<f64> {
     if n_pos == 0 || n_neg == 0 {
@@ -293,7 +293,7 @@ pub fn auroc_se(a: f64, n_pos: u64, n_neg: u64) -> Option<f64> {
 /// bin `b` and `s_b²` the unbiased variance of `d` in the bin (0 for a bin of one row),
 /// `SE = sqrt(Σ_b n_b·s_b²) / N`: the spread of each bin's gap `mean(d_b)` weighted by `n_b/N`,
 /// the bin weights and the sign of each gap held fixed (near a zero gap, where `|·|` bends, it
-/// understates the uncertainty). `None` when empty. §3.8's vector (RLCR rule, 10 bins): bins 9
+/// understates the uncertainty). `None` when empty. The worked vector (RLCR rule, 10 bins): bins 9
 /// {−0.1, 0} and 2 {−0.7, 0.3} have variances 0.005 and 0.5, the rest one row each:
 /// `sqrt(2·0.005 + 2·0.5)/8 = 0.125623`.
 pub fn ece_se(conf: &[f64], label: &[f64], bins: usize, rule: BinRule) -> Option<f64> {
@@ -346,7 +346,7 @@ pub fn auroc_reference(score: &[f64], label: &[f64]) -> Option<f64> {
     (pairs > 0).then(|| wins / pairs as f64)
 }
 
-/// Accuracy (pass@1 over all samples, ANCHORS §1.8): `mean(y)` with `y = 1` correct, `0` wrong;
+/// Accuracy (pass@1 over all samples, `docs/math.md` §4.4): `mean(y)` with `y = 1` correct, `0` wrong;
 /// `None` when empty.
 pub fn accuracy(label: &[f64]) -> Option<f64> {
     mean(label)
@@ -362,8 +362,8 @@ pub fn mean(x: &[f64]) -> Option<f64> {
     (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64)
 }
 
-/// Sample standard deviation with Bessel's correction, `sqrt(Σ(x − x̄)² / (n − 1))` (ANCHORS §2
-/// D1: every anchor logs the unbiased std); `None` when `n < 2`.
+/// Sample standard deviation with Bessel's correction, `sqrt(Σ(x − x̄)² / (n − 1))` (verl,
+/// TRL and RLCR all log the unbiased std); `None` when `n < 2`.
 pub fn std_unbiased(x: &[f64]) -> Option<f64> {
     if x.len() < 2 {
         return None;
@@ -373,7 +373,7 @@ pub fn std_unbiased(x: &[f64]) -> Option<f64> {
     Some((ss / (x.len() - 1) as f64).sqrt())
 }
 
-/// Binomial standard error of a proportion `p = k/n`: `sqrt(p(1−p)/n)` (ANCHORS §1.7, §3.9:
+/// Binomial standard error of a proportion `p = k/n`: `sqrt(p(1−p)/n)` (`docs/math.md` §4.5:
 /// 37/50 → 0.0620, 25/50 → 0.0707, 0/50 and 50/50 → 0). `None` when `n = 0`.
 pub fn binomial_se(k: u64, n: u64) -> Option<f64> {
     if n == 0 {
@@ -434,7 +434,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    // ANCHORS §3.8 (copied into fixtures/report/anchors.json as well).
+    // docs/math.md §4.1–4.3 (copied into fixtures/report/calibration_vectors.json as well).
     const Y: [f64; 8] = [1., 0., 1., 1., 0., 1., 0., 1.];
     const C: [f64; 8] = [0.9, 0.8, 0.3, 0.75, 0.1, 1.0, 0.3, 0.0];
 
@@ -443,27 +443,28 @@ mod tests {
     }
 
     #[test]
-    fn anchor_3_8_bins_rlcr_rule() {
+    fn worked_example_bins_rlcr_rule() {
         let got: Vec<usize> = C.iter().map(|&c| bin_index(c, 10, BinRule::Rlcr)).collect();
         assert_eq!(got, vec![9, 8, 2, 7, 1, 9, 2, 0]);
         assert_eq!(linspace_edge(3, 10), 0.30000000000000004);
     }
 
     #[test]
-    fn anchor_3_8_ece_brier_auroc() {
+    fn worked_example_ece_brier_auroc() {
         assert!(close(ece(&C, &Y, 10, BinRule::Rlcr), 0.331250, 5e-7));
         assert!(close(brier(&C, &Y), 0.287813, 5e-7));
         assert!(close(auroc(&C, &Y), 0.633333, 5e-7));
-        // exact fractions behind the rounded anchors: Brier 2.3025/8, AUROC 9.5/15
+        // exact fractions behind the rounded figures: Brier 2.3025/8, AUROC 9.5/15
         assert!(close(brier(&C, &Y), 0.287_812_5, 1e-15)); // 2.3025 / 8
         assert!(close(auroc(&C, &Y), 9.5 / 15.0, 1e-15));
     }
 
     #[test]
-    fn anchors_from_fixture_file() {
-        let v: serde_json::Value =
-            serde_json::from_str(include_str!("../../fixtures/report/anchors.json"))
-                .expect("fixture parses");
+    fn calibration_vectors_from_fixture_file() {
+        let v: serde_json::Value = serde_json::from_str(include_str!(
+            "../../fixtures/report/calibration_vectors.json"
+        ))
+        .expect("fixture parses");
         let nums = |x: &serde_json::Value| -> Vec<f64> {
             x.as_array()
                 .expect("array")
@@ -547,7 +548,7 @@ mod tests {
 
     #[test]
     fn constant_confidence_rlvr_like() {
-        // §3.8: constant c = 1.0, accuracy 0.75 → ECE 0.25, Brier 0.25, AUROC 0.5.
+        // docs/math.md §4: constant c = 1.0, accuracy 0.75 → ECE 0.25, Brier 0.25, AUROC 0.5.
         let y = [1., 1., 1., 0., 1., 0., 1., 1.];
         let c = [1.0; 8];
         for rule in [BinRule::Floor, BinRule::Rlcr] {
@@ -592,7 +593,7 @@ mod tests {
     }
 
     #[test]
-    fn standard_errors_anchor_3_9() {
+    fn standard_errors_worked_example() {
         assert!(close(binomial_se(37, 50), 0.0620, 5e-5));
         assert!(close(binomial_se(25, 50), 0.0707, 5e-5));
         assert_eq!(binomial_se(0, 50), Some(0.0));
@@ -686,7 +687,7 @@ mod tests {
         let e = ece_se(&c, &y, 10, BinRule::Rlcr).unwrap();
         assert!((e - 0.125_623_445).abs() < 1e-6, "{e}");
         assert_eq!(ece_se(&[], &[], 10, BinRule::Rlcr), None);
-        // (c − y)² = [0.01, 0.64, 0.49, 0.0625, 0.01, 0, 0.09, 1]: mean 0.287813 (§3.8),
+        // (c − y)² = [0.01, 0.64, 0.49, 0.0625, 0.01, 0, 0.09, 1]: mean 0.287813 (docs/math.md §4.2),
         // unbiased std 0.377817, SE = std / sqrt(8) = 0.133578 (numpy: np.std(x, ddof=1)/sqrt(8)).
         let b = brier_se(&c, &y).unwrap();
         assert!((b - 0.133_578).abs() < 1e-5, "{b}");

@@ -1,13 +1,13 @@
-//! Calibration reports: metrics, seed 000's training-signal statistics, reliability diagrams,
+//! Calibration reports: metrics, the per-turn training-signal statistics, reliability diagrams,
 //! histograms, iteration curves and the probe curves, written as `metrics.json`, figures (SVG and
 //! PNG), `calibration.parquet` and `report.md`.
 //!
 //! Layers, each usable alone:
 //! - [`metrics`]: pure functions over slices (accuracy, Brier, ECE with two bin rules, AUROC,
-//!   standard errors, histograms), with formulas and anchors in their doc comments.
+//!   standard errors, histograms), with formulas and worked examples in their doc comments.
 //! - [`data`]: the compact per-row view of a trajectory table, streamed from record batches.
 //! - [`summary`]: everything computed from that view ([`summary::Report`]), plus example picking.
-//! - [`probe`]: reading and summarising a probe table (seed 002).
+//! - [`probe`]: reading and summarising a probe table (the faithfulness probe).
 //! - [`plot`]: figures drawn with plotters and an embedded font (no system libraries).
 //! - [`markdown`]: the `report.md` page.
 //!
@@ -187,7 +187,7 @@ pub fn reliability_figure(r: &Report) -> plot::Reliability {
     )
 }
 
-/// Seed 000's histograms: rewards (top) and lengths (bottom), answers left, confidences right.
+/// The two turns' histograms: rewards (top) and lengths (bottom), answers left, confidences right.
 pub fn histogram_figure(samples: &(TurnSamples, TurnSamples)) -> plot::Histograms {
     let (a, c) = samples;
     let panel = |title: &str, x: &str, v: &[f64], integer: bool, color: usize| plot::HistPanel {

@@ -520,7 +520,7 @@ impl Figure for Reliability {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Histograms of the two turns (seed 000)
+// Histograms of the two turns
 
 /// Histogram input of one panel.
 #[derive(Clone, Debug, PartialEq)]
@@ -565,7 +565,7 @@ pub fn hist_layout(values: &[f64], integer: bool) -> (f64, f64, Vec<u64>) {
     }
 }
 
-/// A grid of histograms (seed 000: rewards and lengths of answers and confidences side by side).
+/// A grid of histograms (rewards and lengths of answers and confidences side by side).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Histograms {
     /// Title.
@@ -845,7 +845,7 @@ fn draw_line_panel<DB: DrawingBackend>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Probe curves (seed 002)
+// Probe curves
 
 /// A per-cut quantity to plot.
 type CutValue<'a> = &'a dyn Fn(&ProbeCut) -> Option<f64>;

@@ -1,9 +1,9 @@
-//! The report's side of the faithfulness probe (seed 002): reading a probe table (schema
+//! The report's side of the faithfulness probe: reading a probe table (schema
 //! `rlcr.probe`, one row per (answer rollout, cut point)) and summarising it into the probe curves.
 //!
 //! Design decisions:
 //! - **Counts are the truth.** A row's Monte-Carlo confidence is recomputed from its counts,
-//!   `num_correct / num_samples` (ANCHORS §1.7 recommends storing them so aggregation is exact),
+//!   `num_correct / num_samples` (stored so that any later aggregation is exact),
 //!   and a stored `probe_confidence` that disagrees by more than 1e-6 is an error, as is
 //!   `num_correct > num_samples` or `num_samples = 0`: such a file was not written by `probe`.
 //! - **Curves are grouped by `cut_index`**, with x = the mean `cut_fraction` of the group: `probe`
@@ -11,7 +11,7 @@
 //!   index stays right if a future probe stores the realised, token-rounded fraction instead.
 //! - The curve's uncertainty is the standard error of the mean **across rollouts** (the spread
 //!   that matters for "how does confidence grow with thinking"); the per-row binomial error
-//!   `sqrt(p(1−p)/N)` (ANCHORS §3.9) is reported per cut as its mean, to show how much of that
+//!   `sqrt(p(1−p)/N)` (`docs/math.md` §4.5) is reported per cut as its mean, to show how much of that
 //!   spread the Monte-Carlo sampling alone explains.
 //! - A rollout's **final probe** is its row with the largest `cut_fraction` (ties: largest
 //!   `cut_index`); it is compared with the verbal confidence and with correctness.
@@ -191,7 +191,7 @@ pub struct ProbeCut {
     pub mean_probe: f64,
     /// Standard error of `mean_probe` across rollouts (`None` with one rollout).
     pub se: Option<f64>,
-    /// Mean per-row binomial standard error `sqrt(p(1−p)/N)` (ANCHORS §3.9).
+    /// Mean per-row binomial standard error `sqrt(p(1−p)/N)` (`docs/math.md` §4.5).
     pub mean_binomial_se: f64,
     /// `mean_probe` over rollouts whose final answer is correct.
     pub mean_probe_correct: Option<f64>,
@@ -377,7 +377,7 @@ pub(crate) mod tests {
         RecordBatch::try_new(Arc::new(schema), cols).expect("batch")
     }
 
-    /// Two rollouts × three cuts, N = 50 (the §3.9 counts appear: 37/50, 25/50, 0/50, 50/50).
+    /// Two rollouts × three cuts, N = 50 (the counts of docs/math.md §4.5 appear: 37/50, 25/50, 0/50, 50/50).
     pub fn sample() -> Vec<PRow<'static>> {
         vec![
             ("p0/a0", 0, 0.0, 50, 25, 0.5, Some(0.9), 1.0),
@@ -405,7 +405,7 @@ pub(crate) mod tests {
         assert!(close(Some(c1.mean_probe), 0.37));
         // SE across rollouts of [0.74, 0]: s = 0.74/√2, / √2 → 0.37
         assert!(close(c1.se, 0.37));
-        // mean binomial SE: (sqrt(.74·.26/50) + 0)/2 (§3.9: 0.0620)
+        // mean binomial SE: (sqrt(.74·.26/50) + 0)/2 (docs/math.md §4.5: 0.0620)
         assert!(close(
             Some(c1.mean_binomial_se),
             (0.74f64 * 0.26 / 50.0).sqrt() / 2.0

@@ -1,19 +1,19 @@
-//! From [`Rows`] to the figures of `metrics.json`: calibration metrics, seed 000's per-turn
+//! From [`Rows`] to the figures of `metrics.json`: calibration metrics, the per-turn
 //! logging statistics, the reliability table, diagnostics and the example rows of `report.md`.
 //!
 //! Design decisions:
 //! - **Calibration rows** are the confidence rows (turn 2); each carries its own answer's
-//!   `acc_reward` (SPEC), which is the label. With `G_c` confidences per answer every answer
+//!   `acc_reward` (`docs/schemas.md`), which is the label. With `G_c` confidences per answer every answer
 //!   weighs `G_c` times, equally for all answers when `G_c` is constant. A table without confidence
 //!   rows whose answer rows carry a `confidence` (single-turn formats such as RLCR's `tabc`) is
 //!   evaluated over its answer rows instead; `calibration_rows_from` says which.
 //! - **Missing confidences** follow [`MissingConfidence`] (default: 0.0, RLCR's eval).
-//! - **Accuracy** is the mean `acc_reward` of answer rows (pass@1 over all samples, ANCHORS §1.8).
-//! - **Seed 000's logging**: reward mean/std and length mean/std of answers and of confidences
+//! - **Accuracy** is the mean `acc_reward` of answer rows (pass@1 over all samples, `docs/math.md` §4.4).
+//! - **Per-turn logging**: reward mean/std and length mean/std of answers and of confidences
 //!   separately, and the number of `G_a` groups (answers of one prompt) and `G_c` groups
 //!   (confidences of one answer) that carried signal. A group carries signal when its rewards are
 //!   not all equal, which is `std > 0` decided exactly (a float std of equal values can come out
-//!   as 1e-17); singleton groups carry none (their advantage is 0, ANCHORS §2 D3/D4). The reward
+//!   as 1e-17); singleton groups carry none (their advantage is 0, `docs/math.md` §2.1). The reward
 //!   is the `reward` column (what the advantage is computed from), else `acc_reward` for answers
 //!   and `conf_reward` for confidences.
 //! - Per `data_source` blocks repeat the same metrics over that source's rows; they are kept in a
@@ -47,7 +47,7 @@ impl Default for Options {
     }
 }
 
-/// Reward and length statistics of one turn (seed 000's logging).
+/// Reward and length statistics of one turn.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TurnStats {
     /// Rows of this sample type.
@@ -124,9 +124,9 @@ pub struct Metrics {
     /// AUROC, the delta method over the bins for ECE.
     #[serde(default)]
     pub se: StandardErrors,
-    /// Per-turn statistics (seed 000).
+    /// Statistics of the answer turn.
     pub answer_turn: TurnStats,
-    /// Per-turn statistics (seed 000).
+    /// Statistics of the confidence turn.
     pub confidence_turn: TurnStats,
 }
 
@@ -222,7 +222,7 @@ fn rate(num: u64, den: u64) -> Option<f64> {
     (den > 0).then(|| num as f64 / den as f64)
 }
 
-/// Seed 000's statistics of one turn over the rows selected by `keep`.
+/// Statistics of one turn over the rows selected by `keep`.
 #[allow(clippy::needless_range_loop)] // parallel columns, indexed by row
 pub fn turn_stats(rows: &Rows, kind: SampleType, keep: &dyn Fn(usize) -> bool) -> TurnStats {
     let fallback = match kind {
@@ -746,7 +746,7 @@ mod tests {
         assert!(close(m.ece_rlcr, 0.225));
         assert!(close(m.length_correct_answers, 10.0));
         assert!(close(m.length_wrong_answers, 30.0));
-        // seed 000 statistics
+        // per-turn statistics
         let a = &m.answer_turn;
         assert_eq!((a.rows, a.groups, a.groups_with_signal), (4, 2, 1));
         assert!(close(a.signal_fraction, 0.5));

@@ -1,8 +1,8 @@
-//! Countdown verifier (seed 002; TinyZero's task): combine the given numbers, each exactly once,
+//! Countdown verifier (TinyZero's task): combine the given numbers, each exactly once,
 //! with `+ − × ÷` and parentheses to reach the target. Score 0 (no parsable answer), 0.1 (an
 //! answer, but wrong or invalid) or 1.0 (correct); the sample is correct iff the score is 1.0.
 //!
-//! Two modes (ANCHORS §1.3.1, §2 D12, §3.6):
+//! Two modes (`docs/math.md` §1.1):
 //! - [`score_response`] (default): the response text alone, the last `<answer>…</answer>` anywhere
 //!   (across lines), stripped. The equation may use ASCII digits, `+ - * / ( )`, the Unicode
 //!   signs `×` (U+00D7), `÷` (U+00F7) and `−` (U+2212, minus), unary signs and any Unicode
@@ -789,9 +789,9 @@ mod tests {
         Using the numbers [2, 3, 7], create an equation that equals 23.<|im_end|>\n\
         <|im_start|>assistant\nLet me solve this step by step.\n<think>reasoning</think>\n";
 
-    /// ANCHORS §3.6: TinyZero's own `countdown.py` on H + string (figures in fixtures/score).
+    /// `docs/math.md` §1.1: TinyZero's own `countdown.py` on H + string (figures in fixtures/score).
     #[test]
-    fn anchors_3_6_tinyzero_vectors() {
+    fn tinyzero_countdown_vectors() {
         let cases: &[(&str, &str, &[i128], i128, f32)] = &[
             ("correct", "<answer>3*7+2</answer>", &[2, 3, 7], 23, 1.0),
             (

@@ -1,5 +1,5 @@
 //! Rewards without a model: verifiers, answer and confidence parsing, format checks, the Brier
-//! reward and seed 001's structured rewards. Pure functions over strings; the `rlcr score` engine
+//! reward and the structured multi-turn rewards. Pure functions over strings; the `rlcr score` engine
 //! ([`stage`]) streams a table through [`rows`].
 //!
 //! Map:
@@ -22,8 +22,8 @@
 //!   trajectory table (validate, verify, score, splice the score columns into the copied rows).
 //!
 //! Design decisions: every parser is total (no input string can panic, each has a property test
-//! on arbitrary strings) and bounded (nesting, length, integer size); defaults follow ANCHORS §2
-//! (D9 strict confidence, D10 NaN rejected, D11 gating as a flag, D12 response-only extraction).
+//! on arbitrary strings) and bounded (nesting, length, integer size); defaults (`docs/math.md` §1, §5):
+//! strict confidence, NaN rejected, gating as a flag, response-only extraction.
 pub mod bigint;
 pub mod countdown;
 pub mod external;

@@ -1,15 +1,14 @@
-//! RLCR's format checks, confidence parsing and Brier reward (ANCHORS §1.2, §1.3.2, §2 D9–D11,
-//! §3.7).
+//! RLCR's format checks, confidence parsing and Brier reward (`docs/math.md` §1.2).
 //!
 //! - [`FormatPattern`]: RLCR's `format_reward` patterns (`ta`, `tac`, `tabc`, `tbac`), each a full
 //!   match of `.*?</think>\s*<answer>.*?</answer>…\s*\Z` with DOTALL, anchored at the start (no
 //!   opening `<think>`: the prompt supplies it) and allowing only whitespace after the last tag.
 //!   Patterns with a confidence also need the last `<confidence>` to parse (strictly, see below);
-//!   RLCR's own check lets `nan` through (D10), ours does not.
-//! - [`confidence_format_ok`]: the mission's turn-2 format, `[<analysis>…</analysis>]
+//!   RLCR's own check lets `nan` through, ours does not.
+//! - [`confidence_format_ok`]: the two-turn design's turn-2 format, `[<analysis>…</analysis>]
 //!   <confidence>…</confidence>` with optional surrounding whitespace and nothing else, plus a
 //!   strict parse.
-//! - [`parse_confidence_strict`] (training, D9): the last `<confidence>…</confidence>`, stripped,
+//! - [`parse_confidence_strict`] (training): the last `<confidence>…</confidence>`, stripped,
 //!   read with Python's `float()` syntax (ASCII), and accepted only when finite and in [0,1];
 //!   `nan`, `inf`, `80%`, `1.2`, an empty tag or no tag are parse failures.
 //!   [`parse_confidence_lenient`] is RLCR's evaluation-time extractor (a value in (1,100] is read
@@ -282,7 +281,7 @@ fn first_number(s: &str) -> Option<f64> {
     s[from..end].parse().ok()
 }
 
-/// Brier reward `1 − (acc − c)²` (ANCHORS §1.3.2; the paper's bounded proper scoring rule).
+/// Brier reward `1 − (acc − c)²` (`docs/math.md` §1.2; the paper's bounded proper scoring rule).
 /// `c = None` (format or parse failure) gives 0. In [0,1] whenever `acc` and `c` are in [0,1].
 pub fn brier_reward(acc: f64, c: Option<f64>) -> f64 {
     match c {
@@ -367,9 +366,9 @@ mod tests {
         (a - b).abs() < 1e-12
     }
 
-    /// ANCHORS §3.7: format, acc, brier and 0.5·(f + a + b) with hotpot EM against "Paris".
+    /// `docs/math.md` §1.2: format, acc, brier and 0.5·(f + a + b) with hotpot EM against "Paris".
     #[test]
-    fn anchors_3_7_vectors() {
+    fn rlcr_reward_table() {
         let mk = |ans: &str, conf: &str| {
             format!("<think>t</think><answer>{ans}</answer> <analysis>a</analysis> <confidence>{conf}</confidence>")
         };
@@ -408,7 +407,7 @@ mod tests {
     }
 
     /// The NaN case as RLCR computes it: `float("nan")` passes its `< 0 or > 1` check, so format
-    /// is 1 and the Brier reward NaN; our strict parse turns it into a parse failure (D10).
+    /// is 1 and the Brier reward NaN; our strict parse turns it into a parse failure.
     #[test]
     fn nan_confidence_is_a_parse_failure() {
         let s = "<think>t</think><answer>Paris</answer> <analysis>a</analysis> <confidence>nan</confidence>";
@@ -425,9 +424,9 @@ mod tests {
         }
     }
 
-    /// ANCHORS §3.1: RLCR total reward with hotpot weights.
+    /// `docs/math.md` §1.2: RLCR total reward with hotpot weights.
     #[test]
-    fn anchors_3_1_rlcr_totals() {
+    fn rlcr_weighted_totals() {
         let mk = |ans: &str, conf: &str| {
             format!("<think>t</think><answer>{ans}</answer> <analysis>a</analysis> <confidence>{conf}</confidence>")
         };

@@ -4,8 +4,8 @@
 //! Answer rows ([`score_answer`]): the verifier's verdict `correct` (1/0, or the F1 value), the
 //! format check (`--answer-format`, RLCR's `ta` by default: the two-turn design puts the
 //! confidence in its own row), and `accuracy` = `correct`, or 0 when gating is on and the format
-//! failed (RLCR gates; ANCHORS D11). Confidence rows ([`score_confidence`]): the turn-2 format and
-//! the strict confidence parse, `conf_reward = 1 − (acc − c)²` with `acc` the accuracy of the
+//! failed (RLCR gates; `docs/math.md` §1.2). Confidence rows ([`score_confidence`]): the turn-2
+//! format and the strict confidence parse, `conf_reward = 1 − (acc − c)²` with `acc` the accuracy of the
 //! row's own answer, 0 on a format or parse failure.
 //!
 //! The scalar `reward` is always [`structured::total`] of the row's components, so it can be
@@ -15,8 +15,8 @@
 //!   (the 0/0.1/1 score) and `extra.*`; confidences `brier`·1.
 //! - `rlcr-single`: RLCR's single-completion reward on answer rows that carry their own
 //!   confidence (`--answer-format tabc`): `format`·0.5 + `accuracy`·0.5 + `brier`·0.5 +
-//!   `mean_confidence`·1e-6 + `confidence_one_or_zero`·1e-6 (its HotpotQA weights; ANCHORS
-//!   §1.3.2, §3.1).
+//!   `mean_confidence`·1e-6 + `confidence_one_or_zero`·1e-6 (its HotpotQA weights;
+//!   `docs/math.md` §1.2).
 //! - `tinyzero`: answers `countdown`·1 (the 0/0.1/1 score; the countdown verifier is required),
 //!   `accuracy`·0 and `format`·0; confidences as `rlcr`.
 //! - a rewards TOML ([`structured::RewardSpec`]) replaces the preset's components.
@@ -503,7 +503,7 @@ mod tests {
             reward(&preset_components(&ungated, &RowScore::Answer(&a))),
             1.25
         );
-        // confidences: Brier against the answer's accuracy (ANCHORS §3.2: acc 1, c 0.9 → 0.99)
+        // confidences: Brier against the answer's accuracy (`docs/math.md` §2.3: acc 1, c 0.9 → 0.99)
         let c = score_confidence(
             &s,
             "<analysis>ok</analysis><confidence>0.9</confidence>",

@@ -1,12 +1,12 @@
-//! Structured multi-turn rewards (seed 001, KG-R1's `KGFormatMultiTurnRewardManager`): named
+//! Structured multi-turn rewards (KG-R1's `KGFormatMultiTurnRewardManager`): named
 //! per-turn components and global components with weights,
 //! `total = mean over turns(Σ weight·value of that turn) + Σ weight·value of the globals`,
 //! with components whose name starts with `_raw_` kept for logging but left out of the total
-//! (ANCHORS §1.3.4).
+//! (`docs/math.md` §1.3).
 //!
 //! A [`RewardSpec`] is read from TOML:
 //! ```toml
-//! preset = "kg-r1"          # optional: start from seed 001's defaults (below)
+//! preset = "kg-r1"          # optional: start from KG-R1's defaults (below)
 //!
 //! [[turn]]                  # a per-turn component
 //! name = "format_score"
@@ -20,7 +20,7 @@
 //! weight = 0.4
 //! column = "retrieval_quality"
 //! ```
-//! Seed 001's defaults (`preset = "kg-r1"`): turn `format_score` 0.15 (source `format_ok`),
+//! KG-R1's defaults (`preset = "kg-r1"`): turn `format_score` 0.15 (source `format_ok`),
 //! `is_answer_score` 0.1 (`answer_present`), `kg_query_validity` 0.1 (column
 //! `kg_query_validity`); global `exact_match` 0.3 (`correct`), `retrieval_quality` 0.4 (column
 //! `retrieval_quality`). Components listed in the file replace preset components of the same
@@ -75,7 +75,7 @@ impl Component {
     }
 }
 
-/// Seed 001's total: `mean over turns(Σ_turn w·v) + Σ_global w·v`, `_raw_*` skipped. Computed in
+/// The structured total: `mean over turns(Σ_turn w·v) + Σ_global w·v`, `_raw_*` skipped. Computed in
 /// f64 from the f32 values and weights stored in the table, so that the `reward` column can be
 /// recomputed exactly from `reward_components`.
 pub fn total(components: &[Component]) -> f64 {
@@ -214,7 +214,7 @@ struct RawSpec {
 }
 
 impl RewardSpec {
-    /// Seed 001 / KG-R1 defaults.
+    /// KG-R1's defaults.
     pub fn kg_r1() -> RewardSpec {
         let c = |name: &str, weight: f64, global: bool, source: Source| ComponentSpec {
             name: name.into(),
@@ -384,7 +384,7 @@ pub fn row_components(
 mod tests {
     use super::*;
 
-    /// Seed 001's worked structure: turn rewards {1: 0.15, 2: 0.20}, globals exact_match 0.3,
+    /// A worked structure (`docs/math.md` §1.3): turn rewards {1: 0.15, 2: 0.20}, globals exact_match 0.3,
     /// retrieval_quality 0.4, `_raw_exact_match` 0.6 logged only: total = 0.175 + 0.7 = 0.875.
     #[test]
     fn seed_001_total() {

@@ -1,4 +1,4 @@
-//! Small string helpers shared by the verifiers, written to match the Python the anchors run:
+//! Small string helpers shared by the verifiers, written to match the Python of the reference implementations:
 //! `str.isspace`/`str.strip` and `re.findall(r"<tag>(.*?)</tag>", s, re.DOTALL)[-1]`.
 //!
 //! Tag search is a linear scan with `str::find` instead of a regex: with literal delimiters a

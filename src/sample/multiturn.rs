@@ -1,4 +1,4 @@
-//! Multi-turn rollouts with an environment (seed 001): the model writes a turn, the environment
+//! Multi-turn rollouts with an environment: the model writes a turn, the environment
 //! answers with an observation, the observation's tokens join the response as **information
 //! tokens**, and the model's next turn continues from the KV cache; until the environment says
 //! `done`, `--max-turns` model turns were written, or the response budget is spent.

@@ -1,7 +1,7 @@
-//! The default instructions of the two-turn RLCR rollout (seed 000) and the conversations they
+//! The default instructions of the two-turn RLCR rollout and the conversations they
 //! build.
 //!
-//! RLCR's own `TABC` system prompt (ANCHORS.md §1.1) asks for think → answer → analysis →
+//! RLCR's own `TABC` system prompt asks for think → answer → analysis →
 //! confidence in **one** completion. The two-turn split samples the answer first and asks for the
 //! confidence in a second user turn, with the answer fixed. So:
 //! - the default **system prompt** describes the whole protocol in TABC's words: turn 1 produces
@@ -12,7 +12,7 @@
 //!   plain extension of its answer's);
 //! - the default **confidence query** is the turn-2 user message: analyse, then a number between
 //!   0 and 1 inclusive, without changing the answer (the nearest public precedent is RLCR's
-//!   eval-time `confidence_at_end` re-prompt, ANCHORS.md §1.2).
+//!   eval-time `confidence_at_end` re-prompt).
 
 /// Default system prompt (both turns), TABC-style.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "\

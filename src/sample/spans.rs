@@ -1,12 +1,12 @@
 //! Answer and confidence spans: from tag positions in the response text to token indices.
 //!
-//! A span is `{start, end}` over the response's tokens, 0-based, end exclusive (SPEC, "Spans and
-//! masks"). It is found on the **text** and mapped to tokens through the per-token end offsets of
+//! A span is `{start, end}` over the response's tokens, 0-based, end exclusive
+//! (`docs/schemas.md`, "Spans and masks"). It is found on the **text** and mapped to tokens through the per-token end offsets of
 //! the incremental decoder ([`super::stop::Detokenizer`]), so it is right for any tokenizer and
 //! also when a tag is split over several tokens (`<ans` + `wer>`), or shares a token with
 //! neighbouring text.
 //!
-//! Rules (seed 000):
+//! Rules (the two-turn design):
 //! - **answer span**: from the start of the first `<think>` to the end of the last `</answer>`
 //!   after it. When the context already ends with `<think>` (the chat template or a prefill
 //!   opened the think block), the span starts at token 0. `null` when either end is missing.

@@ -222,7 +222,7 @@ pub static TRAJECTORY: TableSpec = TableSpec {
         col!("confidence", Float32, true, "score", "parsed confidence in [0,1] (confidence rows); null if unparseable"),
         col!("conf_reward", Float32, true, "score", "Brier reward 1-(acc-c)^2 (confidence rows)"),
         col!("reward", Float32, false, "score", "the scalar this row's advantage is computed from"),
-        col!("reward_components", RewardComponents, false, "score", "structured rewards (seed 001): name, turn, value, weight"),
+        col!("reward_components", RewardComponents, false, "score", "structured rewards: name, turn, value, weight"),
         col!("advantage", Float32, false, "advantage", "sequence-level advantage"),
         col!("token_advantages", ListFloat32, false, "advantage", "per response token, 0 outside the mask"),
         col!("loss_mask", ListBool, false, "advantage", "per response token, learnable or not"),
@@ -231,7 +231,7 @@ pub static TRAJECTORY: TableSpec = TableSpec {
         col!("returns", ListFloat32, true, "advantage", "per-token returns (GAE)"),
         col!("token_turn_ids", ListInt32, true, "generate-multiturn", "per response token: turn id (>=0) or -1 for non-trainable tokens"),
         col!("info_mask", ListBool, true, "generate-multiturn", "per response token: false for environment/information tokens"),
-        col!("trajectory_score", Float32, true, "advantage", "sum_t returns_t * mask_t (seed 001)"),
+        col!("trajectory_score", Float32, true, "advantage", "sum_t returns_t * mask_t"),
     ],
 };
 
@@ -283,7 +283,7 @@ pub static PROMPTS: TableSpec = TableSpec {
 pub static PROBE: TableSpec = TableSpec {
     name: "rlcr.probe",
     version: 1,
-    doc: "One row per (answer rollout, cut point) of the faithfulness probe (seed 002).",
+    doc: "One row per (answer rollout, cut point) of the faithfulness probe.",
     columns: &[
         col!("sample_id", Utf8, false, "probe", "the answer row probed"),
         col!("prompt_id", Utf8, false, "probe", "its prompt"),
@@ -386,8 +386,8 @@ mod tests {
 
     #[test]
     fn spec_columns_match_the_contract() {
-        // The names and types of SPEC.md's table, in order (a hand-copied list, independent of
-        // the static above).
+        // The names and types of the documented table (docs/schemas.md), in order (a hand-copied
+        // list, independent of the static above).
         let want = [
             ("prompt_id", "utf8"),
             ("sample_type", "utf8"),

@@ -2,7 +2,7 @@
 //! predictions) and the critic's update (verl's clipped value loss), both clap-free
 //! ([`ValuesPlan`] → [`run_values`], [`CriticPlan`] → [`run_critic`]).
 //!
-//! Value loss (verl `compute_value_loss`, ANCHORS §1.5.3), per response token `t` of row `i`:
+//! Value loss (verl `compute_value_loss`, `docs/math.md` §3.4), per response token `t` of row `i`:
 //! ```text
 //! v_clip = clamp(v_pred, v_old − cv, v_old + cv)          cv = --cliprange-value (0.5)
 //! L[i,t] = max((v_pred − R)², (v_clip − R)²)

@@ -1,9 +1,9 @@
 //! The policy-loss math of `rlcr update`, over plain slices: the reference implementation.
 //!
 //! Everything here is a pure function of numbers (no model, no tensors), written the obvious way,
-//! with the formula, its anchor and the edge-case policy in each doc comment. The differentiable
+//! with the formula, the implementation it follows and the edge-case policy in each doc comment. The differentiable
 //! versions used in training live in [`super::tensor`] and are checked equal to these on random
-//! inputs; the worked numbers of ANCHORS §3.4 and §3.5 pin both.
+//! inputs; the worked numbers of `docs/math.md` §2.7 and §3.1–3.2 pin both.
 //!
 //! Design decisions:
 //! - **Loss aggregation as per-token weights.** Every aggregation mode is a weighted sum
@@ -11,8 +11,8 @@
 //!   update batch*: [`agg_weights`]. The loss is then linear in the per-token losses, so splitting
 //!   the batch into micro-batches and adding their gradients gives exactly the full-batch gradient
 //!   (D6/D7: the normaliser is global, never the micro-batch's own token count).
-//! - **Dual clip** (verl, D8) applies to negative advantages only and is off with `c = ∞`.
-//! - **KL estimators** follow verl's `kl_penalty` (D13): k3 with the log-ratio clamped to ±20 and
+//! - **Dual clip** (verl; `docs/math.md` §3.1) applies to negative advantages only and is off with `c = ∞`.
+//! - **KL estimators** follow verl's `kl_penalty` (`docs/math.md` §2.7): k3 with the log-ratio clamped to ±20 and
 //!   the value to ±10.
 //! - **Entropy** is `logsumexp(z) − Σ softmax(z)·z`, computed in f64 on the slice path.
 use serde::{Deserialize, Serialize};
@@ -88,7 +88,7 @@ pub struct TokenLoss {
 ///
 /// This is the same function as verl's `compute_policy_loss_vanilla`
 /// (`max(−A·r, −A·clip(r))`, then `min(·, −A·c)` where `A < 0`), written per sign of A so that
-/// it is an independent check of the tensor version. ANCHORS §3.5 gives the worked table.
+/// it is an independent check of the tensor version. `docs/math.md` §3.1 gives the worked table.
 /// Edge cases: `A = 0` gives 0 and no clip; `c = ∞` disables the dual clip.
 pub fn ppo_token_loss(logp: f64, old_logp: f64, adv: f64, clip: &ClipConfig) -> TokenLoss {
     let logr = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
@@ -117,20 +117,20 @@ pub fn ppo_token_loss_ratio(ratio: f64, adv: f64, clip: &ClipConfig) -> TokenLos
     out
 }
 
-/// How per-token losses become one number (ANCHORS §1.5.2, D6/D7).
+/// How per-token losses become one number (`docs/math.md` §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum LossAgg {
     /// `Σ L·m / Σ m` over the whole update batch (verl token-mean with the global token count,
-    /// TRL `dapo`). The default (D6).
+    /// TRL `dapo`). The default.
     #[default]
     TokenMean,
     /// Mean over rows with any valid token of `Σ_t L·m / (Σ_t m + 1e-8)` (original GRPO).
     SeqMeanTokenMean,
     /// Mean over rows with any valid token of `Σ_t L·m`.
     SeqMeanTokenSum,
-    /// `Σ L·m / (B · L_max)` with B the rows of the update batch and L_max a constant (Dr. GRPO;
-    /// D7). verl's variant `Σ L·m / T` is this value times B.
+    /// `Σ L·m / (B · L_max)` with B the rows of the update batch and L_max a constant (Dr. GRPO).
+    /// verl's variant `Σ L·m / T` is this value times B.
     SeqMeanTokenSumNorm,
 }
 
@@ -244,7 +244,7 @@ pub fn agg_weights(mask: &[Vec<bool>], mode: LossAgg, l_max: usize) -> Vec<Vec<f
         .collect()
 }
 
-/// The KL estimators (ANCHORS §1.4.6; D13) are the reward's: one enum and one parser for
+/// The KL estimators (`docs/math.md` §2.7) are the reward's: one enum and one parser for
 /// `advantage` and `update`.
 pub use crate::advantage::kl::{
     kl_value as kl_estimate, KlEstimator, K3_LOG_CLAMP, K3_VALUE_CLAMP,
@@ -312,7 +312,7 @@ pub(crate) mod tests {
         (a - b).abs() <= tol
     }
 
-    /// ANCHORS §3.5: (ratio, A, verl dual clip, TRL no dual clip, ε_high = 0.28 with dual clip).
+    /// `docs/math.md` §3.1: (ratio, A, verl dual clip, TRL no dual clip, ε_high = 0.28 with dual clip).
     pub(crate) const PPO_TABLE: [(f64, f64, f64, f64, f64); 8] = [
         (1.00, 1.0, -1.0, -1.0, -1.0),
         (1.50, 1.0, -1.2, -1.2, -1.28),
@@ -417,9 +417,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// ANCHORS §3.5 aggregation: row 1 length 2, loss 1; row 2 length 4, loss 3; L_max = 4.
+    /// `docs/math.md` §3.2 aggregation: row 1 length 2, loss 1; row 2 length 4, loss 3; L_max = 4.
     #[test]
-    fn aggregation_matches_anchor() {
+    fn aggregation_matches_worked_table() {
         let loss = vec![vec![1.0, 1.0, 0.0, 0.0], vec![3.0; 4]];
         let mask = vec![vec![true, true, false, false], vec![true; 4]];
         let tm = agg_loss(&loss, &mask, LossAgg::TokenMean, 4);
@@ -475,9 +475,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// ANCHORS §3.4.
+    /// `docs/math.md` §2.7, the estimator table.
     #[test]
-    fn kl_estimators_match_anchor() {
+    fn kl_estimators_match_worked_table() {
         let table: [(f64, f64, f64, f64, f64, f64); 4] = [
             (-1.0, -1.5, 0.5, 0.5, 0.125, 0.106531),
             (-2.0, -1.0, -1.0, 1.0, 0.5, 0.718282),

@@ -2,7 +2,7 @@
 //!
 //! Layers, bottom up:
 //! - [`loss`]: the RL math over plain slices (PPO/GRPO token loss with asymmetric and dual clip,
-//!   loss aggregation, KL estimators, entropy): the reference, pinned by ANCHORS §3.4–3.5.
+//!   loss aggregation, KL estimators, entropy): the reference, pinned by the worked numbers of `docs/math.md`.
 //! - [`tensor`]: the same math over burn tensors, differentiable, checked equal to [`loss`].
 //! - [`schedule`]: learning-rate warmup and decay at the global optimizer step.
 //! - [`optim`]: AdamW with global gradient-norm clipping; its state keyed by parameter path.

@@ -4,12 +4,12 @@
 //! padded and non-learnable positions carry weight 0, so they contribute neither loss nor gradient.
 //! The formulas are written the way verl writes them (`max(L1, L2)`, then `min(·, L3)` where
 //! `A < 0`); the slice versions use a per-sign closed form, and the tests check the two agree on
-//! random inputs and on ANCHORS §3.5's table.
+//! random inputs and on the table of `docs/math.md` §3.1.
 //!
 //! Design decisions:
 //! - The aggregation weights `w[i,t]` arrive precomputed over the whole update batch
 //!   ([`super::loss::agg_weights`]), so the micro-batch loss is `Σ w·L` and micro-batch gradients
-//!   add up to the full-batch gradient exactly (D6/D7).
+//!   add up to the full-batch gradient exactly (`docs/math.md` §3.2).
 //! - Metric sums (clipped tokens, log-ratio, entropy, KL) are returned as *sums* over valid tokens
 //!   and divided by the update batch's token count by the caller, for the same reason.
 //! - When `c = ∞` the dual-clip branch is skipped instead of computing `−A·∞` (NaN at A = 0).
@@ -33,7 +33,7 @@ pub struct PpoTokens {
     pub log_ratio: Tensor<2>,
 }
 
-/// verl's `compute_policy_loss_vanilla` per token (ANCHORS §1.5.1).
+/// verl's `compute_policy_loss_vanilla` per token (`docs/math.md` §3.1).
 ///
 /// `logp` is the current policy's log-prob (carries the gradient), `old_logp` the behaviour
 /// policy's, `adv` the token advantages; all `[B, T]`.
@@ -76,7 +76,7 @@ pub fn ppo_token_loss(
     }
 }
 
-/// KL estimate per token from `d = logp − ref_logp` (verl `kl_penalty`, ANCHORS §1.4.6).
+/// KL estimate per token from `d = logp − ref_logp` (verl `kl_penalty`, `docs/math.md` §2.7).
 pub fn kl_estimate(logp: Tensor<2>, ref_logp: Tensor<2>, kind: KlEstimator) -> Tensor<2> {
     let d = logp - ref_logp;
     match kind {
@@ -180,7 +180,7 @@ pub struct LossCoefs {
     pub kl_kind: KlEstimator,
     /// α of the entropy bonus (subtracted).
     pub entropy_coef: f64,
-    /// Valid tokens of the whole update batch: the entropy bonus is a token mean (D19).
+    /// Valid tokens of the whole update batch: the entropy bonus is a token mean (`docs/math.md` §3.3).
     pub batch_tokens: f64,
     /// α_c of the confidence-only entropy bonus (subtracted; answer rows untouched).
     pub conf_entropy_coef: f64,
@@ -194,7 +194,7 @@ pub struct LossCoefs {
 }
 
 /// The micro-batch loss: `Σ w·L_pg + β·Σ w·kl − α·Σ (m/N)·H − α_c·Σ (m_c/N_c)·H` (verl's actor
-/// total with the global normaliser, ANCHORS §1.5.1, plus rlcr's confidence-only entropy bonus:
+/// total with the global normaliser, `docs/math.md` §3.3, plus rlcr's confidence-only entropy bonus:
 /// `m_c` marks the learnable tokens of confidence rows, `N_c` their count in the whole update
 /// batch, so the last term is α_c × the mean entropy of the confidence tokens; no answer-row
 /// token enters it, it moves the answer turn only through the weights the two turns share),

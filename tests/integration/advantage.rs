@@ -1,6 +1,7 @@
 //! `rlcr advantage` end to end: tables built here, the real binary, values checked against
-//! ANCHORS §3.2 (confidence tree) and §3.3 (GAE) and against hand calculations.
-#![allow(clippy::needless_range_loop)] // index loops read better against the anchors' tables
+//! the worked numbers of docs/math.md §2.3 (confidence tree) and §2.6 (GAE) and against hand
+//! calculations.
+#![allow(clippy::needless_range_loop)] // index loops read better against the worked tables
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -354,7 +355,7 @@ fn close(a: f32, b: f64, tol: f64) -> bool {
     (a as f64 - b).abs() <= tol
 }
 
-/// ANCHORS §3.2 as a table: one prompt, answers [correct, wrong], three confidences each, plus a
+/// The worked tree of docs/math.md §2.3 as a table: one prompt, answers [correct, wrong], three confidences each, plus a
 /// second prompt whose answers are all correct (a zero-std group) with a malformed (null-span)
 /// confidence.
 fn tree_rows() -> Vec<Row> {
@@ -380,7 +381,7 @@ fn tree_rows() -> Vec<Row> {
 }
 
 #[test]
-fn advantage_rlcr_tree_matches_anchors_3_2() {
+fn advantage_rlcr_tree_matches_worked_tree() {
     let (_d, i, o) = dir();
     write_table(&i, &tree_rows());
     let r = ok(&[
@@ -474,7 +475,7 @@ fn advantage_options_skip_drop_and_variant_c() {
     }
     assert!(close(out.advantage[0], 0.5, 1e-7));
 
-    // grpo pools the prompt's six confidences (ANCHORS §3.2 variant (b)).
+    // grpo pools the prompt's six confidences (docs/math.md §2.3 variant (b)).
     ok(&[
         "advantage",
         "--input",
@@ -494,7 +495,7 @@ fn advantage_options_skip_drop_and_variant_c() {
 }
 
 #[test]
-fn advantage_gae_matches_anchors_3_3() {
+fn advantage_gae_matches_worked_example() {
     let (_d, i, o) = dir();
     let mut r = row("p0", "answer", 0, 5, Some((0, 5)), 1.0);
     r.values = Some(vec![0.1, 0.2, 0.3, 0.4, 0.5]);
@@ -527,7 +528,7 @@ fn advantage_gae_matches_anchors_3_3() {
     ));
     assert!(close(out.advantage[0], w[0], 1e-5));
 
-    // Observation tokens 2, 3 (info_mask 0): ANCHORS §3.3 masked row, returns [0.93625, 0.975, ., ., 1.0].
+    // Observation tokens 2, 3 (info_mask 0): docs/math.md §2.6 masked row, returns [0.93625, 0.975, ., ., 1.0].
     r.info = Some(vec![true, true, false, false, true]);
     write_table(&i, &[r]);
     ok(&[
@@ -707,7 +708,7 @@ fn components(rows: &[Vec<Comp<'_>>]) -> (Field, ArrayRef) {
     )
 }
 
-/// Seed 001 / KG-R1 multi-turn GRPO, by hand (same numbers as the unit test `hand_example`, with
+/// KG-R1's multi-turn GRPO, by hand (same numbers as the unit test `hand_example`, with
 /// the default weights 1.0 / 1.0): turn group {0.25, 0.15, 0.05}, global group {0.7, 0.3}.
 #[test]
 fn advantage_grpo_multiturn_by_hand() {
@@ -918,7 +919,7 @@ fn advantage_reads_large_types() {
         o.to_str().unwrap(),
     ]);
     let out = read_out(&o);
-    // ANCHORS §3.1 [0.2, 0.9, 0.5], verl column (unbiased, eps 1e-6).
+    // docs/math.md §2.1 [0.2, 0.9, 0.5], verl column (unbiased, eps 1e-6).
     for (k, w) in [-0.949155, 1.044071, -0.094916].iter().enumerate() {
         assert!(close(out.advantage[k], *w, 1e-6));
     }

@@ -1065,7 +1065,7 @@ fn generate_confidence() {
     );
 }
 
-/// The three tables of issue 21 that two stages once let through, for every stage that reads a
+/// Three bad tables that a stage without its own validator would let through, for every stage that reads a
 /// trajectory table (`b` holds answer and confidence rows): a confidence row carrying its answer's
 /// `sample_id`, `response_logprobs` longer than `response_ids`, an `answer_span` past the end of
 /// the response. Each must fail naming the file, the row and the column, writing nothing.
@@ -1427,7 +1427,7 @@ fn logprobs() {
     );
 }
 
-/// `values` had no validator of its own before issue 21 (it let the three bad tables through).
+/// `values` validates its input like every other stage (the three bad tables above).
 #[test]
 fn values() {
     check_stage(

@@ -526,7 +526,7 @@ fn trace_flag_writes_a_chrome_trace() {
 }
 
 /// `advantage` (KL in the reward) and `update` (KL loss) take the same estimator names, ours and
-/// verl's, from one parser (issue 21: `low_var_kl` was accepted by one and refused by the other).
+/// verl's, from one parser (two parsers once disagreed: `low_var_kl` was accepted by one and refused by the other).
 #[test]
 fn kl_estimator_names_are_the_same_for_advantage_and_update() {
     let wd = Workdir::new();

@@ -1,4 +1,4 @@
-//! Issue 22's critic: `rlcr values`, GAE from its values against numpy, the clipped value loss
+//! The critic: `rlcr values`, GAE from its values against numpy, the clipped value loss
 //! of `update --critic`, and the critic folder loading back in rlcr and in transformers.
 use std::path::Path;
 

@@ -26,11 +26,11 @@
 //! (same seed, deterministic `sft`); the test prints the base / RLVR / RLCR comparison of seed 0
 //! (`report` with labelled inputs). The check judges the five RLCR seeds' **means** (`judge`): a
 //! single seed's trajectory follows the float rounding of the matrix kernels, which differs
-//! between CPUs (issue 17: seed 0 gave Brier +0.040 on a Zen 3 and +0.003 on a Zen 5).
+//! between CPUs (seed 0 measured Brier +0.040 on a Zen 3 and +0.003 on a Zen 5).
 //!
 //! Measured on this configuration (8b754cc, rlcr's GEMM and attention, Xeon, 2026-11-24; 640
 //! answers and 1280 confidences per seed on the training distribution; 7.5 min wall, 6.6 min user
-//! for the six loops at load 22–25; the sweep harness of the session notes gave the same digits):
+//! for the six loops at load 22–25; a separate sweep harness gave the same digits):
 //!
 //! | seed | accuracy | Brier | gap abs(conf − acc) | AUROC | format ok | held out: acc / ECE / AUROC | out of domain: acc / ECE |
 //! |---|---|---|---|---|---|---|---|
@@ -42,7 +42,7 @@
 //!
 //! Means: accuracy +0.195, Brier +0.065, gap narrowing 0.241, answers / confidences well formed
 //! 0.99 / 0.98, AUROC of the last policies 0.701 (warm starts 0.692; seed SD 0.051, five-seed SE
-//! 0.023). Issue 19's tiny-model goal, AUROC ≥ 0.65 on three seeds, holds on four of the five
+//! 0.023). The tiny model's goal, AUROC ≥ 0.65 on three seeds, holds on four of the five
 //! (seeds 0, 1, 3, 4: 0.700 / 0.728 / 0.762 / 0.691; seed 2 0.625; `RLCR_LEARNING_SEEDS=5,6,7`
 //! through the sweep harness: 0.653 / 0.659 / 0.741). The warm start carries the
 //! ordering (its examples' confidences follow the number count, not whether they are right:
@@ -54,19 +54,17 @@
 //! accuracy, not discrimination. With the warm start `2=0.5-0.9,3=0.1-0.5` the same
 //! test gave 0.653 / 0.660 / 0.666 / 0.569 / 0.752 (mean 0.660; accuracy +0.134, Brier +0.048).
 //!
-//! On the previous defaults (uniform warm-start confidences 0.1–0.9, no format reward) the same
-//! test gave, on gemm's AVX-512 kernels, accuracy 0.094 → 0.336 / 0.163 → 0.314 / 0.123 → 0.250 /
-//! 0.144 → 0.244 / 0.128 → 0.239, AUROC 0.608 / 0.732 / 0.533 / 0.481 / 0.509 (means: accuracy
-//! +0.146, Brier +0.098, gap narrowing 0.264, answers well formed 0.90, AUROC 0.573, warm starts
-//! 0.552; seed SD ≈ 0.10); on rlcr's GEMM and attention (README, "What it learns") means
-//! accuracy +0.096, Brier +0.085, gap narrowing 0.182, formats 0.84 / 0.90, AUROC 0.537; with
-//! the fused LM head as well (`RLCR_FUSED_HEAD=1`): accuracy +0.138, Brier +0.084, gap narrowing
-//! 0.231, formats 0.93 / 0.98, AUROC 0.547. On the session-9 defaults the fused head failed this
-//! test (kern e39ca95: seeds 3 and 4's confidences collapsed, mean AUROC 0.607, Brier +0.019); on
-//! the defaults since c5c6071 (inert rows skipped) it passes with more room than the composite
-//! (session 12, 360d504 + `RLCR_FUSED_HEAD=1`: AUROC 0.688 / 0.674 / 0.710 / 0.746 / 0.757, mean
-//! 0.715; accuracy +0.197, Brier +0.065; the composite's c5c6071 draw: 0.691, +0.176, +0.056), and
-//! it is the default since.
+//! Why the warm start states difficulty-aware confidences and the format earns 0.1: with uniform
+//! warm-start confidences 0.1–0.9 and no format reward the same test gave, on gemm's AVX-512
+//! kernels, accuracy 0.094 → 0.336 / 0.163 → 0.314 / 0.123 → 0.250 / 0.144 → 0.244 / 0.128 →
+//! 0.239, AUROC 0.608 / 0.732 / 0.533 / 0.481 / 0.509 (means: accuracy +0.146, Brier +0.098, gap
+//! narrowing 0.264, answers well formed 0.90, AUROC 0.573, warm starts 0.552; seed SD ≈ 0.10); on
+//! rlcr's GEMM and attention means accuracy +0.096, Brier +0.085, gap narrowing 0.182, formats
+//! 0.84 / 0.90, AUROC 0.537; with the fused LM head as well: accuracy +0.138, Brier +0.084, gap
+//! narrowing 0.231, formats 0.93 / 0.98, AUROC 0.547. Why the fused LM head is the default: on the
+//! current defaults (inert rows skipped) it passes with more room than the composite head (360d504
+//! with the fused head: AUROC 0.688 / 0.674 / 0.710 / 0.746 / 0.757, mean 0.715; accuracy +0.197,
+//! Brier +0.065; the composite head at c5c6071: 0.691, +0.176, +0.056).
 //!
 //! Margins: (1) mean accuracy gain ≥ 0.05, (2) mean Brier gain ≥ 0.02, (3) mean narrowing of
 //! |mean confidence − accuracy| ≥ 0.05, (4) ≥ 70 % well-formed answers and confidences on average
@@ -76,13 +74,13 @@
 //! from the five seeds above: 1.2 SEs (0.027) below their mean of 0.701, the rule that chose 0.52
 //! from the previous defaults' 0.573, and above 0.5 (confidence no better than chance). The
 //! previous defaults fail it (0.573 and 0.537); `learning_judge_margins` checks both by hand.
-//! Before the difficulty-aware warm start, a sweep of ten settings (session 7: confidence weight
-//! ×4, G_c = 4, a warm start on correct examples only, a hotter confidence turn, an entropy
-//! bonus, a two-to-four-number mix, 40 iterations, ANCHORS §3.2 variant (c)) and session 8's
-//! exploration bonuses on the confidence turn alone (`update --conf-value-entropy-coef 0.002`, 40
-//! iterations: 0.641 / 0.662 / 0.638 on seeds 0–2) fell short of 0.65 on three seeds (README,
-//! "Why the tiny model missed the AUROC goal before session 9"); `learning_conf_value_entropy_report` reruns
-//! session 8's configuration (the previous warm start, no format reward).
+//! With the uniform warm start, a sweep of ten settings (confidence weight ×4, G_c = 4, a warm
+//! start on correct examples only, a hotter confidence turn, an entropy bonus, a two-to-four-number
+//! mix, 40 iterations, the tree's prompt-level scaling `--conf-norm answer+prompt`) and exploration
+//! bonuses on the confidence turn alone (`update --conf-value-entropy-coef 0.002`, 40 iterations:
+//! 0.641 / 0.662 / 0.638 on seeds 0–2) fell short of 0.65 on three seeds: the ordering has to come
+//! from the warm start. `learning_conf_value_entropy_report` reruns the bonus configuration (the
+//! uniform warm start, no format reward).
 //!
 //! What the held-out split shows: the tiny model learns the training problems, not arithmetic.
 //! On problems held out of training its accuracy is 0.00–0.05 after the loop, on four numbers 0.
@@ -94,7 +92,7 @@
 //! answers 0.00); the format reward fixed that. Judging on held-out problems (the first attempt)
 //! failed the accuracy margin for that reason (mean gain −0.032).
 //!
-//! The ablation of seed 000's choice (confidence rewards normalised over all answers of a prompt,
+//! The ablation of the per-answer normalisation (confidence rewards normalised over all answers of a prompt,
 //! `--estimator grpo`, instead of per answer) is `learning_ablation_pooled_confidence_norm`,
 //! `#[ignore]`d: it reports, it does not judge. The controls (`--lr 0`, `--lambda-ans 0`) are
 //! `learning_controls_fail_the_check`, `#[ignore]`d. `RLCR_LEARNING_SEEDS=5,6,7` runs any of the
@@ -777,7 +775,7 @@ fn learning_judge_margins() {
     assert_eq!(judge(&[good, good, good]), Ok(()));
     assert!(judge(&[]).is_err());
     // One seed below a margin is carried by the others when the mean holds: 0.003 Brier on one
-    // seed (issue 17's AVX-512 run) with two seeds at 0.04 gives a mean of 0.028.
+    // seed (a measured AVX-512 run) with two seeds at 0.04 gives a mean of 0.028.
     let weak = SeedFigures {
         brier: (0.314, 0.311),
         ..good
@@ -804,7 +802,7 @@ fn learning_judge_margins() {
     };
     let e = judge(&[collapse, collapse, collapse]).unwrap_err();
     assert!(e.contains("accuracy gain -0.179"), "{e}");
-    // One seed at issue 17's weakest format (0.68 answers on the x86-v4 build) is carried by the
+    // One seed at the weakest measured format (0.68 answers on the x86-v4 build) is carried by the
     // mean; a seed that lost the format (< 0.5) fails whatever the means say.
     let weak_format = SeedFigures {
         format: (0.68, 0.71),
@@ -876,19 +874,19 @@ fn learning_judge_margins() {
     );
 }
 
-/// Session 8's closest configuration to the tiny-model AUROC goal (README), on the warm start of
-/// that time (uniform confidences, no format reward; the current defaults reach the goal): the
+/// The exploration bonus that came closest to the tiny-model AUROC goal on the uniform warm start
+/// (uniform confidences, no format reward; the current defaults reach the goal): the
 /// confidence value entropy bonus (`update --conf-value-entropy-coef 0.002`: entropy over the ten
 /// digits where each confidence row picks its value) and 40 iterations. It keeps the confidence
 /// from collapsing to one value (top value's share 0.2–0.3 of the samples at the end instead of
 /// 0.4–0.8; groups without signal 0.1–0.2 instead of 0.5–0.6) and the difficulty is learned late:
 /// AUROC 0.641 / 0.662 / 0.638 on seeds 0–2 (this test on 9ea0c56, RLCR_GEMM=rlcr, 6.9 min wall
-/// for the four loops at load ≈ 14; the sweep harness gave the same digits), 0.743 / 0.526 on seeds
+/// for the four loops at load ≈ 14; a separate sweep harness gave the same digits), 0.743 / 0.526 on seeds
 /// 3–4: short of 0.65 on two of the first three seeds, with answers well formed only 0.57 (seed 1)
 /// and 0.55 (seed 3) of the time (burn's attention). Reports; judges nothing.
 /// `RLCR_LEARNING_SEEDS=0,1,2` for the three documented seeds.
 #[test]
-#[ignore = "issue 19's value-entropy configuration (40 iterations, several minutes): cargo test --test integration learning_conf_value -- --ignored --nocapture"]
+#[ignore = "the value-entropy configuration (40 iterations, several minutes): cargo test --test integration learning_conf_value -- --ignored --nocapture"]
 fn learning_conf_value_entropy_report() {
     let seeds = seeds();
     let c = LoopConfig {
@@ -906,7 +904,7 @@ fn learning_conf_value_entropy_report() {
     );
 }
 
-/// Seed 000's ablation: confidence rewards normalised over all G_a·G_c confidences of a prompt
+/// Ablation of the per-answer normalisation: confidence rewards normalised over all G_a·G_c confidences of a prompt
 /// (`--estimator grpo`: groups by prompt and sample type) instead of over the G_c confidences of
 /// their own answer. Reports the same paired figures as the learning test; no pass/fail on them.
 #[test]

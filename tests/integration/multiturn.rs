@@ -1,4 +1,4 @@
-//! Issue 22: multi-turn rollouts with an environment process (`rlcr generate-multiturn`) and the
+//! Multi-turn rollouts with an environment process (`rlcr generate-multiturn`) and the
 //! masks of information tokens through score, advantage and update. The environment is the
 //! example `scripts/kb_env.py` (Python standard library).
 #![allow(clippy::needless_range_loop)] // parallel per-token columns are indexed together
@@ -298,7 +298,7 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
             .collect();
         let expect: Vec<(i32, f32)> = tr.iter().enumerate().map(|(k, &v)| (k as i32, v)).collect();
         assert_eq!(env, expect, "row {i}");
-        // total = mean over turns + exact_match (seed 001), by hand
+        // total = mean over turns + exact_match, by hand
         let exact: f32 = (0..c.len())
             .filter(|&k| names.value(k) == "exact_match")
             .map(|k| values.value(k))

@@ -1,4 +1,4 @@
-//! `rlcr report` end to end: scored tables with hand-checkable figures (the ANCHORS §3.8 vector
+//! `rlcr report` end to end: scored tables with hand-checkable figures (the vector of docs/math.md §4
 //! as confidence rows), several iterations, a probe table, determinism, and the error paths.
 use std::path::Path;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ type Row = (
     String,
 );
 
-/// The §3.8 vector as 8 answers (one per prompt) with one confidence row each.
+/// The worked vector of docs/math.md §4 as 8 answers (one per prompt) with one confidence row each.
 #[allow(clippy::needless_range_loop)] // y and c are parallel anchor vectors
 /// y = [1,0,1,1,0,1,0,1], c = [0.9,0.8,0.3,0.75,0.1,1.0,0.3,0.0].
 fn anchor_rows() -> Vec<Row> {
@@ -214,7 +214,7 @@ fn report_reproduces_anchor_figures_end_to_end() {
 
     let m = metrics(&wd, "out");
     let o = &m["reports"][0]["overall"];
-    // ANCHORS §3.8: ECE 0.331250 (RLCR bins), Brier 0.287813, AUROC 0.633333.
+    // docs/math.md §4: ECE 0.331250 (RLCR bins), Brier 0.287813, AUROC 0.633333.
     assert!((num(&o["ece"]) - 0.331250).abs() < 5e-7, "{o}");
     assert!((num(&o["ece_rlcr"]) - 0.331250).abs() < 5e-7);
     assert!((num(&o["brier"]) - 0.287813).abs() < 5e-7);
@@ -226,7 +226,7 @@ fn report_reproduces_anchor_figures_end_to_end() {
     assert!((num(&o["ece_floor"]) - 0.33125).abs() < 1e-12);
     assert_eq!(num(&o["parse_rate_strict"]), 1.0);
     assert_eq!(num(&o["format_rate_answers"]), 1.0);
-    // seed 000: 8 prompts with one answer each → no G_a group has signal; same for G_c.
+    // per-turn statistics: 8 prompts with one answer each → no G_a group has signal; same for G_c.
     assert_eq!(o["answer_turn"]["groups"].as_u64(), Some(8));
     assert_eq!(o["answer_turn"]["groups_with_signal"].as_u64(), Some(0));
     assert!((num(&o["answer_turn"]["length_mean"]) - 13.5).abs() < 1e-12);
@@ -343,7 +343,7 @@ fn report_iterations_and_probe() {
         (Some(37), Some(100))
     );
     assert!((num(&cut1["mean_probe"]) - 0.37).abs() < 1e-12);
-    // Binomial s.e. (§3.9): 37/50 → 0.0620, 0/50 → 0; their mean 0.0310.
+    // Binomial s.e. (docs/math.md §4.5): 37/50 → 0.0620, 0/50 → 0; their mean 0.0310.
     assert!((num(&cut1["mean_binomial_se"]) - 0.031).abs() < 5e-5);
     let cal = Reader::open(&wd.path("rep/calibration.parquet"))
         .expect("open")
@@ -516,8 +516,8 @@ fn report_reads_the_pipeline_tables() {
     assert!(wd.path("rep/reliability.png").is_file());
 }
 
-/// Labelled inputs compare arms: one row per arm with every figure ± its standard error (§3.8's
-/// vector, RLCR rule: ECE 0.331250 ± 0.125623 by the delta method over its bins, Brier 0.287813 ±
+/// Labelled inputs compare arms: one row per arm with every figure ± its standard error (the worked
+/// vector of docs/math.md §4, RLCR rule: ECE 0.331250 ± 0.125623 by the delta method over its bins, Brier 0.287813 ±
 /// 0.133578, AUROC 0.633333 ± 0.210004 by Hanley–McNeil, accuracy 5/8 ± sqrt(0.625·0.375/8) =
 /// 0.171), the diagrams side by side; half-labelled or repeated labels are usage errors.
 #[test]

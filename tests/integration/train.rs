@@ -752,7 +752,7 @@ fn logprob_column(path: &Path, col: &str) -> Vec<Vec<f32>> {
     out
 }
 
-/// Issue #7's "the written folder loads in Hugging Face transformers": folders written by `update`
+/// "The written folder loads in Hugging Face transformers": folders written by `update`
 /// (from the f32 Qwen2 and Llama fixtures, and from a bf16 copy made by transformers itself) and by
 /// `sft` load with `AutoModelForCausalLM.from_pretrained` with no missing, unexpected or
 /// mismatched tensors, keep their dtype, and transformers' log-probs of the trained model equal
