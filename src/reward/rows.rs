@@ -564,7 +564,7 @@ mod tests {
     }
 
     #[test]
-    fn rlcr_single_preset_reproduces_anchor_totals() {
+    fn rlcr_single_preset_reproduces_weighted_totals() {
         let s = Settings {
             preset: Preset::RlcrSingle,
             answer_format: Some(FormatPattern::Tabc),

@@ -325,7 +325,7 @@ pub(crate) mod tests {
     ];
 
     #[test]
-    fn ppo_loss_matches_anchor_table() {
+    fn ppo_loss_matches_worked_table() {
         let verl = ClipConfig::default();
         let trl = ClipConfig {
             clip_dual: f64::INFINITY,

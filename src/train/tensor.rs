@@ -291,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn tensor_ppo_matches_anchor_table() {
+    fn tensor_ppo_matches_worked_table() {
         let d = dev();
         for (cfg, col) in [
             (ClipConfig::default(), 2),
