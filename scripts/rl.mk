@@ -51,9 +51,9 @@ override MODEL := $(ROOT)/fixtures/tiny-qwen2
 # The tiny model's warm start states a confidence that depends on the number count (two numbers:
 # 0.6-0.9, three: 0.0-0.3, whether the example's answer is right or not; `prepare
 # --sft-confidence`), and its loop rewards well-formed answers with 0.1 (`score --format-weight`):
-# with them the tiny model's AUROC reaches 0.65 on four seeds of five (tests/integration/
-# learning.rs). `SFT_CONFIDENCE=
-# SCORE_FLAGS=` gives uniform warm-start confidences and no format reward.
+# with them the tiny model's AUROC reaches 0.65 on four seeds of five (see
+# tests/integration/learning.rs). `SFT_CONFIDENCE= SCORE_FLAGS=` gives uniform warm-start
+# confidences and no format reward.
 ifeq ($(TASK),countdown)
 SFT_CONFIDENCE ?= 2=0.6-0.9,3=0.0-0.3
 endif
