@@ -5,7 +5,7 @@ usage: check_tables.py FILE.parquet [FILE.parquet ...]
 
 Exit 0 when every check passes, 1 with a message otherwise, 3 when polars or duckdb cannot be
 imported (the caller decides whether that is a failure). Used by the integration tests; also a
-recipe for users (see README).
+recipe for users (see docs/schemas.md).
 """
 import json
 import sys

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Look into an rlcr table with polars and DuckDB (the recipes of README's "Opening the tables").
+"""Look into an rlcr table with polars and DuckDB (the recipes of docs/schemas.md, "Opening the tables").
 
 (Not `inspect.py`: a script of that name beside the others would shadow the standard library
 module `inspect` for every script in this folder.)

@@ -1,6 +1,6 @@
 //! rlcr: reinforcement learning with calibration rewards for Hugging Face language models.
 //!
-//! The toolkit is a set of independent stages over Parquet trajectory tables (see `README.md`):
+//! The toolkit is a set of independent stages over Parquet trajectory tables (see `README.md` and `docs/`):
 //! `prepare` → `generate-answers` → `generate-confidence` → `score` → `advantage` → `update`, with
 //! `probe`, `report` and `logprobs` beside them. Every stage is a subcommand of the `rlcr` binary;
 //! this library holds everything they do, and knows nothing about the command line except the

@@ -79,7 +79,7 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     pub max_digits: u32,
     /// arithmetic-synth: the operations, some of `+-*` (SmolLM2-135M-Instruct gets + and * right
-    /// more often than -, see the README).
+    /// more often than -, see docs/results.md).
     #[arg(long, default_value = "+*")]
     pub ops: String,
     /// The user message: countdown-synth: TinyZero's text, or a short one (`Numbers: [3, 5].

@@ -4,7 +4,7 @@
 //! batched gemm-crate products and element-wise softmax ops that runs serially in places. The
 //! default on Flex while the GEMM is on (`RLCR_GEMM` not `burn`); `RLCR_ATTENTION=burn`
 //! ([`enabled`]) keeps burn's attention. The two round differently, so the choice changes the
-//! learning loop's trajectories (README, "What it learns", gives the learning figures of both).
+//! learning loop's trajectories (`docs/results.md` gives the learning figures of both).
 //! Every other device keeps burn's attention.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;

@@ -17,7 +17,7 @@
 //! Each stage also runs once on the golden input and must succeed (the control: a failure below
 //! is caused by the defect, not by the setup). Failures are collected per stage and reported
 //! together. Zero rows: `inspect` and `report` describe an empty table (exit 0); every other
-//! stage refuses it with exit 1 (README, exit codes).
+//! stage refuses it with exit 1 (docs/getting-started.md, exit codes).
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

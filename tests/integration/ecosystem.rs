@@ -83,7 +83,7 @@ fn inspect_json(table: &Path) -> Option<serde_json::Value> {
 }
 
 /// Every table of one loop iteration (prompts, answers, trajectory, scored, advantage, probe,
-/// calibration) opens in polars and DuckDB with the documented types; the README's recipes
+/// calibration) opens in polars and DuckDB with the documented types; the documented recipes
 /// (`scripts/inspect.sql`, `scripts/inspect_table.py`) slice the same span tokens in both and compute
 /// the same Brier, accuracy and mean confidence as `rlcr report` (to 1e-6).
 #[test]

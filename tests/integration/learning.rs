@@ -537,7 +537,7 @@ impl SeedFigures {
     fn auroc_end(&self) -> f64 {
         self.auroc.1.unwrap_or(0.5)
     }
-    /// One line of the README's table.
+    /// One line of the table in docs/results.md.
     fn row(&self) -> String {
         let a = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
         format!(
@@ -570,7 +570,7 @@ impl SeedFigures {
     }
 }
 
-/// The table the test prints (and the README copies).
+/// The table the test prints (and docs/results.md copies).
 fn table(figs: &[SeedFigures]) -> String {
     let mut t = String::from(
         "| seed | accuracy (gain) | mean confidence | Brier (gain) | gap abs(conf − acc) (change) | ECE | AUROC | format ok: answers / confidences | held out, last policy: accuracy / ECE / AUROC | out of domain, last policy: accuracy / ECE / AUROC |\n|---|---|---|---|---|---|---|---|---|---|\n",
@@ -847,7 +847,7 @@ fn learning_judge_margins() {
         "{e}"
     );
     // The margin was raised from 0.52 with the difficulty-aware warm start (module doc): the
-    // previous defaults' last policies (RLCR_GEMM=rlcr, README) averaged (0.559 + 0.692 + 0.506
+    // previous defaults' last policies (RLCR_GEMM=rlcr) averaged (0.559 + 0.692 + 0.506
     // + 0.549 + 0.500) / 5 = 0.5612 and now fail; this warm start's five seeds, (0.700 + 0.728 +
     // 0.625 + 0.762 + 0.691) / 5 = 0.7012, pass.
     let at = |a: f64| SeedFigures {
