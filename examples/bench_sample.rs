@@ -229,7 +229,7 @@ fn main() -> anyhow::Result<()> {
             "smollm2-shaped (random weights)",
         )
     } else {
-        let p = Policy::load(Path::new(which), &device)?;
+        let p = Policy::load(Path::new(which), &device, &Default::default())?;
         let questions = [
             "What is 12 + 7?",
             "Name a prime number larger than 10.",

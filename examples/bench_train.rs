@@ -1,9 +1,10 @@
 //! Training speed and memory of rlcr's update step on the CPU (Flex) backend.
 //!
 //! ```text
-//! cargo run --example bench_train -- [qwen39m | smollm2 | MODEL_DIR] [BATCH] [LEN] [MICRO] [REPS] [f32 | bf16]
+//! cargo run --example bench_train -- [qwen39m | smollm2 | MODEL_DIR] [BATCH] [LEN] [MICRO] [REPS] [f32 | bf16] [full | ckpt]
 //! ```
-//! The last argument is `update --precision` (default f32).
+//! The sixth argument is `update --precision` (default f32), the seventh `ckpt` for
+//! `--checkpoint-activations` (default `full`: every activation kept).
 //! Measures forward + backward (the PPO loss over every response token, gradients accumulated
 //! over micro-batches of MICRO rows) and the AdamW step separately, and prints the peak resident
 //! memory, wall time and CPU time (the machine is shared: tokens per CPU-second is the figure that
@@ -82,6 +83,11 @@ fn main() -> anyhow::Result<()> {
         Some("bf16") => rlcr::model::sgemm::Precision::Bf16,
         Some(other) => anyhow::bail!("precision {other:?}: f32 or bf16"),
     };
+    let checkpoint_activations = match args.get(6).map(String::as_str) {
+        None | Some("full") => false,
+        Some("ckpt") => true,
+        Some(other) => anyhow::bail!("{other:?}: full or ckpt"),
+    };
     let device = model::device_from_str("cpu")?.autodiff();
     let m: Transformer = match which {
         "qwen39m" | "smollm2" => {
@@ -145,6 +151,7 @@ fn main() -> anyhow::Result<()> {
         shuffle: false,
         seed: 0,
         precision,
+        checkpoint_activations,
     };
     let refs: Vec<&TrainRow> = rows.iter().collect();
     let mut opt = AdamW::new(AdamWConfig::default());

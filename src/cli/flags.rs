@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::common::{Global, UsageError};
 use crate::model::sgemm::Precision;
+use crate::model::ChatOptions;
 use crate::reward::rows::CountdownCompat;
 use crate::reward::VerifierChoice;
 use crate::sample::logits::SamplingParams;
@@ -24,8 +25,15 @@ use crate::train::trainer::{Objective, TrainConfig};
 
 /// The shared part of a model stage's plan: the model and table flags, the shard and the global
 /// device, seed and command line.
-pub fn model_job(g: &Global, model: &ModelFolder, io: &TableIo, shard: Option<Shard>) -> ModelJob {
+pub fn model_job(
+    g: &Global,
+    model: &ModelFolder,
+    chat: ChatOptions,
+    io: &TableIo,
+    shard: Option<Shard>,
+) -> ModelJob {
     ModelJob {
+        chat,
         model: model.model.clone(),
         device: g.device.clone(),
         input: io.input.clone(),
@@ -53,6 +61,32 @@ pub struct ModelFolder {
     /// Hugging Face model folder (config.json, *.safetensors, tokenizer.json).
     #[arg(long)]
     pub model: PathBuf,
+}
+
+/// How a stage that renders prompts applies the chat template.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ChatArgs {
+    /// Jinja chat template file used instead of the model folder's (its special tokens are
+    /// kept).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// Extra variables for the chat template, as transformers' `apply_chat_template(**kwargs)`:
+    /// `key=value` pairs with JSON values, comma-separated, or a JSON object; repeatable. Qwen3:
+    /// `enable_thinking=false` starts the answer with an empty `<think>` block.
+    #[arg(long, value_name = "K=V,...")]
+    pub chat_template_kwargs: Vec<String>,
+}
+
+impl ChatArgs {
+    /// The validated options (a malformed kwarg is a usage error).
+    pub fn options(&self) -> Result<ChatOptions> {
+        let kwargs = ChatOptions::parse_kwargs(&self.chat_template_kwargs)
+            .map_err(|e| UsageError(format!("--chat-template-kwargs: {e:#}")))?;
+        Ok(ChatOptions {
+            template: self.chat_template.clone(),
+            kwargs,
+        })
+    }
 }
 
 /// Sampling settings shared by the generation stages.
@@ -193,6 +227,11 @@ pub struct OptimArgs {
     /// works everywhere else (slower there than f32); other devices ignore it.
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     pub precision: Precision,
+    /// Activation checkpointing: keep only each decoder layer's input in the forward pass and
+    /// recompute the layer during backward. Same gradients; the activation memory of one layer
+    /// instead of all of them, for one more forward pass (BENCHMARKS.md has the measured trade).
+    #[arg(long)]
+    pub checkpoint_activations: bool,
 }
 
 impl OptimArgs {
@@ -239,6 +278,7 @@ impl OptimArgs {
             shuffle: self.shuffle,
             seed,
             precision: self.precision,
+            checkpoint_activations: self.checkpoint_activations,
         };
         cfg.validate().map_err(usage)?;
         self.adamw().validate().map_err(usage)?;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use super::common::Global;
-use super::flags::{model_job, ModelFolder, SamplingArgs, TableIo};
+use super::flags::{model_job, ChatArgs, ModelFolder, SamplingArgs, TableIo};
 use crate::sample::answer_stage::{self, Plan};
 use crate::table::Shard;
 
@@ -43,6 +43,8 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelFolder,
     #[command(flatten)]
+    pub chat: ChatArgs,
+    #[command(flatten)]
     pub io: TableIo,
     /// Answers per prompt (G_a).
     #[arg(long, default_value_t = 8)]
@@ -77,7 +79,7 @@ impl Plan {
             None => a.system_prompt.clone(),
         };
         Ok(Plan {
-            job: model_job(g, &a.model, &a.io, a.shard),
+            job: model_job(g, &a.model, a.chat.options()?, &a.io, a.shard),
             num_answers: a.num_answers,
             system_prompt,
             sampling: a.sampling.plan(),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 
 use super::common::Global;
-use super::flags::{model_job, ModelFolder, SamplingArgs, TableIo};
+use super::flags::{model_job, ChatArgs, ModelFolder, SamplingArgs, TableIo};
 use crate::sample::confidence_stage::{self, Plan};
 use crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT;
 use crate::table::Shard;
@@ -37,6 +37,8 @@ Example:
 pub struct Args {
     #[command(flatten)]
     pub model: ModelFolder,
+    #[command(flatten)]
+    pub chat: ChatArgs,
     #[command(flatten)]
     pub io: TableIo,
     /// Confidences per answer (G_c).
@@ -72,7 +74,7 @@ impl Plan {
             bail!("--confidence-prompt is empty");
         }
         Ok(Plan {
-            job: model_job(g, &a.model, &a.io, a.shard),
+            job: model_job(g, &a.model, a.chat.options()?, &a.io, a.shard),
             num_confidences: a.num_confidences,
             confidence_prompt: query,
             system_prompt: a.system_prompt.clone(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::common::Global;
-use super::flags::{ModelFolder, SamplingArgs, TableIo};
+use super::flags::{ChatArgs, ModelFolder, SamplingArgs, TableIo};
 use crate::sample::multiturn::Limits;
 use crate::sample::multiturn_stage::{self, Plan};
 
@@ -49,6 +49,8 @@ Example:
 pub struct Args {
     #[command(flatten)]
     pub model: ModelFolder,
+    #[command(flatten)]
+    pub chat: ChatArgs,
     #[command(flatten)]
     pub io: TableIo,
     /// Rollouts per prompt.
@@ -101,6 +103,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         seed: g.seed,
         device: g.device.clone(),
         argv: g.argv.clone(),
+        chat: a.chat.options()?,
     };
     let line = multiturn_stage::run(&plan)?;
     crate::info!("{line}");

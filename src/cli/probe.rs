@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::common::{Global, UsageError};
-use super::flags::{model_job, ModelFolder, TableIo, VerifierArgs};
+use super::flags::{model_job, ChatArgs, ModelFolder, TableIo, VerifierArgs};
 use crate::probe::{self, stage, stage::Plan, stage::VerifierFlags};
 use crate::sample::logits::SamplingParams;
 use crate::table::Shard;
@@ -33,6 +33,8 @@ Example:
 pub struct Args {
     #[command(flatten)]
     pub model: ModelFolder,
+    #[command(flatten)]
+    pub chat: ChatArgs,
     #[command(flatten)]
     pub io: TableIo,
     /// Number of cut points, evenly spaced fractions i/(K-1) of the thinking (0 and 1 included).
@@ -102,7 +104,7 @@ impl Plan {
         };
         params.validate().map_err(usage)?;
         Ok(Plan {
-            job: model_job(g, &a.model, &a.io, a.shard),
+            job: model_job(g, &a.model, a.chat.options()?, &a.io, a.shard),
             fractions,
             samples: a.samples,
             max_new_tokens: a.max_new_tokens,

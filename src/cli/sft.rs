@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use super::common::{Global, UsageError};
-use super::flags::{ModelFolder, OptimArgs};
+use super::flags::{ChatArgs, ModelFolder, OptimArgs};
 use crate::model::Model;
 use crate::train::data::{check_positions, check_vocab};
 use crate::train::session::{self, Session};
@@ -32,6 +32,8 @@ Example:
 pub struct Args {
     #[command(flatten)]
     pub model: ModelFolder,
+    #[command(flatten)]
+    pub chat: ChatArgs,
     /// Table with assistant targets (messages) or a trajectory table.
     #[arg(long)]
     pub input: PathBuf,
@@ -65,8 +67,10 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     a.optim
         .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
     let device = crate::model::device_from_str(&g.device)?;
-    let model = Model::load(&a.model.model, &device.autodiff())
+    let chat = a.chat.options()?;
+    let mut model = Model::load(&a.model.model, &device.autodiff())
         .with_context(|| format!("loading {}", a.model.model.display()))?;
+    model.set_chat_options(&chat)?;
     let filter = SftFilter {
         only_correct: a.only_correct,
         min_conf_reward: a.min_conf_reward,
@@ -98,6 +102,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         "batch_size": a.batch_size,
         "only_correct": a.only_correct,
         "min_conf_reward": a.min_conf_reward,
+        "chat": chat.meta(),
         "adamw": a.optim.adamw(),
         "train": train,
         "resume": a.optim.resume,

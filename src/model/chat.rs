@@ -17,8 +17,11 @@
 //!
 //! The source is `chat_template.jinja` when the folder has one (transformers ≥ 4.43 prefers it),
 //! else `tokenizer_config.json`'s `chat_template` (a string, or a list of named templates of
-//! which `default` is used).
-use std::path::Path;
+//! which `default` is used). [`ChatOptions`] replaces it with a file (`--chat-template FILE`) and
+//! passes extra variables to it (`--chat-template-kwargs enable_thinking=false`), as
+//! `apply_chat_template(..., **kwargs)` does: Qwen3's template reads `enable_thinking`.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use minijinja::value::{Kwargs, Value, ValueKind};
@@ -44,7 +47,8 @@ impl Message {
 /// The instant `strftime_now` formats: (year, month, day, hour, minute, second, weekday 0=Mon).
 pub const FIXED_NOW: (i32, u32, u32, u32, u32, u32, u32) = (2025, 1, 1, 0, 0, 0, 2);
 
-/// A chat template with the special-token strings it may reference.
+/// A chat template with the special-token strings it may reference and the extra variables it
+/// is rendered with.
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
     source: String,
@@ -52,6 +56,145 @@ pub struct ChatTemplate {
     eos_token: Option<String>,
     pad_token: Option<String>,
     unk_token: Option<String>,
+    kwargs: BTreeMap<String, serde_json::Value>,
+}
+
+/// How a stage renders its prompts: the model folder's template unless `template` names a file,
+/// rendered with the extra variables `kwargs` (transformers' `apply_chat_template(**kwargs)`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatOptions {
+    /// A Jinja file replacing the folder's template (the folder's special tokens are kept).
+    pub template: Option<PathBuf>,
+    /// Extra template variables, e.g. `enable_thinking = false`.
+    pub kwargs: BTreeMap<String, serde_json::Value>,
+}
+
+/// Variables the renderer sets itself; a kwarg may not replace them.
+const RESERVED: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+];
+
+impl ChatOptions {
+    /// Parse `--chat-template-kwargs` values: each is a JSON object (`{"enable_thinking":
+    /// false}`) or a comma-separated list of `key=value` pairs whose values are JSON
+    /// (`enable_thinking=false,max_depth=2,tags=["a","b"]`); a value that is not valid JSON is
+    /// taken as a string (`mode=fast`). Later keys win.
+    pub fn parse_kwargs(items: &[String]) -> Result<BTreeMap<String, serde_json::Value>> {
+        let mut out = BTreeMap::new();
+        for item in items {
+            let text = item.trim();
+            if text.starts_with('{') {
+                let v: serde_json::Value = serde_json::from_str(text)
+                    .with_context(|| format!("chat template kwargs `{text}`: invalid JSON"))?;
+                let obj = v.as_object().with_context(|| {
+                    format!("chat template kwargs `{text}`: expected a JSON object")
+                })?;
+                out.extend(obj.iter().map(|(k, v)| (k.clone(), v.clone())));
+                continue;
+            }
+            for pair in split_top_level(text) {
+                let pair = pair.trim();
+                if pair.is_empty() {
+                    continue;
+                }
+                let (k, v) = pair
+                    .split_once('=')
+                    .with_context(|| format!("chat template kwargs: `{pair}` is not key=value"))?;
+                let k = k.trim();
+                if k.is_empty() || !k.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                    bail!("chat template kwargs: `{k}` is not a variable name");
+                }
+                let v = v.trim();
+                let value = serde_json::from_str(v)
+                    .unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+                out.insert(k.to_string(), value);
+            }
+        }
+        if let Some(k) = out.keys().find(|k| RESERVED.contains(&k.as_str())) {
+            bail!("chat template kwargs: `{k}` is set by rlcr itself and cannot be passed");
+        }
+        Ok(out)
+    }
+
+    /// The template of the model folder `dir` with these options applied; `Ok(None)` when
+    /// neither the folder nor the options give a template.
+    pub fn template_for(&self, dir: &Path) -> Result<Option<ChatTemplate>> {
+        let t = match &self.template {
+            Some(file) => {
+                let source = std::fs::read_to_string(file)
+                    .with_context(|| format!("reading the chat template {}", file.display()))?;
+                let tc = tokenizer_config(dir)?;
+                let mut t = ChatTemplate::new(
+                    &source,
+                    special_text(tc.get("bos_token")),
+                    special_text(tc.get("eos_token")),
+                );
+                t.pad_token = special_text(tc.get("pad_token"));
+                t.unk_token = special_text(tc.get("unk_token"));
+                // A syntax error is reported now, naming the file, not at the first prompt.
+                environment()
+                    .template_from_str(&t.source)
+                    .map_err(|e| anyhow!("{e:#}"))
+                    .with_context(|| format!("parsing the chat template {}", file.display()))?;
+                Some(t)
+            }
+            None => ChatTemplate::load(dir)?,
+        };
+        Ok(t.map(|t| t.with_kwargs(self.kwargs.clone())))
+    }
+
+    /// The options as recorded in an output's metadata (`null` fields when unset).
+    pub fn meta(&self) -> serde_json::Value {
+        serde_json::json!({
+            "chat_template": self.template.as_ref().map(|p| p.display().to_string()),
+            "chat_template_kwargs": self.kwargs,
+        })
+    }
+}
+
+/// Split `a=1,b=[1,2],c="x,y"` at the commas outside brackets, braces and double quotes.
+fn split_top_level(text: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut quoted, mut escaped, mut start) =
+        (Vec::new(), 0i32, false, false, 0);
+    for (i, c) in text.char_indices() {
+        if quoted {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => quoted = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => quoted = true,
+            '[' | '{' => depth += 1,
+            ']' | '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&text[start..]);
+    out
+}
+
+/// `DIR/tokenizer_config.json` as JSON (`null` when the folder has none).
+fn tokenizer_config(dir: &Path) -> Result<serde_json::Value> {
+    let tc_path = dir.join("tokenizer_config.json");
+    if !tc_path.exists() {
+        return Ok(serde_json::Value::Null);
+    }
+    let text = std::fs::read_to_string(&tc_path)
+        .with_context(|| format!("reading {}", tc_path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", tc_path.display()))
 }
 
 fn special_text(v: Option<&serde_json::Value>) -> Option<String> {
@@ -71,19 +214,25 @@ impl ChatTemplate {
             eos_token,
             pad_token: None,
             unk_token: None,
+            kwargs: BTreeMap::new(),
         }
+    }
+
+    /// The same template rendered with the extra variables `kwargs` (see [`ChatOptions`]).
+    pub fn with_kwargs(mut self, kwargs: BTreeMap<String, serde_json::Value>) -> Self {
+        self.kwargs = kwargs;
+        self
+    }
+
+    /// The extra variables the template is rendered with.
+    pub fn kwargs(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.kwargs
     }
 
     /// Load the template of a model folder; `Ok(None)` when it has none.
     pub fn load(dir: &Path) -> Result<Option<Self>> {
         let tc_path = dir.join("tokenizer_config.json");
-        let tc: serde_json::Value = if tc_path.exists() {
-            let text = std::fs::read_to_string(&tc_path)
-                .with_context(|| format!("reading {}", tc_path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", tc_path.display()))?
-        } else {
-            serde_json::Value::Null
-        };
+        let tc = tokenizer_config(dir)?;
         let jinja = dir.join("chat_template.jinja");
         let source = if jinja.exists() {
             Some(
@@ -148,6 +297,7 @@ impl ChatTemplate {
             eos_token => self.eos_token.clone(),
             pad_token => self.pad_token.clone(),
             unk_token => self.unk_token.clone(),
+            ..Value::from_serialize(&self.kwargs),
         };
         tmpl.render(ctx)
             .map_err(|e| anyhow!("{e:#}"))
@@ -384,5 +534,64 @@ mod tests {
     fn generation_tags_are_removed() {
         let t = ChatTemplate::new("a{% generation %}b{%- endgeneration -%}c", None, None);
         assert_eq!(t.render(&[], false).unwrap(), "abc");
+    }
+
+    #[test]
+    fn kwargs_parse_as_json_values_and_reach_the_template() {
+        let items = vec![
+            "enable_thinking=false, depth=2,tags=[\"a\",\"b,c\"]".to_string(),
+            "mode=fast".to_string(),
+            r#"{"note": "x=y", "depth": 3}"#.to_string(),
+        ];
+        let kw = ChatOptions::parse_kwargs(&items).unwrap();
+        assert_eq!(kw["enable_thinking"], serde_json::json!(false));
+        assert_eq!(kw["depth"], serde_json::json!(3));
+        assert_eq!(kw["tags"], serde_json::json!(["a", "b,c"]));
+        assert_eq!(kw["mode"], serde_json::json!("fast"));
+        assert_eq!(kw["note"], serde_json::json!("x=y"));
+        for bad in ["enable_thinking", "a b=1", "messages=[]", "{\"x\": 1"] {
+            assert!(
+                ChatOptions::parse_kwargs(&[bad.to_string()]).is_err(),
+                "{bad}"
+            );
+        }
+        let t = ChatTemplate::new(
+            "{% if add_generation_prompt %}A:{% if enable_thinking is defined and \
+             enable_thinking is false %}<think></think>{% endif %}{% endif %}",
+            None,
+            None,
+        );
+        assert_eq!(t.render(&[], true).unwrap(), "A:");
+        let off = t.clone().with_kwargs(kw);
+        assert_eq!(off.render(&[], true).unwrap(), "A:<think></think>");
+    }
+
+    #[test]
+    fn template_file_replaces_the_folder_template_and_keeps_its_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"eos_token": "<|im_end|>", "chat_template": "folder"}"#,
+        )
+        .unwrap();
+        let file = dir.path().join("t.jinja");
+        std::fs::write(&file, "{{ messages[0].content }}{{ eos_token }}{{ x }}").unwrap();
+        let opts = ChatOptions {
+            template: Some(file.clone()),
+            kwargs: ChatOptions::parse_kwargs(&["x=1".to_string()]).unwrap(),
+        };
+        let t = opts.template_for(dir.path()).unwrap().unwrap();
+        assert_eq!(
+            t.render(&[Message::new("user", "hi")], true).unwrap(),
+            "hi<|im_end|>1"
+        );
+        let plain = ChatOptions::default()
+            .template_for(dir.path())
+            .unwrap()
+            .unwrap();
+        assert_eq!(plain.render(&[], true).unwrap(), "folder");
+        std::fs::write(&file, "{% if %}").unwrap();
+        let e = opts.template_for(dir.path()).unwrap_err();
+        assert!(format!("{e:#}").contains("t.jinja"), "{e:#}");
     }
 }

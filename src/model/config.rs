@@ -1,17 +1,20 @@
 //! The model's `config.json`, read with Hugging Face's own key names.
 //!
-//! One struct covers the Llama, Qwen2 and Mistral families: every field is the HF key, optional keys
+//! One struct covers the Llama, Qwen2, Qwen3 and Mistral families: every field is the HF key, optional keys
 //! carry `serde(default)`, and the few places where transformers 4 and 5 spell things differently
 //! (`rope_theta` vs `rope_parameters.rope_theta`, `rope_scaling` vs `rope_parameters`, `torch_dtype`
 //! vs `dtype`) are resolved once in [`ModelConfig::from_json`] into plain fields, so the transformer
 //! never looks at raw JSON. Design decisions:
 //! - Biases follow the families: Qwen2 has q/k/v biases and no o_proj bias (its config has no key for
-//!   it); Llama/Mistral use `attention_bias` for q, k, v and o, and `mlp_bias` for the MLP.
+//!   it); Llama/Mistral/Qwen3 use `attention_bias` for q, k, v and o, and `mlp_bias` for the MLP.
+//! - Qwen3 adds an RMSNorm over each query and key head (`q_norm`/`k_norm`, weights of size
+//!   `head_dim`, before RoPE) and sets `head_dim` independently of `hidden_size / heads`
+//!   (Qwen3-0.6B: hidden 1024, 16 heads of 128); [`ModelConfig::qk_norm`] records it.
 //! - RoPE: `default`, `linear` and `llama3` scaling are supported (the three in use by the checkpoints
 //!   we target); any other `rope_type` (yarn, dynamic, longrope, ...) is a clear error rather than a
 //!   silently different function.
-//! - Unsupported architectures (Qwen3's q/k norms, MoE, sliding windows shorter than the context) are
-//!   refused by name: `model_type` must be `llama`, `qwen2` or `mistral`.
+//! - Unsupported architectures (MoE such as `qwen3_moe`, sliding windows shorter than the context)
+//!   are refused by name: `model_type` must be `llama`, `qwen2`, `qwen3` or `mistral`.
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -37,7 +40,7 @@ pub enum RopeScaling {
 /// A decoder-only model configuration (HF `config.json`), with version differences resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// `model_type`: `llama`, `qwen2` or `mistral`.
+    /// `model_type`: `llama`, `qwen2`, `qwen3` or `mistral`.
     pub model_type: String,
     /// `architectures[0]`, e.g. `Qwen2ForCausalLM` (kept to write it back unchanged).
     pub architecture: String,
@@ -64,6 +67,8 @@ pub struct ModelConfig {
     pub o_bias: bool,
     /// gate/up/down projections have biases.
     pub mlp_bias: bool,
+    /// RMSNorm over every query and key head before RoPE (Qwen3's `q_norm` / `k_norm`).
+    pub qk_norm: bool,
     /// `torch_dtype` / `dtype` as written (informational; tensors keep their own file dtype).
     pub dtype: Option<String>,
     pub bos_token_id: Option<u32>,
@@ -183,10 +188,10 @@ impl ModelConfig {
     pub fn from_json(text: &str) -> Result<Self> {
         let raw: RawConfig = serde_json::from_str(text).context("parsing config.json")?;
         let model_type = raw.model_type.clone().unwrap_or_default();
-        if !matches!(model_type.as_str(), "llama" | "qwen2" | "mistral") {
+        if !matches!(model_type.as_str(), "llama" | "qwen2" | "qwen3" | "mistral") {
             bail!(
                 "unsupported model_type `{model_type}` (architectures {:?}); rlcr supports the \
-                 llama, qwen2 and mistral families",
+                 llama, qwen2, qwen3 (dense) and mistral families",
                 raw.architectures
             );
         }
@@ -236,6 +241,7 @@ impl ModelConfig {
         }
 
         let qwen = model_type == "qwen2";
+        let qk_norm = model_type == "qwen3";
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let bos = token_ids(&raw.bos_token_id, "bos_token_id")?;
         let pad = token_ids(&raw.pad_token_id, "pad_token_id")?;
@@ -261,6 +267,7 @@ impl ModelConfig {
             qkv_bias: if qwen { true } else { attention_bias },
             o_bias: if qwen { false } else { attention_bias },
             mlp_bias: raw.mlp_bias.unwrap_or(false),
+            qk_norm,
             dtype: raw.dtype.or(raw.torch_dtype),
             bos_token_id: bos.first().copied(),
             eos_token_ids: token_ids(&raw.eos_token_id, "eos_token_id")?,
@@ -369,6 +376,26 @@ mod tests {
         let smooth = (8192.0 / wavelen - 1.0) / 3.0;
         let want = (1.0 - smooth) * base / 8.0 + smooth * base;
         assert!((f[1] as f64 - want).abs() < 1e-9, "{} vs {want}", f[1]);
+    }
+
+    #[test]
+    fn qwen3_decouples_head_dim_and_norms_queries_and_keys() {
+        // Qwen3-0.6B's shape: 16 heads of 128 on a hidden size of 1024, 8 KV heads.
+        let text = r#"{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3","vocab_size":151936,
+            "hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":28,
+            "num_attention_heads":16,"num_key_value_heads":8,"head_dim":128,"attention_bias":false,
+            "rms_norm_eps":1e-6,"rope_theta":1000000,"rope_scaling":null,"max_position_embeddings":40960,
+            "sliding_window":null,"use_sliding_window":false,"max_window_layers":28,
+            "tie_word_embeddings":true,"torch_dtype":"bfloat16","hidden_act":"silu"}"#;
+        let c = ModelConfig::from_json(text).unwrap();
+        assert_eq!(
+            (c.head_dim, c.num_attention_heads, c.hidden_size),
+            (128, 16, 1024)
+        );
+        assert!(c.qk_norm && !c.qkv_bias && !c.o_bias && c.tie_word_embeddings);
+        assert_eq!(c.group_size(), 2);
+        let q2 = ModelConfig::from_json(QWEN).unwrap();
+        assert!(!q2.qk_norm);
     }
 
     #[test]

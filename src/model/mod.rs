@@ -34,10 +34,10 @@ pub mod transformer;
 pub mod value;
 pub mod weights;
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::ModelConfig;
 pub use tokenizer::{DecodedText, Tokenizer};
-pub use transformer::{KvCache, ResponseBatch, TokenBatch, Transformer};
+pub use transformer::{KvCache, LayerCheckpoints, ResponseBatch, TokenBatch, Transformer};
 pub use weights::WeightDtypes;
 
 use crate::progress::Progress;
@@ -246,6 +246,13 @@ impl Model {
             &self.dir,
             out,
         )
+    }
+
+    /// Render prompts as `opts` says: its template file instead of the folder's, its extra
+    /// variables (`enable_thinking`, …).
+    pub fn set_chat_options(&mut self, opts: &ChatOptions) -> Result<()> {
+        self.chat_template = opts.template_for(&self.dir)?;
+        Ok(())
     }
 
     /// The chat template, or an error naming the folder.

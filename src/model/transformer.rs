@@ -1,5 +1,6 @@
-//! The decoder: one implementation of the Llama / Qwen2 / Mistral forward pass, the same function as
-//! Hugging Face transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM`.
+//! The decoder: one implementation of the Llama / Qwen2 / Qwen3 / Mistral forward pass, the same
+//! function as Hugging Face transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM` /
+//! `Qwen3ForCausalLM`.
 //!
 //! Reads top to bottom: dimensions → rotary embedding → RMSNorm and linear helpers → MLP →
 //! attention → layer → model → LM head, then the KV cache and the batch descriptions.
@@ -40,10 +41,12 @@
 //!   device ([`super::is_flex`]); elsewhere every operation is a burn op on the device. Per call,
 //!   the host sends the token ids, RoPE cos/sin (`B·T·d` floats) and the boolean mask; nothing is
 //!   read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the bus").
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use burn::module::{Module, Param};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::Gradients;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::config::ModelConfig;
@@ -220,12 +223,17 @@ impl Mlp {
 // Attention
 // ---------------------------------------------------------------------------------------------
 
-/// Grouped-query self-attention with HF rotate-half RoPE and optional q/k/v and o biases.
+/// Grouped-query self-attention with HF rotate-half RoPE, optional q/k/v and o biases and
+/// optional per-head query/key RMSNorm (Qwen3).
 #[derive(Module, Debug)]
 pub struct Attention {
     /// `[h, (H + 2K)·d]`: columns are `q_proj`, then `k_proj`, then `v_proj`.
     pub qkv: Param<Tensor<2>>,
     pub qkv_bias: Option<Param<Tensor<1>>>,
+    /// `[d]` RMSNorm gains applied to every query head before RoPE (Qwen3's `q_norm`).
+    pub q_norm: Option<Param<Tensor<1>>>,
+    /// `[d]` RMSNorm gains applied to every key head before RoPE (Qwen3's `k_norm`).
+    pub k_norm: Option<Param<Tensor<1>>>,
     /// `[H·d, h]`.
     pub o: Param<Tensor<2>>,
     pub o_bias: Option<Param<Tensor<1>>>,
@@ -278,7 +286,23 @@ impl Attention {
             packed.and_then(|p| p.qkv.as_ref()),
         );
         // [B·T, (H+2K)·d] → [B, T, H+2K, d] (free) → [B, H+2K, T, d] (view).
-        let qkv = qkv.reshape([b, t, h + 2 * k, d]).swap_dims(1, 2);
+        let qkv = qkv.reshape([b, t, h + 2 * k, d]);
+        let qkv = match (&self.q_norm, &self.k_norm) {
+            // Qwen3: RMSNorm over each head's d values (queries with q_norm, keys with k_norm),
+            // then RoPE, as transformers' `q_norm(q_proj(x).view(..., d))`.
+            (Some(qn), Some(kn)) => {
+                let eps = s.dims.eps;
+                let head_norm = |x: Tensor<4>, n: usize, w: &Param<Tensor<1>>| {
+                    rms_norm(x.reshape([b * t * n, d]), w, eps).reshape([b, t, n, d])
+                };
+                let q = head_norm(qkv.clone().slice([0..b, 0..t, 0..h, 0..d]), h, qn);
+                let kk = head_norm(qkv.clone().slice([0..b, 0..t, h..h + k, 0..d]), k, kn);
+                let v = qkv.slice([0..b, 0..t, h + k..h + 2 * k, 0..d]);
+                Tensor::cat(vec![q, kk, v], 2)
+            }
+            _ => qkv,
+        }
+        .swap_dims(1, 2);
         let qk = rope.apply(qkv.clone().slice([0..b, 0..h + k, 0..t, 0..d]));
         let v = qkv.slice([0..b, h + k..h + 2 * k, 0..t, 0..d]);
         // Query heads sharing a KV head stacked along the query axis: [B, K, g·T, d].
@@ -607,36 +631,64 @@ impl Transformer {
     /// This is the training / log-prob path: no cache is read or written, and on an autodiff
     /// device the result carries the graph.
     pub fn hidden(&self, input: &TokenBatch) -> Result<Tensor<3>> {
-        input.check_vocab(self.dims.vocab)?;
-        let (b, t) = (input.batch, input.len);
-        ensure!(b > 0 && t > 0, "empty batch ({b}×{t})");
         let device = self.device();
-        let mut positions = vec![0usize; b * t];
-        for r in 0..b {
-            let mut p = 0;
-            for s in 0..t {
-                if input.valid[r * t + s] {
-                    positions[r * t + s] = p;
-                    p += 1;
-                }
-            }
-        }
-        let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
-        let valid = |r: usize, s: usize| input.valid[r * t + s];
-        let (mask, mask_host) = build_mask(b, t, self.dims.group(), t, 0, valid, valid, &device);
-        let step = Step {
-            dims: &self.dims,
-            shape: (b, t),
-            rope: &rope,
-            mask: &mask,
-            mask_host: &mask_host,
-            decode_keys: None,
-        };
+        let fresh = FreshBatch::new(self, input, &device)?;
+        let (b, t) = fresh.shape;
+        let step = fresh.step(&self.dims);
         let mut x = self.embed_tokens(input, &device);
         for layer in &self.layers {
             x = layer.forward(x, &step, KvSource::Fresh, None);
         }
         Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
+    }
+
+    /// [`Self::hidden`] with activation checkpointing, for training on an autodiff device: the
+    /// layers run without recording a graph, keeping only each layer's input `[B·T, h]`; the
+    /// result's graph starts at the last layer's output (a leaf). After `backward()` on a loss
+    /// of the result, [`LayerCheckpoints::backward`] recomputes one layer at a time, with its
+    /// graph, from its saved input and carries the gradient down to the embedding.
+    ///
+    /// Memory: the saved inputs (`layers · B·T·h` floats) plus one layer's graph at a time,
+    /// instead of every layer's graph. Time: one more forward pass of the layers. The gradients
+    /// are those of [`Self::hidden`]: each layer is recomputed by the same operations on the
+    /// same input, and its upstream gradient enters as `∂(Σ y·g)/∂y = g` exactly.
+    pub fn hidden_checkpointed(&self, input: &TokenBatch) -> Result<(Tensor<3>, LayerCheckpoints)> {
+        let device = self.device();
+        let fresh = FreshBatch::new(self, input, &device)?;
+        let (b, t) = fresh.shape;
+        let embedded = self.embed_tokens(input, &device);
+        // Plain tensors and weights: nothing of this pass is kept for backward.
+        let plain = FreshBatch {
+            shape: fresh.shape,
+            rope: Rope {
+                cos: fresh.rope.cos.clone().inner(),
+                sin: fresh.rope.sin.clone().inner(),
+            },
+            mask: fresh.mask.clone().inner(),
+            mask_host: fresh.mask_host.clone(),
+        };
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut x = embedded.clone().inner();
+        {
+            let step = plain.step(&self.dims);
+            for layer in &self.layers {
+                inputs.push(x.clone());
+                x = layer.valid().forward(x, &step, KvSource::Fresh, None);
+            }
+        }
+        let top = Tensor::from_inner(x).require_grad();
+        let h = self
+            .final_norm(top.clone())
+            .reshape([b, t, self.dims.hidden]);
+        Ok((
+            h,
+            LayerCheckpoints {
+                inputs,
+                top,
+                embedded,
+                fresh,
+            },
+        ))
     }
 
     /// Cache-free forward: logits `[B, T, V]` at every slot.
@@ -797,6 +849,93 @@ impl Transformer {
             None
         };
         Ok((lp, ent))
+    }
+}
+
+/// Positions, RoPE tables and the attention mask of a cache-free forward call.
+struct FreshBatch {
+    /// `(B, T)`.
+    shape: (usize, usize),
+    rope: Rope,
+    mask: Tensor<4, Bool>,
+    mask_host: Vec<bool>,
+}
+
+impl FreshBatch {
+    fn new(model: &Transformer, input: &TokenBatch, device: &Device) -> Result<Self> {
+        input.check_vocab(model.dims.vocab)?;
+        let (b, t) = (input.batch, input.len);
+        ensure!(b > 0 && t > 0, "empty batch ({b}×{t})");
+        let mut positions = vec![0usize; b * t];
+        for r in 0..b {
+            let mut p = 0;
+            for s in 0..t {
+                if input.valid[r * t + s] {
+                    positions[r * t + s] = p;
+                    p += 1;
+                }
+            }
+        }
+        let rope = Rope::new(&model.dims.inv_freq, &positions, b, t, device);
+        let valid = |r: usize, s: usize| input.valid[r * t + s];
+        let (mask, mask_host) = build_mask(b, t, model.dims.group(), t, 0, valid, valid, device);
+        Ok(FreshBatch {
+            shape: (b, t),
+            rope,
+            mask,
+            mask_host,
+        })
+    }
+
+    fn step<'a>(&'a self, dims: &'a Dims) -> Step<'a> {
+        Step {
+            dims,
+            shape: self.shape,
+            rope: &self.rope,
+            mask: &self.mask,
+            mask_host: &self.mask_host,
+            decode_keys: None,
+        }
+    }
+}
+
+/// What the backward pass of [`Transformer::hidden_checkpointed`] needs: every layer's input
+/// (plain tensors, no graph), the leaf standing for the last layer's output, and the embedding
+/// lookup (on the graph, so that its gradient reaches the embedding matrix).
+pub struct LayerCheckpoints {
+    inputs: Vec<Tensor<2>>,
+    top: Tensor<2>,
+    embedded: Tensor<2>,
+    fresh: FreshBatch,
+}
+
+impl LayerCheckpoints {
+    /// Finish the backward pass of a checkpointed forward: `grads` is the result of
+    /// `loss.backward()`, whose graph ends at the last layer's output. Layer by layer from the
+    /// top, the layer is recomputed with its graph from its saved input, and `Σ y·g` (`g` the
+    /// gradient arriving at its output, a constant) is differentiated, which gives its
+    /// parameters' gradients and the gradient at its input. Returns the gradients of every
+    /// parameter of `model`, as `GradientsParams::from_grads` would for the whole graph.
+    pub fn backward(self, model: &Transformer, grads: Gradients) -> Result<GradientsParams> {
+        let mut acc = GradientsAccumulator::<Transformer>::new();
+        let mut g = self
+            .top
+            .grad(&grads)
+            .context("checkpointed backward: the loss does not depend on the hidden states")?;
+        acc.accumulate(model, GradientsParams::from_grads(grads, model));
+        let step = self.fresh.step(&model.dims);
+        for (layer, x) in model.layers.iter().zip(self.inputs).rev() {
+            let x = Tensor::from_inner(x).require_grad();
+            let y = layer.forward(x.clone(), &step, KvSource::Fresh, None);
+            let part = (y * Tensor::from_inner(g)).sum().backward();
+            g = x
+                .grad(&part)
+                .context("checkpointed backward: no gradient at a layer's input")?;
+            acc.accumulate(model, GradientsParams::from_grads(part, layer));
+        }
+        let part = (self.embedded * Tensor::from_inner(g)).sum().backward();
+        acc.accumulate(model, GradientsParams::from_grads(part, model));
+        Ok(acc.grads())
     }
 }
 

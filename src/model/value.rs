@@ -180,6 +180,7 @@ pub fn predict(
 pub fn token_classification_arch(config: &ModelConfig) -> String {
     let base = match config.model_type.as_str() {
         "qwen2" => "Qwen2",
+        "qwen3" => "Qwen3",
         "mistral" => "Mistral",
         _ => "Llama",
     };

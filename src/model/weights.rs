@@ -174,7 +174,8 @@ pub fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, HostTensor>> {
 ///   unless tied;
 /// - per layer `model.layers.{i}.`: `input_layernorm.weight`, `post_attention_layernorm.weight`
 ///   `[h]`; `self_attn.{q,k,v}_proj.weight` `[H·d | K·d, h]` (+ `.bias` when `qkv_bias`);
-///   `self_attn.o_proj.weight` `[h, H·d]` (+ bias when `o_bias`); `mlp.{gate,up}_proj.weight`
+///   `self_attn.o_proj.weight` `[h, H·d]` (+ bias when `o_bias`); `self_attn.{q,k}_norm.weight`
+///   `[d]` when `qk_norm` (Qwen3); `mlp.{gate,up}_proj.weight`
 ///   `[I, h]`, `mlp.down_proj.weight` `[h, I]` (+ biases when `mlp_bias`).
 pub fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (v, h, i) = (c.vocab_size, c.hidden_size, c.intermediate_size);
@@ -195,6 +196,10 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         out.push((format!("{p}self_attn.o_proj.weight"), vec![h, qd]));
         if c.o_bias {
             out.push((format!("{p}self_attn.o_proj.bias"), vec![h]));
+        }
+        if c.qk_norm {
+            out.push((format!("{p}self_attn.q_norm.weight"), vec![c.head_dim]));
+            out.push((format!("{p}self_attn.k_norm.weight"), vec![c.head_dim]));
         }
         out.push((format!("{p}post_attention_layernorm.weight"), vec![h]));
         out.push((format!("{p}mlp.gate_proj.weight"), vec![i, h]));
@@ -332,6 +337,20 @@ pub fn build(
         } else {
             None
         };
+        let (q_norm, k_norm) = if c.qk_norm {
+            (
+                Some(param1(
+                    take(&format!("{p}self_attn.q_norm.weight"))?,
+                    device,
+                )),
+                Some(param1(
+                    take(&format!("{p}self_attn.k_norm.weight"))?,
+                    device,
+                )),
+            )
+        } else {
+            (None, None)
+        };
         let mut gate_up = take(&format!("{p}mlp.gate_proj.weight"))?;
         gate_up.extend(take(&format!("{p}mlp.up_proj.weight"))?);
         let (gate_up_bias, down_bias) = if c.mlp_bias {
@@ -349,6 +368,8 @@ pub fn build(
             attn: Attention {
                 qkv: param2(qkv, [qkv_rows, h], device),
                 qkv_bias,
+                q_norm,
+                k_norm,
                 o,
                 o_bias,
             },
@@ -481,6 +502,10 @@ pub fn export(
         ));
         if let Some(b) = &layer.attn.o_bias {
             out.push((format!("{p}self_attn.o_proj.bias"), to_host(b.val())?));
+        }
+        if let (Some(q), Some(k)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
+            out.push((format!("{p}self_attn.q_norm.weight"), to_host(q.val())?));
+            out.push((format!("{p}self_attn.k_norm.weight"), to_host(k.val())?));
         }
         out.push((
             format!("{p}post_attention_layernorm.weight"),

@@ -260,7 +260,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
     }
 
-    let policy = Policy::load(&plan.job.model, &device)?;
+    let policy = Policy::load(&plan.job.model, &device, &plan.job.chat)?;
     let cfg = stage::gen_config(
         &policy,
         plan.params,

@@ -59,8 +59,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         bail!("{name}: the table has no rows; nothing was written");
     }
     let s = &plan.sampling;
-    let (policy, cfg, mut config) =
-        s.load(&plan.job.model, &device, plan.job.seed, "generate-answers")?;
+    let (policy, cfg, mut config) = s.load(&plan.job, &device, "generate-answers")?;
     config["num_answers"] = plan.num_answers.into();
     config["system_prompt"] = match &system {
         Some(s) => s.clone().into(),

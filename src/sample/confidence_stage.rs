@@ -87,12 +87,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         bail!("{name}: the table has no rows; nothing was written");
     }
     let s = &plan.sampling;
-    let (policy, cfg, mut config) = s.load(
-        &plan.job.model,
-        &device,
-        plan.job.seed,
-        "generate-confidence",
-    )?;
+    let (policy, cfg, mut config) = s.load(&plan.job, &device, "generate-confidence")?;
     config["num_confidences"] = plan.num_confidences.into();
     config["confidence_prompt"] = query.clone().into();
     config["system_prompt"] = match &plan.system_prompt {

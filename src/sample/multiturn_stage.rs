@@ -60,6 +60,8 @@ pub struct Plan {
     pub device: String,
     /// Recorded in the metadata.
     pub argv: Vec<String>,
+    /// The chat template and its extra variables.
+    pub chat: crate::model::ChatOptions,
 }
 
 /// The conversation of a rollout: the prompt's messages, the system prompt replaced when one is
@@ -114,7 +116,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     if batches.iter().all(|b| b.num_rows() == 0) {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = Policy::load(&plan.model, &device)?;
+    let policy = Policy::load(&plan.model, &device, &plan.chat)?;
     let cfg = stage::gen_config(
         &policy,
         plan.params,

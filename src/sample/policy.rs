@@ -24,22 +24,30 @@ use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
 use super::sampler::StepModel;
-use crate::model::{self, KvCache, Message, Model, TokenBatch};
+use crate::model::{self, ChatOptions, KvCache, Message, Model, TokenBatch};
 
 /// A model ready to sample from.
 pub struct Policy {
     pub model: Model,
     /// See [`super::fingerprint`].
     pub fingerprint: String,
+    /// How its prompts are rendered (recorded in the outputs' metadata).
+    pub chat: ChatOptions,
 }
 
 impl Policy {
-    /// Load the model folder `dir` on `device` and fingerprint it.
-    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        let model = Model::load(dir, device)
+    /// Load the model folder `dir` on `device`, render its prompts as `chat` says, and
+    /// fingerprint it.
+    pub fn load(dir: &Path, device: &Device, chat: &ChatOptions) -> Result<Self> {
+        let mut model = Model::load(dir, device)
             .with_context(|| format!("loading the model {}", dir.display()))?;
+        model.set_chat_options(chat)?;
         let fingerprint = super::fingerprint::model_fingerprint(dir)?;
-        Ok(Policy { model, fingerprint })
+        Ok(Policy {
+            model,
+            fingerprint,
+            chat: chat.clone(),
+        })
     }
 
     /// Ids below this can be sampled: the LM head's full width (see [`super::logits`]).
@@ -178,7 +186,7 @@ mod tests {
 
     fn policy(name: &str) -> Policy {
         let device = crate::model::device_from_str("cpu").unwrap();
-        Policy::load(&fixture(name), &device).unwrap()
+        Policy::load(&fixture(name), &device, &ChatOptions::default()).unwrap()
     }
 
     /// `(input_ids, greedy_next)` of every sequence of a reference file.
@@ -531,7 +539,7 @@ mod backend_rounding {
     fn row_logits_do_not_depend_on_the_batch_layout() {
         let device = crate::model::device_from_str("cpu").unwrap();
         let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-llama");
-        let p = Policy::load(&dir, &device).unwrap();
+        let p = Policy::load(&dir, &device, &ChatOptions::default()).unwrap();
         let v = p.vocab();
         // Feed `chunks` (each: per-row ids and validity of `w` slots) and return row 0's logits.
         let run = |rows: usize, chunks: &[(Vec<u32>, Vec<bool>)], cap: usize| -> Vec<f32> {

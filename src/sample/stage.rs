@@ -77,6 +77,8 @@ pub struct ModelJob {
     pub shard: Option<crate::table::Shard>,
     pub seed: u64,
     pub argv: Vec<String>,
+    /// The chat template and its extra variables.
+    pub chat: crate::model::ChatOptions,
 }
 
 /// The sampling settings of a generation stage (the validated form of its sampling flags).
@@ -99,12 +101,12 @@ impl SamplingPlan {
     /// the metadata object [`sampling_meta`] starts with `"stage"` set to `stage_name`.
     pub fn load(
         &self,
-        model: &std::path::Path,
+        job: &ModelJob,
         device: &burn::tensor::Device,
-        seed: u64,
         stage_name: &str,
     ) -> Result<(Policy, GenConfig, serde_json::Value)> {
-        let policy = Policy::load(model, device)?;
+        let (model, seed) = (&job.model, job.seed);
+        let policy = Policy::load(model, device, &job.chat)?;
         let cfg = gen_config(
             &policy,
             self.params,
@@ -317,9 +319,12 @@ pub fn sampling_meta(
     policy: &Policy,
     model_dir: &std::path::Path,
 ) -> serde_json::Value {
+    let chat = policy.chat.meta();
     serde_json::json!({
         "model": model_dir.display().to_string(),
         "model_fingerprint": policy.fingerprint,
+        "chat_template": chat["chat_template"],
+        "chat_template_kwargs": chat["chat_template_kwargs"],
         "temperature": cfg.params.temperature,
         "top_k": cfg.params.top_k,
         "top_p": cfg.params.top_p,

@@ -14,7 +14,7 @@
 use anyhow::{ensure, Result};
 use burn::tensor::Tensor;
 
-use crate::model::{head, ResponseBatch, Transformer};
+use crate::model::{head, LayerCheckpoints, ResponseBatch, Transformer};
 
 /// Log-probs and (optionally) entropies of a batch of responses, right-aligned `[B, R]`.
 pub struct ResponseLogprobs {
@@ -29,6 +29,9 @@ pub struct ResponseLogprobs {
     pub resp_lens: Vec<usize>,
     /// Longest response.
     pub max_resp: usize,
+    /// With activation checkpointing: what finishes the backward pass below the last layer
+    /// ([`LayerCheckpoints::backward`]).
+    pub checkpoints: Option<LayerCheckpoints>,
 }
 
 /// How the entropy is wanted.
@@ -50,17 +53,20 @@ pub fn response_logprobs<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     temperature: f64,
     entropy: EntropyMode,
 ) -> Result<ResponseLogprobs> {
-    response_logprobs_subset(model, rows, temperature, entropy, None)
+    response_logprobs_subset(model, rows, temperature, entropy, None, false)
 }
 
 /// [`response_logprobs`], plus (when `subset` is given) the entropy of every position's
-/// distribution restricted to the token ids of `subset` (on the autodiff graph).
+/// distribution restricted to the token ids of `subset` (on the autodiff graph). `checkpoint`
+/// runs the layers with activation checkpointing ([`Transformer::hidden_checkpointed`]): the
+/// caller then finishes the backward pass with [`ResponseLogprobs::checkpoints`].
 pub fn response_logprobs_subset<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     model: &Transformer,
     rows: &[(C, R)],
     temperature: f64,
     entropy: EntropyMode,
     subset: Option<&[u32]>,
+    checkpoint: bool,
 ) -> Result<ResponseLogprobs> {
     ensure!(
         temperature > 0.0 && temperature.is_finite(),
@@ -69,7 +75,12 @@ pub fn response_logprobs_subset<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     let batch = ResponseBatch::new(rows)?;
     let r = batch.max_resp;
     ensure!(r > 0, "no response tokens in the batch");
-    let h = model.hidden(&batch.tokens)?;
+    let (h, checkpoints) = if checkpoint {
+        let (h, c) = model.hidden_checkpointed(&batch.tokens)?;
+        (h, Some(c))
+    } else {
+        (model.hidden(&batch.tokens)?, None)
+    };
     let [b, t, hd] = h.dims();
     ensure!(t > r, "every row needs at least one context token");
     // Slot s predicts slot s+1: the R right-aligned response slots are predicted by t-r-1..t-1.
@@ -108,6 +119,7 @@ pub fn response_logprobs_subset<C: AsRef<[u32]>, R: AsRef<[u32]>>(
         subset_entropy,
         resp_lens: batch.resp_lens,
         max_resp: r,
+        checkpoints,
     })
 }
 

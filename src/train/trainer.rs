@@ -118,6 +118,11 @@ pub struct TrainConfig {
     /// state are f32 either way.
     #[serde(default)]
     pub precision: Precision,
+    /// Activation checkpointing: keep only each decoder layer's input during the forward pass
+    /// and recompute the layer in backward ([`Transformer::hidden_checkpointed`]); the same
+    /// gradients for less memory and one more forward pass.
+    #[serde(default)]
+    pub checkpoint_activations: bool,
 }
 
 /// Metrics of one optimizer step (one line of `train_metrics.jsonl`).
@@ -449,7 +454,9 @@ pub fn batch_gradients(
             cfg.temperature,
             cfg.entropy_mode(),
             value.as_ref().map(|v| &v.digits[..]),
+            cfg.checkpoint_activations,
         )?;
+        let checkpoints = out.checkpoints;
         let (b, r) = (chunk.len(), out.max_resp);
         let t2 = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, r]), &device);
         let col = |f: &dyn Fn(&TrainRow) -> Vec<f32>| -> Tensor<2> {
@@ -548,7 +555,10 @@ pub fn batch_gradients(
         };
         drop(fwd);
         let bwd = crate::trace::span("backward (micro-batch)");
-        let grads = GradientsParams::from_grads(loss_t.backward(), model);
+        let grads = match checkpoints {
+            Some(c) => c.backward(model, loss_t.backward())?,
+            None => GradientsParams::from_grads(loss_t.backward(), model),
+        };
         drop(bwd);
         acc.accumulate(model, grads);
     }
@@ -753,6 +763,7 @@ pub(crate) mod tests {
             shuffle: false,
             seed: 0,
             precision: Precision::F32,
+            checkpoint_activations: false,
         }
     }
 

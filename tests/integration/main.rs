@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 mod advantage;
 mod bad_input;
+mod checkpoint;
 mod cli;
 mod crash;
 mod critic;
@@ -18,6 +19,7 @@ mod learning;
 mod model;
 mod multiturn;
 mod probe;
+mod qwen3;
 mod report;
 mod rl_make;
 mod sample;

@@ -401,6 +401,7 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
         shuffle: false,
         seed: 0,
         precision: Default::default(),
+        checkpoint_activations: false,
     };
     let grads = |rows: &[rlcr::train::data::TrainRow]| {
         let refs: Vec<&rlcr::train::data::TrainRow> = rows.iter().collect();
