@@ -4,7 +4,8 @@
 //! cargo run --example bench_train -- [qwen39m | smollm2 | MODEL_DIR] [BATCH] [LEN] [MICRO] [REPS] [f32 | bf16] [full | ckpt]
 //! ```
 //! The sixth argument is `update --precision` (default f32), the seventh `ckpt` for
-//! `--checkpoint-activations` (default `full`: every activation kept).
+//! `--checkpoint-activations` (default `full`: every activation kept). `LORA_RANK=R` in the
+//! environment trains a rank-R LoRA adapter on every projection instead (base weights frozen).
 //! Measures forward + backward (the PPO loss over every response token, gradients accumulated
 //! over micro-batches of MICRO rows) and the AdamW step separately, and prints the peak resident
 //! memory, wall time and CPU time (the machine is shared: tokens per CPU-second is the figure that
@@ -89,16 +90,37 @@ fn main() -> anyhow::Result<()> {
         Some(other) => anyhow::bail!("{other:?}: full or ckpt"),
     };
     let device = model::device_from_str("cpu")?.autodiff();
-    let m: Transformer = match which {
+    let (m, c): (Transformer, ModelConfig) = match which {
         "qwen39m" | "smollm2" => {
             let c = ModelConfig::from_json(if which == "qwen39m" { QWEN39M } else { SMOLLM2 })?;
-            weights::build(&c, weights::random_tensors(&c, 0), &device)?.0
+            (
+                weights::build(&c, weights::random_tensors(&c, 0), &device)?.0,
+                c,
+            )
         }
         dir => {
             let dir = Path::new(dir);
             let c = ModelConfig::load(dir)?;
-            weights::load(&c, dir, &device)?.0
+            (weights::load(&c, dir, &device)?.0, c)
         }
+    };
+    // LORA_RANK=R: train a rank-R adapter on every projection (alpha 16) with the base frozen,
+    // as `update --lora-rank R` does.
+    let m = match std::env::var("LORA_RANK").ok().filter(|v| !v.is_empty()) {
+        Some(r) => {
+            use rlcr::model::lora;
+            let spec = lora::LoraSpec {
+                r: r.parse()?,
+                alpha: 16.0,
+                dropout: 0.0,
+                targets: lora::Target::ALL.to_vec(),
+                rslora: false,
+                base: None,
+            };
+            println!("LoRA adapter: rank {}, all seven projections", spec.r);
+            lora::attach(m, &c, &spec, lora::Init::Fresh { seed: 0 })?
+        }
+        None => m,
     };
     let params: usize = {
         use burn::module::Module;

@@ -201,6 +201,33 @@ $(error KEEP_CHECKPOINTS must be a whole number of at least 1 (or empty: keep al
 endif
 endif
 
+# LoRA: LORA_RANK=R trains a LoRA adapter of rank R in every iteration's update instead of every
+# weight (`update --lora-rank`; the warm start stays a full fine-tune): iteration 1 starts a fresh
+# adapter on the warm-started model, each later iteration continues the previous one's adapter
+# (its optimizer state too, `--resume auto`), and the sampling stages read the adapter folder
+# (base + adapter, merged in memory at load). Each iteration's model/ is then an adapter folder in
+# PEFT's layout (adapter_config.json, adapter_model.safetensors); `rlcr merge-lora` makes a full
+# model of any of them. LORA_ALPHA, LORA_DROPOUT, LORA_TARGET set the other flags; LORA_LR the
+# learning rate (adapters want a larger one than full fine-tuning: LoRA's update is the product of
+# two small matrices, and B starts at zero).
+LORA_RANK ?=
+LORA_ALPHA ?= 16
+LORA_DROPOUT ?= 0
+LORA_TARGET ?= all-linear
+LORA_LR ?= 1e-2
+ifneq ($(LORA_RANK),)
+LR := $(LORA_LR)
+LORA_FLAGS = --lora-rank $(LORA_RANK) --lora-alpha $(LORA_ALPHA) --lora-dropout $(LORA_DROPOUT) \
+  --lora-target $(LORA_TARGET)
+POLICY_FILE := adapter_config.json
+else
+LORA_FLAGS =
+POLICY_FILE := config.json
+endif
+# The file that marks a policy folder as written: the starting model's config.json, an
+# iteration's config.json (or adapter_config.json with LORA_RANK).
+policy_mark = $(1)/$(if $(filter $(START) $(MODEL),$(1)),config.json,$(POLICY_FILE))
+
 # Precision of the matrix products of `sft` and `update` (`--precision`): f32, or bf16 (bf16
 # operands, f32 sums; docs/backends.md). The figures of this file are f32.
 PRECISION ?= f32
@@ -227,7 +254,7 @@ endif
 
 .PHONY: all loop summary clean smollm2 probe multiturn compare
 all: summary
-loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
+loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/$(POLICY_FILE)
 
 # --- supervised warm start: format examples generated from synthetic tasks with known solutions
 $(DIR)/prompts-sft.parquet:
@@ -245,12 +272,12 @@ $(DIR)/iter-$(1)/prompts.parquet:
 	$$(RLCR) --seed $$$$((10#$(1) + 1000 * $(SEED))) --device $(DEVICE) prepare --from $(SOURCE) \
 	  --count $(PROMPTS_PER_ITER) $(TASK_FLAGS) $(TRAIN_SPLIT) -o $$@
 
-$(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(2)/config.json
+$(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(call policy_mark,$(2))
 	$$(RLCR) $$(G) generate-answers --model $(2) --input $$< -o $$@ --num-answers $$(G_A) \
 	  --max-new-tokens $$(MAX_NEW) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
 	  $$(SYS_FLAG)
 
-$(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(2)/config.json
+$(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(call policy_mark,$(2))
 	$$(RLCR) $$(G) generate-confidence --model $(2) --input $$< -o $$@ --num-confidences $$(G_C) \
 	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(CONF_TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
 	  $$(SYS_FLAG) $$(CONF_FLAG)
@@ -259,7 +286,7 @@ $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
 	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER) $$(SCORE_FLAGS)
 
 ifeq ($(ESTIMATOR),gae)
-$(DIR)/iter-$(1)/valued.parquet: $(DIR)/iter-$(1)/scored.parquet $(2)/config.json
+$(DIR)/iter-$(1)/valued.parquet: $(DIR)/iter-$(1)/scored.parquet $(call policy_mark,$(2))
 	$$(RLCR) $$(G) values --critic $(3) --input $$< -o $(DIR)/iter-$(1)/valued-noref.parquet
 	$$(RLCR) $$(G) logprobs --model $(START) --input $(DIR)/iter-$(1)/valued-noref.parquet -o $$@ \
 	  --column ref_logprobs
@@ -273,8 +300,8 @@ $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
 	  --lambda-conf $$(LAMBDA_CONF) $$(ARM_ADV_FLAGS)
 endif
 
-$(DIR)/iter-$(1)/model/config.json: $(DIR)/iter-$(1)/train.parquet $(2)/config.json
-	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) \
+$(DIR)/iter-$(1)/model/$(POLICY_FILE): $(DIR)/iter-$(1)/train.parquet $(call policy_mark,$(2))
+	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) $$(LORA_FLAGS) \
 	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
 	  --precision $$(PRECISION) $$(CONF_ENTROPY_FLAG) \
 	  $(if $(filter gae,$(ESTIMATOR)),--critic $(3) --critic-out $(DIR)/iter-$(1)/critic $$(CRITIC_FLAGS))
@@ -286,6 +313,7 @@ endef
 
 # Delete iteration $(1)'s weights and optimizer state (KEEP_CHECKPOINTS); nothing for id 0000 or less.
 drop_checkpoint = $(if $(filter-out 0000 -%,$(1)),rm -rf $(DIR)/iter-$(1)/model/model.safetensors \
+  $(DIR)/iter-$(1)/model/adapter_model.safetensors \
   $(DIR)/iter-$(1)/model/rlcr-train $(DIR)/iter-$(1)/critic/model.safetensors $(DIR)/iter-$(1)/critic/rlcr-train)
 prev = $(if $(filter 0001,$(1)),$(START),$(DIR)/iter-$(shell printf '%04d' $$((10#$(1) - 1)))/model)
 # The critic an iteration starts from (ESTIMATOR=gae): the previous iteration's, or the starting
@@ -294,7 +322,7 @@ prev_critic = $(if $(filter 0001,$(1)),$(START),$(DIR)/iter-$(shell printf '%04d
 $(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)),$(call prev_critic,$(i)))))
 
 SCORED := $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/scored.parquet)
-$(DIR)/report/metrics.json: $(SCORED) $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/report/metrics.json) $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
+$(DIR)/report/metrics.json: $(SCORED) $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/report/metrics.json) $(DIR)/iter-$(lastword $(ITER_IDS))/model/$(POLICY_FILE)
 	$(RLCR) $(G) report $(foreach f,$(SCORED),--input $(f)) -o $(DIR)/report
 	@echo "rl.mk: summary in $(DIR)/report/report.md"
 
@@ -304,7 +332,7 @@ summary: $(DIR)/report/metrics.json
 PROBE_CUTS ?= 4
 PROBE_SAMPLES ?= 16
 probe: $(DIR)/probe.parquet
-$(DIR)/probe.parquet: $(DIR)/iter-$(lastword $(ITER_IDS))/scored.parquet $(DIR)/iter-$(lastword $(ITER_IDS))/model/config.json
+$(DIR)/probe.parquet: $(DIR)/iter-$(lastword $(ITER_IDS))/scored.parquet $(DIR)/iter-$(lastword $(ITER_IDS))/model/$(POLICY_FILE)
 	$(RLCR) $(G) probe --model $(DIR)/iter-$(lastword $(ITER_IDS))/model --input $< -o $@ \
 	  --cuts $(PROBE_CUTS) --samples $(PROBE_SAMPLES) --max-new-tokens $(MAX_NEW)
 
@@ -361,7 +389,9 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   MICRO_BATCH=$(MICRO_BATCH) MAX_NEW=$(MAX_NEW) MAX_NEW_CONF=$(MAX_NEW_CONF) BATCH=$(BATCH) \
   PROMPTS_PER_ITER=$(PROMPTS_PER_ITER) G_A=$(G_A) G_C=$(G_C) TEMPERATURE=$(TEMPERATURE) \
   CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) UPDATE_FLAGS="$(UPDATE_FLAGS)" \
-  VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)" KEEP_CHECKPOINTS=$(KEEP_CHECKPOINTS)
+  VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)" KEEP_CHECKPOINTS=$(KEEP_CHECKPOINTS) \
+  LORA_RANK=$(LORA_RANK) LORA_ALPHA=$(LORA_ALPHA) LORA_DROPOUT=$(LORA_DROPOUT) \
+  LORA_TARGET=$(LORA_TARGET) LORA_LR=$(LORA_LR)
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
 	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 summary

@@ -58,7 +58,9 @@ pub fn run(plan: &Plan) -> Result<Summary> {
 
     // Pass 1: validate the table (the one validator) and the token columns against the model's
     // vocabulary (config only).
-    let config = ModelConfig::load(&plan.model)
+    // A LoRA adapter folder: its base's config (the adapter does not change the vocabulary).
+    let (base, _) = model::lora::resolve(&plan.model, None)?;
+    let config = ModelConfig::load(&base)
         .with_context(|| format!("reading the model folder {}", plan.model.display()))?;
     let name = plan.input.display().to_string();
     // The token columns and what the validator's rules read (prompt_id among them, for a shard).

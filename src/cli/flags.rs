@@ -286,6 +286,132 @@ impl OptimArgs {
     }
 }
 
+/// The LoRA flags of `update` and `sft` (PEFT's names and defaults).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LoraArgs {
+    /// Train a LoRA adapter of rank R instead of every weight: the base weights stay frozen (no
+    /// gradients, no optimizer state) and the output is an adapter folder in PEFT's layout
+    /// (adapter_config.json, adapter_model.safetensors). A --model that is an adapter folder
+    /// always continues its adapter (then these flags may be left out).
+    #[arg(long, value_name = "R")]
+    pub lora_rank: Option<usize>,
+    /// lora_alpha: the adapter's output is scaled by alpha / R [default: 8, PEFT's].
+    #[arg(long, value_name = "A", allow_negative_numbers = true)]
+    pub lora_alpha: Option<f64>,
+    /// Dropout probability on the adapter's input, training only [default: 0].
+    #[arg(long, value_name = "P")]
+    pub lora_dropout: Option<f64>,
+    /// Adapted projections: a comma-separated list of q_proj, k_proj, v_proj, o_proj, gate_proj,
+    /// up_proj, down_proj, or all-linear [default: all-linear; PEFT's own default for Llama and
+    /// Qwen2 is q_proj,v_proj].
+    #[arg(long, value_name = "LIST")]
+    pub lora_target: Option<String>,
+    /// rsLoRA: scale by alpha / sqrt(R) instead of alpha / R.
+    #[arg(long)]
+    pub lora_rslora: bool,
+}
+
+impl LoraArgs {
+    /// The adapter the flags ask for (`None` without --lora-rank); `base` is recorded as the
+    /// adapter's base_model_name_or_path. Bad values are usage errors.
+    pub fn spec(&self, base: &Path) -> Result<Option<crate::model::lora::LoraSpec>> {
+        let usage = |e: anyhow::Error| -> anyhow::Error { UsageError(format!("{e:#}")).into() };
+        let Some(r) = self.lora_rank else {
+            let given = self.lora_alpha.is_some() || self.lora_target.is_some() || self.lora_rslora;
+            if given {
+                return Err(UsageError(
+                    "--lora-alpha, --lora-target and --lora-rslora need --lora-rank".into(),
+                )
+                .into());
+            }
+            return Ok(None);
+        };
+        let targets =
+            crate::model::lora::parse_targets(self.lora_target.as_deref().unwrap_or("all-linear"))
+                .map_err(usage)?;
+        let spec = crate::model::lora::LoraSpec {
+            r,
+            alpha: self.lora_alpha.unwrap_or(8.0),
+            dropout: self.lora_dropout.unwrap_or(0.0),
+            targets,
+            rslora: self.lora_rslora,
+            base: Some(base.display().to_string()),
+        };
+        spec.validate().map_err(usage)?;
+        Ok(Some(spec))
+    }
+
+    /// Load the model to train on `device` (an autodiff device): an adapter folder keeps its
+    /// adapter separate and trainable (the flags, when given, must agree with it; --lora-dropout
+    /// may change); a model folder gets a fresh adapter when --lora-rank is given.
+    pub fn load_model(
+        &self,
+        model: &Path,
+        device: &burn::tensor::Device,
+        seed: u64,
+    ) -> Result<crate::model::Model> {
+        use crate::model::{AdapterUse, Model};
+        let spec = self.spec(model)?;
+        let mut m = Model::open(model, None, device, AdapterUse::Train)?;
+        let Some(have) = m.adapter.as_mut() else {
+            return match spec {
+                Some(spec) => m.add_adapter(spec, seed),
+                None => {
+                    if let Some(p) = self.lora_dropout {
+                        return Err(UsageError(format!(
+                            "--lora-dropout {p} needs --lora-rank (or an adapter folder as --model)"
+                        ))
+                        .into());
+                    }
+                    Ok(m)
+                }
+            };
+        };
+        if let Some(want) = spec {
+            let same = want.r == have.spec.r
+                && want.alpha == have.spec.alpha
+                && want.targets == have.spec.targets
+                && want.rslora == have.spec.rslora;
+            if !same {
+                return Err(UsageError(format!(
+                    "--model {} is an adapter with r = {}, alpha = {}, targets {:?}, rslora {}; \
+                     the --lora-* flags ask for another (leave them out to continue it)",
+                    model.display(),
+                    have.spec.r,
+                    have.spec.alpha,
+                    have.spec.targets,
+                    have.spec.rslora
+                ))
+                .into());
+            }
+        }
+        if let Some(p) = self.lora_dropout {
+            have.spec.dropout = p;
+            have.spec
+                .validate()
+                .map_err(|e| UsageError(format!("{e:#}")))?;
+            for l in m.transformer.layers.iter_mut() {
+                if let Some(x) = l.lora.as_mut() {
+                    x.dropout = p;
+                }
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// The adapter of a model to train, as recorded in the output's configuration (`null` when
+/// every weight trains).
+pub fn model_lora(m: &crate::model::Model) -> serde_json::Value {
+    match &m.adapter {
+        Some(a) => serde_json::json!({
+            "from": a.dir,
+            "config": a.spec.to_peft_json(),
+        }),
+        None => serde_json::Value::Null,
+    }
+}
+
 /// The critic flags of `rlcr update`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CriticArgs {

@@ -20,6 +20,7 @@ pub mod generate_multiturn;
 pub mod import_gguf;
 pub mod inspect;
 pub mod logprobs;
+pub mod merge_lora;
 pub mod prepare;
 pub mod probe;
 pub mod report;
@@ -91,6 +92,8 @@ pub enum Command {
     Values(values::Args),
     #[command(name = "import-gguf", about = import_gguf::ABOUT, long_about = import_gguf::LONG_ABOUT)]
     ImportGguf(import_gguf::Args),
+    #[command(name = "merge-lora", about = merge_lora::ABOUT, long_about = merge_lora::LONG_ABOUT)]
+    MergeLora(merge_lora::Args),
     #[command(about = schema::ABOUT, long_about = schema::LONG_ABOUT)]
     Schema(schema::Args),
     #[command(about = inspect::ABOUT, long_about = inspect::LONG_ABOUT)]
@@ -186,6 +189,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Logprobs(a) => logprobs::run(&g, a),
         Command::Values(a) => values::run(&g, a),
         Command::ImportGguf(a) => import_gguf::run(&g, a),
+        Command::MergeLora(a) => merge_lora::run(&g, a),
         Command::Schema(a) => schema::run(&g, a),
         Command::Inspect(a) => inspect::run(&g, a),
     }

@@ -5,8 +5,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use super::common::{Global, UsageError};
-use super::flags::{ChatArgs, ModelFolder, OptimArgs};
-use crate::model::Model;
+use super::flags::{model_lora, ChatArgs, LoraArgs, ModelFolder, OptimArgs};
 use crate::train::data::{check_positions, check_vocab};
 use crate::train::session::{self, Session};
 use crate::train::sft::{read_sft_rows, SftFilter};
@@ -54,6 +53,8 @@ pub struct Args {
     pub min_conf_reward: Option<f64>,
     #[command(flatten)]
     pub optim: OptimArgs,
+    #[command(flatten)]
+    pub lora: LoraArgs,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -64,11 +65,14 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         return Err(UsageError("--batch-size must be at least 1".into()).into());
     }
     // Check every flag before reading anything (usage errors, exit code 2).
+    a.lora.spec(&a.model.model)?;
     a.optim
         .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
     let device = crate::model::device_from_str(&g.device)?;
     let chat = a.chat.options()?;
-    let mut model = Model::load(&a.model.model, &device.autodiff())
+    let mut model = a
+        .lora
+        .load_model(&a.model.model, &device.autodiff(), g.seed)
         .with_context(|| format!("loading {}", a.model.model.display()))?;
     model.set_chat_options(&chat)?;
     let filter = SftFilter {
@@ -104,6 +108,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         "min_conf_reward": a.min_conf_reward,
         "chat": chat.meta(),
         "adamw": a.optim.adamw(),
+        "lora": model_lora(&model),
         "train": train,
         "resume": a.optim.resume,
         "device": g.device,

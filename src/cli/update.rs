@@ -6,7 +6,7 @@ use burn::module::Module;
 use serde_json::json;
 
 use super::common::Global;
-use super::flags::{CriticArgs, ModelFolder};
+use super::flags::{model_lora, CriticArgs, LoraArgs, ModelFolder};
 use crate::model::Model;
 use crate::train::data::{check_positions, check_vocab, read_update_rows, TrainRow};
 use crate::train::loss::{ClipConfig, KlEstimator};
@@ -104,6 +104,8 @@ pub struct Args {
     #[command(flatten)]
     pub optim: OptimArgs,
     #[command(flatten)]
+    pub lora: LoraArgs,
+    #[command(flatten)]
     pub critic: CriticArgs,
     /// Resolved configuration file (TOML); flags win over it.
     #[arg(long)]
@@ -128,6 +130,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         value_tokens: None,
     };
     // Check every flag before reading anything (usage errors, exit code 2).
+    a.lora.spec(&a.model.model)?;
     a.optim
         .train_config(objective, a.lr, a.mini_batches, a.temperature, &[], g.seed)?;
     let use_kl = a.kl_coef > 0.0;
@@ -155,7 +158,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
     }
     crate::info!("{}: {} rows", a.input.display(), rows.len());
-    let model = Model::load(&a.model.model, &device.clone().autodiff())
+    let model = a
+        .lora
+        .load_model(&a.model.model, &device.clone().autodiff(), g.seed)
         .with_context(|| format!("loading the policy {}", a.model.model.display()))?;
     let table = a.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
@@ -230,6 +235,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         "ref_model": a.ref_model,
         "recompute_old_logprobs": a.recompute_old_logprobs,
         "adamw": a.optim.adamw(),
+        "lora": model_lora(&model),
         "train": train,
         "resume": a.optim.resume,
         "device": g.device,

@@ -11,6 +11,7 @@
 //!   Flex tensors: decode products, the training/prefill GEMM, attention, the fused LM head;
 //!   [`fused`]: RMSNorm and the SwiGLU gate as single ops.
 //! - [`gguf`]: llama.cpp GGUF import.
+//! - [`lora`]: LoRA adapters in PEFT's format (trained beside frozen weights, merged for sampling).
 //!
 //! [`Model`] bundles them for the stages; [`logprobs`] is the batched per-token log-prob routine
 //! shared by `rlcr logprobs` and (on an autodiff device, through
@@ -28,6 +29,7 @@ pub mod cpu;
 pub mod fused;
 pub mod gguf;
 pub mod head;
+pub mod lora;
 pub mod sgemm;
 pub mod tokenizer;
 pub mod transformer;
@@ -209,13 +211,91 @@ pub struct Model {
     pub chat_template: Option<ChatTemplate>,
     /// On-disk dtype of every weight, to save in the same dtypes.
     pub dtypes: WeightDtypes,
+    /// The LoRA adapter the model was loaded or set up with, if any.
+    pub adapter: Option<Adapter>,
+}
+
+/// How an adapter folder given as the model is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterUse {
+    /// Merged into the weights at load (sampling, log-probs: the plain model's speed).
+    Merge,
+    /// Kept beside the frozen base weights and trainable (`update`, `sft`).
+    Train,
+}
+
+/// A model's LoRA adapter.
+#[derive(Debug, Clone)]
+pub struct Adapter {
+    /// The adapter folder it was read from (`None`: a fresh adapter).
+    pub dir: Option<PathBuf>,
+    pub spec: lora::LoraSpec,
+    /// Merged into the weights ([`AdapterUse::Merge`]).
+    pub merged: bool,
 }
 
 impl Model {
-    /// Load a Hugging Face model folder onto `device` (use `device.autodiff()` to train).
+    /// Load a Hugging Face model folder onto `device` (use `device.autodiff()` to train). A LoRA
+    /// adapter folder loads its base model with the adapter merged in (see [`Model::open`]).
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        Self::open(dir, None, device, AdapterUse::Merge)
+    }
+
+    /// Load `model` with a LoRA adapter: `adapter` on the base folder `model`, or `model` itself
+    /// when it is an adapter folder (its `base_model_name_or_path` resolved by
+    /// [`lora::resolve_base`]), used as `how` says. Config, tokenizer and chat template are the
+    /// base's; [`Model::dir`] is the base folder.
+    pub fn open(
+        model: &Path,
+        adapter: Option<&Path>,
+        device: &Device,
+        how: AdapterUse,
+    ) -> Result<Self> {
+        let (dir, adapter_dir) = lora::resolve(model, adapter)?;
+        let dir = dir.as_path();
         let config = ModelConfig::load(dir)?;
-        let (transformer, dtypes) = weights::load(&config, dir, device)?;
+        let (transformer, dtypes, adapter) = match adapter_dir {
+            None => {
+                let (t, d) = weights::load(&config, dir, device)?;
+                (t, d, None)
+            }
+            Some(a) => {
+                let (spec, at) = lora::read_adapter(&a)?;
+                let file = a.join(lora::WEIGHTS_FILE).display().to_string();
+                lora::check_tensors(&config, &spec, &at, &file)?;
+                let (t, d) = match how {
+                    AdapterUse::Merge => {
+                        let mut tensors = weights::read_checkpoint(dir)?;
+                        weights::check_tensors(&config, &tensors)
+                            .with_context(|| format!("loading weights from {}", dir.display()))?;
+                        lora::merge_into(&mut tensors, &config, &spec, &at)?;
+                        weights::build(&config, tensors, device)?
+                    }
+                    AdapterUse::Train => {
+                        let (t, d) = weights::load(&config, dir, device)?;
+                        (lora::attach(t, &config, &spec, lora::Init::From(&at))?, d)
+                    }
+                };
+                crate::info!(
+                    "{}: LoRA adapter (r = {}, {} modules) on {}{}",
+                    a.display(),
+                    spec.r,
+                    spec.targets.len(),
+                    dir.display(),
+                    if how == AdapterUse::Merge {
+                        ", merged"
+                    } else {
+                        ""
+                    }
+                );
+                let info = Adapter {
+                    dir: Some(a),
+                    spec,
+                    merged: how == AdapterUse::Merge,
+                };
+                (t, d, Some(info))
+            }
+        };
         let tokenizer = Tokenizer::load(dir, Some(&config))?;
         let chat_template = ChatTemplate::load(dir)?;
         Ok(Model {
@@ -225,19 +305,63 @@ impl Model {
             tokenizer,
             chat_template,
             dtypes,
+            adapter,
         })
     }
 
-    /// Save the current weights as a complete checkpoint folder at `out` (atomic; HF layout,
-    /// names and dtypes as loaded; config, tokenizer and template files copied).
+    /// Freeze the weights and attach a fresh adapter (PEFT's initialisation, seeded): training
+    /// then updates the adapter only, and [`Model::save`] writes an adapter folder.
+    pub fn add_adapter(mut self, spec: lora::LoraSpec, seed: u64) -> Result<Self> {
+        if self.adapter.is_some() {
+            bail!("{}: the model already has an adapter", self.dir.display());
+        }
+        self.transformer = lora::attach(
+            self.transformer,
+            &self.config,
+            &spec,
+            lora::Init::Fresh { seed },
+        )?;
+        self.adapter = Some(Adapter {
+            dir: None,
+            spec,
+            merged: false,
+        });
+        Ok(self)
+    }
+
+    /// The folder whose trainer state and metrics a training run continues: the adapter folder
+    /// when the model was loaded from one, else the model folder.
+    pub fn state_dir(&self) -> &Path {
+        match &self.adapter {
+            Some(Adapter { dir: Some(d), .. }) => d,
+            _ => &self.dir,
+        }
+    }
+
+    /// Save at `out` (atomic): with a trainable adapter, an adapter folder in PEFT's layout
+    /// (`adapter_config.json`, `adapter_model.safetensors`, the tokenizer and template files);
+    /// else a complete checkpoint folder (HF layout, names and dtypes as loaded; config,
+    /// tokenizer and template files copied).
     pub fn save(&self, out: &Path) -> Result<()> {
-        if let (Ok(a), Ok(b)) = (self.dir.canonicalize(), out.canonicalize()) {
-            if a == b {
-                bail!(
-                    "{}: refusing to overwrite the model folder it was loaded from",
-                    out.display()
-                );
+        for d in [self.dir.as_path(), self.state_dir()] {
+            if let (Ok(a), Ok(b)) = (d.canonicalize(), out.canonicalize()) {
+                if a == b {
+                    bail!(
+                        "{}: refusing to overwrite the model folder it was loaded from",
+                        out.display()
+                    );
+                }
             }
+        }
+        if lora::has_adapter(&self.transformer) {
+            let mut spec = match &self.adapter {
+                Some(a) => a.spec.clone(),
+                None => bail!("internal: an adapter without its configuration"),
+            };
+            // The base as this process found it (relative to the working directory, as the
+            // --model flag and transformers take it), so the new folder resolves wherever it is.
+            spec.base = Some(lora::normalize(&self.dir).display().to_string());
+            return lora::save_adapter(&self.transformer, &spec, &self.dir, out);
         }
         weights::save(
             &self.transformer,

@@ -51,6 +51,7 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::config::ModelConfig;
 use super::cpu::{self, PackedMatrix};
+use super::lora::{Dropout, LayerLora, Target};
 use super::sgemm;
 use std::sync::{Arc, OnceLock};
 
@@ -158,7 +159,7 @@ fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
 /// autodiff op), else burn's matmul. On any other device (a GPU) it is burn's matmul, with no
 /// host round trip. All of rlcr's kernels sum each output in the order of K from zero, so decode,
 /// prefill and training give the same bits for a row whatever the batch.
-fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
+pub(crate) fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
     if !super::is_flex(&x.device()) {
         return sgemm::matmul(&x, &w).unwrap_or_else(|| x.matmul(w));
     }
@@ -201,21 +202,38 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: Tensor<2>, packed: Option<&LayerPacked>) -> Tensor<2> {
+    fn forward(
+        &self,
+        x: Tensor<2>,
+        packed: Option<&LayerPacked>,
+        lora: Option<&LayerLora>,
+        drop: Option<&Dropout>,
+    ) -> Tensor<2> {
         let gu = linear(
-            x,
+            x.clone(),
             &self.gate_up,
             &self.gate_up_bias,
             packed.and_then(|p| p.gate_up.as_ref()),
         );
+        let gu = match lora {
+            Some(l) => {
+                let i = self.down.val().dims()[0];
+                l.add_fused(gu, &x, &[(Target::Gate, i), (Target::Up, i)], drop)
+            }
+            None => gu,
+        };
         // silu(gate) · up with silu(g) = g · sigmoid(g), as torch's silu (one fused op on Flex).
         let h = super::fused::swiglu(gu);
-        linear(
-            h,
+        let y = linear(
+            h.clone(),
             &self.down,
             &self.down_bias,
             packed.and_then(|p| p.down.as_ref()),
-        )
+        );
+        match lora {
+            Some(l) => l.add(y, &h, Target::Down, drop),
+            None => y,
+        }
     }
 }
 
@@ -264,6 +282,8 @@ struct Step<'a> {
     /// Decode steps (one token per row, through the cache): which of the cache's first `start
     /// + 1` slots each row may attend to (`[B · (start + 1)]`), for the host attention kernel.
     decode_keys: Option<&'a [bool]>,
+    /// Adapter dropout keys (training steps with LoRA dropout only).
+    lora_drop: Option<&'a Dropout>,
 }
 
 impl Attention {
@@ -274,17 +294,25 @@ impl Attention {
         s: &Step<'_>,
         kv: KvSource<'_>,
         packed: Option<&LayerPacked>,
+        lora: Option<&LayerLora>,
     ) -> Tensor<2> {
         let (b, t) = s.shape;
         let (rope, mask) = (s.rope, s.mask);
         let (h, k, d) = (s.dims.heads, s.dims.kv_heads, s.dims.head_dim);
         let g = h / k;
         let qkv = linear(
-            x,
+            x.clone(),
             &self.qkv,
             &self.qkv_bias,
             packed.and_then(|p| p.qkv.as_ref()),
         );
+        let qkv = match lora {
+            Some(l) => {
+                let parts = [(Target::Q, h * d), (Target::K, k * d), (Target::V, k * d)];
+                l.add_fused(qkv, &x, &parts, s.lora_drop)
+            }
+            None => qkv,
+        };
         // [B·T, (H+2K)·d] → [B, T, H+2K, d] (free) → [B, H+2K, T, d] (view).
         let qkv = qkv.reshape([b, t, h + 2 * k, d]);
         let qkv = match (&self.q_norm, &self.k_norm) {
@@ -348,12 +376,16 @@ impl Attention {
             .reshape([b, h, t, d])
             .swap_dims(1, 2)
             .reshape([b * t, h * d]);
-        linear(
-            out,
+        let y = linear(
+            out.clone(),
             &self.o,
             &self.o_bias,
             packed.and_then(|p| p.o.as_ref()),
-        )
+        );
+        match lora {
+            Some(l) => l.add(y, &out, Target::O, s.lora_drop),
+            None => y,
+        }
     }
 }
 
@@ -368,6 +400,8 @@ pub struct Layer {
     pub attn: Attention,
     pub post_norm: Param<Tensor<1>>,
     pub mlp: Mlp,
+    /// A LoRA adapter on the layer's projections (training; sampling merges it at load).
+    pub lora: Option<LayerLora>,
 }
 
 impl Layer {
@@ -379,13 +413,21 @@ impl Layer {
         packed: Option<&LayerPacked>,
     ) -> Tensor<2> {
         let eps = s.dims.eps;
-        let a = self
-            .attn
-            .forward(rms_norm(x.clone(), &self.input_norm, eps), s, kv, packed);
+        let lora = self.lora.as_ref();
+        let a = self.attn.forward(
+            rms_norm(x.clone(), &self.input_norm, eps),
+            s,
+            kv,
+            packed,
+            lora,
+        );
         let x = x + a;
-        let m = self
-            .mlp
-            .forward(rms_norm(x.clone(), &self.post_norm, eps), packed);
+        let m = self.mlp.forward(
+            rms_norm(x.clone(), &self.post_norm, eps),
+            packed,
+            lora,
+            s.lora_drop,
+        );
         x + m
     }
 }
@@ -772,6 +814,7 @@ impl Transformer {
             mask: &mask,
             mask_host: &mask_host,
             decode_keys: decode_keys.as_deref(),
+            lora_drop: None,
         };
         let mut x = self.embed_tokens(input, &device);
         for (k, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
@@ -859,6 +902,8 @@ struct FreshBatch {
     rope: Rope,
     mask: Tensor<4, Bool>,
     mask_host: Vec<bool>,
+    /// Adapter dropout keys (training steps with LoRA dropout only).
+    drop: Option<Dropout>,
 }
 
 impl FreshBatch {
@@ -879,11 +924,13 @@ impl FreshBatch {
         let rope = Rope::new(&model.dims.inv_freq, &positions, b, t, device);
         let valid = |r: usize, s: usize| input.valid[r * t + s];
         let (mask, mask_host) = build_mask(b, t, model.dims.group(), t, 0, valid, valid, device);
+        let drop = Dropout::for_batch(model, b, t, &input.ids, &input.valid);
         Ok(FreshBatch {
             shape: (b, t),
             rope,
             mask,
             mask_host,
+            drop,
         })
     }
 
@@ -895,6 +942,7 @@ impl FreshBatch {
             mask: &self.mask,
             mask_host: &self.mask_host,
             decode_keys: None,
+            lora_drop: self.drop.as_ref(),
         }
     }
 }

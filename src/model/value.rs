@@ -90,6 +90,12 @@ pub struct Critic {
 impl Critic {
     /// Load a critic (or a policy, with a zero head) from `dir`.
     pub fn load(dir: &Path, device: &Device) -> Result<Critic> {
+        anyhow::ensure!(
+            !super::lora::is_adapter_dir(dir),
+            "{}: a LoRA adapter folder cannot start a critic (a critic trains every weight); \
+             give its base model folder, or a full model made with `rlcr merge-lora`",
+            dir.display()
+        );
         let config = ModelConfig::load(dir)?;
         let mut tensors = weights::read_checkpoint(dir)?;
         let h = config.hidden_size;

@@ -138,27 +138,36 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 pub fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, HostTensor>> {
     let mut out = BTreeMap::new();
     for path in weight_files(dir)? {
-        let file = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: the file is only read; a concurrent writer could change what we read, which is
-        // the same risk as reading it with read(2).
-        let mmap = unsafe { memmap2::Mmap::map(&file) }
-            .with_context(|| format!("mapping {}", path.display()))?;
-        let st = SafeTensors::deserialize(&mmap)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("reading safetensors header of {}", path.display()))?;
-        for (name, view) in st.iter() {
-            let data = decode_to_f32(view.dtype(), view.data())
-                .with_context(|| format!("{}: tensor `{name}`", path.display()))?;
-            let prev = out.insert(
-                name.to_string(),
-                HostTensor {
-                    dtype: view.dtype(),
-                    shape: view.shape().to_vec(),
-                    data,
-                },
-            );
+        for (name, t) in read_safetensors_file(&path)? {
+            let prev = out.insert(name.clone(), t);
             ensure!(prev.is_none(), "tensor `{name}` appears in two shards");
         }
+    }
+    Ok(out)
+}
+
+/// Read every tensor of one safetensors file into f32 host memory.
+pub fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
+    let mut out = BTreeMap::new();
+    let file = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: the file is only read; a concurrent writer could change what we read, which is
+    // the same risk as reading it with read(2).
+    let mmap = unsafe { memmap2::Mmap::map(&file) }
+        .with_context(|| format!("mapping {}", path.display()))?;
+    let st = SafeTensors::deserialize(&mmap)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("reading safetensors header of {}", path.display()))?;
+    for (name, view) in st.iter() {
+        let data = decode_to_f32(view.dtype(), view.data())
+            .with_context(|| format!("{}: tensor `{name}`", path.display()))?;
+        out.insert(
+            name.to_string(),
+            HostTensor {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                data,
+            },
+        );
     }
     Ok(out)
 }
@@ -383,6 +392,7 @@ pub fn build(
                 down: param2(take(&format!("{p}mlp.down_proj.weight"))?, [h, i], device),
                 down_bias,
             },
+            lora: None,
         });
     }
     let norm = param1(take("model.norm.weight")?, device);
@@ -571,6 +581,30 @@ impl View for &Encoded {
     fn data_len(&self) -> usize {
         self.bytes.len()
     }
+}
+
+/// Write host tensors as one safetensors file at `path` (each in its dtype; metadata
+/// `format: pt`, as transformers and PEFT write).
+pub fn write_safetensors_file(path: &Path, tensors: &[(String, HostTensor)]) -> Result<()> {
+    let encoded: Vec<(String, Encoded)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            Ok((
+                n.clone(),
+                Encoded {
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    bytes: encode_from_f32(t.dtype, &t.data)
+                        .with_context(|| format!("tensor `{n}`"))?,
+                },
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let views = encoded.iter().map(|(n, e)| (n.as_str(), e));
+    safetensors::serialize_to_file(views, Some(meta), path)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Write host tensors as `model.safetensors`, or as shards of at most `max_shard` bytes plus

@@ -6,7 +6,8 @@
 //! spaced offsets (the whole data when it is smaller than that). Hashing every byte of a 15 GB
 //! checkpoint would cost seconds per stage; the header pins names, dtypes and shapes, and an
 //! update changes every weight, so sampled chunks tell checkpoints of one run apart.
-//! The value is 16 hex digits; it identifies, it does not authenticate.
+//! The value is 16 hex digits; it identifies, it does not authenticate. A LoRA adapter folder's
+//! fingerprint hashes its base's, then `adapter_config.json` and its safetensors the same way.
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -43,8 +44,16 @@ const CHUNK: u64 = 4096;
 
 /// Fingerprint of a model folder (see the module docs).
 pub fn model_fingerprint(dir: &Path) -> Result<String> {
+    use crate::model::lora;
     let mut h = Fnv64::default();
-    let cfg = dir.join("config.json");
+    // An adapter folder: the base's fingerprint, then the adapter's config and tensors.
+    let cfg = if lora::is_adapter_dir(dir) {
+        let (base, _) = lora::resolve(dir, None)?;
+        h.update(model_fingerprint(&base)?.as_bytes());
+        dir.join(lora::CONFIG_FILE)
+    } else {
+        dir.join("config.json")
+    };
     let bytes = std::fs::read(&cfg).with_context(|| format!("reading {}", cfg.display()))?;
     h.update(&bytes);
     let mut files: Vec<_> = std::fs::read_dir(dir)

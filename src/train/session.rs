@@ -102,21 +102,35 @@ pub fn start_optimizer(
 pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepMetrics>> {
     s.train.validate()?;
     s.adamw.validate()?;
-    if let (Ok(a), Ok(b)) = (model.dir.canonicalize(), s.out.canonicalize()) {
-        if a == b {
-            bail!(
-                "-o {}: the output folder is the input model folder; write a new folder (inputs are \
-                 never modified in place)",
-                s.out.display()
-            );
+    for dir in [model.dir.as_path(), model.state_dir()] {
+        if let (Ok(a), Ok(b)) = (dir.canonicalize(), s.out.canonicalize()) {
+            if a == b {
+                bail!(
+                    "-o {}: the output folder is the input model folder; write a new folder \
+                     (inputs are never modified in place)",
+                    s.out.display()
+                );
+            }
         }
     }
+    // A fresh adapter starts a fresh optimizer: a state saved beside the base weights holds
+    // moments of the base weights, which the adapter's training does not step.
+    let fresh_adapter = matches!(&model.adapter, Some(a) if a.dir.is_none());
+    let mode = match s.resume {
+        ResumeMode::Yes if fresh_adapter => bail!(
+            "--resume: a new LoRA adapter has no optimizer state to resume; give the adapter \
+             folder of an earlier run as --model, or use --resume auto"
+        ),
+        ResumeMode::Auto if fresh_adapter => ResumeMode::No,
+        m => m,
+    };
+    let state_dir = model.state_dir().to_path_buf();
     let (mut opt, resumed) =
-        start_optimizer(&model.dir, &s.stage, s.resume, s.adamw, &model.transformer)?;
+        start_optimizer(&state_dir, &s.stage, mode, s.adamw, &model.transformer)?;
     let total = (s.train.epochs * s.train.mini_batches) as u64;
     let mut progress = Progress::new(&s.stage, total, "steps");
     let mut lines = if resumed {
-        previous_metrics(&model.dir)?
+        previous_metrics(&state_dir)?
     } else {
         Vec::new()
     };

@@ -601,7 +601,10 @@ pub fn train(
         {
             let t0 = Instant::now();
             let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
+            // LoRA dropout masks are keyed by the seed and the optimizer step.
+            let dropout = crate::model::lora::dropout_scope(cfg.seed, opt.step);
             let (grads, sums) = batch_gradients(&model, &batch, cfg)?;
+            drop(dropout);
             let norm = global_grad_norm(&model, &grads);
             let lr = cfg.schedule.lr_at(opt.step);
             let skipped = !norm.is_finite() || grads.is_empty() || sums.tokens == 0;

@@ -18,6 +18,7 @@ fn every_subcommand_has_help() {
         "logprobs",
         "values",
         "import-gguf",
+        "merge-lora",
         "schema",
         "inspect",
     ] {

@@ -16,6 +16,7 @@ mod ecosystem;
 mod fuzz_regressions;
 mod gguf;
 mod learning;
+mod lora;
 mod model;
 mod multiturn;
 mod probe;

@@ -727,7 +727,7 @@ fn hf(args: &[&Path]) -> Option<serde_json::Value> {
 }
 
 /// Per-row log-probs in column `col` of an rlcr table.
-fn logprob_column(path: &Path, col: &str) -> Vec<Vec<f32>> {
+pub(crate) fn logprob_column(path: &Path, col: &str) -> Vec<Vec<f32>> {
     use arrow::array::{Array, Float32Array, ListArray};
     let f = std::fs::File::open(path).unwrap();
     let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)

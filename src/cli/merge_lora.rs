@@ -1,0 +1,65 @@
+//! `rlcr merge-lora`: fold a LoRA adapter into its base model and write a full model folder.
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::common::Global;
+use crate::model::lora;
+
+pub const ABOUT: &str =
+    "Merge a LoRA adapter (PEFT's layout) into its base model; write a full Hugging Face folder";
+pub const LONG_ABOUT: &str = "\
+Write W + scaling·B·A for every adapted projection (scaling = lora_alpha / r, or lora_alpha / √r
+with use_rslora), every tensor in the base checkpoint's dtype, with the base's config, tokenizer
+and chat template: the folder PEFT's merge_and_unload() + save_pretrained() writes, which
+transformers, vLLM and every rlcr stage load as a plain model.
+
+Not needed to sample: every stage that reads a model accepts an adapter folder as --model and
+merges it in memory at load. Merge to hand the model to a tool that does not read adapters, or to
+start full fine-tuning from it.
+
+Reads: an adapter folder (adapter_config.json + adapter_model.safetensors, written by
+`rlcr update/sft --lora-rank` or by PEFT) whose base_model_name_or_path is a model folder, or the
+base given with --base. Writes: OUT (atomically). Costs: the base's weights in f32 in memory.
+Example:
+  rlcr merge-lora --adapter runs/x/iter-0003/model -o merged/";
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Adapter folder (adapter_config.json, adapter_model.safetensors).
+    #[arg(long)]
+    pub adapter: PathBuf,
+    /// Base model folder [default: the adapter's base_model_name_or_path, taken relative to the
+    /// working directory, else to the adapter folder].
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// Output model folder.
+    #[arg(short = 'o', long)]
+    pub out: PathBuf,
+    /// Resolved configuration file (TOML); flags win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+pub fn run(_g: &Global, a: Args) -> Result<()> {
+    let (base, adapter) = match &a.base {
+        Some(b) => lora::resolve(b, Some(&a.adapter))?,
+        None => lora::resolve(&a.adapter, None)?,
+    };
+    let Some(adapter) = adapter else {
+        anyhow::bail!(
+            "--adapter {}: no {} in it",
+            a.adapter.display(),
+            lora::CONFIG_FILE
+        );
+    };
+    crate::fs::check_distinct(&[&base, &adapter], &a.out)?;
+    lora::merge_folder(&base, &adapter, &a.out)?;
+    crate::info!(
+        "merged {} into {} -> {}",
+        adapter.display(),
+        base.display(),
+        a.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,1055 @@
+//! LoRA adapters in PEFT's format: trained beside frozen base weights, saved as
+//! `adapter_config.json` + `adapter_model.safetensors`, merged into the base for sampling.
+//!
+//! A projection `y = x·W` with an adapter computes `y = x·W + s · drop(x)·A·B`, where `A` is
+//! `[in, r]`, `B` is `[r, out]` and `s = lora_alpha / r` (`lora_alpha / √r` with rsLoRA): PEFT's
+//! `lora_B(lora_A(dropout(x))) * scaling`. The module stores `A` and `B` transposed from PEFT's
+//! `lora_A.weight` `[r, in]` and `lora_B.weight` `[out, r]`, as the base weights are stored
+//! transposed from Hugging Face's `[out, in]` (see the transformer's design notes).
+//!
+//! Design decisions:
+//! - **The adapter lives inside the [`Transformer`]** (an optional [`LayerLora`] per layer), so
+//!   the training loop, gradient accumulation, clipping and the optimizer work unchanged: the
+//!   base parameters are marked as not requiring gradients (burn's `no_grad`), so the autodiff
+//!   graph keeps no base-weight gradient and the product kernels keep only what the adapter's
+//!   gradient needs, and the optimizer, which steps only parameters that have a gradient, holds
+//!   moments for the adapter alone.
+//! - **Fused projections stay fused**: q/k/v and gate/up are one matrix each in the base; their
+//!   adapters run per projection and are concatenated (zeros for a projection without one) and
+//!   added to the fused output.
+//! - **Sampling merges at load** (`W + s·B·A` on the host, before the module is built): decoding
+//!   then runs the plain model through every fast path, at no cost per token.
+//! - **Dropout** (`lora_dropout > 0`, training only) masks the adapter's input, PEFT's inverted
+//!   dropout (kept values scaled by `1/(1−p)`), one independent mask per projection. The mask of a
+//!   token is a hash of the seed, the optimizer step, the layer, the projection, the token's row
+//!   (its ids) and its position in that row, so it does not depend on the batch or micro-batch
+//!   the row lands in, nor on threads.
+//! - **Initialisation** is PEFT's default: `A` kaiming-uniform with `a = √5` (uniform in
+//!   ±1/√in), `B` zero, so a fresh adapter computes the base model exactly; seeded by `--seed`,
+//!   the layer and the projection.
+//! - Reading is strict: an adapter whose config asks for something this implementation does not
+//!   compute (DoRA, biases, per-module ranks, layer subsets, extra saved modules) is refused by
+//!   name, as are missing, unknown or mis-shaped tensors.
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context, Result};
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Tensor, TensorData};
+use safetensors::Dtype;
+use serde_json::{json, Value};
+
+use super::config::ModelConfig;
+use super::transformer::Transformer;
+use super::weights::{self, HostTensor};
+
+/// The adapter's configuration file.
+pub const CONFIG_FILE: &str = "adapter_config.json";
+/// The adapter's weights file.
+pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+
+// ---------------------------------------------------------------------------------------------
+// Targets and configuration
+// ---------------------------------------------------------------------------------------------
+
+/// A projection an adapter can target, by its Hugging Face module name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Target {
+    /// Every target, in layer order.
+    pub const ALL: [Target; 7] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Gate,
+        Target::Up,
+        Target::Down,
+    ];
+
+    /// PEFT's (and the checkpoint's) module name: `q_proj`, …, `down_proj`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Q => "q_proj",
+            Target::K => "k_proj",
+            Target::V => "v_proj",
+            Target::O => "o_proj",
+            Target::Gate => "gate_proj",
+            Target::Up => "up_proj",
+            Target::Down => "down_proj",
+        }
+    }
+
+    /// The submodule of a decoder layer it sits in.
+    fn parent(self) -> &'static str {
+        match self {
+            Target::Q | Target::K | Target::V | Target::O => "self_attn",
+            Target::Gate | Target::Up | Target::Down => "mlp",
+        }
+    }
+
+    /// `(in, out)` features of the projection.
+    pub fn shape(self, c: &ModelConfig) -> (usize, usize) {
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let qd = c.num_attention_heads * c.head_dim;
+        let kd = c.num_key_value_heads * c.head_dim;
+        match self {
+            Target::Q => (h, qd),
+            Target::K | Target::V => (h, kd),
+            Target::O => (qd, h),
+            Target::Gate | Target::Up => (h, i),
+            Target::Down => (i, h),
+        }
+    }
+
+    /// The base weight's Hugging Face name in layer `l`.
+    pub fn weight_name(self, l: usize) -> String {
+        format!("model.layers.{l}.{}.{}.weight", self.parent(), self.name())
+    }
+
+    /// PEFT's names of `lora_A` and `lora_B` in layer `l`.
+    pub fn peft_names(self, l: usize) -> (String, String) {
+        let p = format!(
+            "base_model.model.model.layers.{l}.{}.{}",
+            self.parent(),
+            self.name()
+        );
+        (format!("{p}.lora_A.weight"), format!("{p}.lora_B.weight"))
+    }
+
+    fn index(self) -> u64 {
+        self as u64
+    }
+}
+
+impl std::str::FromStr for Target {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Target::ALL
+            .into_iter()
+            .find(|t| t.name() == s.trim())
+            .with_context(|| {
+                format!(
+                    "unknown LoRA target `{s}` (expected some of q_proj, k_proj, v_proj, o_proj, \
+                     gate_proj, up_proj, down_proj, or all-linear)"
+                )
+            })
+    }
+}
+
+/// Parse a `--lora-target` list: comma-separated module names, or `all-linear` (all seven).
+pub fn parse_targets(s: &str) -> Result<Vec<Target>> {
+    if s.trim() == "all-linear" {
+        return Ok(Target::ALL.to_vec());
+    }
+    let mut set = BTreeSet::new();
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        set.insert(part.parse::<Target>()?);
+    }
+    ensure!(!set.is_empty(), "--lora-target names no module");
+    Ok(set.into_iter().collect())
+}
+
+/// An adapter's configuration (the part of PEFT's `LoraConfig` this implementation computes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraSpec {
+    /// Rank r.
+    pub r: usize,
+    /// `lora_alpha`.
+    pub alpha: f64,
+    /// `lora_dropout` (training only).
+    pub dropout: f64,
+    /// Adapted projections (sorted, distinct).
+    pub targets: Vec<Target>,
+    /// rsLoRA scaling `alpha / √r` instead of `alpha / r`.
+    pub rslora: bool,
+    /// `base_model_name_or_path` as written (a folder path, possibly relative).
+    pub base: Option<String>,
+}
+
+impl LoraSpec {
+    /// Check the ranges: r ≥ 1, alpha finite, dropout in [0, 1).
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.r >= 1, "--lora-rank must be at least 1");
+        ensure!(
+            self.alpha.is_finite(),
+            "--lora-alpha must be finite, got {}",
+            self.alpha
+        );
+        ensure!(
+            (0.0..1.0).contains(&self.dropout),
+            "--lora-dropout must be in [0, 1), got {}",
+            self.dropout
+        );
+        ensure!(!self.targets.is_empty(), "--lora-target names no module");
+        Ok(())
+    }
+
+    /// The factor `s` of the adapter's output.
+    pub fn scaling(&self) -> f64 {
+        if self.rslora {
+            self.alpha / (self.r as f64).sqrt()
+        } else {
+            self.alpha / self.r as f64
+        }
+    }
+
+    /// PEFT's `adapter_config.json` for this adapter.
+    pub fn to_peft_json(&self) -> Value {
+        let targets: Vec<&str> = self.targets.iter().map(|t| t.name()).collect();
+        json!({
+            "alpha_pattern": {},
+            "auto_mapping": null,
+            "base_model_name_or_path": self.base,
+            "bias": "none",
+            "exclude_modules": null,
+            "fan_in_fan_out": false,
+            "inference_mode": true,
+            "init_lora_weights": true,
+            "layer_replication": null,
+            "layers_pattern": null,
+            "layers_to_transform": null,
+            "lora_alpha": self.alpha,
+            "lora_bias": false,
+            "lora_dropout": self.dropout,
+            "modules_to_save": null,
+            "peft_type": "LORA",
+            "r": self.r,
+            "rank_pattern": {},
+            "revision": null,
+            "target_modules": targets,
+            "task_type": "CAUSAL_LM",
+            "use_dora": false,
+            "use_rslora": self.rslora,
+        })
+    }
+
+    /// Read PEFT's `adapter_config.json` text (`file` names it in errors). Settings that change
+    /// the function and that this implementation does not compute are refused by name.
+    pub fn from_peft_json(text: &str, file: &str) -> Result<Self> {
+        let v: Value = serde_json::from_str(text).with_context(|| format!("parsing {file}"))?;
+        let o = v
+            .as_object()
+            .with_context(|| format!("{file}: not a JSON object"))?;
+        let get = |k: &str| o.get(k).filter(|x| !x.is_null());
+        match get("peft_type").and_then(Value::as_str) {
+            Some("LORA") => {}
+            other => bail!("{file}: peft_type {other:?} is not supported (only \"LORA\")"),
+        }
+        let r = get("r")
+            .and_then(Value::as_u64)
+            .with_context(|| format!("{file}: `r` must be a positive integer"))?
+            as usize;
+        let num = |k: &str, default: f64| -> Result<f64> {
+            match get(k) {
+                None => Ok(default),
+                Some(x) => x
+                    .as_f64()
+                    .with_context(|| format!("{file}: `{k}` must be a number, got {x}")),
+            }
+        };
+        let flag = |k: &str| get(k).and_then(Value::as_bool).unwrap_or(false);
+        let alpha = num("lora_alpha", 8.0)?;
+        let dropout = num("lora_dropout", 0.0)?;
+        let targets = match get("target_modules") {
+            Some(Value::String(s)) if s == "all-linear" => Target::ALL.to_vec(),
+            Some(Value::Array(a)) => {
+                let mut set = BTreeSet::new();
+                for t in a {
+                    let s = t
+                        .as_str()
+                        .with_context(|| format!("{file}: target_modules holds {t}"))?;
+                    set.insert(s.parse::<Target>().with_context(|| file.to_string())?);
+                }
+                set.into_iter().collect()
+            }
+            other => bail!(
+                "{file}: target_modules {other:?} is not supported (a list of q_proj, k_proj, \
+                 v_proj, o_proj, gate_proj, up_proj, down_proj, or \"all-linear\")"
+            ),
+        };
+        for k in ["use_dora", "fan_in_fan_out", "lora_bias", "use_qalora"] {
+            ensure!(!flag(k), "{file}: `{k}: true` is not supported");
+        }
+        if let Some(b) = get("bias").and_then(Value::as_str) {
+            ensure!(
+                b == "none",
+                "{file}: bias \"{b}\" is not supported (only \"none\")"
+            );
+        }
+        for k in ["rank_pattern", "alpha_pattern"] {
+            if let Some(m) = get(k) {
+                ensure!(
+                    m.as_object().is_none_or(|m| m.is_empty()),
+                    "{file}: a non-empty `{k}` (per-module ranks or alphas) is not supported"
+                );
+            }
+        }
+        for k in [
+            "layers_to_transform",
+            "layers_pattern",
+            "modules_to_save",
+            "exclude_modules",
+            "layer_replication",
+            "target_parameters",
+            "trainable_token_indices",
+        ] {
+            if let Some(x) = get(k) {
+                let empty = x.as_array().is_some_and(|a| a.is_empty());
+                ensure!(empty, "{file}: `{k}` = {x} is not supported");
+            }
+        }
+        let spec = LoraSpec {
+            r,
+            alpha,
+            dropout,
+            targets,
+            rslora: flag("use_rslora"),
+            base: get("base_model_name_or_path")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        };
+        spec.validate().with_context(|| file.to_string())?;
+        Ok(spec)
+    }
+
+    /// Every tensor of the adapter for model `c`: PEFT name and PEFT shape (`[r, in]`,
+    /// `[out, r]`), layer by layer.
+    pub fn expected_tensors(&self, c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+        let mut out = Vec::new();
+        for l in 0..c.num_hidden_layers {
+            for &t in &self.targets {
+                let (i, o) = t.shape(c);
+                let (a, b) = t.peft_names(l);
+                out.push((a, vec![self.r, i]));
+                out.push((b, vec![o, self.r]));
+            }
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adapter folders
+// ---------------------------------------------------------------------------------------------
+
+/// Whether `dir` is an adapter folder (has `adapter_config.json`).
+pub fn is_adapter_dir(dir: &Path) -> bool {
+    dir.join(CONFIG_FILE).is_file()
+}
+
+/// Read an adapter folder: its configuration and its tensors (f32 on the host, PEFT names).
+pub fn read_adapter(dir: &Path) -> Result<(LoraSpec, BTreeMap<String, HostTensor>)> {
+    let cp = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&cp).with_context(|| format!("reading {}", cp.display()))?;
+    let spec = LoraSpec::from_peft_json(&text, &cp.display().to_string())?;
+    let wp = dir.join(WEIGHTS_FILE);
+    ensure!(
+        wp.is_file(),
+        "{}: no {WEIGHTS_FILE} (PyTorch adapter_model.bin files are not supported; save the \
+         adapter with safe_serialization=True)",
+        dir.display()
+    );
+    let tensors = weights::read_safetensors_file(&wp)?;
+    Ok((spec, tensors))
+}
+
+/// The base model folder of an adapter folder: `base_model_name_or_path` taken as transformers
+/// does (absolute, or relative to the working directory), else relative to the adapter folder.
+pub fn resolve_base(adapter: &Path, spec: &LoraSpec) -> Result<PathBuf> {
+    let Some(base) = spec.base.as_deref() else {
+        bail!(
+            "{}: base_model_name_or_path is not set; give the base model folder with --model \
+             and the adapter with --adapter",
+            adapter.join(CONFIG_FILE).display()
+        );
+    };
+    let p = PathBuf::from(base);
+    let candidates = if p.is_absolute() {
+        vec![p]
+    } else {
+        vec![p.clone(), adapter.join(&p)]
+    };
+    for c in &candidates {
+        if c.join("config.json").is_file() {
+            return Ok(c.clone());
+        }
+    }
+    let tried: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+    bail!(
+        "{}: the base model `{base}` is not a model folder here (tried {}); give it with --model \
+         BASE --adapter {}",
+        adapter.join(CONFIG_FILE).display(),
+        tried.join(" and "),
+        adapter.display()
+    )
+}
+
+/// `p` with `x/..` pairs and `.` removed (lexically; a path through a symlinked folder keeps
+/// working as long as its `..` are not crossed).
+pub fn normalize(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            c => out.push(c.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
+/// `(base folder, adapter folder)` of a `--model` / `--adapter` pair: an explicit adapter on
+/// the base `model`; else `model` itself when it is an adapter folder (its base resolved with
+/// [`resolve_base`]); else no adapter.
+pub fn resolve(model: &Path, adapter: Option<&Path>) -> Result<(PathBuf, Option<PathBuf>)> {
+    match adapter {
+        Some(a) => {
+            ensure!(
+                !is_adapter_dir(model),
+                "--model {} is an adapter folder; with --adapter give the base model folder",
+                model.display()
+            );
+            ensure!(
+                is_adapter_dir(a),
+                "--adapter {}: no {CONFIG_FILE} in it",
+                a.display()
+            );
+            Ok((model.to_path_buf(), Some(a.to_path_buf())))
+        }
+        None if is_adapter_dir(model) => {
+            let cp = model.join(CONFIG_FILE);
+            let text = std::fs::read_to_string(&cp)
+                .with_context(|| format!("reading {}", cp.display()))?;
+            let spec = LoraSpec::from_peft_json(&text, &cp.display().to_string())?;
+            Ok((resolve_base(model, &spec)?, Some(model.to_path_buf())))
+        }
+        None => Ok((model.to_path_buf(), None)),
+    }
+}
+
+/// Check the adapter's tensors against the model's shapes: the error lists every missing,
+/// unknown and mis-shaped tensor.
+pub fn check_tensors(
+    c: &ModelConfig,
+    spec: &LoraSpec,
+    tensors: &BTreeMap<String, HostTensor>,
+    file: &str,
+) -> Result<()> {
+    let expected = spec.expected_tensors(c);
+    let names: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    let missing: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !tensors.contains_key(*n))
+        .collect();
+    let unknown: Vec<&str> = tensors
+        .keys()
+        .map(String::as_str)
+        .filter(|n| !names.contains(n))
+        .collect();
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter_map(|(n, s)| {
+            let t = tensors.get(n)?;
+            (t.shape != *s).then(|| format!("{n}: shape {:?}, expected {s:?}", t.shape))
+        })
+        .collect();
+    if missing.is_empty() && unknown.is_empty() && wrong.is_empty() {
+        return Ok(());
+    }
+    let mut msg = format!(
+        "{file}: the adapter does not fit the base model (r = {})",
+        spec.r
+    );
+    if !missing.is_empty() {
+        msg += &format!("\n  missing tensors: {}", missing.join(", "));
+    }
+    if !unknown.is_empty() {
+        msg += &format!("\n  unknown tensors: {}", unknown.join(", "));
+    }
+    if !wrong.is_empty() {
+        msg += &format!("\n  wrong shapes: {}", wrong.join("; "));
+    }
+    bail!(msg)
+}
+
+/// Write an adapter folder's two files into `dir` (which exists): the config and the tensors
+/// (f32, PEFT names and layouts).
+pub fn write_adapter_files(
+    dir: &Path,
+    spec: &LoraSpec,
+    tensors: &[(String, HostTensor)],
+) -> Result<()> {
+    let cp = dir.join(CONFIG_FILE);
+    let text = serde_json::to_string_pretty(&spec.to_peft_json())? + "\n";
+    std::fs::write(&cp, text).with_context(|| format!("writing {}", cp.display()))?;
+    weights::write_safetensors_file(&dir.join(WEIGHTS_FILE), tensors)
+}
+
+/// Save the adapter of `model` as an adapter folder at `out` (atomic): the two PEFT files and
+/// the tokenizer and chat-template files of the base folder `base` (as TRL saves them; the base's
+/// `config.json` is not copied, so the folder is not mistaken for a full model).
+pub fn save_adapter(model: &Transformer, spec: &LoraSpec, base: &Path, out: &Path) -> Result<()> {
+    let tensors = export(model)?;
+    crate::fs::write_folder(out, |tmp| {
+        write_adapter_files(tmp, spec, &tensors)?;
+        for name in weights::COPIED_FILES {
+            let from = base.join(name);
+            if from.is_file() && !matches!(*name, "config.json" | "generation_config.json") {
+                std::fs::copy(&from, tmp.join(name))
+                    .with_context(|| format!("copying {}", from.display()))?;
+            }
+        }
+        Ok(())
+    })
+    .with_context(|| format!("saving the adapter to {}", out.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merging (host)
+// ---------------------------------------------------------------------------------------------
+
+/// `W ← W + s·B·A` for every adapted projection of the base tensors `base` (Hugging Face names
+/// and layouts, f32 on the host; dtypes kept). `ΔW = B·A` is formed one output row at a time in
+/// f32 and scaled before it is added, as PEFT's `merge`.
+pub fn merge_into(
+    base: &mut BTreeMap<String, HostTensor>,
+    c: &ModelConfig,
+    spec: &LoraSpec,
+    adapter: &BTreeMap<String, HostTensor>,
+) -> Result<()> {
+    let s = spec.scaling() as f32;
+    let r = spec.r;
+    for l in 0..c.num_hidden_layers {
+        for &t in &spec.targets {
+            let (an, bn) = t.peft_names(l);
+            let (i, o) = t.shape(c);
+            let a = &adapter
+                .get(&an)
+                .with_context(|| format!("missing {an}"))?
+                .data;
+            let b = &adapter
+                .get(&bn)
+                .with_context(|| format!("missing {bn}"))?
+                .data;
+            let wn = t.weight_name(l);
+            let w = base
+                .get_mut(&wn)
+                .with_context(|| format!("the base model has no `{wn}`"))?;
+            ensure!(
+                w.shape == [o, i] && a.len() == r * i && b.len() == o * r,
+                "`{wn}`: shape {:?} does not fit the adapter's [{o}, {i}]",
+                w.shape
+            );
+            let mut row = vec![0f32; i];
+            for oo in 0..o {
+                row.fill(0.0);
+                for k in 0..r {
+                    let coef = b[oo * r + k];
+                    let ak = &a[k * i..(k + 1) * i];
+                    for (x, &y) in row.iter_mut().zip(ak) {
+                        *x += coef * y;
+                    }
+                }
+                for (x, &d) in w.data[oo * i..(oo + 1) * i].iter_mut().zip(&row) {
+                    *x += d * s;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `merge-lora`: write the full model folder `base + adapter` at `out` (atomic; every tensor in
+/// the base's dtype; the base's config, tokenizer and template files copied).
+pub fn merge_folder(base: &Path, adapter: &Path, out: &Path) -> Result<()> {
+    let c = ModelConfig::load(base)?;
+    let (spec, at) = read_adapter(adapter)?;
+    check_tensors(&c, &spec, &at, &adapter.display().to_string())?;
+    let mut tensors = weights::read_checkpoint(base)?;
+    weights::check_tensors(&c, &tensors)
+        .with_context(|| format!("loading weights from {}", base.display()))?;
+    merge_into(&mut tensors, &c, &spec, &at)?;
+    // The checkpoint's own order (embedding, layers, norm, head), then anything tolerated.
+    let mut ordered = Vec::with_capacity(tensors.len());
+    for (n, _) in weights::expected_tensors(&c) {
+        if let Some(t) = tensors.remove(&n) {
+            ordered.push((n, t));
+        }
+    }
+    ordered.extend(tensors);
+    crate::fs::write_folder(out, |tmp| {
+        weights::write_safetensors(tmp, &ordered, weights::MAX_SHARD_BYTES)?;
+        weights::copy_side_files(base, tmp)
+    })
+    .with_context(|| format!("writing the merged model {}", out.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The module
+// ---------------------------------------------------------------------------------------------
+
+/// One adapted projection: `A` `[in, r]` and `B` `[r, out]` (PEFT's weights transposed).
+#[derive(Module, Debug)]
+pub struct LoraPair {
+    pub a: Param<Tensor<2>>,
+    pub b: Param<Tensor<2>>,
+}
+
+/// The adapters of one decoder layer (one optional pair per projection).
+#[derive(Module, Debug)]
+pub struct LayerLora {
+    pub q_proj: Option<LoraPair>,
+    pub k_proj: Option<LoraPair>,
+    pub v_proj: Option<LoraPair>,
+    pub o_proj: Option<LoraPair>,
+    pub gate_proj: Option<LoraPair>,
+    pub up_proj: Option<LoraPair>,
+    pub down_proj: Option<LoraPair>,
+    /// `s` of [`LoraSpec::scaling`].
+    #[module(skip)]
+    pub scaling: f64,
+    /// Dropout probability on the adapter's input (training only).
+    #[module(skip)]
+    pub dropout: f64,
+    /// The layer's index (keys the dropout masks).
+    #[module(skip)]
+    pub layer: usize,
+}
+
+impl LayerLora {
+    fn get(&self, t: Target) -> Option<&LoraPair> {
+        match t {
+            Target::Q => self.q_proj.as_ref(),
+            Target::K => self.k_proj.as_ref(),
+            Target::V => self.v_proj.as_ref(),
+            Target::O => self.o_proj.as_ref(),
+            Target::Gate => self.gate_proj.as_ref(),
+            Target::Up => self.up_proj.as_ref(),
+            Target::Down => self.down_proj.as_ref(),
+        }
+    }
+
+    fn slot(&mut self, t: Target) -> &mut Option<LoraPair> {
+        match t {
+            Target::Q => &mut self.q_proj,
+            Target::K => &mut self.k_proj,
+            Target::V => &mut self.v_proj,
+            Target::O => &mut self.o_proj,
+            Target::Gate => &mut self.gate_proj,
+            Target::Up => &mut self.up_proj,
+            Target::Down => &mut self.down_proj,
+        }
+    }
+
+    /// `s · drop(x)·A·B` of projection `t`, or `None` when it has no adapter.
+    fn delta(&self, t: Target, x: &Tensor<2>, drop: Option<&Dropout>) -> Option<Tensor<2>> {
+        let p = self.get(t)?;
+        let x = match drop {
+            Some(d) if self.dropout > 0.0 => d.apply(x.clone(), self.layer, t, self.dropout),
+            _ => x.clone(),
+        };
+        let xa = super::transformer::matmul(x, p.a.val(), None);
+        let y = super::transformer::matmul(xa, p.b.val(), None);
+        Some(y.mul_scalar(self.scaling))
+    }
+
+    /// `y + s·drop(x)·A·B` for projection `t` (`y` unchanged without an adapter).
+    pub fn add(&self, y: Tensor<2>, x: &Tensor<2>, t: Target, drop: Option<&Dropout>) -> Tensor<2> {
+        match self.delta(t, x, drop) {
+            Some(d) => y + d,
+            None => y,
+        }
+    }
+
+    /// The adapters of a fused projection added to its output `y` `[N, Σ width]`: `parts` lists
+    /// the projections and their output widths in column order.
+    pub fn add_fused(
+        &self,
+        y: Tensor<2>,
+        x: &Tensor<2>,
+        parts: &[(Target, usize)],
+        drop: Option<&Dropout>,
+    ) -> Tensor<2> {
+        if parts.iter().all(|(t, _)| self.get(*t).is_none()) {
+            return y;
+        }
+        let n = x.dims()[0];
+        let device = x.device();
+        let cols: Vec<Tensor<2>> = parts
+            .iter()
+            .map(|&(t, w)| {
+                self.delta(t, x, drop)
+                    .unwrap_or_else(|| Tensor::zeros([n, w], &device))
+            })
+            .collect();
+        y + Tensor::cat(cols, 1)
+    }
+}
+
+/// Whether any layer of `model` carries an adapter.
+pub fn has_adapter(model: &Transformer) -> bool {
+    model.layers.iter().any(|l| l.lora.is_some())
+}
+
+/// Where the adapter's values come from when it is attached.
+pub enum Init<'a> {
+    /// PEFT's default: `A` kaiming-uniform (a = √5), `B` zero; seeded.
+    Fresh { seed: u64 },
+    /// Tensors read from an adapter folder (PEFT names, checked).
+    From(&'a BTreeMap<String, HostTensor>),
+}
+
+/// Freeze every base parameter of `model` and attach a trainable adapter: afterwards only the
+/// adapter's parameters require gradients.
+pub fn attach(
+    model: Transformer,
+    c: &ModelConfig,
+    spec: &LoraSpec,
+    init: Init<'_>,
+) -> Result<Transformer> {
+    use rand::{Rng, SeedableRng};
+    spec.validate()?;
+    ensure!(
+        !has_adapter(&model),
+        "internal: the model already carries an adapter"
+    );
+    let device = model.device();
+    let mut model = model.no_grad();
+    let scaling = spec.scaling();
+    for (l, layer) in model.layers.iter_mut().enumerate() {
+        let mut lora = LayerLora {
+            q_proj: None,
+            k_proj: None,
+            v_proj: None,
+            o_proj: None,
+            gate_proj: None,
+            up_proj: None,
+            down_proj: None,
+            scaling,
+            dropout: spec.dropout,
+            layer: l,
+        };
+        for &t in &spec.targets {
+            let (i, o) = t.shape(c);
+            let r = spec.r;
+            // Stored [in, r] and [r, out]: PEFT's [r, in] and [out, r] transposed.
+            let (a, b) = match &init {
+                Init::Fresh { seed } => {
+                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix(&[
+                        *seed,
+                        0x4c6f_5241,
+                        l as u64,
+                        t.index(),
+                    ]));
+                    let bound = 1.0 / (i as f32).sqrt();
+                    let a: Vec<f32> = (0..r * i)
+                        .map(|_| rng.random_range(-bound..bound))
+                        .collect();
+                    (weights::transpose(&a, r, i), vec![0f32; o * r])
+                }
+                Init::From(tensors) => {
+                    let (an, bn) = t.peft_names(l);
+                    let a = tensors.get(&an).with_context(|| format!("missing {an}"))?;
+                    let b = tensors.get(&bn).with_context(|| format!("missing {bn}"))?;
+                    (
+                        weights::transpose(&a.data, r, i),
+                        weights::transpose(&b.data, o, r),
+                    )
+                }
+            };
+            *lora.slot(t) = Some(LoraPair {
+                a: param(a, [i, r], &device),
+                b: param(b, [r, o], &device),
+            });
+        }
+        layer.lora = Some(lora);
+    }
+    Ok(model)
+}
+
+fn param(data: Vec<f32>, shape: [usize; 2], device: &Device) -> Param<Tensor<2>> {
+    Param::from_tensor(Tensor::from_data(TensorData::new(data, shape), device))
+}
+
+/// The adapter of `model` under PEFT's names and layouts (f32), layer by layer.
+pub fn export(model: &Transformer) -> Result<Vec<(String, HostTensor)>> {
+    let mut out = Vec::new();
+    for (l, layer) in model.layers.iter().enumerate() {
+        let Some(lora) = &layer.lora else { continue };
+        for t in Target::ALL {
+            let Some(p) = lora.get(t) else { continue };
+            let [i, r] = p.a.val().dims();
+            let [_, o] = p.b.val().dims();
+            let a = super::read_f32(p.a.val().inner())?;
+            let b = super::read_f32(p.b.val().inner())?;
+            let (an, bn) = t.peft_names(l);
+            let host = |data: Vec<f32>, shape: Vec<usize>| HostTensor {
+                dtype: Dtype::F32,
+                shape,
+                data,
+            };
+            out.push((an, host(weights::transpose(&a, i, r), vec![r, i])));
+            out.push((bn, host(weights::transpose(&b, r, o), vec![o, r])));
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout
+// ---------------------------------------------------------------------------------------------
+
+thread_local! {
+    /// `(seed, optimizer step)` while a training step runs with adapter dropout.
+    static DROPOUT: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+}
+
+/// Turns adapter dropout on for the forward passes of this thread until dropped (restores the
+/// previous setting).
+pub struct DropoutScope(Option<(u64, u64)>);
+
+/// Adapter dropout on for one training step: masks keyed by `seed` and `step`.
+pub fn dropout_scope(seed: u64, step: u64) -> DropoutScope {
+    DropoutScope(DROPOUT.with(|d| d.replace(Some((seed, step)))))
+}
+
+impl Drop for DropoutScope {
+    fn drop(&mut self) {
+        DROPOUT.with(|d| d.set(self.0));
+    }
+}
+
+/// The dropout keys of one forward call: one key per slot (its row's ids and its position).
+#[derive(Debug, Clone)]
+pub struct Dropout {
+    seed: u64,
+    step: u64,
+    slots: Vec<u64>,
+}
+
+impl Dropout {
+    /// Keys for a batch of `batch × len` slots (`ids`, `valid` row-major), when a training step
+    /// has dropout on and `model` has an adapter with dropout; else `None`.
+    pub fn for_batch(
+        model: &Transformer,
+        batch: usize,
+        len: usize,
+        ids: &[u32],
+        valid: &[bool],
+    ) -> Option<Self> {
+        let (seed, step) = DROPOUT.with(Cell::get)?;
+        let any = model
+            .layers
+            .iter()
+            .any(|l| l.lora.as_ref().is_some_and(|x| x.dropout > 0.0));
+        if !any {
+            return None;
+        }
+        let mut slots = vec![0u64; batch * len];
+        for r in 0..batch {
+            let row = r * len..(r + 1) * len;
+            let mut h = 0xcbf2_9ce4_8422_2325u64;
+            for (&id, &ok) in ids[row.clone()].iter().zip(&valid[row.clone()]) {
+                if ok {
+                    h = (h ^ u64::from(id)).wrapping_mul(0x0000_0100_0000_01b3);
+                }
+            }
+            let mut pos = 0u64;
+            for s in row {
+                if valid[s] {
+                    slots[s] = mix(&[h, pos]);
+                    pos += 1;
+                }
+            }
+        }
+        Some(Dropout { seed, step, slots })
+    }
+
+    /// `x` `[N, in]` with each value zeroed with probability `p`, the rest scaled by `1/(1−p)`.
+    fn apply(&self, x: Tensor<2>, layer: usize, t: Target, p: f64) -> Tensor<2> {
+        let [n, f] = x.dims();
+        if n != self.slots.len() {
+            return x; // not this call's batch (cannot happen through `hidden`)
+        }
+        let salt = mix(&[self.seed, self.step, layer as u64, t.index()]);
+        let keep = (1.0 / (1.0 - p)) as f32;
+        let mut m = Vec::with_capacity(n * f);
+        for &k in &self.slots {
+            let base = mix(&[salt, k]);
+            m.extend((0..f as u64).map(|j| {
+                let u = (splitmix(base.wrapping_add(j)) >> 11) as f64 / (1u64 << 53) as f64;
+                if u < p {
+                    0.0
+                } else {
+                    keep
+                }
+            }));
+        }
+        let mask = Tensor::<2>::from_data(TensorData::new(m, [n, f]), &x.device());
+        x * mask
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn mix(parts: &[u64]) -> u64 {
+    parts
+        .iter()
+        .fold(0x6a09_e667_f3bc_c908, |h, &p| splitmix(h ^ p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peft_config_round_trips_and_refuses_what_it_cannot_compute() {
+        let spec = LoraSpec {
+            r: 4,
+            alpha: 16.0,
+            dropout: 0.05,
+            targets: parse_targets("v_proj,q_proj,down_proj").unwrap(),
+            rslora: false,
+            base: Some("fixtures/tiny-llama".into()),
+        };
+        assert_eq!(spec.targets, vec![Target::Q, Target::V, Target::Down]);
+        assert_eq!(spec.scaling(), 4.0);
+        let text = spec.to_peft_json().to_string();
+        assert_eq!(LoraSpec::from_peft_json(&text, "x").unwrap(), spec);
+        let mut v = spec.to_peft_json();
+        v["use_rslora"] = true.into();
+        let rs = LoraSpec::from_peft_json(&v.to_string(), "x").unwrap();
+        assert_eq!(rs.scaling(), 8.0);
+        for (k, bad) in [
+            ("use_dora", json!(true)),
+            ("bias", json!("all")),
+            ("rank_pattern", json!({"q_proj": 2})),
+            ("layers_to_transform", json!([0])),
+            ("modules_to_save", json!(["lm_head"])),
+            ("peft_type", json!("IA3")),
+            ("target_modules", json!(".*proj")),
+            ("target_modules", json!(["q_proj", "fc1"])),
+            ("r", json!(0)),
+        ] {
+            let mut v = spec.to_peft_json();
+            v[k] = bad.clone();
+            let e = LoraSpec::from_peft_json(&v.to_string(), "cfg.json").unwrap_err();
+            assert!(format!("{e:#}").contains("cfg.json"), "{k}: {e:#}");
+        }
+        assert_eq!(parse_targets("all-linear").unwrap().len(), 7);
+        assert!(parse_targets("q_proj,qkv").is_err());
+    }
+
+    /// Adapters PEFT wrote (random non-zero B; all seven targets on the Llama fixture, three
+    /// with rsLoRA on the Qwen2 one) give PEFT's float64 log-probs within 1e-4, merged at load
+    /// (sampling) and kept separate on an autodiff device (training).
+    #[test]
+    fn peft_written_adapters_give_peft_figures() {
+        use crate::model::{AdapterUse, Model};
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        for name in ["tiny-llama-peft", "tiny-qwen2-peft"] {
+            let dir = root.join("lora").join(name);
+            let refs: Value = serde_json::from_str(
+                &std::fs::read_to_string(root.join("lora").join(format!("{name}.f64.json")))
+                    .unwrap(),
+            )
+            .unwrap();
+            let mut seqs: Vec<Vec<u32>> = Vec::new();
+            let mut want: Vec<Vec<f64>> = Vec::new();
+            for s in refs["sequences"].as_array().unwrap() {
+                seqs.push(serde_json::from_value(s["input_ids"].clone()).unwrap());
+                want.push(serde_json::from_value(s["logprobs"].clone()).unwrap());
+            }
+            let rows: Vec<(&[u32], &[u32])> = seqs.iter().map(|s| (&s[..1], &s[1..])).collect();
+            let base = Model::load(&root.join(&name[..name.len() - 5]), &Device::flex()).unwrap();
+            let merged = Model::load(&dir, &Device::flex()).unwrap();
+            assert!(merged.adapter.as_ref().unwrap().merged);
+            let train =
+                Model::open(&dir, None, &Device::flex().autodiff(), AdapterUse::Train).unwrap();
+            assert!(has_adapter(&train.transformer));
+            let inner = train.transformer.valid();
+            let lp = |m: &Transformer| super::super::logprobs(m, &rows, 2, false, None).unwrap();
+            let (b, m, t) = (lp(&base.transformer), lp(&merged.transformer), lp(&inner));
+            let (mut gap_m, mut gap_t, mut moved) = (0f64, 0f64, 0f64);
+            for (j, w) in want.iter().enumerate() {
+                for (k, &w) in w.iter().enumerate() {
+                    gap_m = gap_m.max((m.logprobs[j][k] as f64 - w).abs());
+                    gap_t = gap_t.max((t.logprobs[j][k] as f64 - w).abs());
+                    moved = moved.max((b.logprobs[j][k] as f64 - w).abs());
+                }
+            }
+            eprintln!(
+                "{name}: merged {gap_m:.2e}, separate {gap_t:.2e}, adapter moves {moved:.2e}"
+            );
+            assert!(gap_m < 1e-4 && gap_t < 1e-4, "{name}: {gap_m} / {gap_t}");
+            assert!(
+                moved > 1e-2,
+                "{name}: the adapter changes nothing ({moved})"
+            );
+            // Exported back under PEFT's names, the tensors are the file's bit for bit.
+            let (_, file) = read_adapter(&dir).unwrap();
+            let back = export(&train.transformer).unwrap();
+            assert_eq!(back.len(), file.len());
+            for (n, t) in back {
+                assert_eq!(file[&n].data, t.data, "{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn dropout_masks_are_keyed_by_row_content_and_position() {
+        // The same row alone or second in a batch (with left padding) gets the same keys.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-llama");
+        let c = ModelConfig::load(&dir).unwrap();
+        let (t, _) = weights::load(&c, &dir, &Device::flex()).unwrap();
+        let spec = LoraSpec {
+            r: 2,
+            alpha: 8.0,
+            dropout: 0.1,
+            targets: vec![Target::Q],
+            rslora: false,
+            base: None,
+        };
+        let m = attach(t, &c, &spec, Init::Fresh { seed: 0 }).unwrap();
+        let _s = dropout_scope(7, 3);
+        let a = Dropout::for_batch(&m, 1, 3, &[5, 6, 7], &[true; 3]).unwrap();
+        let b = Dropout::for_batch(
+            &m,
+            2,
+            4,
+            &[1, 2, 3, 4, 0, 5, 6, 7],
+            &[true, true, true, true, false, true, true, true],
+        )
+        .unwrap();
+        assert_eq!(a.slots[..], b.slots[5..]);
+        assert_ne!(a.slots[0], a.slots[1]);
+        drop(_s);
+        assert!(Dropout::for_batch(&m, 1, 3, &[5, 6, 7], &[true; 3]).is_none());
+    }
+}

@@ -1,0 +1,329 @@
+//! LoRA adapters end to end: `update`/`sft --lora-rank` write PEFT's layout, PEFT loads it with
+//! rlcr's figures, every model stage reads an adapter folder, `merge-lora` equals PEFT's merge, and
+//! only the adapter trains.
+use std::path::{Path, PathBuf};
+
+use super::train::{logprob_column, metrics, train_rows, write_rows};
+use super::{fixtures, Workdir};
+
+/// Run `scripts/peft_lora.py` with `RLCR_PYTHON` (default `python3`). `None` when torch,
+/// transformers or peft is not importable and `RLCR_REQUIRE_TORCH` is not `1` (`.ci/run` sets it
+/// after installing them).
+fn peft(args: &[&Path]) -> Option<serde_json::Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peft_lora.py");
+    let python = std::env::var("RLCR_PYTHON").unwrap_or_else(|_| "python3".into());
+    let required = std::env::var("RLCR_REQUIRE_TORCH").is_ok_and(|v| v == "1");
+    let out = match std::process::Command::new(&python)
+        .arg(&script)
+        .args(args)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) if !required => {
+            eprintln!("skipped: {python} not runnable: {e}");
+            return None;
+        }
+        Err(e) => panic!("{python} not runnable: {e}"),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(3) && !required {
+        eprintln!("skipped: {stderr}");
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "peft_lora.py {args:?} failed:\n{stderr}"
+    );
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+fn max_gap(a: &[Vec<f32>], b: &[Vec<f64>]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mut gap = 0f64;
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.len(), y.len());
+        for (&p, &q) in x.iter().zip(y) {
+            gap = gap.max((p as f64 - q).abs());
+        }
+    }
+    gap
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Tensor names of a safetensors file.
+fn names(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut v: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+/// `update --lora-rank` on the Qwen2 and Llama fixtures writes an adapter folder in PEFT's layout
+/// (no full weights; the optimizer state holds the adapter's moments only); PEFT's
+/// `PeftModel.from_pretrained` on it gives `rlcr logprobs --model ADAPTER`'s figures within 1e-4;
+/// `merge-lora` writes PEFT's `merge_and_unload()` (within 1e-6) and the merged folder gives the
+/// same log-probs; a second update continues the adapter and its optimizer state.
+#[test]
+fn peft_loads_what_update_writes_with_lora() {
+    let w = Workdir::new();
+    write_rows(&w.path("train.parquet"), &train_rows());
+    let qwen = fixtures().join("tiny-qwen2");
+    let llama = fixtures().join("tiny-llama");
+    let cases: [(&Path, &str, &str, usize); 2] = [
+        (&qwen, "qwen-lora", "q_proj,v_proj", 2),
+        (&llama, "llama-lora", "all-linear", 7),
+    ];
+    for (model, out, target, n_targets) in cases {
+        w.run(&[
+            "update",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            "train.parquet",
+            "-o",
+            out,
+            "--lr",
+            "3e-2",
+            "--epochs",
+            "2",
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "16",
+            "--lora-target",
+            target,
+        ]);
+        let dir = w.path(out);
+        assert!(
+            !dir.join("model.safetensors").exists(),
+            "full weights written"
+        );
+        assert!(!dir.join("config.json").exists());
+        assert!(dir.join("tokenizer.json").is_file());
+        let cfg = json(&dir.join("adapter_config.json"));
+        assert_eq!(cfg["peft_type"], "LORA");
+        assert_eq!(cfg["task_type"], "CAUSAL_LM");
+        assert_eq!(cfg["r"], 4);
+        assert_eq!(cfg["lora_alpha"], 16.0);
+        assert_eq!(cfg["base_model_name_or_path"], model.to_str().unwrap());
+        assert_eq!(cfg["target_modules"].as_array().unwrap().len(), n_targets);
+        let layers = 2;
+        let tensors = names(&dir.join("adapter_model.safetensors"));
+        assert_eq!(tensors.len(), layers * n_targets * 2);
+        assert!(tensors.contains(
+            &"base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight".to_string()
+        ));
+        // The optimizer holds the adapter's moments and nothing else.
+        let opt = names(&dir.join("rlcr-train/optimizer.safetensors"));
+        assert_eq!(opt.len(), layers * n_targets * 2 * 2, "{opt:?}");
+        assert!(opt.iter().all(|n| n.contains(".lora.")), "{opt:?}");
+        let state = json(&dir.join("rlcr-train/trainer_state.json"));
+        assert_eq!(state["config"]["lora"]["config"]["r"], 4);
+        // Every model stage reads the adapter folder (merged at load).
+        w.run(&[
+            "logprobs",
+            "--model",
+            out,
+            "--input",
+            "train.parquet",
+            "-o",
+            &format!("{out}.lp.parquet"),
+        ]);
+        w.run(&[
+            "merge-lora",
+            "--adapter",
+            out,
+            "-o",
+            &format!("{out}-merged"),
+        ]);
+        w.run(&[
+            "logprobs",
+            "--model",
+            &format!("{out}-merged"),
+            "--input",
+            "train.parquet",
+            "-o",
+            &format!("{out}.merged.lp.parquet"),
+        ]);
+        let ours = logprob_column(&w.path(&format!("{out}.lp.parquet")), "logprobs");
+        let merged = logprob_column(&w.path(&format!("{out}.merged.lp.parquet")), "logprobs");
+        let base = {
+            w.run(&[
+                "logprobs",
+                "--model",
+                model.to_str().unwrap(),
+                "--input",
+                "train.parquet",
+                "-o",
+                &format!("{out}.base.lp.parquet"),
+            ]);
+            logprob_column(&w.path(&format!("{out}.base.lp.parquet")), "logprobs")
+        };
+        let as64 = |v: &[Vec<f32>]| -> Vec<Vec<f64>> {
+            v.iter()
+                .map(|r| r.iter().map(|&x| x as f64).collect())
+                .collect()
+        };
+        let moved = max_gap(&base, &as64(&ours));
+        assert!(moved > 1e-3, "{out}: the adapter did not move ({moved})");
+        let merged_gap = max_gap(&merged, &as64(&ours));
+        assert!(merged_gap <= 1e-5, "{out}: merged vs adapter {merged_gap}");
+        // A second update continues the adapter and its optimizer state.
+        let next = format!("{out}-2");
+        w.run(&[
+            "update",
+            "--model",
+            out,
+            "--input",
+            "train.parquet",
+            "-o",
+            &next,
+            "--lr",
+            "3e-2",
+            "--resume",
+            "auto",
+        ]);
+        let steps: Vec<u64> = metrics(&w.path(&next))
+            .iter()
+            .map(|m| m["step"].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, vec![1, 2, 3]);
+        let cfg2 = json(&w.path(&next).join("adapter_config.json"));
+        assert_eq!(
+            cfg2["base_model_name_or_path"],
+            cfg["base_model_name_or_path"]
+        );
+        // The other side: PEFT (no rlcr code) on the same folders.
+        let table = w.path("train.parquet");
+        let Some(theirs) = peft(&[Path::new("logprobs"), &table, model, &dir]) else {
+            return;
+        };
+        let theirs: Vec<Vec<f64>> = serde_json::from_value(theirs[0]["logprobs"].clone()).unwrap();
+        let gap = max_gap(&ours, &theirs);
+        eprintln!("{out}: |rlcr - peft| <= {gap:.2e}, adapter moves {moved:.2e}");
+        assert!(gap <= 1e-4, "{out}: rlcr and PEFT differ by {gap}");
+        let merged_dir: PathBuf = w.path(&format!("{out}-merged"));
+        let m = peft(&[Path::new("merged"), model, &dir, &merged_dir]).unwrap();
+        eprintln!("{out}: merge-lora vs PEFT merge_and_unload: {m}");
+        assert!(m["max_abs_diff"].as_f64().unwrap() <= 1e-6, "{m}");
+    }
+}
+
+/// `sft --lora-rank` trains an adapter too (its loss falls); flags that contradict an adapter
+/// folder given as --model are usage errors, as are LoRA flags without --lora-rank; a PEFT adapter
+/// whose base cannot be found names the paths it tried.
+#[test]
+fn lora_flags_and_errors() {
+    let w = Workdir::new();
+    write_rows(&w.path("train.parquet"), &train_rows());
+    let qwen = fixtures().join("tiny-qwen2");
+    let q = qwen.to_str().unwrap();
+    let e = w.fail(
+        &[
+            "update",
+            "--model",
+            q,
+            "--input",
+            "train.parquet",
+            "-o",
+            "x",
+            "--lora-alpha",
+            "4",
+        ],
+        2,
+    );
+    assert!(e.contains("need --lora-rank"), "{e}");
+    let e = w.fail(
+        &[
+            "update",
+            "--model",
+            q,
+            "--input",
+            "train.parquet",
+            "-o",
+            "x",
+            "--lora-rank",
+            "4",
+            "--lora-target",
+            "q_proj,qkv",
+        ],
+        2,
+    );
+    assert!(e.contains("unknown LoRA target `qkv`"), "{e}");
+    let e = w.fail(
+        &[
+            "update",
+            "--model",
+            q,
+            "--input",
+            "train.parquet",
+            "-o",
+            "x",
+            "--lora-rank",
+            "4",
+            "--lora-dropout",
+            "1.5",
+        ],
+        2,
+    );
+    assert!(e.contains("--lora-dropout"), "{e}");
+    assert!(!w.path("x").exists());
+    let peft_dir = fixtures().join("lora/tiny-qwen2-peft");
+    let e = w.fail(
+        &[
+            "update",
+            "--model",
+            peft_dir.to_str().unwrap(),
+            "--input",
+            "train.parquet",
+            "-o",
+            "x",
+            "--lora-rank",
+            "4",
+        ],
+        2,
+    );
+    assert!(e.contains("is an adapter with r = 8"), "{e}");
+    // A copy of the PEFT adapter away from its base: the error names what was tried.
+    let lost = w.path("lost");
+    std::fs::create_dir(&lost).unwrap();
+    for f in ["adapter_config.json", "adapter_model.safetensors"] {
+        std::fs::copy(peft_dir.join(f), lost.join(f)).unwrap();
+    }
+    let e = w.fail(
+        &[
+            "logprobs",
+            "--model",
+            "lost",
+            "--input",
+            "train.parquet",
+            "-o",
+            "lp.parquet",
+        ],
+        1,
+    );
+    assert!(e.contains("is not a model folder here"), "{e}");
+    assert!(!w.path("lp.parquet").exists());
+    // Continuing the PEFT adapter with rlcr: its settings carry over (rsLoRA, r = 8).
+    w.run(&[
+        "update",
+        "--model",
+        peft_dir.to_str().unwrap(),
+        "--input",
+        "train.parquet",
+        "-o",
+        "cont",
+        "--lr",
+        "1e-2",
+    ]);
+    let cfg = json(&w.path("cont/adapter_config.json"));
+    assert_eq!(cfg["use_rslora"], true);
+    assert_eq!(cfg["r"], 8);
+    // Its base recorded as found from here (the fixture's own path is relative to its folder).
+    let base = cfg["base_model_name_or_path"].as_str().unwrap();
+    assert_eq!(Path::new(base), fixtures().join("tiny-qwen2"), "{base}");
+}
