@@ -90,3 +90,68 @@ fn keep_checkpoints_drops_old_weights_and_stays_resumable() {
         );
     }
 }
+
+/// `LORA_RANK=4`: every iteration's update trains an adapter (the first a fresh one on the
+/// starting model, the next continuing it with its optimizer state), the sampling stages read the
+/// previous iteration's adapter folder, and `make` again is a no-op.
+#[test]
+fn lora_rank_runs_the_loop_on_adapters() {
+    let wd = Workdir::new();
+    let vars = [
+        "RUN=l",
+        "SFT=0",
+        "ITERS=2",
+        "PROMPTS_PER_ITER=2",
+        "G_A=2",
+        "G_C=2",
+        "MAX_NEW=4",
+        "MAX_NEW_CONF=4",
+        "EPOCHS=1",
+        "MINI_BATCHES=1",
+        "LORA_RANK=4",
+        "loop",
+    ];
+    let o = rl_make(&wd, &vars);
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("--lora-rank 4"), "{log}");
+    for i in 1..=2 {
+        let m = wd.path(&format!("l/iter-{i:04}/model"));
+        assert!(m.join("adapter_model.safetensors").exists(), "{i}: {log}");
+        assert!(!m.join("model.safetensors").exists(), "{i}: full weights");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(m.join("adapter_config.json")).unwrap())
+                .unwrap();
+        assert_eq!(cfg["r"], 4);
+        assert!(
+            cfg["base_model_name_or_path"]
+                .as_str()
+                .unwrap()
+                .ends_with("fixtures/tiny-qwen2"),
+            "{cfg}"
+        );
+    }
+    // Iteration 2 sampled from iteration 1's adapter and resumed its optimizer.
+    assert!(log.contains("generate-answers --model ") && log.contains("iter-0001/model --input"));
+    let steps: Vec<u64> = std::fs::read_to_string(wd.path("l/iter-0002/model/train_metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, vec![1, 2]);
+    let again = rl_make(&wd, &vars);
+    let out = String::from_utf8_lossy(&again.stdout).to_string();
+    assert!(again.status.success(), "{out}");
+    assert!(
+        !out.contains(env!("CARGO_BIN_EXE_rlcr")),
+        "re-ran a stage:\n{out}"
+    );
+}
