@@ -1022,6 +1022,105 @@ mod tests {
         }
     }
 
+    /// Training an adapter: gradients exist for the adapter's tensors only; they do not depend
+    /// on the micro-batch size (also with dropout, whose masks are keyed by row content) nor on
+    /// activation checkpointing; dropout changes them and is deterministic; an AdamW step keeps
+    /// state for the adapter alone and leaves the base weights bit-identical.
+    #[test]
+    fn adapter_gradients_ignore_micro_batches_and_checkpointing() {
+        use crate::model::{AdapterUse, Model};
+        use crate::train::loss::LossAgg;
+        use crate::train::optim::{AdamW, AdamWConfig};
+        use crate::train::trainer::tests::{config, rows};
+        use crate::train::trainer::{batch_gradients, grads_to_host};
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lora/tiny-qwen2-peft");
+        let mut m = Model::open(&dir, None, &Device::flex().autodiff(), AdapterUse::Train)
+            .unwrap()
+            .transformer;
+        let data = rows(&m, 6, 3, 0.2);
+        let refs: Vec<_> = data.iter().collect();
+        let grads = |m: &Transformer, micro: usize, ckpt: bool| {
+            let mut cfg = config(LossAgg::TokenMean, micro);
+            cfg.checkpoint_activations = ckpt;
+            let (g, _) = batch_gradients(m, &refs, &cfg).unwrap();
+            grads_to_host(m, &g)
+        };
+        let diff = |a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]| -> (f32, f32) {
+            assert_eq!(a.len(), b.len());
+            let (mut d, mut s) = (0f32, 0f32);
+            for ((na, va), (nb, vb)) in a.iter().zip(b) {
+                assert_eq!(na, nb);
+                for (x, y) in va.iter().zip(vb) {
+                    d = d.max((x - y).abs());
+                    s = s.max(x.abs());
+                }
+            }
+            (d, s)
+        };
+        for p in [0.0, 0.3] {
+            for l in m.layers.iter_mut() {
+                l.lora.as_mut().unwrap().dropout = p;
+            }
+            let _scope = dropout_scope(5, 1);
+            let full = grads(&m, 6, false);
+            let names: Vec<&str> = full.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(full.len(), 2 * 3 * 2, "{names:?}");
+            assert!(names.iter().all(|n| n.contains(".lora.")), "{names:?}");
+            let (d, s) = diff(&full, &grads(&m, 1, false));
+            assert!(
+                s > 1e-4 && d <= 1e-5 * s.max(1.0),
+                "p {p}: micro-batches {d} of {s}"
+            );
+            let (d, _) = diff(&full, &grads(&m, 2, true));
+            assert!(d <= 1e-5 * s.max(1.0), "p {p}: checkpointing {d} of {s}");
+            let (d, _) = diff(&full, &grads(&m, 6, false));
+            assert_eq!(d, 0.0, "p {p}: not deterministic");
+            drop(_scope);
+            let (d, _) = diff(&full, &grads(&m, 6, false));
+            if p > 0.0 {
+                assert!(d > 1e-3 * s, "dropout changed nothing ({d} of {s})");
+            } else {
+                assert_eq!(d, 0.0);
+            }
+        }
+        // One AdamW step: moments for the adapter only, base weights unchanged.
+        let cfg = config(LossAgg::TokenMean, 6);
+        let (g, _) = batch_gradients(&m, &refs, &cfg).unwrap();
+        let base_before = super::super::read_f32(m.layers[0].attn.qkv.val().inner()).unwrap();
+        let b_before = super::super::read_f32(
+            m.layers[0]
+                .lora
+                .as_ref()
+                .unwrap()
+                .q_proj
+                .as_ref()
+                .unwrap()
+                .b
+                .val()
+                .inner(),
+        )
+        .unwrap();
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let m2 = opt.step(m, g, 1e-2, 1.0);
+        assert_eq!(opt.len(), 2 * 3 * 2);
+        let base_after = super::super::read_f32(m2.layers[0].attn.qkv.val().inner()).unwrap();
+        assert!(base_before == base_after, "a frozen weight moved");
+        let b_after = super::super::read_f32(
+            m2.layers[0]
+                .lora
+                .as_ref()
+                .unwrap()
+                .q_proj
+                .as_ref()
+                .unwrap()
+                .b
+                .val()
+                .inner(),
+        )
+        .unwrap();
+        assert!(b_before != b_after, "the adapter did not move");
+    }
+
     #[test]
     fn dropout_masks_are_keyed_by_row_content_and_position() {
         // The same row alone or second in a batch (with left padding) gets the same keys.

@@ -708,6 +708,7 @@ impl Transformer {
             },
             mask: fresh.mask.clone().inner(),
             mask_host: fresh.mask_host.clone(),
+            drop: fresh.drop.clone(),
         };
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut x = embedded.clone().inner();
@@ -981,8 +982,11 @@ impl LayerCheckpoints {
                 .context("checkpointed backward: no gradient at a layer's input")?;
             acc.accumulate(model, GradientsParams::from_grads(part, layer));
         }
-        let part = (self.embedded * Tensor::from_inner(g)).sum().backward();
-        acc.accumulate(model, GradientsParams::from_grads(part, model));
+        // A frozen embedding (a LoRA adapter trains alone) has no graph to carry `g` into.
+        if self.embedded.is_tracked() {
+            let part = (self.embedded * Tensor::from_inner(g)).sum().backward();
+            acc.accumulate(model, GradientsParams::from_grads(part, model));
+        }
         Ok(acc.grads())
     }
 }

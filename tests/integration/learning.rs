@@ -152,6 +152,8 @@ struct LoopConfig {
     eval_prompts: usize,
     /// Held-out evaluation prompts (`--split heldout`: problems training never sees), reported.
     eval_heldout_prompts: usize,
+    /// `update --lora-rank` (alpha 16, every projection) in every iteration; "" = every weight.
+    lora_rank: &'static str,
     /// Out-of-domain evaluation prompts (`--split hard`: four numbers).
     eval_hard_prompts: usize,
 }
@@ -196,6 +198,7 @@ const DEFAULT: LoopConfig = LoopConfig {
     eval_prompts: 160,
     eval_heldout_prompts: 48,
     eval_hard_prompts: 48,
+    lora_rank: "",
 };
 
 /// Seeds the check runs (in parallel): `RLCR_LEARNING_SEEDS=0,1,2,3,4` to run others.
@@ -418,6 +421,9 @@ fn run_loop(wd: &Workdir, c: &LoopConfig) -> Outcome {
         ];
         if c.conf_value_entropy != "0" {
             update.extend([s("--conf-value-entropy-coef"), s(c.conf_value_entropy)]);
+        }
+        if !c.lora_rank.is_empty() {
+            update.extend([s("--lora-rank"), s(c.lora_rank), s("--lora-alpha"), s("16")]);
         }
         r.stage(&update);
         scored.push(sc);
@@ -918,6 +924,27 @@ fn learning_ablation_pooled_confidence_norm() {
     let (figs, control) = run_seeds(&c, &seeds);
     eprintln!(
         "control:\n{control}\nablation pooled (seeds {seeds:?}): {:?}\n{}",
+        judge(&figs),
+        table(&figs)
+    );
+}
+
+/// The loop on LoRA adapters (`scripts/rl.mk LORA_RANK=8`'s settings: rank 8, alpha 16, every
+/// projection, lr 3e-3; the warm start stays a full fine-tune): every iteration's update trains
+/// the adapter, the next iteration samples from base + adapter. Reports the learning check's
+/// figures and verdict; asserts nothing.
+#[test]
+#[ignore = "the LoRA loop report (several minutes): cargo test --test integration learning_lora -- --ignored --nocapture"]
+fn learning_lora_report() {
+    let seeds = seeds();
+    let c = LoopConfig {
+        lora_rank: "8",
+        lr: "3e-3",
+        ..DEFAULT
+    };
+    let (figs, control) = run_seeds(&c, &seeds);
+    eprintln!(
+        "control (RLVR, LoRA):\n{control}\nLoRA rank 8 (seeds {seeds:?}): {:?}\n{}",
         judge(&figs),
         table(&figs)
     );
