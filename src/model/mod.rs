@@ -26,6 +26,8 @@ pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fused;
 pub mod gguf;
 pub mod head;
@@ -189,9 +191,11 @@ fn open_wgpu(_index: Option<usize>) -> Result<Device> {
     bail!("--device wgpu: this rlcr was built without wgpu support")
 }
 
+/// The driver, NVRTC and the CUDA headers are checked first, and the runtime's panics (cudarc's,
+/// in burn's device thread) become errors: see [`cuda::open`].
 #[cfg(feature = "cuda")]
 fn open_cuda(index: usize) -> Result<Device> {
-    Ok(Device::cuda(index))
+    cuda::open(index)
 }
 
 #[cfg(not(feature = "cuda"))]

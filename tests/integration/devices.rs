@@ -52,6 +52,192 @@ fn a_device_this_build_lacks_is_a_usage_error() {
     assert!(wd.listing().is_empty(), "nothing written");
 }
 
+/// `--device cuda` on a machine that cannot run it (builds with `--features cuda`; CI runs them
+/// without a GPU): exit 1, one line naming what is missing, no panic text, nothing written, for
+/// every kind of model stage.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use crate::sample::prompts;
+    use crate::train::{train_rows, write_rows};
+    use crate::{describe, fixtures, Workdir};
+
+    /// A sampling, a scoring and a training stage, with valid inputs in `wd` (only the device
+    /// can fail).
+    fn stages(wd: &Workdir) -> Vec<Vec<String>> {
+        prompts(wd, &["What is 12 + 7?"]);
+        write_rows(&wd.path("train.parquet"), &train_rows());
+        let m = fixtures().join("tiny-qwen2").display().to_string();
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        vec![
+            s(&[
+                "logprobs",
+                "--model",
+                &m,
+                "--input",
+                "train.parquet",
+                "-o",
+                "lp.parquet",
+            ]),
+            s(&[
+                "generate-answers",
+                "--model",
+                &m,
+                "--input",
+                "prompts.parquet",
+                "-o",
+                "a.parquet",
+            ]),
+            s(&[
+                "update",
+                "--model",
+                &m,
+                "--input",
+                "train.parquet",
+                "-o",
+                "model",
+            ]),
+        ]
+    }
+
+    /// Runs every stage on `device` with `env` set; each must fail as described above, with
+    /// every one of `wants` in its line.
+    fn fails_on_one_line(device: &str, env: &[(&str, String)], wants: &[&str]) {
+        let wd = Workdir::new();
+        let stages = stages(&wd);
+        let before = wd.listing();
+        for stage in stages {
+            let mut args = vec!["--device", device];
+            args.extend(stage.iter().map(String::as_str));
+            let mut cmd = wd.cmd(&args);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let o = cmd.output().expect("running rlcr");
+            let err = String::from_utf8_lossy(&o.stderr).to_string();
+            let d = describe(&args, &o);
+            assert_eq!(o.status.code(), Some(1), "{d}");
+            assert!(o.stdout.is_empty(), "{d}");
+            assert_eq!(err.lines().count(), 1, "one line\n{d}");
+            assert!(err.starts_with("rlcr: error: --device cuda"), "{d}");
+            for bad in ["panicked", "RUST_BACKTRACE", "RecvError", "unwrap"] {
+                assert!(!err.contains(bad), "`{bad}`\n{d}");
+            }
+            for want in wants {
+                assert!(err.contains(want), "`{want}`\n{d}");
+            }
+            assert_eq!(wd.listing(), before, "nothing written\n{d}");
+        }
+    }
+
+    /// CUDA headers missing (CUDA_PATH names a folder without them), on any machine.
+    #[test]
+    fn cuda_without_the_headers_fails_on_one_line() {
+        let empty = tempfile::tempdir().unwrap();
+        let include = empty.path().join("include").display().to_string();
+        fails_on_one_line(
+            "cuda:0",
+            &[("CUDA_PATH", empty.path().display().to_string())],
+            &[
+                "no CUDA headers (cuda_fp16.h, cuda_bf16.h, mma.h not in",
+                &include,
+            ],
+        );
+    }
+
+    /// A stand-in CUDA driver (`libcuda.so.1`: version 12.8, `cuInit` returning `$FAKE_CUINIT`,
+    /// one device named "Fake GPU", nothing else) and NVRTC (`libnvrtc.so`: version 12.8), built
+    /// with `cc` in `wd`, and a CUDA folder with the three headers (empty). Returns the library
+    /// folder and the CUDA folder.
+    fn fake_cuda(wd: &Workdir) -> (String, String) {
+        wd.write(
+            "fake/cuda.c",
+            r#"#include <stdlib.h>
+#include <string.h>
+int cuDriverGetVersion(int *v) { *v = 12080; return 0; }
+int cuInit(unsigned f) { const char *e = getenv("FAKE_CUINIT"); return e ? atoi(e) : 0; }
+int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+int cuDeviceGet(int *d, int i) { *d = i; return 0; }
+int cuDeviceGetName(char *name, int len, int d) { strncpy(name, "Fake GPU", len); return 0; }
+"#,
+        );
+        wd.write(
+            "fake/nvrtc.c",
+            "int nvrtcVersion(int *a, int *b) { *a = 12; *b = 8; return 0; }\n",
+        );
+        for h in ["cuda_fp16.h", "cuda_bf16.h", "mma.h"] {
+            wd.write(&format!("fake/cuda/include/{h}"), "");
+        }
+        let dir = wd.path("fake");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        for (src, lib, soname) in [
+            ("cuda.c", "libcuda.so.1", "libcuda.so.1"),
+            ("nvrtc.c", "libnvrtc.so", "libnvrtc.so"),
+        ] {
+            let st = std::process::Command::new(&cc)
+                .current_dir(&dir)
+                .args([
+                    "-shared",
+                    "-fPIC",
+                    &format!("-Wl,-soname,{soname}"),
+                    "-o",
+                    lib,
+                    src,
+                ])
+                .status()
+                .expect("running cc (a C compiler builds the stand-in driver)");
+            assert!(st.success(), "cc {src}");
+        }
+        let s = |p: std::path::PathBuf| p.display().to_string();
+        (s(dir.clone()), s(dir.join("cuda")))
+    }
+
+    /// Past the checks: `cuInit` failing, a device index out of range, and burn's runtime
+    /// panicking in its device thread at the first driver function the stand-in lacks: each one
+    /// line, exit 1, no panic text.
+    #[test]
+    fn cuda_driver_failures_fail_on_one_line() {
+        let wd = Workdir::new();
+        let (lib, root) = fake_cuda(&wd);
+        let env = |init: &str| {
+            vec![
+                ("LD_LIBRARY_PATH", lib.clone()),
+                ("CUDA_PATH", root.clone()),
+                ("FAKE_CUINIT", init.to_string()),
+            ]
+        };
+        fails_on_one_line(
+            "cuda",
+            &env("100"),
+            &["--device cuda:0: cuInit failed: CUDA_ERROR_NO_DEVICE"],
+        );
+        fails_on_one_line(
+            "cuda:3",
+            &env("0"),
+            &["--device cuda:3: this machine has 1 CUDA device(s): cuda:0 = Fake GPU"],
+        );
+        fails_on_one_line(
+            "cuda:0",
+            &env("0"),
+            &["--device cuda:0 (Fake GPU): CUDA failed: "],
+        );
+    }
+
+    /// No driver at all (CI's machines: scripts/test.sh sets RLCR_TEST_NO_CUDA_DRIVER=1, and the
+    /// test fails if a driver is found there).
+    #[test]
+    fn cuda_without_a_driver_fails_on_one_line() {
+        if std::env::var("RLCR_TEST_NO_CUDA_DRIVER").as_deref() != Ok("1") {
+            eprintln!("skipped: set RLCR_TEST_NO_CUDA_DRIVER=1 on a machine without a CUDA driver");
+            return;
+        }
+        fails_on_one_line(
+            "cuda",
+            &[],
+            &["this machine cannot run CUDA", "no NVIDIA driver"],
+        );
+    }
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use std::path::{Path, PathBuf};
