@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# One prepared check of rlcr on an NVIDIA GPU, for a machine with a GPU, torch and transformers
+# but no Rust toolchain: everything rlcr needs is a release binary built elsewhere
+# (scripts/gpu_pack.sh) and this repository's fixtures and scripts. Every step has a time limit
+# inside an overall budget (default 450 s), so the whole check fits one call of 8 minutes; a
+# step that fails or runs out of time is recorded and the next one runs. Results go to
+# OUT/gpu_check.json and each step's output and log to OUT/logs.tar.gz (two files: a device call
+# brings back at most 8); a table is printed last.
+#
+#   scripts/gpu_check.sh --rlcr .gpu/rlcr.xz [--out DIR] [--budget SECONDS]
+#   scripts/gpu_check.sh --dry-run [--device cpu|wgpu] [--rlcr target/debug/rlcr]
+#
+# Steps, in order of priority (see docs/backends.md for the goals):
+#   env        GPU, driver, CUDA, nvcc, torch and transformers versions
+#   parity     `rlcr --device cuda logprobs` (after a `generate-answers` on the same device) on
+#              fixtures/tiny-llama, fixtures/tiny-qwen2 and random SmolLM2-135M / Qwen2.5-0.5B
+#              shapes made by transformers, against transformers on the GPU (float32, TF32 off)
+#              and float64: max |Δ log-prob|
+#   sampling   `generate-answers` on the SmolLM2 shape, 64 and 256 rows x 256 new tokens, against
+#              transformers `generate` (float32, temperature 1, EOS ignored): tokens/s
+#   training   one `update` step (the second of two: the first compiles the kernels) on the
+#              SmolLM2 shape (16 x 512 tokens) and the Qwen2.5-0.5B shape (8 x 512), f32 and
+#              `--precision bf16`, against torch's same full step (PPO loss, clipping, AdamW;
+#              fp32 and torch.autocast bf16): tokens/s, peak GPU memory (nvidia-smi), and the
+#              mean token entropy of the first forward against float64 (the bf16 error)
+#   main job   `make -f scripts/rl.mk DEVICE=cuda` (the tiny model's loop) until the budget ends:
+#              iterations done and seconds
+#
+# --dry-run runs every step at tiny sizes on --device cpu (default) or wgpu, with whatever
+# torch sees (the CPU in CI), so that the script is known to work before it meets a GPU; its
+# figures are not measurements and its goals are not judged.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+HELPER="$ROOT/scripts/gpu_check.py"
+
+MODE=gpu
+DEVICE=""
+RLCR_IN=""
+OUTDIR="${OUT:-$ROOT/gpu-check-out}"
+BUDGET=450
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) MODE=dry ;;
+    --device) DEVICE=$2; shift ;;
+    --rlcr) RLCR_IN=$2; shift ;;
+    --out) OUTDIR=$2; shift ;;
+    --budget) BUDGET=$2; shift ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$DEVICE" ]; then
+  if [ $MODE = dry ]; then DEVICE=cpu; else DEVICE=cuda; fi
+fi
+START=$(date +%s)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/rlcr-gpu-check.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+LOGS="$WORK/logs"
+mkdir -p "$OUTDIR" "$LOGS"
+ROWS="$WORK/rows.jsonl"
+ERRORS="$WORK/errors.txt"
+ENVF="$WORK/env.jsonl"
+: >"$ROWS"; : >"$ERRORS"; : >"$ENVF"
+
+# --- the rlcr binary: a path, or an .xz of one (scripts/gpu_pack.sh)
+if [ -z "$RLCR_IN" ]; then
+  echo "gpu_check: --rlcr PATH is required (a binary, or the .xz of scripts/gpu_pack.sh)" >&2
+  exit 2
+fi
+case "$RLCR_IN" in
+  *.xz)
+    if command -v xz >/dev/null; then xz -dc "$RLCR_IN" >"$WORK/rlcr"
+    else "$PY" -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$RLCR_IN" "$WORK/rlcr"
+    fi || { echo "gpu_check: cannot decompress $RLCR_IN" >&2; exit 1; }
+    chmod +x "$WORK/rlcr"; RLCR="$WORK/rlcr" ;;
+  *) RLCR=$(cd "$(dirname "$RLCR_IN")" && pwd)/$(basename "$RLCR_IN") ;;
+esac
+
+# --- sizes
+if [ $MODE = dry ]; then
+  TINY=--tiny; PAR_NEW=8; SAMPLE_NEW=16; SAMPLE_B1=8; SAMPLE_B2=16; TRAIN_LEN=96
+  SMOL_ROWS=4; QWEN_ROWS=2; MAIN_ITERS=1
+  MAIN_FLAGS=(SFT=0 PROMPTS_PER_ITER=4 G_A=2 G_C=1 MAX_NEW=8 MAX_NEW_CONF=8 EPOCHS=1 MINI_BATCHES=1)
+else
+  TINY=""; PAR_NEW=32; SAMPLE_NEW=256; SAMPLE_B1=64; SAMPLE_B2=256; TRAIN_LEN=512
+  SMOL_ROWS=16; QWEN_ROWS=8; MAIN_ITERS=20; MAIN_FLAGS=()
+fi
+
+# --- helpers
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+json_str() { "$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
+# env KEY VALUE: one environment fact.
+envfact() { printf '{"%s": %s}\n' "$1" "$(json_str "$2")" >>"$ENVF"; }
+# row CHECK RLCR REF KIND THRESHOLD: one result (numbers or null); KIND: max (rlcr <= THRESHOLD),
+# min (rlcr >= THRESHOLD), ratio (rlcr/ref >= THRESHOLD), le_ref (rlcr <= ref), info.
+row() {
+  printf '{"check": %s, "rlcr": %s, "ref": %s, "kind": "%s", "threshold": %s}\n' \
+    "$(json_str "$1")" "${2:-null}" "${3:-null}" "$4" "${5:-null}" >>"$ROWS"
+}
+# step NAME TIMEOUT_MAX CMD...: runs CMD with the smaller of TIMEOUT_MAX and the budget left,
+# stdout to OUT/logs/NAME.out, stderr to OUT/logs/NAME.log; failures go to the error list.
+step() {
+  local name=$1 max=$2; shift 2
+  local t; t=$(left)
+  if [ "$t" -gt "$max" ]; then t=$max; fi
+  if [ "$t" -lt 5 ]; then
+    echo "$name: skipped (budget spent)" >>"$ERRORS"; return 124
+  fi
+  local t0; t0=$(date +%s)
+  timeout "$t" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.log"
+  local rc=$?
+  echo "gpu_check: $name: rc $rc, $(( $(date +%s) - t0 )) s (budget left $(left) s)" >&2
+  if [ $rc -ne 0 ]; then
+    local why
+    why=$(grep -v '^\s*$' "$LOGS/$name.log" | tail -n 1 | cut -c1-300)
+    if [ $rc -eq 124 ]; then why="timed out after $t s; $why"; fi
+    echo "$name: exit $rc: $why" >>"$ERRORS"
+  fi
+  return $rc
+}
+# jget FILE KEY: a number from the JSON object printed by a helper step (null when absent).
+jget() { "$PY" -c 'import json,sys
+try:
+    v = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]).get(sys.argv[2])
+except Exception:
+    v = None
+print("null" if v is None else v)' "$1" "$2"; }
+# rlcr's own sampling rate: `generate-answers: N rows, T tokens in S s (R tokens/s)`.
+rlcr_rate() { sed -n 's/.*generate-answers: .* (\([0-9.]*\) tokens\/s).*/\1/p' "$1" | tail -n 1 | grep . || echo null; }
+# The second optimizer step of `update` (the first compiles kernels): tokens/s and entropy of step 1.
+update_rate() { "$PY" -c 'import json,sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+s = m[-1]
+print(s["tokens"] / s["seconds"] if s["seconds"] > 0 else "null")' "$1/train_metrics.jsonl" 2>/dev/null || echo null; }
+update_entropy() { "$PY" -c 'import json,sys
+print(json.loads(open(sys.argv[1]).readline())["entropy"])' "$1/train_metrics.jsonl" 2>/dev/null || echo null; }
+# Peak GPU memory (MiB, whole GPU) while CMD runs, sampled by nvidia-smi every 100 ms.
+MEMLOG="$WORK/mem.csv"
+mem_start() {
+  if command -v nvidia-smi >/dev/null && [ $MODE = gpu ]; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$MEMLOG" 2>/dev/null &
+    MEMPID=$!
+  else MEMPID=""; fi
+}
+mem_stop() {
+  if [ -n "$MEMPID" ]; then
+    kill "$MEMPID" 2>/dev/null; wait "$MEMPID" 2>/dev/null
+    sort -n "$MEMLOG" | tail -n 1 | grep . || echo null
+  else echo null; fi
+}
+
+echo "gpu_check: mode $MODE, device $DEVICE, budget $BUDGET s, results in $OUTDIR" >&2
+
+# --- env (and NVRTC under a name the binary's CUDA 12.8 bindings look for: libnvrtc.so)
+envfact mode "$MODE"
+envfact rlcr_device "$DEVICE"
+envfact rlcr "$("$RLCR" --version 2>&1 | head -n 1)"
+# The commit the binary was built from (scripts/gpu_pack.sh writes it next to the binary).
+if [ -f "$(dirname "$RLCR_IN")/commit" ]; then envfact commit "$(cat "$(dirname "$RLCR_IN")/commit")"; fi
+if [ $MODE = gpu ]; then
+  export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
+  if command -v nvidia-smi >/dev/null; then
+    envfact gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+    envfact driver "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+    envfact cuda "$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)"
+  fi
+  if command -v nvcc >/dev/null; then
+    envfact nvcc "$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  fi
+  mkdir -p "$WORK/lib"
+  nvrtc=""
+  for d in "$CUDA_PATH/lib64" "$CUDA_PATH/targets/x86_64-linux/lib" \
+    $("$PY" -c 'import glob,os,nvidia; [print(os.path.dirname(p)) for p in glob.glob(os.path.join(os.path.dirname(nvidia.__file__), "*", "lib", "libnvrtc.so*"))]' 2>/dev/null); do
+    nvrtc=$(ls "$d"/libnvrtc.so* 2>/dev/null | grep -v builtins | sort | tail -n 1)
+    if [ -n "$nvrtc" ]; then
+      ln -sf "$nvrtc" "$WORK/lib/libnvrtc.so"
+      export LD_LIBRARY_PATH="$WORK/lib:$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      break
+    fi
+  done
+  envfact nvrtc "${nvrtc:-not found}"
+  envfact cuda_path "$CUDA_PATH"
+fi
+if step env 60 "$PY" "$HELPER" env; then
+  for k in torch transformers torch_cuda capability gpu_memory_gib; do
+    v=$(jget "$LOGS/env.out" $k)
+    if [ "$v" != null ]; then envfact "$k" "$v"; fi
+  done
+fi
+
+# --- models
+M="$WORK/models"
+mkdir -p "$M"
+models=(tiny-llama tiny-qwen2)
+ln -s "$ROOT/fixtures/tiny-llama" "$M/tiny-llama"
+ln -s "$ROOT/fixtures/tiny-qwen2" "$M/tiny-qwen2"
+step model-smollm2 90 "$PY" "$HELPER" model smollm2 "$M/smollm2" $TINY && models+=(smollm2)
+"$RLCR" --seed 1 -q prepare --from countdown-synth --count 8 -o "$WORK/prompts.parquet" \
+  2>>"$LOGS/prepare.log" || echo "prepare: failed (logs.tar.gz: logs/prepare.log)" >>"$ERRORS"
+
+# parity MODEL: generate-answers then logprobs on DEVICE, then the references.
+parity() {
+  local m=$1 d="$WORK/parity-$1"
+  mkdir -p "$d"
+  step "gen-$m" 120 "$RLCR" --device "$DEVICE" --seed 2 generate-answers --model "$M/$m" \
+    --input "$WORK/prompts.parquet" -o "$d/answers.parquet" --num-answers 2 \
+    --max-new-tokens $PAR_NEW --batch-size 16 || { row "logprobs $m: max |rlcr - f64|" null null max 1e-4; return; }
+  step "logprobs-$m" 120 "$RLCR" --device "$DEVICE" logprobs --model "$M/$m" \
+    --input "$d/answers.parquet" -o "$d/lp.parquet" --column lp || { row "logprobs $m: max |rlcr - f64|" null null max 1e-4; return; }
+  if step "parity-$m" 120 "$PY" "$HELPER" parity "$d/lp.parquet" "$M/$m" lp; then
+    local o="$LOGS/parity-$m.out"
+    row "logprobs $m: max |rlcr - f64| (ref: hf)" "$(jget "$o" rlcr_vs_f64)" "$(jget "$o" hf_vs_f64)" max 1e-4
+  else
+    row "logprobs $m: max |rlcr - f64|" null null max 1e-4
+  fi
+}
+parity tiny-llama
+parity tiny-qwen2
+[[ " ${models[*]} " == *" smollm2 "* ]] && parity smollm2
+
+# --- sampling (SmolLM2 shape): rlcr generate-answers against transformers generate
+sampling() {
+  local rows=$1 prompts=$(( $1 / 8 )) d="$WORK/sample-$1"
+  mkdir -p "$d"
+  "$RLCR" --seed 3 -q prepare --from countdown-synth --count $prompts -o "$d/prompts.parquet" 2>>"$LOGS/prepare.log"
+  local r=null h=null
+  if step "sample-rlcr-$rows" 150 "$RLCR" --device "$DEVICE" --seed 4 generate-answers \
+    --model "$M/smollm2" --input "$d/prompts.parquet" -o "$d/answers.parquet" --num-answers 8 \
+    --max-new-tokens $SAMPLE_NEW --batch-size $rows --temperature 1; then
+    r=$(rlcr_rate "$LOGS/sample-rlcr-$rows.log")
+  fi
+  if step "sample-hf-$rows" 120 "$PY" "$HELPER" generate "$M/smollm2" $prompts $rows $SAMPLE_NEW; then
+    h=$(jget "$LOGS/sample-hf-$rows.out" tokens_per_s)
+  fi
+  row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s vs hf" "$r" "$h" ratio 5
+  if [ "$rows" = "$SAMPLE_B1" ]; then row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s" "$r" null min 10000; fi
+}
+[[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B1
+
+# --- training: one update step, f32 and bf16, against torch's
+training() {
+  local m=$1 rows=$2 d="$WORK/train-$1"
+  mkdir -p "$d"
+  step "table-$m" 120 "$PY" "$HELPER" train-table "$M/$m" "$d/train.parquet" $rows $TRAIN_LEN || return
+  local p
+  for p in f32 bf16; do
+    local tp=fp32; [ $p = bf16 ] && tp=bf16
+    local r=null e=null mem=null h=null he=null ref=null hmem=null
+    mem_start
+    if step "update-$m-$p" 180 "$RLCR" --device "$DEVICE" update --model "$M/$m" \
+      --input "$d/train.parquet" -o "$d/out-$p" --lr 1e-6 --micro-batch $rows --epochs 2 \
+      --precision $p; then
+      r=$(update_rate "$d/out-$p"); e=$(update_entropy "$d/out-$p")
+    fi
+    mem=$(mem_stop)
+    mem_start
+    if step "torch-$m-$p" 150 "$PY" "$HELPER" torch-step "$M/$m" "$d/train.parquet" $tp; then
+      local o="$LOGS/torch-$m-$p.out"
+      h=$(jget "$o" tokens_per_s); he=$(jget "$o" entropy_err); ref=$(jget "$o" entropy_f64)
+    fi
+    hmem=$(mem_stop)
+    row "update $m ${rows}x$TRAIN_LEN $p: tokens/s vs torch" "$r" "$h" ratio 1.0
+    if [ $m = qwen05 ] && [ $p = bf16 ]; then row "update qwen05 bf16: tokens/s" "$r" null min 10000; fi
+    row "update $m $p: peak GPU MiB vs torch" "$mem" "$hmem" info
+    local err=null
+    if [ "$e" != null ] && [ "$ref" != null ]; then
+      err=$("$PY" -c 'import sys; print(abs(float(sys.argv[1]) - float(sys.argv[2])))' "$e" "$ref")
+    fi
+    if [ $p = f32 ]; then
+      row "update $m f32: |entropy - f64| (ref: torch)" "$err" "$he" max 1e-4
+      F32_ENTROPY=$e
+    else
+      row "update $m bf16: |entropy - f64| vs autocast" "$err" "$he" le_ref
+      # `--precision bf16` is documented as CPU-only: equal entropies mean f32 ran.
+      if [ "$e" != null ] && [ "$e" = "${F32_ENTROPY:-}" ]; then
+        echo "update-$m-bf16: same entropy as f32 ($e): --precision bf16 had no effect on $DEVICE" >>"$ERRORS"
+      fi
+    fi
+  done
+}
+[[ " ${models[*]} " == *" smollm2 "* ]] && training smollm2 $SMOL_ROWS
+
+step model-qwen05 120 "$PY" "$HELPER" model qwen05 "$M/qwen05" $TINY && models+=(qwen05)
+[[ " ${models[*]} " == *" qwen05 "* ]] && parity qwen05
+[[ " ${models[*]} " == *" qwen05 "* ]] && training qwen05 $QWEN_ROWS
+[[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B2
+
+# --- the main job, for what is left of the budget (at most 5 minutes)
+t0=$(date +%s)
+step main-job 300 make -f "$ROOT/scripts/rl.mk" RLCR="$RLCR" DEVICE="$DEVICE" RUNS="$WORK/runs" \
+  RUN=gpu ITERS=$MAIN_ITERS "${MAIN_FLAGS[@]}"
+rc=$?
+done_iters=$(ls -d "$WORK"/runs/gpu/iter-*/model/config.json 2>/dev/null | wc -l)
+row "main job (rl.mk): iterations of $MAIN_ITERS done" "$done_iters" null min "$MAIN_ITERS"
+row "main job (rl.mk): seconds (exit $rc)" "$(( $(date +%s) - t0 ))" null info
+
+# --- results
+"$PY" - "$OUTDIR/gpu_check.json" "$MODE" "$ENVF" "$ROWS" "$ERRORS" "$(elapsed)" <<'EOF'
+import json, sys
+path, mode, envf, rowsf, errf, secs = sys.argv[1:]
+env = {}
+for line in open(envf):
+    env.update(json.loads(line))
+rows = [json.loads(l) for l in open(rowsf)]
+for r in rows:
+    a, b, k, t = r["rlcr"], r["ref"], r["kind"], r["threshold"]
+    ok, goal = None, ""
+    if k == "max":
+        goal = f"<= {t:g}"; ok = None if a is None else a <= t
+    elif k == "min":
+        goal = f">= {t:g}"; ok = None if a is None else a >= t
+    elif k == "ratio":
+        goal = f">= {t:g} x ref"; ok = None if a is None or not b else a / b >= t
+    elif k == "le_ref":
+        goal = "<= ref"; ok = None if a is None or b is None else a <= b
+    if a is None and k != "info":
+        ok = False
+    if mode != "gpu":
+        ok = None  # the dry run's figures are not measurements
+    r["goal"], r["ok"] = goal, ok
+errors = [l.rstrip("\n") for l in open(errf) if l.strip()]
+res = {"mode": mode, "seconds": int(secs), "env": env, "rows": rows, "errors": errors}
+json.dump(res, open(path, "w"), indent=1)
+EOF
+tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs
+"$PY" "$HELPER" table "$OUTDIR/gpu_check.json"
+# Exit status: 0 when every step ran (the goals are judged in the table, not here).
+[ ! -s "$ERRORS" ]
