@@ -4,6 +4,7 @@
     python3 scripts/peft_lora.py make-fixture BASE OUT SEQS.json REFS.json R ALPHA TARGETS [rslora]
     python3 scripts/peft_lora.py logprobs TABLE.parquet BASE ADAPTER...
     python3 scripts/peft_lora.py merged BASE ADAPTER MERGED
+    python3 scripts/peft_lora.py grad-fixture BASE ADAPTER SEQS.json OUT.json
 
 make-fixture: PEFT builds a LoRA adapter on the model folder BASE (rank R, lora_alpha ALPHA,
 target_modules TARGETS comma-separated, use_rslora when the last argument is `rslora`), with
@@ -20,6 +21,11 @@ at a time (no padding): `[{"logprobs": [[...], ...]}, ...]`.
 merged: prints `{"max_abs_diff": x, "tensors": n}` comparing every tensor of the model folder
 MERGED with PEFT's `merge_and_unload()` of BASE + ADAPTER (in float32), and fails when a tensor is
 missing or mis-shaped.
+
+grad-fixture: the float64 gradient of L = −Σ log p over every sequence of SEQS.json (each token
+given the ones before it, from the second on) with respect to lora_A and lora_B of layer 0's
+q_proj and layer 1's gate_proj and down_proj of ADAPTER on BASE, written to OUT.json in PEFT's
+layouts (`{"loss": x, "grads": {name: {"shape": [...], "values": [...]}}}`).
 
 Exit codes: 0 success, 1 a failed check, 3 torch/transformers/peft not importable (the tests treat
 3 as "skipped" unless RLCR_REQUIRE_TORCH=1).
@@ -151,6 +157,29 @@ def main() -> int:
             worst = max(worst, (got[k].double() - v.double()).abs().max().item())
             n += 1
         json.dump({"max_abs_diff": worst, "tensors": n}, sys.stdout)
+        return 0
+
+    if cmd == "grad-fixture" and len(rest) == 4:
+        base, adapter, seqs_path, out = rest
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float64)
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=True).double()
+        with open(seqs_path) as f:
+            seqs = json.load(f)["sequences"]
+        loss = 0.0
+        for s in seqs:
+            ids = torch.tensor([s["input_ids"]])
+            lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
+            loss = loss - lp.gather(1, ids[0, 1:, None]).sum()
+        loss.backward()
+        keep = ("layers.0.self_attn.q_proj.", "layers.1.mlp.gate_proj.", "layers.1.mlp.down_proj.")
+        grads = {}
+        for name, p in model.named_parameters():
+            if "lora_" in name and any(k in name for k in keep):
+                key = name.replace(".default.weight", ".weight")
+                grads[key] = {"shape": list(p.shape), "values": p.grad.flatten().tolist()}
+        with open(out, "w") as f:
+            json.dump({"loss": loss.item(), "grads": grads}, f)
+            f.write("\n")
         return 0
 
     print(__doc__, file=sys.stderr)

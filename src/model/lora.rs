@@ -1022,6 +1022,76 @@ mod tests {
         }
     }
 
+    /// The adapter's gradient equals torch + PEFT's (float64, committed by `scripts/peft_lora.py
+    /// grad-fixture`): L = −Σ log p over the fixture's sequences, with respect to lora_A and
+    /// lora_B of three projections of the PEFT-written Llama adapter.
+    #[test]
+    fn adapter_gradient_matches_torch_and_peft() {
+        use crate::model::{AdapterUse, Model, ResponseBatch};
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lora");
+        let want: Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join("tiny-llama-peft.grad.f64.json")).unwrap(),
+        )
+        .unwrap();
+        let refs: Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join("tiny-llama-peft.f64.json")).unwrap(),
+        )
+        .unwrap();
+        let seqs: Vec<Vec<u32>> = refs["sequences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| serde_json::from_value(s["input_ids"].clone()).unwrap())
+            .collect();
+        let dev = Device::flex().autodiff();
+        let m = Model::open(&root.join("tiny-llama-peft"), None, &dev, AdapterUse::Train)
+            .unwrap()
+            .transformer;
+        let rows: Vec<(&[u32], &[u32])> = seqs.iter().map(|s| (&s[..1], &s[1..])).collect();
+        let batch = ResponseBatch::new(&rows).unwrap();
+        let (lp, _) = m.response_logprobs(&batch, false, 256).unwrap();
+        let mask: Vec<f32> = batch
+            .mask()
+            .iter()
+            .map(|&b| f32::from(u8::from(b)))
+            .collect();
+        let [b, r] = lp.dims();
+        let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, r]), &dev);
+        let loss = (lp * mask).sum().neg();
+        let got_loss = super::super::read_f32(loss.clone()).unwrap()[0] as f64;
+        let grads = loss.backward();
+        let w_loss = want["loss"].as_f64().unwrap();
+        assert!(
+            (got_loss - w_loss).abs() < 1e-4 * w_loss.abs(),
+            "{got_loss} vs {w_loss}"
+        );
+        let mut checked = 0;
+        for (l, t) in [(0, Target::Q), (1, Target::Gate), (1, Target::Down)] {
+            let p = m.layers[l].lora.as_ref().unwrap().get(t).unwrap();
+            let (an, bn) = t.peft_names(l);
+            for (name, param) in [(an, &p.a), (bn, &p.b)] {
+                let g = param.val().grad(&grads).unwrap();
+                let [rows_, cols] = g.dims();
+                let g = super::super::read_f32(g).unwrap();
+                // Stored transposed from PEFT's layout.
+                let g = weights::transpose(&g, rows_, cols);
+                let w: Vec<f64> =
+                    serde_json::from_value(want["grads"][&name]["values"].clone()).unwrap();
+                assert_eq!(g.len(), w.len(), "{name}");
+                let scale = w.iter().fold(0f64, |a, x| a.max(x.abs()));
+                let err = g
+                    .iter()
+                    .zip(&w)
+                    .fold(0f64, |a, (x, y)| a.max((*x as f64 - y).abs()));
+                eprintln!("{name}: max |Δ| {err:.2e} of max |g| {scale:.2e}");
+                assert!(scale > 1e-3, "{name}: vanishing gradient");
+                assert!(err <= 1e-4 * scale, "{name}: {err} of {scale}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 6);
+    }
+
     /// Training an adapter: gradients exist for the adapter's tensors only; they do not depend
     /// on the micro-batch size (also with dropout, whose masks are keyed by row content) nor on
     /// activation checkpointing; dropout changes them and is deterministic; an AdamW step keeps
