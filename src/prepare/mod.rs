@@ -12,10 +12,14 @@
 //!   examples.
 //! - [`arith`]: seeded synthetic arithmetic (`A op B`, difficulty = digits per operand) with the
 //!   same split rules and warm-start examples.
-//! - [`sources`]: readers of TinyZero's countdown files, verl Parquet and JSONL.
+//! - [`dataset`]: dataset files as Hugging Face `datasets` keeps them (Parquet, JSON lines, JSON;
+//!   files, folders, globs), the column mapping onto prompt rows, and the seeded per-epoch draws
+//!   of the loop over a dataset.
+//! - [`sources`]: the reader of TinyZero's countdown files.
 //!
 //! [`Plan`] is the stage's validated, clap-free input; [`run`] does the work and writes the table.
 pub mod arith;
+pub mod dataset;
 pub mod sources;
 pub mod synth;
 
@@ -44,7 +48,8 @@ pub struct PromptRow {
     pub extra_info: Option<Value>,
 }
 
-/// Prompt sources.
+/// Prompt sources: the synthetic tasks, TinyZero's countdown files, or a dataset file format
+/// forced (the format is otherwise found from the extension).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Source {
@@ -53,6 +58,8 @@ pub enum Source {
     Countdown,
     Verl,
     Jsonl,
+    Json,
+    Parquet,
 }
 
 impl Source {
@@ -63,8 +70,27 @@ impl Source {
             Source::Countdown => "countdown",
             Source::Verl => "verl",
             Source::Jsonl => "jsonl",
+            Source::Json => "json",
+            Source::Parquet => "parquet",
         }
     }
+
+    /// The file format a dataset source forces (None: the synthetic and countdown sources).
+    pub fn format(self) -> Option<dataset::Format> {
+        match self {
+            Source::Verl | Source::Parquet => Some(dataset::Format::Parquet),
+            Source::Jsonl => Some(dataset::Format::Jsonl),
+            Source::Json => Some(dataset::Format::Json),
+            Source::CountdownSynth | Source::ArithmeticSynth | Source::Countdown => None,
+        }
+    }
+}
+
+/// The rows of the loop's iteration: draw `index` (0-based) of `--count` rows from the dataset's
+/// per-epoch orders ([`dataset::draw`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Draw {
+    pub index: u64,
 }
 
 /// Supervised warm-start examples instead of prompts (synthetic sources only).
@@ -101,11 +127,17 @@ pub enum Build {
         split: Split,
         sft: Option<SftPlan>,
     },
-    /// Rows of a dataset file, the first `count` when given.
+    /// Rows of dataset files (`inputs`: files, folders or globs) mapped by `mapping`; `source`
+    /// forces a reader (countdown) or a format. Then: with `draw`, the draw's `count` rows of the
+    /// epoch orders (shuffled with `shuffle_seed`, else in file order); else the rows (shuffled
+    /// with `shuffle_seed`), the first `count` when given.
     File {
-        source: Source,
-        input: PathBuf,
+        source: Option<Source>,
+        inputs: Vec<String>,
+        mapping: dataset::Mapping,
         count: Option<usize>,
+        shuffle_seed: Option<u64>,
+        draw: Option<Draw>,
     },
 }
 
@@ -123,6 +155,21 @@ pub struct Plan {
 #[derive(Clone, Debug)]
 pub struct Summary {
     pub rows: usize,
+    /// The files read.
+    pub inputs: Vec<PathBuf>,
+    /// How the first file's columns were mapped (dataset files).
+    pub mapped: Option<dataset::Resolved>,
+    /// The draw's epoch and index within it (with `--draw`).
+    pub epoch: Option<(u64, u64)>,
+}
+
+/// Rows built from a plan, before writing.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub rows: Vec<PromptRow>,
+    pub inputs: Vec<PathBuf>,
+    pub mapped: Option<dataset::Resolved>,
+    pub epoch: Option<(u64, u64)>,
 }
 
 /// The tasks themselves, or their warm-start examples under `sft`.
@@ -142,6 +189,47 @@ fn with_sft(seed: u64, tasks: Vec<PromptRow>, sft: Option<&SftPlan>) -> Result<V
 
 /// The rows of a plan, checked (non-empty, unique ids), without writing them.
 pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
+    Ok(load(build)?.rows)
+}
+
+/// The rows of the dataset files of a [`Build::File`], all of them, checked.
+fn file_rows(
+    source: Option<Source>,
+    inputs: &[String],
+    mapping: &dataset::Mapping,
+) -> Result<(Vec<PromptRow>, Vec<PathBuf>, Option<dataset::Resolved>)> {
+    let files = dataset::expand_inputs(inputs)?;
+    let several = files.len() > 1;
+    let mut rows = Vec::new();
+    let mut mapped = None;
+    for f in &files {
+        if source == Some(Source::Countdown) {
+            rows.extend(sources::read_countdown(f)?);
+            continue;
+        }
+        let format = match source.and_then(Source::format) {
+            Some(x) => x,
+            None => dataset::Format::of(f)?,
+        };
+        let default_source = match source {
+            Some(s @ (Source::Verl | Source::Jsonl)) => s.name(),
+            _ => format.name(),
+        };
+        let rec = dataset::read_records(f, format)?;
+        let (r, how) = dataset::map_records(&rec, mapping, default_source, several)?;
+        rows.extend(r);
+        if mapped.is_none() {
+            mapped = Some(how);
+        }
+    }
+    Ok((rows, files, mapped))
+}
+
+/// The rows of a plan with the files they came from, checked (non-empty, unique ids).
+pub fn load(build: &Build) -> Result<Loaded> {
+    let mut inputs = vec![];
+    let mut mapped = None;
+    let mut epoch = None;
     let rows = match build {
         Build::Synth {
             seed,
@@ -165,34 +253,26 @@ pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
         }
         Build::File {
             source,
-            input,
-            count,
+            inputs: patterns,
+            mapping,
+            ..
         } => {
-            let mut rows = match source {
-                Source::Countdown => sources::read_countdown(input)?,
-                Source::Verl => sources::read_verl(input)?,
-                Source::Jsonl => sources::read_jsonl(input)?,
-                Source::CountdownSynth | Source::ArithmeticSynth => {
-                    bail!("{} reads no file", source.name())
-                }
-            };
-            if let Some(n) = count {
-                rows.truncate(*n);
-            }
+            let (rows, files, how) = file_rows(*source, patterns, mapping)?;
+            inputs = files;
+            mapped = how;
             rows
         }
     };
-    let input = match build {
-        Build::File { input, .. } => Some(input.as_path()),
-        Build::Synth { .. } | Build::Arith { .. } => None,
+    let shown = match inputs.as_slice() {
+        [one] => one.display().to_string(),
+        _ => "the inputs".to_string(),
     };
     if rows.is_empty() {
-        match input {
-            Some(i) => bail!(
-                "{}: the input has no rows; nothing was written",
-                i.display()
-            ),
-            None => bail!("no prompts to write; nothing was written"),
+        match build {
+            Build::File { .. } => bail!("{shown}: the input has no rows; nothing was written"),
+            Build::Synth { .. } | Build::Arith { .. } => {
+                bail!("no prompts to write; nothing was written")
+            }
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -200,25 +280,62 @@ pub fn rows(build: &Build) -> Result<Vec<PromptRow>> {
         if !seen.insert(r.prompt_id.as_str()) {
             bail!(
                 "{}, row {i}: duplicate prompt id {:?}",
-                input.unwrap_or(Path::new("-")).display(),
+                if inputs.is_empty() {
+                    Path::new("-").display().to_string()
+                } else {
+                    shown.clone()
+                },
                 r.prompt_id
             );
         }
     }
-    Ok(rows)
+    let rows = match build {
+        Build::File {
+            count,
+            shuffle_seed,
+            draw,
+            ..
+        } => match (draw, count) {
+            (Some(d), Some(per)) => {
+                let (pick, e, b) = dataset::draw(rows.len(), *per, *shuffle_seed, d.index);
+                epoch = Some((e, b));
+                pick.into_iter().map(|i| rows[i].clone()).collect()
+            }
+            (Some(_), None) => bail!("internal: a draw needs a count"),
+            (None, _) => {
+                let order = dataset::epoch_order(rows.len(), *shuffle_seed, 0);
+                let keep = count.unwrap_or(rows.len()).min(rows.len());
+                order[..keep].iter().map(|&i| rows[i].clone()).collect()
+            }
+        },
+        Build::Synth { .. } | Build::Arith { .. } => rows,
+    };
+    Ok(Loaded {
+        rows,
+        inputs,
+        mapped,
+        epoch,
+    })
 }
 
 /// Build the rows of `plan` and write them atomically to `plan.out`.
 pub fn run(plan: &Plan) -> Result<Summary> {
-    let rows = rows(&plan.build)?;
-    let batch = to_batch(&rows)?;
-    let inputs: Vec<&Path> = match &plan.build {
-        Build::File { input, .. } => vec![input.as_path()],
-        Build::Synth { .. } | Build::Arith { .. } => vec![],
-    };
-    let meta = Meta::new(&PROMPTS, "prepare", plan.config.clone(), &inputs);
+    let loaded = load(&plan.build)?;
+    let batch = to_batch(&loaded.rows)?;
+    let inputs: Vec<&Path> = loaded.inputs.iter().map(PathBuf::as_path).collect();
+    let mut config = plan.config.clone();
+    if let Some((e, b)) = loaded.epoch {
+        config["epoch"] = e.into();
+        config["draw_in_epoch"] = b.into();
+    }
+    let meta = Meta::new(&PROMPTS, "prepare", config, &inputs);
     let n = table::write_table(&plan.out, batch.schema(), &[batch], &meta)?;
-    Ok(Summary { rows: n })
+    Ok(Summary {
+        rows: n,
+        inputs: loaded.inputs,
+        mapped: loaded.mapped,
+        epoch: loaded.epoch,
+    })
 }
 
 /// The prompts table of `rows`.

@@ -527,6 +527,9 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                             response: r,
                             answer: crate::reward::text::last_answer(r),
                             ground_truth: &ans.gt_json,
+                            messages: None,
+                            extra_info: None,
+                            columns: None,
                         });
                         next_request_id += 1;
                     }

@@ -3,10 +3,16 @@
 //! Protocol (one JSON object per line, UTF-8):
 //! - request, on the child's stdin:
 //!   `{"id": 17, "sample_id": "p3/a1", "data_source": "hotpot", "prompt": "…", "response": "…",
-//!   "answer": "…" | null, "ground_truth": <the ground-truth JSON value>}`; `id` is the row's
-//!   0-based position in the input table, `prompt` the content of the last user message (or null),
-//!   `answer` what rlcr extracted (the last `<answer>`), `ground_truth` the parsed JSON (a string
-//!   when the column is not JSON);
+//!   "answer": "…" | null, "ground_truth": <the ground-truth JSON value>, "messages": [...],
+//!   "extra_info": {...} | null, "columns": {...}}`; `id` is the row's 0-based position in the
+//!   input table, `prompt` the content of the last user message (or null), `answer` what rlcr
+//!   extracted (the last `<answer>`), `ground_truth` the parsed JSON (a string when the column is
+//!   not JSON), `messages` the conversation the response answers (`{role, content}` list, a
+//!   trailing assistant prefill included), `extra_info` the row's `extra_info` (parsed JSON;
+//!   `prepare` keeps every source column but the prompt there), `columns` every other column of
+//!   the table that is not one of rlcr's own (columns a user added to the prompts table) as JSON
+//!   values. The last three fields were added after the first six: a verifier that reads only
+//!   those keeps working, and a request without them (the faithfulness probe's) means none;
 //! - reply, on the child's stdout: `{"id": 17, "correct": true, "extra": {"f1": 0.5}}` where
 //!   `correct` is a boolean or a number (used as the accuracy, e.g. a partial score) and `extra` an
 //!   optional object whose numeric fields become `extra.NAME` reward components (others are
@@ -43,6 +49,15 @@ pub struct Request<'a> {
     pub response: &'a str,
     pub answer: Option<&'a str>,
     pub ground_truth: &'a serde_json::Value,
+    /// The conversation the response answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<serde_json::Value>,
+    /// The row's `extra_info`, parsed (null when the table has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_info: Option<serde_json::Value>,
+    /// The table's columns that are not rlcr's, by name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub columns: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// One parsed reply.
@@ -260,6 +275,9 @@ mod tests {
                 response: "<answer>x</answer>",
                 answer: Some(a),
                 ground_truth: gt,
+                messages: None,
+                extra_info: None,
+                columns: None,
             })
             .collect()
     }

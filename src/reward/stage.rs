@@ -789,12 +789,40 @@ fn verify_builtin_rows<'b>(
     out.into_iter().collect()
 }
 
-/// Verify answer rows with the external verifier.
+/// The columns of a table the external verifier's requests carry: `extra_info` and every column
+/// that is not in the trajectory schema, in the table's order.
+fn request_columns(fields: &arrow::datatypes::Fields) -> Vec<String> {
+    fields
+        .iter()
+        .map(|f| f.name())
+        .filter(|n| *n == "extra_info" || TRAJECTORY.column(n).is_none())
+        .cloned()
+        .collect()
+}
+
+/// A cell for a request: JSON text columns (`extra_info`, rlcr's nested columns before native
+/// types) parsed, everything else as its JSON value.
+fn request_value(a: &ArrayRef, i: usize) -> Result<serde_json::Value> {
+    use arrow::array::AsArray;
+    if a.is_null(i) {
+        return Ok(serde_json::Value::Null);
+    }
+    match a.data_type() {
+        DataType::Utf8 => {
+            let t = a.as_string::<i32>().value(i);
+            Ok(serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.into())))
+        }
+        _ => table::json::value(a.as_ref(), i),
+    }
+}
+
+/// Verify answer rows with the external verifier; `cols` are the columns its requests carry.
 fn verify_external_rows<'b>(
     ext: &mut ExternalVerifier,
     ctx: &Ctx<'_>,
     c: &'b RgCols,
     rows: &[usize],
+    cols: &[String],
 ) -> Result<Vec<Verdict<'b>>> {
     let mut gts: Vec<serde_json::Value> = Vec::with_capacity(rows.len());
     let mut prompts: Vec<Option<String>> = Vec::with_capacity(rows.len());
@@ -813,6 +841,25 @@ fn verify_external_rows<'b>(
     for (n, &i) in rows.iter().enumerate() {
         let row = c.rows.at(i);
         let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
+        let messages = match &c.messages {
+            Some(m) if !m.is_null(i) => serde_json::from_str(m.value(i)).ok(),
+            _ => None,
+        };
+        let mut extra_info = serde_json::Value::Null;
+        let mut columns = serde_json::Map::new();
+        for name in cols {
+            let a = c
+                .extra
+                .get(name)
+                .with_context(|| format!("internal: column `{name}` not read"))?;
+            let v = request_value(a, i)
+                .with_context(|| format!("{}, row {row}, column `{name}`", ctx.path.display()))?;
+            if name == "extra_info" {
+                extra_info = v;
+            } else {
+                columns.insert(name.clone(), v);
+            }
+        }
         reqs.push(Request {
             id: row,
             sample_id: str_at(
@@ -829,6 +876,9 @@ fn verify_external_rows<'b>(
             response,
             answer: last_answer(response),
             ground_truth: &gts[n],
+            messages: Some(messages.unwrap_or(serde_json::Value::Null)),
+            extra_info: Some(extra_info),
+            columns: Some(columns),
         });
     }
     let replies: Vec<Reply> = ext.verify(&reqs)?;
@@ -1106,6 +1156,9 @@ struct Scorer<'a> {
     links: Links,
     needs: Needs,
     spec_cols: Vec<String>,
+    /// Columns sent to the external verifier: `extra_info` and those not in the trajectory
+    /// schema.
+    request_cols: Vec<String>,
     /// Accuracy of every answer seen (only when the table has confidence rows).
     parents: HashMap<u128, ParentAnswer>,
     /// Verdicts from the pre-pass (only when a confidence precedes its answer).
@@ -1140,7 +1193,7 @@ impl Scorer<'_> {
                             .insert(c.data_source.value_at(i).to_string(), "external".into());
                     }
                 }
-                verify_external_rows(e, &ctx, c, ans)
+                verify_external_rows(e, &ctx, c, ans, &self.request_cols)
             }
             None => {
                 let vk = verify_builtin_rows(&ctx, c, ans)?;
@@ -1519,11 +1572,21 @@ fn score(plan: &Plan) -> Result<Summary> {
     let placement = splice::Placement::Canonical(&TRAJECTORY);
     let lay = splice::Layout::new(&parts[0], &fields, &drop, placement, false)?;
     let dropped = lay.dropped.clone();
-    let spec_cols: Vec<String> = settings
+    let mut spec_cols: Vec<String> = settings
         .structured
         .as_ref()
         .map(|s| s.columns().into_iter().map(str::to_string).collect())
         .unwrap_or_default();
+    // The external verifier's requests carry `extra_info` and the columns that are not rlcr's.
+    let request_cols: Vec<String> = match &plan.external {
+        Some(_) => request_columns(parts[0].meta.schema().fields()),
+        None => vec![],
+    };
+    for c in &request_cols {
+        if !spec_cols.contains(c) {
+            spec_cols.push(c.clone());
+        }
+    }
     let needs = Needs {
         ids: links.confidences > 0,
         sample_id: plan.external.is_some(),
@@ -1551,6 +1614,7 @@ fn score(plan: &Plan) -> Result<Summary> {
         links,
         needs,
         spec_cols,
+        request_cols,
         parents: HashMap::new(),
         pre: HashMap::new(),
         ext,

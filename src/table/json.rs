@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use arrow::array::{
     Array, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array,
-    LargeListArray, LargeStringArray, ListArray, StringArray, StructArray, UInt16Array,
+    LargeListArray, LargeStringArray, ListArray, MapArray, StringArray, StructArray, UInt16Array,
     UInt32Array, UInt64Array, UInt8Array,
 };
 use serde_json::{Map, Value};
@@ -64,6 +64,31 @@ pub fn value(a: &dyn Array, i: usize) -> Result<Value> {
         let mut m = Map::new();
         for (f, c) in x.fields().iter().zip(x.columns()) {
             m.insert(f.name().clone(), value(c.as_ref(), i)?);
+        }
+        return Ok(Value::Object(m));
+    }
+    if let Some(x) = any.downcast_ref::<MapArray>() {
+        // A map with text keys is an object; any other map a list of {key, value} pairs.
+        let e = x.value(i);
+        let (keys, vals) = (e.column(0), e.column(1));
+        let mut m = Map::new();
+        for j in 0..e.len() {
+            match value(keys.as_ref(), j)? {
+                Value::String(k) => {
+                    m.insert(k, value(vals.as_ref(), j)?);
+                }
+                _ => {
+                    return (0..e.len())
+                        .map(|j| {
+                            Ok(serde_json::json!({
+                                "key": value(keys.as_ref(), j)?,
+                                "value": value(vals.as_ref(), j)?
+                            }))
+                        })
+                        .collect::<Result<Vec<_>>>()
+                        .map(Value::Array)
+                }
+            }
         }
         return Ok(Value::Object(m));
     }

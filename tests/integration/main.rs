@@ -19,6 +19,7 @@ mod learning;
 mod lora;
 mod model;
 mod multiturn;
+mod own_data;
 mod probe;
 mod qwen3;
 mod report;

@@ -155,3 +155,182 @@ fn lora_rank_runs_the_loop_on_adapters() {
         "re-ran a stage:\n{out}"
     );
 }
+
+/// The ids of a prompts table, in its order.
+fn prompt_ids(p: &Path) -> Vec<String> {
+    let b = crate::support::table::read(p);
+    let ids = rlcr::table::cols::str_col(&b, "prompts", "prompt_id").unwrap();
+    (0..b.num_rows())
+        .map(|i| ids.value(i).to_string())
+        .collect()
+}
+
+/// `PROMPTS=FILE` (a template and a label column mapped with PREPARE_FLAGS, the reward from a
+/// verl compute_score through VERIFIER_CMD): two epochs of a 5-prompt file at 2 prompts per
+/// iteration (draws of 2, 2 and 1 per epoch), every prompt drawn exactly once per epoch and the
+/// second epoch in another order; EVAL_PROMPTS evaluated every 3 iterations (the starting policy,
+/// iterations 3 and 6) with accuracy, ECE, Brier and AUROC in the evaluation report. A run killed
+/// in its fourth iteration resumes: the draws written before the kill are untouched and every
+/// iteration draws what an uninterrupted run draws.
+#[test]
+fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
+    use std::os::unix::process::CommandExt;
+    let wd = Workdir::new();
+    let mut train = String::new();
+    for i in 0..5 {
+        train.push_str(&format!(
+            "{{\"question\": \"What is {i} + 1?\", \"answer\": \"{}\", \"level\": {i}}}\n",
+            i + 1
+        ));
+    }
+    wd.write("train.jsonl", train);
+    wd.write(
+        "test.jsonl",
+        "{\"question\": \"What is 7 + 1?\", \"answer\": \"8\"}\n{\"question\": \"What is 2 + 2?\", \"answer\": \"4\"}\n",
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let verifier = format!(
+        "VERIFIER_CMD=python3 {} user_rewards:compute_score",
+        root.join("scripts/rewards/verl_reward.py").display()
+    );
+    let vars: Vec<String> = [
+        "SFT=0",
+        "ITERS=6",
+        "PROMPTS_PER_ITER=2",
+        "G_A=2",
+        "G_C=1",
+        "MAX_NEW=4",
+        "MAX_NEW_CONF=4",
+        "EPOCHS=1",
+        "MINI_BATCHES=1",
+        "PROMPTS=train.jsonl",
+        "EVAL_PROMPTS=test.jsonl",
+        "EVAL_EVERY=3",
+        "EVAL_G_A=1",
+        "EVAL_G_C=1",
+        "PREPARE_FLAGS=--input-template '{question} Put the answer in <answer></answer>.' --label-key answer",
+        "SHUFFLE_SEED=11",
+        &verifier,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let make = |run: &str, targets: &[&str]| {
+        let mk = root.join("scripts/rl.mk");
+        let mut c = Command::new("make");
+        c.arg("-f")
+            .arg(&mk)
+            .arg(format!("RLCR={}", env!("CARGO_BIN_EXE_rlcr")))
+            .arg(format!("RUNS={}", wd.root().display()))
+            .arg(format!("RUN={run}"))
+            .args(&vars)
+            .args(targets)
+            .env("PYTHONPATH", root.join("fixtures/rewards"))
+            .current_dir(wd.root());
+        c
+    };
+    let prompts = |run: &str, i: u32| wd.path(&format!("{run}/iter-{i:04}/prompts.parquet"));
+
+    // killed in the fourth iteration (its prompts drawn, iteration 3 updating or later)
+    let mut child = make("d", &["summary"])
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("make runs");
+    let t = std::time::Instant::now();
+    while !prompts("d", 4).exists() {
+        assert!(child.try_wait().unwrap().is_none(), "make stopped early");
+        assert!(t.elapsed().as_secs() < 600, "iteration 4 never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "make finished before the kill"
+    );
+    let status = Command::new("kill")
+        .args(["-KILL", &format!("-{}", child.id())])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _ = child.wait();
+    let before: Vec<(u32, Vec<u8>)> = (1..=6)
+        .filter(|&i| prompts("d", i).exists())
+        .map(|i| (i, std::fs::read(prompts("d", i)).unwrap()))
+        .collect();
+    assert!(before.len() >= 4);
+
+    let o = make("d", &["summary"]).output().unwrap();
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{log}");
+    for (i, bytes) in &before {
+        assert_eq!(
+            &std::fs::read(prompts("d", *i)).unwrap(),
+            bytes,
+            "iteration {i} redrawn"
+        );
+    }
+    // an uninterrupted run's draws (the prompts targets alone need no model)
+    let targets: Vec<String> = (1..=6)
+        .map(|i| format!("{}", prompts("fresh", i).display()))
+        .collect();
+    let t: Vec<&str> = targets.iter().map(String::as_str).collect();
+    let o = make("fresh", &t).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let draws: Vec<Vec<String>> = (1..=6).map(|i| prompt_ids(&prompts("d", i))).collect();
+    for (i, d) in draws.iter().enumerate() {
+        assert_eq!(
+            d,
+            &prompt_ids(&prompts("fresh", i as u32 + 1)),
+            "iteration {}",
+            i + 1
+        );
+        assert_eq!(
+            d.len(),
+            if i % 3 == 2 { 1 } else { 2 },
+            "iteration {}",
+            i + 1
+        );
+    }
+    let all: Vec<String> = {
+        let mut v = prompt_ids(&wd.path("d/dataset.parquet"));
+        v.sort();
+        v
+    };
+    assert_eq!(all.len(), 5);
+    let epoch = |k: usize| -> Vec<String> { draws[3 * k..3 * k + 3].concat() };
+    for k in 0..2 {
+        let mut e = epoch(k);
+        e.sort();
+        assert_eq!(e, all, "epoch {k}");
+    }
+    assert_ne!(
+        epoch(0),
+        epoch(1),
+        "the second epoch repeats the first one's order"
+    );
+
+    // evaluations: the starting policy, iterations 3 and 6
+    for i in [0, 3, 6] {
+        assert!(
+            wd.path(&format!("d/eval/iter-{i:04}/scored.parquet"))
+                .exists(),
+            "evaluation {i}: {log}"
+        );
+    }
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(wd.path("d/eval/report/metrics.json")).unwrap(),
+    )
+    .unwrap();
+    let reports = m["reports"].as_array().unwrap();
+    assert_eq!(reports.len(), 3);
+    for r in reports {
+        for k in ["accuracy", "ece", "brier", "auroc"] {
+            assert!(r["overall"].get(k).is_some(), "{k} missing: {r}");
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! A user's own data and reward code: `prepare --input` on dataset files in TRL's and verl's
+//! formats (fixtures/data, written by scripts/gen_dataset_fixtures.py with the rows rlcr must
+//! write computed there), and the reward adapters scripts/rewards/{verl,trl}_reward.py, whose
+//! rewards through `score --verifier-cmd` must equal the functions called directly in Python.
+use std::path::Path;
+use std::process::Command;
+
+use arrow::array::{Array, StringArray};
+
+use crate::support::table::{read, set_str, write};
+use crate::{fixtures, Workdir};
+
+fn data(name: &str) -> String {
+    fixtures().join("data").join(name).display().to_string()
+}
+
+/// The rows of a prompts table as JSON (the JSON text columns parsed).
+fn prompt_rows(p: &Path) -> Vec<serde_json::Value> {
+    let b = read(p);
+    let col = |n: &str| {
+        b.column_by_name(n)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .clone()
+    };
+    let (id, m, ds, gt, ei) = (
+        col("prompt_id"),
+        col("messages"),
+        col("data_source"),
+        col("ground_truth"),
+        col("extra_info"),
+    );
+    let j = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+    (0..b.num_rows())
+        .map(|i| {
+            serde_json::json!({
+                "prompt_id": id.value(i),
+                "messages": j(m.value(i)),
+                "data_source": ds.value(i),
+                "ground_truth": j(gt.value(i)),
+                "extra_info": if ei.is_null(i) { serde_json::Value::Null } else { j(ei.value(i)) },
+            })
+        })
+        .collect()
+}
+
+const TEMPLATE: &str = r"{question}\n\nPut the final answer in <answer></answer>.";
+
+/// TRL's standard and conversational formats and verl's read with `--input` alone; a sharded
+/// dataset (a glob), a JSON array and a JSON object of columns read with a column mapping. Every
+/// row equals the one the generator computed from the same records.
+#[test]
+fn prepare_maps_trl_verl_and_plain_columns_like_the_python_reference() {
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("data/expected.json")).unwrap(),
+    )
+    .unwrap();
+    let glob = format!("{}/train-*.parquet", data("gsm"));
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "trl-standard",
+            vec!["--input".into(), data("trl-standard.parquet")],
+        ),
+        (
+            "trl-conversational",
+            vec!["--input".into(), data("trl-conversational.jsonl")],
+        ),
+        ("verl", vec!["--input".into(), data("verl.parquet")]),
+        (
+            "gsm-train",
+            vec![
+                "--input".into(),
+                glob,
+                "--input-template".into(),
+                TEMPLATE.into(),
+                "--label-key".into(),
+                "answer".into(),
+                "--data-source".into(),
+                "gsm".into(),
+            ],
+        ),
+        (
+            "gsm-test",
+            vec![
+                "--input".into(),
+                data("gsm/test.json"),
+                "--input-template".into(),
+                TEMPLATE.into(),
+                "--label-key".into(),
+                "answer".into(),
+                "--data-source".into(),
+                "gsm".into(),
+            ],
+        ),
+        (
+            "columns",
+            vec![
+                "--input".into(),
+                data("columns.json"),
+                "--prompt-key".into(),
+                "question".into(),
+                "--label-key".into(),
+                "label".into(),
+            ],
+        ),
+    ];
+    let wd = Workdir::new();
+    for (name, flags) in cases {
+        let out = format!("{name}.parquet");
+        let mut args: Vec<&str> = vec!["prepare"];
+        args.extend(flags.iter().map(String::as_str));
+        args.extend(["-o", &out]);
+        wd.run(&args);
+        let got = prompt_rows(&wd.path(&out));
+        let want = expected[name].as_array().unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(g, w, "{name}");
+        }
+        // the prompts table reads back as it is (the loop prepares once, then draws)
+        let again = format!("{name}-again.parquet");
+        wd.run(&["prepare", "--input", &out, "-o", &again]);
+        assert_eq!(prompt_rows(&wd.path(&again)), got, "{name} read back");
+    }
+}
+
+/// A mapped column that does not exist, a value of the wrong type, an empty prompt, a null
+/// template field, a glob that matches nothing: exit 1, the file, row and column named, nothing
+/// written.
+#[test]
+fn mapping_errors_name_file_row_and_column() {
+    let wd = Workdir::new();
+    wd.write(
+        "q.jsonl",
+        "{\"question\": \"2+2?\", \"answer\": \"4\"}\n{\"question\": \"\", \"answer\": \"5\"}\n{\"question\": 7, \"answer\": null}\n",
+    );
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec!["--input", "q.jsonl"],
+            vec![
+                "q.jsonl",
+                "`prompt`",
+                "missing",
+                "--prompt-key",
+                "answer, question",
+            ],
+        ),
+        (
+            vec![
+                "--input",
+                "q.jsonl",
+                "--prompt-key",
+                "question",
+                "--label-key",
+                "solution",
+            ],
+            vec!["q.jsonl", "`solution`", "--label-key", "missing"],
+        ),
+        (
+            vec!["--input", "q.jsonl", "--prompt-key", "question"],
+            vec!["q.jsonl, line 2, field `question`", "empty prompt"],
+        ),
+        (
+            vec![
+                "--input",
+                "q.jsonl",
+                "--input-template",
+                "Q: {question}",
+                "--label-key",
+                "answer",
+            ],
+            vec!["q.jsonl, line 3, field `answer`", "null"],
+        ),
+        (
+            vec!["--input", "q.jsonl", "--input-template", "{nope}"],
+            vec!["q.jsonl", "`nope`", "--input-template", "missing"],
+        ),
+        (
+            vec!["--input", "missing-*.parquet"],
+            vec!["missing-*.parquet", "no file matches"],
+        ),
+    ];
+    for (flags, needles) in cases {
+        let mut args = vec!["prepare"];
+        args.extend(&flags);
+        args.extend(["-o", "out.parquet"]);
+        let e = wd.fail(&args, 1);
+        for n in needles {
+            assert!(e.contains(n), "{flags:?}: {n:?} not in {e}");
+        }
+        assert!(!wd.path("out.parquet").exists(), "{flags:?} wrote");
+    }
+    wd.write("w.jsonl", "{\"prompt\": 5, \"ground_truth\": \"1\"}\n");
+    let e = wd.fail(&["prepare", "--input", "w.jsonl", "-o", "out.parquet"], 1);
+    assert!(
+        e.contains("w.jsonl, line 1, field `prompt`") && e.contains("a number"),
+        "{e}"
+    );
+    // usage errors: exit 2
+    wd.fail(
+        &[
+            "prepare",
+            "--input",
+            "q.jsonl",
+            "--input-template",
+            "{open",
+            "-o",
+            "o.parquet",
+        ],
+        2,
+    );
+    wd.fail(
+        &[
+            "prepare",
+            "--from",
+            "countdown-synth",
+            "--count",
+            "2",
+            "--label-key",
+            "x",
+            "-o",
+            "o.parquet",
+        ],
+        2,
+    );
+}
+
+/// `--draw K` of `--count N` with `--shuffle-seed S`: every row exactly once per epoch (the last
+/// draw of an epoch is short), a new order per epoch, the same rows for the same (S, N, K).
+#[test]
+fn draws_cover_every_row_once_per_epoch() {
+    let wd = Workdir::new();
+    let mut lines = String::new();
+    for i in 0..7 {
+        lines.push_str(&format!(
+            "{{\"prompt\": \"q{i}\", \"ground_truth\": \"{i}\"}}\n"
+        ));
+    }
+    wd.write("d.jsonl", lines);
+    wd.run(&["prepare", "--input", "d.jsonl", "-o", "all.parquet"]);
+    let ids = |f: &str| -> Vec<String> {
+        prompt_rows(&wd.path(f))
+            .iter()
+            .map(|r| r["prompt_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut epochs: Vec<Vec<String>> = vec![vec![], vec![]];
+    for k in 0..6 {
+        let out = format!("d{k}.parquet");
+        wd.run(&[
+            "prepare",
+            "--input",
+            "all.parquet",
+            "--shuffle-seed",
+            "3",
+            "--count",
+            "3",
+            "--draw",
+            &k.to_string(),
+            "-o",
+            &out,
+        ]);
+        let got = ids(&out);
+        assert_eq!(got.len(), if k % 3 == 2 { 1 } else { 3 }, "draw {k}");
+        epochs[k / 3].extend(got);
+    }
+    let mut all = ids("all.parquet");
+    all.sort();
+    for e in &epochs {
+        let mut s = e.clone();
+        s.sort();
+        assert_eq!(s, all);
+    }
+    assert_ne!(
+        epochs[0], epochs[1],
+        "the second epoch kept the first one's order"
+    );
+    wd.run(&[
+        "prepare",
+        "--input",
+        "all.parquet",
+        "--shuffle-seed",
+        "3",
+        "--count",
+        "3",
+        "--draw",
+        "4",
+        "-o",
+        "again.parquet",
+    ]);
+    assert_eq!(ids("again.parquet"), ids("d4.parquet"));
+}
+
+/// Run python3 with `args` (cwd `dir`, PYTHONPATH = fixtures/rewards); `None` when pyarrow is
+/// missing and not required (RLCR_REQUIRE_PYTHON).
+fn check_adapter(dir: &Path, args: &[&str]) -> Option<String> {
+    let script = fixtures().join("rewards/check_adapter.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .current_dir(dir)
+        .env("PYTHONPATH", fixtures().join("rewards"))
+        .output()
+        .expect("python3 runs");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    if o.status.code() == Some(3) {
+        if std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
+            panic!("pyarrow missing: {err}");
+        }
+        eprintln!("skipped: {err}");
+        return None;
+    }
+    assert!(
+        o.status.success(),
+        "check_adapter.py {args:?}:\n{out}\n{err}"
+    );
+    Some(out)
+}
+
+/// An answers table of the tiny model on `prompts` (2 answers each) whose responses are then
+/// replaced: even rows answer the label (from extra_info's `label_field`), odd rows a wrong number,
+/// every third row gives no answer; `special` = (row, response) overrides.
+fn answers_with_responses(
+    wd: &Workdir,
+    prompts: &str,
+    label: &dyn Fn(&serde_json::Value) -> String,
+    special: &[(usize, &str)],
+    out: &str,
+) {
+    let model = crate::support::pipeline::tiny_qwen2();
+    wd.run(&[
+        "generate-answers",
+        "--model",
+        &model,
+        "--input",
+        prompts,
+        "-o",
+        "raw.parquet",
+        "--num-answers",
+        "2",
+        "--max-new-tokens",
+        "2",
+    ]);
+    let mut b = read(&wd.path("raw.parquet"));
+    let gt = b
+        .column_by_name("ground_truth")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap()
+        .clone();
+    for i in 0..b.num_rows() {
+        let g: serde_json::Value = serde_json::from_str(gt.value(i)).unwrap();
+        let text = match special.iter().find(|(r, _)| *r == i) {
+            Some((_, t)) => t.to_string(),
+            None if i % 3 == 2 => "no idea".to_string(),
+            None if i % 2 == 0 => format!("<think>ok</think><answer>{}</answer>", label(&g)),
+            None => "<think>hm</think><answer>-1</answer>".to_string(),
+        };
+        b = set_str(&b, "response_text", i, &text);
+    }
+    write(&b, &wd.path(out), "rlcr.trajectory");
+}
+
+fn adapter(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts/rewards")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn score_with(wd: &Workdir, input: &str, cmd: &str, out: &str) -> std::process::Output {
+    let mut c = wd.cmd(&[
+        "score",
+        "--input",
+        input,
+        "-o",
+        out,
+        "--format-gate",
+        "off",
+        "--verifier-cmd",
+        cmd,
+    ]);
+    c.env("PYTHONPATH", fixtures().join("rewards"));
+    c.output().expect("rlcr runs")
+}
+
+fn as_text(g: &serde_json::Value) -> String {
+    g.as_str().map_or_else(|| g.to_string(), str::to_string)
+}
+
+/// verl's compute_score (a dict with "score" and more entries; a float using extra_info) through
+/// verl_reward.py equals the function called on the same rows; a function that raises is an error
+/// that names the row, and nothing is written.
+#[test]
+fn verl_adapter_rewards_equal_compute_score() {
+    let wd = Workdir::new();
+    wd.run(&[
+        "prepare",
+        "--input",
+        &data("verl.parquet"),
+        "-o",
+        "p.parquet",
+    ]);
+    answers_with_responses(
+        &wd,
+        "p.parquet",
+        &as_text,
+        &[(5, "<answer>13</answer>")],
+        "a.parquet",
+    );
+    for f in ["compute_score", "compute_score_float"] {
+        let cmd = format!("python3 {} user_rewards:{f}", adapter("verl_reward.py"));
+        let out = format!("{f}.parquet");
+        let o = score_with(&wd, "a.parquet", &cmd, &out);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        if let Some(r) = check_adapter(wd.root(), &[&out, "verl", &format!("user_rewards:{f}")]) {
+            assert!(r.contains("0 mismatches"), "{r}");
+            assert!(!r.contains(" 1 distinct"), "all rewards equal: {r}");
+        }
+    }
+    let cmd = format!(
+        "python3 {} user_rewards:compute_score_raises",
+        adapter("verl_reward.py")
+    );
+    let o = score_with(&wd, "a.parquet", &cmd, "bad.parquet");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("raised on row 5"), "{err}");
+    assert!(err.contains("cannot parse this one"), "{err}");
+    assert!(!wd.path("bad.parquet").exists());
+}
+
+/// TRL reward functions through trl_reward.py: the standard format (completions as text, the
+/// dataset's `solution` column as a keyword list) and the conversational one (two functions,
+/// weighted, each kept as a component) equal the functions called on the same rows; a function
+/// that raises names the row.
+#[test]
+fn trl_adapter_rewards_equal_the_reward_functions() {
+    let wd = Workdir::new();
+    let solution = |g: &serde_json::Value| as_text(g);
+    wd.run(&[
+        "prepare",
+        "--input",
+        &data("trl-standard.parquet"),
+        "-o",
+        "s.parquet",
+    ]);
+    answers_with_responses(
+        &wd,
+        "s.parquet",
+        &solution,
+        &[(3, "<answer>13</answer>")],
+        "sa.parquet",
+    );
+    let cmd = format!(
+        "python3 {} user_rewards:accuracy_reward",
+        adapter("trl_reward.py")
+    );
+    let o = score_with(&wd, "sa.parquet", &cmd, "s1.parquet");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    if let Some(r) = check_adapter(
+        wd.root(),
+        &["s1.parquet", "trl", "user_rewards:accuracy_reward"],
+    ) {
+        assert!(
+            r.contains("0 mismatches") && !r.contains(" 1 distinct"),
+            "{r}"
+        );
+    }
+
+    wd.run(&[
+        "prepare",
+        "--input",
+        &data("trl-conversational.jsonl"),
+        "-o",
+        "c.parquet",
+    ]);
+    answers_with_responses(&wd, "c.parquet", &solution, &[], "ca.parquet");
+    let specs = "user_rewards:conversational_reward user_rewards:length_penalty";
+    let cmd = format!(
+        "python3 {} {specs} --conversational --weights 1,0.5",
+        adapter("trl_reward.py")
+    );
+    let o = score_with(&wd, "ca.parquet", &cmd, "c1.parquet");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    if let Some(r) = check_adapter(
+        wd.root(),
+        &[
+            "c1.parquet",
+            "trl",
+            "--conversational",
+            "--weights",
+            "1,0.5",
+            "user_rewards:conversational_reward",
+            "user_rewards:length_penalty",
+        ],
+    ) {
+        assert!(
+            r.contains("0 mismatches") && !r.contains(" 1 distinct"),
+            "{r}"
+        );
+    }
+
+    let cmd = format!(
+        "python3 {} user_rewards:trl_raises",
+        adapter("trl_reward.py")
+    );
+    let o = score_with(&wd, "sa.parquet", &cmd, "bad.parquet");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("raised on row 3"), "{err}");
+    assert!(!wd.path("bad.parquet").exists());
+}
