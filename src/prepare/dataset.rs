@@ -817,8 +817,11 @@ pub fn map_records(
             (Some(c), _) => c.clone(),
             (None, Some(k)) => match lookup(row, k) {
                 Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                // the column `data_source` found, not named: a row without one gets the default
+                None | Some(Value::Null) if m.data_source_key.is_none() => {
+                    default_source.to_string()
+                }
                 None => bail!("{}: missing", at(k)),
-                Some(Value::Null) if m.data_source_key.is_none() => default_source.to_string(),
                 Some(v) => bail!("{}: expected non-empty text, found {}", at(k), kind(v)),
             },
             (None, None) => default_source.to_string(),

@@ -156,6 +156,21 @@ fn lora_rank_runs_the_loop_on_adapters() {
     );
 }
 
+/// The processes below `pid` (from /proc), depth first.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = vec![];
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for c in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+    {
+        out.push(c);
+        out.extend(descendants(c));
+    }
+    out
+}
+
 /// The ids of a prompts table, in its order.
 fn prompt_ids(p: &Path) -> Vec<String> {
     let b = crate::support::table::read(p);
@@ -174,7 +189,6 @@ fn prompt_ids(p: &Path) -> Vec<String> {
 /// iteration draws what an uninterrupted run draws.
 #[test]
 fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
-    use std::os::unix::process::CommandExt;
     let wd = Workdir::new();
     let mut train = String::new();
     for i in 0..5 {
@@ -233,7 +247,6 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
 
     // killed in the fourth iteration (its prompts drawn, iteration 3 updating or later)
     let mut child = make("d", &["summary"])
-        .process_group(0)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -248,11 +261,15 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
         child.try_wait().unwrap().is_none(),
         "make finished before the kill"
     );
+    // make and every process it started, by pid (children first listed, parent killed first)
+    let pids = descendants(child.id());
     let status = Command::new("kill")
-        .args(["-KILL", &format!("-{}", child.id())])
+        .arg("-KILL")
+        .arg(child.id().to_string())
+        .args(pids.iter().map(|p| p.to_string()))
         .status()
         .unwrap();
-    assert!(status.success());
+    assert!(status.success() || !pids.is_empty());
     let _ = child.wait();
     let before: Vec<(u32, Vec<u8>)> = (1..=6)
         .filter(|&i| prompts("d", i).exists())
