@@ -24,7 +24,7 @@
 //! every cold build (the budget of a 2-core CI machine is 90 minutes) and still needs its purge
 //! delay disabled to keep huge blocks committed; glibc's own switches are enough.
 //!
-//! `RLCR_MALLOC=default` keeps glibc's defaults (to measure the difference). Other platforms and
+//! `RLCR_MALLOC=default` keeps glibc's defaults (to measure the difference; see [`crate::switches`]). Other platforms and
 //! allocators: nothing to do, the function returns `false`.
 
 /// Apply the settings above (once; later calls do nothing). Returns whether they were applied.
@@ -32,7 +32,7 @@
 pub fn retain_freed_memory() -> bool {
     static APPLIED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *APPLIED.get_or_init(|| {
-        if std::env::var("RLCR_MALLOC").as_deref() == Ok("default") {
+        if crate::switches::get().malloc == crate::switches::Malloc::Default {
             return false;
         }
         apply()

@@ -195,17 +195,10 @@ pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
 
 /// Test hook: with `RLCR_TEST_SLOW_WRITE=MS` in the environment, every output write pauses MS
 /// milliseconds after each Parquet batch and before each final rename, so a test can kill a
-/// stage while its output is half written (tests/integration/crash.rs). Unset: no effect (one
-/// environment lookup, cached).
+/// stage while its output is half written (tests/integration/crash.rs). Unset: no effect (read once, in
+/// [`crate::switches`]).
 pub fn slow_write_hook() {
-    use std::sync::OnceLock;
-    static MS: OnceLock<u64> = OnceLock::new();
-    let ms = *MS.get_or_init(|| {
-        std::env::var("RLCR_TEST_SLOW_WRITE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
+    let ms = crate::switches::get().test_slow_write_ms;
     if ms > 0 {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }

@@ -20,6 +20,7 @@
 //! - [`prepare`]: the prompts tables (dataset readers, synthetic countdown tasks and splits).
 //! - [`probe`], [`report`]: faithfulness probe; calibration metrics and plots.
 //! - [`alloc`]: allocator settings applied at startup (freed tensor buffers stay in the process).
+//! - [`switches`]: every `RLCR_*` environment variable, read once, typed and documented.
 
 pub mod advantage;
 pub mod alloc;
@@ -34,6 +35,7 @@ pub mod progress;
 pub mod report;
 pub mod reward;
 pub mod sample;
+pub mod switches;
 pub mod table;
 pub mod trace;
 pub mod train;

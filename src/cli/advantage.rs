@@ -135,9 +135,6 @@ pub struct Args {
     /// Rows per batch while streaming.
     #[arg(long, default_value_t = 8192)]
     pub batch_size: usize,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {

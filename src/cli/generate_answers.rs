@@ -60,9 +60,6 @@ pub struct Args {
     /// Only the prompts of shard I of N (`--shard 0/4`), split by prompt_id.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 impl Plan {

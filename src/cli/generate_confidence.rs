@@ -1,6 +1,5 @@
 //! `rlcr generate-confidence`: the command line of turn 2 of the RLCR rollout (help, flags,
 //! plan, summary line). The engine is [`crate::sample::confidence_stage`].
-use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
@@ -56,9 +55,6 @@ pub struct Args {
     /// Only the prompts of shard I of N (`--shard 0/4`).
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 impl Plan {

@@ -1,6 +1,5 @@
 //! `rlcr generate-multiturn`: multi-turn rollouts against an environment process.
 //! A thin shell over [`crate::sample::multiturn_stage`].
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -73,9 +72,6 @@ pub struct Args {
     pub system_prompt: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {

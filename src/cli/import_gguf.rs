@@ -38,9 +38,6 @@ pub struct Args {
     /// Replace the output folder if it exists and is not empty.
     #[arg(long)]
     pub force: bool,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 pub fn run(_g: &Global, a: Args) -> Result<()> {

@@ -1,6 +1,5 @@
 //! `rlcr logprobs`: add a model's per-token log-probs of the responses to a table. The engine is
 //! [`crate::logprobs`]; this file is the flags, their checks and the summary line.
-use std::path::PathBuf;
 
 use anyhow::Result;
 use serde_json::json;
@@ -47,9 +46,6 @@ pub struct Args {
     /// Only the rows of shard I of N (`--shard 0/4`), split by prompt_id.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 /// The validated plan (usage errors exit 2, nothing read).

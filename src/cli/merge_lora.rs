@@ -36,9 +36,6 @@ pub struct Args {
     /// Output model folder.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 pub fn run(_g: &Global, a: Args) -> Result<()> {

@@ -1,18 +1,22 @@
 //! The command line: one file per subcommand, each with the same skeleton (help text, `Args`,
 //! `run`, private helpers), in the manner of xsv.
 //!
-//! Flow: [`main`] reads `argv`, merges a `--config FILE.toml` (flags on the command line win over the
-//! file), parses with clap, sets up logging, dispatches to the stage's `run`, and maps the outcome to
+//! Flow: [`main`] reads `argv`, merges a `--config FILE.toml` or `$RLCR_CONFIG` ([`config`]: a run
+//! file with a section per stage, or a stage's flags; flags on the command line win), parses with
+//! clap, sets up logging, dispatches to the stage's `run`, and maps the outcome to
 //! the documented exit codes: 0 success, 1 error (bad input, I/O), 2 usage. Errors print as anyhow's
 //! `{:#}` chain on stderr. A broken pipe on stdout is success (`rlcr inspect x | head` is quiet).
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub mod advantage;
 pub mod common;
+pub mod completions;
+pub mod config;
+pub mod docs;
 pub mod flags;
 pub mod generate_answers;
 pub mod generate_confidence;
@@ -39,26 +43,32 @@ pub use common::{Global, UsageError};
 /// in place. Chain them by hand, or with the Makefile loop in `scripts/rl.mk`.
 #[derive(Parser, Debug)]
 #[command(name = "rlcr", version, about, long_about = None, propagate_version = true)]
-#[command(args_override_self = true)]
+#[command(args_override_self = true, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Seed for every random choice (sampling, synthetic data); same seed, same output.
-    #[arg(long, global = true, default_value_t = 0)]
+    #[arg(long, global = true, default_value_t = 0, help_heading = GLOBAL)]
     pub seed: u64,
     /// More log output (repeat for more).
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
     /// No progress bars or informational lines; errors only.
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = GLOBAL)]
     pub quiet: bool,
     /// Device for model stages: `cpu` (default), `wgpu[:N]` (a GPU through Vulkan/Metal/DX12; a
     /// build with `--features wgpu`) or `cuda[:N]` (a build with `--features cuda`). A device this
     /// build lacks is a usage error.
-    #[arg(long, global = true, default_value = "cpu", value_parser = common::parse_device)]
+    #[arg(long, global = true, default_value = "cpu", value_parser = common::parse_device, help_heading = GLOBAL)]
     pub device: String,
     /// Write a Chrome trace of the stage's phases (read, prefill, decode steps, forward, backward,
     /// optimizer, write) to FILE when the command ends; open it in ui.perfetto.dev.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = GLOBAL)]
     pub trace: Option<std::path::PathBuf>,
+    /// Flags from a TOML file (default: $RLCR_CONFIG): a run file (global flags at the top, one
+    /// table per stage, e.g. [generate-answers], [update]; each stage reads its own) or a file of
+    /// one stage's flags. Keys are flag names; flags on the command line win; an unknown section
+    /// or key is an error.
+    #[arg(long, global = true, value_name = "FILE", help_heading = GLOBAL)]
+    pub config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -98,23 +108,98 @@ pub enum Command {
     Schema(schema::Args),
     #[command(about = inspect::ABOUT, long_about = inspect::LONG_ABOUT)]
     Inspect(inspect::Args),
+    #[command(about = completions::ABOUT, long_about = completions::LONG_ABOUT)]
+    Completions(completions::Args),
+}
+
+/// The heading of the global flags in every `--help`, after the stage's own options.
+const GLOBAL: &str = "Global options";
+
+/// The end of the top-level `--help`: the loop and a quick start.
+const AFTER_HELP: &str = "\
+The loop: `make -f scripts/rl.mk` runs a whole RLCR run as a Makefile (a supervised warm start, then
+per iteration generate-answers, generate-confidence, score, advantage, update and report; an
+interrupted run resumes where it stopped). Its variables choose the model, the task and the sizes:
+`make -f scripts/rl.mk RUN=exp1 MODEL=path/to/hf-folder ITERS=8 LR=2e-5`.
+
+Quick start (one iteration by hand, on a Hugging Face model folder MODEL):
+  rlcr prepare --from countdown-synth --n 64 -o prompts.parquet
+  rlcr generate-answers --model MODEL --input prompts.parquet -o answers.parquet
+  rlcr generate-confidence --model MODEL --input answers.parquet -o trajectory.parquet
+  rlcr score --input trajectory.parquet -o scored.parquet
+  rlcr advantage --input scored.parquet -o train.parquet
+  rlcr update --model MODEL --input train.parquet -o MODEL-1
+  rlcr report scored.parquet -o report/
+
+`rlcr <stage> --help` gives a stage's options; `--config run.toml` (or RLCR_CONFIG) reads them
+from one file with a section per stage. Shell completions: `rlcr completions bash|zsh|fish`.";
+
+/// The command-line definition with what is known only at run time: the long version
+/// (`rlcr --version`: commit, features, CPU kernels).
+pub fn command() -> clap::Command {
+    Cli::command().long_version(long_version())
+}
+
+/// `rlcr --version`: the version, the git commit it was built from, the enabled features and the
+/// CPU kernel level it would use (after `RLCR_CPU_ISA`).
+pub fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let features: Vec<&str> = [
+            ("cuda", cfg!(feature = "cuda")),
+            ("wgpu", cfg!(feature = "wgpu")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+        let s = crate::switches::get();
+        let detected = crate::switches::Isa::detected();
+        let why = match s.cpu_isa {
+            None => "the best this CPU has".to_string(),
+            Some(_) => format!("RLCR_CPU_ISA; this CPU has {}", detected.name()),
+        };
+        format!(
+            "{}\ncommit: {}\nfeatures: {}\ncpu kernels: {} ({why})",
+            crate::VERSION,
+            env!("RLCR_GIT_COMMIT"),
+            if features.is_empty() {
+                "none (CPU only)".to_string()
+            } else {
+                features.join(", ")
+            },
+            s.isa.name()
+        )
+    })
 }
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    let argv = match merge_config(argv) {
+    let cmd = command();
+    let env_config = crate::switches::get().config.as_deref();
+    let merged = match config::merge(&cmd, argv, env_config) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("rlcr: error: {e:#}");
             return ExitCode::from(2);
         }
     };
-    let matches = match Cli::command().try_get_matches_from(argv) {
+    let matches = match cmd.try_get_matches_from(merged.argv) {
         Ok(m) => m,
         Err(e) => {
             // clap prints help/version to stdout with exit 0 and usage errors with exit 2.
             let _ = e.print();
+            if e.use_stderr() {
+                // A bad value that came from the config file: say where it was written.
+                let bad = e
+                    .get(clap::error::ContextKind::InvalidArg)
+                    .map(|v| v.to_string());
+                for (flag, origin) in &merged.from_file {
+                    if bad.as_deref().is_some_and(|b| b.starts_with(flag.as_str())) {
+                        eprintln!("note: {flag} was set by the config file {origin}");
+                    }
+                }
+            }
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
@@ -192,90 +277,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::MergeLora(a) => merge_lora::run(&g, a),
         Command::Schema(a) => schema::run(&g, a),
         Command::Inspect(a) => inspect::run(&g, a),
+        Command::Completions(a) => completions::run(&g, a),
     }
-}
-
-/// Merge `--config FILE.toml` into the argument list: the file's keys become flags inserted right
-/// after the subcommand name, so that flags given on the command line (which come later) override
-/// them (`args_override_self`). Keys are flag names (`num-answers` or `num_answers`); `true` becomes
-/// a bare flag, `false` is dropped, arrays repeat the flag, tables are not allowed.
-pub fn merge_config(argv: Vec<OsString>) -> Result<Vec<OsString>> {
-    let mut cfg_path: Option<(usize, usize, OsString)> = None;
-    for (i, a) in argv.iter().enumerate() {
-        let s = a.to_string_lossy();
-        if s == "--" {
-            break;
-        }
-        if s == "--config" {
-            let Some(v) = argv.get(i + 1) else {
-                return Err(UsageError("--config needs a FILE.toml".into()).into());
-            };
-            cfg_path = Some((i, 2, v.clone()));
-        } else if let Some(v) = s.strip_prefix("--config=") {
-            cfg_path = Some((i, 1, OsString::from(v)));
-        }
-    }
-    let Some((at, len, path)) = cfg_path else {
-        return Ok(argv);
-    };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading config file {}", path.to_string_lossy()))?;
-    let table: toml::Table = toml::from_str(&text)
-        .with_context(|| format!("parsing config file {}", path.to_string_lossy()))?;
-    let mut extra: Vec<OsString> = Vec::new();
-    for (k, v) in &table {
-        let flag = format!("--{}", k.replace('_', "-"));
-        push_value(&mut extra, &flag, v)
-            .with_context(|| format!("config file {}: key `{k}`", path.to_string_lossy()))?;
-    }
-    let mut out: Vec<OsString> = Vec::with_capacity(argv.len() + extra.len());
-    // Find the subcommand: the first argument that names one.
-    let names: Vec<String> = Cli::command()
-        .get_subcommands()
-        .map(|c| c.get_name().to_string())
-        .collect();
-    let mut inserted = false;
-    for (i, a) in argv.into_iter().enumerate() {
-        if i >= at && i < at + len {
-            continue;
-        }
-        let is_sub = !inserted && i > 0 && names.iter().any(|n| a.to_string_lossy() == *n);
-        out.push(a);
-        if is_sub {
-            out.append(&mut extra);
-            inserted = true;
-        }
-    }
-    if !inserted {
-        return Err(UsageError("--config needs a subcommand".into()).into());
-    }
-    Ok(out)
-}
-
-fn push_value(out: &mut Vec<OsString>, flag: &str, v: &toml::Value) -> Result<()> {
-    match v {
-        toml::Value::Boolean(true) => out.push(flag.into()),
-        toml::Value::Boolean(false) => {}
-        toml::Value::String(s) => {
-            out.push(flag.into());
-            out.push(s.into());
-        }
-        toml::Value::Integer(i) => {
-            out.push(flag.into());
-            out.push(i.to_string().into());
-        }
-        toml::Value::Float(f) => {
-            out.push(flag.into());
-            out.push(f.to_string().into());
-        }
-        toml::Value::Array(items) => {
-            for it in items {
-                push_value(out, flag, it)?;
-            }
-        }
-        _ => bail!("only strings, numbers, booleans and arrays are allowed"),
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -285,5 +288,6 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
     }
 }

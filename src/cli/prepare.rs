@@ -170,10 +170,6 @@ pub struct Args {
     /// With --sft: the confidence query of the examples (default: generate-confidence's).
     #[arg(long)]
     pub confidence_prompt: Option<String>,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
 }
 
 /// The user message of countdown tasks.

@@ -1,6 +1,5 @@
 //! `rlcr probe`: the command line of the faithfulness probe (help, flags, plan, summary line).
 //! The engine is [`crate::probe::stage`].
-use std::path::PathBuf;
 
 use anyhow::Result;
 
@@ -69,9 +68,6 @@ pub struct Args {
     /// Only the answers of shard I of N (`--shard 0/4`), split by prompt_id.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 impl Plan {

@@ -71,10 +71,6 @@ pub struct Args {
     /// Example rows per kind in report.md (0: none, and no second pass over the last input).
     #[arg(long, default_value_t = 3)]
     pub examples: usize,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
 }
 
 /// `LABEL=PATH` → (Some(LABEL), PATH) when LABEL is a plain word (letters, digits, `-_.`) and the

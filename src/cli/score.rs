@@ -114,10 +114,6 @@ pub struct Args {
     /// Only the rows of shard I of N (`--shard 0/4`), split by prompt_id.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
 }
 
 /// Turn the flags into validated settings.

@@ -55,9 +55,6 @@ pub struct Args {
     pub optim: OptimArgs,
     #[command(flatten)]
     pub lora: LoraArgs,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {

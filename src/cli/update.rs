@@ -107,9 +107,6 @@ pub struct Args {
     pub lora: LoraArgs,
     #[command(flatten)]
     pub critic: CriticArgs,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
@@ -255,6 +252,24 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     a.critic
         .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
     Ok(())
+}
+
+/// The warning for a table in which every learnable token's advantage is 0 (every group's rewards
+/// equal, a filter that kept nothing informative, a wrong column): the policy-gradient term is
+/// then zero and the update moves the model only through the KL and entropy terms. A warning, not
+/// an error: such an iteration happens in a healthy loop too (every answer right, or every one
+/// wrong).
+fn zero_advantage_warning(rows: &[TrainRow], table: &str) -> Option<String> {
+    let informative = rows
+        .iter()
+        .any(|r| r.adv.iter().zip(&r.mask).any(|(adv, &m)| m && *adv != 0.0));
+    (!informative).then(|| {
+        format!(
+            "{table}: every advantage is 0 on the {} learnable tokens of its {} rows (e.g. every              group's rewards were equal): the policy-gradient term is zero, and this update              changes the model only through --kl-coef and the entropy terms",
+            rows.iter().map(TrainRow::n_learnable).sum::<usize>(),
+            rows.len()
+        )
+    })
 }
 
 /// The token ids of the ten digits and `.`: each must be one token, and `0.7` must encode as the

@@ -44,9 +44,6 @@ pub struct Args {
     /// Rows per forward pass.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
-    /// Resolved configuration file (TOML); flags win over it.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {

@@ -36,10 +36,9 @@ pub fn attention(
 }
 
 /// Whether [`attention`] runs (read once per process): the default, and `RLCR_ATTENTION=rlcr`;
-/// `RLCR_ATTENTION=burn` keeps burn's attention. An unknown value is reported once and ignored.
+/// `RLCR_ATTENTION=burn` keeps burn's attention (see [`crate::switches`]).
 pub fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::cpu::rlcr_path("RLCR_ATTENTION", true))
+    crate::switches::get().attention == crate::switches::Path::Rlcr
 }
 
 /// [`attention`] on the kernels of `isa`, whatever the switches (tests, benchmarks).

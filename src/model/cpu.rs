@@ -19,7 +19,7 @@
 //! **Instruction sets** ([`Isa`], chosen at run time): AVX-512F kernels where the CPU has them,
 //! AVX2 + FMA otherwise, the same numbers bit for bit (tested by forcing the AVX2 kernel on an
 //! AVX-512 machine). `RLCR_CPU_ISA=avx2|avx512|scalar` forces a lower level for the whole
-//! process (read once; see [`isa`]); `scalar` turns rlcr's kernels off, as on a CPU without AVX2.
+//! process (read once; see [`isa`] and [`crate::switches`]); `scalar` turns rlcr's kernels off, as on a CPU without AVX2.
 //!
 //! Scope and fallbacks: only f32 tensors on a plain (non-autodiff) Flex device, at most
 //! [`MAX_ROWS`] rows ([`MAX_PACKED_ROWS`] packed), a contiguous weight, and an x86-64 CPU with
@@ -34,26 +34,11 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rlcr_kernels::decode::{self, AttentionShape, PackedPanels};
 
 pub use rlcr_kernels::decode::PackPrecision;
-pub use rlcr_kernels::{isa, Isa};
+pub use rlcr_kernels::Isa;
 
-/// Reads a path switch of the CPU backend (`RLCR_GEMM`, `RLCR_ATTENTION`): `rlcr` selects rlcr's
-/// kernels, `burn` burn's ops; unset or empty gives `default_rlcr`. An unknown value is reported
-/// once (callers cache the answer) and gives the default.
-pub(crate) fn rlcr_path(var: &str, default_rlcr: bool) -> bool {
-    let name = |on: bool| if on { "rlcr" } else { "burn" };
-    match std::env::var(var) {
-        Err(_) => default_rlcr,
-        Ok(v) if v.is_empty() => default_rlcr,
-        Ok(v) if v == "rlcr" => true,
-        Ok(v) if v == "burn" => false,
-        Ok(v) => {
-            eprintln!(
-                "warning: {var}={v:?} is not one of rlcr, burn; using {}",
-                name(default_rlcr)
-            );
-            default_rlcr
-        }
-    }
+/// The kernel level in use for the process (`RLCR_CPU_ISA`, see [`crate::switches`]).
+pub fn isa() -> Isa {
+    crate::switches::get().isa
 }
 
 /// Largest number of activation rows sent to the row-major kernel (beyond it gemm's blocking
@@ -246,25 +231,6 @@ fn supported() -> bool {
 mod tests {
     use super::*;
 
-    /// The path switches' grammar, on a variable of the test's own (no other test reads it).
-    #[test]
-    fn rlcr_path_reads_rlcr_burn_and_falls_back_to_the_default() {
-        let var = "RLCR_TEST_PATH_SWITCH_CPU_RS";
-        std::env::remove_var(var);
-        assert!(rlcr_path(var, true) && !rlcr_path(var, false));
-        for (value, want_from_true, want_from_false) in [
-            ("", true, false),
-            ("rlcr", true, true),
-            ("burn", false, false),
-            ("RLCR", true, false),
-            ("1", true, false),
-        ] {
-            std::env::set_var(var, value);
-            assert_eq!(rlcr_path(var, true), want_from_true, "{value:?}");
-            assert_eq!(rlcr_path(var, false), want_from_false, "{value:?}");
-        }
-        std::env::remove_var(var);
-    }
     use burn::tensor::Device;
 
     fn naive(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f64> {

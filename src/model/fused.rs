@@ -49,22 +49,19 @@ use super::cpu::{self, Isa};
 /// composite. Bit-identity with the composite would need burn's reduction order (macerator's
 /// 8-accumulator sum at the SIMD width it picks at run time) in the two row sums.
 pub fn norm_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| cpu::rlcr_path("RLCR_NORM", false))
+    crate::switches::get().norm == crate::switches::Path::Rlcr
 }
 
 /// Whether [`swiglu`] runs rlcr's fused op on Flex (read once per process): `RLCR_SWIGLU=rlcr`
 /// (the default: the same bits as the composite) or `burn`.
 pub fn swiglu_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| cpu::rlcr_path("RLCR_SWIGLU", true))
+    crate::switches::get().swiglu == crate::switches::Path::Rlcr
 }
 
 /// Whether [`rope`] runs rlcr's fused op on Flex (read once per process): `RLCR_ROPE=rlcr` (the
 /// default: the same bits as the composite) or `burn`.
 pub fn rope_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| cpu::rlcr_path("RLCR_ROPE", true))
+    crate::switches::get().rope == crate::switches::Path::Rlcr
 }
 
 /// HF's rotate-half RoPE, `x·cos + rotate_half(x)·sin`, on `x: [B, n, T, d]` with `cos`, `sin`:

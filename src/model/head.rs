@@ -79,24 +79,10 @@ pub fn logprob_entropy(
     Ok(composite(logits, targets, temperature, entropy))
 }
 
-/// Whether the fused head runs on Flex (read once per process): unset, empty or `1` on;
-/// `RLCR_FUSED_HEAD=0` keeps burn's composite (the previous default, see the module
-/// documentation). Another value is reported once and ignored.
+/// Whether the fused head runs on Flex: `RLCR_FUSED_HEAD` unset or `1`; `0` keeps burn's
+/// composite (see the module documentation and [`crate::switches`]).
 fn fused_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| fused_switch(std::env::var("RLCR_FUSED_HEAD").ok().as_deref()))
-}
-
-/// `RLCR_FUSED_HEAD`'s value read: unset, empty or `1` on; `0` off; anything else on (warned).
-fn fused_switch(value: Option<&str>) -> bool {
-    match value {
-        None | Some("") | Some("1") => true,
-        Some("0") => false,
-        Some(v) => {
-            eprintln!("warning: RLCR_FUSED_HEAD={v:?} is not one of 0, 1; using 1");
-            true
-        }
-    }
+    crate::switches::get().fused_head
 }
 
 fn split(out: Tensor<2>, n: usize, entropy: bool) -> (Tensor<1>, Option<Tensor<1>>) {
@@ -212,15 +198,6 @@ mod tests {
 
     fn values(t: Tensor<1>) -> Vec<f32> {
         t.into_data().try_into_vec::<f32>().unwrap()
-    }
-
-    #[test]
-    fn fused_switch_is_on_unless_set_to_0() {
-        assert!(fused_switch(None));
-        assert!(fused_switch(Some("")));
-        assert!(fused_switch(Some("1")));
-        assert!(!fused_switch(Some("0")));
-        assert!(fused_switch(Some("on")));
     }
 
     /// Values and gradients of the fused op against burn's composite, on an autodiff Flex

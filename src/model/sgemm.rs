@@ -83,10 +83,9 @@ use super::cpu::{self, Isa};
 /// `RLCR_GEMM=burn` sends every product to burn's matmul (the gemm crate) instead, e.g. to
 /// compare. The learning test's figures are measured on this path (its module documentation);
 /// the two paths round differently (each output here is one FMA chain over K; gemm splits K), so
-/// a loop's numbers move with the choice. An unknown value is reported once and ignored.
+/// a loop's numbers move with the choice. See [`crate::switches`].
 pub fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::cpu::rlcr_path("RLCR_GEMM", true))
+    crate::switches::get().gemm == crate::switches::Path::Rlcr
 }
 
 /// `x · w` for `x: [m, k]`, `w: [k, n]` through [`sgemm`] when both are f32 tensors on a Flex

@@ -635,10 +635,11 @@ impl Transformer {
         self.decode
             .0
             .get_or_init(|| {
-                if std::env::var("RLCR_DECODE_PACK").is_ok_and(|v| v == "0") {
+                let switches = crate::switches::get();
+                if !switches.decode_pack {
                     return None;
                 }
-                let precision = cpu::PackPrecision::from_env();
+                let precision = switches.decode_bf16;
                 let pack = |p: &Param<Tensor<2>>| PackedMatrix::pack(&p.val(), precision);
                 let head = match &self.lm_head {
                     Some(w) => pack(w),

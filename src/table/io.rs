@@ -45,7 +45,8 @@ pub struct Meta {
     pub schema_version: u32,
     /// The stage that wrote the file (`score`, ...).
     pub stage: String,
-    /// The resolved configuration (flags + config file), JSON.
+    /// The resolved configuration (flags + config file), JSON. The environment switches in
+    /// force are written beside it as `rlcr.switches` ([`crate::switches::Switches::recorded`]).
     pub config: serde_json::Value,
     /// Input files, as given.
     pub inputs: Vec<PathBuf>,
@@ -81,6 +82,10 @@ impl Meta {
             ),
             KeyValue::new("rlcr.stage".into(), self.stage.clone()),
             KeyValue::new("rlcr.config".into(), self.config.to_string()),
+            KeyValue::new(
+                "rlcr.switches".into(),
+                crate::switches::get().recorded_json().to_string(),
+            ),
             KeyValue::new(
                 "rlcr.inputs".into(),
                 serde_json::Value::from(inputs).to_string(),
@@ -707,6 +712,9 @@ mod tests {
         assert_eq!(md["rlcr.config"], r#"{"a":1,"b":2}"#);
         assert_eq!(md["rlcr.inputs"], r#"["in.parquet"]"#);
         assert_eq!(md["rlcr.version"], crate::VERSION);
+        let switches: serde_json::Value =
+            serde_json::from_str(&md["rlcr.switches"]).expect("switches are JSON");
+        assert_eq!(switches, crate::switches::get().recorded_json());
         assert_eq!(r.num_rows(), 3);
         let got = r.read_all().unwrap();
         assert_eq!(got, vec![b]);

@@ -6,7 +6,7 @@
 //!   config.json, model*.safetensors, tokenizer*, chat template, generation_config.json)
 //!   train_metrics.jsonl         one JSON object per optimizer step, the whole run so far
 //!   rlcr-train/
-//!     trainer_state.json        global step, stage, resolved config, inputs, summary metrics
+//!     trainer_state.json        global step, stage, resolved config, switches, inputs, summary
 //!     optimizer.safetensors     AdamW moments by parameter path (see `optim`)
 //! ```
 //! The optimizer state sits in a subfolder because vLLM loads every `*.safetensors` at the top of
@@ -49,6 +49,10 @@ pub struct TrainerState {
     pub version: String,
     /// The resolved configuration of the call that wrote it.
     pub config: serde_json::Value,
+    /// The environment switches in force ([`crate::switches::Switches::recorded`]); null in
+    /// folders written before they were recorded.
+    #[serde(default)]
+    pub switches: serde_json::Value,
     /// Input model folder and table(s).
     pub inputs: Vec<String>,
     /// Metrics of this call: the last step and means over its steps.

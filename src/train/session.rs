@@ -166,6 +166,7 @@ pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepM
         stage: s.stage.clone(),
         version: crate::VERSION.to_string(),
         config: s.config.clone(),
+        switches: crate::switches::get().recorded_json(),
         inputs: s.inputs.clone(),
         summary: summary.clone(),
     };
@@ -387,6 +388,7 @@ mod tests {
             stage: "update".into(),
             version: crate::VERSION.into(),
             config: serde_json::json!({}),
+            switches: serde_json::json!({}),
             inputs: vec![],
             summary: Summary::default(),
         };

@@ -21,6 +21,7 @@ mod model;
 mod multiturn;
 mod own_data;
 mod probe;
+mod product;
 mod qwen3;
 mod report;
 mod rl_make;

@@ -20,7 +20,7 @@
 //!
 //! **bf16 panels** ([`PackPrecision`]): a matrix whose values are all bf16 numbers is packed as
 //! bf16 and widened to f32 in registers (a shift), giving the same results bit for bit with half
-//! the bytes streamed; rounding other weights to bf16 is opt-in (`RLCR_DECODE_BF16=1`) because it
+//! the bytes streamed; rounding other weights to bf16 ([`PackPrecision::Bf16Rounded`]) is opt-in because it
 //! changes the numbers.
 //!
 //! **Decode attention** ([`decode_attention`]): one query token per row against the KV cache,
@@ -46,18 +46,6 @@ pub enum PackPrecision {
     /// bf16 panels, rounding f32 weights to the nearest bf16 (ties to even): changes the numbers
     /// (about 3 significant digits per weight); opt-in only.
     Bf16Rounded,
-}
-
-impl PackPrecision {
-    /// From the environment: `RLCR_DECODE_BF16=1` (or `round`) → [`Self::Bf16Rounded`], `0` →
-    /// [`Self::F32`], unset / anything else → [`Self::Bf16IfExact`].
-    pub fn from_env() -> Self {
-        match std::env::var("RLCR_DECODE_BF16").as_deref() {
-            Ok("1") | Ok("round") => PackPrecision::Bf16Rounded,
-            Ok("0") => PackPrecision::F32,
-            _ => PackPrecision::Bf16IfExact,
-        }
-    }
 }
 
 /// Columns per packed panel (two AVX registers).

@@ -342,7 +342,7 @@ mod tests {
         let (n, v) = (9, 513);
         let z = logits(n, v, 11);
         let t = targets(n, v);
-        let (all, _) = forward(&z, n, v, &t, 1.0, crate::isa());
+        let (all, _) = forward(&z, n, v, &t, 1.0, crate::Isa::detected());
         for i in 0..n {
             let (one, _) = forward(
                 &z[i * v..(i + 1) * v],
@@ -350,7 +350,7 @@ mod tests {
                 v,
                 &t[i..i + 1],
                 1.0,
-                crate::isa(),
+                crate::Isa::detected(),
             );
             assert_eq!(&all[2 * i..2 * i + 2], &one[..]);
         }

@@ -1,4 +1,5 @@
-//! Which kernels run: [`Isa`], detected at run time, optionally lowered by `RLCR_CPU_ISA`.
+//! Which kernels run: [`Isa`], detected at run time. The kernels take their level as an argument;
+//! the process-wide choice (the CPU's best, or a lower level the user asked for) is the caller's.
 
 /// Which of rlcr's own CPU kernels run (ordered: each level includes the one below).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -30,7 +31,7 @@ impl Isa {
         Isa::Scalar
     }
 
-    /// `scalar`, `avx2`, `avx512` (as `RLCR_CPU_ISA` spells them).
+    /// `scalar`, `avx2`, `avx512` (any case; `none`, `avx-512` too).
     pub fn parse(s: &str) -> Option<Isa> {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" | "none" => Some(Isa::Scalar),
@@ -55,34 +56,6 @@ impl Isa {
     }
 }
 
-/// The kernels in use: [`Isa::detected`], or lower when the environment variable
-/// `RLCR_CPU_ISA` (`avx512`, `avx2`, `scalar`; `auto` or unset: the best the CPU has) asks for
-/// it. Read once per process. A level above the CPU's is lowered to the CPU's; an unknown value
-/// is reported on stderr once and ignored.
-///
-/// The AVX-512 and AVX2 kernels give the same results bit for bit (one fused multiply-add per
-/// term, summed from zero in the order of K, in both), so forcing `avx2` on an AVX-512 machine
-/// changes the speed only; `scalar` sends every product through burn's matmul (gemm), whose
-/// sums run in another order (differences in the last bits, as between gemm and these kernels).
-/// gemm itself picks its own AVX-512 / AVX2 path from the CPU, whatever this says.
-pub fn isa() -> Isa {
-    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-    *ISA.get_or_init(|| match std::env::var("RLCR_CPU_ISA") {
-        Err(_) => Isa::detected(),
-        Ok(v) if v.is_empty() || v.eq_ignore_ascii_case("auto") => Isa::detected(),
-        Ok(v) => match Isa::parse(&v) {
-            Some(want) => want.clamp(),
-            None => {
-                eprintln!(
-                    "warning: RLCR_CPU_ISA={v:?} is not one of auto, avx512, avx2, scalar; using {}",
-                    Isa::detected().name()
-                );
-                Isa::detected()
-            }
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,9 +68,8 @@ mod tests {
         assert_eq!(Isa::parse(" AVX512 "), Some(Isa::Avx512));
         assert_eq!(Isa::parse("sse2"), None);
         assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512);
-        // A request is never above what the CPU has, and the process-wide choice neither.
+        // A request is never above what the CPU has.
         assert!(Isa::Avx512.clamp() <= Isa::detected());
-        assert!(isa() <= Isa::detected());
         assert_eq!(Isa::Scalar.clamp(), Isa::Scalar);
     }
 }

@@ -25,4 +25,4 @@ pub mod sgemm;
 #[doc(hidden)]
 pub mod testing;
 
-pub use isa::{isa, Isa};
+pub use isa::Isa;

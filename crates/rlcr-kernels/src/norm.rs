@@ -426,8 +426,8 @@ mod tests {
             let x: Vec<f32> = data(n * h, h as u64).iter().map(|v| v * 0.01).collect();
             let w: Vec<f32> = data(h, 7).iter().map(|v| 1.0 + v * 1e-3).collect();
             let dy = data(n * h, 99);
-            let (y, r) = rms_norm_forward(&x, &w, 1e-5, crate::isa());
-            let (dx, dw) = rms_norm_backward(&x, &w, &r, &dy, crate::isa());
+            let (y, r) = rms_norm_forward(&x, &w, 1e-5, crate::Isa::detected());
+            let (dx, dw) = rms_norm_backward(&x, &w, &r, &dy, crate::Isa::detected());
             let (wy, wdx, wdw) = norm_f64(&x, &w, 1e-5, &dy);
             close(&y, &wy, 1e-6, "y");
             close(&dx, &wdx, 1e-5, "dx");
@@ -455,20 +455,21 @@ mod tests {
             .num_threads(1)
             .build()
             .unwrap();
-        let (y1, r1) = one.install(|| rms_norm_forward(&x, &w, 1e-6, crate::isa()));
-        let (dx1, dw1) = one.install(|| rms_norm_backward(&x, &w, &r1, &dy, crate::isa()));
+        let (y1, r1) = one.install(|| rms_norm_forward(&x, &w, 1e-6, crate::Isa::detected()));
+        let (dx1, dw1) =
+            one.install(|| rms_norm_backward(&x, &w, &r1, &dy, crate::Isa::detected()));
         assert_eq!(bits(&y1), bits(&y0));
         assert_eq!((bits(&dx1), bits(&dw1)), (bits(&dx0), bits(&dw0)));
         // A row alone gives the bits it has in the batch.
         let i = 17;
-        let (yi, ri) = rms_norm_forward(&x[i * h..(i + 1) * h], &w, 1e-6, crate::isa());
+        let (yi, ri) = rms_norm_forward(&x[i * h..(i + 1) * h], &w, 1e-6, crate::Isa::detected());
         assert_eq!(bits(&yi), bits(&y0[i * h..(i + 1) * h]));
         let (dxi, _) = rms_norm_backward(
             &x[i * h..(i + 1) * h],
             &w,
             &ri,
             &dy[i * h..(i + 1) * h],
-            crate::isa(),
+            crate::Isa::detected(),
         );
         assert_eq!(bits(&dxi), bits(&dx0[i * h..(i + 1) * h]));
     }
