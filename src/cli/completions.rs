@@ -63,9 +63,9 @@ mod tests {
             for word in [
                 "generate-answers",
                 "update",
-                "--num-answers",
-                "--lr",
-                "--config",
+                "num-answers",
+                "max-new-tokens",
+                "config",
             ] {
                 assert!(s.contains(word), "{shell:?} lacks {word}");
             }

@@ -12,7 +12,10 @@ const GENERATED: &str = "<!-- Generated from the command-line definitions in src
 pub fn pages() -> Vec<(String, String)> {
     let mut cmd = super::command();
     cmd.build();
-    let stages: Vec<&Command> = cmd.get_subcommands().filter(|c| !c.is_hide_set()).collect();
+    let stages: Vec<&Command> = cmd
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+        .collect();
     let mut index = format!(
         "{GENERATED}\n\n# Command-line reference\n\n{}\n\n| Command | What it does |\n|---|---|\n",
         cmd.get_about().map(|a| a.to_string()).unwrap_or_default()
@@ -44,8 +47,19 @@ pub fn pages() -> Vec<(String, String)> {
     out
 }
 
-/// What `--help` prints for `cmd` (a built command), ending in one newline.
+/// What `--help` prints for `cmd` (a built command), ending in one newline: the long layout when
+/// the command or one of its arguments has a long text (as clap decides), else the short one.
 pub fn help(cmd: &Command) -> String {
-    let text = cmd.clone().render_long_help().to_string();
+    let long = cmd.get_long_about().is_some()
+        || cmd
+            .get_arguments()
+            .any(|a| a.get_long_help().is_some() && !a.is_hide_set());
+    let mut cmd = cmd.clone();
+    let text = if long {
+        cmd.render_long_help()
+    } else {
+        cmd.render_help()
+    }
+    .to_string();
     format!("{}\n", text.trim_end())
 }

@@ -112,7 +112,7 @@ fn completions_for_each_shell() {
     let w = Workdir::new();
     for shell in ["bash", "zsh", "fish"] {
         let script = w.run(&["completions", shell]);
-        assert!(script.contains("generate-answers") && script.contains("--num-answers"));
+        assert!(script.contains("generate-answers") && script.contains("num-answers"));
         let path = w.write(&format!("rlcr.{shell}"), &script);
         let check = match shell {
             "bash" => format!("source {} && complete -p rlcr", path.display()),
@@ -143,10 +143,11 @@ fn completions_for_each_shell() {
 fn stage_help_lists_its_options_before_the_global_ones() {
     let w = Workdir::new();
     let help = w.run(&["update", "--help"]);
-    let own = help.find("--lr").expect("--lr");
-    let heading = help.find("Global options:").expect("heading");
-    let seed = help.find("--seed").expect("--seed");
-    assert!(own < heading && heading < seed, "{help}");
+    let options = help.find("\nOptions:\n").expect("Options:");
+    let own = help.find("\n      --lr <LR>").expect("--lr");
+    let heading = help.find("\nGlobal options:\n").expect("heading");
+    let seed = help.find("\n      --seed <SEED>").expect("--seed");
+    assert!(options < own && own < heading && heading < seed, "{help}");
     assert!(help.contains("--config <FILE>"), "{help}");
     let top = w.run(&["--help"]);
     for want in ["make -f scripts/rl.mk", "Quick start", "rlcr completions"] {
@@ -305,4 +306,37 @@ fn environment_page_lists_every_variable() {
             v.name
         );
     }
+}
+
+/// The example files of docs/config.md are valid for every stage they name (the whole file is
+/// checked on every run, even with `--help`).
+#[test]
+fn config_page_examples_are_valid() {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/config.md"))
+            .expect("docs/config.md");
+    let blocks: Vec<&str> = page
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert_eq!(blocks.len(), 2, "a run file and a stage file");
+    let w = Workdir::new();
+    w.write("run.toml", blocks[0]);
+    for stage in [
+        "prepare",
+        "generate-answers",
+        "generate-confidence",
+        "score",
+        "advantage",
+        "update",
+    ] {
+        assert!(blocks[0].contains(&format!("[{stage}]")), "{stage}");
+        w.run(&[stage, "--config", "run.toml", "--help"]);
+    }
+    w.write("sample.toml", blocks[1]);
+    w.run(&["generate-answers", "--config", "sample.toml", "--help"]);
+    // The check is real: a typo fails even with --help.
+    w.write("bad.toml", format!("{}\nlrr = 1\n", blocks[0]));
+    w.fail(&["update", "--config", "bad.toml", "--help"], 2);
 }
