@@ -225,6 +225,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         &rows,
         g.seed,
     )?;
+    let zero_advantages = zero_advantage_warning(&rows, &table);
     let config = json!({
         "model": a.model.model,
         "input": a.input,
@@ -251,12 +252,17 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     session::run(model, &rows, &s)?;
     a.critic
         .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
+    // Once everything is written: a refused table or output gets its error alone.
+    if let Some(w) = zero_advantages {
+        eprintln!("rlcr: warning: {w}");
+    }
     Ok(())
 }
 
 /// The warning for a table in which every learnable token's advantage is 0 (every group's rewards
 /// equal, a filter that kept nothing informative, a wrong column): the policy-gradient term is
-/// then zero and the update moves the model only through the KL and entropy terms. A warning, not
+/// then zero and the update moves the model only through the KL and entropy terms. Printed after
+/// the update is written, so that a refused input gets its one error message alone. A warning, not
 /// an error: such an iteration happens in a healthy loop too (every answer right, or every one
 /// wrong).
 fn zero_advantage_warning(rows: &[TrainRow], table: &str) -> Option<String> {
@@ -265,7 +271,9 @@ fn zero_advantage_warning(rows: &[TrainRow], table: &str) -> Option<String> {
         .any(|r| r.adv.iter().zip(&r.mask).any(|(adv, &m)| m && *adv != 0.0));
     (!informative).then(|| {
         format!(
-            "{table}: every advantage is 0 on the {} learnable tokens of its {} rows (e.g. every              group's rewards were equal): the policy-gradient term is zero, and this update              changes the model only through --kl-coef and the entropy terms",
+            "{table}: every advantage is 0 on the {} learnable tokens of its {} rows (e.g. every \
+             group's rewards were equal): the policy-gradient term was zero, and this update \
+             changed the model only through --kl-coef and the entropy terms",
             rows.iter().map(TrainRow::n_learnable).sum::<usize>(),
             rows.len()
         )

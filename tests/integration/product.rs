@@ -89,7 +89,19 @@ fn version_names_commit_features_and_cpu_kernels() {
             || commit.len() >= 40 && commit[..40].chars().all(|c| c.is_ascii_hexdigit()),
         "{out}"
     );
-    assert_eq!(lines[2], "features: none (CPU only)", "{out}");
+    let features: Vec<&str> = [
+        ("cuda", cfg!(feature = "cuda")),
+        ("wgpu", cfg!(feature = "wgpu")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    let want = if features.is_empty() {
+        "none (CPU only)".to_string()
+    } else {
+        features.join(", ")
+    };
+    assert_eq!(lines[2], format!("features: {want}"), "{out}");
     let kernels = lines[3]
         .strip_prefix("cpu kernels: ")
         .expect("kernels line");
