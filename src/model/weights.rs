@@ -583,10 +583,9 @@ impl View for &Encoded {
     }
 }
 
-/// Write host tensors as one safetensors file at `path` (each in its dtype; metadata
-/// `format: pt`, as transformers and PEFT write).
-pub fn write_safetensors_file(path: &Path, tensors: &[(String, HostTensor)]) -> Result<()> {
-    let encoded: Vec<(String, Encoded)> = tensors
+/// Every tensor encoded in its own dtype, named, in order (what both writers below serialize).
+fn encode_all(tensors: &[(String, HostTensor)]) -> Result<Vec<(String, Encoded)>> {
+    tensors
         .iter()
         .map(|(n, t)| {
             Ok((
@@ -599,7 +598,13 @@ pub fn write_safetensors_file(path: &Path, tensors: &[(String, HostTensor)]) -> 
                 },
             ))
         })
-        .collect::<Result<_>>()?;
+        .collect()
+}
+
+/// Write host tensors as one safetensors file at `path` (each in its dtype; metadata
+/// `format: pt`, as transformers and PEFT write).
+pub fn write_safetensors_file(path: &Path, tensors: &[(String, HostTensor)]) -> Result<()> {
+    let encoded = encode_all(tensors)?;
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
     let views = encoded.iter().map(|(n, e)| (n.as_str(), e));
     safetensors::serialize_to_file(views, Some(meta), path)
@@ -614,20 +619,7 @@ pub fn write_safetensors(
     tensors: &[(String, HostTensor)],
     max_shard: usize,
 ) -> Result<()> {
-    let encoded: Vec<(String, Encoded)> = tensors
-        .iter()
-        .map(|(n, t)| {
-            Ok((
-                n.clone(),
-                Encoded {
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                    bytes: encode_from_f32(t.dtype, &t.data)
-                        .with_context(|| format!("tensor `{n}`"))?,
-                },
-            ))
-        })
-        .collect::<Result<_>>()?;
+    let encoded = encode_all(tensors)?;
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
     let mut shards: Vec<Vec<&(String, Encoded)>> = vec![Vec::new()];
     let mut size = 0usize;
