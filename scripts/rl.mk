@@ -11,7 +11,9 @@
 #                         train.parquet          advantage
 #                         model/                 update -> the next iteration's policy
 #                         report/                report of this iteration's rollouts
-#   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration)
+#   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration,
+#                                                training curves vs step)
+#   runs/$(RUN)/tb/                              TensorBoard runs: sft/, update/, rollouts/
 #
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
 # format examples: shorter ones leave it unable to copy the numbers; their stated confidences are
@@ -46,6 +48,10 @@ include $(dir $(lastword $(MAKEFILE_LIST)))common.mk
 
 RUN ?= demo
 DIR := $(RUNS)/$(RUN)
+# TensorBoard log folder of the run (`tensorboard --logdir $(TB)`): runs `sft` and `update` (one
+# event per optimizer step, the global step continuing across iterations) and `rollouts` (each
+# iteration's report figures: accuracy, ECE, Brier, AUROC, rewards, lengths; step = iteration).
+TB ?= $(DIR)/tb
 
 # Model and task. MODEL is a folder, or `tiny` (the bundled fixture, default) or `smollm2`
 # (SmolLM2-135M-Instruct imported from its GGUF, with the SMOL_* settings below).
@@ -289,7 +295,7 @@ $(DIR)/prompts-sft.parquet:
 
 $(DIR)/sft/config.json: $(DIR)/prompts-sft.parquet $(MODEL)/config.json
 	$(RLCR) $(G) sft --model $(MODEL) --input $< -o $(DIR)/sft --lr $(SFT_LR) --epochs $(SFT_EPOCHS) \
-	  --precision $(PRECISION) $(SFT_FLAGS)
+	  --precision $(PRECISION) --tensorboard $(TB)/sft $(SFT_FLAGS)
 
 # --- a dataset of the user's own: prepared once; each iteration draws from it
 # The column mapping of `prepare` (e.g. `--input-template "{question}" --label-key answer`).
@@ -346,12 +352,13 @@ endif
 $(DIR)/iter-$(1)/model/$(POLICY_FILE): $(DIR)/iter-$(1)/train.parquet $(call policy_mark,$(2))
 	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) $$(LORA_FLAGS) \
 	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
-	  --precision $$(PRECISION) $$(CONF_ENTROPY_FLAG) \
+	  --precision $$(PRECISION) $$(CONF_ENTROPY_FLAG) --tensorboard $$(TB)/update \
 	  $(if $(filter gae,$(ESTIMATOR)),--critic $(3) --critic-out $(DIR)/iter-$(1)/critic $$(CRITIC_FLAGS))
 	$(if $(KEEP_CHECKPOINTS),$$(call drop_checkpoint,$$(shell printf '%04d' $$$$((10#$(1) - $(KEEP_CHECKPOINTS))))))
 
 $(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet
-	$$(RLCR) $$(G) report --input $$< -o $(DIR)/iter-$(1)/report
+	$$(RLCR) $$(G) report --input $$< -o $(DIR)/iter-$(1)/report \
+	  --tensorboard $$(TB)/rollouts --tensorboard-step $(1)
 endef
 
 # Delete iteration $(1)'s weights and optimizer state (KEEP_CHECKPOINTS); nothing for id 0000 or less.
@@ -366,7 +373,8 @@ $(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)),$(call prev_cr
 
 SCORED := $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/scored.parquet)
 $(DIR)/report/metrics.json: $(SCORED) $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/report/metrics.json) $(DIR)/iter-$(lastword $(ITER_IDS))/model/$(POLICY_FILE)
-	$(RLCR) $(G) report $(foreach f,$(SCORED),--input $(f)) -o $(DIR)/report
+	$(RLCR) $(G) report $(foreach f,$(SCORED),--input $(f)) -o $(DIR)/report \
+	  --train-metrics $(DIR)/iter-$(lastword $(ITER_IDS))/model
 	@echo "rl.mk: summary in $(DIR)/report/report.md"
 
 summary: $(DIR)/report/metrics.json

@@ -19,6 +19,7 @@
 //!   column) around [`model::logprobs`].
 //! - [`prepare`]: the prompts tables (dataset readers, synthetic countdown tasks and splits).
 //! - [`probe`], [`report`]: faithfulness probe; calibration metrics and plots.
+//! - [`tensorboard`]: TensorBoard event files (training and report scalars).
 //! - [`alloc`]: allocator settings applied at startup (freed tensor buffers stay in the process).
 //! - [`switches`]: every `RLCR_*` environment variable, read once, typed and documented.
 
@@ -37,6 +38,7 @@ pub mod reward;
 pub mod sample;
 pub mod switches;
 pub mod table;
+pub mod tensorboard;
 pub mod trace;
 pub mod train;
 

@@ -232,6 +232,11 @@ pub struct OptimArgs {
     /// instead of all of them, for one more forward pass (BENCHMARKS.md has the measured trade).
     #[arg(long)]
     pub checkpoint_activations: bool,
+    /// TensorBoard run folder that also receives this call's steps as they happen (one event
+    /// file per call, named by its first global step, so the calls of a resumed run continue
+    /// one curve). NEW_DIR/runs/STAGE gets the whole run's events either way.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
 }
 
 impl OptimArgs {

@@ -39,9 +39,12 @@ Writes into the folder -o (created if needed; all files replaced together at the
   reliability.svg/.png  reliability diagram of the last input
   histograms.svg/.png   rewards and lengths of answers vs confidences
   iterations.svg/.png   metrics against iteration (several unlabelled inputs)
+  training.svg/.png     loss, KL, clip fractions, entropy, grad norm, lr against step (--train-metrics)
   comparison.md, comparison.svg/.png   table and side-by-side diagrams (labelled inputs)
   probe_curve.svg/.png, probe_vs_verbal.svg/.png   (with --probe)
   report.md             everything above on one page, with example rows
+With --tensorboard DIR, also DIR/events.out.tfevents.<step>.rlcr-report: one scalar per figure of
+metrics.json's `overall`, one step per input (TensorBoard: `tensorboard --logdir` DIR's parent).
 
 Example:
   rlcr report --input runs/a/iter-0001/scored.parquet --input runs/a/iter-0002/scored.parquet -o report/
@@ -71,6 +74,21 @@ pub struct Args {
     /// Example rows per kind in report.md (0: none, and no second pass over the last input).
     #[arg(long, default_value_t = 3)]
     pub examples: usize,
+    /// A training run's `train_metrics.jsonl`, or the checkpoint folder that holds it (the last
+    /// iteration's model folder holds the whole loop's): draws its loss, KL, clip fractions,
+    /// entropy, gradient norm and learning rate against the global step (training.svg/png).
+    #[arg(long, value_name = "PATH")]
+    pub train_metrics: Option<PathBuf>,
+    /// TensorBoard run folder: every figure of metrics.json's `overall` (accuracy, ece, brier,
+    /// auroc, mean_confidence, answer_turn/reward_mean, answer_turn/length_mean, …) as scalars,
+    /// one step per input (iterations only, not labelled arms).
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
+    /// The TensorBoard step of the first input (the next inputs count up from it), e.g. the
+    /// iteration number when each iteration reports alone. The event file is named by it, so a
+    /// report of the same step replaces its own file.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tensorboard_step: u64,
 }
 
 /// `LABEL=PATH` → (Some(LABEL), PATH) when LABEL is a plain word (letters, digits, `-_.`) and the
@@ -146,6 +164,29 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             }
         }
     }
+    if a.tensorboard.is_some() && !labels.is_empty() {
+        return Err(UsageError(
+            "--tensorboard: labelled inputs are arms, not steps; report them one at a time"
+                .to_string(),
+        )
+        .into());
+    }
+    if let Some(p) = &a.train_metrics {
+        let f = report::training::metrics_path(p);
+        if !f.is_file() {
+            return Err(UsageError(format!(
+                "--train-metrics {}: no such file (give a train_metrics.jsonl or the model folder \
+                 that holds one)",
+                f.display()
+            ))
+            .into());
+        }
+    }
+    let training = a
+        .train_metrics
+        .as_deref()
+        .map(report::training::read)
+        .transpose()?;
     let opts = Options {
         bins: a.bins as usize,
         ece_rule: a.ece_rule,
@@ -177,11 +218,18 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let staging = a.out.join(format!("{STAGING}{}", std::process::id()));
     std::fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let probe_ref = probe.as_ref().map(|(r, s)| (r, s));
-    let made = report::write_outputs(&staging, &analyses, &labels, examples.as_ref(), probe_ref)
-        .and_then(|mut w| {
-            w.push(write_calibration(g, &a, &paths, &analyses, &staging)?);
-            Ok(w)
-        });
+    let made = report::write_outputs(
+        &staging,
+        &analyses,
+        &labels,
+        examples.as_ref(),
+        probe_ref,
+        training.as_ref(),
+    )
+    .and_then(|mut w| {
+        w.push(write_calibration(g, &a, &paths, &analyses, &staging)?);
+        Ok(w)
+    });
     let written = match made {
         Ok(w) => w,
         Err(e) => {
@@ -198,6 +246,9 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             .with_context(|| format!("moving {} into place", to.display()))?;
     }
     std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+    if let Some(dir) = &a.tensorboard {
+        write_tensorboard(dir, a.tensorboard_step, &analyses)?;
+    }
     crate::info!(
         "report: wrote {} files to {} ({})",
         written.len(),
@@ -219,6 +270,24 @@ fn headline(analyses: &[report::Analysis]) -> String {
         f(m.brier),
         f(m.auroc)
     )
+}
+
+/// The inputs' `overall` figures as one TensorBoard event per input, steps from `first`.
+fn write_tensorboard(dir: &Path, first: u64, analyses: &[report::Analysis]) -> Result<()> {
+    use crate::tensorboard as tb;
+    let now = tb::now();
+    let mut events = Vec::with_capacity(analyses.len());
+    for (i, an) in analyses.iter().enumerate() {
+        let v = serde_json::to_value(&an.report.overall).context("serialising the metrics")?;
+        events.push((
+            now,
+            (first + i as u64) as i64,
+            tb::numeric_leaves(&v, &["se"]),
+        ));
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(tb::file_name(first, "report"));
+    crate::fs::write_atomic(&path, &tb::encode_file(now, &events))
 }
 
 /// Prefix of the staging folder (`OUT/.rlcr-staging-PID`).

@@ -236,6 +236,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         "lora": model_lora(&model),
         "train": train,
         "resume": a.optim.resume,
+        "tensorboard": a.optim.tensorboard,
         "device": g.device,
         "seed": g.seed,
         "argv": g.argv,
@@ -248,6 +249,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         train,
         config,
         inputs: vec![a.model.model.display().to_string(), table],
+        tensorboard: a.optim.tensorboard.clone(),
     };
     session::run(model, &rows, &s)?;
     a.critic

@@ -55,6 +55,8 @@ pub struct FigureFiles {
     pub histograms: Option<String>,
     /// Metrics against iteration.
     pub iterations: Option<String>,
+    /// Training curves against the global step, with a one-line description.
+    pub training: Option<(String, String)>,
     /// Probe curve.
     pub probe_curve: Option<String>,
     /// Probe vs verbal scatter.
@@ -406,6 +408,12 @@ pub fn render(
         if let Some(f) = &figs.iterations {
             let _ = writeln!(out, "![Metrics against iteration]({f})\n");
         }
+    }
+
+    if let Some((f, what)) = &figs.training {
+        let _ = writeln!(out, "## Training curves\n");
+        let _ = writeln!(out, "{what}\n");
+        let _ = writeln!(out, "![Training curves against the global step]({f})\n");
     }
 
     if let Some(p) = probe {

@@ -10,12 +10,15 @@
 //! - [`probe`]: reading and summarising a probe table (the faithfulness probe).
 //! - [`plot`]: figures drawn with plotters and an embedded font (no system libraries).
 //! - [`markdown`]: the `report.md` page.
+//! - [`training`]: the training curves of `update`/`sft` (`train_metrics.jsonl`).
 //!
 //! This module glues them: [`Analysis`] is one input's report with its figure inputs and example
 //! texts; [`write_outputs`] writes every file but `calibration.parquet` (whose rows
 //! [`calibration_batch`] builds; the CLI writes it with the table layer so it gets the standard
 //! metadata). With several inputs (iterations), the detailed figures describe the last input and
-//! `iterations.svg/png` plus a table in `report.md` follow the metrics across inputs.
+//! `iterations.svg/png` plus a table in `report.md` follow the metrics across inputs; with a
+//! training run's metrics ([`training`]), `training.svg/png` draws its loss, KL, clip fractions,
+//! entropy, gradient norm and learning rate against the global step.
 
 pub mod compare;
 pub mod data;
@@ -24,6 +27,7 @@ pub mod metrics;
 pub mod plot;
 pub mod probe;
 pub mod summary;
+pub mod training;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -362,6 +366,7 @@ pub fn write_outputs(
     labels: &[String],
     examples: Option<&ExampleSet>,
     probe: Option<(&ProbeRows, &ProbeSummary)>,
+    training: Option<&training::TrainingCurves>,
 ) -> Result<Vec<String>> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating the output folder {}", dir.display()))?;
@@ -400,6 +405,26 @@ pub fn write_outputs(
         figs.iterations = Some(both("iterations", &|p| plot::write_svg(&f, p), &|p| {
             plot::write_png(&f, p)
         })?);
+    }
+    if let Some(c) = training {
+        let f = training::figure(c);
+        let png = both("training", &|p| plot::write_svg(&f, p), &|p| {
+            plot::write_png(&f, p)
+        })?;
+        let (first, last) = (c.steps.first(), c.steps.last());
+        let what = format!(
+            "{} optimizer steps ({}–{}) from `{}`{}.",
+            c.steps.len(),
+            first.copied().unwrap_or(0),
+            last.copied().unwrap_or(0),
+            c.source.replace('`', "'"),
+            if c.skipped > 0 {
+                format!(", {} skipped steps left out", c.skipped)
+            } else {
+                String::new()
+            }
+        );
+        figs.training = Some((png, what));
     }
     if let Some((rows, s)) = probe {
         let (curve, scatter) = probe_figures(rows, s);
@@ -543,8 +568,20 @@ mod tests {
                 .expect("probe");
         let ps = probe::summarize(&probe_rows, 10, BinRule::Floor);
         let two = vec![a.clone(), a];
-        let files = write_outputs(dir.path(), &two, &[], Some(&ex), Some((&probe_rows, &ps)))
-            .expect("write");
+        let tc = training::parse(
+            "{\"step\":1,\"loss\":0.5,\"skipped\":false}\n{\"step\":2,\"loss\":0.4}\n",
+            "m.jsonl",
+        )
+        .expect("curves");
+        let files = write_outputs(
+            dir.path(),
+            &two,
+            &[],
+            Some(&ex),
+            Some((&probe_rows, &ps)),
+            Some(&tc),
+        )
+        .expect("write");
         for f in [
             "metrics.json",
             "report.md",
@@ -554,6 +591,8 @@ mod tests {
             "iterations.png",
             "probe_curve.png",
             "probe_vs_verbal.png",
+            "training.svg",
+            "training.png",
         ] {
             assert!(files.iter().any(|x| x == f), "{f} missing from {files:?}");
             assert!(dir.path().join(f).is_file(), "{f}");
@@ -569,6 +608,10 @@ mod tests {
         assert_eq!(rows.len(), 2, "{md}");
         assert!(!md.contains("| 0 | `"), "{md}");
         assert!(md.contains("## Faithfulness probe"));
+        assert!(
+            md.contains("## Training curves\n\n2 optimizer steps (1–2) from `m.jsonl`."),
+            "{md}"
+        );
         let json: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(dir.path().join("metrics.json")).expect("json"),
         )

@@ -753,14 +753,10 @@ impl Figure for LineCharts {
     }
 }
 
-fn draw_line_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    p: &LinePanel,
-    x_label: &str,
-    nx: usize,
-) -> Result<()> {
-    let (chart_area, foot) = area.split_vertically(area.dim_in_pixel().1 as i32 - 50);
-    let (ylo, yhi) = match p.y_range {
+/// The y range of a line panel: its fixed range (with a little headroom) or the data's, padded,
+/// from 0 when every value is non-negative.
+fn y_extent(p: &LinePanel) -> (f64, f64) {
+    match p.y_range {
         // A little headroom so that a line at the top of a fixed range stays visible.
         Some((lo, hi)) => (lo, hi + (hi - lo) * 0.04),
         None => {
@@ -784,7 +780,17 @@ fn draw_line_panel<DB: DrawingBackend>(
                 (if lo >= 0.0 { 0.0 } else { lo - pad }, hi + pad)
             }
         }
-    };
+    }
+}
+
+fn draw_line_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &LinePanel,
+    x_label: &str,
+    nx: usize,
+) -> Result<()> {
+    let (chart_area, foot) = area.split_vertically(area.dim_in_pixel().1 as i32 - 50);
+    let (ylo, yhi) = y_extent(p);
     let ydec = decimals_for(yhi - ylo);
     let xmax = (nx.max(1) - 1) as f64;
     let mut chart = ChartBuilder::on(&chart_area)
@@ -839,6 +845,153 @@ fn draw_line_panel<DB: DrawingBackend>(
             chart
                 .draw_series(run.iter().map(|&pt| Circle::new(pt, 4, color.filled())))
                 .pe()?;
+        }
+    }
+    legend_strip(&foot, &legend)
+}
+
+/// Panels of line charts over a numeric x axis (training curves against the global step). A
+/// series' values are aligned with `steps`; `None` breaks the line. Points get dots only when
+/// there are few of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepCharts {
+    /// Title.
+    pub title: String,
+    /// x-axis label.
+    pub x_label: String,
+    /// The x value of each position.
+    pub steps: Vec<f64>,
+    /// Panels, row-major.
+    pub panels: Vec<LinePanel>,
+    /// Grid (rows, cols).
+    pub grid: (usize, usize),
+}
+
+/// Most points drawn with a dot each.
+const MAX_DOTS: usize = 40;
+
+impl Figure for StepCharts {
+    fn size(&self) -> (u32, u32) {
+        (520 * self.grid.1 as u32, 60 + 400 * self.grid.0 as u32)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()> {
+        root.fill(&WHITE).pe()?;
+        let (head, body) = root.split_vertically(60);
+        title_band(&head, &self.title, "")?;
+        for (area, p) in body.split_evenly(self.grid).iter().zip(&self.panels) {
+            draw_step_panel(area, p, &self.x_label, &self.steps)?;
+        }
+        Ok(())
+    }
+}
+
+/// The y range of a training-curve panel: the data's, padded, from 0 when every value is
+/// non-negative; a constant series (a learning rate) gets half its value of room on each side.
+fn step_y_extent(p: &LinePanel) -> (f64, f64) {
+    let vals: Vec<f64> = p
+        .series
+        .iter()
+        .flat_map(|s| s.values.iter().flatten().copied())
+        .collect();
+    let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if !lo.is_finite() || !hi.is_finite() {
+        return (0.0, 1.0);
+    }
+    let pad = if hi - lo <= 1e-12 * hi.abs().max(lo.abs()) {
+        if hi == 0.0 {
+            1.0
+        } else {
+            hi.abs().max(lo.abs()) * 0.5
+        }
+    } else {
+        (hi - lo) * 0.08
+    };
+    (if lo >= 0.0 { 0.0 } else { lo - pad }, hi + pad)
+}
+
+fn draw_step_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &LinePanel,
+    x_label: &str,
+    steps: &[f64],
+) -> Result<()> {
+    let (chart_area, foot) = area.split_vertically(area.dim_in_pixel().1 as i32 - 50);
+    let (ylo, yhi) = step_y_extent(p);
+    let ydec = decimals_for(yhi - ylo);
+    let xlo = steps.iter().copied().fold(f64::INFINITY, f64::min);
+    let xhi = steps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (xlo, xhi) = if !xlo.is_finite() {
+        (0.0, 1.0)
+    } else if xhi - xlo < 1.0 {
+        (xlo - 1.0, xhi + 1.0)
+    } else {
+        let pad = (xhi - xlo) * 0.03;
+        (xlo - pad, xhi + pad)
+    };
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(p.title.as_str(), (FONT_FAMILY, 16).into_font().color(&INK))
+        .margin(14)
+        .margin_right(24)
+        .x_label_area_size(44)
+        .y_label_area_size(70)
+        .build_cartesian_2d(xlo..xhi, ylo..yhi)
+        .pe()?;
+    chart
+        .configure_mesh()
+        .x_labels(8)
+        .y_labels(6)
+        .x_label_formatter(&|v| {
+            let r = v.round();
+            if (v - r).abs() < 1e-6 {
+                format!("{r:.0}")
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|v| {
+            if v.abs() <= (yhi - ylo) * 1e-9 {
+                "0".to_string()
+            } else if v.abs() < 1e-3 || v.abs() >= 1e5 {
+                format!("{v:.1e}")
+            } else {
+                format!("{v:.ydec$}")
+            }
+        })
+        .x_desc(x_label)
+        .y_desc(p.y_label.as_str())
+        .axis_desc_style((FONT_FAMILY, 14).into_font().color(&INK))
+        .label_style((FONT_FAMILY, 12).into_font().color(&INK))
+        .bold_line_style(GRID)
+        .light_line_style(TRANSPARENT)
+        .axis_style(MUTED)
+        .draw()
+        .pe()?;
+    let mut legend = Vec::new();
+    for (k, s) in p.series.iter().enumerate() {
+        let color = SERIES[k % SERIES.len()];
+        let style = ShapeStyle::from(&color).stroke_width(2);
+        legend.push((Mark::Line(style), s.name.clone()));
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![vec![]];
+        for (x, v) in steps.iter().zip(&s.values) {
+            match (v, runs.last_mut()) {
+                (Some(v), Some(r)) => r.push((*x, *v)),
+                _ => runs.push(vec![]),
+            }
+        }
+        let dots = steps.len() <= MAX_DOTS;
+        for run in runs.into_iter().filter(|r| !r.is_empty()) {
+            if run.len() > 1 {
+                chart
+                    .draw_series(LineSeries::new(run.clone(), style))
+                    .pe()?;
+            }
+            if dots || run.len() == 1 {
+                chart
+                    .draw_series(run.iter().map(|&pt| Circle::new(pt, 3, color.filled())))
+                    .pe()?;
+            }
         }
     }
     legend_strip(&foot, &legend)
@@ -1125,6 +1278,53 @@ mod tests {
         assert!(a.contains("ECE = 0.331"), "title carries ECE");
         assert!(a.contains("\n2\n</text>"), "counts above bars");
         golden("reliability_anchor.svg", &a);
+    }
+
+    /// The training-curves figure of a small run: six panels against the global step, a gap
+    /// where a value is `"nan"`, the skipped step left out.
+    #[test]
+    fn training_curves_svg_is_golden() {
+        let mut lines = String::new();
+        for step in 1..=12u32 {
+            let x = step as f64;
+            let grad = if step == 5 {
+                "\"nan\"".to_string()
+            } else {
+                format!("{}", 2.0 / x)
+            };
+            lines += &format!(
+                "{{\"step\":{step},\"loss\":{},\"pg_loss\":{},\"kl_loss\":{},\"approx_kl\":{},\
+                 \"clip_frac_low\":{},\"clip_frac_high\":{},\"clip_frac_dual\":0,\"entropy\":{},\
+                 \"confidence_entropy\":{},\"grad_norm\":{grad},\"lr\":0.001,\"skipped\":false,\
+                 \"stage\":\"update\"}}\n",
+                1.0 / x,
+                0.9 / x,
+                0.01 * x,
+                0.002 * x,
+                0.05 * (x % 3.0),
+                0.02 * (x % 4.0),
+                2.0 - 0.05 * x,
+                1.5 - 0.04 * x,
+            );
+        }
+        lines += "{\"step\":12,\"loss\":\"nan\",\"skipped\":true,\"stage\":\"update\"}\n";
+        let c = crate::report::training::parse(&lines, "train_metrics.jsonl").expect("parse");
+        assert_eq!((c.steps.len(), c.skipped), (12, 1));
+        let fig = crate::report::training::figure(&c);
+        let a = to_svg(&fig).expect("svg");
+        assert_eq!(a, to_svg(&fig).expect("svg"));
+        for t in [
+            "Training curves (update)",
+            "Gradient norm",
+            "Clip fractions",
+            "global optimizer step",
+        ] {
+            assert!(a.contains(t), "{t}");
+        }
+        golden("training_curves.svg", &a);
+        if let Some(keep) = std::env::var_os("RLCR_PLOT_DIR") {
+            write_png(&fig, &std::path::Path::new(&keep).join("training.png")).expect("png");
+        }
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! NEW_DIR/                      a complete Hugging Face folder (weights in the input's dtypes,
 //!   config.json, model*.safetensors, tokenizer*, chat template, generation_config.json)
 //!   train_metrics.jsonl         one JSON object per optimizer step, the whole run so far
+//!   runs/STAGE/events.out.tfevents.rlcr-STAGE
+//!                               the same steps as TensorBoard scalars (`crate::tensorboard`)
 //!   rlcr-train/
 //!     trainer_state.json        global step, stage, resolved config, switches, inputs, summary
 //!     optimizer.safetensors     AdamW moments by parameter path (see `optim`)
@@ -14,8 +16,9 @@
 //!
 //! The folder is written atomically (a temporary folder beside it, renamed at the end), so an
 //! interrupted `update` leaves either the old folder or the complete new one. The metrics file
-//! carries the input folder's lines forward, so the newest checkpoint of an RL loop holds the
-//! curve of the whole run.
+//! and the event file carry the input folder's steps forward (when the call resumes it), so the
+//! newest checkpoint of an RL loop holds the curve of the whole run: `tensorboard --logdir
+//! NEW_DIR/runs` shows it, like Hugging Face's `output_dir/runs`.
 use std::fs;
 use std::path::Path;
 
@@ -33,6 +36,8 @@ pub const STATE_DIR: &str = "rlcr-train";
 pub const TRAINER_STATE: &str = "trainer_state.json";
 /// Metrics file at the top of the folder.
 pub const METRICS_FILE: &str = "train_metrics.jsonl";
+/// Folder of the TensorBoard event files, one subfolder (run) per stage.
+pub const RUNS_DIR: &str = "runs";
 /// Format tag of [`TrainerState`].
 pub const STATE_FORMAT: &str = "rlcr.trainer_state.v1";
 
@@ -202,8 +207,50 @@ pub fn previous_metrics(dir: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The event file of `stage` inside checkpoint folder `dir`.
+pub fn events_path(dir: &Path, stage: &str) -> std::path::PathBuf {
+    dir.join(RUNS_DIR)
+        .join(stage)
+        .join(format!("events.out.tfevents.rlcr-{stage}"))
+}
+
+/// The events of a checkpoint's whole run: the input folder's events (`previous` = its metrics
+/// lines, used when it has no event file or a damaged one; their wall time is now), then this
+/// call's `records` (framed by [`crate::tensorboard::record`]).
+pub fn carried_events(
+    dir: Option<&Path>,
+    stage: &str,
+    previous: &[String],
+    records: &[u8],
+) -> Vec<u8> {
+    use crate::tensorboard as tb;
+    let now = tb::now();
+    let mut out = tb::record(&tb::version_event(now));
+    if let Some(dir) = dir {
+        let old = fs::read(events_path(dir, stage)).ok();
+        match old.as_deref().and_then(tb::records_after_version) {
+            Some(rest) => out.extend_from_slice(rest),
+            None => {
+                for l in previous {
+                    let v = serde_json::from_str(l).unwrap_or(serde_json::Value::Null);
+                    if let Some((step, s)) = tb::step_scalars(&v) {
+                        out.extend(tb::record(&tb::scalars_event(now, step as i64, &s)));
+                    }
+                }
+            }
+        }
+    }
+    out.extend_from_slice(records);
+    out
+}
+
 /// One metrics line: the step metrics plus the stage.
 pub fn metrics_line(stage: &str, m: &StepMetrics) -> Result<String> {
+    serde_json::to_string(&metrics_value(stage, m)?).context("serialising metrics")
+}
+
+/// The JSON object of one metrics line.
+pub fn metrics_value(stage: &str, m: &StepMetrics) -> Result<serde_json::Value> {
     let mut v = serde_json::to_value(m).context("serialising metrics")?;
     if let Some(o) = v.as_object_mut() {
         o.insert("stage".into(), serde_json::Value::String(stage.to_string()));
@@ -214,17 +261,19 @@ pub fn metrics_line(stage: &str, m: &StepMetrics) -> Result<String> {
             }
         }
     }
-    serde_json::to_string(&v).context("serialising metrics")
+    Ok(v)
 }
 
 /// Write the checkpoint folder `out` atomically: the model (HF layout, input dtypes, side files
-/// copied), the optimizer state, the trainer state and the metrics lines.
+/// copied), the optimizer state, the trainer state, the metrics lines and, when `events` is
+/// not empty, the TensorBoard event file ([`events_path`]).
 pub fn write_checkpoint(
     model: &Model,
     out: &Path,
     opt: Option<&AdamW>,
     state: &TrainerState,
     metrics: &[String],
+    events: &[u8],
 ) -> Result<()> {
     crate::fs::write_folder(out, |tmp| {
         // The model's own atomic save into a scratch subfolder, then its files moved up.
@@ -253,6 +302,13 @@ pub fn write_checkpoint(
         }
         fs::write(tmp.join(METRICS_FILE), text)
             .with_context(|| format!("writing {}", tmp.join(METRICS_FILE).display()))?;
+        if !events.is_empty() {
+            let p = events_path(tmp, &state.stage);
+            if let Some(d) = p.parent() {
+                fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            }
+            fs::write(&p, events).with_context(|| format!("writing {}", p.display()))?;
+        }
         Ok(())
     })
     .with_context(|| format!("writing checkpoint {}", out.display()))

@@ -10,8 +10,8 @@ use crate::model::Model;
 use crate::progress::Progress;
 
 use super::checkpoint::{
-    has_state, load_resume, metrics_line, previous_metrics, saved_stage, write_checkpoint, Summary,
-    TrainerState, STATE_FORMAT,
+    carried_events, has_state, load_resume, metrics_value, previous_metrics, saved_stage,
+    write_checkpoint, Summary, TrainerState, STATE_FORMAT,
 };
 use super::data::TrainRow;
 use super::optim::{AdamW, AdamWConfig};
@@ -48,6 +48,9 @@ pub struct Session {
     pub config: serde_json::Value,
     /// Input paths recorded in the trainer state.
     pub inputs: Vec<String>,
+    /// A TensorBoard run folder that also gets this call's steps, one event flushed per step
+    /// (`--tensorboard`); the checkpoint's own `runs/` copy is written either way.
+    pub tensorboard: Option<PathBuf>,
 }
 
 /// The optimizer to start from: a fresh one, or the state saved in `dir`.
@@ -134,10 +137,31 @@ pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepM
     } else {
         Vec::new()
     };
+    let previous = resumed.then(|| (model.dir.clone(), lines.clone()));
+    // TensorBoard: this call's events, framed; streamed to --tensorboard as they come.
+    let mut records = Vec::new();
+    let mut live = match &s.tensorboard {
+        Some(dir) => Some(crate::tensorboard::EventWriter::create(
+            &dir.join(crate::tensorboard::file_name(opt.step + 1, &s.stage)),
+        )?),
+        None => None,
+    };
     let t0 = Instant::now();
     let transformer = model.transformer;
     let (trained, steps) = train(transformer, &mut opt, rows, &s.train, |m| {
-        lines.push(metrics_line(&s.stage, m)?);
+        let v = metrics_value(&s.stage, m)?;
+        if let Some((step, scalars)) = crate::tensorboard::step_scalars(&v) {
+            let r = crate::tensorboard::record(&crate::tensorboard::scalars_event(
+                crate::tensorboard::now(),
+                step as i64,
+                &scalars,
+            ));
+            if let Some(w) = live.as_mut() {
+                w.append(&r)?;
+            }
+            records.extend(r);
+        }
+        lines.push(serde_json::to_string(&v)?);
         progress.message(&format!("loss {:.4} gnorm {:.3}", m.loss, m.grad_norm));
         progress.inc(1);
         crate::debug!(
@@ -170,7 +194,11 @@ pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepM
         inputs: s.inputs.clone(),
         summary: summary.clone(),
     };
-    write_checkpoint(&model, &s.out, Some(&opt), &state, &lines)?;
+    let events = match &previous {
+        Some((dir, old)) => carried_events(Some(dir.as_path()), &s.stage, old, &records),
+        None => carried_events(None, &s.stage, &[], &records),
+    };
+    write_checkpoint(&model, &s.out, Some(&opt), &state, &lines, &events)?;
     if let Some(m) = &summary.mean {
         crate::info!(
             "{}: {} steps, mean loss {:.5}, grad norm {:.4}, {:.1} tokens/s; wrote {}",
@@ -237,7 +265,22 @@ mod tests {
             train,
             config: serde_json::json!({"test": true}),
             inputs: vec![],
+            tensorboard: None,
         }
+    }
+
+    /// The steps and scalars of an event file (the version record first).
+    fn event_steps(path: &Path) -> Vec<(i64, Vec<(String, f32)>)> {
+        let ev =
+            crate::tensorboard::read_events(&std::fs::read(path).expect("events")).expect("decode");
+        assert_eq!(
+            ev[0].file_version.as_deref(),
+            Some(crate::tensorboard::FILE_VERSION)
+        );
+        ev[1..]
+            .iter()
+            .map(|e| (e.step, e.scalars.clone()))
+            .collect()
     }
 
     /// With lr = 0 the written weights are bit-identical to the input's (same names, dtypes,
@@ -294,9 +337,14 @@ mod tests {
         let one = d.path().join("one");
         let two = d.path().join("two");
         let both = d.path().join("both");
-        run(m, &rows, &session(&one, 1e-3, ResumeMode::No, 1)).expect("first");
+        let live = d.path().join("tb");
+        let mut s1 = session(&one, 1e-3, ResumeMode::No, 1);
+        s1.tensorboard = Some(live.clone());
+        run(m, &rows, &s1).expect("first");
         let m1 = Model::load(&one, &burn::tensor::Device::flex().autodiff()).expect("load one");
-        run(m1, &rows, &session(&two, 1e-3, ResumeMode::Yes, 1)).expect("second");
+        let mut s2 = session(&two, 1e-3, ResumeMode::Yes, 1);
+        s2.tensorboard = Some(live.clone());
+        run(m1, &rows, &s2).expect("second");
         run(tiny(), &rows, &session(&both, 1e-3, ResumeMode::No, 2)).expect("both");
         // Writing over the input folder is refused.
         let e = run(
@@ -329,6 +377,34 @@ mod tests {
             })
             .collect();
         assert_eq!(steps, vec![1, 2]);
+        // The event files: the checkpoint's holds the whole run, with the metrics lines' values
+        // (the first call's events carried over byte for byte); the live folder one file per call.
+        let carried = event_steps(&crate::train::checkpoint::events_path(&two, "update"));
+        let want: Vec<(i64, Vec<(String, f32)>)> = lines
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                let (s, sc) = crate::tensorboard::step_scalars(&v).expect("scalars");
+                (s as i64, sc)
+            })
+            .collect();
+        assert_eq!(carried, want);
+        assert!(carried[0].1.iter().any(|(t, _)| t == "grad_norm"));
+        let first = event_steps(&crate::train::checkpoint::events_path(&one, "update"));
+        assert_eq!(first, want[..1].to_vec());
+        let mut names: Vec<String> = std::fs::read_dir(&live)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "events.out.tfevents.0000000001.rlcr-update",
+                "events.out.tfevents.0000000002.rlcr-update"
+            ]
+        );
+        assert_eq!(event_steps(&live.join(&names[1])), want[1..].to_vec());
         // Resume from a folder without state: an error with `yes`, a fresh start with `auto`.
         let m = tiny();
         let e = start_optimizer(
@@ -392,7 +468,7 @@ mod tests {
             inputs: vec![],
             summary: Summary::default(),
         };
-        write_checkpoint(&m, &out, Some(&opt), &state, &[]).expect("write");
+        write_checkpoint(&m, &out, Some(&opt), &state, &[], &[]).expect("write");
         let pairs: Vec<(&[u32], &[u32])> = rows
             .iter()
             .map(|r| (r.context.as_slice(), r.response.as_slice()))

@@ -6,7 +6,8 @@
 //!   identical argument list, once with two rayon threads and once with one, and every output
 //!   file (Parquet tables, checkpoint safetensors, JSON, plots) must be equal byte for byte; the
 //!   one exception is the wall time a training run reports in `trainer_state.json` and
-//!   `train_metrics.jsonl` (keys `seconds`, `tokens_per_second`), compared without those keys.
+//!   `train_metrics.jsonl` (keys `seconds`, `tokens_per_second`), compared without those keys,
+//!   and in its TensorBoard event files (each event's `wall_time` and the same two scalars).
 //! - **Another `--batch-size` (or output path) → the same table.** The resolved configuration in
 //!   `rlcr.config` records the command line (`argv`, with the output path) and the batch size, so
 //!   those files cannot be byte-identical; instead the Parquet *data section* (every byte before
@@ -108,7 +109,22 @@ fn comparable(name: &str, bytes: &[u8]) -> Vec<u8> {
         }
     }
     let text = || std::str::from_utf8(bytes).unwrap();
-    if name.ends_with(".json") && !name.ends_with("tokenizer.json") {
+    if name.contains("tfevents") {
+        let events = rlcr::tensorboard::read_events(bytes).unwrap();
+        let kept: Vec<_> = events
+            .into_iter()
+            .map(|e| {
+                let scalars: Vec<(String, u32)> = e
+                    .scalars
+                    .into_iter()
+                    .filter(|(t, _)| !WALL_TIME_KEYS.contains(&t.as_str()))
+                    .map(|(t, v)| (t, v.to_bits()))
+                    .collect();
+                (e.step, e.file_version, scalars)
+            })
+            .collect();
+        format!("{kept:?}").into_bytes()
+    } else if name.ends_with(".json") && !name.ends_with("tokenizer.json") {
         let v: serde_json::Value = serde_json::from_str(text()).unwrap();
         drop_time(v).to_string().into_bytes()
     } else if name.ends_with(".jsonl") {

@@ -51,7 +51,7 @@ fn prompts_table_opens_in_polars_and_duckdb() {
 
 /// Run `python3 ARGS`; its stdout, or `None` (the test says skipped) when python3 or a module is
 /// missing and `RLCR_REQUIRE_PYTHON=1` is not set. Any other failure panics naming `what`.
-fn python(args: &[&std::ffi::OsStr], what: &str) -> Option<Vec<u8>> {
+pub(crate) fn python(args: &[&std::ffi::OsStr], what: &str) -> Option<Vec<u8>> {
     let required = std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1");
     match Command::new("python3").args(args).output() {
         Ok(o) if o.status.success() => Some(o.stdout),

@@ -29,6 +29,7 @@ mod sample;
 mod score;
 mod shards;
 mod support;
+mod tensorboard;
 mod train;
 
 /// A fresh folder for one test plus helpers to run the binary in it.

@@ -15,7 +15,7 @@ use crate::Workdir;
 
 /// One row: (sample_type, prompt, answer_idx, format_ok, acc, confidence, conf_reward, reward,
 /// response_len, response_text).
-type Row = (
+pub(crate) type Row = (
     &'static str,
     String,
     i32,
@@ -31,7 +31,7 @@ type Row = (
 /// The worked vector of docs/math.md §4 as 8 answers (one per prompt) with one confidence row each.
 #[allow(clippy::needless_range_loop)] // y and c are parallel anchor vectors
 /// y = [1,0,1,1,0,1,0,1], c = [0.9,0.8,0.3,0.75,0.1,1.0,0.3,0.0].
-fn anchor_rows() -> Vec<Row> {
+pub(crate) fn anchor_rows() -> Vec<Row> {
     let y = [1., 0., 1., 1., 0., 1., 0., 1.];
     let c = [0.9, 0.8, 0.3, 0.75, 0.1, 1.0, 0.3, 0.0];
     let mut rows = Vec::new();
@@ -69,7 +69,7 @@ fn anchor_rows() -> Vec<Row> {
 }
 
 /// Write rows with the trajectory schema's own column types (the subset report reads).
-fn write_scored(path: &Path, rows: &[Row]) {
+pub(crate) fn write_scored(path: &Path, rows: &[Row]) {
     let names = [
         "prompt_id",
         "sample_type",
