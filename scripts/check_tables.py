@@ -54,6 +54,12 @@ def check(path):
             fail(f"{path}: polars reads column {name} as {df.schema[name]}, documented {ty}")
         if ty.startswith("struct<start") and not isinstance(df.schema[name], pl.Struct):
             fail(f"{path}: polars reads span column {name} as {df.schema[name]}")
+        # Native conversations, or JSON text where a version 1 table's column was copied through.
+        if ty.startswith("list<struct<role") and df.schema[name] not in (
+            pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+            pl.String,
+        ):
+            fail(f"{path}: polars reads {name} as {df.schema[name]}, documented {ty}")
         if not col["nullable"] and df[name].null_count() > 0:
             fail(f"{path}: non-nullable column {name} has nulls")
     con = duckdb.connect()
@@ -66,6 +72,25 @@ def check(path):
     n = con.execute("select count(*) from read_parquet(?)", [path]).fetchone()[0]
     if n != df.height:
         fail(f"{path}: duckdb counts {n} rows, polars {df.height}")
+    # Nested columns: DuckDB reads the same conversations and extra-info fields as polars, and
+    # its recipes (`messages[1].content`, `extra_info.<key>`) reach into them.
+    if "messages" in df.columns and isinstance(df.schema["messages"], pl.List):
+        duck = [r[0] for r in con.execute("select messages from read_parquet(?)", [path]).fetchall()]
+        if duck != df["messages"].to_list():
+            fail(f"{path}: duckdb and polars read different messages")
+        first = con.execute("select messages[1].role, messages[1].content from read_parquet(?)",
+                            [path]).fetchall()
+        pfirst = df.select(pl.col("messages").list.first().struct.field("role"),
+                           pl.col("messages").list.first().struct.field("content")).rows()
+        if [tuple(r) for r in first] != [tuple(r) for r in pfirst]:
+            fail(f"{path}: duckdb messages[1] differs from polars list.first()")
+    if "extra_info" in df.columns and isinstance(df.schema["extra_info"], pl.Struct):
+        for field in df.schema["extra_info"].fields:
+            duck = [r[0] for r in con.execute(
+                f'select extra_info."{field.name}" from read_parquet(?)', [path]).fetchall()]
+            pol = df["extra_info"].struct.field(field.name).to_list()
+            if duck != pol:
+                fail(f"{path}: extra_info.{field.name}: duckdb {duck[:3]} != polars {pol[:3]}")
     # Span slicing recipe: DuckDB lists are 1-based, so [start+1 : end] is the span.
     if "answer_span" in df.columns and "response_ids" in df.columns:
         rows = con.execute(

@@ -1,8 +1,8 @@
 //! The `prepare` stage's engine: build a prompts table (`rlcr.prompts`) from a dataset or from
 //! synthetic countdown tasks.
 //!
-//! Every source becomes the same table: `prompt_id`, `messages` (JSON list of {role, content}),
-//! `data_source`, `ground_truth` (JSON text), `extra_info` (JSON text). Ids are stable: synthetic
+//! Every source becomes the same table: `prompt_id`, `messages` (list of {role, content}),
+//! `data_source`, `ground_truth` (JSON text), `extra_info` (a struct of the source's other keys). Ids are stable: synthetic
 //! tasks are numbered in generation order (so `--count 10` is a prefix of `--count 100` with the
 //! same seed and split); dataset rows keep their own id when they have one (`id`, verl's
 //! `extra_info.index`) and their row number otherwise.
@@ -338,24 +338,35 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     })
 }
 
-/// The prompts table of `rows`.
+/// The prompts table of `rows`: `messages` and `extra_info` as nested columns where their values
+/// allow ([`table::nested`]), JSON text otherwise.
 pub fn to_batch(rows: &[PromptRow]) -> Result<RecordBatch> {
     let s = |f: &dyn Fn(&PromptRow) -> String| -> ArrayRef {
         Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>()))
     };
-    let extra: ArrayRef = Arc::new(StringArray::from(
-        rows.iter()
-            .map(|r| r.extra_info.as_ref().map(|v| v.to_string()))
+    let messages =
+        table::nested::messages_column(&rows.iter().map(|r| Some(&r.messages)).collect::<Vec<_>>());
+    let extra = table::nested::extra_info_column(
+        &rows
+            .iter()
+            .map(|r| r.extra_info.as_ref())
             .collect::<Vec<_>>(),
-    ));
+    );
+    let columns = vec![
+        s(&|r| r.prompt_id.clone()),
+        messages,
+        s(&|r| r.data_source.clone()),
+        s(&|r| r.ground_truth.to_string()),
+        extra,
+    ];
+    let fields: Vec<arrow::datatypes::Field> = PROMPTS
+        .columns
+        .iter()
+        .zip(&columns)
+        .map(|(c, a)| arrow::datatypes::Field::new(c.name, a.data_type().clone(), c.nullable))
+        .collect();
     Ok(RecordBatch::try_new(
-        PROMPTS.arrow_schema(),
-        vec![
-            s(&|r| r.prompt_id.clone()),
-            s(&|r| r.messages.to_string()),
-            s(&|r| r.data_source.clone()),
-            s(&|r| r.ground_truth.to_string()),
-            extra,
-        ],
+        Arc::new(arrow::datatypes::Schema::new(fields)),
+        columns,
     )?)
 }

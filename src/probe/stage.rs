@@ -299,7 +299,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         let ctx = cols::list_i32(b, &name, "context_ids")?;
         let rids = cols::list_i32(b, &name, "response_ids")?;
         let msgs = if has_messages && vs.verifier_cmd.is_some() {
-            Some(cols::str_col(b, &name, "messages")?)
+            Some(cols::messages(b, &name)?)
         } else {
             None
         };
@@ -372,7 +372,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                     .with_context(|| format!("{}, column `ground_truth`", loc()))?;
                 (Some(t), serde_json::Value::Null)
             };
-            let prompt = match msgs {
+            let prompt = match &msgs {
                 Some(m) if m.is_valid(i) => crate::reward::stage::last_user_content(m.value(i)),
                 _ => None,
             };

@@ -597,7 +597,7 @@ impl RgCols {
             ground_truth: str_col(b, path, "ground_truth")?,
             response: utf8(b, path, "response_text")?,
             messages: if needs.messages {
-                Some(utf8(b, path, "messages")?)
+                Some(table::cols::messages(b, &path.display().to_string())?)
             } else {
                 None
             },

@@ -87,7 +87,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     for batch in reader {
         let batch = batch?;
         let pid = cols::str_col(&batch, &name, "prompt_id")?;
-        let msg = cols::str_col(&batch, &name, "messages")?;
+        let msg = cols::messages(&batch, &name)?;
         let mut prepared = Vec::new();
         for i in 0..batch.num_rows() {
             let loc = || format!("{name}, row {}", base_row + i);

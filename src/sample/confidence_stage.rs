@@ -126,7 +126,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         let pid = cols::str_col(&batch, &name, "prompt_id")?;
         let st = cols::str_col(&batch, &name, "sample_type")?;
         let aidx = cols::i32_col(&batch, &name, "answer_idx")?;
-        let msg = cols::str_col(&batch, &name, "messages")?;
+        let msg = cols::messages(&batch, &name)?;
         let text = cols::str_col(&batch, &name, "response_text")?;
         let rids = cols::list_i32(&batch, &name, "response_ids")?;
         let mut prepared = Vec::new();

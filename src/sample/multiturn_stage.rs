@@ -132,7 +132,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     let mut base_row = 0usize;
     for (bi, b) in batches.iter().enumerate() {
         let pid = cols::str_col(b, &name, "prompt_id")?;
-        let msg = cols::str_col(b, &name, "messages")?;
+        let msg = cols::messages(b, &name)?;
         let src = cols::str_col(b, &name, "data_source")?;
         let gt = cols::str_col(b, &name, "ground_truth")?;
         for i in 0..b.num_rows() {

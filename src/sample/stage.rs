@@ -268,7 +268,16 @@ impl SampledColumns {
                 Arc::new(Int32Array::from(self.confidence_idx)),
             ),
             ("sample_id", Arc::new(StringArray::from(self.sample_id))),
-            ("messages", Arc::new(StringArray::from(self.messages))),
+            (
+                "messages",
+                crate::table::nested::messages_column_from_text(
+                    &self
+                        .messages
+                        .iter()
+                        .map(|m| Some(m.as_str()))
+                        .collect::<Vec<_>>(),
+                ),
+            ),
             ("context_ids", cols::build_list_i32(self.context_ids)),
             ("response_ids", cols::build_list_i32(self.response_ids)),
             (

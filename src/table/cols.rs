@@ -44,6 +44,13 @@ getter!(bool_col, BooleanArray, "bool");
 getter!(list_col, ListArray, "a list");
 getter!(struct_col, StructArray, "a struct");
 
+/// The `messages` column as JSON text per row, whether the table holds it natively
+/// (`list<struct<role, content>>`) or as text ([`super::nested::messages_text`]).
+pub fn messages(b: &RecordBatch, table: &str) -> Result<StringArray> {
+    let c = column(b, table, "messages")?;
+    super::nested::messages_text(c.as_ref()).with_context(|| format!("{table}: column `messages`"))
+}
+
 /// Column `name` converted to `to` when its type is one of `from` (a table written by another
 /// tool: `LargeUtf8`, `Utf8View`, other integer widths), as an owned array.
 fn converted<T: Array + Clone + 'static>(
@@ -356,9 +363,17 @@ pub fn conform(b: &RecordBatch, spec: &TableSpec, table: &str) -> Result<RecordB
             columns.push(c.clone());
             continue;
         };
-        let want = spec_col.field();
+        let mut want = spec_col.field();
         let mut c = c.clone();
-        if c.data_type() != want.data_type() {
+        if spec_col.ty.keeps_own_type() && spec_col.ty.accepts(c.data_type()) {
+            // Native messages written by other tools (nullable fields): the canonical type, so
+            // that rows built here and rows read concatenate.
+            if super::nested::is_native_messages(c.data_type()) {
+                c = super::nested::canonical_messages(c.as_ref())
+                    .with_context(|| format!("{table}: column `{}`", f.name()))?;
+            }
+            want = Field::new(f.name(), c.data_type().clone(), want.is_nullable());
+        } else if c.data_type() != want.data_type() {
             c = arrow::compute::cast(c.as_ref(), want.data_type()).with_context(|| {
                 format!(
                     "{table}: column `{}`: cannot convert {} to {}",

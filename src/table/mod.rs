@@ -7,6 +7,8 @@
 //! - [`intern`]: dense ids for strings (the one [`intern::Interner`]) and the fast hasher.
 //! - [`validate`]: schema and row checks with file/row/column in every message: the one
 //!   [`Validator`] every stage runs over its input.
+//! - [`nested`]: the nested `messages` and `extra_info` columns, written natively, read in
+//!   either form.
 //! - [`levels`]: per-row lengths of list columns from their Parquet levels (no values decoded).
 //! - [`splice`]: the row-preserving writer: an input's column chunks copied as they are, only new
 //!   columns encoded.
@@ -15,6 +17,7 @@ pub mod intern;
 pub mod io;
 pub mod json;
 pub mod levels;
+pub mod nested;
 pub mod schema;
 pub mod shard;
 pub mod splice;

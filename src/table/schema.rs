@@ -1,4 +1,9 @@
-//! Table schemas: the trajectory table (`rlcr.trajectory` v1), the prompts table and the probe table.
+//! Table schemas: the trajectory table (`rlcr.trajectory` v2), the prompts table (v2) and the probe
+//! table.
+//!
+//! Version 2 (both tables): `messages` is `list<struct<role, content>>` and the prompts table's
+//! `extra_info` a struct (see [`super::nested`]); version 1 held both as JSON text, which every
+//! stage still reads, so older tables need no migration (`docs/schemas.md`).
 //!
 //! One static list of [`ColumnSpec`] per table is the single source of truth: the Arrow schema the
 //! writers use, the JSON printed by `rlcr schema`, and the files in `schemas/` (a test checks them
@@ -24,6 +29,11 @@ pub enum ColType {
     Span,
     /// `list<struct<name:utf8,turn:int32,value:float32,weight:float32>>`.
     RewardComponents,
+    /// `list<struct<role:utf8,content:utf8>>`, or JSON text (schema version 1; still read).
+    Messages,
+    /// A struct whose fields are inferred per table, or JSON text where the values have no one
+    /// type per key (and in schema version 1); a map is read too ([`super::nested`]).
+    ExtraInfo,
 }
 
 impl ColType {
@@ -41,7 +51,15 @@ impl ColType {
             ColType::RewardComponents => {
                 "list<struct<name:utf8,turn:int32,value:float32,weight:float32>>"
             }
+            ColType::Messages => "list<struct<role:utf8,content:utf8>>",
+            ColType::ExtraInfo => "struct (fields inferred per table) or utf8 (JSON text)",
         }
+    }
+
+    /// Whether a column of this type keeps the representation it was written with (native or
+    /// JSON text) when a stage reads it, rather than being converted to [`ColType::arrow`].
+    pub fn keeps_own_type(self) -> bool {
+        matches!(self, ColType::Messages | ColType::ExtraInfo)
     }
 
     /// The Arrow type rlcr writes for this column.
@@ -56,6 +74,10 @@ impl ColType {
             ColType::ListBool => list_of(DataType::Boolean),
             ColType::Span => DataType::Struct(span_fields()),
             ColType::RewardComponents => list_of(DataType::Struct(component_fields())),
+            ColType::Messages => super::nested::messages_type(),
+            // The type of a table whose extra information is unknown (none, or no one type per
+            // key); `prepare` writes the struct it infers.
+            ColType::ExtraInfo => DataType::Utf8,
         }
     }
 
@@ -90,6 +112,11 @@ impl ColType {
                 }
                 _ => false,
             },
+            ColType::Messages => {
+                matches!(dt, DataType::Utf8 | DataType::LargeUtf8)
+                    || super::nested::is_native_messages(dt)
+            }
+            ColType::ExtraInfo => super::nested::is_extra_info_type(dt),
         }
     }
 }
@@ -198,7 +225,7 @@ macro_rules! col {
 /// The trajectory table: one row per sample (answer or confidence).
 pub static TRAJECTORY: TableSpec = TableSpec {
     name: "rlcr.trajectory",
-    version: 1,
+    version: 2,
     doc: "One row per sample (answer or confidence); every stage passes all columns through and adds its own.",
     columns: &[
         col!("prompt_id", Utf8, false, "prepare", "stable id of the prompt"),
@@ -208,7 +235,7 @@ pub static TRAJECTORY: TableSpec = TableSpec {
         col!("sample_id", Utf8, false, "generate-*", "`{prompt_id}/a{k}` or `{prompt_id}/a{k}/c{h}`"),
         col!("data_source", Utf8, false, "prepare", "dataset name; picks the verifier"),
         col!("ground_truth", Utf8, false, "prepare", "verifier input, JSON text"),
-        col!("messages", Utf8, false, "generate-*", "the conversation the sample answers, JSON list of {role, content}"),
+        col!("messages", Messages, false, "generate-*", "the conversation the sample answers, a list of {role, content} (JSON text in version 1 tables, still read)"),
         col!("context_ids", ListInt32, false, "generate-*", "tokens fed to the model before the response"),
         col!("response_ids", ListInt32, false, "generate-*", "generated tokens"),
         col!("response_text", Utf8, false, "generate-*", "decoded response"),
@@ -238,7 +265,7 @@ pub static TRAJECTORY: TableSpec = TableSpec {
 /// The prompts table written by `rlcr prepare`.
 pub static PROMPTS: TableSpec = TableSpec {
     name: "rlcr.prompts",
-    version: 1,
+    version: 2,
     doc: "One row per prompt; the input of generate-answers.",
     columns: &[
         col!(
@@ -250,10 +277,10 @@ pub static PROMPTS: TableSpec = TableSpec {
         ),
         col!(
             "messages",
-            Utf8,
+            Messages,
             false,
             "prepare",
-            "the prompt conversation, JSON list of {role, content} (usually one user turn)"
+            "the prompt conversation, a list of {role, content} (usually one user turn; JSON text in version 1 tables, still read)"
         ),
         col!(
             "data_source",
@@ -271,10 +298,10 @@ pub static PROMPTS: TableSpec = TableSpec {
         ),
         col!(
             "extra_info",
-            Utf8,
+            ExtraInfo,
             true,
             "prepare",
-            "anything else the source carried, JSON text"
+            "anything else the source carried: a struct of its keys (JSON text when they have no one type each, and in version 1 tables)"
         ),
     ],
 };
@@ -396,7 +423,7 @@ mod tests {
             ("sample_id", "utf8"),
             ("data_source", "utf8"),
             ("ground_truth", "utf8"),
-            ("messages", "utf8"),
+            ("messages", "list<struct<role:utf8,content:utf8>>"),
             ("context_ids", "list<int32>"),
             ("response_ids", "list<int32>"),
             ("response_text", "utf8"),

@@ -115,7 +115,7 @@ pub fn read_sft_rows(
         SftSource::Messages => {
             for b in Reader::open_columns(path, &["messages", "sample_type"])? {
                 let b = b?;
-                let msgs = cols::str_col(&b, &name, "messages")?;
+                let msgs = cols::messages(&b, &name)?;
                 for i in 0..b.num_rows() {
                     let at = row0 + i;
                     if msgs.is_null(i) {

@@ -110,7 +110,7 @@ fn prepare_sft_confidence_per_difficulty() {
         .read_all()
         .unwrap();
     let ids = rlcr::table::cols::str_col(&b[0], "s", "prompt_id").unwrap();
-    let m = rlcr::table::cols::str_col(&b[0], "s", "messages").unwrap();
+    let m = rlcr::table::cols::messages(&b[0], "s").unwrap();
     let gt = rlcr::table::cols::str_col(&b[0], "s", "ground_truth").unwrap();
     let mut seen = std::collections::BTreeSet::new();
     for i in 0..b[0].num_rows() {
@@ -348,7 +348,7 @@ fn prepare_countdown_jsonl_and_verl_parquet() {
         .unwrap();
     let gt = rlcr::table::cols::str_col(&batches[0], "c", "ground_truth").unwrap();
     assert_eq!(gt.value(1), r#"{"numbers":[44,19,35],"target":98}"#);
-    let msg = rlcr::table::cols::str_col(&batches[0], "c", "messages").unwrap();
+    let msg = rlcr::table::cols::messages(&batches[0], "c").unwrap();
     assert!(msg
         .value(1)
         .contains("Using the numbers [44, 19, 35], create an equation that equals 98."));
@@ -432,7 +432,7 @@ fn prepare_countdown_jsonl_and_verl_parquet() {
     assert_eq!(ids.value(0), "gsm8k-train-10");
     let gt = rlcr::table::cols::str_col(&b[0], "v", "ground_truth").unwrap();
     assert_eq!(gt.value(1), "\"9\"");
-    let m = rlcr::table::cols::str_col(&b[0], "v", "messages").unwrap();
+    let m = rlcr::table::cols::messages(&b[0], "v").unwrap();
     assert_eq!(m.value(1), r#"[{"content":"What is 3*3?","role":"user"}]"#);
 
     // Missing field: file, line and column named; nothing written.

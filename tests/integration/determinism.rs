@@ -263,7 +263,7 @@ pub fn close_thinking(wd: &Workdir, m: &str, input: &str, out: &str) {
     let tok = rlcr::model::Tokenizer::load(Path::new(m), None).unwrap();
     let b = read(&wd.path(input));
     let rids = cols::list_i32(&b, input, "response_ids").unwrap();
-    let extra = cols::str_col(&b, input, "extra_info").unwrap();
+    let extra = b.column_by_name("extra_info").unwrap().clone();
     let special: Vec<u32> = ["<think>", "</think>", "<answer>", "</answer>"]
         .iter()
         .filter_map(|t| tok.token_id(t))
@@ -278,7 +278,7 @@ pub fn close_thinking(wd: &Workdir, m: &str, input: &str, out: &str) {
             .take(4)
             .collect();
         let head = tok.decode(&keep, true).unwrap();
-        let info: serde_json::Value = serde_json::from_str(extra.value(i)).unwrap();
+        let info = rlcr::table::nested::extra_info_value(extra.as_ref(), i).unwrap();
         let eq = if i % 2 == 0 {
             info["solution"].as_str().unwrap_or("1+2").to_string()
         } else {

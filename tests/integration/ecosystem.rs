@@ -351,3 +351,82 @@ fn tables_rewritten_by_pyarrow_and_polars_feed_the_next_stage() {
         assert!(wd.path(&format!("model-{lib}/config.json")).exists());
     }
 }
+
+/// `prepare` writes `messages` as `list<struct<role, content>>` and `extra_info` as a struct
+/// (schema version 2), which polars and DuckDB read as such (`check_tables.py` compares their
+/// values and the `messages[1].content` / `extra_info.<key>` recipes); a version 1 table (both as
+/// JSON text) still samples, with the same responses, and its output has native messages.
+#[test]
+fn nested_columns_are_native_and_version_1_text_is_still_read() {
+    use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use rlcr::table::{nested, write_table, Meta, Reader, PROMPTS};
+    use std::sync::Arc;
+
+    let wd = Workdir::new();
+    wd.run(&[
+        "prepare",
+        "--from",
+        "countdown-synth",
+        "--count",
+        "6",
+        "-o",
+        "p.parquet",
+    ]);
+    let read = |f: &str| {
+        let r = Reader::open(&wd.path(f)).unwrap();
+        let md = r.metadata().clone();
+        (r.read_all().unwrap(), md)
+    };
+    let (b, md) = read("p.parquet");
+    assert_eq!(md["rlcr.schema_version"], "2");
+    let b = &b[0];
+    let msgs = b.column_by_name("messages").unwrap();
+    assert_eq!(msgs.data_type(), &nested::messages_type());
+    let extra = b.column_by_name("extra_info").unwrap();
+    let DataType::Struct(fields) = extra.data_type() else {
+        panic!("extra_info is {}", extra.data_type());
+    };
+    assert!(fields.find("split").is_some(), "{fields:?}");
+    // The same rows as a version 1 table: both columns as JSON text.
+    let text = nested::messages_text(msgs.as_ref()).unwrap();
+    let extra_text: Vec<Option<String>> = (0..b.num_rows())
+        .map(|i| {
+            let v = nested::extra_info_value(extra.as_ref(), i).unwrap();
+            (!v.is_null()).then(|| v.to_string())
+        })
+        .collect();
+    let cols: Vec<ArrayRef> = vec![
+        b.column_by_name("prompt_id").unwrap().clone(),
+        Arc::new(text),
+        b.column_by_name("data_source").unwrap().clone(),
+        b.column_by_name("ground_truth").unwrap().clone(),
+        Arc::new(StringArray::from(extra_text)),
+    ];
+    let fields: Vec<Field> = ["prompt_id", "messages", "data_source", "ground_truth"]
+        .iter()
+        .map(|n| Field::new(*n, DataType::Utf8, false))
+        .chain([Field::new("extra_info", DataType::Utf8, true)])
+        .collect();
+    let v1 = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+    let mut meta = Meta::new(&PROMPTS, "prepare", serde_json::json!({}), &[]);
+    meta.schema_version = 1;
+    write_table(&wd.path("v1.parquet"), v1.schema(), &[v1], &meta).unwrap();
+    let m = crate::fixtures().join("tiny-qwen2").display().to_string();
+    for (input, out) in [("p.parquet", "a2.parquet"), ("v1.parquet", "a1.parquet")] {
+        let args = crate::support::pipeline::answers_args(&m, input, out, 2, 6, &[]);
+        wd.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    let (a2, _) = read("a2.parquet");
+    let (a1, _) = read("a1.parquet");
+    for name in ["messages", "response_ids", "prompt_id"] {
+        let x = a2[0].column_by_name(name).unwrap();
+        let y = a1[0].column_by_name(name).unwrap();
+        assert_eq!(x.to_data(), y.to_data(), "{name}");
+    }
+    assert_eq!(
+        a2[0].column_by_name("messages").unwrap().data_type(),
+        &nested::messages_type()
+    );
+    check_tables(&[&wd.path("p.parquet"), &wd.path("a2.parquet")]);
+}

@@ -4,9 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use arrow::array::{
-    Array, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, StructArray,
-};
+use arrow::array::{Array, Float32Array, Int32Array, ListArray, RecordBatch, StructArray};
 use rlcr::table::Reader;
 
 use crate::{fixtures, Workdir};
@@ -43,12 +41,8 @@ const QUESTIONS: &[&str] = &["What is 12 + 7?", "What is 99 * 3?", "Name a prime
 pub(crate) use crate::support::table::read;
 
 pub(crate) fn strs(b: &RecordBatch, name: &str) -> Vec<Option<String>> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .unwrap();
+    // Text columns, and `messages` (native) as its JSON text.
+    let a = rlcr::table::nested::messages_text(b.column_by_name(name).unwrap().as_ref()).unwrap();
     (0..a.len())
         .map(|i| a.is_valid(i).then(|| a.value(i).to_string()))
         .collect()

@@ -944,7 +944,9 @@ fn arithmetic_synth_rows_score_with_the_math_verifier() {
         ]);
         let b = read_all(&out);
         let ids = col::<StringArray>(&b, "prompt_id");
-        let msgs = col::<StringArray>(&b, "messages");
+        let msgs =
+            rlcr::table::nested::messages_text(b.column_by_name("messages").unwrap().as_ref())
+                .unwrap();
         let ds = col::<StringArray>(&b, "data_source");
         let gts = col::<StringArray>(&b, "ground_truth");
         for i in 0..b.num_rows() {

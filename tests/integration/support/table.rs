@@ -70,7 +70,8 @@ pub fn null_at(b: &RecordBatch, name: &str, row: usize) -> RecordBatch {
 }
 
 pub fn set_str(b: &RecordBatch, name: &str, row: usize, v: &str) -> RecordBatch {
-    let c = cols::str_col(b, "t", name).unwrap();
+    // A text column, or a native `messages` column as its JSON text (schema version 1's form).
+    let c = rlcr::table::nested::messages_text(b.column_by_name(name).unwrap().as_ref()).unwrap();
     let vals: Vec<Option<String>> = (0..c.len())
         .map(|i| {
             if i == row {
