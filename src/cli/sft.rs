@@ -18,8 +18,8 @@ Fine-tune a model with cross-entropy on the response tokens of a table whose `me
 assistant target (the context is the chat template over the earlier turns with the generation
 prompt), or of a trajectory table (context_ids/response_ids; --only-correct keeps answers with
 acc_reward = 1 and, with --min-conf-reward, confidence rows scoring at least that). Same optimizer,
-checkpoint and metrics code as `update`: NEW_DIR gets the weights, rlcr-train/ and
-train_metrics.jsonl.
+checkpoint and metrics code as `update`: NEW_DIR gets the weights, rlcr-train/,
+train_metrics.jsonl and TensorBoard events (runs/sft/; --tensorboard DIR streams them live).
 
 Costs: one forward and backward pass per row per epoch.
 

@@ -20,7 +20,8 @@ pub const LONG_ABOUT: &str = "\
 Recompute the log-probs of the response tokens, take the PPO/GRPO clipped token loss weighted by
 token_advantages and masked by loss_mask (answer and confidence rows in one batch), and step AdamW.
 Writes a new Hugging Face folder (same dtype as the input) with the optimizer state beside it
-(NEW_DIR/rlcr-train/) and one metrics line per optimizer step (NEW_DIR/train_metrics.jsonl).
+(NEW_DIR/rlcr-train/) and one metrics line per optimizer step (NEW_DIR/train_metrics.jsonl), the
+same steps as TensorBoard events (NEW_DIR/runs/update/; --tensorboard DIR streams them live).
 
 The loss (verl's): ratio r = exp(logp − response_logprobs); per token
   A ≥ 0: −A·min(r, 1+clip_high);   A < 0: |A|·min(max(r, 1−clip_low), clip_dual)
