@@ -920,6 +920,9 @@ fn draw_step_panel<DB: DrawingBackend>(
     let (chart_area, foot) = area.split_vertically(area.dim_in_pixel().1 as i32 - 50);
     let (ylo, yhi) = step_y_extent(p);
     let ydec = decimals_for(yhi - ylo);
+    // Scientific labels for a panel of very small or very large values (a learning rate).
+    let top = yhi.abs().max(ylo.abs());
+    let sci = !(1e-2..1e5).contains(&top);
     let xlo = steps.iter().copied().fold(f64::INFINITY, f64::min);
     let xhi = steps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let (xlo, xhi) = if !xlo.is_finite() {
@@ -953,7 +956,7 @@ fn draw_step_panel<DB: DrawingBackend>(
         .y_label_formatter(&|v| {
             if v.abs() <= (yhi - ylo) * 1e-9 {
                 "0".to_string()
-            } else if v.abs() < 1e-3 || v.abs() >= 1e5 {
+            } else if sci {
                 format!("{v:.1e}")
             } else {
                 format!("{v:.ydec$}")
