@@ -25,13 +25,10 @@ fn prompt_rows(p: &Path) -> Vec<serde_json::Value> {
             .unwrap()
             .clone()
     };
-    let (id, m, ds, gt, ei) = (
-        col("prompt_id"),
-        col("messages"),
-        col("data_source"),
-        col("ground_truth"),
-        col("extra_info"),
-    );
+    // `messages` and `extra_info` are nested columns: read through rlcr's readers of either form.
+    let m = rlcr::table::cols::messages(&b, "prompts").unwrap();
+    let ei = b.column_by_name("extra_info").unwrap().clone();
+    let (id, ds, gt) = (col("prompt_id"), col("data_source"), col("ground_truth"));
     let j = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
     (0..b.num_rows())
         .map(|i| {
@@ -40,7 +37,7 @@ fn prompt_rows(p: &Path) -> Vec<serde_json::Value> {
                 "messages": j(m.value(i)),
                 "data_source": ds.value(i),
                 "ground_truth": j(gt.value(i)),
-                "extra_info": if ei.is_null(i) { serde_json::Value::Null } else { j(ei.value(i)) },
+                "extra_info": rlcr::table::nested::extra_info_value(ei.as_ref(), i).unwrap(),
             })
         })
         .collect()
