@@ -852,8 +852,13 @@ fn verify_external_rows<'b>(
                 .extra
                 .get(name)
                 .with_context(|| format!("internal: column `{name}` not read"))?;
-            let v = request_value(a, i)
-                .with_context(|| format!("{}, row {row}, column `{name}`", ctx.path.display()))?;
+            // A native extra_info reads back exactly as written (floats stay floats).
+            let v = if name == "extra_info" && a.data_type() != &DataType::Utf8 {
+                table::nested::extra_info_value(a.as_ref(), i)
+            } else {
+                request_value(a, i)
+            }
+            .with_context(|| format!("{}, row {row}, column `{name}`", ctx.path.display()))?;
             if name == "extra_info" {
                 extra_info = v;
             } else {

@@ -513,3 +513,94 @@ fn trl_adapter_rewards_equal_the_reward_functions() {
     assert!(err.contains("raised on row 3"), "{err}");
     assert!(!wd.path("bad.parquet").exists());
 }
+
+/// A verl reward function that records the `extra_info` it is given (JSON lines in $REC_OUT).
+const RECORDER: &str = r#"import json, os
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    with open(os.environ["REC_OUT"], "a") as f:
+        f.write(json.dumps(extra_info) + "\n")
+    return 0.0
+"#;
+
+/// Each row's `extra_info` reaches reward code exactly as the source row held it: explicit nulls,
+/// a float such as `1.0` (not `1`), empty lists, nested objects; and keys that only some rows have
+/// are missing there, not null (that table keeps the column as JSON text, the other one is a
+/// struct).
+#[test]
+fn extra_info_reaches_reward_code_exactly() {
+    use arrow::datatypes::DataType;
+    let wd = Workdir::new();
+    wd.write("recorder.py", RECORDER);
+    let same = [
+        r#"{"prompt": "a", "ground_truth": "1", "w": 1.0, "tag": null, "meta": {"k": [1, 2]}}"#,
+        r#"{"prompt": "b", "ground_truth": "2", "w": 2.5, "tag": "x", "meta": {"k": []}}"#,
+        r#"{"prompt": "c", "ground_truth": "3", "w": -0.0, "tag": "y", "meta": null}"#,
+    ];
+    let ragged = [
+        r#"{"prompt": "d", "ground_truth": "4", "hint": "h", "n": 1}"#,
+        r#"{"prompt": "e", "ground_truth": "5", "n": 2}"#,
+        r#"{"prompt": "f", "ground_truth": "6", "n": 3, "hint": null}"#,
+    ];
+    for (name, lines, native) in [("same", same, true), ("ragged", ragged, false)] {
+        wd.write(&format!("{name}.jsonl"), lines.join("\n") + "\n");
+        let p = format!("{name}.parquet");
+        wd.run(&["prepare", "--input", &format!("{name}.jsonl"), "-o", &p]);
+        let b = read(&wd.path(&p));
+        let t = b.column_by_name("extra_info").unwrap().data_type().clone();
+        assert_eq!(matches!(t, DataType::Struct(_)), native, "{name}: {t}");
+        let a = format!("{name}-a.parquet");
+        wd.run(&[
+            "generate-answers",
+            "--model",
+            &crate::support::pipeline::tiny_qwen2(),
+            "--input",
+            &p,
+            "-o",
+            &a,
+            "--num-answers",
+            "1",
+            "--max-new-tokens",
+            "2",
+        ]);
+        let rec = wd.path(&format!("{name}-rec.jsonl"));
+        let cmd = format!(
+            "python3 {} recorder:compute_score",
+            adapter("verl_reward.py")
+        );
+        let mut c = wd.cmd(&[
+            "score",
+            "--input",
+            &a,
+            "-o",
+            &format!("{name}-s.parquet"),
+            "--verifier-cmd",
+            &cmd,
+        ]);
+        c.env("PYTHONPATH", wd.root()).env("REC_OUT", &rec);
+        let o = c.output().expect("rlcr runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // What the function saw, against the source rows less the prompt (as text, so that `1.0`
+        // and `1` differ).
+        let mut got: Vec<String> = std::fs::read_to_string(&rec)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let mut want: Vec<String> = lines
+            .iter()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v.as_object_mut().unwrap().remove("prompt");
+                v.to_string()
+            })
+            .collect();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{name}");
+    }
+}
