@@ -13,7 +13,7 @@
 #                         report/                report of this iteration's rollouts
 #   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration,
 #                                                training curves vs step)
-#   runs/$(RUN)/tb/                              TensorBoard runs: sft/, update/, rollouts/
+#   runs/$(RUN)/tb/                              TensorBoard runs: sft/, update/, rollouts/, eval/
 #
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
 # format examples: shorter ones leave it unable to copy the numbers; their stated confidences are
@@ -49,8 +49,9 @@ include $(dir $(lastword $(MAKEFILE_LIST)))common.mk
 RUN ?= demo
 DIR := $(RUNS)/$(RUN)
 # TensorBoard log folder of the run (`tensorboard --logdir $(TB)`): runs `sft` and `update` (one
-# event per optimizer step, the global step continuing across iterations) and `rollouts` (each
-# iteration's report figures: accuracy, ECE, Brier, AUROC, rewards, lengths; step = iteration).
+# event per optimizer step, the global step continuing across iterations), `rollouts` (each
+# iteration's report figures: accuracy, ECE, Brier, AUROC, rewards, lengths; step = iteration)
+# and `eval` (the same figures of each evaluation on EVAL_PROMPTS; step = iteration).
 TB ?= $(DIR)/tb
 
 # Model and task. MODEL is a folder, or `tiny` (the bundled fixture, default) or `smollm2`
@@ -358,7 +359,7 @@ $(DIR)/iter-$(1)/model/$(POLICY_FILE): $(DIR)/iter-$(1)/train.parquet $(call pol
 
 $(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet
 	$$(RLCR) $$(G) report --input $$< -o $(DIR)/iter-$(1)/report \
-	  --tensorboard $$(TB)/rollouts --tensorboard-step $(1)
+	  --tensorboard $$(TB)/rollouts --iterations $(1)
 endef
 
 # Delete iteration $(1)'s weights and optimizer state (KEEP_CHECKPOINTS); nothing for id 0000 or less.
@@ -383,9 +384,9 @@ summary: $(DIR)/report/metrics.json
 # iterations: the policy after iteration 0 (the starting one), EVAL_EVERY, 2 EVAL_EVERY, ... up to
 # ITERS answers every prompt of the file (EVAL_G_A answers x EVAL_G_C confidences at TEMPERATURE,
 # the loop's seed), scored with the loop's verifier; `report` over the evaluations, in order, gives
-# accuracy, ECE, Brier and AUROC against iteration in $(DIR)/eval/report/ (its `iteration`
-# column counts evaluations from 1; the table names each one's iter-NNNN folder). `make ... eval`
-# runs only the evaluations that are due.
+# accuracy, ECE, Brier and AUROC against the training iteration in $(DIR)/eval/report/ and in
+# TensorBoard ($(TB)/eval, step = iteration). `make ... eval` runs only the evaluations that are
+# due.
 EVAL_EVERY ?= 5
 EVAL_PREPARE_FLAGS ?= $(PREPARE_FLAGS)
 ifneq ($(EVAL_PROMPTS),)
@@ -416,7 +417,8 @@ eval_policy = $(if $(filter 0000,$(1)),$(START),$(DIR)/iter-$(1)/model)
 ifneq ($(EVAL_PROMPTS),)
 $(foreach i,$(EVAL_ITER_IDS),$(eval $(call EVALITER,$(i),$(call eval_policy,$(i)))))
 $(DIR)/eval/report/metrics.json: $(EVAL_SCORED)
-	$(RLCR) $(G) report $(foreach f,$(EVAL_SCORED),--input $(f)) -o $(DIR)/eval/report
+	$(RLCR) $(G) report $(foreach f,$(EVAL_SCORED),--input $(f)) -o $(DIR)/eval/report \
+	  $(foreach i,$(EVAL_ITER_IDS),--iterations $(i)) --tensorboard $(TB)/eval
 	@echo "rl.mk: evaluations in $(DIR)/eval/report/report.md"
 endif
 .PHONY: eval

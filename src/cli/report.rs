@@ -24,7 +24,8 @@ confidence rows (each carries its answer's acc_reward); a missing confidence cou
 eval) unless --missing-confidence drop.
 
 With several --input files (iterations, in order) the detailed sections describe the last one and
-a table and line chart follow the metrics across iterations. With labelled inputs
+a table and line chart follow the metrics across iterations; --iterations gives each input its
+training iteration (default 1, 2, …), e.g. `--iterations 0,5,10` for evaluations every 5. With labelled inputs
 (`--input base=… --input rlvr=… --input rlcr=…`: arms evaluated on the same prompts) a comparison
 table (accuracy, ECE, Brier, AUROC, mean confidence, format and parse rates, each with its
 standard error; all rows, then per data_source, e.g. held-out `countdown-heldout` vs the out-of-domain
@@ -44,7 +45,8 @@ Writes into the folder -o (created if needed; all files replaced together at the
   probe_curve.svg/.png, probe_vs_verbal.svg/.png   (with --probe)
   report.md             everything above on one page, with example rows
 With --tensorboard DIR, also DIR/events.out.tfevents.<step>.rlcr-report: one scalar per figure of
-metrics.json's `overall`, one step per input (TensorBoard: `tensorboard --logdir` DIR's parent).
+metrics.json's `overall` at each input's iteration (TensorBoard: `tensorboard --logdir` DIR's
+parent).
 
 Example:
   rlcr report --input runs/a/iter-0001/scored.parquet --input runs/a/iter-0002/scored.parquet -o report/
@@ -81,14 +83,15 @@ pub struct Args {
     pub train_metrics: Option<PathBuf>,
     /// TensorBoard run folder: every figure of metrics.json's `overall` (accuracy, ece, brier,
     /// auroc, mean_confidence, answer_turn/reward_mean, answer_turn/length_mean, …) as scalars,
-    /// one step per input (iterations only, not labelled arms).
+    /// at each input's iteration (not for labelled arms).
     #[arg(long, value_name = "DIR")]
     pub tensorboard: Option<PathBuf>,
-    /// The TensorBoard step of the first input (the next inputs count up from it), e.g. the
-    /// iteration number when each iteration reports alone. The event file is named by it, so a
-    /// report of the same step replaces its own file.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub tensorboard_step: u64,
+    /// The training iteration of each input, in input order (default 1, 2, …): the x axis of
+    /// the curves and the table across inputs, `iteration` in metrics.json and
+    /// calibration.parquet, and the TensorBoard step. E.g. `--iterations 0,5,10` for evaluations
+    /// of the policies after iterations 0, 5 and 10. Increasing; not with labelled inputs.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    pub iterations: Vec<u64>,
 }
 
 /// `LABEL=PATH` → (Some(LABEL), PATH) when LABEL is a plain word (letters, digits, `-_.`) and the
@@ -164,6 +167,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             }
         }
     }
+    let iterations = iteration_numbers(&a.iterations, paths.len(), !labels.is_empty())?;
     if a.tensorboard.is_some() && !labels.is_empty() {
         return Err(UsageError(
             "--tensorboard: labelled inputs are arms, not steps; report them one at a time"
@@ -197,7 +201,8 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     for (i, path) in paths.iter().enumerate() {
         // Examples (and their second pass) only for the last input, which report.md details.
         let k = if i + 1 == paths.len() { a.examples } else { 0 };
-        let (an, ex) = report::analyse_file(path, &opts, k)?;
+        let (mut an, ex) = report::analyse_file(path, &opts, k)?;
+        an.report.iteration = iterations[i];
         analyses.push(an);
         examples = ex;
     }
@@ -247,7 +252,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     }
     std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
     if let Some(dir) = &a.tensorboard {
-        write_tensorboard(dir, a.tensorboard_step, &analyses)?;
+        write_tensorboard(dir, &analyses)?;
     }
     crate::info!(
         "report: wrote {} files to {} ({})",
@@ -272,19 +277,49 @@ fn headline(analyses: &[report::Analysis]) -> String {
     )
 }
 
-/// The inputs' `overall` figures as one TensorBoard event per input, steps from `first`.
-fn write_tensorboard(dir: &Path, first: u64, analyses: &[report::Analysis]) -> Result<()> {
+/// The iteration number of each of `n` inputs: `given` (one per input, increasing) or 1, 2, ….
+fn iteration_numbers(given: &[u64], n: usize, labelled: bool) -> Result<Vec<u64>> {
+    if given.is_empty() {
+        return Ok((1..=n as u64).collect());
+    }
+    if labelled {
+        return Err(UsageError(
+            "--iterations: labelled inputs are arms, not iterations".to_string(),
+        )
+        .into());
+    }
+    if given.len() != n {
+        return Err(UsageError(format!(
+            "--iterations: {} numbers for {n} inputs (one per input, in input order)",
+            given.len()
+        ))
+        .into());
+    }
+    if let Some(w) = given.windows(2).find(|w| w[1] <= w[0]) {
+        return Err(UsageError(format!(
+            "--iterations: {} after {}; the inputs' iterations must increase",
+            w[1], w[0]
+        ))
+        .into());
+    }
+    Ok(given.to_vec())
+}
+
+/// The inputs' `overall` figures as one TensorBoard event per input, at its iteration; the file
+/// is named by the first one, so a report of the same iteration replaces its own file.
+fn write_tensorboard(dir: &Path, analyses: &[report::Analysis]) -> Result<()> {
     use crate::tensorboard as tb;
     let now = tb::now();
     let mut events = Vec::with_capacity(analyses.len());
-    for (i, an) in analyses.iter().enumerate() {
+    for an in analyses {
         let v = serde_json::to_value(&an.report.overall).context("serialising the metrics")?;
         events.push((
             now,
-            (first + i as u64) as i64,
+            an.report.iteration as i64,
             tb::numeric_leaves(&v, &["se"]),
         ));
     }
+    let first = analyses.first().map_or(1, |a| a.report.iteration);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(tb::file_name(first, "report"));
     crate::fs::write_atomic(&path, &tb::encode_file(now, &events))

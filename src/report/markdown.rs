@@ -384,14 +384,14 @@ pub fn render(
         let _ = writeln!(out, "## Across iterations\n");
         let _ = writeln!(
             out,
-            "| # | input | accuracy | mean conf. | Brier | ECE | AUROC | signal G_a | signal G_c | len. answers | len. conf. |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| iteration | input | accuracy | mean conf. | Brier | ECE | AUROC | signal G_a | signal G_c | len. answers | len. conf. |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
-        for (i, r) in reports.iter().enumerate() {
+        for r in reports {
             let m = &r.overall;
             let _ = writeln!(
                 out,
                 "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                i + 1,
+                r.iteration,
                 cell(&r.input).replace('`', "'"),
                 fmt_opt(m.accuracy, 4),
                 fmt_opt(m.mean_confidence, 4),

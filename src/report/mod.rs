@@ -222,8 +222,8 @@ pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
     };
     plot::LineCharts {
         title: "Metrics by iteration".to_string(),
-        x_label: "iteration (input order, from 1)".to_string(),
-        x_names: reports.iter().map(|r| r.input.clone()).collect(),
+        x_label: "iteration".to_string(),
+        xs: reports.iter().map(|r| r.iteration as f64).collect(),
         grid: (2, 2),
         panels: vec![
             plot::LinePanel {
@@ -306,14 +306,13 @@ pub struct MetricsFile<'a> {
 
 /// The rows of `calibration.parquet`: one per (input, bin).
 ///
-/// Columns: `iteration` int32 (input position), `input` utf8, `bin` int32, `lower`/`upper` float64
+/// Columns: `iteration` int32 (the input's iteration, [`Report::iteration`]), `input` utf8, `bin` int32, `lower`/`upper` float64
 /// (displayed edges), `count` int64, `mean_confidence`/`accuracy`/`gap` float64 (null for empty
 /// bins).
 pub fn calibration_batch(reports: &[Report]) -> Result<RecordBatch> {
-    let rows: Vec<(usize, &Report, &Bin)> = reports
+    let rows: Vec<(u64, &Report, &Bin)> = reports
         .iter()
-        .enumerate()
-        .flat_map(|(i, r)| r.reliability.iter().map(move |b| (i, r, b)))
+        .flat_map(|r| r.reliability.iter().map(move |b| (r.iteration, r, b)))
         .collect();
     let schema = Schema::new(vec![
         Field::new("iteration", DataType::Int32, false),

@@ -722,15 +722,16 @@ pub struct LinePanel {
     pub series: Vec<Series>,
 }
 
-/// Panels of line charts over a shared categorical x axis (e.g. iterations).
+/// Panels of line charts over a shared x axis of whole numbers (iterations, which need not be
+/// evenly spaced: evaluations every few iterations).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LineCharts {
     /// Title.
     pub title: String,
     /// x-axis label.
     pub x_label: String,
-    /// Names of the x positions (shown when there are few).
-    pub x_names: Vec<String>,
+    /// The x value of each position (the series' values are aligned with them), increasing.
+    pub xs: Vec<f64>,
     /// Panels, row-major.
     pub panels: Vec<LinePanel>,
     /// Grid (rows, cols).
@@ -747,7 +748,7 @@ impl Figure for LineCharts {
         let (head, body) = root.split_vertically(60);
         title_band(&head, &self.title, "")?;
         for (area, p) in body.split_evenly(self.grid).iter().zip(&self.panels) {
-            draw_line_panel(area, p, &self.x_label, self.x_names.len())?;
+            draw_line_panel(area, p, &self.x_label, &self.xs)?;
         }
         Ok(())
     }
@@ -787,30 +788,34 @@ fn draw_line_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     p: &LinePanel,
     x_label: &str,
-    nx: usize,
+    xs: &[f64],
 ) -> Result<()> {
     let (chart_area, foot) = area.split_vertically(area.dim_in_pixel().1 as i32 - 50);
     let (ylo, yhi) = y_extent(p);
     let ydec = decimals_for(yhi - ylo);
-    let xmax = (nx.max(1) - 1) as f64;
+    let xmin = xs.first().copied().unwrap_or(0.0);
+    let xmax = xs.last().copied().unwrap_or(0.0).max(xmin);
+    // A margin of 3% of the span (at least 0.3) keeps the end points off the frame.
+    let pad = ((xmax - xmin) * 0.03).max(0.3);
     let mut chart = ChartBuilder::on(&chart_area)
         .caption(p.title.as_str(), (FONT_FAMILY, 16).into_font().color(&INK))
         .margin(14)
         .margin_right(24)
         .x_label_area_size(44)
         .y_label_area_size(60)
-        .build_cartesian_2d(-0.3f64..xmax + 0.3, ylo..yhi)
+        .build_cartesian_2d(xmin - pad..xmax + pad, ylo..yhi)
         .pe()?;
-    let n_labels = nx.clamp(1, 12);
+    // One label per whole number when the span is short, else about 12 round ones.
+    let n_labels = ((xmax - xmin) as usize + 1).clamp(2, 12);
     chart
         .configure_mesh()
         .x_labels(n_labels)
         .y_labels(6)
-        // Points sit at 0-based indices; labels count from 1, like the loop's iter-0001 folders.
+        // Whole numbers only (iterations).
         .x_label_formatter(&|v| {
             let r = v.round();
             if (v - r).abs() < 1e-6 && r >= 0.0 {
-                format!("{:.0}", r + 1.0)
+                format!("{r:.0}")
             } else {
                 String::new()
             }
@@ -832,9 +837,9 @@ fn draw_line_panel<DB: DrawingBackend>(
         legend.push((Mark::Line(style), s.name.clone()));
         // Consecutive runs of values become separate lines; a lone value is a dot.
         let mut runs: Vec<Vec<(f64, f64)>> = vec![vec![]];
-        for (i, v) in s.values.iter().enumerate() {
+        for (x, v) in xs.iter().zip(&s.values) {
             match (v, runs.last_mut()) {
-                (Some(v), Some(r)) => r.push((i as f64, *v)),
+                (Some(v), Some(r)) => r.push((*x, *v)),
                 _ => runs.push(vec![]),
             }
         }
@@ -1386,7 +1391,7 @@ mod tests {
         let lines = LineCharts {
             title: "Metrics by iteration".into(),
             x_label: "iteration".into(),
-            x_names: vec!["a".into(), "b".into(), "c".into()],
+            xs: vec![0.0, 5.0, 10.0],
             grid: (1, 2),
             panels: vec![
                 LinePanel {

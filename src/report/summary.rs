@@ -160,6 +160,10 @@ pub struct Diagnostics {
 pub struct Report {
     /// The input's name (path as given).
     pub input: String,
+    /// The training iteration the input belongs to (`report --iterations`; by default its
+    /// position among the inputs, from 1): the x value of the curves across inputs.
+    #[serde(default)]
+    pub iteration: u64,
     /// Settings.
     pub options: Options,
     /// All rows.
@@ -436,6 +440,7 @@ pub fn build(input: &str, rows: &Rows, opts: &Options) -> Report {
     let (c, y, _, _) = calibration_pairs(rows, &all, opts.missing_confidence);
     Report {
         input: input.to_string(),
+        iteration: 1,
         options: *opts,
         overall,
         per_source,

@@ -20,6 +20,7 @@ mod lora;
 mod model;
 mod multiturn;
 mod own_data;
+mod own_loop;
 mod probe;
 mod product;
 mod qwen3;

@@ -290,15 +290,16 @@ fn draws_cover_every_row_once_per_epoch() {
     assert_eq!(ids("again.parquet"), ids("d4.parquet"));
 }
 
-/// Run python3 with `args` (cwd `dir`, PYTHONPATH = fixtures/rewards); `None` when pyarrow is
-/// missing and not required (RLCR_REQUIRE_PYTHON).
-fn check_adapter(dir: &Path, args: &[&str]) -> Option<String> {
+/// Run fixtures/rewards/check_adapter.py with `args` (cwd `dir`; PYTHONPATH = fixtures/rewards,
+/// then `dir`); `None` when pyarrow is missing and not required (RLCR_REQUIRE_PYTHON).
+pub(crate) fn check_adapter(dir: &Path, args: &[&str]) -> Option<String> {
     let script = fixtures().join("rewards/check_adapter.py");
+    let path = std::env::join_paths([fixtures().join("rewards"), dir.to_path_buf()]).unwrap();
     let o = Command::new("python3")
         .arg(&script)
         .args(args)
         .current_dir(dir)
-        .env("PYTHONPATH", fixtures().join("rewards"))
+        .env("PYTHONPATH", path)
         .output()
         .expect("python3 runs");
     let out = String::from_utf8_lossy(&o.stdout).to_string();
@@ -362,7 +363,7 @@ fn answers_with_responses(
     write(&b, &wd.path(out), "rlcr.trajectory");
 }
 
-fn adapter(name: &str) -> String {
+pub(crate) fn adapter(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("scripts/rewards")
         .join(name)

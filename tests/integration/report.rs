@@ -354,6 +354,20 @@ fn report_iterations_and_probe() {
         20,
         "10 bins × 2 inputs"
     );
+    // Without --iterations the inputs are iterations 1, 2, …
+    let its: Vec<i32> = cal
+        .iter()
+        .flat_map(|b| {
+            let c = b.column_by_name("iteration").expect("iteration");
+            let c = c
+                .as_any()
+                .downcast_ref::<arrow::array::Int32Array>()
+                .expect("int32");
+            c.values().to_vec()
+        })
+        .collect();
+    assert_eq!(its, [[1; 10], [2; 10]].concat());
+    assert_eq!(m["reports"][1]["iteration"], 2);
     let page = std::fs::read_to_string(wd.path("rep/report.md")).expect("md");
     assert!(page.contains("## Across iterations") && page.contains("## Faithfulness probe"));
 }
@@ -401,6 +415,36 @@ fn report_errors() {
     std::fs::copy(wd.path("ok.parquet"), wd.path("parts/part-0.parquet")).expect("copy");
     let err = wd.fail(&["report", "--input", "parts", "-o", "parts"], 2);
     assert!(err.contains("input folder"), "{err}");
+    // --iterations: one per input, increasing, not for arms (usage errors, nothing written).
+    for (its, inputs, needle) in [
+        (
+            "0,5,10",
+            ["ok.parquet", "ok.parquet"],
+            "3 numbers for 2 inputs",
+        ),
+        ("5,5", ["ok.parquet", "ok.parquet"], "must increase"),
+        ("0,5", ["a=ok.parquet", "b=ok.parquet"], "arms"),
+    ] {
+        let err = wd.fail(
+            &[
+                "report",
+                "--input",
+                inputs[0],
+                "--input",
+                inputs[1],
+                "--iterations",
+                its,
+                "-o",
+                "out",
+            ],
+            2,
+        );
+        assert!(
+            err.contains("--iterations") && err.contains(needle),
+            "{err}"
+        );
+        assert!(!wd.path("out").exists());
+    }
     // Zero bins is a usage error.
     wd.fail(
         &[

@@ -6,14 +6,7 @@ use crate::Workdir;
 
 /// Run `make -f scripts/rl.mk` with the test binary as RLCR (nothing is rebuilt) and `vars`.
 fn rl_make(wd: &Workdir, vars: &[&str]) -> std::process::Output {
-    let mk = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/rl.mk");
-    Command::new("make")
-        .arg("-f")
-        .arg(&mk)
-        .arg(format!("RLCR={}", env!("CARGO_BIN_EXE_rlcr")))
-        .arg(format!("RUNS={}", wd.root().display()))
-        .args(vars)
-        .current_dir(wd.root())
+    crate::support::rlmk::command(wd, vars)
         .output()
         .expect("make runs")
 }
@@ -40,11 +33,7 @@ fn keep_checkpoints_drops_old_weights_and_stays_resumable() {
         "loop",
     ];
     let o = rl_make(&wd, &vars);
-    let log = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
     let model = |i: u32| wd.path(&format!("k/iter-{i:04}/model"));
     for i in 1..=4 {
@@ -112,11 +101,7 @@ fn lora_rank_runs_the_loop_on_adapters() {
         "loop",
     ];
     let o = rl_make(&wd, &vars);
-    let log = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
     assert!(log.contains("--lora-rank 4"), "{log}");
     for i in 1..=2 {
@@ -230,17 +215,10 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
     .map(|s| s.to_string())
     .collect();
     let make = |run: &str, targets: &[&str]| {
-        let mk = root.join("scripts/rl.mk");
-        let mut c = Command::new("make");
-        c.arg("-f")
-            .arg(&mk)
-            .arg(format!("RLCR={}", env!("CARGO_BIN_EXE_rlcr")))
-            .arg(format!("RUNS={}", wd.root().display()))
-            .arg(format!("RUN={run}"))
-            .args(&vars)
+        let mut c = crate::support::rlmk::command(&wd, &[&format!("RUN={run}")]);
+        c.args(&vars)
             .args(targets)
-            .env("PYTHONPATH", root.join("fixtures/rewards"))
-            .current_dir(wd.root());
+            .env("PYTHONPATH", root.join("fixtures/rewards"));
         c
     };
     let prompts = |run: &str, i: u32| wd.path(&format!("{run}/iter-{i:04}/prompts.parquet"));
@@ -278,11 +256,7 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
     assert!(before.len() >= 4);
 
     let o = make("d", &["summary"]).output().unwrap();
-    let log = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
     for (i, bytes) in &before {
         assert_eq!(
@@ -345,6 +319,8 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
     .unwrap();
     let reports = m["reports"].as_array().unwrap();
     assert_eq!(reports.len(), 3);
+    let its: Vec<&serde_json::Value> = reports.iter().map(|r| &r["iteration"]).collect();
+    assert_eq!(its, [0, 3, 6], "evaluations against the training iteration");
     for r in reports {
         for k in ["accuracy", "ece", "brier", "auroc"] {
             assert!(r["overall"].get(k).is_some(), "{k} missing: {r}");

@@ -12,10 +12,10 @@ use serde_json::Value;
 use crate::Workdir;
 
 /// Scalars of a run folder as TensorBoard reads them: tag → [(step, value, wall_time)].
-type Run = BTreeMap<String, Vec<(i64, f32, f64)>>;
+pub(crate) type Run = BTreeMap<String, Vec<(i64, f32, f64)>>;
 
 /// Read run folders with TensorBoard; `None` when the package is missing and not required.
-fn read_runs(dirs: &[&Path]) -> Option<Vec<Run>> {
+pub(crate) fn read_runs(dirs: &[&Path]) -> Option<Vec<Run>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_tensorboard.py");
     let mut args = vec![script.as_os_str()];
     args.extend(dirs.iter().map(|d| d.as_os_str()));
@@ -55,7 +55,7 @@ fn read_runs(dirs: &[&Path]) -> Option<Vec<Run>> {
 
 /// What a run must hold: for every non-skipped line of `train_metrics.jsonl`, every numeric key
 /// (but `step`) at that step with the line's value (as f32), and `tokens_per_second`.
-fn expected_from_metrics(lines: &[Value]) -> BTreeMap<String, Vec<(i64, f32)>> {
+pub(crate) fn expected_from_metrics(lines: &[Value]) -> BTreeMap<String, Vec<(i64, f32)>> {
     let mut want: BTreeMap<String, Vec<(i64, f32)>> = BTreeMap::new();
     for l in lines {
         if l["skipped"] == Value::Bool(true) {
@@ -80,7 +80,7 @@ fn expected_from_metrics(lines: &[Value]) -> BTreeMap<String, Vec<(i64, f32)>> {
     want
 }
 
-fn assert_run_equals(run: &Run, want: &BTreeMap<String, Vec<(i64, f32)>>, what: &str) {
+pub(crate) fn assert_run_equals(run: &Run, want: &BTreeMap<String, Vec<(i64, f32)>>, what: &str) {
     assert_eq!(
         run.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>(),
@@ -157,13 +157,17 @@ fn tensorboard_reads_what_update_and_report_write() {
         "it2",
         "--tensorboard",
         "tb/report",
-        "--tensorboard-step",
-        "5",
+        "--iterations",
+        "5,10",
         "-o",
         "rep",
     ]);
     assert!(w.path("rep/training.svg").is_file() && w.path("rep/training.png").is_file());
     let page = std::fs::read_to_string(w.path("rep/report.md")).unwrap();
+    // The inputs' iterations (not their positions) in the table and metrics.json.
+    assert!(page.contains("| iteration | input |"), "{page}");
+    assert!(page.contains("\n| 5 | `s1.parquet` |"), "{page}");
+    assert!(page.contains("\n| 10 | `s2.parquet` |"), "{page}");
     assert!(
         page.contains("## Training curves\n\n4 optimizer steps (1–4) from `"),
         "{page}"
@@ -190,11 +194,30 @@ fn tensorboard_reads_what_update_and_report_write() {
         .map(|(k, v)| (k.clone(), v[..2].to_vec()))
         .collect();
     assert_run_equals(&runs[2], &first, "it1/runs/update");
-    // The report's scalars: metrics.json's `overall` figures (as f32), at steps 5 and 6.
+    // The report's scalars: metrics.json's `overall` figures (as f32), at iterations 5 and 10.
     let m: Value =
         serde_json::from_str(&std::fs::read_to_string(w.path("rep/metrics.json")).unwrap())
             .unwrap();
+    assert_eq!(m["reports"][0]["iteration"], 5);
+    assert_eq!(m["reports"][1]["iteration"], 10);
     let rep = &runs[3];
+    let overall: Vec<(i64, &Value)> = (0..2)
+        .map(|i| (5 + 5 * i as i64, &m["reports"][i]["overall"]))
+        .collect();
+    assert_report_scalars(rep, &overall, "tb/report");
+    // Standard errors stay out of the dashboard.
+    assert!(
+        !rep.keys().any(|k| k.starts_with("se/")),
+        "{:?}",
+        rep.keys()
+    );
+}
+
+/// A report's TensorBoard run holds, at each `(step, overall)`, metrics.json's `overall` figures
+/// (as f32; a figure without a value, such as the AUROC of one class, has no scalar) and nothing
+/// at other steps. Accuracy must be there at every step.
+pub(crate) fn assert_report_scalars(run: &Run, overall: &[(i64, &Value)], what: &str) {
+    assert!(!overall.is_empty(), "{what}: no report");
     for (tag, path) in [
         ("accuracy", "/accuracy"),
         ("ece", "/ece"),
@@ -208,27 +231,21 @@ fn tensorboard_reads_what_update_and_report_write() {
             "/confidence_turn/length_mean",
         ),
     ] {
-        let got: Vec<(i64, f32)> = rep
+        let got: Vec<(i64, f32)> = run
             .get(tag)
-            .unwrap_or_else(|| panic!("{tag} missing: {:?}", rep.keys()))
+            .map(|pts| pts.iter().map(|p| (p.0, p.1)).collect())
+            .unwrap_or_default();
+        let want: Vec<(i64, f32)> = overall
             .iter()
-            .map(|p| (p.0, p.1))
-            .collect();
-        let want: Vec<(i64, f32)> = (0..2)
-            .map(|i| {
-                let x = m["reports"][i]["overall"]
-                    .pointer(path)
+            .filter_map(|(step, o)| {
+                o.pointer(path)
                     .and_then(Value::as_f64)
-                    .unwrap_or_else(|| panic!("metrics.json: {path}"));
-                (5 + i as i64, x as f32)
+                    .map(|x| (*step, x as f32))
             })
             .collect();
-        assert_eq!(got, want, "report {tag}");
+        if tag == "accuracy" {
+            assert_eq!(want.len(), overall.len(), "{what}: accuracy missing");
+        }
+        assert_eq!(got, want, "{what}: {tag} (run has {:?})", run.keys());
     }
-    // Standard errors stay out of the dashboard.
-    assert!(
-        !rep.keys().any(|k| k.starts_with("se/")),
-        "{:?}",
-        rep.keys()
-    );
 }

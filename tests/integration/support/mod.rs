@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: [`table`] (read, write and edit tables) and
 //! [`pipeline`] (the `prepare → generate-answers` start most tests share), [`kb`] (the multi-turn
-//! tests' environment, prompts and turn-reward scoring).
+//! tests' environment, prompts and turn-reward scoring), [`rlmk`] (`make -f scripts/rl.mk`).
 pub mod kb;
 pub mod pipeline;
+pub mod rlmk;
 pub mod table;
