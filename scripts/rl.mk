@@ -38,9 +38,10 @@
 # prompt once per epoch, a new order per epoch; `prepare --draw`), so a resumed run draws what the
 # interrupted one would have. EVAL_PROMPTS=FILE (mapped with EVAL_PREPARE_FLAGS) is sampled with
 # the policy of every EVAL_EVERY-th iteration (and the starting one) and scored; the accuracy,
-# ECE, Brier and AUROC of each evaluation are in runs/$(RUN)/eval/report/. The reward: VERIFIER=
-# (a built-in verifier; `auto` picks one per data_source) or VERIFIER_CMD= (an external verifier,
-# e.g. `python3 scripts/rewards/verl_reward.py my_rewards:compute_score`). For example:
+# ECE, Brier and AUROC of each evaluation, against the iteration, are in runs/$(RUN)/eval/report/
+# and runs/$(RUN)/tb/eval. The reward: VERIFIER= (a built-in verifier; `auto` picks one per
+# data_source) or VERIFIER_CMD= (an external verifier, e.g.
+# `python3 scripts/rewards/verl_reward.py my_rewards:compute_score`). For example:
 #   make -f scripts/rl.mk RUN=gsm PROMPTS=train.parquet EVAL_PROMPTS=test.parquet EVAL_EVERY=5 \
 #     VERIFIER_CMD="python3 scripts/rewards/trl_reward.py my_rewards:accuracy_reward"
 

@@ -852,7 +852,7 @@ fn verify_external_rows<'b>(
                 .extra
                 .get(name)
                 .with_context(|| format!("internal: column `{name}` not read"))?;
-            // A native extra_info reads back exactly as written (floats stay floats).
+            // extra_info through its own reader (a struct's row as it was written).
             let v = if name == "extra_info" && a.data_type() != &DataType::Utf8 {
                 table::nested::extra_info_value(a.as_ref(), i)
             } else {

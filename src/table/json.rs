@@ -8,27 +8,8 @@ use arrow::array::{
 };
 use serde_json::{Map, Value};
 
-/// The value of row `i` of `a` as JSON (null for a null cell). Integral floats read as integers
-/// (pandas turns integer columns with nulls into floats).
+/// The value of row `i` of `a` as JSON (null for a null cell).
 pub fn value(a: &dyn Array, i: usize) -> Result<Value> {
-    convert(a, i, true)
-}
-
-/// The value of row `i` of `a` as JSON with every float kept a float (`1.0` stays `1.0`): the
-/// reading of a column this crate wrote from JSON values, which gives them back unchanged.
-pub fn value_exact(a: &dyn Array, i: usize) -> Result<Value> {
-    convert(a, i, false)
-}
-
-fn convert(a: &dyn Array, i: usize, int_floats: bool) -> Result<Value> {
-    let value = |a: &dyn Array, i: usize| convert(a, i, int_floats);
-    let float = |f: f64| {
-        if int_floats {
-            float(f)
-        } else {
-            serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
-        }
-    };
     if a.is_null(i) {
         return Ok(Value::Null);
     }

