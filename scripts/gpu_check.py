@@ -10,6 +10,9 @@ subcommand prints one JSON object on stdout).
   parity TABLE MODEL COLUMN            rlcr's log-probs in TABLE's COLUMN against transformers on
                                        the GPU (float32, TF32 off) and in float64 (the reference;
                                        on the GPU too: float64 has no faster mode)
+  parity-bf16 TABLE MODEL COLUMN       rlcr's `--precision bf16` log-probs in TABLE's COLUMN (a
+                                       bf16 checkpoint) against float64 on the same weights, and
+                                       transformers under torch.autocast bf16 on the GPU beside
   train-table MODEL OUT ROWS LEN       a training table of ROWS rows of LEN tokens (64 context,
                                        LEN-64 response, random ids), behaviour log-probs from
                                        transformers, advantages +1/-1 by row
@@ -155,6 +158,29 @@ def cmd_parity(table, model_dir, column):
                 worst["rlcr_vs_f64"] = max(worst["rlcr_vs_f64"], abs(a - b))
                 worst["hf_vs_f64"] = max(worst["hf_vs_f64"], abs(c - b))
                 worst["rlcr_vs_hf"] = max(worst["rlcr_vs_hf"], abs(a - c))
+                n += 1
+    out({"rows": len(rows), "tokens": n, "hf_device": dev, **worst})
+
+
+def cmd_parity_bf16(table, model_dir, column):
+    torch, dev = torch_setup()
+    from transformers import AutoModelForCausalLM
+
+    rows = read_rows(table, ["context_ids", "response_ids", column])
+    rows = [r for r in rows if r["response_ids"]]
+    ref_m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).to(dev).eval()
+    ac_m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(dev).eval()
+    worst = {"rlcr_vs_f64": 0.0, "autocast_vs_f64": 0.0}
+    n = 0
+    with torch.no_grad():
+        for r in rows:
+            ctx, resp, mine = r["context_ids"], r["response_ids"], r[column]
+            ref = row_logprobs(torch, ref_m, ctx, resp, dev)
+            with torch.autocast(dev, dtype=torch.bfloat16):
+                ac = row_logprobs(torch, ac_m, ctx, resp, dev)
+            for a, b, c in zip(mine, ref, ac):
+                worst["rlcr_vs_f64"] = max(worst["rlcr_vs_f64"], abs(a - b))
+                worst["autocast_vs_f64"] = max(worst["autocast_vs_f64"], abs(c - b))
                 n += 1
     out({"rows": len(rows), "tokens": n, "hf_device": dev, **worst})
 
@@ -321,6 +347,8 @@ def main():
         cmd_model(a[1], a[2], "--tiny" in a[3:])
     elif c == "parity" and len(a) == 4:
         cmd_parity(a[1], a[2], a[3])
+    elif c == "parity-bf16" and len(a) == 4:
+        cmd_parity_bf16(a[1], a[2], a[3])
     elif c == "train-table" and len(a) == 5:
         cmd_train_table(a[1], a[2], int(a[3]), int(a[4]))
     elif c == "torch-step" and len(a) == 4:

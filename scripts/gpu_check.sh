@@ -16,6 +16,9 @@
 #              fixtures/tiny-llama, fixtures/tiny-qwen2 and random SmolLM2-135M / Qwen2.5-0.5B
 #              shapes made by transformers, against transformers on the GPU (float32, TF32 off)
 #              and float64: max |Δ log-prob|
+#   bf16       `rlcr --device cuda logprobs` on fixtures/tiny-qwen2-bf16 (a bf16 checkpoint, held
+#              in bf16) against float64, and with `--precision bf16` against torch.autocast bf16
+#              on the GPU: max |Δ log-prob| against float64
 #   sampling   `generate-answers` on the SmolLM2 shape, 64 and 256 rows x 256 new tokens, against
 #              transformers `generate` (float32, temperature 1, EOS ignored): tokens/s
 #   training   one `update` step (the second of two: the first compiles the kernels) on the
@@ -223,6 +226,37 @@ parity() {
 }
 parity tiny-llama
 parity tiny-qwen2
+
+# bf16_parity: the bf16 checkpoint, held in bf16: f32 products (the float64 figures of its
+# weights within 1e-4) and `--precision bf16` (no further from float64 than torch's autocast).
+bf16_parity() {
+  local m=tiny-qwen2-bf16 d="$WORK/parity-bf16"
+  mkdir -p "$d"
+  ln -sfn "$ROOT/fixtures/$m" "$M/$m"
+  local p
+  for p in f32 bf16; do
+    local r=null ref=null
+    if [ $p = bf16 ] && [[ $DEVICE == wgpu* ]]; then
+      # wgpu has no bf16 arithmetic: `--precision bf16` is refused there (docs/backends.md).
+      row "logprobs $m --precision bf16: refused on wgpu" null null info
+      continue
+    fi
+    if step "gen-$m-$p" 120 "$RLCR" --device "$DEVICE" --seed 2 generate-answers --model "$M/$m" \
+        --input "$WORK/prompts.parquet" -o "$d/answers-$p.parquet" --num-answers 2 \
+        --max-new-tokens $PAR_NEW --batch-size 16 \
+      && step "logprobs-$m-$p" 120 "$RLCR" --device "$DEVICE" logprobs --model "$M/$m" \
+        --input "$d/answers-$p.parquet" -o "$d/lp-$p.parquet" --column lp --precision $p \
+      && step "parity-$m-$p" 120 "$PY" "$HELPER" parity-bf16 "$d/lp-$p.parquet" "$M/$m" lp; then
+      r=$(jget "$LOGS/parity-$m-$p.out" rlcr_vs_f64); ref=$(jget "$LOGS/parity-$m-$p.out" autocast_vs_f64)
+    fi
+    if [ $p = f32 ]; then
+      row "logprobs $m (held bf16): max |rlcr - f64|" "$r" null max 1e-4
+    else
+      row "logprobs $m --precision bf16: |rlcr - f64| vs autocast" "$r" "$ref" le_ref
+    fi
+  done
+}
+bf16_parity
 [[ " ${models[*]} " == *" smollm2 "* ]] && parity smollm2
 
 # --- sampling (SmolLM2 shape): rlcr generate-answers against transformers generate
@@ -278,7 +312,7 @@ training() {
       F32_ENTROPY=$e
     else
       row "update $m bf16: |entropy - f64| vs autocast" "$err" "$he" le_ref
-      # `--precision bf16` is documented as CPU-only: equal entropies mean f32 ran.
+      # Equal entropies mean the products ran in f32.
       if [ "$e" != null ] && [ "$e" = "${F32_ENTROPY:-}" ]; then
         echo "update-$m-bf16: same entropy as f32 ($e): --precision bf16 had no effect on $DEVICE" >>"$ERRORS"
       fi

@@ -40,6 +40,8 @@ pub struct Plan {
     pub shard: Option<Shard>,
     /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
     pub device: String,
+    /// Precision of the matrix products ([`crate::model::sgemm::autocast`]).
+    pub precision: crate::model::sgemm::Precision,
     /// The settings recorded in the output's `rlcr.config`.
     pub config: serde_json::Value,
 }
@@ -54,6 +56,7 @@ pub struct Summary {
 /// Validate the input (pass 1), then compute and write (pass 2).
 pub fn run(plan: &Plan) -> Result<Summary> {
     let device = model::device_from_str(&plan.device)?;
+    model::sgemm::check_device(plan.precision, &device)?;
     crate::fs::check_distinct(&[&plan.input], &plan.out)?;
 
     // Pass 1: validate the table (the one validator) and the token columns against the model's
@@ -117,6 +120,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         plan.shard.as_ref(),
         limits,
         |pairs| {
+            let _precision = model::sgemm::autocast(plan.precision);
             let out = model::logprobs(
                 &m.transformer,
                 pairs,

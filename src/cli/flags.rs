@@ -222,9 +222,11 @@ pub struct OptimArgs {
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "yes", default_value_t = ResumeMode::No)]
     pub resume: ResumeMode,
     /// Precision of the matrix products of forward and backward: f32, or bf16 (operands
-    /// rounded to bfloat16, products summed in f32, as torch's CPU autocast; weights, gradients
-    /// and optimizer state stay f32). bf16 runs on VDPBF16PS where the CPU has avx512_bf16 and
-    /// works everywhere else (slower there than f32); other devices ignore it.
+    /// rounded to bfloat16, products summed in f32, as torch's autocast; weights, gradients
+    /// and optimizer state stay f32, and the checkpoint is written in the dtypes it was read
+    /// in). On the CPU bf16 runs on VDPBF16PS where the CPU has avx512_bf16 and works
+    /// everywhere else (slower there than f32); CUDA runs bf16 matmuls; wgpu has no bf16
+    /// arithmetic (an error).
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     pub precision: Precision,
     /// Activation checkpointing: keep only each decoder layer's input in the forward pass and
@@ -355,9 +357,13 @@ impl LoraArgs {
         device: &burn::tensor::Device,
         seed: u64,
     ) -> Result<crate::model::Model> {
-        use crate::model::{AdapterUse, Model};
+        use crate::model::{weights::Storage, AdapterUse, Model};
         let spec = self.spec(model)?;
-        let mut m = Model::open(model, None, device, AdapterUse::Train)?;
+        let mut m = match spec {
+            // The base is frozen under a fresh adapter: bf16 matrices stay bf16.
+            Some(_) => Model::open_with(model, None, device, AdapterUse::Train, Storage::AsStored)?,
+            None => Model::open(model, None, device, AdapterUse::Train)?,
+        };
         let Some(have) = m.adapter.as_mut() else {
             return match spec {
                 Some(spec) => m.add_adapter(spec, seed),

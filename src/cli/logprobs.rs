@@ -7,6 +7,7 @@ use serde_json::json;
 use super::common::{Global, UsageError};
 use super::flags::{ModelFolder, TableIo};
 use crate::logprobs::{self as stage, Plan, TOKEN_COLUMNS};
+use crate::model::sgemm::Precision;
 use crate::table::Shard;
 
 pub const ABOUT: &str = "Add a model's per-token log-probs of response_ids to any table";
@@ -18,6 +19,8 @@ entropy of each predicted distribution.
 
 The numbers are those of Hugging Face transformers' forward in float32 (log_softmax of the logits at
 temperature 1). Rows are batched by similar length and left-padded; padding does not change them.
+A bf16 checkpoint is held in bf16 (half the memory) and gives the same numbers: every product widens
+its weights exactly. --precision bf16 rounds the products' operands to bf16 as torch's autocast does.
 
 --shard I/N keeps only the rows whose prompt_id falls in shard I of N (FNV-1a hash, as
 generate-answers): N machines each write one part, and the folder of parts reads as the whole table.
@@ -46,6 +49,11 @@ pub struct Args {
     /// Only the rows of shard I of N (`--shard 0/4`), split by prompt_id.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
+    /// Precision of the matrix products: f32, or bf16 (operands rounded to bfloat16, products
+    /// summed in f32, as torch's autocast and `update --precision bf16`). CPU and CUDA; wgpu has
+    /// no bf16 arithmetic (an error).
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
 }
 
 /// The validated plan (usage errors exit 2, nothing read).
@@ -76,6 +84,7 @@ pub fn plan(g: &Global, a: &Args) -> Result<Plan> {
         batch_size: a.batch_size,
         shard: a.shard,
         device: g.device.clone(),
+        precision: a.precision,
         config: json!({
             "model": a.model.model,
             "input": a.io.input,
@@ -83,6 +92,7 @@ pub fn plan(g: &Global, a: &Args) -> Result<Plan> {
             "entropy_column": a.entropy_column,
             "batch_size": a.batch_size,
             "shard": a.shard,
+            "precision": a.precision,
             "device": g.device,
             "argv": g.argv,
         }),

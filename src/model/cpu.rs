@@ -84,25 +84,43 @@ impl std::fmt::Debug for PackedMatrix {
     }
 }
 
-/// Address of the first element of a Flex f32 tensor (identity of its buffer).
-fn first_ptr(t: &FlexTensor) -> *const f32 {
+/// Address of the first element of a Flex f32 or bf16 tensor (identity of its buffer; null for
+/// another dtype).
+fn first_ptr(t: &FlexTensor) -> *const u8 {
     let off = t.layout().start_offset();
-    t.storage::<f32>()[off..].as_ptr()
+    match t.dtype() {
+        DType::F32 => t.storage::<f32>()[off..].as_ptr().cast(),
+        DType::BF16 => t.storage::<half::bf16>()[off..].as_ptr().cast(),
+        _ => std::ptr::null(),
+    }
 }
 
 impl PackedMatrix {
-    /// Pack `w: [K, N]` when the fast path applies to it (contiguous f32 on a plain Flex device,
-    /// a CPU with AVX2/FMA); `None` otherwise.
+    /// Pack `w: [K, N]` when the fast path applies to it (contiguous f32 or bf16 on a plain Flex
+    /// device, a CPU with AVX2/FMA); `None` otherwise. A bf16 weight is widened (exact) one
+    /// matrix at a time for packing; its values are bf16 numbers, so [`PackPrecision::Bf16IfExact`]
+    /// packs it as bf16 again.
     pub fn pack(w: &Tensor<2>, precision: PackPrecision) -> Option<Self> {
         let [k, n] = w.dims();
         if k == 0 || n < 8 || !supported() {
             return None;
         }
         let wf: FlexTensor = w.clone().try_into_primitive::<Flex>().ok()?;
-        if wf.dtype() != DType::F32 || !wf.is_contiguous() {
+        if !wf.is_contiguous() {
             return None;
         }
-        let panels = PackedPanels::pack(f32_slice(&wf, k * n), k, n, precision);
+        let panels = match wf.dtype() {
+            DType::F32 => PackedPanels::pack(f32_slice(&wf, k * n), k, n, precision),
+            DType::BF16 => {
+                let off = wf.layout().start_offset();
+                let wide: Vec<f32> = wf.storage::<half::bf16>()[off..off + k * n]
+                    .iter()
+                    .map(|h| h.to_f32())
+                    .collect();
+                PackedPanels::pack(&wide, k, n, precision)
+            }
+            _ => return None,
+        };
         Some(PackedMatrix { panels, source: wf })
     }
 

@@ -1221,4 +1221,52 @@ mod tests {
         drop(_s);
         assert!(Dropout::for_batch(&m, 1, 3, &[5, 6, 7], &[true; 3]).is_none());
     }
+
+    /// An adapter trained beside a frozen base held in bf16 (a bf16 checkpoint) gets the bits of
+    /// the gradients beside the same base held in f32, in f32 and bf16 products, with and without
+    /// activation checkpointing: the products read the bf16 weights in place (forward and the
+    /// backward's `dy · Wᵀ`) and widen them exactly.
+    #[test]
+    fn frozen_bf16_base_gives_the_f32_base_gradients() {
+        use crate::model::sgemm::Precision;
+        use crate::model::weights::Storage;
+        use crate::train::loss::LossAgg;
+        use crate::train::trainer::tests::{config, rows};
+        use crate::train::trainer::{batch_gradients, grads_to_host};
+        use burn::tensor::DType;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let base = root.join("tiny-qwen2-bf16");
+        let (spec, at) = read_adapter(&root.join("lora/tiny-qwen2-peft")).unwrap();
+        let mc = ModelConfig::load(&base).unwrap();
+        let dev = Device::flex().autodiff();
+        let build = |storage| {
+            let (t, _) = weights::load_with(&mc, &base, &dev, storage).unwrap();
+            attach(t, &mc, &spec, Init::From(&at)).unwrap()
+        };
+        let (held, wide) = (build(Storage::AsStored), build(Storage::F32));
+        assert_eq!(held.layers[0].attn.qkv.val().dtype(), DType::BF16);
+        assert_eq!(held.embed.val().dtype(), DType::BF16);
+        assert_eq!(wide.layers[0].attn.qkv.val().dtype(), DType::F32);
+        let data = rows(&wide, 6, 3, 0.2);
+        let refs: Vec<_> = data.iter().collect();
+        for precision in [Precision::F32, Precision::Bf16] {
+            for ckpt in [false, true] {
+                let mut cfg = config(LossAgg::TokenMean, 3);
+                cfg.precision = precision;
+                cfg.checkpoint_activations = ckpt;
+                let g =
+                    |m: &Transformer| grads_to_host(m, &batch_gradients(m, &refs, &cfg).unwrap().0);
+                let (a, b) = (g(&held), g(&wide));
+                assert_eq!(a.len(), 2 * 3 * 2);
+                let mut largest = 0f32;
+                for ((na, va), (nb, vb)) in a.iter().zip(&b) {
+                    assert_eq!(na, nb);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(va), bits(vb), "{na}: {precision:?} ckpt {ckpt}");
+                    largest = va.iter().fold(largest, |m, x| m.max(x.abs()));
+                }
+                assert!(largest > 1e-4, "vanishing gradients ({largest})");
+            }
+        }
+    }
 }

@@ -241,6 +241,9 @@ pub struct Adapter {
 impl Model {
     /// Load a Hugging Face model folder onto `device` (use `device.autodiff()` to train). A LoRA
     /// adapter folder loads its base model with the adapter merged in (see [`Model::open`]).
+    /// On an autodiff device every weight is f32 (the master weights training updates); on a
+    /// plain one the matrices a checkpoint stores in bf16 stay bf16
+    /// ([`weights::Storage::AsStored`]), as under an adapter trained beside a frozen base.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
         Self::open(dir, None, device, AdapterUse::Merge)
     }
@@ -249,18 +252,41 @@ impl Model {
     /// when it is an adapter folder (its `base_model_name_or_path` resolved by
     /// [`lora::resolve_base`]), used as `how` says. Config, tokenizer and chat template are the
     /// base's; [`Model::dir`] is the base folder.
+    ///
+    /// Storage: training every weight holds f32 master weights; sampling, log-probs and a frozen
+    /// base under a trained adapter keep the matrices a checkpoint stores in bf16 in bf16
+    /// ([`weights::Storage`]; see [`Model::open_with`]).
     pub fn open(
         model: &Path,
         adapter: Option<&Path>,
         device: &Device,
         how: AdapterUse,
     ) -> Result<Self> {
+        let (_, adapter_dir) = lora::resolve(model, adapter)?;
+        let frozen_base = how == AdapterUse::Train && adapter_dir.is_some();
+        let storage = if device.is_autodiff() && !frozen_base {
+            weights::Storage::F32
+        } else {
+            weights::Storage::AsStored
+        };
+        Self::open_with(model, adapter, device, how, storage)
+    }
+
+    /// [`Model::open`] with the base weights held as `storage` says (e.g.
+    /// [`weights::Storage::AsStored`] for a base that a fresh adapter will train beside, frozen).
+    pub fn open_with(
+        model: &Path,
+        adapter: Option<&Path>,
+        device: &Device,
+        how: AdapterUse,
+        storage: weights::Storage,
+    ) -> Result<Self> {
         let (dir, adapter_dir) = lora::resolve(model, adapter)?;
         let dir = dir.as_path();
         let config = ModelConfig::load(dir)?;
         let (transformer, dtypes, adapter) = match adapter_dir {
             None => {
-                let (t, d) = weights::load(&config, dir, device)?;
+                let (t, d) = weights::load_with(&config, dir, device, storage)?;
                 (t, d, None)
             }
             Some(a) => {
@@ -273,10 +299,10 @@ impl Model {
                         weights::check_tensors(&config, &tensors)
                             .with_context(|| format!("loading weights from {}", dir.display()))?;
                         lora::merge_into(&mut tensors, &config, &spec, &at)?;
-                        weights::build(&config, tensors, device)?
+                        weights::build_with(&config, tensors, device, storage)?
                     }
                     AdapterUse::Train => {
-                        let (t, d) = weights::load(&config, dir, device)?;
+                        let (t, d) = weights::load_with(&config, dir, device, storage)?;
                         (lora::attach(t, &config, &spec, lora::Init::From(&at))?, d)
                     }
                 };

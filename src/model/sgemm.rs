@@ -50,6 +50,24 @@ impl Precision {
     }
 }
 
+/// Whether `device` can run `precision`: bf16 products need a backend with bf16 arithmetic
+/// ([`burn::tensor::Device::supports_dtype`]): the CPU (rlcr's kernels), CUDA, Metal. wgpu on
+/// Vulkan, DX12 or GL has none (WGSL has no bf16 type; Vulkan's bf16 extension allows
+/// conversions and dot products only), so `--precision bf16` there is an error naming the device.
+pub fn check_device(precision: Precision, device: &burn::tensor::Device) -> anyhow::Result<()> {
+    if precision == Precision::Bf16
+        && !super::is_flex(&device.clone().inner())
+        && !device.supports_dtype(DType::BF16)
+    {
+        anyhow::bail!(
+            "--precision bf16: the device {device:?} has no bf16 arithmetic (wgpu's Vulkan, DX12 and \
+             GL backends store and convert bf16 at most); use --precision f32 there, or a CUDA \
+             device or the CPU for bf16"
+        );
+    }
+    Ok(())
+}
+
 thread_local! {
     static PRECISION: Cell<Precision> = const { Cell::new(Precision::F32) };
 }
@@ -89,7 +107,8 @@ pub fn enabled() -> bool {
 }
 
 /// `x · w` for `x: [m, k]`, `w: [k, n]` through [`sgemm`] when both are f32 tensors on a Flex
-/// device, plain or autodiff (then differentiable: backward computes `dx = dy · wᵀ` and
+/// device, plain or autodiff, or `x` is f32 and `w` a bf16 weight on a plain Flex device (read in
+/// place: the f32 product's bits in [`Precision::F32`], the bf16 product in [`Precision::Bf16`]) (then differentiable: backward computes `dx = dy · wᵀ` and
 /// `dw = xᵀ · dy`, each one [`sgemm`] call on transposed views, no copies); `None` on every other
 /// device, when [`enabled`] is off (`RLCR_GEMM=burn`), or when the CPU has no kernel ([`cpu::isa`]
 /// below AVX2): the caller then uses burn's matmul.
@@ -115,7 +134,35 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
         let (x_tracked, w_tracked) = (xa.is_tracked(), wa.is_tracked());
         let (xp, xg) = xa.into_parts();
         let (wp, wg) = wa.into_parts();
-        let (xv, wv) = (f32_tensor(xp)?, f32_tensor(wp)?);
+        let xv = f32_tensor(xp)?;
+        if wp.dtype() == DType::BF16 {
+            // A frozen weight held in bf16 (a LoRA base): read in place forward and backward.
+            // A trainable weight is f32 (the master weights), so a tracked bf16 one is left to
+            // burn.
+            if w_tracked {
+                return None;
+            }
+            let wv = positive_strides(wp);
+            let bf16 = precision() == Precision::Bf16;
+            let y = held_product(m, n, k, &xv, bf16_view(&wv), bf16, isa)?;
+            let out = match MatmulBackward
+                .prepare::<NoCheckpointing>([xg, wg])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(
+                    MatmulState {
+                        x: None,
+                        w: Some(Saved::Held { w: wv, bf16 }),
+                        isa,
+                    },
+                    y,
+                ),
+                OpsKind::UnTracked(prep) => prep.finish(y),
+            };
+            return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(out));
+        }
+        let wv = f32_tensor(wp)?;
         let (y, xs, ws) = match precision() {
             Precision::F32 => {
                 let y = product(m, n, k, (&xv, false), (&wv, false), isa)?;
@@ -145,7 +192,15 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(out));
     }
     let xp = f32_tensor(x.clone().try_into_primitive::<Flex>().ok()?)?;
-    let wp = f32_tensor(w.clone().try_into_primitive::<Flex>().ok()?)?;
+    let wp = w.clone().try_into_primitive::<Flex>().ok()?;
+    if wp.dtype() == DType::BF16 {
+        // A weight held in bf16: read in place, never widened as a whole.
+        let wp = positive_strides(wp);
+        let bf16 = precision() == Precision::Bf16;
+        let y = held_product(m, n, k, &xp, bf16_view(&wp), bf16, isa)?;
+        return Some(Tensor::<2>::from_primitive::<Flex>(y));
+    }
+    let wp = f32_tensor(wp)?;
     let y = match precision() {
         Precision::F32 => product(m, n, k, (&xp, false), (&wp, false), isa)?,
         Precision::Bf16 => {
@@ -154,6 +209,29 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
         }
     };
     Some(Tensor::<2>::from_primitive::<Flex>(y))
+}
+
+/// `a · b` for an f32 `a` (`[m, k]`) and a bf16 `b` (`[k, n]`, bit patterns read in place): with
+/// f32 products (`bf16` false) the bits of the f32 product of the widened `b`, else `a` rounded to
+/// bf16 and the bf16 product.
+fn held_product(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &FlexTensor,
+    b: View<'_, u16>,
+    bf16: bool,
+    isa: Isa,
+) -> Option<FlexTensor> {
+    if bf16 {
+        let ab = Bf16Matrix::of(a);
+        return bf16_product(m, n, k, ab.view(false), b, isa);
+    }
+    let mut out = vec![0f32; m * n];
+    if !rlcr_kernels::sgemm::sgemm_bf16_b(m, n, k, view(a, false), b, &mut out, isa) {
+        return None;
+    }
+    Some(FlexTensor::from_data(TensorData::new(out, [m, n])))
 }
 
 /// A 2-D tensor's values rounded to bf16 ([`rlcr_kernels::bf16::round`]), row-major.
@@ -215,6 +293,12 @@ fn bf16_product(
 enum Saved {
     F32(FlexTensor),
     Bf16(Bf16Matrix),
+    /// A frozen weight held in bf16 (the tensor itself, no copy), and whether the products ran
+    /// in bf16.
+    Held {
+        w: FlexTensor,
+        bf16: bool,
+    },
 }
 
 /// An f32 tensor whose strides are non-negative (any other layout is made contiguous).
@@ -222,11 +306,29 @@ fn f32_tensor(t: FlexTensor) -> Option<FlexTensor> {
     if t.dtype() != DType::F32 {
         return None;
     }
-    Some(if t.layout().has_positive_strides() {
+    Some(positive_strides(t))
+}
+
+/// `t` itself when its strides are non-negative, else a contiguous copy.
+fn positive_strides(t: FlexTensor) -> FlexTensor {
+    if t.layout().has_positive_strides() {
         t
     } else {
         t.to_contiguous()
-    })
+    }
+}
+
+/// The strided view of a 2-D bf16 tensor as bit patterns (no copy).
+fn bf16_view(x: &FlexTensor) -> View<'_, u16> {
+    use half::slice::HalfFloatSliceExt;
+    let l = x.layout();
+    let st = l.strides();
+    View {
+        data: x.storage::<half::bf16>().reinterpret_cast(),
+        off: l.start_offset(),
+        rs: st[0].unsigned_abs(),
+        cs: st[1].unsigned_abs(),
+    }
 }
 
 /// The strided view of a 2-D f32 tensor (transposed when `t`).
@@ -299,6 +401,10 @@ impl Backward<Flex, 2> for MatmulBackward {
                         let dyb = dy_bf16.get_or_init(|| Bf16Matrix::of(&dy));
                         bf16_product(m, k, n, dyb.view(false), w.view(true), isa)
                     }
+                    Saved::Held { w, bf16 } => {
+                        let k = w.layout().shape()[0];
+                        held_product(m, k, n, &dy, bf16_view(&w).t(), bf16, isa)
+                    }
                 }
                 .unwrap_or_else(|| unreachable!("kernel checked in forward"))
             },
@@ -316,6 +422,7 @@ impl Backward<Flex, 2> for MatmulBackward {
                         let dyb = dy_bf16.get_or_init(|| Bf16Matrix::of(&dy));
                         bf16_product(x.cols, n, m, x.view(true), dyb.view(false), isa)
                     }
+                    Saved::Held { .. } => unreachable!("a held weight is never tracked"),
                 }
                 .unwrap_or_else(|| unreachable!("kernel checked in forward"))
             },

@@ -161,7 +161,7 @@ fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
 /// prefill and training give the same bits for a row whatever the batch.
 pub(crate) fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
     if !super::is_flex(&x.device()) {
-        return sgemm::matmul(&x, &w).unwrap_or_else(|| x.matmul(w));
+        return sgemm::matmul(&x, &w).unwrap_or_else(|| burn_matmul(x, w));
     }
     if let Some(y) = packed.and_then(|p| cpu::packed_matmul(&x, &w, p)) {
         return y;
@@ -169,7 +169,24 @@ pub(crate) fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) 
     if let Some(y) = cpu::small_matmul(&x, &w) {
         return y;
     }
-    sgemm::matmul(&x, &w).unwrap_or_else(|| x.matmul(w))
+    sgemm::matmul(&x, &w).unwrap_or_else(|| burn_matmul(x, w))
+}
+
+/// burn's `x · w` for f32 activations `x` and an f32 or bf16 weight `w`, in the precision of
+/// [`sgemm::precision`]: f32 (a bf16 weight is widened for this product only, exact), or both
+/// operands cast to bf16 and the product cast back to f32, as torch's autocast runs a `Linear`
+/// (differentiable: the casts' backward casts the gradient back, so an f32 weight gets an f32
+/// gradient). The device must support bf16 for the latter ([`super::check_precision`]).
+fn burn_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    use burn::tensor::DType;
+    match (sgemm::precision(), w.dtype()) {
+        (sgemm::Precision::F32, DType::F32) => x.matmul(w),
+        (sgemm::Precision::F32, _) => x.matmul(w.cast(DType::F32)),
+        (sgemm::Precision::Bf16, _) => x
+            .cast(DType::BF16)
+            .matmul(w.cast(DType::BF16))
+            .cast(DType::F32),
+    }
 }
 
 /// `x · W (+ b)` with `W` stored `[in, out]` and `x` as `[N, in]`.
@@ -610,7 +627,12 @@ impl Transformer {
             .map(|(&id, &ok)| if ok { id as i32 } else { 0 })
             .collect();
         let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [ids_len(input)]), device);
-        self.embed.val().select(1, ids).transpose()
+        // A bf16 embedding gives f32 activations (exact).
+        self.embed
+            .val()
+            .select(1, ids)
+            .transpose()
+            .cast(burn::tensor::DType::F32)
     }
 
     /// The LM head on `[N, h]` final-normed hidden states: `[N, V]` logits.

@@ -289,10 +289,38 @@ pub fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// A weight given in HF layout `[out, in]` (row-major), stored as an `[in, out]` parameter.
-fn param2(data: Vec<f32>, hf_shape: [usize; 2], device: &Device) -> Param<Tensor<2>> {
+/// How a model's weight matrices are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Storage {
+    /// Every tensor in f32 (training: the f32 master weights the optimizer updates).
+    #[default]
+    F32,
+    /// A matrix the checkpoint stores in bf16 stays bf16 (half the memory; every product widens
+    /// it exactly, so the numbers are the f32 model's), on a device with bf16 arithmetic
+    /// ([`Device::supports_dtype`]: the CPU, CUDA, Metal; f32 elsewhere). Norm gains, biases,
+    /// f32/f16 matrices and matrices whose values are not all bf16 numbers (a merged adapter)
+    /// stay f32.
+    AsStored,
+}
+
+/// A matrix's values, in HF layout `[out, in]` (row-major), and whether it is to be held in bf16.
+struct Matrix {
+    data: Vec<f32>,
+    bf16: bool,
+}
+
+/// A weight given in HF layout `[out, in]` (row-major), stored as an `[in, out]` parameter: bf16
+/// when `m.bf16` and every value is a bf16 number (so the conversion is exact), else f32.
+fn param2(m: Matrix, hf_shape: [usize; 2], device: &Device) -> Param<Tensor<2>> {
     let [o, i] = hf_shape;
-    let t = transpose(&data, o, i);
+    let t = transpose(&m.data, o, i);
+    drop(m.data);
+    if m.bf16 && t.iter().all(|v| v.to_bits() & 0xffff == 0) {
+        let h: Vec<half::bf16> = t.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        drop(t);
+        let data = TensorData::new(h, [i, o]);
+        return Param::from_tensor(Tensor::from_data(data, (device, burn::tensor::DType::BF16)));
+    }
     Param::from_tensor(Tensor::from_data(TensorData::new(t, [i, o]), device))
 }
 
@@ -301,105 +329,175 @@ fn param1(data: Vec<f32>, device: &Device) -> Param<Tensor<1>> {
     Param::from_tensor(Tensor::from_data(TensorData::new(data, [n]), device))
 }
 
+/// A matrix of one or more checkpoint tensors, their rows stacked in the order given; to be held
+/// in bf16 when `keep_bf16` and all of them are bf16 in the file.
+fn matrix(
+    take: &mut impl FnMut(&str) -> Result<HostTensor>,
+    names: &[String],
+    keep_bf16: bool,
+) -> Result<Matrix> {
+    let mut data: Vec<f32> = Vec::new();
+    let mut bf16 = keep_bf16;
+    for n in names {
+        let t = take(n)?;
+        bf16 &= t.dtype == Dtype::BF16;
+        if data.is_empty() {
+            data = t.data;
+        } else {
+            data.extend(t.data);
+        }
+    }
+    Ok(Matrix { data, bf16 })
+}
+
 /// Build the transformer from checked host tensors (consumed) and return it with the dtype of
 /// every tensor as read. Matrices are transposed to the module's `[in, out]` storage; q/k/v
 /// (and gate/up) are stacked in HF row order first, so the fused matrix has their columns in
 /// that order.
 pub fn build(
     c: &ModelConfig,
-    mut tensors: BTreeMap<String, HostTensor>,
+    tensors: BTreeMap<String, HostTensor>,
     device: &Device,
+) -> Result<(Transformer, WeightDtypes)> {
+    build_with(c, tensors, device, Storage::F32)
+}
+
+/// [`build`] with the matrices held as `storage` says.
+pub fn build_with(
+    c: &ModelConfig,
+    tensors: BTreeMap<String, HostTensor>,
+    device: &Device,
+    storage: Storage,
 ) -> Result<(Transformer, WeightDtypes)> {
     check_tensors(c, &tensors)?;
     let dtypes: WeightDtypes = tensors.iter().map(|(n, t)| (n.clone(), t.dtype)).collect();
-    let mut take = |name: &str| -> Result<Vec<f32>> {
-        tensors
+    let keep_bf16 =
+        storage == Storage::AsStored && device.supports_dtype(burn::tensor::DType::BF16);
+    let mut tensors_left = tensors;
+    let mut take_t = |name: &str| -> Result<HostTensor> {
+        tensors_left
             .remove(name)
-            .map(|t| t.data)
             .with_context(|| format!("missing tensor `{name}`"))
     };
     let (v, h, i) = (c.vocab_size, c.hidden_size, c.intermediate_size);
     let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
     let qd = c.num_attention_heads * c.head_dim;
-    let embed = param2(take("model.embed_tokens.weight")?, [v, h], device);
+    let embed = param2(
+        matrix(
+            &mut take_t,
+            &["model.embed_tokens.weight".into()],
+            keep_bf16,
+        )?,
+        [v, h],
+        device,
+    );
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}.");
-        let mut qkv = take(&format!("{p}self_attn.q_proj.weight"))?;
-        qkv.extend(take(&format!("{p}self_attn.k_proj.weight"))?);
-        qkv.extend(take(&format!("{p}self_attn.v_proj.weight"))?);
         let qkv_bias = if c.qkv_bias {
-            let mut b = take(&format!("{p}self_attn.q_proj.bias"))?;
-            b.extend(take(&format!("{p}self_attn.k_proj.bias"))?);
-            b.extend(take(&format!("{p}self_attn.v_proj.bias"))?);
+            let mut b = take_t(&format!("{p}self_attn.q_proj.bias"))?.data;
+            b.extend(take_t(&format!("{p}self_attn.k_proj.bias"))?.data);
+            b.extend(take_t(&format!("{p}self_attn.v_proj.bias"))?.data);
             Some(param1(b, device))
         } else {
             None
         };
-        let o = param2(
-            take(&format!("{p}self_attn.o_proj.weight"))?,
-            [h, qd],
-            device,
-        );
         let o_bias = if c.o_bias {
-            Some(param1(take(&format!("{p}self_attn.o_proj.bias"))?, device))
+            Some(param1(
+                take_t(&format!("{p}self_attn.o_proj.bias"))?.data,
+                device,
+            ))
         } else {
             None
         };
         let (q_norm, k_norm) = if c.qk_norm {
             (
                 Some(param1(
-                    take(&format!("{p}self_attn.q_norm.weight"))?,
+                    take_t(&format!("{p}self_attn.q_norm.weight"))?.data,
                     device,
                 )),
                 Some(param1(
-                    take(&format!("{p}self_attn.k_norm.weight"))?,
+                    take_t(&format!("{p}self_attn.k_norm.weight"))?.data,
                     device,
                 )),
             )
         } else {
             (None, None)
         };
-        let mut gate_up = take(&format!("{p}mlp.gate_proj.weight"))?;
-        gate_up.extend(take(&format!("{p}mlp.up_proj.weight"))?);
         let (gate_up_bias, down_bias) = if c.mlp_bias {
-            let mut b = take(&format!("{p}mlp.gate_proj.bias"))?;
-            b.extend(take(&format!("{p}mlp.up_proj.bias"))?);
+            let mut b = take_t(&format!("{p}mlp.gate_proj.bias"))?.data;
+            b.extend(take_t(&format!("{p}mlp.up_proj.bias"))?.data);
             (
                 Some(param1(b, device)),
-                Some(param1(take(&format!("{p}mlp.down_proj.bias"))?, device)),
+                Some(param1(
+                    take_t(&format!("{p}mlp.down_proj.bias"))?.data,
+                    device,
+                )),
             )
         } else {
             (None, None)
         };
+        let input_norm = param1(take_t(&format!("{p}input_layernorm.weight"))?.data, device);
+        let post_norm = param1(
+            take_t(&format!("{p}post_attention_layernorm.weight"))?.data,
+            device,
+        );
+        let qkv = matrix(
+            &mut take_t,
+            &[
+                format!("{p}self_attn.q_proj.weight"),
+                format!("{p}self_attn.k_proj.weight"),
+                format!("{p}self_attn.v_proj.weight"),
+            ],
+            keep_bf16,
+        )?;
+        let o = matrix(
+            &mut take_t,
+            &[format!("{p}self_attn.o_proj.weight")],
+            keep_bf16,
+        )?;
+        let gate_up = matrix(
+            &mut take_t,
+            &[
+                format!("{p}mlp.gate_proj.weight"),
+                format!("{p}mlp.up_proj.weight"),
+            ],
+            keep_bf16,
+        )?;
+        let down = matrix(
+            &mut take_t,
+            &[format!("{p}mlp.down_proj.weight")],
+            keep_bf16,
+        )?;
         layers.push(Layer {
-            input_norm: param1(take(&format!("{p}input_layernorm.weight"))?, device),
+            input_norm,
             attn: Attention {
                 qkv: param2(qkv, [qkv_rows, h], device),
                 qkv_bias,
                 q_norm,
                 k_norm,
-                o,
+                o: param2(o, [h, qd], device),
                 o_bias,
             },
-            post_norm: param1(
-                take(&format!("{p}post_attention_layernorm.weight"))?,
-                device,
-            ),
+            post_norm,
             mlp: Mlp {
                 gate_up: param2(gate_up, [2 * i, h], device),
                 gate_up_bias,
-                down: param2(take(&format!("{p}mlp.down_proj.weight"))?, [h, i], device),
+                down: param2(down, [h, i], device),
                 down_bias,
             },
             lora: None,
         });
     }
-    let norm = param1(take("model.norm.weight")?, device);
+    let norm = param1(take_t("model.norm.weight")?.data, device);
     let lm_head = if c.tie_word_embeddings {
         None
     } else {
-        Some(param2(take("lm_head.weight")?, [v, h], device))
+        Some(param2(
+            matrix(&mut take_t, &["lm_head.weight".into()], keep_bf16)?,
+            [v, h],
+            device,
+        ))
     };
     Ok((
         Transformer {
@@ -440,10 +538,21 @@ pub fn random_tensors(c: &ModelConfig, seed: u64) -> BTreeMap<String, HostTensor
         .collect()
 }
 
-/// Load config-checked weights of `dir` onto `device`.
+/// Load config-checked weights of `dir` onto `device` (every tensor f32).
 pub fn load(c: &ModelConfig, dir: &Path, device: &Device) -> Result<(Transformer, WeightDtypes)> {
+    load_with(c, dir, device, Storage::F32)
+}
+
+/// [`load`] with the matrices held as `storage` says.
+pub fn load_with(
+    c: &ModelConfig,
+    dir: &Path,
+    device: &Device,
+    storage: Storage,
+) -> Result<(Transformer, WeightDtypes)> {
     let tensors = read_checkpoint(dir)?;
-    build(c, tensors, device).with_context(|| format!("loading weights from {}", dir.display()))
+    build_with(c, tensors, device, storage)
+        .with_context(|| format!("loading weights from {}", dir.display()))
 }
 
 // ---------------------------------------------------------------------------------------------

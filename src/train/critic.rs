@@ -142,6 +142,7 @@ pub fn value_gradients(
     rows: &[&CriticRow],
     cfg: &CriticConfig,
 ) -> Result<(GradientsParams, f64, f64, f64)> {
+    crate::model::sgemm::check_device(cfg.precision, &model.body.device())?;
     let _precision = crate::model::sgemm::autocast(cfg.precision);
     let masks: Vec<Vec<bool>> = rows.iter().map(|r| r.mask.clone()).collect();
     let weights = loss::agg_weights(&masks, cfg.loss_agg, cfg.agg_len);

@@ -359,6 +359,7 @@ pub fn batch_gradients(
         .sum();
     let value = cfg.value_bonus();
     // Every product of the forward and backward passes below in the configured precision.
+    crate::model::sgemm::check_device(cfg.precision, &model.device())?;
     let _precision = crate::model::sgemm::autocast(cfg.precision);
     if let Objective::Policy {
         conf_value_entropy_coef,

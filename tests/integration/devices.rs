@@ -298,6 +298,83 @@ mod wgpu {
             .collect()
     }
 
+    /// A bf16 checkpoint on wgpu: where the adapter has no bf16 arithmetic (every Vulkan, DX12
+    /// and GL adapter, lavapipe included) its matrices are widened to f32 at load and the
+    /// log-probs are those of the bf16 weights in float64 within the parity bound, and
+    /// `--precision bf16` is one clear error line (exit 1, nothing written); an adapter with bf16
+    /// arithmetic (Metal) holds them in bf16.
+    #[test]
+    fn wgpu_bf16_checkpoint_and_precision() {
+        use burn::tensor::DType;
+        let g = gpu();
+        let native = g.supports_dtype(DType::BF16);
+        let dir = tiny("tiny-qwen2-bf16");
+        let m = Model::load(&dir, &g).unwrap();
+        let want = if native { DType::BF16 } else { DType::F32 };
+        assert_eq!(m.transformer.layers[0].attn.qkv.val().dtype(), want);
+        let refs: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures().join("refs/tiny-qwen2-bf16.rand.json")).unwrap(),
+        )
+        .unwrap();
+        let vocab = m.config.vocab_size;
+        let mut worst = 0f64;
+        for r in refs["sequences"].as_array().unwrap() {
+            let ids: Vec<u32> = r["input_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let logits = m
+                .transformer
+                .forward(&TokenBatch::left_padded(std::slice::from_ref(&ids)))
+                .unwrap();
+            let logits = model::read_f32(logits).unwrap();
+            for (t, e) in r["exact"].as_array().unwrap().iter().enumerate() {
+                let row = &logits[t * vocab..(t + 1) * vocab];
+                let max = row.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x as f64));
+                let lse = max
+                    + row
+                        .iter()
+                        .map(|&x| (x as f64 - max).exp())
+                        .sum::<f64>()
+                        .ln();
+                let lp = row[ids[t + 1] as usize] as f64 - lse;
+                worst = worst.max((lp - e.as_f64().unwrap()).abs());
+            }
+        }
+        eprintln!(
+            "tiny-qwen2-bf16 on {}: max |Δ logprob| to float64 {worst:.2e}",
+            spec()
+        );
+        assert!(worst < CPU_BOUND, "{worst}");
+        let check = rlcr::model::sgemm::check_device(rlcr::model::sgemm::Precision::Bf16, &g);
+        assert_eq!(check.is_ok(), native, "{check:?}");
+        if !native {
+            let w = Workdir::new();
+            write_rows(&w.path("train.parquet"), &train_rows());
+            let d = spec();
+            let err = w.fail(
+                &[
+                    "--device",
+                    &d,
+                    "logprobs",
+                    "--model",
+                    dir.to_str().unwrap(),
+                    "--input",
+                    "train.parquet",
+                    "-o",
+                    "lp.parquet",
+                    "--precision",
+                    "bf16",
+                ],
+                1,
+            );
+            assert!(err.contains("no bf16 arithmetic"), "{err}");
+            assert!(!w.path("lp.parquet").exists());
+        }
+    }
+
     #[test]
     fn wgpu_logprobs_match_transformers_and_the_cpu() {
         let (g, c) = (gpu(), Device::flex());

@@ -668,3 +668,169 @@ fn bf16_mode_is_as_close_to_exact_as_torch_autocast() {
         }
     }
 }
+
+/// A bf16 checkpoint (`fixtures/MODEL-bf16/`, written by `scripts/refs_bf16_weights.py` from the
+/// f32 fixture) on the CPU: sampling and log-probs hold its matrices in bf16 (no f32 copy), norm
+/// gains and biases in f32; training holds every weight in f32 (the master weights).
+/// - In f32 products the log-probs are the bits of the same checkpoint held in f32 (each
+///   product widens the bf16 weights exactly), within 1e-4 of the bf16 weights run in float64;
+///   the KV-cache decode steps (packed bf16 panels) give the f32-held model's bits too.
+/// - `--precision bf16` (autocast) gives the bits of the f32-held model under autocast (what
+///   `update --precision bf16` computes on its f32 master weights), no further from float64
+///   than torch's autocast on the same checkpoint, within twice torch's error of torch's own,
+///   and the mode is really on. torch's plain bf16 inference (`dtype=torch.bfloat16`) is
+///   printed beside.
+/// - The update's gradient under autocast (f32 master weights) moves from the f32 gradient by at
+///   most 1.5 × what autocast moves torch's from float64's, and moves at all.
+#[test]
+fn bf16_checkpoint_holds_bf16_weights_and_matches_torch_autocast() {
+    use burn::tensor::DType;
+    use rlcr::model::sgemm::{autocast, Precision};
+    use rlcr::model::weights;
+    for name in ["tiny-qwen2", "tiny-llama"] {
+        let dir = fixtures().join(format!("{name}-bf16"));
+        let path = fixtures()
+            .join("refs")
+            .join(format!("{name}-bf16.rand.json"));
+        let refs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let refs = refs["sequences"].as_array().unwrap();
+        assert_eq!(refs.len(), 4);
+        let held = Model::load(&dir, &cpu()).unwrap();
+        let t = &held.transformer;
+        let mut mats = vec![t.embed.val().dtype()];
+        mats.extend(t.lm_head.as_ref().map(|w| w.val().dtype()));
+        let mut vecs = vec![t.norm.val().dtype()];
+        for l in &t.layers {
+            mats.extend([
+                l.attn.qkv.val().dtype(),
+                l.attn.o.val().dtype(),
+                l.mlp.gate_up.val().dtype(),
+                l.mlp.down.val().dtype(),
+            ]);
+            vecs.extend([l.input_norm.val().dtype(), l.post_norm.val().dtype()]);
+            vecs.extend(l.attn.qkv_bias.as_ref().map(|b| b.val().dtype()));
+        }
+        assert!(mats.iter().all(|&d| d == DType::BF16), "{name}: {mats:?}");
+        assert!(vecs.iter().all(|&d| d == DType::F32), "{name}: {vecs:?}");
+        // The same checkpoint held in f32 (plain device), and for training (autodiff).
+        let f32_held = {
+            let config = model::ModelConfig::load(&dir).unwrap();
+            let tensors = weights::read_checkpoint(&dir).unwrap();
+            let (tr, _) =
+                weights::build_with(&config, tensors, &cpu(), weights::Storage::F32).unwrap();
+            Model {
+                transformer: tr,
+                ..Model::load(&dir, &cpu()).unwrap()
+            }
+        };
+        assert_eq!(f32_held.transformer.embed.val().dtype(), DType::F32);
+        let train = Model::load(&dir, &cpu().autodiff()).unwrap();
+        assert_eq!(
+            train.transformer.layers[0].attn.qkv.val().dtype(),
+            DType::F32
+        );
+
+        for (k, r) in refs.iter().enumerate() {
+            let nums = |key: &str| -> Vec<f64> {
+                r[key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect()
+            };
+            let ids: Vec<u32> = r["input_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let (exact, torch_ac, torch_bf16) = (nums("exact"), nums("autocast"), nums("bf16"));
+            let worst = |a: &[f64], b: &[f64]| {
+                assert_eq!(a.len(), b.len());
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f64, f64::max)
+            };
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let lp = seq_logprobs(&held, &ids);
+            assert_eq!(
+                bits(&lp),
+                bits(&seq_logprobs(&f32_held, &ids)),
+                "{name} seq {k}"
+            );
+            let d32 = worst(&lp, &exact);
+            assert!(d32 < 1e-4, "{name} seq {k}: f32 products off by {d32}");
+            let (lp16, lp16_f32_held) = {
+                let _bf16 = autocast(Precision::Bf16);
+                (seq_logprobs(&held, &ids), seq_logprobs(&f32_held, &ids))
+            };
+            assert_eq!(
+                bits(&lp16),
+                bits(&lp16_f32_held),
+                "{name} seq {k}: autocast"
+            );
+            let (ours, theirs, plain) = (
+                worst(&lp16, &exact),
+                worst(&torch_ac, &exact),
+                worst(&torch_bf16, &exact),
+            );
+            let cross = worst(&lp16, &torch_ac);
+            eprintln!(
+                "{name}-bf16 seq {k}: max |logprob - exact|: f32 products {d32:.1e}, rlcr bf16 \
+                 {ours:.2e}, torch autocast {theirs:.2e}, torch bf16 model {plain:.2e}; rlcr vs \
+                 torch autocast {cross:.2e}"
+            );
+            assert!(
+                ours > 1e-3,
+                "{name} seq {k}: bf16 mode moved nothing ({ours})"
+            );
+            assert!(ours <= theirs, "{name} seq {k}: {ours} vs torch {theirs}");
+            assert!(cross <= 2.0 * theirs, "{name} seq {k}: {cross} from torch");
+
+            let g32 = nll_gradient(&train, &ids);
+            let g16 = {
+                let _bf16 = autocast(Precision::Bf16);
+                nll_gradient(&train, &ids)
+            };
+            let (mut diff, mut norm) = (0f64, 0f64);
+            for (a, b) in g16.iter().zip(&g32) {
+                diff += ((a - b) as f64).powi(2);
+                norm += (*b as f64).powi(2);
+            }
+            let rel = (diff / norm).sqrt();
+            let torch_rel = r["grad_rel_diff"].as_f64().unwrap();
+            eprintln!("{name}-bf16 seq {k}: gradient moved {rel:.3e} (torch: {torch_rel:.3e})");
+            assert!(rel > 1e-4, "{name} seq {k}: bf16 gradient moved nothing");
+            assert!(
+                rel <= 1.5 * torch_rel,
+                "{name} seq {k}: {rel} vs {torch_rel}"
+            );
+        }
+
+        // Decoding through the KV cache (packed panels of the bf16 matrices): the f32-held
+        // model's bits, step by step.
+        let prompts: Vec<Vec<u32>> = vec![refs[0]["input_ids"].as_array().unwrap()[..20]
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()];
+        let run = |m: &Model| -> Vec<u32> {
+            let mut cache = model::KvCache::new(&m.transformer, 1, 32);
+            let mut out = Vec::new();
+            let mut input = TokenBatch::left_padded(&prompts);
+            for _ in 0..6 {
+                let logits = model::read_f32(m.transformer.step(&mut cache, &input).unwrap());
+                let logits = logits.unwrap();
+                out.extend(logits.iter().map(|x| x.to_bits()));
+                let next = (0..logits.len())
+                    .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+                    .unwrap() as u32;
+                input = TokenBatch::step(&[next]);
+            }
+            out
+        };
+        assert_eq!(run(&held), run(&f32_held), "{name}: decode steps");
+    }
+}

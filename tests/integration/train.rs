@@ -250,6 +250,104 @@ fn update_in_bf16_learns_and_records_its_precision() {
     assert!(ratio > 0.0 && ratio < 0.2, "{ratio}");
 }
 
+/// `update --precision bf16` on a bf16 checkpoint trains f32 master weights and writes bf16 (every
+/// tensor, the input's names), the weights moved; `logprobs --precision bf16` on the written folder
+/// (held in bf16) gives the bits of the library's autocast forward on the same folder loaded for
+/// training (f32 master weights), and differs from f32 products (the mode is on).
+#[test]
+fn update_in_bf16_on_a_bf16_checkpoint_writes_bf16() {
+    use rlcr::model::sgemm::{autocast, Precision};
+    let w = Workdir::new();
+    let rows = train_rows();
+    write_rows(&w.path("train.parquet"), &rows);
+    let model = fixtures().join("tiny-qwen2-bf16");
+    w.run(&[
+        "update",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        "train.parquet",
+        "-o",
+        "out",
+        "--lr",
+        "3e-3",
+        "--precision",
+        "bf16",
+    ]);
+    let (before, after) = (tensors(&model), tensors(&w.path("out")));
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>()
+    );
+    assert!(after.values().all(|t| t.0 == "BF16"), "written dtypes");
+    let moved = after
+        .iter()
+        .filter(|(k, t)| t.2 != before[k.as_str()].2)
+        .count();
+    assert!(moved > 0, "no tensor moved");
+    for (precision, col) in [("bf16", "lp16"), ("f32", "lp32")] {
+        w.run(&[
+            "logprobs",
+            "--model",
+            "out",
+            "--input",
+            "train.parquet",
+            "-o",
+            &format!("{col}.parquet"),
+            "--column",
+            col,
+            "--precision",
+            precision,
+        ]);
+    }
+    let lp16 = logprob_column(&w.path("lp16.parquet"), "lp16");
+    let lp32 = logprob_column(&w.path("lp32.parquet"), "lp32");
+    let m = Model::load(&w.path("out"), &Device::flex().autodiff()).unwrap();
+    let pairs: Vec<(&[u32], &[u32])> = rows
+        .iter()
+        .map(|r| (r.context.as_slice(), r.response.as_slice()))
+        .collect();
+    let want = {
+        let _bf16 = autocast(Precision::Bf16);
+        rlcr::model::logprobs(&m.transformer, &pairs, 8, false, None)
+            .unwrap()
+            .logprobs
+    };
+    let bits = |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert_eq!(bits(&lp16), bits(&want));
+    let apart = lp16
+        .iter()
+        .flatten()
+        .zip(lp32.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(apart > 1e-4, "bf16 logprobs equal f32's ({apart})");
+
+    // A LoRA adapter trained beside the bf16 base (held in bf16, frozen): an adapter folder whose
+    // log-probs (base + adapter, merged at load) moved from the base's.
+    w.run(&[
+        "update",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        "train.parquet",
+        "-o",
+        "lora",
+        "--lr",
+        "1e-2",
+        "--lora-rank",
+        "4",
+        "--precision",
+        "bf16",
+    ]);
+    assert!(w.path("lora/adapter_model.safetensors").exists());
+    let (base_lp, lora_lp) = (
+        mean_logp(&model, &rows, true),
+        mean_logp(&w.path("lora"), &rows, true),
+    );
+    assert!(lora_lp > base_lp, "positive rows {base_lp} -> {lora_lp}");
+}
+
 #[test]
 fn update_kl_needs_reference_log_probs() {
     let w = Workdir::new();

@@ -125,6 +125,57 @@ pub fn sgemm(
     run(m, n, k, a, b, c, isa, true)
 }
 
+/// [`sgemm`] with `B` given as bf16 bit patterns (`u16`), widened to f32 while its panels are
+/// packed (exact): the bits of [`sgemm`] on the widened `B`, without a widened copy of `B` (the
+/// packing buffer is the only f32 copy, one `KC × NC` block per job). For weights held in bf16
+/// multiplied by f32 activations.
+///
+/// # Panics
+/// If a view or `c` is too short for its shape (a caller bug, not user input).
+pub fn sgemm_bf16_b(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View<'_>,
+    b: View<'_, u16>,
+    c: &mut [f32],
+    isa: Isa,
+) -> bool {
+    run(m, n, k, a, b, c, isa, true)
+}
+
+/// An element of `B` as [`pack_b`] reads it: f32, or a bf16 bit pattern widened exactly.
+pub trait PackElem: Copy + Send + Sync {
+    /// `dst[i] = src[i]` as f32.
+    fn copy_strip(dst: &mut [f32], src: &[Self]);
+    /// The value as f32.
+    fn to_f32(self) -> f32;
+}
+
+impl PackElem for f32 {
+    #[inline(always)]
+    fn copy_strip(dst: &mut [f32], src: &[f32]) {
+        copy_strip(dst, src)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl PackElem for u16 {
+    #[inline(always)]
+    fn copy_strip(dst: &mut [f32], src: &[u16]) {
+        for (d, &h) in dst.iter_mut().zip(src) {
+            *d = crate::bf16::widen(h);
+        }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        crate::bf16::widen(self)
+    }
+}
+
 /// [`sgemm`] on the calling thread only (for callers that run many small products in parallel
 /// themselves, e.g. attention over heads): the same bits.
 pub fn sgemm_serial(
@@ -140,12 +191,12 @@ pub fn sgemm_serial(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run(
+fn run<TB: PackElem>(
     m: usize,
     n: usize,
     k: usize,
     a: View<'_>,
-    b: View<'_>,
+    b: View<'_, TB>,
     c: &mut [f32],
     isa: Isa,
     parallel: bool,
@@ -315,7 +366,15 @@ pub fn reference(m: usize, n: usize, k: usize, a: View<'_>, b: View<'_>) -> Vec<
 
 /// Packs `B[k0..k0+kc, j0..j0+nc]` into `nr`-column micro-panels (`[nc/nr][kc][nr]`, the last
 /// one zero-padded).
-fn pack_b(b: &View<'_>, k0: usize, kc: usize, j0: usize, nc: usize, nr: usize, buf: &mut [f32]) {
+fn pack_b<TB: PackElem>(
+    b: &View<'_, TB>,
+    k0: usize,
+    kc: usize,
+    j0: usize,
+    nc: usize,
+    nr: usize,
+    buf: &mut [f32],
+) {
     for (p, panel) in buf
         .chunks_exact_mut(kc * nr)
         .take(nc.div_ceil(nr))
@@ -326,10 +385,10 @@ fn pack_b(b: &View<'_>, k0: usize, kc: usize, j0: usize, nc: usize, nr: usize, b
         for (kk, dst) in panel.chunks_exact_mut(nr).enumerate() {
             let base = b.off + (k0 + kk) * b.rs + jp * b.cs;
             if b.cs == 1 {
-                copy_strip(&mut dst[..w], &b.data[base..base + w]);
+                TB::copy_strip(&mut dst[..w], &b.data[base..base + w]);
             } else {
                 for (j, v) in dst[..w].iter_mut().enumerate() {
-                    *v = b.data[base + j * b.cs];
+                    *v = b.data[base + j * b.cs].to_f32();
                 }
             }
             dst[w..].fill(0.0);
@@ -645,6 +704,35 @@ mod tests {
                             "{m}×{n}×{k} ({i},{j}): {g} vs {exact}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// `B` as bf16 bit patterns ([`sgemm_bf16_b`]), plain and transposed, every ISA: the bits of
+    /// the scalar FMA chain on the widened `B`.
+    #[test]
+    fn bf16_b_is_the_chain_of_the_widened_b() {
+        use crate::bf16::{round, widen};
+        for &(m, n, k) in &[(1, 1, 1), (13, 33, 257), (25, 1100, 300), (97, 45, 40)] {
+            let ad = data(m * k, 31 + m as u64);
+            let bh: Vec<u16> = data(k * n, 32 + n as u64)
+                .iter()
+                .map(|&x| round(x))
+                .collect();
+            let bw: Vec<f32> = bh.iter().map(|&h| widen(h)).collect();
+            for tb in [false, true] {
+                let (b, bwv) = if tb {
+                    (View::rows(&bh, k).t(), View::rows(&bw, k).t())
+                } else {
+                    (View::rows(&bh, n), View::rows(&bw, n))
+                };
+                let a = View::rows(&ad, k);
+                let want = reference(m, n, k, a, bwv);
+                for isa in isas() {
+                    let mut got = vec![f32::NAN; m * n];
+                    assert!(sgemm_bf16_b(m, n, k, a, b, &mut got, isa));
+                    assert_eq!(bits(&got), bits(&want), "{m}×{n}×{k} tb={tb} {isa:?}");
                 }
             }
         }
