@@ -5,7 +5,8 @@
 //! ```
 //! The sixth argument is `update --precision` (default f32), the seventh `ckpt` for
 //! `--checkpoint-activations` (default `full`: every activation kept). `LORA_RANK=R` in the
-//! environment trains a rank-R LoRA adapter on every projection instead (base weights frozen).
+//! environment trains a rank-R LoRA adapter on every projection instead (base weights frozen);
+//! `WEIGHTS=bf16` makes the model a bf16 checkpoint (a LoRA base is then held in bf16).
 //! Measures forward + backward (the PPO loss over every response token, gradients accumulated
 //! over micro-batches of MICRO rows) and the AdamW step separately, and prints the peak resident
 //! memory, wall time and CPU time (the machine is shared: tokens per CPU-second is the figure that
@@ -90,23 +91,52 @@ fn main() -> anyhow::Result<()> {
         Some(other) => anyhow::bail!("{other:?}: full or ckpt"),
     };
     let device = model::device_from_str("cpu")?.autodiff();
+    // WEIGHTS=bf16: a bf16 checkpoint (the random weights rounded to bf16). Training every
+    // weight holds f32 master weights whatever the checkpoint (as `update` does); a LoRA base is
+    // frozen and held in bf16.
+    let lora_rank = std::env::var("LORA_RANK").ok().filter(|v| !v.is_empty());
+    let bf16_weights = match std::env::var("WEIGHTS").ok().as_deref() {
+        None | Some("") | Some("f32") => false,
+        Some("bf16") => true,
+        Some(other) => anyhow::bail!("WEIGHTS={other:?}: f32 or bf16"),
+    };
+    let storage = if bf16_weights && lora_rank.is_some() {
+        weights::Storage::AsStored
+    } else {
+        weights::Storage::F32
+    };
     let (m, c): (Transformer, ModelConfig) = match which {
         "qwen39m" | "smollm2" => {
             let c = ModelConfig::from_json(if which == "qwen39m" { QWEN39M } else { SMOLLM2 })?;
-            (
-                weights::build(&c, weights::random_tensors(&c, 0), &device)?.0,
-                c,
-            )
+            let mut tensors = weights::random_tensors(&c, 0);
+            if bf16_weights {
+                for t in tensors.values_mut() {
+                    t.dtype = safetensors::Dtype::BF16;
+                    for v in t.data.iter_mut() {
+                        *v = half::bf16::from_f32(*v).to_f32();
+                    }
+                }
+            }
+            (weights::build_with(&c, tensors, &device, storage)?.0, c)
         }
         dir => {
             let dir = Path::new(dir);
             let c = ModelConfig::load(dir)?;
-            (weights::load(&c, dir, &device)?.0, c)
+            (weights::load_with(&c, dir, &device, storage)?.0, c)
         }
     };
+    println!(
+        "weights: {} checkpoint, held {}",
+        if bf16_weights { "bf16" } else { "f32" },
+        if storage == weights::Storage::AsStored {
+            "as stored (bf16 matrices in bf16)"
+        } else {
+            "in f32"
+        }
+    );
     // LORA_RANK=R: train a rank-R adapter on every projection (alpha 16) with the base frozen,
     // as `update --lora-rank R` does.
-    let m = match std::env::var("LORA_RANK").ok().filter(|v| !v.is_empty()) {
+    let m = match lora_rank {
         Some(r) => {
             use rlcr::model::lora;
             let spec = lora::LoraSpec {
