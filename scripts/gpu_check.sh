@@ -137,11 +137,18 @@ except Exception:
 print("null" if v is None else v)' "$1" "$2"; }
 # rlcr's own sampling rate: `generate-answers: N rows, T tokens in S s (R tokens/s)`.
 rlcr_rate() { sed -n 's/.*generate-answers: .* (\([0-9.]*\) tokens\/s).*/\1/p' "$1" | tail -n 1 | grep . || echo null; }
+# rlcr's host transfers per decode step (`generate-answers: host transfers per decode step: R
+# reads (B bytes), U uploads (C bytes); N steps`): FIELD 1 reads, 2 bytes read, 3 uploads.
+rlcr_moves() { sed -n 's/.*generate-answers: host transfers per decode step: \([0-9.]*\) reads (\([0-9.]*\) bytes), \([0-9.]*\) uploads.*/\1 \2 \3/p' "$1" | tail -n 1 | cut -d' ' -f"$2" | grep . || echo null; }
 # The second optimizer step of `update` (the first compiles kernels): tokens/s and entropy of step 1.
 update_rate() { "$PY" -c 'import json,sys
 m = [json.loads(l) for l in open(sys.argv[1])]
 s = m[-1]
 print(s["tokens"] / s["seconds"] if s["seconds"] > 0 else "null")' "$1/train_metrics.jsonl" 2>/dev/null || echo null; }
+# Seconds of optimizer step N (1: with the kernels' first compilation, 2: without).
+update_secs() { "$PY" -c 'import json,sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+print(m[int(sys.argv[2]) - 1]["seconds"])' "$1/train_metrics.jsonl" "$2" 2>/dev/null || echo null; }
 update_entropy() { "$PY" -c 'import json,sys
 print(json.loads(open(sys.argv[1]).readline())["entropy"])' "$1/train_metrics.jsonl" 2>/dev/null || echo null; }
 # Peak GPU memory (MiB, whole GPU) while CMD runs, sampled by nvidia-smi every 100 ms.
@@ -270,6 +277,13 @@ sampling() {
     --max-new-tokens $SAMPLE_NEW --batch-size $rows --temperature 1; then
     r=$(rlcr_rate "$LOGS/sample-rlcr-$rows.log")
   fi
+  # On a GPU the sampler draws on the device: about one read of 8 bytes a row per step (the
+  # prefill's share on top); the CPU reads the whole logits (4 x vocabulary bytes a row).
+  local log="$LOGS/sample-rlcr-$rows.log"
+  row "sample smollm2 ${rows}x$SAMPLE_NEW: host reads per decode step" "$(rlcr_moves "$log" 1)" null max 1.1
+  row "sample smollm2 ${rows}x$SAMPLE_NEW: bytes read per step per row" \
+    "$("$PY" -c 'import sys; print("null" if sys.argv[1] == "null" else float(sys.argv[1]) / int(sys.argv[2]))' "$(rlcr_moves "$log" 2)" "$rows")" null info
+  row "sample smollm2 ${rows}x$SAMPLE_NEW: uploads per decode step" "$(rlcr_moves "$log" 3)" null info
   if step "sample-hf-$rows" 120 "$PY" "$HELPER" generate "$M/smollm2" $prompts $rows $SAMPLE_NEW; then
     h=$(jget "$LOGS/sample-hf-$rows.out" tokens_per_s)
   fi
@@ -301,6 +315,9 @@ training() {
     fi
     hmem=$(mem_stop)
     row "update $m ${rows}x$TRAIN_LEN $p: tokens/s vs torch" "$r" "$h" ratio 1.0
+    # The first step compiles the kernels (NVRTC on CUDA; autotune, when built in, also times
+    # candidate kernels then): its cost against the second's.
+    row "update $m $p: step 1 s (ref: step 2 s)" "$(update_secs "$d/out-$p" 1)" "$(update_secs "$d/out-$p" 2)" info
     if [ $m = qwen05 ] && [ $p = bf16 ]; then row "update qwen05 bf16: tokens/s" "$r" null min 10000; fi
     row "update $m $p: peak GPU MiB vs torch" "$mem" "$hmem" info
     local err=null

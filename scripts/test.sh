@@ -14,7 +14,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
 if [ "${RLCR_TEST_GPU:-0}" = 1 ]; then
   cargo clippy --features wgpu --all-targets -- -D warnings
-  cargo test --features wgpu --lib --test integration -- devices device_strings
+  cargo test --features wgpu --lib --test integration -- devices device_strings transfer_counts sample::draw
   scripts/check_cuda_patch.sh
   cargo clippy --features cuda --all-targets -- -D warnings
   # No NVIDIA device here (CI): the no-driver test must see no driver.

@@ -87,5 +87,6 @@ impl Plan {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let summary = answer_stage::run(&Plan::from_args(g, &a)?)?;
     crate::info!("{}", summary.line("generate-answers", "answer_span"));
+    crate::info!("{}", summary.transfer_line("generate-answers"));
     Ok(())
 }

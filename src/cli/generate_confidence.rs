@@ -82,5 +82,6 @@ impl Plan {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let summary = confidence_stage::run(&Plan::from_args(g, &a)?)?;
     crate::info!("{}", summary.line("generate-confidence", "confidence_span"));
+    crate::info!("{}", summary.transfer_line("generate-confidence"));
     Ok(())
 }

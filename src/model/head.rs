@@ -107,7 +107,7 @@ fn composite(
     };
     let lp = log_softmax(z, 1);
     let ids: Vec<i32> = targets.iter().map(|&t| t as i32).collect();
-    let tg = Tensor::<2, Int>::from_data(TensorData::new(ids, [n, 1]), &device);
+    let tg: Tensor<2, Int> = super::transfer::upload(TensorData::new(ids, [n, 1]), &device);
     let ent = entropy.then(|| {
         (lp.clone().exp() * lp.clone())
             .sum_dim(1)

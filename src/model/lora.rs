@@ -906,7 +906,7 @@ impl Dropout {
                 }
             }));
         }
-        let mask = Tensor::<2>::from_data(TensorData::new(m, [n, f]), &x.device());
+        let mask: Tensor<2> = super::transfer::upload(TensorData::new(m, [n, f]), &x.device());
         x * mask
     }
 }

@@ -12,6 +12,7 @@
 //!   [`fused`]: RMSNorm and the SwiGLU gate as single ops.
 //! - [`gguf`]: llama.cpp GGUF import.
 //! - [`lora`]: LoRA adapters in PEFT's format (trained beside frozen weights, merged for sampling).
+//! - [`transfer`]: the host ↔ device boundary (uploads and reads), counted.
 //!
 //! [`Model`] bundles them for the stages; [`logprobs`] is the batched per-token log-prob routine
 //! shared by `rlcr logprobs` and (on an autodiff device, through
@@ -34,6 +35,7 @@ pub mod head;
 pub mod lora;
 pub mod sgemm;
 pub mod tokenizer;
+pub mod transfer;
 pub mod transformer;
 pub mod value;
 pub mod weights;
@@ -501,9 +503,9 @@ pub fn logprobs(
     })
 }
 
-/// Copy a float tensor to the host as f32.
+/// Copy a float tensor to the host as f32 (one counted read, see [`transfer`]).
 pub fn read_f32<const D: usize>(t: burn::tensor::Tensor<D>) -> Result<Vec<f32>> {
-    t.into_data()
+    transfer::read(t)?
         .convert::<f32>()
         .try_into_vec::<f32>()
         .map_err(|e| anyhow::anyhow!("reading a tensor back: {e:?}"))

@@ -53,6 +53,7 @@ use super::config::ModelConfig;
 use super::cpu::{self, PackedMatrix};
 use super::lora::{Dropout, LayerLora, Target};
 use super::sgemm;
+use super::transfer::upload;
 use std::sync::{Arc, OnceLock};
 
 // ---------------------------------------------------------------------------------------------
@@ -130,8 +131,8 @@ impl Rope {
         }
         let shape = [batch, 1, len, half];
         Rope {
-            cos: Tensor::from_data(TensorData::new(cos, shape), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+            cos: upload(TensorData::new(cos, shape), device),
+            sin: upload(TensorData::new(sin, shape), device),
         }
     }
 
@@ -605,7 +606,7 @@ fn build_mask(
             }
         }
     }
-    let t = Tensor::from_data(
+    let t = upload(
         TensorData::new(m.clone(), [batch, 1, group * len, keys]),
         device,
     );
@@ -626,7 +627,7 @@ impl Transformer {
             .zip(&input.valid)
             .map(|(&id, &ok)| if ok { id as i32 } else { 0 })
             .collect();
-        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [ids_len(input)]), device);
+        let ids: Tensor<1, Int> = upload(TensorData::new(ids, [ids_len(input)]), device);
         // A bf16 embedding gives f32 activations (exact).
         self.embed
             .val()
@@ -907,8 +908,8 @@ impl Transformer {
             ents.extend(ent);
             s = e;
         }
-        let left =
-            Tensor::<2, Int>::from_data(TensorData::new(batch.left_align_index(), [b, r]), &device);
+        let left: Tensor<2, Int> =
+            upload(TensorData::new(batch.left_align_index(), [b, r]), &device);
         let lp = Tensor::cat(lps, 0).reshape([b, r]).gather(1, left.clone());
         let ent = if entropy {
             Some(Tensor::cat(ents, 0).reshape([b, r]).gather(1, left))
@@ -1218,7 +1219,7 @@ impl KvCache {
             });
         } else {
             let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
-            let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &self.device);
+            let idx: Tensor<1, Int> = upload(TensorData::new(idx, [rows.len()]), &self.device);
             for (k, v) in self.layers.iter_mut() {
                 k.inplace(|k| k.select(0, idx.clone()));
                 v.inplace(|v| v.select(0, idx.clone()));

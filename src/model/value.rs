@@ -50,7 +50,7 @@ impl ValueModel {
             .reshape([b * r, hd]);
         let v = hs.matmul(self.head.val()) + self.bias.val().reshape([1, 1]);
         let device = self.body.device();
-        let left = Tensor::<2, Int>::from_data(
+        let left: Tensor<2, Int> = super::transfer::upload(
             TensorData::new(left_align_index(&batch.resp_lens, r), [b, r]),
             &device,
         );

@@ -13,6 +13,8 @@
 //! Over a model:
 //! - [`sampler`]: the batched sampler (prefill once per shared context, expand, decode with a KV
 //!   cache, rows leave the batch as they finish), written against the small [`StepModel`] trait;
+//! - [`draw`]: the same draw as [`logits`] with tensor ops on the model's device (GPU backends:
+//!   a decode step reads back only the sampled ids and their log-probs);
 //! - [`fingerprint`]: the model fingerprint recorded in the tables' metadata;
 //! - [`multiturn`]: multi-turn rollouts against an [`env`]ironment process (information tokens,
 //!   turn ids, per-turn rewards), run as a stage by [`multiturn_stage`];
@@ -20,6 +22,7 @@
 //!   [`confidence_stage`] (`generate-confidence`), with what they share in [`stage`].
 pub mod answer_stage;
 pub mod confidence_stage;
+pub mod draw;
 pub mod env;
 pub mod fingerprint;
 pub mod logits;

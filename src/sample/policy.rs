@@ -3,8 +3,9 @@
 //!
 //! Design decisions:
 //! - [`Policy`] implements [`StepModel`] over the model's [`Transformer`] and [`KvCache`]: a step
-//!   is one cached forward whose last-position logits `[B, V]` are copied to the host; nothing
-//!   else crosses per step.
+//!   is one cached forward. On the CPU its last-position logits `[B, V]` go to the host sampler;
+//!   on a GPU they stay on the device and [`super::draw`] samples there, so a decode step reads
+//!   back only the sampled ids and their log-probs (the KV cache never leaves the device).
 //! - **Generation prompts**: a conversation ending with a user message is rendered with the
 //!   template's generation prompt; one ending with an assistant message is *continued* (HF's
 //!   `continue_final_message`: render without the generation prompt and cut right after the last
@@ -31,6 +32,9 @@ pub struct Policy {
     pub model: Model,
     /// See [`super::fingerprint`].
     pub fingerprint: String,
+    /// Sample on the model's device ([`super::draw`]); `false`: on the host (the default on the
+    /// CPU, where the host sampler is the reference and nothing needs to cross).
+    pub device_draw: bool,
     /// How its prompts are rendered (recorded in the outputs' metadata).
     pub chat: ChatOptions,
 }
@@ -46,6 +50,7 @@ impl Policy {
         Ok(Policy {
             model,
             fingerprint,
+            device_draw: !crate::model::is_flex(device),
             chat: chat.clone(),
         })
     }
@@ -163,6 +168,22 @@ impl StepModel for Policy {
 
     fn select_rows(&self, cache: &mut KvCache, rows: &[usize]) -> Result<()> {
         cache.select_rows(rows)
+    }
+
+    fn draws_on_device(&self) -> bool {
+        self.device_draw
+    }
+
+    fn step_device(
+        &self,
+        cache: &mut KvCache,
+        batch: usize,
+        len: usize,
+        ids: &[u32],
+        valid: &[bool],
+    ) -> Result<burn::tensor::Tensor<2>> {
+        let input = TokenBatch::new(batch, len, ids.to_vec(), valid.to_vec())?;
+        self.model.transformer.step(cache, &input)
     }
 }
 
@@ -361,6 +382,44 @@ mod tests {
                 assert_eq!(x.ids, y.ids, "batch {b}");
                 assert_eq!(x.logprobs, y.logprobs, "batch {b}");
                 assert_eq!(x.text, y.text, "batch {b}");
+            }
+        }
+    }
+
+    /// The device draw ([`crate::sample::draw`], here on the CPU's tensors) through the whole
+    /// sampler: the host sampler's tokens, log-probs within f32 rounding.
+    #[test]
+    fn device_draw_generates_the_host_samples() {
+        for model in ["tiny-qwen2", "tiny-llama"] {
+            let mut p = policy(model);
+            let contexts = chat_contexts(model);
+            for params in [
+                SamplingParams::default(),
+                SamplingParams::greedy(),
+                SamplingParams {
+                    temperature: 0.7,
+                    top_p: 0.9,
+                    top_k: 50,
+                    min_p: 0.01,
+                },
+            ] {
+                let c = cfg(&p, params, 16, 5);
+                p.device_draw = false;
+                let host = run(&p, &groups(&contexts, 3), &c);
+                p.device_draw = true;
+                let dev = run(&p, &groups(&contexts, 3), &c);
+                let mut worst = 0f32;
+                for (h, d) in host.iter().flatten().zip(dev.iter().flatten()) {
+                    assert_eq!(h.ids, d.ids, "{model} {params:?}");
+                    assert_eq!(h.text, d.text);
+                    for (x, y) in h.logprobs.iter().zip(&d.logprobs) {
+                        worst = worst.max((x - y).abs());
+                    }
+                }
+                assert!(
+                    worst < 1e-5,
+                    "{model} {params:?}: log-probs differ by {worst}"
+                );
             }
         }
     }

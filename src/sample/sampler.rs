@@ -8,9 +8,12 @@
 //!    `prefill_chunk` slots to bound the attention memory);
 //! 2. **expands the cache** to one row per sample (`select_rows` with repeated indices), so the
 //!    G samples of a group share the prefix computation;
-//! 3. **decodes step by step**: the logits of every row's last position are the only thing read
-//!    back to the host; each row draws its token from its own RNG stream, records the behaviour
-//!    log-prob, feeds its incremental detokeniser and checks its stop conditions;
+//! 3. **decodes step by step**: each row draws its token from its own RNG stream (one uniform per
+//!    token), records the behaviour log-prob, feeds its incremental detokeniser and checks its
+//!    stop conditions. On the CPU the logits of every row's last position come to the host and
+//!    [`Processor`] draws; a model that [draws on its device](StepModel::draws_on_device) gets
+//!    the rows' uniforms as one small upload and returns only the sampled ids and log-probs
+//!    ([`super::draw`]), so the logits and the KV cache never leave the device;
 //! 4. rows that finish **leave the batch** (the cache is compacted with `select_rows`) and the
 //!    rest keeps going until every row is done.
 //!
@@ -32,6 +35,7 @@
 //! running cache would need caches of different lengths to be merged. Groups larger than
 //! `batch_size` are split across waves (each part prefills the context again).
 use anyhow::{bail, ensure, Context, Result};
+use burn::tensor::Tensor;
 use rayon::prelude::*;
 
 use super::logits::{Processor, SamplingParams};
@@ -60,6 +64,29 @@ pub trait StepModel: Sync {
     ) -> Result<Vec<f32>>;
     /// Keep rows `rows` in that order (indices may repeat).
     fn select_rows(&self, cache: &mut Self::Cache, rows: &[usize]) -> Result<()>;
+    /// Whether the sampler draws on the model's device: [`Self::step_device`] then
+    /// [`super::draw::draw`], reading back only the sampled ids and their log-probs. `false`
+    /// (the default): the logits come to the host ([`Self::step`]) and [`Processor`] draws.
+    fn draws_on_device(&self) -> bool {
+        false
+    }
+    /// [`Self::step`] with the logits `[batch, vocab]` left on the model's device.
+    fn step_device(
+        &self,
+        _cache: &mut Self::Cache,
+        _batch: usize,
+        _len: usize,
+        _ids: &[u32],
+        _valid: &[bool],
+    ) -> Result<Tensor<2>> {
+        bail!("internal: this model samples on the host")
+    }
+}
+
+/// The last step's logits: on the host, or on the model's device ([`StepModel::draws_on_device`]).
+enum Logits {
+    Host(Vec<f32>),
+    Device(Box<Tensor<2>>),
 }
 
 /// Owned identity of a sample (see [`SampleKey`]).
@@ -145,6 +172,11 @@ impl Row {
         let (tok, lp) = self
             .proc_
             .choose_with_logprob(logits, cfg.allowed_vocab, &cfg.params, u);
+        self.record(tok, lp, cfg, decode)
+    }
+
+    /// Record a drawn token and its behaviour log-prob, check stop conditions.
+    fn record(&mut self, tok: u32, lp: f32, cfg: &GenConfig, decode: &DecodeFn<'_>) -> Result<()> {
         self.ids.push(tok);
         self.logprobs.push(lp);
         if cfg.stop.is_eos(tok) {
@@ -337,8 +369,29 @@ pub(crate) fn prefill<M: StepModel>(
     chunk: usize,
 ) -> Result<Vec<f32>> {
     let (vocab, n_ctx) = (model.vocab(), contexts.len());
+    let logits = prefill_with(cache, contexts, chunk, |c, n, w, ids, valid| {
+        model.step(c, n, w, ids, valid)
+    })?
+    .unwrap_or_default();
+    ensure!(
+        logits.len() == n_ctx * vocab,
+        "model returned {} logits for {n_ctx} rows of {vocab}",
+        logits.len()
+    );
+    Ok(logits)
+}
+
+/// [`prefill`] through `step` (host or device logits); the last chunk's output (`None`: no
+/// context tokens).
+fn prefill_with<C, T>(
+    cache: &mut C,
+    contexts: &[&[u32]],
+    chunk: usize,
+    mut step: impl FnMut(&mut C, usize, usize, &[u32], &[bool]) -> Result<T>,
+) -> Result<Option<T>> {
+    let n_ctx = contexts.len();
     let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
-    let mut logits = Vec::new();
+    let mut logits = None;
     for (s, e) in prefill_chunks(longest, chunk) {
         let w = e - s;
         let mut ids = Vec::with_capacity(n_ctx * w);
@@ -354,13 +407,8 @@ pub(crate) fn prefill<M: StepModel>(
         let _t = crate::trace::span_with("prefill", || {
             vec![("rows", n_ctx.into()), ("tokens", w.into())]
         });
-        logits = model.step(cache, n_ctx, w, &ids, &valid)?;
+        logits = Some(step(cache, n_ctx, w, &ids, &valid)?);
     }
-    ensure!(
-        logits.len() == n_ctx * vocab,
-        "model returned {} logits for {n_ctx} rows of {vocab}",
-        logits.len()
-    );
     Ok(logits)
 }
 
@@ -387,7 +435,18 @@ fn run_wave<M: StepModel>(
     let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens.min(INITIAL_ROOM))?;
 
     // 1. Prefill (left-padded), in column chunks.
-    let mut logits = prefill(model, &mut cache, &contexts, cfg.prefill_chunk)?;
+    let on_device = model.draws_on_device();
+    let mut logits = if on_device {
+        let l = prefill_with(
+            &mut cache,
+            &contexts,
+            cfg.prefill_chunk,
+            |c, n, w, ids, v| model.step_device(c, n, w, ids, v),
+        )?;
+        Logits::Device(Box::new(l.context("internal: an empty wave")?))
+    } else {
+        Logits::Host(prefill(model, &mut cache, &contexts, cfg.prefill_chunk)?)
+    };
 
     // 2. Expand to one row per sample.
     let mut expand = Vec::new();
@@ -418,11 +477,23 @@ fn run_wave<M: StepModel>(
 
     // 3. Decode.
     loop {
-        rows.par_iter_mut()
-            .zip(src.par_iter())
-            .try_for_each(|(row, &k)| {
-                row.advance(&logits[k * vocab..(k + 1) * vocab], cfg, decode)
-            })?;
+        match &logits {
+            Logits::Host(logits) => {
+                rows.par_iter_mut()
+                    .zip(src.par_iter())
+                    .try_for_each(|(row, &k)| {
+                        row.advance(&logits[k * vocab..(k + 1) * vocab], cfg, decode)
+                    })?
+            }
+            Logits::Device(logits) => {
+                // Each row's next uniform from its own stream, as the host path draws it.
+                let u: Vec<f64> = rows.iter_mut().map(|r| uniform(&mut r.rng)).collect();
+                let drawn = super::draw::draw(logits, &src, &u, &cfg.params, cfg.allowed_vocab)?;
+                rows.par_iter_mut()
+                    .zip(drawn.par_iter())
+                    .try_for_each(|(row, &(tok, lp))| row.record(tok, lp, cfg, decode))?;
+            }
+        }
         let before = rows.len();
         let keep;
         (rows, keep) = retire_finished(
@@ -454,7 +525,12 @@ fn run_wave<M: StepModel>(
         }
         let valid = vec![true; next.len()];
         let _t = crate::trace::span_with("decode step", || vec![("rows", next.len().into())]);
-        logits = model.step(&mut cache, next.len(), 1, &next, &valid)?;
+        logits = if on_device {
+            let l = model.step_device(&mut cache, next.len(), 1, &next, &valid)?;
+            Logits::Device(Box::new(l))
+        } else {
+            Logits::Host(model.step(&mut cache, next.len(), 1, &next, &valid)?)
+        };
         src = (0..rows.len()).collect();
     }
     results

@@ -11,6 +11,7 @@ use super::policy::Policy;
 use super::sampler::{generate, GenConfig, Generated, Group};
 use super::spans::Span;
 use super::stop::StopCriteria;
+use crate::model::transfer::Transfers;
 use crate::model::Message;
 use crate::progress::Progress;
 use crate::table::cols;
@@ -129,6 +130,10 @@ pub struct Summary {
     pub finish: BTreeMap<&'static str, usize>,
     pub spans_found: usize,
     pub seconds: f64,
+    /// Decode steps run (one token per active row each).
+    pub steps: usize,
+    /// Host ↔ device transfers of the sampling (prefill included).
+    pub transfers: Transfers,
 }
 
 impl Summary {
@@ -160,7 +165,26 @@ impl Summary {
     }
 }
 
-/// Run the sampler over `groups` with the progress bar; adds the token count to `summary`.
+impl Summary {
+    /// `STAGE: host transfers per decode step: R reads (B bytes), U uploads (C bytes); N steps`
+    /// (totals over the steps, prefill included, divided by the steps).
+    pub fn transfer_line(&self, stage: &str) -> String {
+        let n = self.steps.max(1) as f64;
+        let t = &self.transfers;
+        format!(
+            "{stage}: host transfers per decode step: {:.2} reads ({:.0} bytes), {:.2} uploads \
+             ({:.0} bytes); {} steps",
+            t.reads as f64 / n,
+            t.read_bytes as f64 / n,
+            t.uploads as f64 / n,
+            t.upload_bytes as f64 / n,
+            self.steps
+        )
+    }
+}
+
+/// Run the sampler over `groups` with the progress bar; adds the token count, the decode steps
+/// and the transfers to `summary`.
 pub fn run_groups(
     policy: &Policy,
     groups: &[Group],
@@ -173,8 +197,11 @@ pub fn run_groups(
     let base_tokens = summary.tokens;
     let base_secs = summary.seconds;
     let mut tokens = 0usize;
+    let mut steps = 0usize;
+    let moved = crate::model::transfer::thread_counts();
     let out = generate(policy, &decode, groups, cfg, &mut |r| {
         tokens += r.tokens;
+        steps += 1;
         progress.inc(r.finished as u64);
         let secs = base_secs + start.elapsed().as_secs_f64();
         progress.message(&format!(
@@ -184,6 +211,13 @@ pub fn run_groups(
     })?;
     summary.tokens += tokens;
     summary.seconds += start.elapsed().as_secs_f64();
+    summary.steps += steps;
+    let moved = crate::model::transfer::thread_counts() - moved;
+    let t = &mut summary.transfers;
+    t.reads += moved.reads;
+    t.read_bytes += moved.read_bytes;
+    t.uploads += moved.uploads;
+    t.upload_bytes += moved.upload_bytes;
     Ok(out)
 }
 

@@ -166,7 +166,7 @@ pub fn value_gradients(
                 let x = f(i);
                 v[k * r..k * r + x.len()].copy_from_slice(&x);
             }
-            Tensor::from_data(TensorData::new(v, [b, r]), &device)
+            crate::model::transfer::upload(TensorData::new(v, [b, r]), &device)
         };
         let v_pred = model.values(&batch)?;
         let v_old = left(&|i| rows[i].old_values.clone());
@@ -202,8 +202,7 @@ pub fn value_gradients(
 }
 
 fn scalar(t: Tensor<1>) -> Result<f64> {
-    let v = t
-        .into_data()
+    let v = crate::model::transfer::read(t)?
         .convert::<f64>()
         .try_into_vec::<f64>()
         .map_err(|e| anyhow::anyhow!("reading a loss value: {e:?}"))?;

@@ -262,10 +262,9 @@ pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
     if v.sums.is_empty() {
         return 0.0;
     }
-    let sq: f64 = Tensor::cat(v.sums, 0)
-        .into_data()
-        .convert::<f64>()
-        .try_into_vec::<f64>()
+    let sq: f64 = crate::model::transfer::read(Tensor::cat(v.sums, 0))
+        .ok()
+        .and_then(|d| d.convert::<f64>().try_into_vec::<f64>().ok())
         .map(|s| s.iter().sum())
         .unwrap_or(f64::NAN);
     sq.sqrt()

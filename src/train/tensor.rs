@@ -122,7 +122,8 @@ pub fn subset_entropy(logits: Tensor<2>, ids: &[u32], temperature: f64) -> Resul
         anyhow::bail!("token id {bad} of the subset is outside the vocabulary of {v}");
     }
     let idx: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-    let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [ids.len()]), &logits.device());
+    let idx: Tensor<1, Int> =
+        crate::model::transfer::upload(TensorData::new(idx, [ids.len()]), &logits.device());
     let zs = logits.select(1, idx).div_scalar(temperature);
     let lp = log_softmax(zs, 1);
     Ok((lp.clone().exp() * lp).sum_dim(1).reshape([n]).neg())

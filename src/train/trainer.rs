@@ -24,6 +24,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::sgemm::Precision;
+use crate::model::transfer::{read, upload};
 use crate::model::Transformer;
 
 use super::data::TrainRow;
@@ -459,7 +460,7 @@ pub fn batch_gradients(
         )?;
         let checkpoints = out.checkpoints;
         let (b, r) = (chunk.len(), out.max_resp);
-        let t2 = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, r]), &device);
+        let t2 = |v: Vec<f32>| -> Tensor<2> { upload(TensorData::new(v, [b, r]), &device) };
         let col = |f: &dyn Fn(&TrainRow) -> Vec<f32>| -> Tensor<2> {
             let vals: Vec<Vec<f32>> = chunk.iter().map(|&i| f(rows[i])).collect();
             let refs: Vec<&[f32]> = vals.iter().map(|v| v.as_slice()).collect();
@@ -569,8 +570,7 @@ pub fn batch_gradients(
 /// One-element tensors read back together (one host round trip), as f64.
 fn scalars(ts: Vec<Tensor<1>>) -> Result<Vec<f64>> {
     let n = ts.len();
-    let v = Tensor::cat(ts, 0)
-        .into_data()
+    let v = read(Tensor::cat(ts, 0))?
         .convert::<f64>()
         .try_into_vec::<f64>()
         .map_err(|e| anyhow::anyhow!("reading the loss values: {e:?}"))?;

@@ -1,0 +1,295 @@
+//! rlcr's host ↔ device boundary, counted.
+//!
+//! Every tensor made from host data in the decode and update loops goes through [`upload`], and
+//! every read back to the host through [`read`] (or [`super::read_f32`], built on it). Each keeps
+//! counts (calls and bytes) per thread and for the whole process, so a test can assert how many
+//! transfers a decode step or an optimizer step makes on a GPU backend (where each read is a
+//! synchronisation with the device), and a run can report them.
+//!
+//! On Flex (`--device cpu`) both are plain copies in host memory, counted the same way.
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::{anyhow, Result};
+use burn::tensor::kind::Basic;
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// Transfer counts: calls and bytes in each direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfers {
+    /// Reads to the host.
+    pub reads: u64,
+    pub read_bytes: u64,
+    /// Tensors created from host data.
+    pub uploads: u64,
+    pub upload_bytes: u64,
+}
+
+impl std::ops::Sub for Transfers {
+    type Output = Transfers;
+    fn sub(self, o: Transfers) -> Transfers {
+        Transfers {
+            reads: self.reads - o.reads,
+            read_bytes: self.read_bytes - o.read_bytes,
+            uploads: self.uploads - o.uploads,
+            upload_bytes: self.upload_bytes - o.upload_bytes,
+        }
+    }
+}
+
+thread_local! {
+    static THREAD: Cell<Transfers> = const { Cell::new(Transfers { reads: 0, read_bytes: 0, uploads: 0, upload_bytes: 0 }) };
+}
+
+static READS: AtomicU64 = AtomicU64::new(0);
+static READ_BYTES: AtomicU64 = AtomicU64::new(0);
+static UPLOADS: AtomicU64 = AtomicU64::new(0);
+static UPLOAD_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The counts of the calling thread (the loops of one run live on one thread; tests running in
+/// parallel do not see each other's transfers).
+pub fn thread_counts() -> Transfers {
+    THREAD.with(|c| c.get())
+}
+
+/// The counts of the whole process.
+pub fn process_counts() -> Transfers {
+    Transfers {
+        reads: READS.load(Ordering::Relaxed),
+        read_bytes: READ_BYTES.load(Ordering::Relaxed),
+        uploads: UPLOADS.load(Ordering::Relaxed),
+        upload_bytes: UPLOAD_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+fn count(read: bool, bytes: u64) {
+    THREAD.with(|c| {
+        let mut t = c.get();
+        if read {
+            t.reads += 1;
+            t.read_bytes += bytes;
+        } else {
+            t.uploads += 1;
+            t.upload_bytes += bytes;
+        }
+        c.set(t);
+    });
+    let (n, b) = if read {
+        (&READS, &READ_BYTES)
+    } else {
+        (&UPLOADS, &UPLOAD_BYTES)
+    };
+    n.fetch_add(1, Ordering::Relaxed);
+    b.fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// A tensor on `device` from host data (counted as one upload of the data's bytes).
+pub fn upload<const D: usize, K: Basic>(data: TensorData, device: &Device) -> Tensor<D, K> {
+    count(false, data.bytes().len() as u64);
+    Tensor::from_data(data, device)
+}
+
+/// Read a tensor to the host (counted as one read of its bytes; one synchronisation on a GPU).
+pub fn read<const D: usize, K: Basic>(t: Tensor<D, K>) -> Result<TensorData> {
+    let data = t
+        .try_into_data()
+        .map_err(|e| anyhow!("reading a tensor back: {e:?}"))?;
+    count(true, data.bytes().len() as u64);
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_calls_and_bytes_per_thread() {
+        let d = Device::flex();
+        let before = thread_counts();
+        let t: Tensor<2> = upload(TensorData::new(vec![1f32; 6], [2, 3]), &d);
+        let i: Tensor<1, burn::tensor::Int> = upload(TensorData::new(vec![1i32, 2], [2]), &d);
+        let back = read(t.clone() * 2.0).unwrap();
+        assert_eq!(
+            back.convert::<f32>().try_into_vec::<f32>().unwrap(),
+            vec![2f32; 6]
+        );
+        let got = thread_counts() - before;
+        assert_eq!(
+            got,
+            Transfers {
+                reads: 1,
+                read_bytes: 24,
+                uploads: 2,
+                upload_bytes: 24 + 8,
+            }
+        );
+        drop(i);
+        // Another thread's transfers are not this thread's.
+        let before = thread_counts();
+        std::thread::spawn(move || read(t).unwrap()).join().unwrap();
+        assert_eq!(thread_counts() - before, Transfers::default());
+        assert!(process_counts().reads >= 2);
+    }
+}
+
+#[cfg(test)]
+mod transfer_counts {
+    //! Host ↔ device transfers of a decode step and of an optimizer step, on the CPU and (builds
+    //! with `--features wgpu`; `RLCR_WGPU_DEVICE` picks the adapter, default `wgpu`) on a GPU
+    //! backend, where the sampler draws on the device.
+    use super::*;
+    use crate::model::Model;
+    use crate::sample::logits::SamplingParams;
+    use crate::sample::policy::Policy;
+    use crate::sample::sampler::{generate, GenConfig, Group, SampleId, StepModel};
+    use crate::sample::stop::StopCriteria;
+
+    fn devices() -> Vec<String> {
+        let mut d = vec!["cpu".to_string()];
+        if cfg!(feature = "wgpu") {
+            d.push(std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into()));
+        }
+        d
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name)
+    }
+
+    /// Per decode step (between two consecutive step reports): the model's inputs go up (token
+    /// ids, the RoPE tables, the attention mask; on a GPU also the draws); one read comes back:
+    /// the sampled ids with their log-probs on a GPU (8 bytes a row), the logits on the CPU.
+    #[test]
+    fn per_decode_step() {
+        for spec in devices() {
+            let device = crate::model::device_from_str(&spec).unwrap();
+            let p = Policy::load(
+                &fixture("tiny-qwen2"),
+                &device,
+                &crate::model::ChatOptions::default(),
+            )
+            .unwrap();
+            let on_device = p.draws_on_device();
+            assert_eq!(on_device, spec != "cpu", "{spec}: where the sampler draws");
+            let vocab = p.vocab() as u64;
+            let (rows, steps) = (4u64, 6usize);
+            let ctx: Vec<u32> = (1..=9).collect();
+            let groups = vec![Group {
+                context: ctx,
+                samples: (0..rows as u32)
+                    .map(|k| SampleId {
+                        prompt_id: "q".into(),
+                        answer_idx: k,
+                        confidence_idx: None,
+                    })
+                    .collect(),
+            }];
+            let cfg = GenConfig {
+                params: SamplingParams {
+                    temperature: 0.8,
+                    top_k: 40,
+                    top_p: 0.9,
+                    min_p: 0.0,
+                },
+                // No EOS: every row decodes `steps` tokens, none leaves the batch early.
+                stop: StopCriteria {
+                    eos: vec![],
+                    stop_strings: vec![],
+                    max_new_tokens: steps,
+                },
+                allowed_vocab: p.vocab(),
+                seed: 3,
+                batch_size: rows as usize,
+                prefill_chunk: 16,
+            };
+            let decode = |ids: &[u32]| p.decode(ids);
+            let mut marks = Vec::new();
+            generate(&p, &decode, &groups, &cfg, &mut |_| {
+                marks.push(thread_counts())
+            })
+            .unwrap();
+            assert_eq!(marks.len(), steps);
+            for w in marks.windows(2) {
+                let d = w[1] - w[0];
+                let (uploads, read_bytes) = if on_device {
+                    (5, rows * 8)
+                } else {
+                    (4, rows * vocab * 4)
+                };
+                assert_eq!(d.reads, 1, "{spec}: reads per decode step");
+                assert_eq!(
+                    d.read_bytes, read_bytes,
+                    "{spec}: bytes read per decode step"
+                );
+                assert_eq!(d.uploads, uploads, "{spec}: uploads per decode step");
+                // The weights never travel again: a step uploads only its small inputs.
+                assert!(
+                    d.upload_bytes < 16 << 10,
+                    "{spec}: {} bytes up",
+                    d.upload_bytes
+                );
+            }
+            // The cached step itself, without the sampler: no read at all.
+            let mut cache = p.new_cache(2, 16).unwrap();
+            let before = thread_counts();
+            let l = p
+                .step_device(&mut cache, 2, 3, &[1, 2, 3, 4, 5, 6], &[true; 6])
+                .unwrap();
+            let d = thread_counts() - before;
+            assert_eq!((d.reads, d.uploads), (0, 4), "{spec}: a cached step");
+            drop(l);
+        }
+    }
+
+    /// Per optimizer step: one read per micro-batch (every metric at once) and one for the
+    /// gradient norm; uploads are the micro-batches' token ids, masks and per-token columns.
+    #[test]
+    fn per_optimizer_step() {
+        use crate::train::optim::{AdamW, AdamWConfig};
+        use crate::train::trainer::tests::{config, rows};
+        use crate::train::trainer::train;
+        for spec in devices() {
+            let device = crate::model::device_from_str(&spec).unwrap();
+            let m = Model::load(&fixture("tiny-qwen2"), &device.autodiff()).unwrap();
+            let data = rows(&m.transformer, 8, 7, 0.3);
+            let micro = 2;
+            let mut cfg = config(crate::train::loss::LossAgg::TokenMean, micro);
+            cfg.mini_batches = 2;
+            let per_step = data.len() / cfg.mini_batches / micro;
+            assert_eq!(per_step * cfg.mini_batches * micro, data.len());
+            let mut opt = AdamW::new(AdamWConfig::default());
+            let mut marks = vec![thread_counts()];
+            let (_, metrics) = train(m.transformer, &mut opt, &data, &cfg, |_| {
+                marks.push(thread_counts());
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(metrics.len(), 2);
+            for w in marks.windows(2) {
+                let d = w[1] - w[0];
+                assert_eq!(
+                    d.reads,
+                    per_step as u64 + 1,
+                    "{spec}: reads per optimizer step ({per_step} micro-batches)"
+                );
+                // Per micro-batch: token ids, RoPE cos and sin, the attention mask, and the
+                // per-token columns (behaviour and reference log-probs, advantages, loss mask,
+                // weights, confidence mask); a GPU also uploads the targets of the generic
+                // log-prob head (the CPU's fused head reads them on the host).
+                let per_micro = if spec == "cpu" { 10 } else { 11 };
+                assert_eq!(
+                    d.uploads,
+                    per_step as u64 * per_micro,
+                    "{spec}: uploads per optimizer step"
+                );
+                assert!(
+                    d.upload_bytes < 64 << 10,
+                    "{spec}: {} bytes up",
+                    d.upload_bytes
+                );
+            }
+        }
+    }
+}
