@@ -7,8 +7,9 @@
 //! temperature 1 over the full vocabulary) with burn tensor ops, without sorting: burn's sort
 //! reads tensors back to the host on the GPU backends. The top-k and top-p cut-offs are value
 //! thresholds found by bisection on the device (a fixed number of halvings, so nothing is read
-//! to decide when to stop); the draw is a cumulative sum in id order and a count of the entries
-//! at or below `u · total`.
+//! to decide when to stop); the draw is a cumulative sum in id order (in two levels, blocks of
+//! 256 ids and the block sums: burn's cumulative sum on these backends is quadratic in the
+//! length) and a count of the entries at or below `u · total`.
 //!
 //! What it keeps of the host sampler ([`super::logits::Processor`]), and what not (the test
 //! `device_draw_agrees_with_the_host` pins it):
@@ -100,8 +101,7 @@ pub fn draw(
     } else {
         lg.clone()
     };
-    // Ids 0..a as f32, made on the device.
-    let iota = Tensor::<2>::ones([1, a], &device).cumsum(1) - 1.0;
+    let iota = ids(a, &device);
     let tok = if params.is_greedy() {
         argmax_lowest(z, &iota, a)
     } else {
@@ -118,6 +118,65 @@ pub fn draw(
         out.len()
     );
     Ok(out.chunks_exact(2).map(|c| (c[0] as u32, c[1])).collect())
+}
+
+/// Width of the blocks of the two-level cumulative sum: burn's cumulative sum on the GPU backends
+/// reads every earlier element for each output (quadratic in the length), so it only ever runs
+/// over a block (256) or over the block sums (vocabulary / 256).
+const BLOCK: usize = 256;
+
+/// Blocks covering `a` ids.
+fn blocks(a: usize) -> usize {
+    a.div_ceil(BLOCK)
+}
+
+/// Ids `0..a` as f32 `[1, a]`, made on the device (burn's `arange` uploads from the host):
+/// `BLOCK · block + offset`, each from a short cumulative sum of ones.
+fn ids(a: usize, device: &burn::tensor::Device) -> Tensor<2> {
+    let nb = blocks(a);
+    let block = Tensor::<2>::ones([nb, 1], device).cumsum(0) - 1.0;
+    let offset = Tensor::<2>::ones([1, BLOCK], device).cumsum(1) - 1.0;
+    (block.mul_scalar(BLOCK as f32) + offset)
+        .reshape([1, nb * BLOCK])
+        .slice([0..1, 0..a])
+}
+
+/// The first id whose cumulative weight (in id order) exceeds `target` (`[r, 1]`), as f32
+/// `[r, 1]`: block sums, their cumulative sum picks the block, the block's own cumulative sum
+/// (plus the mass before it) picks the id. Past the end of a block (rounding between the two
+/// sums), the block's last id with weight.
+fn first_above(wk: Tensor<2>, target: Tensor<2>) -> Tensor<2> {
+    let [r, a] = wk.dims();
+    let nb = blocks(a);
+    let device = wk.device();
+    let padded = if nb * BLOCK > a {
+        Tensor::cat(vec![wk, Tensor::zeros([r, nb * BLOCK - a], &device)], 1)
+    } else {
+        wk
+    };
+    let w3 = padded.reshape([r, nb, BLOCK]);
+    let sums = w3.clone().sum_dim(2).reshape([r, nb]);
+    let cum = sums.clone().cumsum(1);
+    let block = (cum.clone() - target.clone())
+        .lower_equal_elem(0.0)
+        .float()
+        .sum_dim(1)
+        .clamp_max((nb - 1) as f32);
+    let bi: Tensor<2, Int> = block.clone().int();
+    let before = (cum - sums).gather(1, bi.clone());
+    let idx: Tensor<3, Int> = bi.reshape([r, 1, 1]).expand([r, 1, BLOCK]);
+    let inner = w3.gather(1, idx).reshape([r, BLOCK]);
+    let offset = Tensor::<2>::ones([1, BLOCK], &device).cumsum(1) - 1.0;
+    let k = (inner.clone().cumsum(1) + before - target)
+        .lower_equal_elem(0.0)
+        .float()
+        .sum_dim(1);
+    let last = (offset + 1.0)
+        .mul(inner.greater_elem(0.0).float())
+        .max_dim(1)
+        .sub_scalar(1.0)
+        .clamp_min(0.0);
+    block.mul_scalar(BLOCK as f32) + k.min_pair(last)
 }
 
 /// The lowest id of each row's maximum, as f32 `[r, 1]`.
@@ -189,11 +248,8 @@ fn sample(
         keep = keep * w.clone().greater_equal_elem(params.min_p).float();
     }
     let wk = w * keep.clone();
-    let c = wk.cumsum(1);
-    let total = c.clone().slice([0..r, a - 1..a]);
-    let target = uniform * total;
-    // The first id whose cumulative weight exceeds the target = the number at or below it.
-    let first = (c - target).lower_equal_elem(0.0).float().sum_dim(1);
+    let target = uniform * wk.clone().sum_dim(1);
+    let first = first_above(wk, target);
     // Rounding that leaves no winner: the last kept id (as the host does).
     let last_kept = (iota.clone().expand([r, a]) + 1.0)
         .mul(keep)
