@@ -85,11 +85,17 @@ pub fn draw(
     let up: Tensor<2> = transfer::upload(TensorData::new(host, [2, r]), &device);
     let uniform = up.clone().slice([0..1, 0..r]).reshape([r, 1]);
     let identity = r == n && src.iter().enumerate().all(|(i, &k)| i == k);
-    let lg = if identity {
+    // The draw is computed in f32 whatever the logits' dtype.
+    let logits = if logits.dtype() == burn::tensor::DType::F32 {
         logits.clone()
     } else {
+        logits.clone().cast(burn::tensor::DType::F32)
+    };
+    let lg = if identity {
+        logits
+    } else {
         let idx: Tensor<1, Int> = up.slice([1..2, 0..r]).reshape([r]).int();
-        logits.clone().select(0, idx)
+        logits.select(0, idx)
     };
     // NaN counts as −∞ (as on the host).
     let lg = lg.clone().mask_fill(lg.is_nan(), f32::NEG_INFINITY);
