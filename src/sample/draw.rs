@@ -13,13 +13,13 @@
 //!
 //! What it keeps of the host sampler ([`super::logits::Processor`]), and what not (the test
 //! `device_draw_agrees_with_the_host` pins it):
-//! - the same token whenever the draw `u` is farther than [`CDF_TOLERANCE`] (relative to the kept
+//! - the same token whenever the draw `u` is farther than [`cdf_tolerance`] (relative to the kept
 //!   mass) from a boundary of the kept tokens' cumulative distribution, the kept sets being
 //!   equal: the device sums in f32 in the backend's order, the host in f64 in id order;
 //! - the same kept sets except at ties: top-k and top-p keep every token whose value equals the
 //!   cut-off's (the host breaks ties towards the lower id) or lies within
 //!   [`BISECT_WIDTH`] below it, and top-p's mass test is in f32 (a boundary token whose mass
-//!   before it is within [`CDF_TOLERANCE`] of `p` can go either way);
+//!   before it is within [`cdf_tolerance`] of `p` can go either way);
 //! - greedy decoding exactly (the maximum, the lowest id on ties);
 //! - the behaviour log-prob within f32 rounding of the host's f64 log-sum-exp (about 1e-6).
 //!
