@@ -79,6 +79,8 @@ pub struct Switches {
     pub decode_pack: bool,
     /// `RLCR_DECODE_BF16`.
     pub decode_bf16: PackPrecision,
+    /// `RLCR_WEIGHTS_BF16`.
+    pub weights_bf16: bool,
     /// `RLCR_MALLOC`.
     pub malloc: Malloc,
     /// `RLCR_CONFIG`: the run configuration file used when `--config` is not given.
@@ -192,6 +194,17 @@ pub const VARIABLES: &[Variable] = &[
         recorded: true,
     },
     Variable {
+        name: "RLCR_WEIGHTS_BF16",
+        values: "1, 0",
+        default: "1",
+        doc: "Sampling, log-probs and a frozen LoRA base hold the matrices a checkpoint stores in \
+              bf16 in bf16 (half the memory; every product widens them exactly, so the results \
+              are those of f32); 0 widens them to f32 at load (a CPU without AVX2, where each \
+              product would otherwise widen them again). Training every weight holds f32 master \
+              weights either way.",
+        recorded: true,
+    },
+    Variable {
         name: "RLCR_MALLOC",
         values: "retain, default",
         default: "retain",
@@ -298,6 +311,7 @@ impl Switches {
             Some("0") => PackPrecision::F32,
             Some(v) => return Err(bad("RLCR_DECODE_BF16", v)),
         };
+        let weights_bf16 = flag("RLCR_WEIGHTS_BF16")?;
         let malloc = match get("RLCR_MALLOC")?.as_deref() {
             None | Some("retain") => Malloc::Retain,
             Some("default") => Malloc::Default,
@@ -322,6 +336,7 @@ impl Switches {
             fused_head,
             decode_pack,
             decode_bf16,
+            weights_bf16,
             malloc,
             config,
             test_slow_write_ms,
@@ -356,6 +371,7 @@ impl Switches {
                 }
                 .to_string(),
             ),
+            ("RLCR_WEIGHTS_BF16", flag(self.weights_bf16)),
             (
                 "RLCR_MALLOC",
                 match self.malloc {
@@ -429,7 +445,7 @@ mod tests {
             ),
             (Path::Rlcr, Path::Rlcr, Path::Burn, Path::Rlcr, Path::Rlcr)
         );
-        assert!(unset.fused_head && unset.decode_pack);
+        assert!(unset.fused_head && unset.decode_pack && unset.weights_bf16);
         assert_eq!(unset.decode_bf16, PackPrecision::Bf16IfExact);
         assert_eq!(unset.malloc, Malloc::Retain);
         assert_eq!(unset.config, None);
@@ -455,6 +471,7 @@ mod tests {
             ("RLCR_FUSED_HEAD", "0"),
             ("RLCR_DECODE_PACK", "0"),
             ("RLCR_DECODE_BF16", "round"),
+            ("RLCR_WEIGHTS_BF16", "0"),
             ("RLCR_MALLOC", "default"),
             ("RLCR_CONFIG", "run.toml"),
             ("RLCR_TEST_SLOW_WRITE", "25"),
@@ -465,7 +482,7 @@ mod tests {
             (s.gemm, s.attention, s.norm, s.swiglu, s.rope),
             (Path::Burn, Path::Burn, Path::Rlcr, Path::Burn, Path::Burn)
         );
-        assert!(!s.fused_head && !s.decode_pack);
+        assert!(!s.fused_head && !s.decode_pack && !s.weights_bf16);
         assert_eq!(s.decode_bf16, PackPrecision::Bf16Rounded);
         assert_eq!(s.malloc, Malloc::Default);
         assert_eq!(s.config, Some(PathBuf::from("run.toml")));

@@ -297,7 +297,8 @@ pub enum Storage {
     F32,
     /// A matrix the checkpoint stores in bf16 stays bf16 (half the memory; every product widens
     /// it exactly, so the numbers are the f32 model's), on a device with bf16 arithmetic
-    /// ([`Device::supports_dtype`]: the CPU, CUDA, Metal; f32 elsewhere). Norm gains, biases,
+    /// ([`Device::supports_dtype`]: the CPU, CUDA, Metal; f32 elsewhere) unless
+    /// `RLCR_WEIGHTS_BF16=0` asks for f32. Norm gains, biases,
     /// f32/f16 matrices and matrices whose values are not all bf16 numbers (a merged adapter)
     /// stay f32.
     AsStored,
@@ -371,8 +372,9 @@ pub fn build_with(
 ) -> Result<(Transformer, WeightDtypes)> {
     check_tensors(c, &tensors)?;
     let dtypes: WeightDtypes = tensors.iter().map(|(n, t)| (n.clone(), t.dtype)).collect();
-    let keep_bf16 =
-        storage == Storage::AsStored && device.supports_dtype(burn::tensor::DType::BF16);
+    let keep_bf16 = storage == Storage::AsStored
+        && crate::switches::get().weights_bf16
+        && device.supports_dtype(burn::tensor::DType::BF16);
     let mut tensors_left = tensors;
     let mut take_t = |name: &str| -> Result<HostTensor> {
         tensors_left

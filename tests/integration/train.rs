@@ -300,8 +300,23 @@ fn update_in_bf16_on_a_bf16_checkpoint_writes_bf16() {
             precision,
         ]);
     }
+    // RLCR_WEIGHTS_BF16=0: the weights widened to f32 at load, the same numbers.
+    let mut c = w.cmd(&[
+        "logprobs",
+        "--model",
+        "out",
+        "--input",
+        "train.parquet",
+        "-o",
+        "wide.parquet",
+        "--column",
+        "lp32",
+    ]);
+    let o = c.env("RLCR_WEIGHTS_BF16", "0").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let lp16 = logprob_column(&w.path("lp16.parquet"), "lp16");
     let lp32 = logprob_column(&w.path("lp32.parquet"), "lp32");
+    assert_eq!(lp32, logprob_column(&w.path("wide.parquet"), "lp32"));
     let m = Model::load(&w.path("out"), &Device::flex().autodiff()).unwrap();
     let pairs: Vec<(&[u32], &[u32])> = rows
         .iter()
