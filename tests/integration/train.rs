@@ -317,6 +317,36 @@ fn update_in_bf16_on_a_bf16_checkpoint_writes_bf16() {
     let lp16 = logprob_column(&w.path("lp16.parquet"), "lp16");
     let lp32 = logprob_column(&w.path("lp32.parquet"), "lp32");
     assert_eq!(lp32, logprob_column(&w.path("wide.parquet"), "lp32"));
+    // Sampling from the bf16-held checkpoint: the tokens and log-probs of the widened one.
+    let questions = ["What is 12 + 7?", "Name a prime."];
+    let p = crate::sample::prompts(&w, &questions);
+    let mut sampled = Vec::new();
+    for (out, widen) in [("s16.parquet", "1"), ("s32.parquet", "0")] {
+        let mut c = w.cmd(&[
+            "--seed",
+            "3",
+            "generate-answers",
+            "--model",
+            "out",
+            "--input",
+            p.to_str().unwrap(),
+            "-o",
+            out,
+            "--num-answers",
+            "2",
+            "--max-new-tokens",
+            "24",
+        ]);
+        let o = c.env("RLCR_WEIGHTS_BF16", widen).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let b = crate::sample::read(&w.path(out));
+        sampled.push((
+            crate::sample::id_lists(&b, "response_ids"),
+            crate::sample::f32_lists(&b, "response_logprobs"),
+        ));
+    }
+    assert!(sampled[0].0.iter().map(Vec::len).sum::<usize>() > 0);
+    assert_eq!(sampled[0], sampled[1], "sampling: bf16-held vs widened");
     let m = Model::load(&w.path("out"), &Device::flex().autodiff()).unwrap();
     let pairs: Vec<(&[u32], &[u32])> = rows
         .iter()
