@@ -7,7 +7,7 @@
 # OUT/gpu_check.json and each step's output and log to OUT/logs.tar.gz (two files: a device call
 # brings back at most 8); a table is printed last.
 #
-#   scripts/gpu_check.sh --rlcr .gpu/rlcr.xz [--out DIR] [--budget SECONDS]
+#   scripts/gpu_check.sh --rlcr .gpu/rlcr.xz [--rlcr-fusion .gpu/rlcr-fusion.xz] [--out DIR] [--budget SECONDS]
 #   scripts/gpu_check.sh --dry-run [--device cpu|wgpu] [--rlcr target/debug/rlcr]
 #
 # Steps, in order of priority (see docs/backends.md for the goals):
@@ -26,6 +26,9 @@
 #              `--precision bf16`, against torch's same full step (PPO loss, clipping, AdamW;
 #              fp32 and torch.autocast bf16): tokens/s, peak GPU memory (nvidia-smi), and the
 #              mean token entropy of the first forward against float64 (the bf16 error)
+#   fusion     with --rlcr-fusion (a second binary built with burn's operation fusion,
+#              `FUSION=1 scripts/gpu_pack.sh`): the SmolLM2 shape's log-probs against float64,
+#              sampling 64 rows and one f32 `update` step, each against the binary without fusion
 #   main job   `make -f scripts/rl.mk DEVICE=cuda` (the tiny model's loop) until the budget ends:
 #              iterations done and seconds
 #
@@ -40,6 +43,7 @@ HELPER="$ROOT/scripts/gpu_check.py"
 MODE=gpu
 DEVICE=""
 RLCR_IN=""
+FUSION_IN=""
 OUTDIR="${OUT:-$ROOT/gpu-check-out}"
 BUDGET=""
 while [ $# -gt 0 ]; do
@@ -47,9 +51,10 @@ while [ $# -gt 0 ]; do
     --dry-run) MODE=dry ;;
     --device) DEVICE=$2; shift ;;
     --rlcr) RLCR_IN=$2; shift ;;
+    --rlcr-fusion) FUSION_IN=$2; shift ;;
     --out) OUTDIR=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -76,14 +81,20 @@ if [ -z "$RLCR_IN" ]; then
   echo "gpu_check: --rlcr PATH is required (a binary, or the .xz of scripts/gpu_pack.sh)" >&2
   exit 2
 fi
-case "$RLCR_IN" in
-  *.xz)
-    if command -v xz >/dev/null; then xz -dc "$RLCR_IN" >"$WORK/rlcr"
-    else "$PY" -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$RLCR_IN" "$WORK/rlcr"
-    fi || { echo "gpu_check: cannot decompress $RLCR_IN" >&2; exit 1; }
-    chmod +x "$WORK/rlcr"; RLCR="$WORK/rlcr" ;;
-  *) RLCR=$(cd "$(dirname "$RLCR_IN")" && pwd)/$(basename "$RLCR_IN") ;;
-esac
+# unpack IN NAME: the binary IN (a path, or an .xz of one) as an absolute path on stdout.
+unpack() {
+  case "$1" in
+    *.xz)
+      if command -v xz >/dev/null; then xz -dc "$1" >"$WORK/$2"
+      else "$PY" -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$WORK/$2"
+      fi || { echo "gpu_check: cannot decompress $1" >&2; return 1; }
+      chmod +x "$WORK/$2"; echo "$WORK/$2" ;;
+    *) echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")" ;;
+  esac
+}
+RLCR=$(unpack "$RLCR_IN" rlcr) || exit 1
+FUSION=""
+if [ -n "$FUSION_IN" ]; then FUSION=$(unpack "$FUSION_IN" rlcr-fusion) || exit 1; fi
 
 # --- sizes
 if [ $MODE = dry ]; then
@@ -342,6 +353,36 @@ step model-qwen05 120 "$PY" "$HELPER" model qwen05 "$M/qwen05" $TINY && models+=
 [[ " ${models[*]} " == *" qwen05 "* ]] && parity qwen05
 [[ " ${models[*]} " == *" qwen05 "* ]] && training qwen05 $QWEN_ROWS
 [[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B2
+
+# --- burn's operation fusion: the same figures from the second binary, against the first
+fusion() {
+  local d="$WORK/fusion" m=smollm2
+  mkdir -p "$d"
+  envfact rlcr_fusion "$("$FUSION" --version 2>&1 | tr '\n' ' ')"
+  if step fusion-logprobs 120 "$FUSION" --device "$DEVICE" logprobs --model "$M/$m" \
+    --input "$WORK/parity-$m/answers.parquet" -o "$d/lp.parquet" --column lp &&
+    step fusion-parity 120 "$PY" "$HELPER" parity "$d/lp.parquet" "$M/$m" lp; then
+    row "fusion: logprobs $m: max |rlcr - f64| (ref: hf)" "$(jget "$LOGS/fusion-parity.out" rlcr_vs_f64)" "$(jget "$LOGS/fusion-parity.out" hf_vs_f64)" max 1e-4
+  else
+    row "fusion: logprobs $m: max |rlcr - f64|" null null max 1e-4
+  fi
+  local r=null
+  if step fusion-sample 150 "$FUSION" --device "$DEVICE" --seed 4 generate-answers \
+    --model "$M/$m" --input "$WORK/sample-$SAMPLE_B1/prompts.parquet" -o "$d/answers.parquet" \
+    --num-answers 8 --max-new-tokens $SAMPLE_NEW --batch-size $SAMPLE_B1 --temperature 1; then
+    r=$(rlcr_rate "$LOGS/fusion-sample.log")
+  fi
+  row "fusion: sample $m ${SAMPLE_B1}x$SAMPLE_NEW tokens/s (ref: no fusion)" "$r" "$(rlcr_rate "$LOGS/sample-rlcr-$SAMPLE_B1.log")" info
+  r=null
+  if step fusion-update 180 "$FUSION" --device "$DEVICE" update --model "$M/$m" \
+    --input "$WORK/train-$m/train.parquet" -o "$d/out" --lr 1e-6 --micro-batch $SMOL_ROWS \
+    --epochs 2 --precision f32; then
+    r=$(update_rate "$d/out")
+  fi
+  row "fusion: update $m f32 tokens/s (ref: no fusion)" "$r" "$(update_rate "$WORK/train-$m/out-f32")" info
+  row "fusion: update $m f32 step 1 s (ref: step 2 s)" "$(update_secs "$d/out" 1)" "$(update_secs "$d/out" 2)" info
+}
+[ -n "$FUSION" ] && [[ " ${models[*]} " == *" smollm2 "* ]] && fusion
 
 # --- the main job, for what is left of the budget (at most 5 minutes)
 t0=$(date +%s)

@@ -7,6 +7,8 @@
 #
 #   scripts/gpu_pack.sh            # cargo build --release --features cuda, then pack
 #   scripts/gpu_pack.sh --no-build # pack the binary already built
+#   FUSION=1 scripts/gpu_pack.sh   # also .gpu/rlcr-fusion.xz: the same build with burn's
+#                                  # operation fusion (for gpu_check.sh --rlcr-fusion)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIMIT_MIB=${LIMIT_MIB:-64}
@@ -18,8 +20,15 @@ bin="$TARGET/release/rlcr"
 [ -x "$bin" ] || { echo "gpu_pack: $bin is missing (build it, or drop --no-build)" >&2; exit 1; }
 mkdir -p .gpu
 strip -o .gpu/rlcr "$bin"
-rm -f .gpu/rlcr.xz
+rm -f .gpu/rlcr.xz .gpu/rlcr-fusion.xz
 xz -9 -T1 .gpu/rlcr
+if [ "${FUSION:-0}" = 1 ]; then
+  # The same target folder: cargo keeps both feature sets' artifacts (only burn's GPU crates and
+  # rlcr differ); the binary above is already packed.
+  nice -n 10 cargo build --release --features "cuda burn/fusion" --bin rlcr
+  strip -o .gpu/rlcr-fusion "$bin"
+  xz -9 -T1 .gpu/rlcr-fusion
+fi
 git describe --always --dirty >.gpu/commit
 size() { du -b "$1" | cut -f1; }
 echo "gpu_pack: release $(size "$bin") bytes, stripped+xz $(size .gpu/rlcr.xz) bytes (.gpu/rlcr.xz)"
