@@ -426,8 +426,8 @@ pub fn model_lora(m: &crate::model::Model) -> serde_json::Value {
 /// The critic flags of `rlcr update`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CriticArgs {
-    /// Also train this critic (critic or policy folder) on the table's values/returns/loss_mask
-    /// with verl's clipped value loss; needs --critic-out.
+    /// Also train this critic (critic, policy or LoRA adapter folder) on the table's
+    /// values/returns/loss_mask with verl's clipped value loss; needs --critic-out.
     #[arg(long, requires = "critic_out")]
     pub critic: Option<PathBuf>,
     /// Output folder of the trained critic.

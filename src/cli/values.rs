@@ -19,7 +19,8 @@ advantages and returns from it, and `rlcr update --critic DIR --critic-out NEW` 
 
 --critic takes a critic folder written by `update --critic-out` (a Hugging Face
 `*ForTokenClassification` folder with num_labels = 1: score.weight [1, h], score.bias [1]) or any
-policy folder, which starts a critic with a zero value head (every value 0 until it is trained).
+policy folder, which starts a critic with a zero value head (every value 0 until it is trained);
+a LoRA adapter folder starts it from its base with the adapter merged in.
 In transformers: AutoModelForTokenClassification.from_pretrained(DIR).logits[..., 0] are the values
 of every position (the value of response token i sits at the position before it).
 
@@ -29,7 +30,7 @@ Example:
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Critic folder (or a policy folder: zero value head).
+    /// Critic folder (or a policy or LoRA adapter folder: zero value head).
     #[arg(long)]
     pub critic: PathBuf,
     /// Input table.

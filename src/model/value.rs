@@ -88,16 +88,27 @@ pub struct Critic {
 }
 
 impl Critic {
-    /// Load a critic (or a policy, with a zero head) from `dir`.
+    /// Load a critic (or a policy, with a zero head) from `dir`. A LoRA adapter folder starts a
+    /// critic from its base with the adapter merged in (a critic trains every weight); the
+    /// critic is then saved as a full folder with the base's config and tokenizer files.
     pub fn load(dir: &Path, device: &Device) -> Result<Critic> {
-        anyhow::ensure!(
-            !super::lora::is_adapter_dir(dir),
-            "{}: a LoRA adapter folder cannot start a critic (a critic trains every weight); \
-             give its base model folder, or a full model made with `rlcr merge-lora`",
-            dir.display()
-        );
-        let config = ModelConfig::load(dir)?;
-        let mut tensors = weights::read_checkpoint(dir)?;
+        let (base, adapter) = super::lora::resolve(dir, None)?;
+        let config = ModelConfig::load(&base)?;
+        let mut tensors = weights::read_checkpoint(&base)?;
+        if let Some(a) = &adapter {
+            let (spec, at) = super::lora::read_adapter(a)?;
+            let file = a.join(super::lora::WEIGHTS_FILE).display().to_string();
+            super::lora::check_tensors(&config, &spec, &at, &file)?;
+            weights::check_tensors(&config, &tensors)
+                .with_context(|| format!("loading weights from {}", base.display()))?;
+            super::lora::merge_into(&mut tensors, &config, &spec, &at)?;
+            crate::info!(
+                "{}: critic from the LoRA adapter merged into {}",
+                a.display(),
+                base.display()
+            );
+        }
+        let dir = base.as_path();
         let h = config.hidden_size;
         let w = tensors.remove("score.weight");
         let b = tensors.remove("score.bias");
@@ -252,4 +263,38 @@ pub fn save(
             .with_context(|| format!("writing {}", path.display()))
     })
     .with_context(|| format!("saving the critic to {}", out.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Model, TokenBatch};
+
+    /// A critic started from a LoRA adapter folder has the body of base + adapter (the bits of
+    /// the policy loaded from that folder, merged), not the base's, and a zero head.
+    #[test]
+    fn a_critic_from_an_adapter_folder_has_the_merged_body() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let adapter = root.join("lora/tiny-qwen2-peft");
+        let dev = Device::flex();
+        let critic = Critic::load(&adapter, &dev).unwrap();
+        assert_eq!(critic.head_init, HeadInit::Zeros);
+        assert_eq!(
+            critic.dir.canonicalize().unwrap(),
+            root.join("tiny-qwen2").canonicalize().unwrap()
+        );
+        let ids = TokenBatch::left_padded(&[vec![5u32, 17, 99, 3, 250, 41, 7]]);
+        let hidden = |t: &Transformer| super::super::read_f32(t.hidden(&ids).unwrap()).unwrap();
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        let merged = Model::load(&adapter, &dev).unwrap();
+        let base = Model::load(&root.join("tiny-qwen2"), &dev).unwrap();
+        let got = hidden(&critic.model.body);
+        assert_eq!(bits(got.clone()), bits(hidden(&merged.transformer)));
+        let apart = got
+            .iter()
+            .zip(hidden(&base.transformer))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(apart > 1e-3, "the adapter changed nothing ({apart})");
+    }
 }
