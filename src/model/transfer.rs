@@ -243,6 +243,133 @@ mod transfer_counts {
         }
     }
 
+    /// Per multi-turn step (between two consecutive step reports): one model call when every
+    /// row is in the middle of a turn or every row feeds an observation, two when both kinds
+    /// are in the batch (each uploads its token ids, the RoPE tables and the attention mask);
+    /// a cache compaction when rows left uploads their indices. One read: the sampled ids with
+    /// their log-probs on a GPU (8 bytes a row, whatever the number of calls, the draws going
+    /// up as one upload), each call's logits on the CPU.
+    #[test]
+    fn per_multiturn_step() {
+        use crate::sample::env::{EnvReply, EnvRequest, Environment};
+        use crate::sample::multiturn::{rollout, Episode, Limits};
+
+        /// Never done before turn 3; every observation is 3 tokens.
+        struct Env;
+        impl Environment for Env {
+            fn step(&mut self, requests: &[EnvRequest]) -> Result<Vec<EnvReply>> {
+                Ok(requests
+                    .iter()
+                    .map(|r| EnvReply {
+                        observation: "obs".into(),
+                        done: r.turn >= 3,
+                        turn_reward: None,
+                        extra: None,
+                    })
+                    .collect())
+            }
+        }
+        let encode = |_: &str| -> Result<Vec<u32>> { Ok(vec![5, 6, 7]) };
+
+        for spec in devices() {
+            let device = crate::model::device_from_str(&spec).unwrap();
+            let p = Policy::load(
+                &fixture("tiny-qwen2"),
+                &device,
+                &crate::model::ChatOptions::default(),
+            )
+            .unwrap();
+            let on_device = p.draws_on_device();
+            assert_eq!(on_device, spec != "cpu", "{spec}: where the sampler draws");
+            let vocab = p.vocab() as u64;
+            let episodes: Vec<Episode> = [(1..=9).collect::<Vec<u32>>(), vec![3, 1, 4, 1, 5]]
+                .into_iter()
+                .enumerate()
+                .map(|(g, context)| Episode {
+                    context,
+                    messages: vec![crate::model::Message::new("user", "q")],
+                    data_source: "t".into(),
+                    ground_truth: serde_json::Value::Null,
+                    samples: (0..4)
+                        .map(|k| SampleId {
+                            prompt_id: format!("q{g}"),
+                            answer_idx: k,
+                            confidence_idx: None,
+                        })
+                        .collect(),
+                })
+                .collect();
+            let cfg = GenConfig {
+                params: SamplingParams {
+                    temperature: 0.8,
+                    top_k: 40,
+                    top_p: 0.9,
+                    min_p: 0.0,
+                },
+                // Every even id ends a turn: turns end at different steps in different rows, so
+                // some steps feed observations and decode in the same batch.
+                stop: StopCriteria {
+                    eos: (0..p.vocab() as u32).step_by(2).collect(),
+                    stop_strings: vec![],
+                    max_new_tokens: 4,
+                },
+                allowed_vocab: p.vocab(),
+                seed: 3,
+                batch_size: 8,
+                prefill_chunk: 16,
+            };
+            let limits = Limits {
+                max_turns: 4,
+                max_response_tokens: 40,
+            };
+            let decode = |ids: &[u32]| p.decode(ids);
+            let mut marks = Vec::new();
+            rollout(
+                &p,
+                &decode,
+                &encode,
+                &episodes,
+                &cfg,
+                &limits,
+                &mut Env,
+                &mut |r| marks.push((r, thread_counts())),
+            )
+            .unwrap();
+            let mut calls_seen = [0usize; 3];
+            for w in marks.windows(2) {
+                let ((prev, t0), (now, t1)) = (w[0], w[1]);
+                let d = t1 - t0;
+                // Rows that left the batch after the previous step: one upload of the kept rows.
+                let compacted = u64::from(prev.finished > 0);
+                let rows = now.tokens as u64;
+                let calls = if on_device {
+                    assert_eq!(d.reads, 1, "{spec}: reads per multi-turn step");
+                    assert_eq!(d.read_bytes, rows * 8, "{spec}: bytes read per step");
+                    let model_uploads = d.uploads - 1 - compacted;
+                    assert_eq!(model_uploads % 4, 0, "{spec}: {d:?}");
+                    model_uploads / 4
+                } else {
+                    assert_eq!(d.read_bytes, d.reads * rows * vocab * 4, "{spec}: {d:?}");
+                    assert_eq!(d.uploads, 4 * d.reads + compacted, "{spec}: {d:?}");
+                    d.reads
+                };
+                assert!((1..=2).contains(&calls), "{spec}: {calls} model calls");
+                calls_seen[calls as usize] += 1;
+                // The weights never travel again (the embedding table alone is 384 × 64 f32,
+                // 96 KiB): a step uploads only its inputs, the attention mask the largest.
+                assert!(
+                    d.upload_bytes < 64 << 10,
+                    "{spec}: {} bytes up",
+                    d.upload_bytes
+                );
+            }
+            assert!(
+                calls_seen[1] > 0 && calls_seen[2] > 0,
+                "{spec}: steps with one and with two model calls ({calls_seen:?})"
+            );
+        }
+    }
+
     /// Per optimizer step: one read per micro-batch (every metric at once) and one for the
     /// gradient norm; uploads are the micro-batches' token ids, masks and per-token columns.
     #[test]

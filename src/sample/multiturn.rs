@@ -21,7 +21,10 @@
 //! 4. rows with an observation feed `[last model token, observation…]` in one cached forward
 //!    (left-padded, at least [`MIN_OBS_SLOTS`] slots wide), the others feed their last token in a
 //!    decode step; each row samples from the logits of its own last real slot. The cache is never
-//!    rebuilt: a turn continues where the last one stopped.
+//!    rebuilt: a turn continues where the last one stopped. Draws are made as in the single-turn
+//!    sampler (see [`super::sampler`]): on the host from the logits read back, or, on a
+//!    model that [draws on its device](StepModel::draws_on_device), next to the logits (those of
+//!    the two calls stacked there), reading back only the sampled ids and log-probs.
 //!
 //! Determinism: draws come from each sample's own ChaCha20 stream; a row's computation is
 //! invisible to padding and to the other rows (the model's mask), decode steps stay decode
@@ -35,9 +38,10 @@ use rayon::prelude::*;
 
 use super::env::{EnvReply, EnvRequest, Environment};
 use super::logits::Processor;
-use super::rng::{sample_rng, uniform};
+use super::rng::sample_rng;
 use super::sampler::{
-    plan_waves, prefill, reselect, retire_finished, GenConfig, Generated, SampleId, StepModel,
+    draw_rows, plan_waves, prefill_logits, reselect, retire_finished, step_logits, DrawState,
+    GenConfig, Generated, Logits, SampleId, StepModel,
 };
 use super::stop::{DecodeFn, Detokenizer, FinishReason};
 use crate::model::Message;
@@ -142,6 +146,12 @@ struct Row {
     obs: Vec<u32>,
 }
 
+impl DrawState for Row {
+    fn draw_state(&mut self) -> (&mut rand_chacha::ChaCha20Rng, &mut Processor) {
+        (&mut self.rng, &mut self.proc_)
+    }
+}
+
 impl Row {
     /// Room left in the response.
     fn room(&self, limits: &Limits, max_pos: usize) -> usize {
@@ -150,18 +160,16 @@ impl Row {
         by_budget.min(by_model)
     }
 
-    fn advance(
+    /// Record a drawn model token and its behaviour log-prob, check the turn's end conditions.
+    fn record(
         &mut self,
-        logits: &[f32],
+        tok: u32,
+        lp: f32,
         cfg: &GenConfig,
         limits: &Limits,
         max_pos: usize,
         decode: &DecodeFn<'_>,
     ) -> Result<()> {
-        let u = uniform(&mut self.rng);
-        let (tok, lp) = self
-            .proc_
-            .choose_with_logprob(logits, cfg.allowed_vocab, &cfg.params, u);
         self.ids.push(tok);
         self.logprobs.push(lp);
         self.info.push(true);
@@ -370,7 +378,7 @@ fn run_wave<M: StepModel>(
     let mut cache = model.new_cache(n_ctx, longest + limits.max_response_tokens.min(64))?;
 
     // 1. Prefill (left-padded, in chunks).
-    let mut logits = prefill(model, &mut cache, &contexts, cfg.prefill_chunk)?;
+    let mut logits = prefill_logits(model, &mut cache, &contexts, cfg.prefill_chunk)?;
 
     // 2. Expand to one row per sample.
     let mut expand = Vec::new();
@@ -410,17 +418,10 @@ fn run_wave<M: StepModel>(
 
     loop {
         // Draw one token per row.
+        let drawn = draw_rows(&logits, &mut rows, &src, vocab, cfg)?;
         rows.par_iter_mut()
-            .zip(src.par_iter())
-            .try_for_each(|(row, &k)| {
-                row.advance(
-                    &logits[k * vocab..(k + 1) * vocab],
-                    cfg,
-                    limits,
-                    max_pos,
-                    decode,
-                )
-            })?;
+            .zip(drawn.par_iter())
+            .try_for_each(|(row, &(tok, lp))| row.record(tok, lp, cfg, limits, max_pos, decode))?;
         // The environment's turn.
         let ended: Vec<usize> = (0..rows.len())
             .filter(|&i| rows[i].turn_end.is_some())
@@ -493,7 +494,9 @@ fn run_wave<M: StepModel>(
         }
         reselect(model, &mut cache, before, &keep)?;
         let b = rows.len();
-        let mut next_logits = vec![0f32; b * vocab];
+        // The logits of each model call below, stacked; row i draws from `src[i]`.
+        let mut parts = Vec::new();
+        src = vec![0; b];
         // Rows with an observation: [last model token, observation...] in one forward.
         let obs_rows: Vec<usize> = (0..b).filter(|&i| !rows[i].obs.is_empty()).collect();
         if !obs_rows.is_empty() {
@@ -518,10 +521,10 @@ fn run_wave<M: StepModel>(
             let _t = crate::trace::span_with("observation", || {
                 vec![("rows", b.into()), ("tokens", w.into())]
             });
-            let l = model.step(&mut cache, b, w, &ids, &valid)?;
+            let at = parts.len() * b;
+            parts.push(step_logits(model, &mut cache, b, w, &ids, &valid)?);
             for &i in &obs_rows {
-                next_logits[i * vocab..(i + 1) * vocab]
-                    .copy_from_slice(&l[i * vocab..(i + 1) * vocab]);
+                src[i] = at + i;
             }
         }
         // Rows in the middle of a turn: one decode step.
@@ -534,17 +537,16 @@ fn run_wave<M: StepModel>(
                 valid[i] = true;
             }
             let _t = crate::trace::span_with("decode step", || vec![("rows", b.into())]);
-            let l = model.step(&mut cache, b, 1, &ids, &valid)?;
+            let at = parts.len() * b;
+            parts.push(step_logits(model, &mut cache, b, 1, &ids, &valid)?);
             for &i in &dec_rows {
-                next_logits[i * vocab..(i + 1) * vocab]
-                    .copy_from_slice(&l[i * vocab..(i + 1) * vocab]);
+                src[i] = at + i;
             }
         }
         for r in rows.iter_mut() {
             r.obs.clear();
         }
-        logits = next_logits;
-        src = (0..b).collect();
+        logits = Logits::cat(parts)?;
     }
     results
         .into_iter()

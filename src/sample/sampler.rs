@@ -84,9 +84,120 @@ pub trait StepModel: Sync {
 }
 
 /// The last step's logits: on the host, or on the model's device ([`StepModel::draws_on_device`]).
-enum Logits {
+pub(crate) enum Logits {
     Host(Vec<f32>),
     Device(Box<Tensor<2>>),
+}
+
+impl Logits {
+    /// The logits of several model calls as one, rows in call order (all from the same path; on
+    /// the device a concatenation there, nothing read).
+    pub(crate) fn cat(parts: Vec<Logits>) -> Result<Logits> {
+        if parts.len() == 1 {
+            return parts.into_iter().next().context("internal: no logits");
+        }
+        let mut host = Vec::new();
+        let mut device = Vec::new();
+        for p in parts {
+            match p {
+                Logits::Host(l) => host.extend_from_slice(&l),
+                Logits::Device(l) => device.push(*l),
+            }
+        }
+        match (host.is_empty(), device.is_empty()) {
+            (_, true) => Ok(Logits::Host(host)),
+            (true, false) => Ok(Logits::Device(Box::new(Tensor::cat(device, 0)))),
+            (false, false) => bail!("internal: host and device logits in one step"),
+        }
+    }
+}
+
+/// A sample row's drawing state: its own ChaCha20 stream and the host sampler's scratch.
+pub(crate) trait DrawState {
+    fn draw_state(&mut self) -> (&mut rand_chacha::ChaCha20Rng, &mut Processor);
+}
+
+/// One draw per sample row: row `r` takes the next uniform of its own stream and draws from
+/// logits row `src[r]` (each row's draw is the same on one path whatever the other rows). On the
+/// host [`Processor`] draws, rows in parallel; on the device [`super::draw::draw`] draws all
+/// rows at once (one upload, one read). Returns `(token, behaviour log-prob)` per row.
+pub(crate) fn draw_rows<R: DrawState + Send>(
+    logits: &Logits,
+    rows: &mut [R],
+    src: &[usize],
+    vocab: usize,
+    cfg: &GenConfig,
+) -> Result<Vec<(u32, f32)>> {
+    ensure!(
+        src.len() == rows.len(),
+        "internal: {} logits rows for {} sample rows",
+        src.len(),
+        rows.len()
+    );
+    match logits {
+        Logits::Host(l) => rows
+            .par_iter_mut()
+            .zip(src.par_iter())
+            .map(|(row, &k)| {
+                let l = l
+                    .get(k * vocab..(k + 1) * vocab)
+                    .context("internal: a sample row reads beyond the logits")?;
+                let (rng, proc_) = row.draw_state();
+                let u = uniform(rng);
+                Ok(proc_.choose_with_logprob(l, cfg.allowed_vocab, &cfg.params, u))
+            })
+            .collect(),
+        Logits::Device(l) => {
+            // Each row's next uniform from its own stream, as the host path draws it.
+            let u: Vec<f64> = rows.iter_mut().map(|r| uniform(r.draw_state().0)).collect();
+            super::draw::draw(l, src, &u, &cfg.params, cfg.allowed_vocab)
+        }
+    }
+}
+
+/// One model call ([`StepModel::step`]) with the logits where the sampler draws them: on the
+/// device when the model [draws there](StepModel::draws_on_device), else on the host (checked
+/// for `batch · vocab` values).
+pub(crate) fn step_logits<M: StepModel>(
+    model: &M,
+    cache: &mut M::Cache,
+    batch: usize,
+    len: usize,
+    ids: &[u32],
+    valid: &[bool],
+) -> Result<Logits> {
+    if model.draws_on_device() {
+        return Ok(Logits::Device(Box::new(
+            model.step_device(cache, batch, len, ids, valid)?,
+        )));
+    }
+    let vocab = model.vocab();
+    let l = model.step(cache, batch, len, ids, valid)?;
+    ensure!(
+        l.len() == batch * vocab,
+        "model returned {} logits for {batch} rows of {vocab}",
+        l.len()
+    );
+    Ok(Logits::Host(l))
+}
+
+/// [`prefill`] with the last chunk's logits where the sampler draws them (see [`step_logits`]).
+pub(crate) fn prefill_logits<M: StepModel>(
+    model: &M,
+    cache: &mut M::Cache,
+    contexts: &[&[u32]],
+    chunk: usize,
+) -> Result<Logits> {
+    if model.draws_on_device() {
+        let l = prefill_with(cache, contexts, chunk, |c, n, w, ids, v| {
+            model.step_device(c, n, w, ids, v)
+        })?;
+        Ok(Logits::Device(Box::new(
+            l.context("internal: an empty wave")?,
+        )))
+    } else {
+        Ok(Logits::Host(prefill(model, cache, contexts, chunk)?))
+    }
 }
 
 /// Owned identity of a sample (see [`SampleKey`]).
@@ -165,16 +276,13 @@ struct Row {
     finish: Option<FinishReason>,
 }
 
-impl Row {
-    /// Draw the next token from `logits` (one row), record it, check stop conditions.
-    fn advance(&mut self, logits: &[f32], cfg: &GenConfig, decode: &DecodeFn<'_>) -> Result<()> {
-        let u = uniform(&mut self.rng);
-        let (tok, lp) = self
-            .proc_
-            .choose_with_logprob(logits, cfg.allowed_vocab, &cfg.params, u);
-        self.record(tok, lp, cfg, decode)
+impl DrawState for Row {
+    fn draw_state(&mut self) -> (&mut rand_chacha::ChaCha20Rng, &mut Processor) {
+        (&mut self.rng, &mut self.proc_)
     }
+}
 
+impl Row {
     /// Record a drawn token and its behaviour log-prob, check stop conditions.
     fn record(&mut self, tok: u32, lp: f32, cfg: &GenConfig, decode: &DecodeFn<'_>) -> Result<()> {
         self.ids.push(tok);
@@ -435,18 +543,7 @@ fn run_wave<M: StepModel>(
     let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens.min(INITIAL_ROOM))?;
 
     // 1. Prefill (left-padded), in column chunks.
-    let on_device = model.draws_on_device();
-    let mut logits = if on_device {
-        let l = prefill_with(
-            &mut cache,
-            &contexts,
-            cfg.prefill_chunk,
-            |c, n, w, ids, v| model.step_device(c, n, w, ids, v),
-        )?;
-        Logits::Device(Box::new(l.context("internal: an empty wave")?))
-    } else {
-        Logits::Host(prefill(model, &mut cache, &contexts, cfg.prefill_chunk)?)
-    };
+    let mut logits = prefill_logits(model, &mut cache, &contexts, cfg.prefill_chunk)?;
 
     // 2. Expand to one row per sample.
     let mut expand = Vec::new();
@@ -477,23 +574,10 @@ fn run_wave<M: StepModel>(
 
     // 3. Decode.
     loop {
-        match &logits {
-            Logits::Host(logits) => {
-                rows.par_iter_mut()
-                    .zip(src.par_iter())
-                    .try_for_each(|(row, &k)| {
-                        row.advance(&logits[k * vocab..(k + 1) * vocab], cfg, decode)
-                    })?
-            }
-            Logits::Device(logits) => {
-                // Each row's next uniform from its own stream, as the host path draws it.
-                let u: Vec<f64> = rows.iter_mut().map(|r| uniform(&mut r.rng)).collect();
-                let drawn = super::draw::draw(logits, &src, &u, &cfg.params, cfg.allowed_vocab)?;
-                rows.par_iter_mut()
-                    .zip(drawn.par_iter())
-                    .try_for_each(|(row, &(tok, lp))| row.record(tok, lp, cfg, decode))?;
-            }
-        }
+        let drawn = draw_rows(&logits, &mut rows, &src, vocab, cfg)?;
+        rows.par_iter_mut()
+            .zip(drawn.par_iter())
+            .try_for_each(|(row, &(tok, lp))| row.record(tok, lp, cfg, decode))?;
         let before = rows.len();
         let keep;
         (rows, keep) = retire_finished(
@@ -525,12 +609,7 @@ fn run_wave<M: StepModel>(
         }
         let valid = vec![true; next.len()];
         let _t = crate::trace::span_with("decode step", || vec![("rows", next.len().into())]);
-        logits = if on_device {
-            let l = model.step_device(&mut cache, next.len(), 1, &next, &valid)?;
-            Logits::Device(Box::new(l))
-        } else {
-            Logits::Host(model.step(&mut cache, next.len(), 1, &next, &valid)?)
-        };
+        logits = step_logits(model, &mut cache, next.len(), 1, &next, &valid)?;
         src = (0..rows.len()).collect();
     }
     results
