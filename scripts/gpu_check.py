@@ -24,12 +24,18 @@ subcommand prints one JSON object on stdout).
                                        value (the reference of rlcr's `update` entropy too)
   generate MODEL PROMPTS N NEW         transformers `generate`, N rows (PROMPTS distinct chat
                                        prompts), NEW new tokens, temperature 1, EOS ignored
+  profile LOG COMPILE_LOG STEPS        cubecl's kernel profile of one rlcr run (one line a
+                                       launch, `| duration | kernel`, every launch timed alone)
+                                       and its compilation log: launches, GPU-busy time and
+                                       kernels compiled, in all and per STEPS (decode steps or
+                                       optimizer steps), and the kernels that took the most time
   table RESULTS.json                   the summary table of a results file
 
 The device is CUDA when torch sees one, else the CPU (the dry run).
 """
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -310,6 +316,54 @@ def cmd_generate(model_dir, prompts, n, new):
          "tokens_per_s": made / secs})
 
 
+UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def seconds(text):
+    """`2.518908ms`, `132.797µs`, `1.2s` (Rust's `Duration` debug form) in seconds, or None."""
+    m = re.fullmatch(r"([0-9.]+)(ns|µs|us|ms|s)", text.strip())
+    return float(m.group(1)) * UNITS[m.group(2)] if m else None
+
+
+def cmd_profile(log, compile_log, steps):
+    by_kernel = {}
+    launches, busy, unmeasured = 0, 0.0, 0
+    with open(log, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = [p.strip() for p in line.strip().strip("|").split("|", 1)]
+            if len(parts) != 2:
+                continue
+            launches += 1
+            secs = seconds(parts[0])
+            # A kernel's name without the hash of its compile-time settings: one entry for every
+            # shape of the same operation.
+            name = re.sub(r"_[0-9a-f]{6,}", "", parts[1])
+            k = by_kernel.setdefault(name, [0, 0.0])
+            k[0] += 1
+            if secs is None:
+                unmeasured += 1
+            else:
+                k[1] += secs
+                busy += secs
+    compiled = 0
+    if os.path.exists(compile_log):
+        with open(compile_log, encoding="utf-8", errors="replace") as f:
+            compiled = sum(1 for line in f if "Compiling kernel" in line)
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:15]
+    out({"launches": launches, "busy_s": busy, "unmeasured": unmeasured, "compiled": compiled,
+         "steps": steps, "launches_per_step": launches / max(steps, 1),
+         "busy_ms_per_step": 1e3 * busy / max(steps, 1),
+         "top": [{"kernel": n, "launches": c, "ms": round(1e3 * t, 3)} for n, (c, t) in top]})
+
+
+def short(kernel):
+    """A kernel name without cubecl's argument-type segments (`TensorArgs`, `DynamicScalar`, …)."""
+    keep = [p.strip() for p in kernel.split("|")]
+    keep = [p for p in keep if p and p not in ("TensorArgs", "DynamicScalar", "DynamicSize", "()")
+            and not p.startswith("__")]
+    return " ".join(keep)
+
+
 def fmt(v, spec):
     if v is None:
         return "-"
@@ -331,6 +385,12 @@ def cmd_table(path):
         lines.append("{:<52} {:>10} {:>10} {:>14}  {}".format(
             row["check"][:52], fmt(row.get("rlcr"), ".3g"), fmt(row.get("ref"), ".3g"),
             row.get("goal", ""), {True: "yes", False: "NO", None: "-"}[row.get("ok")]))
+    for name, prof in res.get("profiles", {}).items():
+        lines.append(f"profile {name}: {prof['launches']} launches ({prof['launches_per_step']:.0f}"
+                     f" a step), GPU busy {prof['busy_ms_per_step']:.2f} ms a step,"
+                     f" {prof['compiled']} kernels compiled; most time:")
+        for k in prof.get("top", [])[:8]:
+            lines.append(f"  {k['ms']:>10.2f} ms {k['launches']:>7}x  {short(k['kernel'])[:70]}")
     for err in res.get("errors", []):
         lines.append(f"error: {err}")
     print("\n".join(lines))
@@ -355,6 +415,8 @@ def main():
         cmd_torch_step(a[1], a[2], a[3])
     elif c == "generate" and len(a) == 5:
         cmd_generate(a[1], int(a[2]), int(a[3]), int(a[4]))
+    elif c == "profile" and len(a) == 4:
+        cmd_profile(a[1], a[2], int(a[3]))
     elif c == "table" and len(a) == 2:
         cmd_table(a[1])
     else:

@@ -29,6 +29,13 @@
 #   fusion     with --rlcr-fusion (a second binary built with burn's operation fusion,
 #              `FUSION=1 scripts/gpu_pack.sh`): the SmolLM2 shape's log-probs against float64,
 #              sampling 64 rows and one f32 `update` step, each against the binary without fusion
+#   split      `RLCR_GPU_F32=split` (f32 products as four bf16-split products, f32-accurate on
+#              TF32 tensor cores): the parity of tiny-qwen2, SmolLM2 and Qwen2.5-0.5B, and the
+#              SmolLM2 f32 `update` step against torch's
+#   profiles   cubecl's kernel profiler (every launch timed alone) on a short sampling run (64
+#              rows x 32 new tokens), one f32 `update` step on the SmolLM2 shape, and the fusion
+#              binary's sampling: kernel launches and GPU-busy time per step, kernels compiled,
+#              and the kernels that take the most time (the table's last lines)
 #   main job   `make -f scripts/rl.mk DEVICE=cuda` (the tiny model's loop) until the budget ends:
 #              iterations done and seconds
 #
@@ -99,11 +106,11 @@ if [ -n "$FUSION_IN" ]; then FUSION=$(unpack "$FUSION_IN" rlcr-fusion) || exit 1
 # --- sizes
 if [ $MODE = dry ]; then
   TINY=--tiny; PAR_NEW=8; SAMPLE_NEW=16; SAMPLE_B1=8; SAMPLE_B2=16; TRAIN_LEN=96
-  SMOL_ROWS=4; QWEN_ROWS=2; MAIN_ITERS=1
+  SMOL_ROWS=4; QWEN_ROWS=2; MAIN_ITERS=1; PROFILE_NEW=4
   MAIN_FLAGS=(SFT=0 PROMPTS_PER_ITER=4 G_A=2 G_C=1 MAX_NEW=8 MAX_NEW_CONF=8 EPOCHS=1 MINI_BATCHES=1)
 else
   TINY=""; PAR_NEW=32; SAMPLE_NEW=256; SAMPLE_B1=64; SAMPLE_B2=256; TRAIN_LEN=512
-  SMOL_ROWS=16; QWEN_ROWS=8; MAIN_ITERS=20; MAIN_FLAGS=()
+  SMOL_ROWS=16; QWEN_ROWS=8; MAIN_ITERS=20; MAIN_FLAGS=(); PROFILE_NEW=32
 fi
 
 # --- helpers
@@ -186,6 +193,14 @@ envfact rlcr "$("$RLCR" --version 2>&1 | head -n 1)"
 # The commit the binary was built from (scripts/gpu_pack.sh writes it next to the binary).
 if [ -f "$(dirname "$RLCR_IN")/commit" ]; then envfact commit "$(cat "$(dirname "$RLCR_IN")/commit")"; fi
 if [ $MODE = gpu ]; then
+  # The CUDA installation whose headers NVRTC gets: CUDA_PATH if set, else the first of the
+  # usual places (and nvcc's) that has them.
+  if [ -z "${CUDA_PATH:-}" ]; then
+    for c in /usr/local/cuda /usr/local/cuda-13* /usr/local/cuda-12* /opt/cuda \
+      "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x/x)")")"; do
+      if [ -f "$c/include/cuda_fp16.h" ]; then CUDA_PATH=$c; break; fi
+    done
+  fi
   export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
   if command -v nvidia-smi >/dev/null; then
     envfact gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
@@ -207,6 +222,7 @@ if [ $MODE = gpu ]; then
     fi
   done
   envfact nvrtc "${nvrtc:-not found}"
+  envfact make "$(command -v make || echo 'not found (the main job needs it)')"
   envfact cuda_path "$CUDA_PATH"
 fi
 if step env 60 "$PY" "$HELPER" env; then
@@ -242,8 +258,22 @@ parity() {
     row "logprobs $m: max |rlcr - f64|" null null max 1e-4
   fi
 }
+# parity_split MODEL: the log-probs of parity MODEL's answers again with RLCR_GPU_F32=split
+# (f32-accurate products on TF32 tensor cores) against float64.
+parity_split() {
+  local m=$1 d="$WORK/parity-$1"
+  [ -f "$d/answers.parquet" ] || return
+  local r=null h=null
+  if step "logprobs-split-$m" 120 env RLCR_GPU_F32=split "$RLCR" --device "$DEVICE" logprobs \
+      --model "$M/$m" --input "$d/answers.parquet" -o "$d/lp-split.parquet" --column lp \
+    && step "parity-split-$m" 120 "$PY" "$HELPER" parity "$d/lp-split.parquet" "$M/$m" lp; then
+    r=$(jget "$LOGS/parity-split-$m.out" rlcr_vs_f64); h=$(jget "$LOGS/parity-split-$m.out" hf_vs_f64)
+  fi
+  row "logprobs $m, GPU_F32=split: max |rlcr - f64|" "$r" "$h" max 1e-4
+}
 parity tiny-llama
 parity tiny-qwen2
+parity_split tiny-qwen2
 
 # bf16_parity: the bf16 checkpoint, held in bf16: f32 products (the float64 figures of its
 # weights within 1e-4) and `--precision bf16` (no further from float64 than torch's autocast).
@@ -275,7 +305,8 @@ bf16_parity() {
   done
 }
 bf16_parity
-[[ " ${models[*]} " == *" smollm2 "* ]] && parity smollm2
+# (The dry run checks parity_split's plumbing on tiny-qwen2 only: on the CPU it measures nothing.)
+[[ " ${models[*]} " == *" smollm2 "* ]] && parity smollm2 && [ $MODE = gpu ] && parity_split smollm2
 
 # --- sampling (SmolLM2 shape): rlcr generate-answers against transformers generate
 sampling() {
@@ -302,6 +333,35 @@ sampling() {
   if [ "$rows" = "$SAMPLE_B1" ]; then row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s" "$r" null min 10000; fi
 }
 [[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B1
+
+# profile NAME STEPS CMD...: CMD (an rlcr run) under cubecl's kernel profiler, which times every
+# launch alone (so the run is slower than unprofiled: only the launch counts and the GPU-busy
+# time are figures), with its compilation log; the summary goes to logs/profile-NAME.out and the
+# results' "profiles". The profiler is configured by a cubecl.toml in the run's working folder.
+profile() {
+  local name=$1 steps=$2; shift 2
+  # The CPU backend runs no cubecl kernels: nothing to profile.
+  [ "$DEVICE" = cpu ] && return
+  local d="$WORK/profile-$name"
+  mkdir -p "$d"
+  printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\n[compilation.logger]\nlevel = "basic"\nfile = "%s"\n' \
+    "$d/kernels.txt" "$d/compile.txt" >"$d/cubecl.toml"
+  (cd "$d" && step "profile-run-$name" 90 "$@") || return
+  step "profile-$name" 60 "$PY" "$HELPER" profile "$d/kernels.txt" "$d/compile.txt" "$steps" || return
+  cp "$LOGS/profile-$name.out" "$PROFILES/$name.json"
+  local o="$LOGS/profile-$name.out"
+  row "profile $name: kernel launches per step" "$(jget "$o" launches_per_step)" null info
+  row "profile $name: GPU-busy ms per step" "$(jget "$o" busy_ms_per_step)" null info
+  row "profile $name: kernels compiled" "$(jget "$o" compiled)" null info
+}
+PROFILES="$WORK/profiles"
+mkdir -p "$PROFILES"
+if [[ " ${models[*]} " == *" smollm2 "* ]]; then
+  profile "sample-smollm2-${SAMPLE_B1}x$PROFILE_NEW" "$PROFILE_NEW" "$RLCR" --device "$DEVICE" \
+    --seed 4 generate-answers --model "$M/smollm2" --input "$WORK/sample-$SAMPLE_B1/prompts.parquet" \
+    -o "$WORK/profile-answers.parquet" --num-answers 8 --max-new-tokens $PROFILE_NEW \
+    --batch-size $SAMPLE_B1 --temperature 1
+fi
 
 # --- training: one update step, f32 and bf16, against torch's
 training() {
@@ -348,9 +408,28 @@ training() {
   done
 }
 [[ " ${models[*]} " == *" smollm2 "* ]] && training smollm2 $SMOL_ROWS
+if [ -f "$WORK/train-smollm2/train.parquet" ]; then
+  # The f32 step again with split products (RLCR_GPU_F32=split) against torch's fp32 step.
+  r=null; e=null
+  if step update-smollm2-split 180 env RLCR_GPU_F32=split "$RLCR" --device "$DEVICE" update \
+    --model "$M/smollm2" --input "$WORK/train-smollm2/train.parquet" -o "$WORK/train-smollm2/out-split" \
+    --lr 1e-6 --micro-batch $SMOL_ROWS --epochs 2 --precision f32; then
+    r=$(update_rate "$WORK/train-smollm2/out-split"); e=$(update_entropy "$WORK/train-smollm2/out-split")
+  fi
+  row "update smollm2 f32 GPU_F32=split: tokens/s vs torch" "$r" "$(jget "$LOGS/torch-smollm2-f32.out" tokens_per_s)" ratio 1.0
+  ref=$(jget "$LOGS/torch-smollm2-f32.out" entropy_f64)
+  err=null
+  if [ "$e" != null ] && [ "$ref" != null ]; then
+    err=$("$PY" -c 'import sys; print(abs(float(sys.argv[1]) - float(sys.argv[2])))' "$e" "$ref")
+  fi
+  row "update smollm2 f32 GPU_F32=split: |entropy - f64|" "$err" "$(jget "$LOGS/torch-smollm2-f32.out" entropy_err)" max 1e-4
+  profile "update-smollm2-f32" 1 "$RLCR" --device "$DEVICE" update --model "$M/smollm2" \
+    --input "$WORK/train-smollm2/train.parquet" -o "$WORK/profile-update" --lr 1e-6 \
+    --micro-batch $SMOL_ROWS --epochs 1 --precision f32
+fi
 
 step model-qwen05 120 "$PY" "$HELPER" model qwen05 "$M/qwen05" $TINY && models+=(qwen05)
-[[ " ${models[*]} " == *" qwen05 "* ]] && parity qwen05
+[[ " ${models[*]} " == *" qwen05 "* ]] && parity qwen05 && [ $MODE = gpu ] && parity_split qwen05
 [[ " ${models[*]} " == *" qwen05 "* ]] && training qwen05 $QWEN_ROWS
 [[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B2
 
@@ -381,6 +460,10 @@ fusion() {
   fi
   row "fusion: update $m f32 tokens/s (ref: no fusion)" "$r" "$(update_rate "$WORK/train-$m/out-f32")" info
   row "fusion: update $m f32 step 1 s (ref: step 2 s)" "$(update_secs "$d/out" 1)" "$(update_secs "$d/out" 2)" info
+  profile "fusion-sample-smollm2-${SAMPLE_B1}x$PROFILE_NEW" "$PROFILE_NEW" "$FUSION" \
+    --device "$DEVICE" --seed 4 generate-answers --model "$M/$m" \
+    --input "$WORK/sample-$SAMPLE_B1/prompts.parquet" -o "$d/profile-answers.parquet" \
+    --num-answers 8 --max-new-tokens $PROFILE_NEW --batch-size $SAMPLE_B1 --temperature 1
 }
 [ -n "$FUSION" ] && [[ " ${models[*]} " == *" smollm2 "* ]] && fusion
 
@@ -394,9 +477,9 @@ row "main job (rl.mk): iterations of $MAIN_ITERS done" "$done_iters" null min "$
 row "main job (rl.mk): seconds (exit $rc)" "$(( $(date +%s) - t0 ))" null info
 
 # --- results
-"$PY" - "$OUTDIR/gpu_check.json" "$MODE" "$ENVF" "$ROWS" "$ERRORS" "$(elapsed)" <<'EOF'
-import json, sys
-path, mode, envf, rowsf, errf, secs = sys.argv[1:]
+"$PY" - "$OUTDIR/gpu_check.json" "$MODE" "$ENVF" "$ROWS" "$ERRORS" "$(elapsed)" "$PROFILES" <<'EOF'
+import glob, json, os, sys
+path, mode, envf, rowsf, errf, secs, profiles = sys.argv[1:]
 env = {}
 for line in open(envf):
     env.update(json.loads(line))
@@ -418,7 +501,9 @@ for r in rows:
         ok = None  # the dry run's figures are not measurements
     r["goal"], r["ok"] = goal, ok
 errors = [l.rstrip("\n") for l in open(errf) if l.strip()]
-res = {"mode": mode, "seconds": int(secs), "env": env, "rows": rows, "errors": errors}
+res = {"mode": mode, "seconds": int(secs), "env": env, "rows": rows, "errors": errors,
+       "profiles": {os.path.basename(p)[:-5]: json.load(open(p))
+                    for p in sorted(glob.glob(os.path.join(profiles, "*.json")))}}
 json.dump(res, open(path, "w"), indent=1)
 EOF
 tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs

@@ -56,6 +56,17 @@ pub enum Malloc {
     Default,
 }
 
+/// `RLCR_GPU_F32`: how f32 matrix products run on a GPU backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuF32 {
+    /// The backend's f32 matmul as it is: on NVIDIA GPUs since Ampere, burn's CUDA backend runs
+    /// it on the tensor cores in TF32 (operands rounded to 10-bit mantissas).
+    Fast,
+    /// Four products of operands split into a bf16 head and an f32 remainder
+    /// ([`crate::model::transformer`]'s `split_matmul`): f32-accurate on TF32 tensor cores.
+    Split,
+}
+
 /// The switches in force, parsed from the environment ([`get`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Switches {
@@ -81,6 +92,8 @@ pub struct Switches {
     pub decode_bf16: PackPrecision,
     /// `RLCR_WEIGHTS_BF16`.
     pub weights_bf16: bool,
+    /// `RLCR_GPU_F32`.
+    pub gpu_f32: GpuF32,
     /// `RLCR_MALLOC`.
     pub malloc: Malloc,
     /// `RLCR_CONFIG`: the run configuration file used when `--config` is not given.
@@ -205,6 +218,20 @@ pub const VARIABLES: &[Variable] = &[
         recorded: true,
     },
     Variable {
+        name: "RLCR_GPU_F32",
+        values: "fast, split",
+        default: "fast",
+        doc: "f32 matrix products (linear layers, attention, the LM head) on a GPU device. \
+              `fast`: the backend's f32 matmul, which burn's CUDA backend runs on the tensor \
+              cores in TF32 on NVIDIA GPUs since Ampere (operands keep 10 of f32's 23 mantissa \
+              bits, like torch with `allow_tf32`); `split`: each operand split into a bf16 head \
+              and its remainder and the four products summed (`a·b = aₕ·bₕ + aₕ·bₗ + aₗ·bₕ + \
+              aₗ·bₗ`), f32-accurate on those tensor cores at four times the products. No \
+              effect on wgpu (no bf16 type), with `--precision bf16`, or on the CPU, whose \
+              products are rlcr's f32 kernels (unless `RLCR_GEMM=burn`).",
+        recorded: true,
+    },
+    Variable {
         name: "RLCR_MALLOC",
         values: "retain, default",
         default: "retain",
@@ -312,6 +339,11 @@ impl Switches {
             Some(v) => return Err(bad("RLCR_DECODE_BF16", v)),
         };
         let weights_bf16 = flag("RLCR_WEIGHTS_BF16")?;
+        let gpu_f32 = match get("RLCR_GPU_F32")?.as_deref() {
+            None | Some("fast") => GpuF32::Fast,
+            Some("split") => GpuF32::Split,
+            Some(v) => return Err(bad("RLCR_GPU_F32", v)),
+        };
         let malloc = match get("RLCR_MALLOC")?.as_deref() {
             None | Some("retain") => Malloc::Retain,
             Some("default") => Malloc::Default,
@@ -337,6 +369,7 @@ impl Switches {
             decode_pack,
             decode_bf16,
             weights_bf16,
+            gpu_f32,
             malloc,
             config,
             test_slow_write_ms,
@@ -372,6 +405,14 @@ impl Switches {
                 .to_string(),
             ),
             ("RLCR_WEIGHTS_BF16", flag(self.weights_bf16)),
+            (
+                "RLCR_GPU_F32",
+                match self.gpu_f32 {
+                    GpuF32::Fast => "fast",
+                    GpuF32::Split => "split",
+                }
+                .to_string(),
+            ),
             (
                 "RLCR_MALLOC",
                 match self.malloc {
@@ -448,6 +489,7 @@ mod tests {
         assert!(unset.fused_head && unset.decode_pack && unset.weights_bf16);
         assert_eq!(unset.decode_bf16, PackPrecision::Bf16IfExact);
         assert_eq!(unset.malloc, Malloc::Retain);
+        assert_eq!(unset.gpu_f32, GpuF32::Fast);
         assert_eq!(unset.config, None);
         assert_eq!(unset.test_slow_write_ms, 0);
         // The documented defaults are the parsed ones.
@@ -472,6 +514,7 @@ mod tests {
             ("RLCR_DECODE_PACK", "0"),
             ("RLCR_DECODE_BF16", "round"),
             ("RLCR_WEIGHTS_BF16", "0"),
+            ("RLCR_GPU_F32", "split"),
             ("RLCR_MALLOC", "default"),
             ("RLCR_CONFIG", "run.toml"),
             ("RLCR_TEST_SLOW_WRITE", "25"),
@@ -485,6 +528,7 @@ mod tests {
         assert!(!s.fused_head && !s.decode_pack && !s.weights_bf16);
         assert_eq!(s.decode_bf16, PackPrecision::Bf16Rounded);
         assert_eq!(s.malloc, Malloc::Default);
+        assert_eq!(s.gpu_f32, GpuF32::Split);
         assert_eq!(s.config, Some(PathBuf::from("run.toml")));
         assert_eq!(s.test_slow_write_ms, 25);
         let rec = s.recorded();
@@ -492,6 +536,7 @@ mod tests {
         assert_eq!(rec["RLCR_GEMM"], "burn");
         assert_eq!(rec["RLCR_DECODE_BF16"], "round");
         assert_eq!(rec["RLCR_FUSED_HEAD"], "0");
+        assert_eq!(rec["RLCR_GPU_F32"], "split");
         assert!(!rec.contains_key("RLCR_CONFIG") && !rec.contains_key("RLCR_TEST_SLOW_WRITE"));
         assert_eq!(
             parse(&[("RLCR_DECODE_BF16", "1")]).unwrap().decode_bf16,
@@ -522,6 +567,7 @@ mod tests {
             ("RLCR_FUSED_HEAD", "on"),
             ("RLCR_DECODE_PACK", "false"),
             ("RLCR_DECODE_BF16", "yes"),
+            ("RLCR_GPU_F32", "tf32"),
             ("RLCR_MALLOC", "jemalloc"),
             ("RLCR_TEST_SLOW_WRITE", "soon"),
         ] {

@@ -148,6 +148,18 @@ pub fn is_flex(device: &Device) -> bool {
     *device == Device::flex()
 }
 
+/// Whether burn's f32 products on `device` (plain or autodiff) are split products
+/// ([`transformer::split_matmul`]): `RLCR_GPU_F32=split` on a device with a bf16 type (CUDA; the
+/// CPU, where rlcr's own kernels take the products unless `RLCR_GEMM=burn`). wgpu has no bf16
+/// type to split through, and no TF32 to correct.
+pub(crate) fn split_f32(device: &Device) -> bool {
+    if crate::switches::get().gpu_f32 != crate::switches::GpuF32::Split {
+        return false;
+    }
+    let inner = device.clone().inner();
+    is_flex(&inner) || inner.supports_dtype(burn::tensor::DType::BF16)
+}
+
 #[cfg(feature = "wgpu")]
 fn open_wgpu(index: Option<usize>) -> Result<Device> {
     use burn::tensor::{DeviceKind, DeviceType};

@@ -992,3 +992,81 @@ fn hf_transformers_loads_what_update_and_sft_write() {
         assert!(moved > 1e-3, "{out}: the weights did not move ({moved})");
     }
 }
+
+/// `RLCR_GPU_F32=split` (f32 products as four products of bf16-split operands, for GPUs whose
+/// f32 matmul is TF32) through burn's products on the CPU (`RLCR_GEMM=burn RLCR_ATTENTION=burn`,
+/// where the split applies as on a GPU): the log-probs are within 1e-5 of the plain products'
+/// and not bit-identical to them (the split ran: its sums round differently), and an update step
+/// through it (the casts' backward) gives the plain step's loss, gradient norm and entropy. The
+/// GPU run of scripts/gpu_check.sh measures it against float64 on CUDA.
+#[test]
+fn split_f32_products_match_plain_products() {
+    let wd = Workdir::new();
+    write_rows(&wd.path("train.parquet"), &train_rows());
+    let m = tiny();
+    let m = m.to_str().unwrap();
+    for split in ["fast", "split"] {
+        let lp = format!("{split}.parquet");
+        let stages: [&[&str]; 2] = [
+            &[
+                "-q",
+                "logprobs",
+                "--model",
+                m,
+                "--input",
+                "train.parquet",
+                "-o",
+                &lp,
+                "--column",
+                "lp",
+            ],
+            &[
+                "-q",
+                "update",
+                "--model",
+                m,
+                "--input",
+                "train.parquet",
+                "-o",
+                split,
+                "--lr",
+                "1e-3",
+                "--micro-batch",
+                "4",
+                "--mini-batches",
+                "1",
+            ],
+        ];
+        for args in stages {
+            let o = wd
+                .cmd(args)
+                .env("RLCR_GEMM", "burn")
+                .env("RLCR_ATTENTION", "burn")
+                .env("RLCR_GPU_F32", split)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", super::describe(args, &o));
+        }
+    }
+    let lp = |f: &str| crate::sample::f32_lists(&crate::sample::read(&wd.path(f)), "lp").concat();
+    let (plain, split) = (lp("fast.parquet"), lp("split.parquet"));
+    assert_eq!(plain.len(), split.len());
+    let worst = plain
+        .iter()
+        .zip(&split)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("split products: max |Δ logprob| to the plain products {worst:.2e}");
+    assert!(worst < 1e-5, "split vs plain: {worst}");
+    assert!(
+        worst > 0.0,
+        "the split products gave the plain bits: did they run?"
+    );
+    let (a, b) = (metrics(&wd.path("fast")), metrics(&wd.path("split")));
+    for key in ["loss", "grad_norm", "entropy"] {
+        let (x, y) = (a[0][key].as_f64().unwrap(), b[0][key].as_f64().unwrap());
+        let rel = (x - y).abs() / x.abs().max(1e-12);
+        eprintln!("update, split products: {key} {x} vs {y} (relative Δ {rel:.1e})");
+        assert!(rel < 1e-5, "{key}: plain {x} vs split {y}");
+    }
+}
