@@ -9,6 +9,10 @@
 #
 #   scripts/gpu_check.sh --rlcr .gpu/rlcr.xz [--rlcr-fusion .gpu/rlcr-fusion.xz] [--out DIR] [--budget SECONDS]
 #   scripts/gpu_check.sh --dry-run [--device cpu|wgpu] [--rlcr target/debug/rlcr]
+#   ... --only "fusion main"     only these groups of steps (parity bf16 sampling training qwen
+#                                sample256 fusion main; default all), e.g. a second call on a
+#                                GPU machine for what the first one's budget left out (the
+#                                fusion group makes the inputs and references it needs)
 #
 # Steps, in order of priority (see docs/backends.md for the goals):
 #   env        GPU, driver, CUDA, nvcc, torch and transformers versions
@@ -29,9 +33,9 @@
 #   fusion     with --rlcr-fusion (a second binary built with burn's operation fusion,
 #              `FUSION=1 scripts/gpu_pack.sh`): the SmolLM2 shape's log-probs against float64,
 #              sampling 64 rows and one f32 `update` step, each against the binary without fusion
-#   split      `RLCR_GPU_F32=split` (f32 products as four bf16-split products, f32-accurate on
-#              TF32 tensor cores): the parity of tiny-qwen2, SmolLM2 and Qwen2.5-0.5B, and the
-#              SmolLM2 f32 `update` step against torch's
+#   fast       `RLCR_GPU_F32=fast` (the backend's f32 matmul, TF32 on NVIDIA tensor cores; the
+#              default splits each operand for f32 accuracy): the parity of tiny-qwen2, SmolLM2
+#              and Qwen2.5-0.5B, and the SmolLM2 f32 `update` step against torch's
 #   profiles   cubecl's kernel profiler (every launch timed alone) on a short sampling run (64
 #              rows x 32 new tokens), one f32 `update` step on the SmolLM2 shape, and the fusion
 #              binary's sampling: kernel launches and GPU-busy time per step, kernels compiled,
@@ -53,6 +57,7 @@ RLCR_IN=""
 FUSION_IN=""
 OUTDIR="${OUT:-$ROOT/gpu-check-out}"
 BUDGET=""
+ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) MODE=dry ;;
@@ -61,6 +66,7 @@ while [ $# -gt 0 ]; do
     --rlcr-fusion) FUSION_IN=$2; shift ;;
     --out) OUTDIR=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
+    --only) ONLY=" $2 "; shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -114,6 +120,8 @@ else
 fi
 
 # --- helpers
+# want GROUP: whether GROUP's steps run (--only).
+want() { [ -z "$ONLY" ] || [[ "$ONLY" == *" $1 "* ]]; }
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET - $(elapsed) )); }
 json_str() { "$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
@@ -258,22 +266,25 @@ parity() {
     row "logprobs $m: max |rlcr - f64|" null null max 1e-4
   fi
 }
-# parity_split MODEL: the log-probs of parity MODEL's answers again with RLCR_GPU_F32=split
-# (f32-accurate products on TF32 tensor cores) against float64.
-parity_split() {
+# parity_fast MODEL: the log-probs of parity MODEL's answers again with RLCR_GPU_F32=fast (the
+# backend's f32 matmul: TF32 on NVIDIA tensor cores; the default splits the operands for f32
+# accuracy) against float64.
+parity_fast() {
   local m=$1 d="$WORK/parity-$1"
   [ -f "$d/answers.parquet" ] || return
   local r=null h=null
-  if step "logprobs-split-$m" 120 env RLCR_GPU_F32=split "$RLCR" --device "$DEVICE" logprobs \
-      --model "$M/$m" --input "$d/answers.parquet" -o "$d/lp-split.parquet" --column lp \
-    && step "parity-split-$m" 120 "$PY" "$HELPER" parity "$d/lp-split.parquet" "$M/$m" lp; then
-    r=$(jget "$LOGS/parity-split-$m.out" rlcr_vs_f64); h=$(jget "$LOGS/parity-split-$m.out" hf_vs_f64)
+  if step "logprobs-fast-$m" 120 env RLCR_GPU_F32=fast "$RLCR" --device "$DEVICE" logprobs \
+      --model "$M/$m" --input "$d/answers.parquet" -o "$d/lp-fast.parquet" --column lp \
+    && step "parity-fast-$m" 120 "$PY" "$HELPER" parity "$d/lp-fast.parquet" "$M/$m" lp; then
+    r=$(jget "$LOGS/parity-fast-$m.out" rlcr_vs_f64); h=$(jget "$LOGS/parity-fast-$m.out" hf_vs_f64)
   fi
-  row "logprobs $m, GPU_F32=split: max |rlcr - f64|" "$r" "$h" max 1e-4
+  row "logprobs $m, GPU_F32=fast (TF32): |rlcr - f64|" "$r" "$h" info
 }
-parity tiny-llama
-parity tiny-qwen2
-parity_split tiny-qwen2
+if want parity; then
+  parity tiny-llama
+  parity tiny-qwen2
+  parity_fast tiny-qwen2
+fi
 
 # bf16_parity: the bf16 checkpoint, held in bf16: f32 products (the float64 figures of its
 # weights within 1e-4) and `--precision bf16` (no further from float64 than torch's autocast).
@@ -304,9 +315,10 @@ bf16_parity() {
     fi
   done
 }
-bf16_parity
-# (The dry run checks parity_split's plumbing on tiny-qwen2 only: on the CPU it measures nothing.)
-[[ " ${models[*]} " == *" smollm2 "* ]] && parity smollm2 && [ $MODE = gpu ] && parity_split smollm2
+want bf16 && bf16_parity
+# (The dry run checks parity_fast's plumbing on tiny-qwen2 only: on the CPU it measures nothing.)
+want parity && [[ " ${models[*]} " == *" smollm2 "* ]] && parity smollm2 && [ $MODE = gpu ] &&
+  parity_fast smollm2
 
 # --- sampling (SmolLM2 shape): rlcr generate-answers against transformers generate
 sampling() {
@@ -332,7 +344,7 @@ sampling() {
   row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s vs hf" "$r" "$h" ratio 5
   if [ "$rows" = "$SAMPLE_B1" ]; then row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s" "$r" null min 10000; fi
 }
-[[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B1
+want sampling && [[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B1
 
 # profile NAME STEPS CMD...: CMD (an rlcr run) under cubecl's kernel profiler, which times every
 # launch alone (so the run is slower than unprofiled: only the launch counts and the GPU-busy
@@ -347,6 +359,8 @@ profile() {
   printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\n[compilation.logger]\nlevel = "basic"\nfile = "%s"\n' \
     "$d/kernels.txt" "$d/compile.txt" >"$d/cubecl.toml"
   (cd "$d" && step "profile-run-$name" 90 "$@") || return
+  cp "$d/kernels.txt" "$LOGS/profile-$name.kernels.txt" 2>/dev/null
+  cp "$d/compile.txt" "$LOGS/profile-$name.compile.txt" 2>/dev/null
   step "profile-$name" 60 "$PY" "$HELPER" profile "$d/kernels.txt" "$d/compile.txt" "$steps" || return
   cp "$LOGS/profile-$name.out" "$PROFILES/$name.json"
   local o="$LOGS/profile-$name.out"
@@ -356,7 +370,7 @@ profile() {
 }
 PROFILES="$WORK/profiles"
 mkdir -p "$PROFILES"
-if [[ " ${models[*]} " == *" smollm2 "* ]]; then
+if want sampling && [[ " ${models[*]} " == *" smollm2 "* ]]; then
   profile "sample-smollm2-${SAMPLE_B1}x$PROFILE_NEW" "$PROFILE_NEW" "$RLCR" --device "$DEVICE" \
     --seed 4 generate-answers --model "$M/smollm2" --input "$WORK/sample-$SAMPLE_B1/prompts.parquet" \
     -o "$WORK/profile-answers.parquet" --num-answers 8 --max-new-tokens $PROFILE_NEW \
@@ -407,37 +421,59 @@ training() {
     fi
   done
 }
-[[ " ${models[*]} " == *" smollm2 "* ]] && training smollm2 $SMOL_ROWS
-if [ -f "$WORK/train-smollm2/train.parquet" ]; then
-  # The f32 step again with split products (RLCR_GPU_F32=split) against torch's fp32 step.
+want training && [[ " ${models[*]} " == *" smollm2 "* ]] && training smollm2 $SMOL_ROWS
+if want training && [ -f "$WORK/train-smollm2/train.parquet" ]; then
+  # The f32 step again with the backend's f32 matmul (RLCR_GPU_F32=fast: TF32 on NVIDIA)
+  # against torch's fp32 step.
   r=null; e=null
-  if step update-smollm2-split 180 env RLCR_GPU_F32=split "$RLCR" --device "$DEVICE" update \
-    --model "$M/smollm2" --input "$WORK/train-smollm2/train.parquet" -o "$WORK/train-smollm2/out-split" \
+  if step update-smollm2-fast 180 env RLCR_GPU_F32=fast "$RLCR" --device "$DEVICE" update \
+    --model "$M/smollm2" --input "$WORK/train-smollm2/train.parquet" -o "$WORK/train-smollm2/out-fast" \
     --lr 1e-6 --micro-batch $SMOL_ROWS --epochs 2 --precision f32; then
-    r=$(update_rate "$WORK/train-smollm2/out-split"); e=$(update_entropy "$WORK/train-smollm2/out-split")
+    r=$(update_rate "$WORK/train-smollm2/out-fast"); e=$(update_entropy "$WORK/train-smollm2/out-fast")
   fi
-  row "update smollm2 f32 GPU_F32=split: tokens/s vs torch" "$r" "$(jget "$LOGS/torch-smollm2-f32.out" tokens_per_s)" ratio 1.0
+  row "update smollm2 f32 GPU_F32=fast: tokens/s vs torch" "$r" "$(jget "$LOGS/torch-smollm2-f32.out" tokens_per_s)" info
   ref=$(jget "$LOGS/torch-smollm2-f32.out" entropy_f64)
   err=null
   if [ "$e" != null ] && [ "$ref" != null ]; then
     err=$("$PY" -c 'import sys; print(abs(float(sys.argv[1]) - float(sys.argv[2])))' "$e" "$ref")
   fi
-  row "update smollm2 f32 GPU_F32=split: |entropy - f64|" "$err" "$(jget "$LOGS/torch-smollm2-f32.out" entropy_err)" max 1e-4
+  row "update smollm2 f32 GPU_F32=fast: |entropy - f64|" "$err" "$(jget "$LOGS/torch-smollm2-f32.out" entropy_err)" info
   profile "update-smollm2-f32" 1 "$RLCR" --device "$DEVICE" update --model "$M/smollm2" \
     --input "$WORK/train-smollm2/train.parquet" -o "$WORK/profile-update" --lr 1e-6 \
     --micro-batch $SMOL_ROWS --epochs 1 --precision f32
 fi
 
-step model-qwen05 120 "$PY" "$HELPER" model qwen05 "$M/qwen05" $TINY && models+=(qwen05)
-[[ " ${models[*]} " == *" qwen05 "* ]] && parity qwen05 && [ $MODE = gpu ] && parity_split qwen05
-[[ " ${models[*]} " == *" qwen05 "* ]] && training qwen05 $QWEN_ROWS
-[[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B2
+if want qwen; then
+  step model-qwen05 120 "$PY" "$HELPER" model qwen05 "$M/qwen05" $TINY && models+=(qwen05)
+  [[ " ${models[*]} " == *" qwen05 "* ]] && parity qwen05 && [ $MODE = gpu ] && parity_fast qwen05
+  [[ " ${models[*]} " == *" qwen05 "* ]] && training qwen05 $QWEN_ROWS
+fi
+want sample256 && [[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B2
 
 # --- burn's operation fusion: the same figures from the second binary, against the first
 fusion() {
   local d="$WORK/fusion" m=smollm2
   mkdir -p "$d"
   envfact rlcr_fusion "$("$FUSION" --version 2>&1 | tr '\n' ' ')"
+  # What the comparisons read, made here when the groups that make them did not run (--only):
+  # the parity answers, the sampling prompts and the unfused sampling rate, the training table
+  # and the unfused update.
+  local a="$WORK/parity-$m" p="$WORK/sample-$SAMPLE_B1" t="$WORK/train-$m"
+  mkdir -p "$a" "$p" "$t"
+  [ -f "$a/answers.parquet" ] || step "gen-$m" 120 "$RLCR" --device "$DEVICE" --seed 2 \
+    generate-answers --model "$M/$m" --input "$WORK/prompts.parquet" -o "$a/answers.parquet" \
+    --num-answers 2 --max-new-tokens $PAR_NEW --batch-size 16
+  [ -f "$p/prompts.parquet" ] || "$RLCR" --seed 3 -q prepare --from countdown-synth \
+    --count $(( SAMPLE_B1 / 8 )) -o "$p/prompts.parquet" 2>>"$LOGS/prepare.log"
+  [ -f "$LOGS/sample-rlcr-$SAMPLE_B1.log" ] || step "sample-rlcr-$SAMPLE_B1" 150 "$RLCR" \
+    --device "$DEVICE" --seed 4 generate-answers --model "$M/$m" --input "$p/prompts.parquet" \
+    -o "$p/answers.parquet" --num-answers 8 --max-new-tokens $SAMPLE_NEW --batch-size $SAMPLE_B1 \
+    --temperature 1
+  [ -f "$t/train.parquet" ] || step "table-$m" 120 "$PY" "$HELPER" train-table "$M/$m" \
+    "$t/train.parquet" $SMOL_ROWS $TRAIN_LEN
+  [ -d "$t/out-f32" ] || step "update-$m-f32" 180 "$RLCR" --device "$DEVICE" update --model "$M/$m" \
+    --input "$t/train.parquet" -o "$t/out-f32" --lr 1e-6 --micro-batch $SMOL_ROWS --epochs 2 \
+    --precision f32
   if step fusion-logprobs 120 "$FUSION" --device "$DEVICE" logprobs --model "$M/$m" \
     --input "$WORK/parity-$m/answers.parquet" -o "$d/lp.parquet" --column lp &&
     step fusion-parity 120 "$PY" "$HELPER" parity "$d/lp.parquet" "$M/$m" lp; then
@@ -465,16 +501,18 @@ fusion() {
     --input "$WORK/sample-$SAMPLE_B1/prompts.parquet" -o "$d/profile-answers.parquet" \
     --num-answers 8 --max-new-tokens $PROFILE_NEW --batch-size $SAMPLE_B1 --temperature 1
 }
-[ -n "$FUSION" ] && [[ " ${models[*]} " == *" smollm2 "* ]] && fusion
+want fusion && [ -n "$FUSION" ] && [[ " ${models[*]} " == *" smollm2 "* ]] && fusion
 
 # --- the main job, for what is left of the budget (at most 5 minutes)
-t0=$(date +%s)
-step main-job 300 make -f "$ROOT/scripts/rl.mk" RLCR="$RLCR" DEVICE="$DEVICE" RUNS="$WORK/runs" \
-  RUN=gpu ITERS=$MAIN_ITERS "${MAIN_FLAGS[@]}"
-rc=$?
-done_iters=$(ls -d "$WORK"/runs/gpu/iter-*/model/config.json 2>/dev/null | wc -l)
-row "main job (rl.mk): iterations of $MAIN_ITERS done" "$done_iters" null min "$MAIN_ITERS"
-row "main job (rl.mk): seconds (exit $rc)" "$(( $(date +%s) - t0 ))" null info
+if want main; then
+  t0=$(date +%s)
+  step main-job 300 make -f "$ROOT/scripts/rl.mk" RLCR="$RLCR" DEVICE="$DEVICE" RUNS="$WORK/runs" \
+    RUN=gpu ITERS=$MAIN_ITERS "${MAIN_FLAGS[@]}"
+  rc=$?
+  done_iters=$(ls -d "$WORK"/runs/gpu/iter-*/model/config.json 2>/dev/null | wc -l)
+  row "main job (rl.mk): iterations of $MAIN_ITERS done" "$done_iters" null min "$MAIN_ITERS"
+  row "main job (rl.mk): seconds (exit $rc)" "$(( $(date +%s) - t0 ))" null info
+fi
 
 # --- results
 "$PY" - "$OUTDIR/gpu_check.json" "$MODE" "$ENVF" "$ROWS" "$ERRORS" "$(elapsed)" "$PROFILES" <<'EOF'

@@ -59,6 +59,8 @@ pub enum Malloc {
 /// `RLCR_GPU_F32`: how f32 matrix products run on a GPU backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuF32 {
+    /// [`GpuF32::Split`] on CUDA devices, whose f32 matmul is TF32; the plain product elsewhere.
+    Auto,
     /// The backend's f32 matmul as it is: on NVIDIA GPUs since Ampere, burn's CUDA backend runs
     /// it on the tensor cores in TF32 (operands rounded to 10-bit mantissas).
     Fast,
@@ -219,16 +221,19 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "RLCR_GPU_F32",
-        values: "fast, split",
-        default: "fast",
+        values: "auto, fast, split",
+        default: "auto",
         doc: "f32 matrix products (linear layers, attention, the LM head) on a GPU device. \
               `fast`: the backend's f32 matmul, which burn's CUDA backend runs on the tensor \
               cores in TF32 on NVIDIA GPUs since Ampere (operands keep 10 of f32's 23 mantissa \
-              bits, like torch with `allow_tf32`); `split`: each operand split into a bf16 head \
-              and its remainder and the four products summed (`a·b = aₕ·bₕ + aₕ·bₗ + aₗ·bₕ + \
-              aₗ·bₗ`), f32-accurate on those tensor cores at four times the products. No \
-              effect on wgpu (no bf16 type), with `--precision bf16`, or on the CPU, whose \
-              products are rlcr's f32 kernels (unless `RLCR_GEMM=burn`).",
+              bits, like torch with `allow_tf32`: on an H200, 2.9e-3 from float64 on the tiny \
+              model's log-probs and 0.25 on a random SmolLM2-135M); `split`: each operand split \
+              into a bf16 head and its remainder and the four products summed (`a·b = aₕ·bₕ + \
+              aₕ·bₗ + aₗ·bₕ + aₗ·bₗ`), f32-accurate on those tensor cores (8.8e-6 and 1.0e-3 \
+              there) at four times the products (an `update` step 2.4 times slower); `auto`: \
+              `split` on CUDA, the plain product elsewhere. No effect on wgpu (no bf16 type), \
+              with `--precision bf16`, or on the CPU, whose products are rlcr's f32 kernels \
+              (unless `RLCR_GEMM=burn`).",
         recorded: true,
     },
     Variable {
@@ -340,7 +345,8 @@ impl Switches {
         };
         let weights_bf16 = flag("RLCR_WEIGHTS_BF16")?;
         let gpu_f32 = match get("RLCR_GPU_F32")?.as_deref() {
-            None | Some("fast") => GpuF32::Fast,
+            None | Some("auto") => GpuF32::Auto,
+            Some("fast") => GpuF32::Fast,
             Some("split") => GpuF32::Split,
             Some(v) => return Err(bad("RLCR_GPU_F32", v)),
         };
@@ -408,6 +414,7 @@ impl Switches {
             (
                 "RLCR_GPU_F32",
                 match self.gpu_f32 {
+                    GpuF32::Auto => "auto",
                     GpuF32::Fast => "fast",
                     GpuF32::Split => "split",
                 }
@@ -489,7 +496,7 @@ mod tests {
         assert!(unset.fused_head && unset.decode_pack && unset.weights_bf16);
         assert_eq!(unset.decode_bf16, PackPrecision::Bf16IfExact);
         assert_eq!(unset.malloc, Malloc::Retain);
-        assert_eq!(unset.gpu_f32, GpuF32::Fast);
+        assert_eq!(unset.gpu_f32, GpuF32::Auto);
         assert_eq!(unset.config, None);
         assert_eq!(unset.test_slow_write_ms, 0);
         // The documented defaults are the parsed ones.
@@ -537,6 +544,10 @@ mod tests {
         assert_eq!(rec["RLCR_DECODE_BF16"], "round");
         assert_eq!(rec["RLCR_FUSED_HEAD"], "0");
         assert_eq!(rec["RLCR_GPU_F32"], "split");
+        assert_eq!(
+            parse(&[("RLCR_GPU_F32", "fast")]).unwrap().gpu_f32,
+            GpuF32::Fast
+        );
         assert!(!rec.contains_key("RLCR_CONFIG") && !rec.contains_key("RLCR_TEST_SLOW_WRITE"));
         assert_eq!(
             parse(&[("RLCR_DECODE_BF16", "1")]).unwrap().decode_bf16,

@@ -219,6 +219,7 @@ pub fn open(index: usize) -> Result<Device> {
         Ok(Err(e)) => bail!("--device {spec} ({name}): {}", one_line(&format!("{e:#}"))),
         Err(e) => bail!("--device {spec} ({name}): CUDA failed: {e}"),
     }
+    super::CUDA_OPENED.store(true, std::sync::atomic::Ordering::Relaxed);
     crate::info!("device: {spec} ({name})");
     Ok(device)
 }

@@ -150,6 +150,9 @@ fn rope_rows(p: &FlexTensor) -> Option<rope_kernel::Rows> {
 /// HF's RMSNorm, `w · x / sqrt(mean(x²) + eps)` over the last axis of `x: [N, h]`, `w: [h]`:
 /// the fused op on Flex when [`norm_enabled`], burn's composite otherwise.
 pub fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
+    if !on_host(&x) {
+        return rms_norm_gpu(x, w, eps);
+    }
     if norm_enabled() {
         if let Some(y) = rms_norm_fused(&x, &w, eps, cpu::isa()) {
             return y;
@@ -164,10 +167,28 @@ pub fn rms_norm_composite(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     x * ms.add_scalar(eps).sqrt().recip() * w.unsqueeze_dim(0)
 }
 
+/// Whether `x` lives on the host (Flex, plain or autodiff), where rlcr's fused ops and the
+/// composites above run; elsewhere (a GPU) each burn op is a kernel launch, and the `_gpu`
+/// composites below use fewer of them.
+fn on_host(x: &Tensor<2>) -> bool {
+    super::is_flex(&x.device().inner())
+}
+
+/// RMSNorm on a GPU in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of
+/// [`rms_norm_composite`]'s seven: `x / sqrt(mean(x²) + eps)` divides where the composite
+/// multiplies by a reciprocal (a rounding of difference; transformers' `rsqrt` is a third).
+pub fn rms_norm_gpu(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
+    let rms = x.clone().square().mean_dim(1).add_scalar(eps).sqrt();
+    x / rms * w.unsqueeze_dim(0)
+}
+
 /// `silu(gate) · up` for `gu = [gate | up]: [N, 2I]`, `silu(g) = g · sigmoid(g)` as torch's:
 /// `[N, I]`. The fused op on Flex when [`swiglu_enabled`], burn's composite otherwise (the same
 /// bits on Flex).
 pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
+    if !on_host(&gu) {
+        return swiglu_gpu(gu);
+    }
     if swiglu_enabled() {
         if let Some(y) = swiglu_fused(&gu) {
             return y;
@@ -183,6 +204,17 @@ pub fn swiglu_composite(gu: Tensor<2>) -> Tensor<2> {
     let gate = gu.clone().slice([0..n, 0..i]);
     let up = gu.slice([0..n, i..two_i]);
     gate.clone() * sigmoid(gate) * up
+}
+
+/// SwiGLU's gate on a GPU in five kernels, `gate / (1 + exp(−gate)) · up`, where burn's
+/// `gate · sigmoid(gate) · up` takes eight (its sigmoid is `exp(−log(1 + exp(−x)))`, six). Large
+/// negative gates give `exp(−gate) = ∞` and a quotient of −0, never a NaN.
+pub fn swiglu_gpu(gu: Tensor<2>) -> Tensor<2> {
+    let [n, two_i] = gu.dims();
+    let i = two_i / 2;
+    let gate = gu.clone().slice([0..n, 0..i]);
+    let up = gu.slice([0..n, i..two_i]);
+    gate.clone() / gate.neg().exp().add_scalar(1.0) * up
 }
 
 /// The fused RMSNorm on Flex (plain or autodiff) with the kernels of `isa`; `None` on other

@@ -148,16 +148,28 @@ pub fn is_flex(device: &Device) -> bool {
     *device == Device::flex()
 }
 
+/// Whether this process opened a CUDA device ([`cuda::open`]): its f32 matmul is TF32.
+static CUDA_OPENED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether burn's f32 products on `device` (plain or autodiff) are split products
-/// ([`transformer::split_matmul`]): `RLCR_GPU_F32=split` on a device with a bf16 type (CUDA; the
-/// CPU, where rlcr's own kernels take the products unless `RLCR_GEMM=burn`). wgpu has no bf16
-/// type to split through, and no TF32 to correct.
+/// ([`transformer::split_matmul`]): with `RLCR_GPU_F32=auto` (the default) on a CUDA device, whose
+/// f32 matmul runs in TF32 (a process opens one device, so "a CUDA device was opened and `device`
+/// is not the CPU" identifies it); with `split` on any device with a bf16 type (CUDA; the CPU,
+/// where rlcr's own kernels take the products unless `RLCR_GEMM=burn`). wgpu has no bf16 type to
+/// split through, and no TF32 to correct.
 pub(crate) fn split_f32(device: &Device) -> bool {
-    if crate::switches::get().gpu_f32 != crate::switches::GpuF32::Split {
-        return false;
+    use crate::switches::GpuF32;
+    let inner = || device.clone().inner();
+    match crate::switches::get().gpu_f32 {
+        GpuF32::Fast => false,
+        GpuF32::Auto => {
+            CUDA_OPENED.load(std::sync::atomic::Ordering::Relaxed) && !is_flex(&inner())
+        }
+        GpuF32::Split => {
+            let inner = inner();
+            is_flex(&inner) || inner.supports_dtype(burn::tensor::DType::BF16)
+        }
     }
-    let inner = device.clone().inner();
-    is_flex(&inner) || inner.supports_dtype(burn::tensor::DType::BF16)
 }
 
 #[cfg(feature = "wgpu")]

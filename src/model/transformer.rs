@@ -216,10 +216,13 @@ pub(crate) fn split_matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor
     ah.matmul(bh) + (cross + al.matmul(bl))
 }
 
-/// burn's masked attention (`mask`: true = hidden) on a GPU device; with split f32 products
-/// ([`super::split_f32`], f32 precision) the same composite as burn's (scaled scores, −∞ at
-/// hidden keys, softmax over the keys, the weighted values) with [`split_matmul`] for both
-/// products, which burn's attention would run in TF32 on CUDA.
+/// Masked attention on a GPU device (`mask`: true = hidden): scaled scores, −∞ at hidden keys,
+/// softmax over the keys, the weighted values, in nine kernels. burn's attention takes thirteen
+/// (its softmax clamps the row maximum and the sum so that a row with every key hidden gives
+/// zeros, not NaN; rlcr's masks always leave a query its own key). On the CPU (reached only with
+/// `RLCR_ATTENTION=burn` or `RLCR_GEMM=burn`) it is burn's attention. With split f32 products
+/// ([`super::split_f32`], f32 precision) both products are [`split_matmul`]s, which burn's
+/// attention would run in TF32 on CUDA. `options` only supplies the scale.
 fn device_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -227,17 +230,25 @@ fn device_attention(
     mask: &Tensor<4, Bool>,
     options: AttentionModuleOptions,
 ) -> Tensor<4> {
-    if sgemm::precision() == sgemm::Precision::F32 && super::split_f32(&q.device()) {
-        let [b, heads, rows, d] = q.dims();
-        let keys = k.dims()[2];
-        let scale = options.scale.unwrap_or(1.0 / (d as f64).sqrt());
-        let scores = split_matmul(q, k.swap_dims(2, 3)).mul_scalar(scale);
-        let hidden = mask.clone().expand([b, heads, rows, keys]);
-        let weights =
-            burn::tensor::activation::softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3);
-        return split_matmul(weights, v);
+    let split = sgemm::precision() == sgemm::Precision::F32 && super::split_f32(&q.device());
+    if !split && super::is_flex(&q.device().inner()) {
+        // The CPU with `RLCR_ATTENTION=burn` (or `RLCR_GEMM=burn`): burn's attention, as named.
+        return attention(q, k, v, Some(mask.clone()), None, options);
     }
-    attention(q, k, v, Some(mask.clone()), None, options)
+    let product = |a: Tensor<4>, b: Tensor<4>| {
+        if split {
+            split_matmul(a, b)
+        } else {
+            a.matmul(b)
+        }
+    };
+    let [b, heads, rows, d] = q.dims();
+    let keys = k.dims()[2];
+    let scale = options.scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let scores = product(q, k.swap_dims(2, 3)).mul_scalar(scale);
+    let hidden = mask.clone().expand([b, heads, rows, keys]);
+    let weights = burn::tensor::activation::softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3);
+    product(weights, v)
 }
 
 /// `x · W (+ b)` with `W` stored `[in, out]` and `x` as `[N, in]`.
