@@ -107,11 +107,16 @@ impl Dims {
 struct Rope {
     cos: Tensor<4>,
     sin: Tensor<4>,
+    /// On a GPU: the index that swaps the two halves of the last axis ([`rope_swap_index`]);
+    /// `cos` is then `[c, c]` and `sin` `[−s, s]` over the whole head dimension.
+    swap: Option<Tensor<1, Int>>,
 }
 
 impl Rope {
     /// `positions` is `[B·T]` row-major. Angles are `f32(position) · inv_freq` rounded to f32, as
-    /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once.
+    /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once. On the host
+    /// the tables are `[B, 1, T, d/2]` (the fused op and the composite read them so); on a GPU
+    /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`Rope::apply`]'s four kernels.
     fn new(
         inv_freq: &[f32],
         positions: &[usize],
@@ -120,28 +125,61 @@ impl Rope {
         device: &Device,
     ) -> Self {
         let half = inv_freq.len();
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
+        let gpu = !super::is_flex(&device.clone().inner());
+        let width = if gpu { 2 * half } else { half };
+        let mut cos = Vec::with_capacity(positions.len() * width);
+        let mut sin = Vec::with_capacity(positions.len() * width);
         for &p in positions {
+            let start = cos.len();
             for &f in inv_freq {
                 let angle = (p as f32 * f) as f64;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
             }
+            if gpu {
+                cos.extend_from_within(start..start + half);
+                sin.extend_from_within(start..start + half);
+                sin[start..start + half].iter_mut().for_each(|v| *v = -*v);
+            }
         }
-        let shape = [batch, 1, len, half];
+        let shape = [batch, 1, len, width];
         Rope {
             cos: upload(TensorData::new(cos, shape), device),
             sin: upload(TensorData::new(sin, shape), device),
+            swap: gpu.then(|| rope_swap_index(2 * half, device)),
         }
     }
 
     /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
-    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings).
-    /// One fused op on Flex, burn's composite elsewhere ([`super::fused::rope`]).
+    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings). On the
+    /// host: one fused op on Flex, burn's composite otherwise ([`super::fused::rope`]). On a GPU:
+    /// `x·[c, c] + swap(x)·[−s, s]`, where `swap` exchanges the halves with one gather, four
+    /// kernels where the composite's slices, products and concatenation take ten (the same bits:
+    /// `x₂·(−s) = −(x₂·s)` exactly).
     fn apply(&self, x: Tensor<4>) -> Tensor<4> {
-        super::fused::rope(x, &self.cos, &self.sin)
+        match &self.swap {
+            Some(swap) => {
+                x.clone() * self.cos.clone() + x.select(3, swap.clone()) * self.sin.clone()
+            }
+            None => super::fused::rope(x, &self.cos, &self.sin),
+        }
     }
+}
+
+/// The index `[d/2, …, d−1, 0, …, d/2−1]` that swaps the halves of a head (`select` along the last
+/// axis), uploaded once per device and head dimension for the process.
+fn rope_swap_index(d: usize, device: &Device) -> Tensor<1, Int> {
+    type Cache = Vec<(Device, usize, Tensor<1, Int>)>;
+    static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, t)) = cache.iter().find(|(dev, n, _)| dev == device && *n == d) {
+        return t.clone();
+    }
+    let half = d / 2;
+    let idx: Vec<i32> = (0..d).map(|i| ((i + half) % d) as i32).collect();
+    let t: Tensor<1, Int> = upload(TensorData::new(idx, [d]), device);
+    cache.push((device.clone(), d, t.clone()));
+    t
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -790,6 +828,10 @@ impl Transformer {
             rope: Rope {
                 cos: fresh.rope.cos.clone().inner(),
                 sin: fresh.rope.sin.clone().inner(),
+                swap: fresh.rope.swap.as_ref().map(|t| {
+                    let [d] = t.dims();
+                    rope_swap_index(d, &device.clone().inner())
+                }),
             },
             mask: fresh.mask.clone().inner(),
             mask_host: fresh.mask_host.clone(),
