@@ -166,6 +166,8 @@ rlcr_rate() { sed -n 's/.*generate-answers: .* (\([0-9.]*\) tokens\/s).*/\1/p' "
 # rlcr's host transfers per decode step (`generate-answers: host transfers per decode step: R
 # reads (B bytes), U uploads (C bytes); N steps`): FIELD 1 reads, 2 bytes read, 3 uploads.
 rlcr_moves() { sed -n 's/.*generate-answers: host transfers per decode step: \([0-9.]*\) reads (\([0-9.]*\) bytes), \([0-9.]*\) uploads.*/\1 \2 \3/p' "$1" | tail -n 1 | cut -d' ' -f"$2" | grep . || echo null; }
+# rlcr's kernel launches per decode step (the same line, `…, K kernel launches; N steps`).
+rlcr_launches() { sed -n 's/.*generate-answers: host transfers per decode step: .*, \([0-9.]*\) kernel launches;.*/\1/p' "$1" | tail -n 1 | grep . || echo null; }
 # The second optimizer step of `update` (the first compiles kernels): tokens/s and entropy of step 1.
 update_rate() { "$PY" -c 'import json,sys
 m = [json.loads(l) for l in open(sys.argv[1])]
@@ -338,6 +340,7 @@ sampling() {
   row "sample smollm2 ${rows}x$SAMPLE_NEW: bytes read per step per row" \
     "$("$PY" -c 'import sys; print("null" if sys.argv[1] == "null" else float(sys.argv[1]) / int(sys.argv[2]))' "$(rlcr_moves "$log" 2)" "$rows")" null info
   row "sample smollm2 ${rows}x$SAMPLE_NEW: uploads per decode step" "$(rlcr_moves "$log" 3)" null info
+  row "sample smollm2 ${rows}x$SAMPLE_NEW: kernel launches per decode step" "$(rlcr_launches "$log")" null info
   if step "sample-hf-$rows" 120 "$PY" "$HELPER" generate "$M/smollm2" $prompts $rows $SAMPLE_NEW; then
     h=$(jget "$LOGS/sample-hf-$rows.out" tokens_per_s)
   fi

@@ -220,6 +220,7 @@ pub fn open(index: usize) -> Result<Device> {
         Err(e) => bail!("--device {spec} ({name}): CUDA failed: {e}"),
     }
     super::CUDA_OPENED.store(true, std::sync::atomic::Ordering::Relaxed);
+    super::transfer::count_launches();
     crate::info!("device: {spec} ({name})");
     Ok(device)
 }

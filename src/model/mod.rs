@@ -207,6 +207,7 @@ fn open_wgpu(index: Option<usize>) -> Result<Device> {
             }
         },
     };
+    transfer::count_launches();
     crate::info!("device: {} ({})", DeviceSpec::Wgpu(index), name(&device));
     Ok(device)
 }

@@ -83,6 +83,46 @@ fn count(read: bool, bytes: u64) {
     b.fetch_add(bytes, Ordering::Relaxed);
 }
 
+thread_local! {
+    static THREAD_LAUNCHES: Cell<u64> = const { Cell::new(0) };
+}
+
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Kernel launches the calling thread issued on a GPU backend since [`count_launches`] was first
+/// called (burn's CubeCL backends report each launch before submitting it, on the issuing
+/// thread). 0 on the CPU, where burn's ops are not kernels. On a GPU each launch costs host time
+/// (about 27 µs a launch on an H200 with burn's CUDA backend), so a decode step's launch count is
+/// its floor.
+pub fn thread_launches() -> u64 {
+    THREAD_LAUNCHES.with(|c| c.get())
+}
+
+/// [`thread_launches`] for the whole process.
+pub fn process_launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// Start counting kernel launches ([`thread_launches`]): installs a CubeCL launch observer for
+/// the rest of the process (one atomic add and one thread-local add per launch). Idempotent;
+/// opening a wgpu or CUDA device calls it. A no-op in builds without a GPU backend.
+pub fn count_launches() {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        use burn::cubecl::logging::{LaunchObservation, LaunchObserver};
+        struct Counter;
+        impl LaunchObserver for Counter {
+            fn launched(&self, _kernel: &'static str) {
+                THREAD_LAUNCHES.with(|c| c.set(c.get() + 1));
+                LAUNCHES.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // The observation stays installed for the process: dropping it would uninstall it.
+        ONCE.call_once(|| std::mem::forget(LaunchObservation::new(std::sync::Arc::new(Counter))));
+    }
+}
+
 /// A tensor on `device` from host data (counted as one upload of the data's bytes).
 pub fn upload<const D: usize, K: Basic>(data: TensorData, device: &Device) -> Tensor<D, K> {
     count(false, data.bytes().len() as u64);
@@ -158,6 +198,12 @@ mod transfer_counts {
             .join(name)
     }
 
+    /// The most kernel launches a decode step of [`per_decode_step`] may take on a GPU backend:
+    /// measured on lavapipe, 982 (tiny-qwen2's two layers and LM head, and the device draw,
+    /// whose top-k and top-p threshold searches take about 9 and 11 kernels for each of their 40
+    /// halvings: most of the step; without top-k and top-p a step takes about a fifth of it).
+    const DECODE_LAUNCHES: u64 = 982;
+
     /// Per decode step (between two consecutive step reports): the model's inputs go up (token
     /// ids, the RoPE tables, the attention mask; on a GPU also the draws); one read comes back:
     /// the sampled ids with their log-probs on a GPU (8 bytes a row), the logits on the CPU.
@@ -206,11 +252,29 @@ mod transfer_counts {
             };
             let decode = |ids: &[u32]| p.decode(ids);
             let mut marks = Vec::new();
+            let mut launches = Vec::new();
             generate(&p, &decode, &groups, &cfg, &mut |_| {
-                marks.push(thread_counts())
+                marks.push(thread_counts());
+                launches.push(thread_launches());
             })
             .unwrap();
             assert_eq!(marks.len(), steps);
+            // Kernel launches per decode step on a GPU backend: the model (tiny-qwen2, 2 layers)
+            // and the device draw with top-k and top-p (two searches of 40 halvings). Measured
+            // on lavapipe; a ceiling, so that more launches (each costs host time on a GPU)
+            // fail here.
+            for w in launches.windows(2) {
+                let n = w[1] - w[0];
+                if on_device {
+                    eprintln!("{spec}: {n} kernel launches in a decode step");
+                    assert!(
+                        n > 0 && n <= DECODE_LAUNCHES,
+                        "{spec}: {n} kernel launches a step"
+                    );
+                } else {
+                    assert_eq!(n, 0, "the CPU launches no kernels");
+                }
+            }
             for w in marks.windows(2) {
                 let d = w[1] - w[0];
                 let (uploads, read_bytes) = if on_device {

@@ -134,6 +134,8 @@ pub struct Summary {
     pub steps: usize,
     /// Host ↔ device transfers of the sampling (prefill included).
     pub transfers: Transfers,
+    /// Kernel launches of the sampling on a GPU backend (prefill included; 0 on the CPU).
+    pub launches: u64,
 }
 
 impl Summary {
@@ -167,13 +169,19 @@ impl Summary {
 
 impl Summary {
     /// `STAGE: host transfers per decode step: R reads (B bytes), U uploads (C bytes); N steps`
-    /// (totals over the steps, prefill included, divided by the steps).
+    /// (totals over the steps, prefill included, divided by the steps), and on a GPU backend
+    /// `, K kernel launches` before the steps.
     pub fn transfer_line(&self, stage: &str) -> String {
         let n = self.steps.max(1) as f64;
         let t = &self.transfers;
+        let launches = if self.launches > 0 {
+            format!(", {:.1} kernel launches", self.launches as f64 / n)
+        } else {
+            String::new()
+        };
         format!(
             "{stage}: host transfers per decode step: {:.2} reads ({:.0} bytes), {:.2} uploads \
-             ({:.0} bytes); {} steps",
+             ({:.0} bytes){launches}; {} steps",
             t.reads as f64 / n,
             t.read_bytes as f64 / n,
             t.uploads as f64 / n,
@@ -199,6 +207,7 @@ pub fn run_groups(
     let mut tokens = 0usize;
     let mut steps = 0usize;
     let moved = crate::model::transfer::thread_counts();
+    let launched = crate::model::transfer::thread_launches();
     let out = generate(policy, &decode, groups, cfg, &mut |r| {
         tokens += r.tokens;
         steps += 1;
@@ -212,6 +221,7 @@ pub fn run_groups(
     summary.tokens += tokens;
     summary.seconds += start.elapsed().as_secs_f64();
     summary.steps += steps;
+    summary.launches += crate::model::transfer::thread_launches() - launched;
     let moved = crate::model::transfer::thread_counts() - moved;
     let t = &mut summary.transfers;
     t.reads += moved.reads;
