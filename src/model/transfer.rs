@@ -198,6 +198,22 @@ mod transfer_counts {
             .join(name)
     }
 
+    /// tiny-qwen2's policy on the device `spec`, whether it draws on the device (on every GPU
+    /// backend, not on the CPU), and its vocabulary.
+    fn policy(spec: &str) -> (Policy, bool, u64) {
+        let device = crate::model::device_from_str(spec).unwrap();
+        let p = Policy::load(
+            &fixture("tiny-qwen2"),
+            &device,
+            &crate::model::ChatOptions::default(),
+        )
+        .unwrap();
+        let on_device = p.draws_on_device();
+        assert_eq!(on_device, spec != "cpu", "{spec}: where the sampler draws");
+        let vocab = p.vocab() as u64;
+        (p, on_device, vocab)
+    }
+
     /// The most kernel launches a decode step of [`per_decode_step`] may take on a GPU backend:
     /// measured on lavapipe, 982 (tiny-qwen2's two layers and LM head, and the device draw,
     /// whose top-k and top-p threshold searches take about 9 and 11 kernels for each of their 40
@@ -210,16 +226,7 @@ mod transfer_counts {
     #[test]
     fn per_decode_step() {
         for spec in devices() {
-            let device = crate::model::device_from_str(&spec).unwrap();
-            let p = Policy::load(
-                &fixture("tiny-qwen2"),
-                &device,
-                &crate::model::ChatOptions::default(),
-            )
-            .unwrap();
-            let on_device = p.draws_on_device();
-            assert_eq!(on_device, spec != "cpu", "{spec}: where the sampler draws");
-            let vocab = p.vocab() as u64;
+            let (p, on_device, vocab) = policy(&spec);
             let (rows, steps) = (4u64, 6usize);
             let ctx: Vec<u32> = (1..=9).collect();
             let groups = vec![Group {
@@ -336,16 +343,7 @@ mod transfer_counts {
         let encode = |_: &str| -> Result<Vec<u32>> { Ok(vec![5, 6, 7]) };
 
         for spec in devices() {
-            let device = crate::model::device_from_str(&spec).unwrap();
-            let p = Policy::load(
-                &fixture("tiny-qwen2"),
-                &device,
-                &crate::model::ChatOptions::default(),
-            )
-            .unwrap();
-            let on_device = p.draws_on_device();
-            assert_eq!(on_device, spec != "cpu", "{spec}: where the sampler draws");
-            let vocab = p.vocab() as u64;
+            let (p, on_device, vocab) = policy(&spec);
             let episodes: Vec<Episode> = [(1..=9).collect::<Vec<u32>>(), vec![3, 1, 4, 1, 5]]
                 .into_iter()
                 .enumerate()
