@@ -176,7 +176,8 @@ fn on_host(x: &Tensor<2>) -> bool {
 
 /// RMSNorm on a GPU in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of
 /// [`rms_norm_composite`]'s seven: `x / sqrt(mean(x²) + eps)` divides where the composite
-/// multiplies by a reciprocal (a rounding of difference; transformers' `rsqrt` is a third).
+/// multiplies by a reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third
+/// way, within the same parity bound).
 pub fn rms_norm_gpu(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     let rms = x.clone().square().mean_dim(1).add_scalar(eps).sqrt();
     x / rms * w.unsqueeze_dim(0)
