@@ -212,6 +212,9 @@ pub fn run(plan: &Plan) -> Result<String> {
     let start = std::time::Instant::now();
     let mut tokens = 0usize;
     let mut requests = 0usize;
+    let mut steps = 0usize;
+    let moved = crate::model::transfer::thread_counts();
+    let launched = crate::model::transfer::thread_launches();
     let results = rollout(
         &policy,
         &decode,
@@ -223,12 +226,21 @@ pub fn run(plan: &Plan) -> Result<String> {
         &mut |r| {
             tokens += r.tokens;
             requests += r.env_requests;
+            steps += 1;
             progress.inc(r.finished as u64);
         },
     )?;
     env.finish()?;
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();
+    // Host transfers and kernel launches per step, as generate-answers reports them.
+    let moves = Summary {
+        transfers: crate::model::transfer::thread_counts() - moved,
+        launches: crate::model::transfer::thread_launches() - launched,
+        steps,
+        ..Summary::default()
+    };
+    crate::info!("{}", moves.transfer_line("generate-multiturn"));
 
     // Statistics (summary line and the `rlcr.multiturn_summary` metadata).
     let all: Vec<&Rollout> = results.iter().flatten().collect();
