@@ -214,6 +214,14 @@ mod transfer_counts {
         (p, on_device, vocab)
     }
 
+    /// Both tests' sampling: temperature, top-k and top-p (the device draw's costliest path).
+    const PARAMS: SamplingParams = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        min_p: 0.0,
+    };
+
     /// The most kernel launches a decode step of [`per_decode_step`] may take on a GPU backend:
     /// measured on lavapipe, 982 (tiny-qwen2's two layers and LM head, and the device draw,
     /// whose top-k and top-p threshold searches take about 9 and 11 kernels for each of their 40
@@ -240,12 +248,7 @@ mod transfer_counts {
                     .collect(),
             }];
             let cfg = GenConfig {
-                params: SamplingParams {
-                    temperature: 0.8,
-                    top_k: 40,
-                    top_p: 0.9,
-                    min_p: 0.0,
-                },
+                params: PARAMS,
                 // No EOS: every row decodes `steps` tokens, none leaves the batch early.
                 stop: StopCriteria {
                     eos: vec![],
@@ -362,12 +365,7 @@ mod transfer_counts {
                 })
                 .collect();
             let cfg = GenConfig {
-                params: SamplingParams {
-                    temperature: 0.8,
-                    top_k: 40,
-                    top_p: 0.9,
-                    min_p: 0.0,
-                },
+                params: PARAMS,
                 // Every even id ends a turn: turns end at different steps in different rows, so
                 // some steps feed observations and decode in the same batch.
                 stop: StopCriteria {
