@@ -48,10 +48,20 @@ impl LineChild {
     /// Start `sh -c CMD` in its own process group; `what` names the child in errors
     /// (`starting the {what} `CMD``, `{what} stdin`).
     pub fn spawn(cmd: &str, what: &str) -> Result<LineChild> {
+        Self::spawn_with_env(cmd, what, &[])
+    }
+
+    /// [`LineChild::spawn`] with `envs` set (or replaced) in the child's environment.
+    pub fn spawn_with_env(
+        cmd: &str,
+        what: &str,
+        envs: &[(&str, std::ffi::OsString)],
+    ) -> Result<LineChild> {
         use std::os::unix::process::CommandExt;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(cmd)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             // Its own process group, so that killing it also kills what it started (a hung
             // `sh -c 'python verify.py'` would otherwise leave python running, holding our stderr).
             .process_group(0)

@@ -373,7 +373,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 (Some(t), serde_json::Value::Null)
             };
             let prompt = match &msgs {
-                Some(m) if m.is_valid(i) => crate::reward::stage::last_user_content(m.value(i)),
+                Some(m) if m.is_valid(i) => crate::reward::external::last_user_content(m.value(i)),
                 _ => None,
             };
             let key = (pid.value(i).to_string(), aidx.value(i));

@@ -21,6 +21,7 @@ mod model;
 mod multiturn;
 mod own_data;
 mod own_loop;
+mod own_reward;
 mod probe;
 mod product;
 mod qwen3;
