@@ -363,10 +363,10 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             // The external verifier gets the ground truth as JSON (as in score); the built-in
             // ones parse it for their kind.
             let (truth, gt_json) = if vs.verifier_cmd.is_some() {
-                let t = gt.value(i);
-                let v = serde_json::from_str(t)
-                    .unwrap_or_else(|_| serde_json::Value::String(t.to_string()));
-                (None, v)
+                (
+                    None,
+                    crate::reward::external::ground_truth_value(gt.value(i)),
+                )
             } else {
                 let t = GroundTruth::parse(kind, gt.value(i))
                     .with_context(|| format!("{}, column `ground_truth`", loc()))?;
