@@ -4,15 +4,16 @@
 //! Streaming design. The output has the input's row groups, row for row. Columns the stage does
 //! not compute are copied from the input as encoded Parquet column chunks (no decoding, no
 //! re-compression: token lists and log-probs never reach memory as Arrow arrays); only the
-//! columns the verifiers read are decoded, in batches of [`BATCH_ROWS`] (the repetitive
+//! columns the verifiers read are decoded, in batches of [`input::BATCH_ROWS`] (the repetitive
 //! `sample_type`, `data_source` and `ground_truth` as dictionaries), and only the seven score
 //! columns are encoded. Old score columns are replaced, and the columns the `advantage` stage
 //! derives from rewards (`advantage`, `token_advantages`, `loss_mask`, `returns`,
 //! `trajectory_score`) are dropped, so a re-scored table never carries stale values.
 //!
 //! Confidence rows need their own answer's accuracy. A first pass validates the table with the
-//! one [`Validator`] (reading only the columns its rules need: identities, token lists, spans),
-//! which also links each confidence row to its answer row by `(prompt_id, answer_idx)`,
+//! one [`crate::table::Validator`] (reading only the columns its rules need: identities, token
+//! lists, spans), which also links each confidence row to its answer row by
+//! `(prompt_id, answer_idx)`,
 //! rejecting duplicates and orphans. When every answer comes before its confidences (tables
 //! written by generate-confidence), the scoring pass handles a batch's answers before its
 //! confidences and remembers the accuracies; otherwise a pre-pass verifies all answers first (and
@@ -23,6 +24,10 @@
 //! and encodes the score columns of each finished row group; the calling thread splices them and
 //! copies the other column chunks into the output (1 MiB reads, 4 MiB writes), which is written
 //! atomically with the settings in `rlcr.config` and a summary in `rlcr.score_summary`.
+//!
+//! Files: this one holds the plan, the verifying and scoring of a batch and the pipeline;
+//! [`input`] the reading and validation, [`output`] the score columns' builders and encoding;
+//! what an external verifier's requests carry is [`super::external`]'s.
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
