@@ -14,7 +14,9 @@
 //! file the page asks the reader to create: it is written as NAME.EXT. Other `python` blocks run
 //! with python3, each after the page's earlier ones (a reader's session: `df` of one block is
 //! there in the next); `sql` blocks run in DuckDB (its Python module). Blocks of any other kind
-//! (`text`, `json`, plain) are output or formats and are not run. The folder looks like the root
+//! (`text`, `json`, plain) are output or formats and are not run; one holding a command line
+//! (`rlcr …`, `make -f …`, `python3 …`, `cargo …`) is an error, so that no command hides from the
+//! runner in a plain block. The folder looks like the root
 //! of a clone, which is where the pages are typed (getting-started: `cd rlcr`): `scripts` and
 //! `fixtures` are links to the repository's, and `rlcr` on `PATH` is the binary under test (also
 //! as `RLCR`, so `make -f scripts/rl.mk` builds nothing).
@@ -157,6 +159,17 @@ fn blocks(name: &str, md: &str) -> Vec<Block> {
             }
             assert!(i < lines.len(), "{name}:{}: unclosed block", start + 1);
             let lang = Lang::of(info);
+            let typed = |l: &&str| {
+                ["rlcr ", "make -f ", "python3 ", "cargo "]
+                    .iter()
+                    .any(|c| l.starts_with(c))
+            };
+            assert!(
+                lang != Lang::Other || !body.iter().any(typed),
+                "{name}:{}: commands in a block that is not ```sh: make it one (with \
+                 `<!-- norun: why -->` before it if it must not run)",
+                start + 1
+            );
             let d = pending.take().map(|(_, d)| d).unwrap_or_default();
             assert!(
                 lang != Lang::Other || d.is_empty(),
@@ -481,6 +494,7 @@ fn blocks_and_directives_parse() {
         "<!-- norun: why -->\ntext\n```sh\nx\n```\n",
         "<!-- docs-test\nsetup: x\n-->\n```text\nx\n```\n",
         "<!-- docs-test\nfrobnicate: x\n-->\n```sh\nx\n```\n",
+        "```\nrlcr score --input t.parquet -o s.parquet\n```\n",
     ] {
         assert!(
             std::panic::catch_unwind(|| blocks("bad.md", bad)).is_err(),
