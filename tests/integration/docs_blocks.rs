@@ -19,7 +19,8 @@
 //! runner in a plain block. The folder looks like the root
 //! of a clone, which is where the pages are typed (getting-started: `cd rlcr`): `scripts` and
 //! `fixtures` are links to the repository's, and `rlcr` on `PATH` is the binary under test (also
-//! as `RLCR`, so `make -f scripts/rl.mk` builds nothing).
+//! as `RLCR`, so `make -f scripts/rl.mk` builds nothing). `DOCS_TEST_REPO` is the repository, for a
+//! block that names the clone from elsewhere (`replace: CLONE=~/rlcr => CLONE=$DOCS_TEST_REPO`).
 //!
 //! **Directives**: an HTML comment right before a block (invisible on the rendered page):
 //! - `<!-- norun: REASON -->`: the block does not run; the reason (a GPU, a cluster, the network,
@@ -264,6 +265,7 @@ impl Folder {
             .current_dir(self.root())
             .env("PATH", std::env::join_paths(paths).unwrap())
             .env("RLCR", env!("CARGO_BIN_EXE_rlcr"))
+            .env("DOCS_TEST_REPO", repo())
             .env("NO_COLOR", "1")
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env_remove("RLCR_CONFIG");
