@@ -12,6 +12,7 @@ mod crash;
 mod critic;
 mod determinism;
 mod devices;
+mod docs_blocks;
 mod ecosystem;
 mod fuzz_regressions;
 mod gguf;
