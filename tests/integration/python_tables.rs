@@ -219,7 +219,15 @@ fn write(b: &RecordBatch, p: &Path) {
 
 /// What `advantage` and `report` make of a table: the advantage columns and report's overall
 /// figures.
-fn outputs(wd: &Workdir, input: &str) -> (Vec<f32>, Vec<Vec<f32>>, Vec<Vec<bool>>, Value) {
+#[derive(Debug, PartialEq)]
+struct Outputs {
+    advantage: Vec<f32>,
+    token_advantages: Vec<Vec<f32>>,
+    loss_mask: Vec<Vec<bool>>,
+    overall: Value,
+}
+
+fn outputs(wd: &Workdir, input: &str) -> Outputs {
     let out = format!("{input}.adv.parquet");
     wd.run(&["advantage", "--input", input, "-o", &out]);
     let b = super::support::table::read(&wd.path(&out));
@@ -246,7 +254,12 @@ fn outputs(wd: &Workdir, input: &str) -> (Vec<f32>, Vec<Vec<f32>>, Vec<Vec<bool>
         &std::fs::read_to_string(wd.path(&format!("{dir}/metrics.json"))).unwrap(),
     )
     .unwrap();
-    (adv, tok, mask, m["overall"].clone())
+    Outputs {
+        advantage: adv,
+        token_advantages: tok,
+        loss_mask: mask,
+        overall: m["overall"].clone(),
+    }
 }
 
 /// A table as `pa.Table.from_pylist` types it (int64 indices, double rewards, large strings,
@@ -261,7 +274,11 @@ fn from_pylist_types_read_as_rlcr_types() {
     assert_eq!(py.schema().field(2).data_type(), &DataType::Int64);
     write(&py, &wd.path("python.parquet"));
     let want = outputs(&wd, "rlcr.parquet");
-    assert!(want.0.iter().any(|&a| a != 0.0), "{:?}", want.0);
+    assert!(
+        want.advantage.iter().any(|&a| a != 0.0),
+        "{:?}",
+        want.advantage
+    );
     assert_eq!(outputs(&wd, "python.parquet"), want);
 }
 
