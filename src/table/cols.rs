@@ -53,15 +53,38 @@ pub struct StrCol<'a> {
     repr: StrRepr<'a>,
 }
 
+/// The forms, with the offsets and bytes of the plain and dictionary ones taken once (the
+/// validator reads every row of every table through [`StrCol::bytes`]).
 #[derive(Clone, Copy)]
 enum StrRepr<'a> {
-    Plain(&'a StringArray),
+    Plain(&'a StringArray, Utf8Bytes<'a>),
     Large(&'a LargeStringArray),
     Views(&'a StringViewArray),
     Dict {
         keys: &'a Int32Array,
         values: &'a StringArray,
+        bytes: Utf8Bytes<'a>,
     },
+}
+
+/// A `StringArray`'s offsets and value bytes.
+#[derive(Clone, Copy)]
+struct Utf8Bytes<'a> {
+    offsets: &'a [i32],
+    data: &'a [u8],
+}
+
+impl<'a> Utf8Bytes<'a> {
+    fn of(a: &'a StringArray) -> Self {
+        Utf8Bytes {
+            offsets: a.value_offsets(),
+            data: a.value_data(),
+        }
+    }
+    #[inline]
+    fn at(&self, j: usize) -> &'a [u8] {
+        &self.data[self.offsets[j] as usize..self.offsets[j + 1] as usize]
+    }
 }
 
 /// Column `name` of `b` as text; errors name the table and the column.
@@ -86,16 +109,18 @@ impl<'a> StrCol<'a> {
     pub fn of_array(a: &'a dyn Array) -> Option<Self> {
         let any = a.as_any();
         let repr = if let Some(a) = any.downcast_ref::<StringArray>() {
-            StrRepr::Plain(a)
+            StrRepr::Plain(a, Utf8Bytes::of(a))
         } else if let Some(a) = any.downcast_ref::<LargeStringArray>() {
             StrRepr::Large(a)
         } else if let Some(a) = any.downcast_ref::<StringViewArray>() {
             StrRepr::Views(a)
         } else {
             let d = any.downcast_ref::<DictionaryArray<Int32Type>>()?;
+            let values = d.values().as_any().downcast_ref::<StringArray>()?;
             StrRepr::Dict {
                 keys: d.keys(),
-                values: d.values().as_any().downcast_ref::<StringArray>()?,
+                values,
+                bytes: Utf8Bytes::of(values),
             }
         };
         Some(StrCol { repr })
@@ -104,7 +129,7 @@ impl<'a> StrCol<'a> {
     /// Number of rows.
     pub fn len(&self) -> usize {
         match self.repr {
-            StrRepr::Plain(a) => a.len(),
+            StrRepr::Plain(a, _) => a.len(),
             StrRepr::Large(a) => a.len(),
             StrRepr::Views(a) => a.len(),
             StrRepr::Dict { keys, .. } => keys.len(),
@@ -120,10 +145,10 @@ impl<'a> StrCol<'a> {
     #[inline]
     pub fn is_null(&self, i: usize) -> bool {
         match self.repr {
-            StrRepr::Plain(a) => a.is_null(i),
+            StrRepr::Plain(a, _) => a.is_null(i),
             StrRepr::Large(a) => a.is_null(i),
             StrRepr::Views(a) => a.is_null(i),
-            StrRepr::Dict { keys, values } => {
+            StrRepr::Dict { keys, values, .. } => {
                 keys.is_null(i) || values.is_null(keys.values()[i] as usize)
             }
         }
@@ -149,10 +174,10 @@ impl<'a> StrCol<'a> {
     #[inline]
     pub fn value(&self, i: usize) -> &'a str {
         match self.repr {
-            StrRepr::Plain(a) => a.value(i),
+            StrRepr::Plain(a, _) => a.value(i),
             StrRepr::Large(a) => a.value(i),
             StrRepr::Views(a) => a.value(i),
-            StrRepr::Dict { keys, values } => values.value(keys.values()[i] as usize),
+            StrRepr::Dict { keys, values, .. } => values.value(keys.values()[i] as usize),
         }
     }
 
@@ -166,13 +191,9 @@ impl<'a> StrCol<'a> {
     /// row rules look at every row of every table).
     #[inline]
     pub fn bytes(&self, i: usize) -> &'a [u8] {
-        let slice = |a: &'a StringArray, j: usize| {
-            let o = a.value_offsets();
-            &a.value_data()[o[j] as usize..o[j + 1] as usize]
-        };
         match self.repr {
-            StrRepr::Plain(a) => slice(a, i),
-            StrRepr::Dict { keys, values } => slice(values, keys.values()[i] as usize),
+            StrRepr::Plain(_, b) => b.at(i),
+            StrRepr::Dict { keys, bytes, .. } => bytes.at(keys.values()[i] as usize),
             StrRepr::Large(a) => a.value(i).as_bytes(),
             StrRepr::Views(a) => a.value(i).as_bytes(),
         }
@@ -192,7 +213,7 @@ impl<'a> StrCol<'a> {
     #[inline]
     pub fn key(&self, i: usize) -> Option<i32> {
         match self.repr {
-            StrRepr::Dict { keys, values } => {
+            StrRepr::Dict { keys, values, .. } => {
                 let k = keys.values()[i];
                 (keys.is_valid(i) && values.is_valid(k as usize)).then_some(k)
             }
@@ -225,12 +246,9 @@ impl<'a> StrCol<'a> {
     /// per row otherwise (a key out of range, only under a null row, gives `f(b"")`).
     pub fn map_values<T: Copy>(&self, n: usize, f: impl Fn(&[u8]) -> T) -> Vec<T> {
         match self.repr {
-            StrRepr::Dict { keys, values } => {
-                let o = values.value_offsets();
-                let data = values.value_data();
-                let per: Vec<T> = o
-                    .windows(2)
-                    .map(|w| f(&data[w[0] as usize..w[1] as usize]))
+            StrRepr::Dict { keys, bytes, .. } => {
+                let per: Vec<T> = (0..bytes.offsets.len().saturating_sub(1))
+                    .map(|j| f(bytes.at(j)))
                     .collect();
                 keys.values()[..n]
                     .iter()
