@@ -13,7 +13,7 @@
 use std::str::FromStr;
 
 use anyhow::{bail, Context};
-use arrow::array::{Array, BooleanArray, RecordBatch};
+use arrow::array::{BooleanArray, RecordBatch};
 
 /// Shard `index` of `count` (0-based).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use arrow::array::{Array, RecordBatch};
 
 use crate::table::validate::RULE_COLUMNS;
-use crate::table::{check_schema, cols, Reader, Validator, TRAJECTORY};
+use crate::table::{check_schema, cols, Reader, SampleType, Validator, TRAJECTORY};
 
 /// One training sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -217,13 +217,9 @@ pub fn rows_from_batch(
             );
         }
         let is_confidence = match stype {
-            Some(s) if s.is_valid(i) => match s.value(i) {
-                "answer" => false,
-                "confidence" => true,
-                other => bail!(
-                    "{}: unknown value {other:?} (expected \"answer\" or \"confidence\")",
-                    at("sample_type")
-                ),
+            Some(s) if s.is_valid(i) => match s.value(i).parse::<SampleType>() {
+                Ok(t) => t == SampleType::Confidence,
+                Err(e) => bail!("{}: {e}", at("sample_type")),
             },
             Some(_) => bail!("{}: null", at("sample_type")),
             None => false,

@@ -24,6 +24,7 @@ mod own_data;
 mod own_loop;
 mod probe;
 mod product;
+mod python_tables;
 mod qwen3;
 mod report;
 mod rl_make;
