@@ -233,13 +233,14 @@ CONF_ENTROPY_FLAG = $(if $(filter-out 0,$(CONF_ENTROPY_COEF)),--conf-entropy-coe
 KL_COEF ?= 0
 # REF_KL=1 (default): every update also reports the KL of the policy that sampled the iteration to
 # the starting policy (`ref_kl`: one forward pass of the starting model over the table); 0 = off
-# (then only with KL_COEF > 0).
+# (then only with KL_COEF > 0). ESTIMATOR=gae's tables carry the starting policy's log-probs
+# (`ref_logprobs`), which update reads instead.
 REF_KL ?= 1
 # MAX_MISMATCH=NATS stops an iteration whose rollout/trainer mismatch (max |response_logprobs −
 # the trainer's log-prob| on the first update batch, before any step) is above it
 # (`update --max-mismatch`); empty = reported only. rlcr's CPU rollouts in f32 stay below 1e-4.
 MAX_MISMATCH ?=
-UPDATE_DIAG_FLAGS = $(if $(or $(filter 1,$(REF_KL)),$(filter-out 0,$(KL_COEF))),--ref-model $(START)) \
+UPDATE_DIAG_FLAGS = $(if $(filter-out gae,$(ESTIMATOR)),$(if $(or $(filter 1,$(REF_KL)),$(filter-out 0,$(KL_COEF))),--ref-model $(START))) \
   $(if $(filter-out 0,$(KL_COEF)),--kl-coef $(KL_COEF)) $(if $(MAX_MISMATCH),--max-mismatch $(MAX_MISMATCH))
 # CONF_TURN=0: no confidence turn in the loop (the trajectory is the answers alone): RLVR with its
 # confidence never sampled, rather than sampled and left untrained (LAMBDA_CONF=0). Evaluations
@@ -402,7 +403,9 @@ $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
 	  --lambda-conf $$(LAMBDA_CONF) $$(ARM_ADV_FLAGS)
 endif
 
-$(DIR)/iter-$(1)/model/$(POLICY_FILE): $(DIR)/iter-$(1)/train.parquet $(call policy_mark,$(2))
+# The held-in files are order-only prerequisites: made with the iteration's policy before the
+# update, so KEEP_CHECKPOINTS never deletes a policy whose held-in answers are still to come.
+$(DIR)/iter-$(1)/model/$(POLICY_FILE): $(DIR)/iter-$(1)/train.parquet $(call policy_mark,$(2)) | $(call heldin_files,$(1))
 	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) $$(LORA_FLAGS) \
 	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
 	  --precision $$(PRECISION) $$(CONF_ENTROPY_FLAG) $$(UPDATE_DIAG_FLAGS) --tensorboard $$(TB)/update \
