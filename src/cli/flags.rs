@@ -411,8 +411,6 @@ impl LoraArgs {
     }
 }
 
-pub use crate::train::stage::model_lora;
-
 /// The critic flags of `rlcr update`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CriticArgs {

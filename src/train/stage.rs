@@ -1,6 +1,8 @@
-//! The engine of `rlcr update`: read and check the training table, load the policy (and the
-//! reference model), fill the log-probs the plan asks for, train through [`session`] and write
-//! the new folder. `cli/update.rs` turns its flags into an [`UpdatePlan`] and calls [`update`].
+//! The engines of `rlcr update` and `rlcr sft`. [`update`]: read and check the training table,
+//! load the policy (and the reference model), fill the log-probs the plan asks for, train through
+//! [`session`] and write the new folder. [`sft`]: load the model, read its targets (tokenized with
+//! the model's chat template), train the same way. `cli/update.rs` and `cli/sft.rs` turn their
+//! flags into an [`UpdatePlan`] / [`SftPlan`] and make one call.
 //!
 //! Order of work (each step's errors come before any later step's cost): the table (schema, rows,
 //! the flags that need confidence rows), then the policy (vocabulary and positions of the rows,
@@ -24,6 +26,7 @@ use super::diagnostics::Guards;
 use super::optim::AdamWConfig;
 use super::policy::host_logprobs;
 use super::session::{self, ResumeMode, Session};
+use super::sft::{read_sft_rows, SftFilter};
 use super::trainer::{Objective, StepMetrics, TrainConfig, ValueTokens};
 
 /// A validated `update` call.
@@ -168,13 +171,7 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
             r.old_logp = lp;
         }
     }
-    train.agg_len = plan.agg_len.unwrap_or_else(|| {
-        rows.iter()
-            .map(|r| r.response.len())
-            .max()
-            .unwrap_or(1)
-            .max(1)
-    });
+    train.agg_len = plan.agg_len.unwrap_or_else(|| longest(&rows));
     let warning = zero_advantage_warning(&rows, &table);
     let mut config = plan.config.clone();
     if let Some(o) = config.as_object_mut() {
@@ -196,6 +193,94 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
     };
     let steps = session::run_guarded(model, &rows, &s, &plan.guards)?;
     Ok(UpdateSummary { steps, warning })
+}
+
+/// A validated `sft` call.
+pub struct SftPlan {
+    /// Model folder (a model or a LoRA adapter folder).
+    pub model: PathBuf,
+    /// Table of assistant targets or trajectory table.
+    pub input: PathBuf,
+    /// Output folder.
+    pub out: PathBuf,
+    /// The loop's configuration (SFT objective). Its `mini_batches` is replaced by the number of
+    /// `batch_size` batches of the rows kept, its `agg_len` as in [`UpdatePlan::train`].
+    pub train: TrainConfig,
+    /// `--agg-len` as given.
+    pub agg_len: Option<usize>,
+    /// Rows per optimizer step.
+    pub batch_size: usize,
+    /// Which trajectory rows are targets.
+    pub filter: SftFilter,
+    /// Chat-template options of the targets' contexts.
+    pub chat: crate::model::ChatOptions,
+    /// AdamW hyper-parameters.
+    pub adamw: AdamWConfig,
+    /// Optimizer resume mode.
+    pub resume: ResumeMode,
+    /// Live TensorBoard run folder.
+    pub tensorboard: Option<PathBuf>,
+    /// Device to train on (the autodiff device is derived from it).
+    pub device: Device,
+    /// The trainer state's `config` as the caller records it; the engine adds `source`, `chat`,
+    /// `lora` and `train`.
+    pub config: serde_json::Value,
+}
+
+/// Run one `sft` call.
+pub fn sft(plan: &SftPlan, load_model: &PolicyLoader) -> Result<Vec<StepMetrics>> {
+    let mut model = load_model(&plan.model, &plan.device.clone().autodiff())
+        .with_context(|| format!("loading {}", plan.model.display()))?;
+    model.set_chat_options(&plan.chat)?;
+    let (source, rows) = read_sft_rows(&plan.input, &model, plan.filter)?;
+    if rows.is_empty() {
+        bail!(
+            "{}: no rows to train on (after filtering)",
+            plan.input.display()
+        );
+    }
+    let table = plan.input.display().to_string();
+    check_vocab(&rows, model.transformer.dims.vocab, &table)?;
+    check_positions(&rows, model.config.max_position_embeddings, &table)?;
+    let tokens: usize = rows.iter().map(|r| r.response.len()).sum();
+    crate::info!(
+        "{table}: {} rows ({source:?}), {tokens} target tokens",
+        rows.len()
+    );
+    let mut train = plan.train.clone();
+    train.mini_batches = rows.len().div_ceil(plan.batch_size.max(1));
+    train.agg_len = plan.agg_len.unwrap_or_else(|| longest(&rows));
+    train.validate()?;
+    let mut config = plan.config.clone();
+    if let Some(o) = config.as_object_mut() {
+        o.insert("source".into(), format!("{source:?}").into());
+        o.insert("chat".into(), plan.chat.meta());
+        o.insert("lora".into(), model_lora(&model));
+        o.insert(
+            "train".into(),
+            serde_json::to_value(&train).context("serialising the configuration")?,
+        );
+    }
+    let s = Session {
+        stage: "sft".into(),
+        out: plan.out.clone(),
+        resume: plan.resume,
+        adamw: plan.adamw,
+        train,
+        config,
+        inputs: vec![plan.model.display().to_string(), table],
+        tensorboard: plan.tensorboard.clone(),
+    };
+    session::run(model, &rows, &s)
+}
+
+/// The default `--agg-len`: the longest response (at least 1).
+fn longest(rows: &[TrainRow]) -> usize {
+    rows.iter()
+        .map(|r| r.response.len())
+        .max()
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// The adapter of a model to train, as recorded in the output's configuration (`null` when
