@@ -162,7 +162,7 @@ fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
         a.optim
             .train_config(objective, a.lr, a.mini_batches, a.temperature, &[], g.seed)?;
     if let Some(m) = a.max_mismatch {
-        if !(m >= 0.0) {
+        if m.is_nan() || m < 0.0 {
             return Err(
                 UsageError(format!("--max-mismatch must be a number >= 0, got {m}")).into(),
             );

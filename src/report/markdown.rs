@@ -269,7 +269,7 @@ fn indent(s: &str) -> String {
 /// A small or large figure in scientific notation, `–` when absent.
 fn fmt_sci(v: Option<f64>) -> String {
     match v {
-        Some(x) if x == 0.0 => "0".to_string(),
+        Some(0.0) => "0".to_string(),
         Some(x) if x.is_finite() => format!("{x:.2e}"),
         Some(x) => format!("{x}"),
         None => "–".to_string(),

@@ -115,7 +115,7 @@ impl Mismatch {
 
     /// True when the largest log-prob gap is above `limit` or not a number.
     pub fn exceeds(&self, limit: f64) -> bool {
-        !(self.logp_max <= limit)
+        self.logp_max.is_nan() || self.logp_max > limit
     }
 }
 
@@ -200,9 +200,9 @@ pub fn ref_kl(rows: &[TrainRow]) -> Option<f64> {
     let mut n = 0usize;
     for r in rows {
         let reference = r.ref_logp.as_ref()?;
-        for t in 0..r.response.len() {
-            if r.mask[t] {
-                sum += kl_estimate(r.old_logp[t] as f64, reference[t] as f64, KlEstimator::K3);
+        for ((&m, &old), &rf) in r.mask.iter().zip(&r.old_logp).zip(reference) {
+            if m {
+                sum += kl_estimate(old as f64, rf as f64, KlEstimator::K3);
                 n += 1;
             }
         }
