@@ -411,18 +411,6 @@ impl LoraArgs {
     }
 }
 
-/// The adapter of a model to train, as recorded in the output's configuration (`null` when
-/// every weight trains).
-pub fn model_lora(m: &crate::model::Model) -> serde_json::Value {
-    match &m.adapter {
-        Some(a) => serde_json::json!({
-            "from": a.dir,
-            "config": a.spec.to_peft_json(),
-        }),
-        None => serde_json::Value::Null,
-    }
-}
-
 /// The critic flags of `rlcr update`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CriticArgs {
