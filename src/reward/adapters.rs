@@ -54,7 +54,7 @@ fn folder_name() -> String {
         bytes.extend_from_slice(text.as_bytes());
         bytes.push(exec as u8);
     }
-    format!("rewards-{:016x}", crate::table::shard::fnv1a64(&bytes))
+    format!("rewards-{:016x}", crate::hash::fnv1a64(&bytes))
 }
 
 /// Where the adapters' folder goes, in order of preference.
