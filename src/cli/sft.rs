@@ -69,7 +69,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let chat = a.chat.options()?;
     let mut model = a
         .lora
-        .load_model(&a.model.model, &device.autodiff(), g.seed)
+        .load_model(&a.model, &device.autodiff(), g.seed)
         .with_context(|| format!("loading {}", a.model.model.display()))?;
     model.set_chat_options(&chat)?;
     let filter = SftFilter {
@@ -97,6 +97,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         .train_config(Objective::Sft, a.lr, mini_batches, 1.0, &rows, g.seed)?;
     let config = json!({
         "model": a.model.model,
+        "adapter": a.model.adapter,
         "input": a.input,
         "source": format!("{source:?}"),
         "lr": a.lr,
@@ -120,7 +121,11 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         adamw: a.optim.adamw(),
         train,
         config,
-        inputs: vec![a.model.model.display().to_string(), table],
+        inputs: std::iter::once(&a.model.model)
+            .chain(&a.model.adapter)
+            .map(|p| p.display().to_string())
+            .chain([table])
+            .collect(),
         tensorboard: a.optim.tensorboard.clone(),
     };
     session::run(model, &rows, &s)?;

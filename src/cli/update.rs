@@ -158,7 +158,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     crate::info!("{}: {} rows", a.input.display(), rows.len());
     let model = a
         .lora
-        .load_model(&a.model.model, &device.clone().autodiff(), g.seed)
+        .load_model(&a.model, &device.clone().autodiff(), g.seed)
         .with_context(|| format!("loading the policy {}", a.model.model.display()))?;
     let table = a.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
@@ -229,6 +229,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let zero_advantages = zero_advantage_warning(&rows, &table);
     let config = json!({
         "model": a.model.model,
+        "adapter": a.model.adapter,
         "input": a.input,
         "lr": a.lr,
         "ref_model": a.ref_model,
@@ -249,7 +250,11 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         adamw: a.optim.adamw(),
         train,
         config,
-        inputs: vec![a.model.model.display().to_string(), table],
+        inputs: std::iter::once(&a.model.model)
+            .chain(&a.model.adapter)
+            .map(|p| p.display().to_string())
+            .chain([table])
+            .collect(),
         tensorboard: a.optim.tensorboard.clone(),
     };
     session::run(model, &rows, &s)?;
