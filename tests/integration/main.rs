@@ -15,6 +15,7 @@ mod devices;
 mod ecosystem;
 mod fuzz_regressions;
 mod gguf;
+mod import;
 mod learning;
 mod lora;
 mod model;
