@@ -632,16 +632,19 @@ mod tests {
                 "line 3: key `output` is missing",
             ),
             (
-                format!("{{\"input\": 5, \"output\": \"a\"}}\n"),
+                "{\"input\": 5, \"output\": \"a\"}\n".to_string(),
                 "line 1: key `input` must be a string",
             ),
             (
-                format!("{{\"input\": \"q\", \"output\": \"a\", \"step\": \"x\"}}\n"),
+                "{\"input\": \"q\", \"output\": \"a\", \"step\": \"x\"}\n".to_string(),
                 "line 1: key `step`",
             ),
         ] {
             let f = write(d.path(), "7.jsonl", &text);
-            let e = format!("{:#}", read(&[f.clone()], &opts(Format::Verl)).unwrap_err());
+            let e = format!(
+                "{:#}",
+                read(std::slice::from_ref(&f), &opts(Format::Verl)).unwrap_err()
+            );
             assert!(e.contains(&f.display().to_string()), "{e}");
             assert!(e.contains(want), "{e} (want {want})");
         }
@@ -677,7 +680,7 @@ mod tests {
             "rows.jsonl",
             r#"{"step": "5", "prompt": "p", "completion": "c", "accuracy_reward": 1.0, "advantage": 0.5, "ground_truth": "7"}"#,
         );
-        let a = read(&[t.clone()], &opts(Format::Trl)).unwrap();
+        let a = read(std::slice::from_ref(&t), &opts(Format::Trl)).unwrap();
         let b = read(&[l], &opts(Format::Trl)).unwrap();
         assert_eq!(a.records[0].prompt, b.records[0].prompt);
         assert_eq!(a.records[0].step, Some(5));
@@ -713,7 +716,7 @@ mod tests {
             ),
         );
         let mut o = opts(Format::Openai);
-        let e = format!("{:#}", read(&[out.clone()], &o).unwrap_err());
+        let e = format!("{:#}", read(std::slice::from_ref(&out), &o).unwrap_err());
         assert!(
             e.contains("out.jsonl, line 1") && e.contains("--requests"),
             "{e}"

@@ -1059,7 +1059,7 @@ mod tests {
             "{:#}",
             resolve_base(&adapter, &spec("/no/such/base")).unwrap_err()
         );
-        assert!(e.contains("tried /no/such/base;"), "{e}");
+        assert!(e.contains("(tried /no/such/base)"), "{e}");
         assert!(recorded_base(&root.join("missing")).is_err());
     }
 

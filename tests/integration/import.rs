@@ -212,8 +212,19 @@ fn verl_rollout_dump_goes_through_import_score_and_report() {
 
     // probe reads the imported spans: every answer with a closed </think> (7 of 8) is cut.
     w.run(&[
-        "probe", "--model", &tiny(), "--input", "scored.parquet", "-o", "probe.parquet",
-        "--cuts", "2", "--samples", "2", "--max-new-tokens", "8",
+        "probe",
+        "--model",
+        &tiny(),
+        "--input",
+        "scored.parquet",
+        "-o",
+        "probe.parquet",
+        "--cuts",
+        "2",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "8",
     ]);
     let p = read(&w.path("probe.parquet"));
     assert_eq!(p.num_rows(), 7 * 2);
