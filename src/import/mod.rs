@@ -698,6 +698,23 @@ mod tests {
     }
 
     #[test]
+    fn openai_text_completions_with_logprobs() {
+        let d = tempfile::tempdir().unwrap();
+        let f = write(
+            d.path(),
+            "c.jsonl",
+            r#"{"request": {"model": "m", "prompt": ["Q: 2+2?\nA:"], "logprobs": 1}, "response": {"object": "text_completion", "choices": [{"index": 0, "text": " 4", "logprobs": {"tokens": [" ", "4"], "token_logprobs": [-0.25, -0.5], "top_logprobs": null, "text_offset": [0, 1]}, "finish_reason": "length"}]}, "ground_truth": 4}"#,
+        );
+        let r = read(&[f], &opts(Format::Openai)).unwrap();
+        let x = &r.records[0];
+        assert_eq!(x.prompt, Prompt::Text("Q: 2+2?\nA:".into()));
+        let lp = x.completions[0].logprobs.as_ref().unwrap();
+        assert_eq!((lp[1].token.as_str(), lp[1].logprob), ("4", -0.5));
+        // A number label stays a number.
+        assert_eq!(x.ground_truth, Some(serde_json::json!(4)));
+    }
+
+    #[test]
     fn openai_lines_batch_output_and_failures() {
         let d = tempfile::tempdir().unwrap();
         let reqs = write(

@@ -577,6 +577,59 @@ mod tests {
         assert_eq!(token_ids(&lp(&["token_id:5", "x"])), None);
     }
 
+    /// A completion's tokens: the server's ids when it returned them (`token_id:N`), else the
+    /// tokenizer's; log-probs kept on the same tokens only.
+    #[test]
+    fn responses_take_server_ids_and_aligned_logprobs() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-qwen2");
+        let enc = Encoder {
+            tokenizer: Tokenizer::load(&dir, None).unwrap(),
+            template: None,
+            model: dir.clone(),
+        };
+        let text = "<think>7 plus 5 is 12.</think> <answer>12</answer>";
+        let ids = enc.tokenizer.encode(text, false).unwrap();
+        let pieces: Vec<TokenLogprob> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| TokenLogprob {
+                token: enc.tokenizer.decode(&[t], false).unwrap(),
+                bytes: None,
+                logprob: -(i as f32) / 10.0,
+            })
+            .collect();
+        let want: Vec<f32> = pieces.iter().map(|t| t.logprob).collect();
+        let g = enc.response(text, Some(&pieces)).unwrap();
+        assert_eq!(
+            (g.ids.clone(), g.logprobs.clone(), g.text.as_str()),
+            (ids.clone(), want.clone(), text)
+        );
+        // Ids as vLLM returns them with return_tokens_as_token_ids: used as they are, even where
+        // the tokenizer would split the text otherwise.
+        let mut as_ids: Vec<TokenLogprob> = ids
+            .iter()
+            .zip(&want)
+            .map(|(t, &l)| TokenLogprob {
+                token: format!("token_id:{t}"),
+                bytes: None,
+                logprob: l,
+            })
+            .collect();
+        as_ids.swap(1, 2);
+        let g = enc.response("ignored", Some(&as_ids)).unwrap();
+        assert_eq!(g.ids[1], ids[2]);
+        assert_eq!(g.logprobs.len(), ids.len());
+        // One entry for the whole text: other boundaries, no log-probs (the ids are the tokenizer's).
+        let whole = [TokenLogprob {
+            token: text.into(),
+            bytes: None,
+            logprob: -1.0,
+        }];
+        let g = enc.response(text, Some(&whole)).unwrap();
+        assert_eq!(g.ids, ids);
+        assert!(g.logprobs.is_empty());
+    }
+
     fn rec(line: usize, prompt: Prompt, texts: &[&str], gt: &str) -> Record {
         Record {
             loc: super::super::Loc {
