@@ -12,7 +12,8 @@
   log_completions=True, as W&B stores it (step as a string, the prompt rendered with the chat
   template, one column per reward function, advantage); no labels, as TRL logs none.
 - trl/completions-with-labels.jsonl: the same rows as JSON lines with the dataset's labels
-  joined as a `ground_truth` column.
+  joined as a `ground_truth` column; trl/completions_00004.parquet: the same rows as the Parquet
+  file TRL writes beside the logged table (`completions/completions_{step:05d}.parquet`).
 - openai-chat.jsonl: {"request", "response"} lines of chat completions from an OpenAI-compatible
   server (vLLM) with logprobs=True: two answers per question (n=2), then a confidence request per
   answer (the answer as the assistant message, a user message asking how sure it is); one
@@ -155,6 +156,13 @@ def main():
         json.dump(table, f)
     with open(os.path.join(out, "trl", "completions-with-labels.jsonl"), "w") as f:
         f.write("\n".join(json.dumps(x) for x in labelled) + "\n")
+    # The Parquet file TRL writes beside the logged table (pandas' to_parquet goes through
+    # pyarrow: int64, string, double, and a struct for the joined labels; step an integer).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.Table.from_pylist([{**x, "step": int(x["step"])} for x in labelled])
+    pq.write_table(t, os.path.join(out, "trl", "completions_00004.parquet"))
 
     # OpenAI chat completions, two turns.
     lines = []

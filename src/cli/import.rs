@@ -22,9 +22,10 @@ Formats (--format):
           `gts`, `score`, `step` and the reward function's extra keys; give the folder to read
           every {step}.jsonl in step order.
   trl     the `completions` table GRPOTrainer logs with log_completions=True: its W&B
-          *.table.json file, or JSON lines with the keys `step`, `prompt`, `completion` (and the
-          reward columns, which are not read). The table holds no labels: add a column with the
-          ground truth (--label-key names it).
+          *.table.json file, the completions_{step:05d}.parquet files beside it, or JSON lines
+          with the keys `step`, `prompt`, `completion` (and the reward columns, which are not
+          read). The table holds no labels: add a column with the ground truth (--label-key
+          names it).
   openai  one line per request: {\"request\": BODY, \"response\": RESPONSE}, or the output file
           of the Batch API / vLLM's run_batch with the input file given as --requests (joined on
           custom_id). Chat completions and completions, with `logprobs` when they were asked for.
@@ -45,7 +46,7 @@ confidence rows. A single completion holding `<answer>…</answer>` and `<confid
 `score --answer-format tac` (or tabc, with <analysis>) so its confidence is read.
 response_logprobs is written when every row has log-probs on the tokenizer's tokens.
 
-Reads: JSON lines or JSON files, or folders of them, and a model folder (tokenizer, chat template;
+Reads: JSON lines, JSON or Parquet files, or folders of them, and a model folder (tokenizer, chat template;
 no weights). Writes: a trajectory table (answer rows, each followed by its confidence rows).
 Example:
   rlcr import --format verl --input rollouts/ --model Qwen2.5-3B -o imported.parquet
@@ -57,7 +58,7 @@ pub struct Args {
     /// The tool that wrote the input.
     #[arg(long, value_enum)]
     pub format: Format,
-    /// Input files, or folders of *.jsonl / *.json files (repeatable).
+    /// Input files, or folders of *.jsonl / *.json / *.parquet files (repeatable).
     #[arg(long, required = true, num_args = 1..)]
     pub input: Vec<PathBuf>,
     /// openai: the Batch API input file (`custom_id`, `body`) whose requests the output lines

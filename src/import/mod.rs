@@ -17,9 +17,10 @@
 //!   logged to Weights & Biases or trackio, whose columns are `step` (a string), `prompt` (the
 //!   prompt rendered with the chat template), `completion` (decoded without special tokens), one
 //!   column per reward function (its `__name__`) and `advantage`. Read from the table's JSON file
-//!   (`{"columns": [...], "data": [[...], ...]}`, the `*.table.json` files of a W&B run folder)
-//!   or from JSON lines with those keys (the same table saved with
-//!   `df.to_json(orient="records", lines=True)`).
+//!   (`{"columns": [...], "data": [[...], ...]}`, the `*.table.json` files of a W&B run folder),
+//!   from the `completions/completions_{step:05d}.parquet` files TRL writes beside it, or from
+//!   JSON lines with those keys (the table saved with `df.to_json(orient="records",
+//!   lines=True)`).
 //! - **OpenAI** (chat completions and completions, as vLLM's and SGLang's OpenAI-compatible
 //!   servers answer them): one line per request, either `{"request": BODY, "response": RESPONSE}`
 //!   or a Batch API output line `{"custom_id", "response": {"status_code", "body": RESPONSE},
@@ -144,8 +145,8 @@ pub struct ReadOptions {
     pub requests: Option<PathBuf>,
 }
 
-/// The files of `inputs`: files as given, folders expanded to their `*.jsonl` and `*.json` files
-/// (hidden ones left out), ordered by the number their name starts with (verl's `{step}.jsonl`),
+/// The files of `inputs`: files as given, folders expanded to their `*.jsonl`, `*.json` and
+/// `*.parquet` files (hidden ones left out), ordered by the number their name starts with (verl's `{step}.jsonl`),
 /// then by name.
 pub fn input_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
@@ -158,7 +159,10 @@ pub fn input_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
                     let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
                     f.is_file()
                         && name.is_some_and(|n| {
-                            !n.starts_with('.') && (n.ends_with(".jsonl") || n.ends_with(".json"))
+                            !n.starts_with('.')
+                                && [".jsonl", ".json", ".parquet"]
+                                    .iter()
+                                    .any(|e| n.ends_with(e))
                         })
                 })
                 .collect();
@@ -171,7 +175,10 @@ pub fn input_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
                 (digits.parse::<u64>().ok(), name)
             });
             if files.is_empty() {
-                bail!("{}: no *.jsonl or *.json files in the folder", p.display());
+                bail!(
+                    "{}: no *.jsonl, *.json or *.parquet files in the folder",
+                    p.display()
+                );
             }
             out.extend(files);
         } else if p.is_file() {
@@ -191,6 +198,17 @@ pub fn read(files: &[PathBuf], opts: &ReadOptions) -> Result<Records> {
     };
     let mut out = Records::default();
     for f in files {
+        if opts.format == Format::Trl && f.extension().is_some_and(|e| e == "parquet") {
+            for (i, o) in parquet_rows(f)?.into_iter().enumerate() {
+                let loc = Loc {
+                    file: f.clone(),
+                    line: i,
+                    row: true,
+                };
+                out.records.push(trl_record(loc, &o, opts)?);
+            }
+            continue;
+        }
         let text =
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         if opts.format == Format::Trl && is_table_json(&text) {
@@ -351,6 +369,82 @@ fn read_trl_table(f: &Path, text: &str, opts: &ReadOptions, out: &mut Records) -
         out.records.push(trl_record(loc, &o, opts)?);
     }
     Ok(())
+}
+
+/// The rows of a Parquet file as JSON objects (strings, numbers, booleans, nulls, and lists and
+/// structs of them): the `completions_{step:05d}.parquet` files TRL writes beside its logged
+/// table, saved by pandas.
+fn parquet_rows(f: &Path) -> Result<Vec<Map<String, Value>>> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file = std::fs::File::open(f).with_context(|| format!("opening {}", f.display()))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.build())
+        .with_context(|| format!("{}: not a Parquet file", f.display()))?;
+    let mut rows = Vec::new();
+    for batch in reader {
+        let batch = batch.with_context(|| format!("reading {}", f.display()))?;
+        let schema = batch.schema();
+        let start = rows.len();
+        rows.extend((0..batch.num_rows()).map(|_| Map::new()));
+        for (field, col) in schema.fields().iter().zip(batch.columns()) {
+            for (i, row) in rows[start..].iter_mut().enumerate() {
+                let v = cell(col.as_ref(), i).with_context(|| {
+                    format!(
+                        "{}, row {}, column `{}`",
+                        f.display(),
+                        start + i,
+                        field.name()
+                    )
+                })?;
+                row.insert(field.name().clone(), v);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// One Arrow value as JSON.
+fn cell(a: &dyn arrow::array::Array, i: usize) -> Result<Value> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{self as t, DataType};
+    if a.is_null(i) {
+        return Ok(Value::Null);
+    }
+    let num = |x: f64| serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number);
+    Ok(match a.data_type() {
+        DataType::Utf8 => Value::from(a.as_string::<i32>().value(i)),
+        DataType::LargeUtf8 => Value::from(a.as_string::<i64>().value(i)),
+        DataType::Utf8View => Value::from(a.as_string_view().value(i)),
+        DataType::Boolean => Value::from(a.as_boolean().value(i)),
+        DataType::Int8 => Value::from(a.as_primitive::<t::Int8Type>().value(i)),
+        DataType::Int16 => Value::from(a.as_primitive::<t::Int16Type>().value(i)),
+        DataType::Int32 => Value::from(a.as_primitive::<t::Int32Type>().value(i)),
+        DataType::Int64 => Value::from(a.as_primitive::<t::Int64Type>().value(i)),
+        DataType::UInt8 => Value::from(a.as_primitive::<t::UInt8Type>().value(i)),
+        DataType::UInt16 => Value::from(a.as_primitive::<t::UInt16Type>().value(i)),
+        DataType::UInt32 => Value::from(a.as_primitive::<t::UInt32Type>().value(i)),
+        DataType::UInt64 => Value::from(a.as_primitive::<t::UInt64Type>().value(i)),
+        DataType::Float32 => num(a.as_primitive::<t::Float32Type>().value(i) as f64),
+        DataType::Float64 => num(a.as_primitive::<t::Float64Type>().value(i)),
+        DataType::List(_) => list(a.as_list::<i32>().value(i).as_ref())?,
+        DataType::LargeList(_) => list(a.as_list::<i64>().value(i).as_ref())?,
+        DataType::Struct(fields) => {
+            let s = a.as_struct();
+            let mut o = Map::new();
+            for (f, c) in fields.iter().zip(s.columns()) {
+                o.insert(f.name().clone(), cell(c.as_ref(), i)?);
+            }
+            Value::Object(o)
+        }
+        other => bail!("values of type {other} are not read"),
+    })
+}
+
+fn list(a: &dyn arrow::array::Array) -> Result<Value> {
+    (0..a.len())
+        .map(|i| cell(a, i))
+        .collect::<Result<Vec<_>>>()
+        .map(Value::Array)
 }
 
 /// The Batch API input file: `custom_id` → request body.

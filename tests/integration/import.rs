@@ -384,6 +384,32 @@ fn trl_completions_need_a_label_column() {
         .map(|l| num(&serde_json::from_str::<Value>(l).unwrap()["accuracy_reward"]) as f32)
         .collect();
     assert_eq!(acc, theirs);
+    // The Parquet file TRL writes beside the table (labels joined as a struct column) gives the
+    // same table.
+    w.run(&[
+        "import",
+        "--format",
+        "trl",
+        "--input",
+        &fixture("trl/completions_00004.parquet"),
+        "--model",
+        &tiny(),
+        "--data-source",
+        "countdown",
+        "-o",
+        "pq.parquet",
+    ]);
+    let q = read(&w.path("pq.parquet"));
+    for col in ["sample_id", "ground_truth", "response_text"] {
+        assert_eq!(strs(&q, col), strs(&b, col), "{col}");
+    }
+    for col in ["context_ids", "response_ids"] {
+        assert_eq!(lists_i32(&q, col), lists_i32(&b, col), "{col}");
+    }
+    assert_eq!(
+        strs(&q, "ground_truth")[0],
+        r#"{"numbers":[3,5],"target":8}"#
+    );
 }
 
 /// A malformed line is an error naming the file and the line; nothing is written.
