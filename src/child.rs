@@ -181,18 +181,15 @@ impl Drop for LineChild {
 }
 
 /// SIGKILL the child's process group (the child and everything it started), then reap the child.
-/// Through the shell's `kill` builtin (the standard library has no killpg; `sh` is needed anyway).
+/// The child was started as the leader of its own group ([`LineChild::spawn`]), so its pid is
+/// the group's id.
 pub fn kill_group(child: &mut Child) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            "kill -s KILL -- -\"$0\" 2>/dev/null",
-            &child.id().to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: killpg only sends a signal; a group that is already gone gives ESRCH, ignored.
+        unsafe {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
+    }
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -9,6 +9,7 @@
 //! Module map:
 //! - [`child`]: a long-lived `sh -c` child speaking lines (external verifier, environment).
 //! - [`fs`]: atomic files and folders, stale-temp cleanup (used by every writer).
+//! - [`hash`]: the fixed hashes of the file formats (FNV-1a, SplitMix64): shards, fingerprints, splits.
 //! - [`table`]: schemas, Parquet I/O, metadata, validation.
 //! - [`model`]: Llama/Qwen2 decoder in burn, weights, tokenizer, chat template, GGUF import.
 //! - [`sample`]: batched sampling with a KV cache and per-sample seeded RNG.
@@ -30,6 +31,7 @@ pub mod alloc;
 pub mod child;
 pub mod cli;
 pub mod fs;
+pub mod hash;
 pub mod import;
 pub mod logprobs;
 pub mod model;

@@ -368,12 +368,12 @@ impl LoraArgs {
     /// --lora-rank is given.
     pub fn load_model(
         &self,
-        model: &ModelFolder,
+        dir: &Path,
+        adapter: Option<&Path>,
         device: &burn::tensor::Device,
         seed: u64,
     ) -> Result<crate::model::Model> {
         use crate::model::{weights::Storage, AdapterUse, Model};
-        let (dir, adapter) = (model.model.as_path(), model.adapter());
         let spec = self.spec(dir)?;
         let mut m = match (&spec, adapter) {
             // The base is frozen under a fresh adapter: bf16 matrices stay bf16.
@@ -427,18 +427,6 @@ impl LoraArgs {
             }
         }
         Ok(m)
-    }
-}
-
-/// The adapter of a model to train, as recorded in the output's configuration (`null` when
-/// every weight trains).
-pub fn model_lora(m: &crate::model::Model) -> serde_json::Value {
-    match &m.adapter {
-        Some(a) => serde_json::json!({
-            "from": a.dir,
-            "config": a.spec.to_peft_json(),
-        }),
-        None => serde_json::Value::Null,
     }
 }
 

@@ -126,13 +126,13 @@ interrupted run resumes where it stopped). Its variables choose the model, the t
 `make -f scripts/rl.mk RUN=exp1 MODEL=path/to/hf-folder ITERS=8 LR=2e-5`.
 
 Quick start (one iteration by hand, on a Hugging Face model folder MODEL):
-  rlcr prepare --from countdown-synth --n 64 -o prompts.parquet
+  rlcr prepare --from countdown-synth --count 64 -o prompts.parquet
   rlcr generate-answers --model MODEL --input prompts.parquet -o answers.parquet
   rlcr generate-confidence --model MODEL --input answers.parquet -o trajectory.parquet
   rlcr score --input trajectory.parquet -o scored.parquet
   rlcr advantage --input scored.parquet -o train.parquet
   rlcr update --model MODEL --input train.parquet -o MODEL-1
-  rlcr report scored.parquet -o report/
+  rlcr report --input scored.parquet -o report/
 
 `rlcr <stage> --help` gives a stage's options; `--config run.toml` (or RLCR_CONFIG) reads them
 from one file with a section per stage. Shell completions: `rlcr completions bash|zsh|fish`.";

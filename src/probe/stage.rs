@@ -26,7 +26,7 @@ use crate::sample::policy::Policy;
 use crate::sample::sampler::{Group, SampleId};
 use crate::sample::stage::{self, ModelJob};
 use crate::sample::stop::offsets_of;
-use crate::table::{self, cols, Meta, Reader, Writer, PROBE, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, SampleType, Writer, PROBE, TRAJECTORY};
 
 /// What to probe, and how: the validated form of `rlcr probe`'s flags.
 #[derive(Debug, Clone)]
@@ -244,8 +244,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             let aidx = cols::i32_col(b, &name, "answer_idx")?;
             let conf = cols::f32_col(b, &name, "confidence")?;
             for i in 0..b.num_rows() {
-                if st.is_valid(i)
-                    && st.value(i) == "confidence"
+                if st.sample_type(i) == Some(SampleType::Confidence)
                     && conf.is_valid(i)
                     && pid.is_valid(i)
                     && aidx.is_valid(i)
@@ -314,7 +313,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             if st.is_null(i) {
                 bail!("{}, column `sample_type`: null", loc());
             }
-            if st.value(i) != "answer" {
+            if st.sample_type(i) != Some(SampleType::Answer) {
                 continue;
             }
             if let Some(s) = &plan.job.shard {
