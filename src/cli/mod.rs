@@ -21,6 +21,7 @@ pub mod flags;
 pub mod generate_answers;
 pub mod generate_confidence;
 pub mod generate_multiturn;
+pub mod import;
 pub mod import_gguf;
 pub mod inspect;
 pub mod logprobs;
@@ -100,6 +101,8 @@ pub enum Command {
     Logprobs(logprobs::Args),
     #[command(about = values::ABOUT, long_about = values::LONG_ABOUT)]
     Values(values::Args),
+    #[command(about = import::ABOUT, long_about = import::LONG_ABOUT)]
+    Import(import::Args),
     #[command(name = "import-gguf", about = import_gguf::ABOUT, long_about = import_gguf::LONG_ABOUT)]
     ImportGguf(import_gguf::Args),
     #[command(name = "merge-lora", about = merge_lora::ABOUT, long_about = merge_lora::LONG_ABOUT)]
@@ -273,6 +276,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(a) => report::run(&g, a),
         Command::Logprobs(a) => logprobs::run(&g, a),
         Command::Values(a) => values::run(&g, a),
+        Command::Import(a) => import::run(&g, a),
         Command::ImportGguf(a) => import_gguf::run(&g, a),
         Command::MergeLora(a) => merge_lora::run(&g, a),
         Command::Schema(a) => schema::run(&g, a),

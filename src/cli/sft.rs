@@ -58,9 +58,9 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = plan(g, &a)?;
-    let lora = &a.lora;
+    let (lora, adapter) = (&a.lora, a.model.adapter());
     crate::train::stage::sft(&plan, &|dir: &std::path::Path, device| {
-        lora.load_model(dir, device, g.seed)
+        lora.load_model(dir, adapter, device, g.seed)
     })?;
     Ok(())
 }
@@ -78,6 +78,7 @@ fn plan(g: &Global, a: &Args) -> Result<SftPlan> {
     let chat = a.chat.options()?;
     let config = json!({
         "model": a.model.model,
+        "adapter": a.model.adapter,
         "input": a.input,
         "lr": a.lr,
         "batch_size": a.batch_size,

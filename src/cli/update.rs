@@ -126,9 +126,9 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = plan(g, &a)?;
-    let lora = &a.lora;
+    let (lora, adapter) = (&a.lora, a.model.adapter());
     let done = crate::train::stage::update(&plan, &|dir: &std::path::Path, device| {
-        lora.load_model(dir, device, g.seed)
+        lora.load_model(dir, adapter, device, g.seed)
     })?;
     a.critic
         .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
@@ -170,6 +170,7 @@ fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
     }
     let mut config = json!({
         "model": a.model.model,
+        "adapter": a.model.adapter,
         "input": a.input,
         "lr": a.lr,
         "ref_model": a.ref_model,

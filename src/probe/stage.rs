@@ -259,7 +259,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
     }
 
-    let policy = Policy::load(&plan.job.model, &device, &plan.job.chat)?;
+    let policy = Policy::open(
+        &plan.job.model,
+        plan.job.adapter.as_deref(),
+        &device,
+        &plan.job.chat,
+    )?;
     let cfg = stage::gen_config(
         &policy,
         plan.params,

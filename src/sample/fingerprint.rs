@@ -20,15 +20,23 @@ const CHUNK: u64 = 4096;
 
 /// Fingerprint of a model folder (see the module docs).
 pub fn model_fingerprint(dir: &Path) -> Result<String> {
+    fingerprint_with(dir, None)
+}
+
+/// Fingerprint of the model `--model dir --adapter adapter` loads: with an adapter, the base's
+/// fingerprint, then the adapter folder's; so `--model BASE --adapter DIR` and `--model DIR`
+/// (whose recorded base is BASE) give the same value.
+pub fn fingerprint_with(dir: &Path, adapter: Option<&Path>) -> Result<String> {
     use crate::model::lora;
+    let (base, adapter) = lora::resolve(dir, adapter)?;
     let mut h = Fnv64::default();
-    // An adapter folder: the base's fingerprint, then the adapter's config and tensors.
-    let cfg = if lora::is_adapter_dir(dir) {
-        let (base, _) = lora::resolve(dir, None)?;
-        h.update(model_fingerprint(&base)?.as_bytes());
-        dir.join(lora::CONFIG_FILE)
-    } else {
-        dir.join("config.json")
+    // An adapter: the base's fingerprint, then the adapter's config and tensors.
+    let (dir, cfg) = match &adapter {
+        Some(a) => {
+            h.update(model_fingerprint(&base)?.as_bytes());
+            (a.as_path(), a.join(lora::CONFIG_FILE))
+        }
+        None => (base.as_path(), base.join("config.json")),
     };
     let bytes = std::fs::read(&cfg).with_context(|| format!("reading {}", cfg.display()))?;
     h.update(&bytes);

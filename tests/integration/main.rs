@@ -16,6 +16,7 @@ mod docs_blocks;
 mod ecosystem;
 mod fuzz_regressions;
 mod gguf;
+mod import;
 mod learning;
 mod lora;
 mod model;
