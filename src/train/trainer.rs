@@ -507,12 +507,8 @@ pub fn batch_gradients_measured(
         let weight = t2(right_align(&wrefs, r, 0.0));
         let loss_t = match cfg.objective {
             Objective::Policy { clip, .. } => {
-                if measure {
-                    let logp = crate::model::read_f32(out.logp.clone().detach())?;
-                    let block: Vec<&TrainRow> = chunk.iter().map(|&i| rows[i]).collect();
-                    let mm = sums.mismatch.get_or_insert_with(Mismatch::default);
-                    mm.add_right_aligned(&logp, &block, r);
-                }
+                // The trainer's log-probs for the mismatch, read with the metrics below.
+                let measured = measure.then(|| out.logp.clone().detach().reshape([b * r]));
                 let ref_logp = if cfg.needs_ref() {
                     if let Some(&i) = chunk.iter().find(|&&i| rows[i].ref_logp.is_none()) {
                         bail!("row {i} has no reference log-probs (needed by --kl-coef > 0)");
@@ -536,20 +532,29 @@ pub fn batch_gradients_measured(
                     &clip,
                     &coefs,
                 );
-                // Every metric of the micro-batch in one read (one host round trip on a GPU).
+                // Every metric of the micro-batch in one read (one host round trip on a GPU),
+                // with the log-probs of the mismatch measurement when it is taken.
                 let [a, bb, c] = m.clipped;
-                let v = scalars(vec![
-                    m.loss.clone().detach(),
-                    m.pg_loss,
-                    m.kl_loss,
-                    m.entropy_sum,
-                    m.neg_log_ratio_sum,
-                    a,
-                    bb,
-                    c,
-                    m.conf_entropy_sum,
-                    m.value_entropy_sum,
-                ])?;
+                let (v, logp) = scalars_with(
+                    vec![
+                        m.loss.clone().detach(),
+                        m.pg_loss,
+                        m.kl_loss,
+                        m.entropy_sum,
+                        m.neg_log_ratio_sum,
+                        a,
+                        bb,
+                        c,
+                        m.conf_entropy_sum,
+                        m.value_entropy_sum,
+                    ],
+                    measured,
+                )?;
+                if measure {
+                    let block: Vec<&TrainRow> = chunk.iter().map(|&i| rows[i]).collect();
+                    let mm = sums.mismatch.get_or_insert_with(Mismatch::default);
+                    mm.add_right_aligned(&logp, &block, r);
+                }
                 sums.loss += v[0];
                 sums.pg_loss += v[1];
                 sums.kl_loss += v[2];
@@ -593,13 +598,31 @@ pub fn batch_gradients_measured(
 
 /// One-element tensors read back together (one host round trip), as f64.
 fn scalars(ts: Vec<Tensor<1>>) -> Result<Vec<f64>> {
+    Ok(scalars_with(ts, None)?.0)
+}
+
+/// [`scalars`], and the values of `extra` read in the same round trip (as f32: they are f32
+/// values, and f32 → f64 → f32 gives the same bits).
+fn scalars_with(
+    mut ts: Vec<Tensor<1>>,
+    extra: Option<Tensor<1>>,
+) -> Result<(Vec<f64>, Vec<f32>)> {
     let n = ts.len();
-    let v = read(Tensor::cat(ts, 0))?
+    let want = n + extra.as_ref().map_or(0, |e| e.dims()[0]);
+    if let Some(e) = extra {
+        let dtype = ts.first().map(|t| t.dtype());
+        ts.push(match dtype {
+            Some(d) if d != e.dtype() => e.cast(d),
+            _ => e,
+        });
+    }
+    let mut v = read(Tensor::cat(ts, 0))?
         .convert::<f64>()
         .try_into_vec::<f64>()
         .map_err(|e| anyhow::anyhow!("reading the loss values: {e:?}"))?;
-    ensure!(v.len() == n, "{} loss values for {n} tensors", v.len());
-    Ok(v)
+    ensure!(v.len() == want, "{} loss values for {want}", v.len());
+    let rest = v.split_off(n).into_iter().map(|x| x as f32).collect();
+    Ok((v, rest))
 }
 
 /// Run the whole loop: `epochs × mini_batches` optimizer steps over `rows`. `on_step` sees the
