@@ -10,7 +10,9 @@
 //! named in the same error. Large and view layouts and dictionaries are the reader's
 //! normalisation ([`super::io::normalized_type`]); this module converts widths.
 //!
-//! What converts: any integer to `int32` (the value must be in range); any integer or float to
+//! What converts: any integer to `int32` (the value must be in range); a float column to `int32`
+//! when its values are whole numbers in range (pandas stores an integer column with missing values
+//! as float64, NaN for the missing: NaN reads as null); any integer or float to
 //! `float32` (an integer must be exact in float32, a finite float must stay finite: rounding to
 //! the nearest float32 is what storing a double as float32 means); lists of those to
 //! `list<int32>` / `list<float32>`; span structs whose `start` and `end` are integers. Anything
@@ -34,7 +36,8 @@ pub fn read_type(ty: ColType, dt: &DataType) -> Option<DataType> {
         return None;
     }
     match (ty, dt) {
-        (ColType::Int32, dt) if dt.is_integer() => Some(DataType::Int32),
+        // pandas writes an integer column with missing values as float64 (NaN for the missing)
+        (ColType::Int32, dt) if dt.is_integer() || dt.is_floating() => Some(DataType::Int32),
         (ColType::Float32, dt) if dt.is_integer() || dt.is_floating() => Some(DataType::Float32),
         (ColType::ListInt32, DataType::List(f)) => {
             let item = read_type(ColType::Int32, f.data_type())?;
@@ -239,6 +242,15 @@ fn first_unfit(src: &ArrayRef, dst: &ArrayRef, consider: impl Fn(usize) -> bool)
     let n = src.len();
     let live = |i: usize| src.is_valid(i) && consider(i);
     match dst.data_type() {
+        DataType::Int32 if src.data_type().is_floating() => {
+            // whole numbers in range only (arrow's cast truncates a fraction); NaN is missing
+            let wide = cast(src, &DataType::Float64).ok()?;
+            let wide = wide.as_primitive::<Float64Type>();
+            (0..n).find(|&i| {
+                let v = wide.value(i);
+                live(i) && !v.is_nan() && (dst.is_null(i) || v.fract() != 0.0)
+            })
+        }
         DataType::Int32 => (0..n).find(|&i| live(i) && dst.is_null(i)),
         DataType::Float32 => {
             let out = dst.as_primitive::<arrow::datatypes::Float32Type>();
@@ -440,5 +452,31 @@ mod tests {
             Field::new("stop", DataType::Int64, true),
         ]);
         assert_eq!(read_type(ColType::Span, &DataType::Struct(fs)), None);
+    }
+
+    /// A float column where an int32 is expected (pandas' integer column with missing values):
+    /// whole numbers read as int32, NaN and null as null; a fraction or an infinity is named.
+    #[test]
+    fn pandas_float_integers_read_as_int32() {
+        let idx = Float64Array::from(vec![Some(0.0), None, Some(f64::NAN), Some(2.0)]);
+        let b = batch(vec![("confidence_idx", Arc::new(idx) as ArrayRef)]);
+        let got = coerce_batch(&b, &TRAJECTORY, "t.parquet", 0).unwrap();
+        let c = got.column(0).as_primitive::<arrow::datatypes::Int32Type>();
+        assert_eq!(
+            c.iter().collect::<Vec<_>>(),
+            vec![Some(0), None, None, Some(2)]
+        );
+        for (bad, shown) in [(1.5, "1.5"), (f64::INFINITY, "inf"), (3e10, "30000000000")] {
+            let idx = Float64Array::from(vec![Some(1.0), Some(bad)]);
+            let b = batch(vec![("confidence_idx", Arc::new(idx) as ArrayRef)]);
+            let e = coerce_batch(&b, &TRAJECTORY, "t.parquet", 10)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("row 11, column `confidence_idx`") && e.contains("does not fit int32"),
+                "{e}"
+            );
+            assert!(e.to_lowercase().contains(shown), "{e}");
+        }
     }
 }
