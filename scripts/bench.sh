@@ -7,7 +7,8 @@
 #   RLCR      the rlcr binary the stage workloads (update, updatesmol, answers) time; default: the
 #             one `cargo install --path .` installs, built here as `cargo build --release --bin
 #             rlcr` (the release profile: every crate at opt-level 3, no debug assertions; a first
-#             release build compiles every dependency again, ~25 minutes on 2 cores)
+#             release build compiles every dependency again: more than an hour on a shared 2-core
+#             machine; PROFILE=dev reuses the dependencies `cargo test` compiled)
 #   PROFILE   release (default) or dev: `dev` times the dev-profile binary with rlcr's own crate
 #             at opt-level 3 (`--config profile.dev.package.rlcr.opt-level=3`; the dependencies
 #             are shared with `cargo test`'s, so only rlcr recompiles)
