@@ -295,34 +295,15 @@ mod tests {
         assert!(svg.contains("rlcr · countdown-hard"));
         // Every text (titles, counts above bars) lies inside the figure: a panel's counts are
         // placed in its own area, not the first panel's coordinates shifted by its offset.
-        for part in svg.split("<text x=\"").skip(1) {
-            let (x, rest) = part.split_once('"').unwrap();
-            let y = rest
-                .split("y=\"")
-                .nth(1)
-                .unwrap()
-                .split('"')
-                .next()
-                .unwrap();
-            let (x, y): (f64, f64) = (x.parse().unwrap(), y.parse().unwrap());
+        let texts = text_positions(&svg);
+        for &(x, y, _) in &texts {
             assert!(x <= 1440.0 && y <= 2100.0, "text at ({x}, {y})");
         }
         // The count of panel (row 3, column 2) sits in that panel: x in 720..1440, y in 1400..2100.
-        let counts: Vec<(f64, f64)> = svg
-            .split("<text x=\"")
-            .skip(1)
-            .filter(|p| p.contains(">\n1\n</text>") || p.contains(">1</text>"))
-            .map(|p| {
-                let (x, rest) = p.split_once('"').unwrap();
-                let y = rest
-                    .split("y=\"")
-                    .nth(1)
-                    .unwrap()
-                    .split('"')
-                    .next()
-                    .unwrap();
-                (x.parse().unwrap(), y.parse().unwrap())
-            })
+        let counts: Vec<(f64, f64)> = texts
+            .iter()
+            .filter(|t| t.2.contains(">\n1\n</text>") || t.2.contains(">1</text>"))
+            .map(|t| (t.0, t.1))
             .collect();
         assert!(
             counts
@@ -330,5 +311,23 @@ mod tests {
                 .any(|&(x, y)| (720.0..1440.0).contains(&x) && (1400.0..2100.0).contains(&y)),
             "{counts:?}"
         );
+    }
+
+    /// `(x, y, rest of the element)` of every `<text>` of an SVG.
+    fn text_positions(svg: &str) -> Vec<(f64, f64, &str)> {
+        svg.split("<text x=\"")
+            .skip(1)
+            .map(|part| {
+                let (x, rest) = part.split_once('"').unwrap();
+                let y = rest
+                    .split("y=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
+                (x.parse().unwrap(), y.parse().unwrap(), part)
+            })
+            .collect()
     }
 }

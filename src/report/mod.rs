@@ -247,6 +247,7 @@ pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
     plot::LineCharts {
         title: "Metrics by iteration".to_string(),
         x_label: "iteration".to_string(),
+        axis: plot::XAxis::Iterations,
         xs: reports.iter().map(|r| r.iteration as f64).collect(),
         grid: (2, 2),
         panels: vec![
