@@ -256,6 +256,9 @@ pub(super) fn tenths(v: &f64) -> String {
     format!("{v:.1}")
 }
 
+/// How a tick's value is written.
+pub(super) type TickLabel<'a> = &'a dyn Fn(&f64) -> String;
+
 /// The frame of one chart: margins, ranges, ticks and the words on its axes.
 pub(super) struct Axes<'a> {
     /// Caption above the chart and its font size (panels of a grid).
@@ -271,9 +274,9 @@ pub(super) struct Axes<'a> {
     /// How many x and y tick labels.
     pub ticks: (usize, usize),
     /// x tick label.
-    pub x_fmt: &'a dyn Fn(&f64) -> String,
+    pub x_fmt: TickLabel<'a>,
     /// y tick label.
-    pub y_fmt: &'a dyn Fn(&f64) -> String,
+    pub y_fmt: TickLabel<'a>,
     /// x and y axis descriptions.
     pub desc: (&'a str, &'a str),
     /// Font sizes of the axis descriptions and of the tick labels.
@@ -308,7 +311,7 @@ impl<'a> Axes<'a> {
         y_area: u32,
         (x, y): (Range<f64>, Range<f64>),
         ticks: (usize, usize),
-        (x_fmt, y_fmt): (&'a dyn Fn(&f64) -> String, &'a dyn Fn(&f64) -> String),
+        (x_fmt, y_fmt): (TickLabel<'a>, TickLabel<'a>),
         desc: (&'a str, &'a str),
     ) -> Self {
         Axes {

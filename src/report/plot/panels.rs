@@ -221,6 +221,14 @@ impl Figure for LineCharts {
     }
 }
 
+/// The smallest and largest value of a panel's series (infinite when it has none).
+fn data_range(p: &LinePanel) -> (f64, f64) {
+    let vals = p.series.iter().flat_map(|s| s.values.iter().flatten());
+    let lo = vals.clone().copied().fold(f64::INFINITY, f64::min);
+    let hi = vals.copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
 /// The y range of a line panel: its fixed range (with a little headroom) or the data's, padded,
 /// from 0 when every value is non-negative.
 fn y_extent(p: &LinePanel) -> (f64, f64) {
@@ -228,13 +236,7 @@ fn y_extent(p: &LinePanel) -> (f64, f64) {
         // A little headroom so that a line at the top of a fixed range stays visible.
         Some((lo, hi)) => (lo, hi + (hi - lo) * 0.04),
         None => {
-            let vals: Vec<f64> = p
-                .series
-                .iter()
-                .flat_map(|s| s.values.iter().flatten().copied())
-                .collect();
-            let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let (lo, hi) = data_range(p);
             if !lo.is_finite() {
                 (0.0, 1.0)
             } else if hi - lo < 1e-9 {
@@ -257,13 +259,7 @@ const MAX_DOTS: usize = 40;
 /// The y range of a training-curve panel: the data's, padded, from 0 when every value is
 /// non-negative; a constant series (a learning rate) gets half its value of room on each side.
 fn step_y_extent(p: &LinePanel) -> (f64, f64) {
-    let vals: Vec<f64> = p
-        .series
-        .iter()
-        .flat_map(|s| s.values.iter().flatten().copied())
-        .collect();
-    let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = data_range(p);
     if !lo.is_finite() || !hi.is_finite() {
         return (0.0, 1.0);
     }
