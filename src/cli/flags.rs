@@ -35,7 +35,7 @@ pub fn model_job(
     ModelJob {
         chat,
         model: model.model.clone(),
-        device: g.device.clone(),
+        device: g.device,
         input: io.input.clone(),
         out: io.out.clone(),
         shard,
@@ -475,7 +475,7 @@ impl CriticArgs {
                 adam: optim.adamw(),
                 precision: optim.precision,
             },
-            device: g.device.clone(),
+            device: g.device,
         })?;
         crate::info!("{line}");
         Ok(())

@@ -65,7 +65,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     a.lora.spec(&a.model.model)?;
     a.optim
         .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
-    let device = crate::model::device_from_str(&g.device)?;
+    let device = g.device.open()?;
     let chat = a.chat.options()?;
     let mut model = a
         .lora

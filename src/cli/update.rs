@@ -111,7 +111,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let device = crate::model::device_from_str(&g.device)?;
+    let device = g.device.open()?;
     let clip = ClipConfig {
         clip_low: a.clip_low,
         clip_high: a.clip_high,

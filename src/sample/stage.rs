@@ -71,7 +71,7 @@ pub struct ModelJob {
     /// The model folder.
     pub model: std::path::PathBuf,
     /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
-    pub device: String,
+    pub device: crate::model::DeviceSpec,
     pub input: std::path::PathBuf,
     pub out: std::path::PathBuf,
     /// Only the rows of this shard (split by `prompt_id`).
