@@ -3,6 +3,7 @@
 
     python3 scripts/peft_lora.py make-fixture BASE OUT SEQS.json REFS.json R ALPHA TARGETS [rslora]
     python3 scripts/peft_lora.py logprobs TABLE.parquet BASE ADAPTER...
+    python3 scripts/peft_lora.py auto-logprobs TABLE.parquet ADAPTER...
     python3 scripts/peft_lora.py merged BASE ADAPTER MERGED
     python3 scripts/peft_lora.py grad-fixture BASE ADAPTER SEQS.json OUT.json
 
@@ -17,6 +18,11 @@ logprobs: loads BASE with transformers and each ADAPTER with `PeftModel.from_pre
 code involved) and prints, as JSON, one entry per adapter: the float32 log-prob of every
 `response_ids` token of the table given `context_ids` and the response tokens before it, one row
 at a time (no padding): `[{"logprobs": [[...], ...]}, ...]`.
+
+auto-logprobs: the same with `AutoPeftModelForCausalLM.from_pretrained(ADAPTER)`, which finds the
+base model through the adapter's base_model_name_or_path (run it with HF_HUB_OFFLINE=1 to be sure
+that the base is a folder, not a Hub download); the output adds each adapter's `base` as PEFT
+resolved it.
 
 merged: prints `{"max_abs_diff": x, "tensors": n}` comparing every tensor of the model folder
 MERGED with PEFT's `merge_and_unload()` of BASE + ADAPTER (in float32), and fails when a tensor is
@@ -108,27 +114,42 @@ def main() -> int:
             f.write("\n")
         return 0
 
-    if cmd == "logprobs" and len(rest) >= 3:
+    def table_logprobs(model, table):
         import pyarrow.parquet as pq
 
-        table, base, adapters = rest[0], rest[1], rest[2:]
         rows = pq.read_table(table, columns=["context_ids", "response_ids"]).to_pylist()
+        out = []
+        for row in rows:
+            ctx, resp = row["context_ids"], row["response_ids"]
+            if not resp:
+                out.append([])
+                continue
+            ids = torch.tensor([ctx + resp])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0].float()
+            lp = torch.log_softmax(logits[len(ctx) - 1 : -1], dim=-1)
+            out.append(lp.gather(1, torch.tensor(resp)[:, None])[:, 0].tolist())
+        return out
+
+    if cmd == "logprobs" and len(rest) >= 3:
+        table, base, adapters = rest[0], rest[1], rest[2:]
         results = []
         for adapter in adapters:
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
             model = PeftModel.from_pretrained(model, adapter).eval()
-            out = []
-            for row in rows:
-                ctx, resp = row["context_ids"], row["response_ids"]
-                if not resp:
-                    out.append([])
-                    continue
-                ids = torch.tensor([ctx + resp])
-                with torch.no_grad():
-                    logits = model(input_ids=ids).logits[0].float()
-                lp = torch.log_softmax(logits[len(ctx) - 1 : -1], dim=-1)
-                out.append(lp.gather(1, torch.tensor(resp)[:, None])[:, 0].tolist())
-            results.append({"logprobs": out})
+            results.append({"logprobs": table_logprobs(model, table)})
+        json.dump(results, sys.stdout)
+        return 0
+
+    if cmd == "auto-logprobs" and len(rest) >= 2:
+        from peft import AutoPeftModelForCausalLM
+
+        table, adapters = rest[0], rest[1:]
+        results = []
+        for adapter in adapters:
+            model = AutoPeftModelForCausalLM.from_pretrained(adapter, dtype=torch.float32).eval()
+            base = model.peft_config["default"].base_model_name_or_path
+            results.append({"base": base, "logprobs": table_logprobs(model, table)})
         json.dump(results, sys.stdout)
         return 0
 

@@ -10,9 +10,15 @@
 #                         scored.parquet         score
 #                         train.parquet          advantage
 #                         model/                 update -> the next iteration's policy
-#                         report/                report of this iteration's rollouts
+#                         report/                report of this iteration's rollouts (with
+#                                                the held-in probe set's accuracy beside them)
+#                         heldin/greedy.parquet  the held-in probe set answered by this
+#                                sampled.parquet iteration's policy (HELDIN=0: off)
+#   runs/$(RUN)/heldin/prompts.parquet           the held-in probe set (same every iteration)
 #   runs/$(RUN)/report/                          summary across iterations (metrics vs iteration,
-#                                                training curves vs step)
+#                                                held-in accuracy, training curves vs step, and
+#                                                per update: KL to the start, rollout/trainer
+#                                                mismatch, response lengths)
 #   runs/$(RUN)/tb/                              TensorBoard runs: sft/, update/, rollouts/, eval/
 #
 # Default: the bundled tiny Qwen2 model on CPU after a supervised warm start (12 epochs over 256
@@ -106,6 +112,9 @@ ITERS ?= 36
 # One confidence per evaluation answer: the long confidence request makes its prefill most of an
 # evaluation's time (G_C = 2 took 35 min for the warm start alone on 2 busy cores).
 EVAL_G_C ?= 1
+# Held-in probe: 16 prompts, greedy + 2 sampled answers each per iteration (about a third of an
+# iteration's answer sampling).
+HELDIN_G_A ?= 2
 # Warm start: 256 tasks (512 examples: answer + confidence turn) x 3 epochs at lr 3e-5. The
 # measured 64 x 2 at 1e-5 ended with its loss still 0.35 and falling after 8 steps and left the
 # format unlearnt (0.21 well-formed); this is 4x the examples, 1.5x the passes and 3x the step
@@ -220,6 +229,38 @@ CONF_ENTROPY_COEF ?= 0
 CONF_VALUE_ENTROPY_COEF ?= 0
 CONF_ENTROPY_FLAG = $(if $(filter-out 0,$(CONF_ENTROPY_COEF)),--conf-entropy-coef $(CONF_ENTROPY_COEF)) \
   $(if $(filter-out 0,$(CONF_VALUE_ENTROPY_COEF)),--conf-value-entropy-coef $(CONF_VALUE_ENTROPY_COEF))
+# A KL loss to the starting policy (`update --kl-coef`, k3; 0 = off).
+KL_COEF ?= 0
+# REF_KL=1 (default): every update also reports the KL of the policy that sampled the iteration to
+# the starting policy (`ref_kl`: one forward pass of the starting model over the table); 0 = off
+# (then only with KL_COEF > 0). ESTIMATOR=gae's tables carry the starting policy's log-probs
+# (`ref_logprobs`), which update reads instead.
+REF_KL ?= 1
+# MAX_MISMATCH=NATS stops an iteration whose rollout/trainer mismatch (max |response_logprobs −
+# the trainer's log-prob| on the first update batch, before any step) is above it
+# (`update --max-mismatch`); empty = reported only. rlcr's CPU rollouts in f32 stay below 1e-4.
+MAX_MISMATCH ?=
+UPDATE_DIAG_FLAGS = $(if $(filter-out gae,$(ESTIMATOR)),$(if $(or $(filter 1,$(REF_KL)),$(filter-out 0,$(KL_COEF))),--ref-model $(START))) \
+  $(if $(filter-out 0,$(KL_COEF)),--kl-coef $(KL_COEF)) $(if $(MAX_MISMATCH),--max-mismatch $(MAX_MISMATCH))
+# CONF_TURN=0: no confidence turn in the loop (the trajectory is the answers alone): RLVR with its
+# confidence never sampled, rather than sampled and left untrained (LAMBDA_CONF=0). Evaluations
+# still ask for a confidence.
+CONF_TURN ?= 1
+ifeq ($(filter 0 1,$(CONF_TURN)),)
+$(error CONF_TURN must be 0 or 1, not `$(CONF_TURN)`)
+endif
+
+# Held-in probe set: HELDIN prompts of the training distribution (or of PROMPTS), the same every
+# iteration, answered by each iteration's policy greedily (one answer each) and at TEMPERATURE
+# (HELDIN_G_A answers each), scored; its accuracy stands beside the sampled batch's in each
+# iteration's report, the summary report (`report --held-in`) and TensorBoard
+# (`held_in/greedy/accuracy`, `held_in/sampled/accuracy` in the `rollouts` run). HELDIN=0 = off.
+HELDIN ?= 16
+HELDIN_G_A ?= 4
+HELDIN_SEED ?= 424242
+ifeq ($(shell [ "$(HELDIN)" -ge 0 ] 2>/dev/null && echo ok),)
+$(error HELDIN must be a whole number (0 = off), not `$(HELDIN)`)
+endif
 
 # Disk: keep the weights and optimizer state of only the last KEEP_CHECKPOINTS iterations (empty =
 # keep every one). A SmolLM2 checkpoint with its AdamW state is 1.6 GB, so 20 iterations need 32 GB.
@@ -279,7 +320,13 @@ SFT_CONFIDENCE ?=
 
 G := --seed $(SEED) --device $(DEVICE)
 ITER_IDS := $(shell seq -f '%04g' 1 $(ITERS))
-ifeq ($(SFT),1)
+# WARM_START=DIR: start every iteration 1 (and `compare`'s arms and base) from an existing
+# warm-start folder, e.g. another run's sft/, instead of this run's own warm start or MODEL: runs
+# of a sweep then share one warm start while MODEL keeps its settings.
+WARM_START ?=
+ifneq ($(WARM_START),)
+START := $(WARM_START)
+else ifeq ($(SFT),1)
 START := $(DIR)/sft
 else
 START := $(MODEL)
@@ -328,10 +375,15 @@ $(DIR)/iter-$(1)/answers.parquet: $(DIR)/iter-$(1)/prompts.parquet $(call policy
 	  --max-new-tokens $$(MAX_NEW) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
 	  $$(SYS_FLAG)
 
+ifeq ($(CONF_TURN),1)
 $(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet $(call policy_mark,$(2))
 	$$(RLCR) $$(G) generate-confidence --model $(2) --input $$< -o $$@ --num-confidences $$(G_C) \
 	  --max-new-tokens $$(MAX_NEW_CONF) --temperature $$(CONF_TEMPERATURE) --top-p $$(TOP_P) --batch-size $$(BATCH) \
 	  $$(SYS_FLAG) $$(CONF_FLAG)
+else
+$(DIR)/iter-$(1)/trajectory.parquet: $(DIR)/iter-$(1)/answers.parquet
+	cp $$< $$@
+endif
 
 $(DIR)/iter-$(1)/scored.parquet: $(DIR)/iter-$(1)/trajectory.parquet
 	$$(RLCR) $$(G) score --input $$< -o $$@ $$(VERIFY_FLAGS) $$(SCORE_FLAGS)
@@ -351,17 +403,56 @@ $(DIR)/iter-$(1)/train.parquet: $(DIR)/iter-$(1)/scored.parquet
 	  --lambda-conf $$(LAMBDA_CONF) $$(ARM_ADV_FLAGS)
 endif
 
-$(DIR)/iter-$(1)/model/$(POLICY_FILE): $(DIR)/iter-$(1)/train.parquet $(call policy_mark,$(2))
+# The held-in files are order-only prerequisites: made with the iteration's policy before the
+# update, so KEEP_CHECKPOINTS never deletes a policy whose held-in answers are still to come.
+$(DIR)/iter-$(1)/model/$(POLICY_FILE): $(DIR)/iter-$(1)/train.parquet $(call policy_mark,$(2)) | $(call heldin_files,$(1))
 	$$(RLCR) $$(G) update --model $(2) --input $$< -o $(DIR)/iter-$(1)/model --lr $$(LR) $$(LORA_FLAGS) \
 	  --epochs $$(EPOCHS) --mini-batches $$(MINI_BATCHES) --micro-batch $$(MICRO_BATCH) $$(UPDATE_FLAGS) \
-	  --precision $$(PRECISION) $$(CONF_ENTROPY_FLAG) --tensorboard $$(TB)/update \
+	  --precision $$(PRECISION) $$(CONF_ENTROPY_FLAG) $$(UPDATE_DIAG_FLAGS) --tensorboard $$(TB)/update \
 	  $(if $(filter gae,$(ESTIMATOR)),--critic $(3) --critic-out $(DIR)/iter-$(1)/critic $$(CRITIC_FLAGS))
 	$(if $(KEEP_CHECKPOINTS),$$(call drop_checkpoint,$$(shell printf '%04d' $$$$((10#$(1) - $(KEEP_CHECKPOINTS))))))
 
-$(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet
+ifneq ($(HELDIN),0)
+$(DIR)/iter-$(1)/heldin/greedy.parquet: $(HELDIN_SET) $(call policy_mark,$(2))
+	mkdir -p $(DIR)/iter-$(1)/heldin
+	$$(RLCR) $$(G) generate-answers --model $(2) --input $(HELDIN_SET) -o $(DIR)/iter-$(1)/heldin/greedy-answers.parquet \
+	  --num-answers 1 --max-new-tokens $$(MAX_NEW) --temperature 0 --batch-size $$(BATCH) $$(SYS_FLAG)
+	$$(RLCR) $$(G) score --input $(DIR)/iter-$(1)/heldin/greedy-answers.parquet -o $$@ $$(VERIFY_FLAGS) $$(SCORE_FLAGS)
+	rm -f $(DIR)/iter-$(1)/heldin/greedy-answers.parquet
+$(DIR)/iter-$(1)/heldin/sampled.parquet: $(HELDIN_SET) $(call policy_mark,$(2))
+	mkdir -p $(DIR)/iter-$(1)/heldin
+	$$(RLCR) $$(G) generate-answers --model $(2) --input $(HELDIN_SET) -o $(DIR)/iter-$(1)/heldin/sampled-answers.parquet \
+	  --num-answers $$(HELDIN_G_A) --max-new-tokens $$(MAX_NEW) --temperature $$(TEMPERATURE) --top-p $$(TOP_P) \
+	  --batch-size $$(BATCH) $$(SYS_FLAG)
+	$$(RLCR) $$(G) score --input $(DIR)/iter-$(1)/heldin/sampled-answers.parquet -o $$@ $$(VERIFY_FLAGS) $$(SCORE_FLAGS)
+	rm -f $(DIR)/iter-$(1)/heldin/sampled-answers.parquet
+endif
+
+$(DIR)/iter-$(1)/report/metrics.json: $(DIR)/iter-$(1)/scored.parquet $(call heldin_files,$(1))
 	$$(RLCR) $$(G) report --input $$< -o $(DIR)/iter-$(1)/report \
-	  --tensorboard $$(TB)/rollouts --iterations $(1)
+	  --tensorboard $$(TB)/rollouts --iterations $(1) $(call heldin_flags,$(1))
 endef
+
+# The held-in probe set (HELDIN > 0): prepared once per run with its own seed, the same prompts
+# for every iteration (and for both arms of `compare`).
+HELDIN_SET := $(DIR)/heldin/prompts.parquet
+ifneq ($(HELDIN),0)
+heldin_files = $(DIR)/iter-$(1)/heldin/greedy.parquet $(DIR)/iter-$(1)/heldin/sampled.parquet
+heldin_flags = $(foreach k,greedy sampled,--held-in $(k)=$(DIR)/iter-$(1)/heldin/$(k).parquet)
+else
+heldin_files =
+heldin_flags =
+endif
+ifeq ($(PROMPTS),)
+$(HELDIN_SET):
+	mkdir -p $(dir $@)
+	$(RLCR) --seed $$(($(HELDIN_SEED) + $(SEED))) --device $(DEVICE) prepare --from $(SOURCE) \
+	  --count $(HELDIN) $(TASK_FLAGS) $(TRAIN_SPLIT) -o $@
+else
+$(HELDIN_SET): | $(DATASET)
+	mkdir -p $(dir $@)
+	$(RLCR) $(G) prepare --input $(DATASET) --shuffle-seed $(HELDIN_SEED) --count $(HELDIN) --draw 0 -o $@
+endif
 
 # Delete iteration $(1)'s weights and optimizer state (KEEP_CHECKPOINTS); nothing for id 0000 or less.
 drop_checkpoint = $(if $(filter-out 0000 -%,$(1)),rm -rf $(DIR)/iter-$(1)/model/model.safetensors \
@@ -376,7 +467,7 @@ $(foreach i,$(ITER_IDS),$(eval $(call ITER,$(i),$(call prev,$(i)),$(call prev_cr
 SCORED := $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/scored.parquet)
 $(DIR)/report/metrics.json: $(SCORED) $(foreach i,$(ITER_IDS),$(DIR)/iter-$(i)/report/metrics.json) $(DIR)/iter-$(lastword $(ITER_IDS))/model/$(POLICY_FILE)
 	$(RLCR) $(G) report $(foreach f,$(SCORED),--input $(f)) -o $(DIR)/report \
-	  --train-metrics $(DIR)/iter-$(lastword $(ITER_IDS))/model
+	  --train-metrics $(DIR)/iter-$(lastword $(ITER_IDS))/model $(foreach i,$(ITER_IDS),$(call heldin_flags,$(i)))
 	@echo "rl.mk: summary in $(DIR)/report/report.md"
 
 summary: $(DIR)/report/metrics.json
@@ -477,7 +568,11 @@ EVAL_HELDOUT ?= 192
 EVAL_HARD ?= 64
 EVAL_G_A ?= $(G_A)
 EVAL_G_C ?= $(G_C)
-ARMS := rlvr rlcr
+# The arms of `compare` (a sweep may run one: `ARMS=rlvr`).
+ARMS ?= rlvr rlcr
+ifneq ($(filter-out rlvr rlcr,$(ARMS)),)
+$(error ARMS must name rlvr and/or rlcr, not `$(ARMS)`)
+endif
 arm_model = $(DIR)/$(1)/iter-$(lastword $(ITER_IDS))/model
 # The sub-make of one arm: the same settings, the warm start as its model, no warm start of its own.
 arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(abspath $(START)) \
@@ -489,10 +584,15 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   CONF_TEMPERATURE=$(CONF_TEMPERATURE) TOP_P=$(TOP_P) UPDATE_FLAGS="$(UPDATE_FLAGS)" \
   VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)" KEEP_CHECKPOINTS=$(KEEP_CHECKPOINTS) \
   LORA_RANK=$(LORA_RANK) LORA_ALPHA=$(LORA_ALPHA) LORA_DROPOUT=$(LORA_DROPOUT) \
-  LORA_TARGET=$(LORA_TARGET) LORA_LR=$(LORA_LR)
+  LORA_TARGET=$(LORA_TARGET) LORA_LR=$(LORA_LR) KL_COEF=$(KL_COEF) REF_KL=$(REF_KL) \
+  MAX_MISMATCH=$(MAX_MISMATCH) HELDIN=$(HELDIN) HELDIN_G_A=$(HELDIN_G_A) HELDIN_SEED=$(HELDIN_SEED)
+# RLVR_CONF_TURN=0: the RLVR arm samples no confidence at all in its loop (CONF_TURN=0) instead of
+# sampling it untrained; its evaluation still asks for one.
+RLVR_CONF_TURN ?= 1
 
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json
-	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 summary
+	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 \
+	  CONF_TURN=$(RLVR_CONF_TURN) summary
 $(DIR)/rlcr/report/metrics.json: $(START)/config.json
 	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) \
 	  CONF_VALUE_ENTROPY_COEF=$(CONF_VALUE_ENTROPY_COEF) summary
@@ -533,7 +633,7 @@ $(foreach a,$(ARMS),$(eval $(call EVAL,$(a),$(call arm_model,$(a)),$(DIR)/$(a)/r
 # defaults), PROBE_CUTS cuts x PROBE_SAMPLES continuations each; the comparison's report.md and
 # metrics.json then carry its curves and its summary (probe vs verbal confidence). COMPARE_PROBE=0
 # leaves it out.
-COMPARE_PROBE ?= 1
+COMPARE_PROBE ?= $(if $(filter rlcr,$(ARMS)),1,0)
 COMPARE_PROBE_SHARD ?= 0/16
 COMPARE_PROBE_FILE := $(if $(filter 1,$(COMPARE_PROBE)),$(DIR)/probe-rlcr.parquet)
 $(DIR)/probe-rlcr.parquet: $(DIR)/eval-rlcr/scored.parquet

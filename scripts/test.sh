@@ -2,8 +2,8 @@
 # The test command of the README: formatting, lints, and every test of the workspace (rlcr and
 # its kernels crate, crates/rlcr-kernels).
 #
-# RLCR_TEST_GPU=1 also tests the GPU backends (CI sets it): the `wgpu` feature's tests run on a
-# wgpu device (any Vulkan/Metal/DX12 adapter; on Linux without a GPU, Mesa's
+# RLCR_TEST_GPU=1 also tests the GPU backends (CI sets it), in one build with both features: the
+# `wgpu` tests run on a wgpu device (any Vulkan/Metal/DX12 adapter; on Linux without a GPU, Mesa's
 # software Vulkan device from `apt-get install mesa-vulkan-drivers`), and the `cuda` feature is
 # built for real (offline: docs/backends.md) and run on this machine, which has no CUDA driver:
 # `--device cuda` must fail on one line; then scripts/gpu_check.sh's dry run (tiny sizes, CPU).
@@ -23,13 +23,15 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
 if [ "${RLCR_TEST_GPU:-0}" = 1 ]; then
-  cargo clippy --features wgpu --all-targets -- -D warnings
-  cargo test --features wgpu --lib --test integration -- devices device_strings transfer_counts sample::draw
+  # One build with both GPU backends: the burn/cubecl stack they share is compiled once for the
+  # lints and once for the tests, instead of once per backend for each (two builds of the stack
+  # fewer on 2 cores).
   scripts/check_cuda_patch.sh
-  cargo clippy --features cuda --all-targets -- -D warnings
+  cargo clippy --features wgpu,cuda --all-targets -- -D warnings
   # No NVIDIA device here (CI): the no-driver test must see no driver.
   [ -e /dev/nvidiactl ] || export RLCR_TEST_NO_CUDA_DRIVER=1
-  cargo test --features cuda --lib --test integration -- devices cuda device_strings
+  cargo test --features wgpu,cuda --lib --test integration -- \
+    devices device_strings transfer_counts sample::draw cuda
   if python3 -c 'import torch, transformers, pyarrow' 2>/dev/null || [ "${RLCR_REQUIRE_TORCH:-0}" = 1 ]; then
     scripts/gpu_check.sh --dry-run --rlcr "${CARGO_TARGET_DIR:-target}/debug/rlcr" \
       --out "${CARGO_TARGET_DIR:-target}/gpu-check-dry"

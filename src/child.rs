@@ -48,10 +48,20 @@ impl LineChild {
     /// Start `sh -c CMD` in its own process group; `what` names the child in errors
     /// (`starting the {what} `CMD``, `{what} stdin`).
     pub fn spawn(cmd: &str, what: &str) -> Result<LineChild> {
+        Self::spawn_with_env(cmd, what, &[])
+    }
+
+    /// [`LineChild::spawn`] with `envs` set (or replaced) in the child's environment.
+    pub fn spawn_with_env(
+        cmd: &str,
+        what: &str,
+        envs: &[(&str, std::ffi::OsString)],
+    ) -> Result<LineChild> {
         use std::os::unix::process::CommandExt;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(cmd)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             // Its own process group, so that killing it also kills what it started (a hung
             // `sh -c 'python verify.py'` would otherwise leave python running, holding our stderr).
             .process_group(0)
@@ -181,18 +191,15 @@ impl Drop for LineChild {
 }
 
 /// SIGKILL the child's process group (the child and everything it started), then reap the child.
-/// Through the shell's `kill` builtin (the standard library has no killpg; `sh` is needed anyway).
+/// The child was started as the leader of its own group ([`LineChild::spawn`]), so its pid is
+/// the group's id.
 pub fn kill_group(child: &mut Child) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            "kill -s KILL -- -\"$0\" 2>/dev/null",
-            &child.id().to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: killpg only sends a signal; a group that is already gone gives ESRCH, ignored.
+        unsafe {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
+    }
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -28,6 +28,8 @@ pub const TOKEN_COLUMNS: [&str; 2] = ["context_ids", "response_ids"];
 pub struct Plan {
     /// Model folder.
     pub model: PathBuf,
+    /// A LoRA adapter folder merged into `model` at load.
+    pub adapter: Option<PathBuf>,
     pub input: PathBuf,
     pub out: PathBuf,
     /// The log-prob column to write.
@@ -62,7 +64,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     // Pass 1: validate the table (the one validator) and the token columns against the model's
     // vocabulary (config only).
     // A LoRA adapter folder: its base's config (the adapter does not change the vocabulary).
-    let (base, _) = model::lora::resolve(&plan.model, None)?;
+    let (base, _) = model::lora::resolve(&plan.model, plan.adapter.as_deref())?;
     let config = ModelConfig::load(&base)
         .with_context(|| format!("reading the model folder {}", plan.model.display()))?;
     let name = plan.input.display().to_string();
@@ -101,8 +103,13 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     validator.finish()?;
 
     // Pass 2: compute and write.
-    let m = Model::load(&plan.model, &device)
-        .with_context(|| format!("loading the model {}", plan.model.display()))?;
+    let m = Model::open(
+        &plan.model,
+        plan.adapter.as_deref(),
+        &device,
+        model::AdapterUse::Merge,
+    )
+    .with_context(|| format!("loading the model {}", plan.model.display()))?;
     let reader = Reader::open(&plan.input)?;
     let spec = reader.table_spec();
     let meta = Meta::new(

@@ -3,7 +3,12 @@ verifier requests (JSON lines on stdin), writing replies, and errors that name t
 
 The protocol (docs/protocols.md): a request is `{"id", "sample_id", "data_source", "prompt",
 "response", "answer", "ground_truth", "messages", "extra_info", "columns"}`, `id` being the row's
-0-based position in the scored table; a reply `{"id", "correct": number, "extra": {name: number}}`.
+0-based position in the scored table; a reply `{"id", "correct": number, "extra": {name: number}}`,
+or `{"id", "error": text}` when the row cannot be scored (rlcr then stops, naming that row).
+
+rlcr writes these files (compiled into its binary) to a cache folder and puts it on the verifier
+command's PATH and in $RLCR_REWARDS, so `verl_reward.py MODULE:FUNCTION` runs from any folder.
+MODULE is imported from PYTHONPATH, then the working folder.
 """
 import importlib
 import importlib.util
@@ -19,9 +24,29 @@ def fail(tool, msg):
     sys.exit(1)
 
 
+def fail_row(tool, req, msg, why=None):
+    """Stop on the row of `req`: `msg` (which names the row) on stderr, and an error reply for its
+    id, whose text `why` (default `msg`) rlcr shows after its own name of the row."""
+    print(f"{tool}: {msg}", file=sys.stderr, flush=True)
+    sys.stdout.write(json.dumps({"id": req.get("id"), "error": why or msg}) + "\n")
+    sys.stdout.flush()
+    sys.exit(1)
+
+
 def load(tool, spec):
-    """The function `spec` names: `MODULE:FUNCTION` (the module found on PYTHONPATH, or a path to a
-    .py file)."""
+    """The function `spec` names: `MODULE:FUNCTION` (the module found on PYTHONPATH or in the
+    working folder, or a path to a .py file)."""
+    # `python3 path/to/adapter.py` puts the adapter's folder on sys.path, not the working folder
+    # (as `python -m` would): put it back, after PYTHONPATH's entries, so that the user's module
+    # next to their data imports from wherever the adapter lives.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        first = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+        first.add(os.path.dirname(os.path.abspath(__file__)))
+        at = 0
+        while at < len(sys.path) and os.path.abspath(sys.path[at] or ".") in first:
+            at += 1
+        sys.path.insert(at, cwd)
     mod_name, sep, fn_name = spec.rpartition(":")
     if not sep or not mod_name or not fn_name:
         fail(tool, f"expected MODULE:FUNCTION, got {spec!r}")
@@ -56,9 +81,12 @@ def number(tool, spec, req, v, what):
     try:
         f = float(v)
     except (TypeError, ValueError):
-        fail(tool, f"{spec} returned {type(v).__name__} {v!r} as {what} for {where(req)}; expected a number")
+        why = f"{spec} returned {type(v).__name__} {v!r} as {what}; expected a number"
+        fail_row(tool, req, f"{spec} returned {type(v).__name__} {v!r} as {what} for {where(req)}; "
+                            "expected a number", why)
     if not math.isfinite(f):
-        fail(tool, f"{spec} returned {f} as {what} for {where(req)}; expected a finite number")
+        fail_row(tool, req, f"{spec} returned {f} as {what} for {where(req)}; expected a finite number",
+                 f"{spec} returned {f} as {what}; expected a finite number")
     return f
 
 

@@ -2,19 +2,23 @@
 """TRL reward functions as rlcr's external verifier.
 
     rlcr score --input trajectory.parquet -o scored.parquet \
-      --verifier-cmd "python3 scripts/rewards/trl_reward.py my_rewards:accuracy_reward"
+      --verifier-cmd "trl_reward.py my_rewards:accuracy_reward"
+
+(rlcr puts this script on the verifier command's PATH and in $RLCR_REWARDS, from any folder.)
 
 Calls each FUNCTION the way TRL's GRPOTrainer does, batched:
 `FUNCTION(prompts=[...], completions=[...], **columns)`, where every dataset column (the keys of
 the rows' `extra_info`, which `prepare` fills with every column but the prompt, and the table's
-own extra columns) is a keyword argument holding one value per row (None where a row lacks it).
+own extra columns) is a keyword argument holding one value per row (None where a row lacks it),
+with the type the dataset stored (text stays text: "7" is the str "7").
 Standard format (default): `prompts` are the texts of the last user message and `completions` the
 response texts. `--conversational`: `prompts` are the message lists the model answered (system
 prompt included) and each completion is `[{"role": "assistant", "content": response}]`.
 
 Several functions are summed as TRL does (`--weights 1,0.5`, default 1 each) into the reward
 (rlcr's accuracy, `acc_reward`); each function's own value is kept as the reward component
-`extra.FUNCTION`. MODULE is imported from PYTHONPATH (or given as a path to a .py file). A batch is
+`extra.FUNCTION`. MODULE is imported from PYTHONPATH or the working folder (or given as a path to
+a .py file). A batch is
 the requests available at once (up to 256): a function whose value for a row depends on the
 other rows of its batch sees other batches than under TRL. A function that raises stops scoring
 with an error that names the row (the batch is retried row by row to find it); so does a None
@@ -79,22 +83,25 @@ def run(spec, fn, reqs, conversational):
                 call(fn, [r], conversational)
             except Exception as e1:
                 traceback.print_exc(file=sys.stderr)
-                p.fail(TOOL, f"{spec} raised on {p.where(r)}: {type(e1).__name__}: {e1}")
+                p.fail_row(TOOL, r, f"{spec} raised on {p.where(r)}: {type(e1).__name__}: {e1}",
+                           f"{spec} raised {type(e1).__name__}: {e1}")
         traceback.print_exc(file=sys.stderr)
-        p.fail(TOOL, f"{spec} raised on the batch of {p.where(reqs[0])} .. {p.where(reqs[-1])} "
-                     f"but on no row alone: {type(e).__name__}: {e}")
+        why = (f"{spec} raised on the batch of {p.where(reqs[0])} .. {p.where(reqs[-1])} "
+               f"but on no row alone: {type(e).__name__}: {e}")
+        p.fail_row(TOOL, reqs[0], why)
     try:
         vals = list(vals)
     except TypeError:
-        p.fail(TOOL, f"{spec} returned {type(vals).__name__}, not a list, for the batch starting at "
-                     f"{p.where(reqs[0])}")
+        p.fail_row(TOOL, reqs[0], f"{spec} returned {type(vals).__name__}, not a list, for the batch "
+                                  f"starting at {p.where(reqs[0])}")
     if len(vals) != len(reqs):
-        p.fail(TOOL, f"{spec} returned {len(vals)} values for {len(reqs)} completions (batch starting "
-                     f"at {p.where(reqs[0])})")
+        p.fail_row(TOOL, reqs[0], f"{spec} returned {len(vals)} values for {len(reqs)} completions "
+                                  f"(batch starting at {p.where(reqs[0])})")
     out = []
     for r, v in zip(reqs, vals):
         if v is None:
-            p.fail(TOOL, f"{spec} returned None for {p.where(r)}; rlcr needs a number for every answer")
+            p.fail_row(TOOL, r, f"{spec} returned None for {p.where(r)}; rlcr needs a number for every "
+                                "answer", f"{spec} returned None; rlcr needs a number for every answer")
         out.append(p.number(TOOL, spec, r, v, "the reward"))
     return out
 

@@ -2,17 +2,21 @@
 """A verl reward function as rlcr's external verifier.
 
     rlcr score --input trajectory.parquet -o scored.parquet \
-      --verifier-cmd "python3 scripts/rewards/verl_reward.py my_rewards:compute_score"
+      --verifier-cmd "verl_reward.py my_rewards:compute_score"
+
+(rlcr puts this script on the verifier command's PATH and in $RLCR_REWARDS, from any folder.)
 
 Calls `compute_score(data_source, solution_str, ground_truth, extra_info)` (verl's signature) once
-per answer row, with the row's `data_source`, its response text, its ground truth (the JSON value
-`prepare` stored: verl's `reward_model.ground_truth`, or the `--label-key` column) and its
-`extra_info` (a dict: verl's own `extra_info` plus the dataset's other columns). MODULE is
-imported from PYTHONPATH (or given as a path to a .py file).
+per answer row, with the row's `data_source`, its response text, its ground truth (the value `prepare`
+stored, with its type: verl's `reward_model.ground_truth`, or the `--label-key` column; a label
+stored as text is a str, "7" stays "7") and its `extra_info` (a dict: verl's own `extra_info`
+plus the dataset's other columns). MODULE is imported from PYTHONPATH or the working folder (or
+given as a path to a .py file).
 
 The return value is a number (a bool counts as 0/1) or a dict: its "score" is the reward (rlcr's
 accuracy, `acc_reward`), its other numeric entries become reward components `extra.NAME`. A
-function that raises stops scoring with an error that names the row; nothing is written.
+function that raises stops scoring with an error that names the row (here and in rlcr's own
+message, through an error reply for that row); nothing is written.
 """
 import sys
 import traceback
@@ -37,10 +41,12 @@ def main():
                        req.get("extra_info"))
             except Exception as e:
                 traceback.print_exc(file=sys.stderr)
-                p.fail(TOOL, f"{spec} raised on {p.where(req)}: {type(e).__name__}: {e}")
+                p.fail_row(TOOL, req, f"{spec} raised on {p.where(req)}: {type(e).__name__}: {e}",
+                           f"{spec} raised {type(e).__name__}: {e}")
             if isinstance(r, dict):
                 if "score" not in r:
-                    p.fail(TOOL, f"{spec} returned a dict without \"score\" for {p.where(req)}")
+                    p.fail_row(TOOL, req, f"{spec} returned a dict without \"score\" for {p.where(req)}",
+                               f"{spec} returned a dict without \"score\"")
                 correct = p.number(TOOL, spec, req, r["score"], "\"score\"")
                 extra = {}
                 for k, v in r.items():

@@ -46,7 +46,7 @@ pub use kl::{adaptive_kl_coef, kl_value, KlController, KlEstimator};
 pub use multiturn::{
     grpo_multiturn, multiturn_token_advantages, MultiTurnConfig, MultiTurnOutput, TurnReward,
 };
-pub use outcome::{grpo, rlcr_tree, rloo, Outcome, SampleKind, TreeConfig, TreeOutput};
+pub use outcome::{grpo, rlcr_tree, rloo, Outcome, SampleType, TreeConfig, TreeOutput};
 pub use tokens::{
     distribute_final_token, distribute_turn_proportional, fill_loss_mask, fill_token_advantages,
     final_token_total, masked_sum, MissingSpan, RewardDistribution, Span,

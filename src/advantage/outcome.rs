@@ -15,15 +15,8 @@ use super::group::{group_stats, normalized, GroupNorm, GroupStat, GroupSummary};
 use super::{ConfNorm, Norm, Singleton};
 use serde::Serialize;
 
-/// The two rows types of the RLCR tree (`sample_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SampleKind {
-    /// Turn 1: `<think>…</think><answer>…</answer>`.
-    Answer,
-    /// Turn 2: `[<analysis>…</analysis>]<confidence>…</confidence>` about one answer.
-    Confidence,
-}
+/// The two row types of the RLCR tree (`sample_type`): the table's own enum.
+pub use crate::table::SampleType;
 
 /// Result of a grouped outcome estimator.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,7 +182,7 @@ pub struct TreeOutput {
 /// that answer's confidence rewards only.
 pub fn rlcr_tree(
     rewards: &[f64],
-    kinds: &[SampleKind],
+    kinds: &[SampleType],
     prompt: &[u32],
     answer: &[u32],
     n_prompts: usize,
@@ -204,8 +197,8 @@ pub fn rlcr_tree(
     // One id space: answer rows use their prompt id, confidence rows n_prompts + their answer id.
     let gid: Vec<u32> = (0..n)
         .map(|i| match kinds[i] {
-            SampleKind::Answer => prompt[i],
-            SampleKind::Confidence => (n_prompts + answer[i] as usize) as u32,
+            SampleType::Answer => prompt[i],
+            SampleType::Confidence => (n_prompts + answer[i] as usize) as u32,
         })
         .collect();
     // Level-1 statistics use the confidence branch's std convention for confidence groups and the
@@ -226,8 +219,8 @@ pub fn rlcr_tree(
     let confidences = GroupSummary::of(&stats_c[n_prompts..]);
     let zero_std: Vec<bool> = (0..n)
         .map(|i| match kinds[i] {
-            SampleKind::Answer => stats_a[gid[i] as usize].zero_std,
-            SampleKind::Confidence => stats_c[gid[i] as usize].zero_std,
+            SampleType::Answer => stats_a[gid[i] as usize].zero_std,
+            SampleType::Confidence => stats_c[gid[i] as usize].zero_std,
         })
         .collect();
 
@@ -237,10 +230,10 @@ pub fn rlcr_tree(
         ConfNorm::Answer => {
             for i in 0..n {
                 advantages[i] = match kinds[i] {
-                    SampleKind::Answer => {
+                    SampleType::Answer => {
                         cfg.lambda_ans * normalized(rewards[i], &stats_a[gid[i] as usize], &cfg.ans)
                     }
-                    SampleKind::Confidence => {
+                    SampleType::Confidence => {
                         cfg.lambda_conf
                             * normalized(rewards[i], &stats_c[gid[i] as usize], &cfg.conf)
                     }
@@ -255,25 +248,25 @@ pub fn rlcr_tree(
             // Level 1 (centre) for confidence rows; level-2 groups: confidence rows by prompt.
             let mut x = vec![0f64; n];
             for i in 0..n {
-                if kinds[i] == SampleKind::Confidence {
+                if kinds[i] == SampleType::Confidence {
                     x[i] = normalized(rewards[i], &stats_c[gid[i] as usize], &centre);
                 }
             }
             // Answer rows get a dummy group (id n_prompts) so they never enter level-2 statistics.
             let g2: Vec<u32> = (0..n)
                 .map(|i| match kinds[i] {
-                    SampleKind::Answer => n_prompts as u32,
-                    SampleKind::Confidence => prompt[i],
+                    SampleType::Answer => n_prompts as u32,
+                    SampleType::Confidence => prompt[i],
                 })
                 .collect();
             let stats2 = group_stats(&x, &g2, n_prompts + 1, cfg.conf.std);
             prompt_level = Some(GroupSummary::of(&stats2[..n_prompts]));
             for i in 0..n {
                 advantages[i] = match kinds[i] {
-                    SampleKind::Answer => {
+                    SampleType::Answer => {
                         cfg.lambda_ans * normalized(rewards[i], &stats_a[gid[i] as usize], &cfg.ans)
                     }
-                    SampleKind::Confidence => {
+                    SampleType::Confidence => {
                         cfg.lambda_conf * normalized(x[i], &stats2[g2[i] as usize], &cfg.conf)
                     }
                 };
@@ -292,7 +285,7 @@ pub fn rlcr_tree(
 /// Slow reference for [`rlcr_tree`]: every row scans the table for its group's members.
 pub fn rlcr_tree_ref(
     rewards: &[f64],
-    kinds: &[SampleKind],
+    kinds: &[SampleType],
     prompt: &[u32],
     answer: &[u32],
     cfg: &TreeConfig,
@@ -302,7 +295,7 @@ pub fn rlcr_tree_ref(
     let conf_members = |i: usize| -> Vec<usize> {
         (0..n)
             .filter(|&j| {
-                kinds[j] == SampleKind::Confidence
+                kinds[j] == SampleType::Confidence
                     && prompt[j] == prompt[i]
                     && answer[j] == answer[i]
             })
@@ -318,21 +311,21 @@ pub fn rlcr_tree_ref(
     };
     (0..n)
         .map(|i| match kinds[i] {
-            SampleKind::Answer => {
+            SampleType::Answer => {
                 let m: Vec<f64> = (0..n)
-                    .filter(|&j| kinds[j] == SampleKind::Answer && prompt[j] == prompt[i])
+                    .filter(|&j| kinds[j] == SampleType::Answer && prompt[j] == prompt[i])
                     .map(|j| rewards[j])
                     .collect();
                 cfg.lambda_ans * normalized_ref(rewards[i], &m, &cfg.ans)
             }
-            SampleKind::Confidence => match cfg.conf_norm {
+            SampleType::Confidence => match cfg.conf_norm {
                 ConfNorm::Answer => {
                     let m: Vec<f64> = conf_members(i).iter().map(|&j| rewards[j]).collect();
                     cfg.lambda_conf * normalized_ref(rewards[i], &m, &cfg.conf)
                 }
                 ConfNorm::AnswerPrompt => {
                     let m: Vec<f64> = (0..n)
-                        .filter(|&j| kinds[j] == SampleKind::Confidence && prompt[j] == prompt[i])
+                        .filter(|&j| kinds[j] == SampleType::Confidence && prompt[j] == prompt[i])
                         .map(centred)
                         .collect();
                     cfg.lambda_conf * normalized_ref(centred(i), &m, &cfg.conf)
@@ -352,15 +345,15 @@ mod tests {
 
     /// The worked tree of `docs/math.md` §2.3: one prompt, answer 1 correct with confidences [0.9, 0.6, 0.3], answer 2 wrong
     /// with [0.2, 0.5, 0.8]. Rows: the two answers, then the six confidences.
-    fn tree_3_2() -> (Vec<f64>, Vec<SampleKind>, Vec<u32>, Vec<u32>) {
+    fn tree_3_2() -> (Vec<f64>, Vec<SampleType>, Vec<u32>, Vec<u32>) {
         let brier = |acc: f64, c: f64| 1.0 - (acc - c) * (acc - c);
         let mut r = vec![1.0, 0.0];
-        let mut k = vec![SampleKind::Answer; 2];
+        let mut k = vec![SampleType::Answer; 2];
         let mut a = vec![0, 1];
         for (ans, acc, cs) in [(0u32, 1.0, [0.9, 0.6, 0.3]), (1, 0.0, [0.2, 0.5, 0.8])] {
             for c in cs {
                 r.push(brier(acc, c));
-                k.push(SampleKind::Confidence);
+                k.push(SampleType::Confidence);
                 a.push(ans);
             }
         }
@@ -475,8 +468,8 @@ mod tests {
     fn degenerate_answer_gets_zeros_and_is_flagged() {
         let r = vec![1.0, 0.0, 1.0, 1.0, 1.0, 0.9, 0.5, 0.7];
         let k = [
-            [SampleKind::Answer; 2].as_slice(),
-            &[SampleKind::Confidence; 6],
+            [SampleType::Answer; 2].as_slice(),
+            &[SampleType::Confidence; 6],
         ]
         .concat();
         let a = vec![0, 1, 0, 0, 0, 1, 1, 1];
@@ -536,7 +529,7 @@ mod tests {
 
     /// A random tree: prompts × answers (1..4) × confidences (1..4) with rewards from a small set.
     fn arb_tree(
-    ) -> impl Strategy<Value = (Vec<f64>, Vec<SampleKind>, Vec<u32>, Vec<u32>, usize, usize)> {
+    ) -> impl Strategy<Value = (Vec<f64>, Vec<SampleType>, Vec<u32>, Vec<u32>, usize, usize)> {
         prop::collection::vec(
             prop::collection::vec(prop::collection::vec(0u8..6, 1..4), 1..4),
             1..4,
@@ -548,12 +541,12 @@ mod tests {
                 for confs in answers {
                     // answer reward: 1 if the first draw is even.
                     r.push(if confs[0] % 2 == 0 { 1.0 } else { 0.0 });
-                    k.push(SampleKind::Answer);
+                    k.push(SampleType::Answer);
                     p.push(j as u32);
                     a.push(n_ans);
                     for &c in confs {
                         r.push(1.0 - (c as f64 / 5.0 - 0.5).powi(2));
-                        k.push(SampleKind::Confidence);
+                        k.push(SampleType::Confidence);
                         p.push(j as u32);
                         a.push(n_ans);
                     }
@@ -614,7 +607,7 @@ mod tests {
             let mut r2 = r.clone();
             let mut n = 0;
             for i in 0..r.len() {
-                if k[i] == SampleKind::Confidence && a[i] == victim {
+                if k[i] == SampleType::Confidence && a[i] == victim {
                     r2[i] = noise[n % noise.len()];
                     n += 1;
                 }
@@ -622,7 +615,7 @@ mod tests {
             let before = rlcr_tree(&r, &k, &p, &a, np, na, &cfg).advantages;
             let after = rlcr_tree(&r2, &k, &p, &a, np, na, &cfg).advantages;
             for i in 0..r.len() {
-                if k[i] == SampleKind::Answer || a[i] != victim {
+                if k[i] == SampleType::Answer || a[i] != victim {
                     prop_assert_eq!(before[i].to_bits(), after[i].to_bits(), "row {}", i);
                 }
             }
@@ -641,7 +634,7 @@ mod tests {
             let mut r2 = r.clone();
             let mut n = 0;
             for i in 0..r.len() {
-                if k[i] == SampleKind::Confidence && a[i] == victim {
+                if k[i] == SampleType::Confidence && a[i] == victim {
                     r2[i] = noise[n % noise.len()];
                     n += 1;
                 }
@@ -649,7 +642,7 @@ mod tests {
             let before = rlcr_tree(&r, &k, &p, &a, np, na, &cfg).advantages;
             let after = rlcr_tree(&r2, &k, &p, &a, np, na, &cfg).advantages;
             for i in 0..r.len() {
-                if k[i] == SampleKind::Confidence && a[i] != victim && before[i].abs() > 1e-9 && after[i].abs() > 1e-9 {
+                if k[i] == SampleType::Confidence && a[i] != victim && before[i].abs() > 1e-9 && after[i].abs() > 1e-9 {
                     prop_assert_eq!(before[i] > 0.0, after[i] > 0.0, "row {}", i);
                 }
             }

@@ -46,10 +46,10 @@ use serde_json::json;
 
 use crate::advantage::{
     self as adv, gae, Estimator, GroupSummary, KlController, KlEstimator, MaskedMoments,
-    MissingSpan, MultiTurnConfig, RewardDistribution, SampleKind, TreeConfig, TurnReward,
+    MissingSpan, MultiTurnConfig, RewardDistribution, SampleType, TreeConfig, TurnReward,
 };
 use crate::table::intern::{FastMap, Interner};
-use crate::table::{self, splice, Meta, Validator, TRAJECTORY};
+use crate::table::{self, splice, Meta, StrCol, Validator, TRAJECTORY};
 
 mod cols;
 use cols::{Component, Flat};
@@ -244,7 +244,7 @@ impl TokCols {
     fn mask(
         &self,
         i: usize,
-        kind: SampleKind,
+        kind: SampleType,
         missing: MissingSpan,
         out: &mut Vec<bool>,
     ) -> Result<bool> {
@@ -252,12 +252,12 @@ impl TokCols {
         out.clear();
         out.resize(len, false);
         let span = match kind {
-            SampleKind::Answer => self.ans_span.as_ref().and_then(|s| s.get(i)),
-            SampleKind::Confidence => self.conf_span.as_ref().and_then(|s| s.get(i)),
+            SampleType::Answer => self.ans_span.as_ref().and_then(|s| s.get(i)),
+            SampleType::Confidence => self.conf_span.as_ref().and_then(|s| s.get(i)),
         };
         let col = match kind {
-            SampleKind::Answer => "answer_span",
-            SampleKind::Confidence => "confidence_span",
+            SampleType::Answer => "answer_span",
+            SampleType::Confidence => "confidence_span",
         };
         let info = opt_row(&self.info, i, "info_mask")?;
         let turns = opt_row(&self.turns, i, "token_turn_ids")?;
@@ -330,14 +330,10 @@ fn req_row<'a>(f: &'a Option<Flat<f64>>, i: usize, name: &str, len: usize) -> Re
     Ok(r)
 }
 
-fn kind_of(s: &cols::Utf8Col, i: usize) -> Result<SampleKind> {
-    if s.is_null(i) {
-        bail!("column `sample_type`: null");
-    }
-    match s.value(i) {
-        "answer" => Ok(SampleKind::Answer),
-        "confidence" => Ok(SampleKind::Confidence),
-        other => bail!("column `sample_type`: `{other}` is neither `answer` nor `confidence`"),
+fn kind_of(s: &StrCol, i: usize) -> Result<SampleType> {
+    match s.get(i) {
+        None => bail!("column `sample_type`: null"),
+        Some(v) => v.parse().map_err(|e| anyhow!("column `sample_type`: {e}")),
     }
 }
 
@@ -447,7 +443,7 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
     let mut prompts = Interner::default();
     let mut max_answer: Vec<i32> = Vec::new(); // per prompt: largest answer_idx of a confidence row
     let mut rewards: Vec<f64> = Vec::new();
-    let mut kinds: Vec<SampleKind> = Vec::new();
+    let mut kinds: Vec<SampleType> = Vec::new();
     let mut prompt: Vec<u32> = Vec::new();
     let mut answer: Vec<u32> = Vec::new();
     // grpo-multiturn
@@ -471,14 +467,10 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
         let batch = batch.context("decoding a record batch")?;
         validator.check_batch(&batch)?;
         let n = batch.num_rows();
-        let pid = cols::Utf8Col::of(&batch, "prompt_id")?;
-        let st = cols::Utf8Col::of(&batch, "sample_type")?;
+        let pid = table::cols::str_col(&batch, &display, "prompt_id")?;
+        let st = table::cols::str_col(&batch, &display, "sample_type")?;
         // the kind of each dictionary value (other values and null rows: `kind_of`'s message)
-        let st_kinds = st.per_value(|v| match v {
-            Some("answer") => Some(SampleKind::Answer),
-            Some("confidence") => Some(SampleKind::Confidence),
-            _ => None,
-        });
+        let st_kinds = st.per_value(|v| v.and_then(|v| v.parse::<SampleType>().ok()));
         // the previous row's prompt_id key and prompt number (keys are per batch)
         let mut last_pid: Option<(i32, u32)> = None;
         let aidx = if est == Estimator::Rlcr {
@@ -545,7 +537,7 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
                             let k = a.value(i);
                             // Only confidence rows have an answer group (answer rows: unused 0);
                             // the validator checked the links (one answer per key, none missing).
-                            if kind == SampleKind::Answer {
+                            if kind == SampleType::Answer {
                                 answer.push(0);
                                 return Ok(());
                             }
@@ -650,7 +642,7 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
             let gid: Vec<u32> = prompt
                 .iter()
                 .zip(&kinds)
-                .map(|(&p, &k)| 2 * p + (k == SampleKind::Confidence) as u32)
+                .map(|(&p, &k)| 2 * p + (k == SampleType::Confidence) as u32)
                 .collect();
             let out = if est == Estimator::Grpo {
                 adv::grpo(&rewards, &gid, 2 * n_prompts, &plan.tree.ans)
@@ -660,8 +652,8 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
             let conf_cfg = plan.tree.conf;
             prep.adv = (0..rows)
                 .map(|i| match kinds[i] {
-                    SampleKind::Answer => (plan.tree.lambda_ans * out.advantages[i]) as f32,
-                    SampleKind::Confidence => {
+                    SampleType::Answer => (plan.tree.lambda_ans * out.advantages[i]) as f32,
+                    SampleType::Confidence => {
                         // --norm-conf may differ from --norm: recompute from the group stats.
                         let a = if est == Estimator::Grpo && conf_cfg.norm != plan.tree.ans.norm {
                             adv::normalized(rewards[i], &out.stats[gid[i] as usize], &conf_cfg)
@@ -733,7 +725,7 @@ fn pass1(plan: &Plan, input: &Path) -> Result<Prepared> {
 /// larger than the number of rows, fall back to numbering the distinct pairs with a hash map.
 /// Returns the number of ids.
 fn dense_answers(
-    kinds: &[SampleKind],
+    kinds: &[SampleType],
     prompt: &[u32],
     answer: &mut [u32],
     max_answer: &[i32],
@@ -746,7 +738,7 @@ fn dense_answers(
     }
     if total <= 2 * answer.len() + 1024 {
         for i in 0..answer.len() {
-            if kinds[i] == SampleKind::Confidence {
+            if kinds[i] == SampleType::Confidence {
                 answer[i] = (base[prompt[i] as usize] + answer[i] as usize) as u32;
             }
         }
@@ -754,7 +746,7 @@ fn dense_answers(
     }
     let mut ids: FastMap<(u32, u32), u32> = FastMap::default();
     for i in 0..answer.len() {
-        if kinds[i] == SampleKind::Confidence {
+        if kinds[i] == SampleType::Confidence {
             let n = ids.len() as u32;
             answer[i] = *ids.entry((prompt[i], answer[i])).or_insert(n);
         }
@@ -932,7 +924,8 @@ fn pass2(plan: &Plan, prep: Prepared) -> Result<()> {
         let jobs = &jobs;
         s.spawn(move || {
             // The rules of single rows on the token columns (pass 1 checked the keys).
-            let validator = Validator::new(&plan.input.display().to_string(), &TRAJECTORY);
+            let display = plan.input.display().to_string();
+            let validator = Validator::new(&display, &TRAJECTORY);
             let mut invalid = None;
             let mut base = 0usize;
             for (index, &(p, rg)) in jobs.iter().enumerate() {
@@ -955,6 +948,8 @@ fn pass2(plan: &Plan, prep: Prepared) -> Result<()> {
                         let batch = batch.with_context(|| {
                             format!("row group {rg}: corrupt or truncated Parquet data")
                         })?;
+                        // the types a `Reader` yields (pass 1 read the same table through one)
+                        let batch = table::io::as_read(&batch, &TRAJECTORY, &display, base)?;
                         let n = batch.num_rows();
                         if let Err(e) = validator.check_rows(&batch, base) {
                             invalid = Some(e);
@@ -1130,7 +1125,7 @@ fn print_stats(s: &serde_json::Value) {
 
 fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -> Result<Built> {
     let n = batch.num_rows();
-    let st = cols::Utf8Col::of(batch, "sample_type")?;
+    let st = table::cols::str_col(batch, &plan.input.display().to_string(), "sample_type")?;
     let rew = match batch.column_by_name("reward") {
         Some(_) => Some(cols::floats(batch, "reward")?),
         None => None,
@@ -1173,7 +1168,7 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
         let row = base + i;
         (|| -> Result<()> {
             let kind = kind_of(&st, i)?;
-            let ts = &mut stats[(kind == SampleKind::Confidence) as usize];
+            let ts = &mut stats[(kind == SampleType::Confidence) as usize];
             let null_span = tok.mask(i, kind, plan.on_missing_span, &mut m)?;
             let len = m.len();
             ts.rows += 1;
@@ -1248,7 +1243,7 @@ fn build_batch(plan: &Plan, prep: &Prepared, batch: &RecordBatch, base: usize) -
             let masked = m.iter().filter(|&&x| x).count();
             ts.masked_tokens += masked as u64;
             ts.empty_mask += (masked == 0) as u64;
-            values.push((kind == SampleKind::Confidence, reward, a));
+            values.push((kind == SampleType::Confidence, reward, a));
             scalar.push(a as f32);
             lmask.extend_from_slice(&m);
             offsets.push(lmask.len() as i32);
@@ -1332,7 +1327,7 @@ mod tests {
 
     #[test]
     fn dense_answer_ids_both_paths_agree() {
-        use SampleKind::{Answer as A, Confidence as C};
+        use SampleType::{Answer as A, Confidence as C};
         let kinds = [A, C, C, C, C, A, C];
         let prompt = [0, 0, 0, 1, 1, 1, 0];
         // (prompt, answer_idx) pairs: (0,1) (0,0) (1,0) (1,1) (0,1): four distinct answers.

@@ -35,6 +35,7 @@ pub fn model_job(
     ModelJob {
         chat,
         model: model.model.clone(),
+        adapter: model.adapter.clone(),
         device: g.device,
         input: io.input.clone(),
         out: io.out.clone(),
@@ -55,12 +56,25 @@ pub struct TableIo {
     pub out: PathBuf,
 }
 
-/// `--model` of a stage that runs the policy.
+/// `--model` and `--adapter` of a stage that runs the policy.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelFolder {
-    /// Hugging Face model folder (config.json, *.safetensors, tokenizer.json).
+    /// Hugging Face model folder (config.json, *.safetensors, tokenizer.json), or a LoRA adapter
+    /// folder whose base_model_name_or_path names its base.
     #[arg(long)]
     pub model: PathBuf,
+    /// LoRA adapter folder (PEFT's layout: adapter_config.json, adapter_model.safetensors) to
+    /// apply to the base model --model, whatever base the adapter records: merged at load to
+    /// sample or score, kept separate and trained further by update and sft.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
+}
+
+impl ModelFolder {
+    /// The adapter, as the library takes it.
+    pub fn adapter(&self) -> Option<&Path> {
+        self.adapter.as_deref()
+    }
 }
 
 /// How a stage that renders prompts applies the chat template.
@@ -298,8 +312,8 @@ impl OptimArgs {
 pub struct LoraArgs {
     /// Train a LoRA adapter of rank R instead of every weight: the base weights stay frozen (no
     /// gradients, no optimizer state) and the output is an adapter folder in PEFT's layout
-    /// (adapter_config.json, adapter_model.safetensors). A --model that is an adapter folder
-    /// always continues its adapter (then these flags may be left out).
+    /// (adapter_config.json, adapter_model.safetensors). An adapter given with --adapter, or as
+    /// --model, is always continued (then these flags may be left out).
     #[arg(long, value_name = "R")]
     pub lora_rank: Option<usize>,
     /// lora_alpha: the adapter's output is scaled by alpha / R [default: 8, PEFT's].
@@ -348,21 +362,25 @@ impl LoraArgs {
         Ok(Some(spec))
     }
 
-    /// Load the model to train on `device` (an autodiff device): an adapter folder keeps its
-    /// adapter separate and trainable (the flags, when given, must agree with it; --lora-dropout
-    /// may change); a model folder gets a fresh adapter when --lora-rank is given.
+    /// Load the model to train on `device` (an autodiff device): an adapter (`--adapter`, or an
+    /// adapter folder as `--model`) is kept separate and trainable (the flags, when given, must
+    /// agree with it; --lora-dropout may change); a model folder gets a fresh adapter when
+    /// --lora-rank is given.
     pub fn load_model(
         &self,
-        model: &Path,
+        dir: &Path,
+        adapter: Option<&Path>,
         device: &burn::tensor::Device,
         seed: u64,
     ) -> Result<crate::model::Model> {
         use crate::model::{weights::Storage, AdapterUse, Model};
-        let spec = self.spec(model)?;
-        let mut m = match spec {
+        let spec = self.spec(dir)?;
+        let mut m = match (&spec, adapter) {
             // The base is frozen under a fresh adapter: bf16 matrices stay bf16.
-            Some(_) => Model::open_with(model, None, device, AdapterUse::Train, Storage::AsStored)?,
-            None => Model::open(model, None, device, AdapterUse::Train)?,
+            (Some(_), None) => {
+                Model::open_with(dir, None, device, AdapterUse::Train, Storage::AsStored)?
+            }
+            _ => Model::open(dir, adapter, device, AdapterUse::Train)?,
         };
         let Some(have) = m.adapter.as_mut() else {
             return match spec {
@@ -370,7 +388,8 @@ impl LoraArgs {
                 None => {
                     if let Some(p) = self.lora_dropout {
                         return Err(UsageError(format!(
-                            "--lora-dropout {p} needs --lora-rank (or an adapter folder as --model)"
+                            "--lora-dropout {p} needs --lora-rank (or an adapter: --adapter, or \
+                             an adapter folder as --model)"
                         ))
                         .into());
                     }
@@ -385,9 +404,9 @@ impl LoraArgs {
                 && want.rslora == have.spec.rslora;
             if !same {
                 return Err(UsageError(format!(
-                    "--model {} is an adapter with r = {}, alpha = {}, targets {:?}, rslora {}; \
+                    "{} is an adapter with r = {}, alpha = {}, targets {:?}, rslora {}; \
                      the --lora-* flags ask for another (leave them out to continue it)",
-                    model.display(),
+                    adapter.unwrap_or(dir).display(),
                     have.spec.r,
                     have.spec.alpha,
                     have.spec.targets,
@@ -408,18 +427,6 @@ impl LoraArgs {
             }
         }
         Ok(m)
-    }
-}
-
-/// The adapter of a model to train, as recorded in the output's configuration (`null` when
-/// every weight trains).
-pub fn model_lora(m: &crate::model::Model) -> serde_json::Value {
-    match &m.adapter {
-        Some(a) => serde_json::json!({
-            "from": a.dir,
-            "config": a.spec.to_peft_json(),
-        }),
-        None => serde_json::Value::Null,
     }
 }
 

@@ -81,6 +81,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     let s = &a.sampling;
     let plan = Plan {
         model: a.model.model,
+        adapter: a.model.adapter,
         input: a.io.input,
         out: a.io.out,
         num_answers: a.num_answers,

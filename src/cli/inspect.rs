@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use arrow::array::{
-    Array, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, ListArray, StringArray,
+    Array, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, ListArray,
 };
 use arrow::datatypes::DataType;
 
@@ -74,7 +74,8 @@ struct TypeStats {
 }
 
 pub fn run(_g: &Global, a: Args) -> Result<()> {
-    let reader = Reader::open(&a.file)?;
+    // as the file stores them: the types shown are the file's
+    let reader = Reader::open(&a.file)?.as_written();
     let name = a.file.display().to_string();
     let schema = reader.schema();
     let meta = reader.metadata().clone();
@@ -97,8 +98,10 @@ pub fn run(_g: &Global, a: Args) -> Result<()> {
                 x.iter().flatten().for_each(|v| s.num(v as f64));
             } else if let Some(x) = any.downcast_ref::<BooleanArray>() {
                 x.iter().flatten().for_each(|v| s.num(v as u8 as f64));
-            } else if let Some(x) = any.downcast_ref::<StringArray>() {
-                x.iter().flatten().for_each(|v| s.text(v));
+            } else if let Some(x) = cols::StrCol::of_array(c.as_ref()) {
+                (0..x.len())
+                    .filter_map(|i| x.get(i))
+                    .for_each(|v| s.text(v));
             } else if let Some(x) = any.downcast_ref::<ListArray>() {
                 let o = x.value_offsets();
                 for i in 0..x.len() {

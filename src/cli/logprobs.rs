@@ -77,6 +77,7 @@ pub fn plan(g: &Global, a: &Args) -> Result<Plan> {
     }
     Ok(Plan {
         model: a.model.model.clone(),
+        adapter: a.model.adapter.clone(),
         input: a.io.input.clone(),
         out: a.io.out.clone(),
         column: a.column.clone(),
@@ -87,6 +88,7 @@ pub fn plan(g: &Global, a: &Args) -> Result<Plan> {
         precision: a.precision,
         config: json!({
             "model": a.model.model,
+            "adapter": a.model.adapter,
             "input": a.io.input,
             "column": a.column,
             "entropy_column": a.entropy_column,

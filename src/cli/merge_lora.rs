@@ -19,27 +19,30 @@ merges it in memory at load. Merge to hand the model to a tool that does not rea
 start full fine-tuning from it.
 
 Reads: an adapter folder (adapter_config.json + adapter_model.safetensors, written by
-`rlcr update/sft --lora-rank` or by PEFT) whose base_model_name_or_path is a model folder, or the
-base given with --base. Writes: OUT (atomically). Costs: the base's weights in f32 in memory.
+`rlcr update/sft --lora-rank` or by PEFT) and its base: the model folder given with --model, else
+the adapter's base_model_name_or_path (rlcr writes it as an absolute path; a relative one is
+looked up from the working directory, then from the adapter folder and its ancestors).
+--model and --adapter are the flags every stage that reads a model takes.
+Writes: OUT (atomically). Costs: the base's weights in f32 in memory.
 Example:
-  rlcr merge-lora --adapter runs/x/iter-0003/model -o merged/";
+  rlcr merge-lora --adapter runs/x/iter-0003/model -o merged/
+  rlcr merge-lora --model fixtures/tiny-qwen2 --adapter runs/x/iter-0003/model -o merged/";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Adapter folder (adapter_config.json, adapter_model.safetensors).
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     pub adapter: PathBuf,
-    /// Base model folder [default: the adapter's base_model_name_or_path, taken relative to the
-    /// working directory, else to the adapter folder].
-    #[arg(long)]
-    pub base: Option<PathBuf>,
+    /// Base model folder [default: the adapter's base_model_name_or_path].
+    #[arg(long, alias = "base", value_name = "BASE")]
+    pub model: Option<PathBuf>,
     /// Output model folder.
     #[arg(short = 'o', long)]
     pub out: PathBuf,
 }
 
 pub fn run(_g: &Global, a: Args) -> Result<()> {
-    let (base, adapter) = match &a.base {
+    let (base, adapter) = match &a.model {
         Some(b) => lora::resolve(b, Some(&a.adapter))?,
         None => lora::resolve(&a.adapter, None)?,
     };

@@ -21,6 +21,7 @@ pub mod flags;
 pub mod generate_answers;
 pub mod generate_confidence;
 pub mod generate_multiturn;
+pub mod import;
 pub mod import_gguf;
 pub mod inspect;
 pub mod logprobs;
@@ -100,6 +101,8 @@ pub enum Command {
     Logprobs(logprobs::Args),
     #[command(about = values::ABOUT, long_about = values::LONG_ABOUT)]
     Values(values::Args),
+    #[command(about = import::ABOUT, long_about = import::LONG_ABOUT)]
+    Import(import::Args),
     #[command(name = "import-gguf", about = import_gguf::ABOUT, long_about = import_gguf::LONG_ABOUT)]
     ImportGguf(import_gguf::Args),
     #[command(name = "merge-lora", about = merge_lora::ABOUT, long_about = merge_lora::LONG_ABOUT)]
@@ -123,13 +126,13 @@ interrupted run resumes where it stopped). Its variables choose the model, the t
 `make -f scripts/rl.mk RUN=exp1 MODEL=path/to/hf-folder ITERS=8 LR=2e-5`.
 
 Quick start (one iteration by hand, on a Hugging Face model folder MODEL):
-  rlcr prepare --from countdown-synth --n 64 -o prompts.parquet
+  rlcr prepare --from countdown-synth --count 64 -o prompts.parquet
   rlcr generate-answers --model MODEL --input prompts.parquet -o answers.parquet
   rlcr generate-confidence --model MODEL --input answers.parquet -o trajectory.parquet
   rlcr score --input trajectory.parquet -o scored.parquet
   rlcr advantage --input scored.parquet -o train.parquet
   rlcr update --model MODEL --input train.parquet -o MODEL-1
-  rlcr report scored.parquet -o report/
+  rlcr report --input scored.parquet -o report/
 
 `rlcr <stage> --help` gives a stage's options; `--config run.toml` (or RLCR_CONFIG) reads them
 from one file with a section per stage. Shell completions: `rlcr completions bash|zsh|fish`.";
@@ -273,6 +276,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(a) => report::run(&g, a),
         Command::Logprobs(a) => logprobs::run(&g, a),
         Command::Values(a) => values::run(&g, a),
+        Command::Import(a) => import::run(&g, a),
         Command::ImportGguf(a) => import_gguf::run(&g, a),
         Command::MergeLora(a) => merge_lora::run(&g, a),
         Command::Schema(a) => schema::run(&g, a),

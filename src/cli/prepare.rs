@@ -14,8 +14,9 @@ use crate::prepare::{
 pub const ABOUT: &str =
     "Build a prompts table from dataset files (Parquet, JSON lines, JSON; TRL and verl formats) or synthetic tasks";
 pub const LONG_ABOUT: &str = "\
-Build a prompts table: one row per prompt with `prompt_id`, `messages` (JSON list of {role, content}),
-`data_source`, `ground_truth` (JSON text) and `extra_info`. This is the input of `generate-answers`.
+Build a prompts table: one row per prompt with `prompt_id`, `messages` (a list of {role, content}
+structs), `data_source`, `ground_truth` (JSON text) and `extra_info` (the source's other fields: a struct,
+or JSON text where rows differ in keys or types). This is the input of `generate-answers`.
 
 Dataset files (--input, repeatable: a file, a folder, or a glob such as 'data/train-*.parquet'):
 Parquet, JSON lines (.jsonl, .ndjson) and JSON (.json: JSON lines, an array of records or an
@@ -364,6 +365,7 @@ impl TryFrom<(&Global, &Args)> for Plan {
         };
         let mut config = serde_json::to_value(a)?;
         config["seed"] = json!(g.seed);
+        config["argv"] = json!(g.argv);
         Ok(Plan {
             build,
             out: a.out.clone(),

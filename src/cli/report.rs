@@ -31,7 +31,10 @@ table (accuracy, ECE, Brier, AUROC, mean confidence, format and parse rates, eac
 standard error; all rows, then per data_source, e.g. held-out `countdown-heldout` vs the out-of-domain
 `countdown-hard` bucket) and the arms' reliability diagrams side by side replace the iteration
 curves. With --probe, the faithfulness probe's
-curves (probe confidence against cut fraction; probe vs verbal confidence vs correctness).
+curves (probe confidence against cut fraction; probe vs verbal confidence vs correctness). With
+--held-in NAME=PATH (one per input), the accuracy of each iteration's policy on a fixed probe set
+beside the sampled batch's. With --train-metrics, the training curves and, per update call, the
+KL to the reference, the rollout/trainer mismatch and the response lengths.
 
 Reads: one or more trajectory tables (usually scored), optionally a probe table.
 Writes into the folder -o (created if needed; all files replaced together at the end):
@@ -92,6 +95,63 @@ pub struct Args {
     /// of the policies after iterations 0, 5 and 10. Increasing; not with labelled inputs.
     #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
     pub iterations: Vec<u64>,
+    /// A fixed probe set's scored answers, one per input in input order, under a set name (e.g.
+    /// `--held-in greedy=it1/greedy.parquet --held-in greedy=it2/greedy.parquet`): the accuracy
+    /// of each iteration's policy on the same prompts, beside the sampled batch's, in the table
+    /// across iterations, the curves, metrics.json (`held_in`) and TensorBoard
+    /// (`held_in/NAME/accuracy`). Not with labelled inputs.
+    #[arg(long, value_name = "NAME=PATH")]
+    pub held_in: Vec<String>,
+}
+
+/// `--held-in NAME=PATH` values grouped by name (in order of first appearance), each name with
+/// one path per input.
+fn held_in_sets(
+    given: &[String],
+    n_inputs: usize,
+    labelled: bool,
+) -> Result<Vec<(String, Vec<PathBuf>)>> {
+    if given.is_empty() {
+        return Ok(vec![]);
+    }
+    if labelled {
+        return Err(
+            UsageError("--held-in: labelled inputs are arms, not iterations".to_string()).into(),
+        );
+    }
+    let mut sets: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for g in given {
+        let Some((name, path)) = g.split_once('=').filter(|(n, p)| {
+            !n.is_empty()
+                && !p.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        }) else {
+            return Err(UsageError(format!(
+                "--held-in {g}: expected NAME=PATH (NAME of letters, digits, `-_.`)"
+            ))
+            .into());
+        };
+        match sets.iter_mut().find(|s| s.0 == name) {
+            Some(s) => s.1.push(PathBuf::from(path)),
+            None => sets.push((name.to_string(), vec![PathBuf::from(path)])),
+        }
+    }
+    for (name, paths) in &sets {
+        if paths.len() != n_inputs {
+            return Err(UsageError(format!(
+                "--held-in: {} tables for set {name:?} and {n_inputs} inputs (one per input, in input order)",
+                paths.len()
+            ))
+            .into());
+        }
+        if let Some(p) = paths.iter().find(|p| !p.exists()) {
+            return Err(
+                UsageError(format!("--held-in {name}={}: no such input", p.display())).into(),
+            );
+        }
+    }
+    Ok(sets)
 }
 
 /// `LABEL=PATH` → (Some(LABEL), PATH) when LABEL is a plain word (letters, digits, `-_.`) and the
@@ -168,6 +228,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         }
     }
     let iterations = iteration_numbers(&a.iterations, paths.len(), !labels.is_empty())?;
+    let held_in = held_in_sets(&a.held_in, paths.len(), !labels.is_empty())?;
     if a.tensorboard.is_some() && !labels.is_empty() {
         return Err(UsageError(
             "--tensorboard: labelled inputs are arms, not steps; report them one at a time"
@@ -203,6 +264,12 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         let k = if i + 1 == paths.len() { a.examples } else { 0 };
         let (mut an, ex) = report::analyse_file(path, &opts, k)?;
         an.report.iteration = iterations[i];
+        for (name, sets) in &held_in {
+            let (h, _) = report::analyse_file(&sets[i], &opts, 0)?;
+            an.report
+                .held_in
+                .insert(name.clone(), report::HeldIn::of(&h.report));
+        }
         analyses.push(an);
         examples = ex;
     }
@@ -313,11 +380,13 @@ fn write_tensorboard(dir: &Path, analyses: &[report::Analysis]) -> Result<()> {
     let mut events = Vec::with_capacity(analyses.len());
     for an in analyses {
         let v = serde_json::to_value(&an.report.overall).context("serialising the metrics")?;
-        events.push((
-            now,
-            an.report.iteration as i64,
-            tb::numeric_leaves(&v, &["se"]),
-        ));
+        let mut scalars = tb::numeric_leaves(&v, &["se"]);
+        for (name, h) in &an.report.held_in {
+            if let Some(acc) = h.accuracy {
+                scalars.push((format!("held_in/{name}/accuracy"), acc as f32));
+            }
+        }
+        events.push((now, an.report.iteration as i64, scalars));
     }
     let first = analyses.first().map_or(1, |a| a.report.iteration);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -21,7 +21,9 @@ pub const LONG_ABOUT: &str = "\
 Score every row of a trajectory table without a model.
 
 Answers: acc_reward = the verifier's verdict on the extracted answer (1/0; the F1 value for f1),
-0 when the format check fails and gating is on. Confidence rows: the last <confidence> parsed
+0 when the format check fails and gating is on (--format-gate auto, the default: on with the
+built-in verifiers, off with --verifier-cmd, whose reward is the user's to decide; off with
+--reward-preset tinyzero). Confidence rows: the last <confidence> parsed
 strictly (a finite number in [0,1]; nan, inf, 80%, 1.2 are failures), conf_reward =
 1 - (acc - c)^2 with acc taken from the row's own answer, 0 on a format or parse failure.
 reward = the total of reward_components: `mean over turns + sum of globals`, which for
@@ -46,9 +48,16 @@ parentheses, each number once, |value - target| < 1e-5; --countdown-compat tinyz
 TinyZero's compute_score on prompt + response, quirks included), math, exact, f1, choice, or an
 external program (--verifier-cmd CMD, run with sh -c): rlcr writes one JSON request per answer row
 on its stdin, {\"id\", \"sample_id\", \"data_source\", \"prompt\", \"response\", \"answer\",
-\"ground_truth\"}, and reads one reply per line on its stdout, {\"id\", \"correct\": true|false|number,
-\"extra\": {NAME: number}} in any order; its stderr passes through; --verifier-timeout bounds the
-wait for each reply.
+\"ground_truth\", \"messages\", \"extra_info\", \"columns\"} (values with the types the table
+stored: text stays text), and reads one reply per line on its stdout, {\"id\", \"correct\":
+true|false|number, \"extra\": {NAME: number}} or {\"id\", \"error\": TEXT}, in any order; its stderr
+passes through; --verifier-timeout bounds the wait for each reply. The reward is the program's:
+no format gate in front unless --format-gate on. Confidence rows keep rlcr's own rules (the
+<confidence> tag parsed strictly, Brier against the answer's reward). The reward adapters for verl's
+compute_score and TRL's reward functions come with rlcr: the command finds them on its PATH and in
+$RLCR_REWARDS, from any folder, and they import MODULE from the working folder:
+  --verifier-cmd \"verl_reward.py my_rewards:compute_score\"
+  --verifier-cmd \"trl_reward.py my_rewards:accuracy_reward\"
 
 --shard I/N scores only the rows whose prompt_id falls in shard I of N (as generate-answers; a
 prompt's answers and confidences stay together), in one pass without a temp copy (their columns
@@ -76,10 +85,15 @@ pub enum AnswerFormat {
 }
 
 /// `--format-gate` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum OnOff {
+pub enum FormatGate {
+    /// On with the built-in verifiers; off with --verifier-cmd and --reward-preset tinyzero.
+    #[default]
+    Auto,
+    /// A failed answer format scores 0, whatever the verifier says.
     On,
+    /// The verifier's verdict stands; format_ok is still recorded.
     Off,
 }
 
@@ -104,10 +118,10 @@ pub struct Args {
     /// Confidence rows must contain <analysis>…</analysis> before <confidence>.
     #[arg(long)]
     pub require_analysis: bool,
-    /// Accuracy is 0 when the answer's format fails [default: on; off with --reward-preset
-    /// tinyzero].
-    #[arg(long, value_enum)]
-    pub format_gate: Option<OnOff>,
+    /// Accuracy is 0 when the answer's format fails: auto = on with the built-in verifiers, off
+    /// with --verifier-cmd (the external reward decides) and with --reward-preset tinyzero.
+    #[arg(long, value_enum, default_value_t = FormatGate::Auto)]
+    pub format_gate: FormatGate,
     /// Weight of format_ok in the answers' reward (rlcr preset).
     #[arg(long, default_value_t = 0.0)]
     pub format_weight: f64,
@@ -157,10 +171,11 @@ pub fn settings_from_args(a: &Args) -> Result<Settings> {
     {
         return Err(UsageError("--reward-preset rlcr-single needs an answer format with a confidence (tac, tabc, tbac)".into()).into());
     }
+    // An external verifier is the user's reward: rlcr's answer format gates it only when asked.
     let gate = match a.format_gate {
-        Some(OnOff::On) => true,
-        Some(OnOff::Off) => false,
-        None => a.reward_preset != Preset::Tinyzero,
+        FormatGate::On => true,
+        FormatGate::Off => false,
+        FormatGate::Auto => v.verifier_cmd.is_none() && a.reward_preset != Preset::Tinyzero,
     };
     let structured = match &a.rewards {
         Some(p) => Some(RewardSpec::from_file(p).map_err(|e| UsageError(format!("{e:#}")))?),
@@ -178,11 +193,11 @@ pub fn settings_from_args(a: &Args) -> Result<Settings> {
     })
 }
 
-impl TryFrom<&Args> for Plan {
+impl TryFrom<(&Global, &Args)> for Plan {
     type Error = anyhow::Error;
 
     /// The validated plan (usage errors exit 2).
-    fn try_from(a: &Args) -> Result<Plan> {
+    fn try_from((g, a): (&Global, &Args)) -> Result<Plan> {
         let settings = settings_from_args(a)?;
         let v = &a.verifier;
         let timeout = v.timeout()?.unwrap_or(60.0);
@@ -196,7 +211,13 @@ impl TryFrom<&Args> for Plan {
         args["verifier_cmd"] = serde_json::to_value(&v.verifier_cmd)?;
         args["verifier_timeout"] = timeout.into();
         args["countdown_compat"] = serde_json::to_value(settings.countdown_compat)?;
-        let config = serde_json::json!({ "args": args, "settings": &settings, "shard": a.shard });
+        let config = serde_json::json!({
+            "args": args,
+            "settings": &settings,
+            "shard": a.shard,
+            "seed": g.seed,
+            "argv": g.argv,
+        });
         Ok(Plan {
             input: a.io.input.clone(),
             out: a.io.out.clone(),
@@ -208,8 +229,8 @@ impl TryFrom<&Args> for Plan {
     }
 }
 
-pub fn run(_g: &Global, a: Args) -> Result<()> {
-    let plan = Plan::try_from(&a)?;
+pub fn run(g: &Global, a: Args) -> Result<()> {
+    let plan = Plan::try_from((g, &a))?;
     let summary = stage::run(&plan)?;
     crate::info!(
         "scored {} rows ({} answers, {} confidences) in {:.2}s ({:.0} rows/s); mean acc {:.4}, answer format ok {:.4}, confidence parse ok {:.4} (lenient {:.4}) -> {}",
@@ -225,4 +246,34 @@ pub fn run(_g: &Global, a: Args) -> Result<()> {
         a.io.out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    fn gate(flags: &[&str]) -> bool {
+        let argv = [&["score", "--input", "i.parquet", "-o", "o.parquet"], flags].concat();
+        let c = Cmd::try_parse_from(argv).unwrap();
+        settings_from_args(&c.a).unwrap().gate
+    }
+
+    /// The external verifier's reward is the user's: rlcr's format gate stands in front of it
+    /// only when asked; the built-in verifiers keep it.
+    #[test]
+    fn format_gate_auto_is_off_for_an_external_verifier() {
+        assert!(gate(&[]));
+        assert!(gate(&["--verifier", "math"]));
+        assert!(!gate(&["--verifier-cmd", "x"]));
+        assert!(gate(&["--verifier-cmd", "x", "--format-gate", "on"]));
+        assert!(!gate(&["--reward-preset", "tinyzero"]));
+        assert!(!gate(&["--format-gate", "off"]));
+    }
 }

@@ -1,14 +1,13 @@
 //! `rlcr sft`: supervised warm start on assistant targets.
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde_json::json;
 
 use super::common::{Global, UsageError};
-use super::flags::{model_lora, ChatArgs, LoraArgs, ModelFolder, OptimArgs};
-use crate::train::data::{check_positions, check_vocab};
-use crate::train::session::{self, Session};
-use crate::train::sft::{read_sft_rows, SftFilter};
+use super::flags::{ChatArgs, LoraArgs, ModelFolder, OptimArgs};
+use crate::train::sft::SftFilter;
+use crate::train::stage::SftPlan;
 use crate::train::trainer::Objective;
 
 pub const ABOUT: &str =
@@ -58,71 +57,56 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
+    let plan = plan(g, &a)?;
+    let (lora, adapter) = (&a.lora, a.model.adapter());
+    crate::train::stage::sft(&plan, &|dir: &std::path::Path, device| {
+        lora.load_model(dir, adapter, device, g.seed)
+    })?;
+    Ok(())
+}
+
+/// The validated call: every flag checked before anything is read (usage errors, exit code 2).
+fn plan(g: &Global, a: &Args) -> Result<SftPlan> {
     if a.batch_size == 0 {
         return Err(UsageError("--batch-size must be at least 1".into()).into());
     }
-    // Check every flag before reading anything (usage errors, exit code 2).
     a.lora.spec(&a.model.model)?;
-    a.optim
+    let train = a
+        .optim
         .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
     let device = g.device.open()?;
     let chat = a.chat.options()?;
-    let mut model = a
-        .lora
-        .load_model(&a.model.model, &device.autodiff(), g.seed)
-        .with_context(|| format!("loading {}", a.model.model.display()))?;
-    model.set_chat_options(&chat)?;
-    let filter = SftFilter {
-        only_correct: a.only_correct,
-        min_conf_reward: a.min_conf_reward,
-    };
-    let (source, rows) = read_sft_rows(&a.input, &model, filter)?;
-    if rows.is_empty() {
-        bail!(
-            "{}: no rows to train on (after filtering)",
-            a.input.display()
-        );
-    }
-    let table = a.input.display().to_string();
-    check_vocab(&rows, model.transformer.dims.vocab, &table)?;
-    check_positions(&rows, model.config.max_position_embeddings, &table)?;
-    let tokens: usize = rows.iter().map(|r| r.response.len()).sum();
-    crate::info!(
-        "{table}: {} rows ({source:?}), {tokens} target tokens",
-        rows.len()
-    );
-    let mini_batches = rows.len().div_ceil(a.batch_size);
-    let train = a
-        .optim
-        .train_config(Objective::Sft, a.lr, mini_batches, 1.0, &rows, g.seed)?;
     let config = json!({
         "model": a.model.model,
+        "adapter": a.model.adapter,
         "input": a.input,
-        "source": format!("{source:?}"),
         "lr": a.lr,
         "batch_size": a.batch_size,
         "only_correct": a.only_correct,
         "min_conf_reward": a.min_conf_reward,
-        "chat": chat.meta(),
         "adamw": a.optim.adamw(),
-        "lora": model_lora(&model),
-        "train": train,
         "resume": a.optim.resume,
         "tensorboard": a.optim.tensorboard,
         "device": g.device,
         "seed": g.seed,
         "argv": g.argv,
     });
-    let s = Session {
-        stage: "sft".into(),
+    Ok(SftPlan {
+        model: a.model.model.clone(),
+        input: a.input.clone(),
         out: a.out.clone(),
-        resume: a.optim.resume,
-        adamw: a.optim.adamw(),
         train,
-        config,
-        inputs: vec![a.model.model.display().to_string(), table],
+        agg_len: a.optim.agg_len,
+        batch_size: a.batch_size,
+        filter: SftFilter {
+            only_correct: a.only_correct,
+            min_conf_reward: a.min_conf_reward,
+        },
+        chat,
+        adamw: a.optim.adamw(),
+        resume: a.optim.resume,
         tensorboard: a.optim.tensorboard.clone(),
-    };
-    session::run(model, &rows, &s)?;
-    Ok(())
+        device,
+        config,
+    })
 }

@@ -1,18 +1,15 @@
 //! `rlcr update`: one policy-gradient update from a training table; writes a new checkpoint.
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use burn::module::Module;
+use anyhow::Result;
 use serde_json::json;
 
-use super::common::Global;
-use super::flags::{model_lora, CriticArgs, LoraArgs, ModelFolder};
-use crate::model::Model;
-use crate::train::data::{check_positions, check_vocab, read_update_rows, TrainRow};
+use super::common::{Global, UsageError};
+use super::flags::{CriticArgs, LoraArgs, ModelFolder};
+use crate::train::diagnostics::Guards;
 use crate::train::loss::{ClipConfig, KlEstimator};
-use crate::train::policy::host_logprobs;
-use crate::train::session::{self, Session};
-use crate::train::trainer::{Objective, ValueTokens};
+use crate::train::stage::UpdatePlan;
+use crate::train::trainer::Objective;
 
 pub const ABOUT: &str =
     "Train the policy on a training table (PPO/GRPO clipped loss); write a new HF checkpoint";
@@ -32,6 +29,14 @@ confidence rows' tokens alone (an exploration bonus for the confidence turn that
 rows' tokens out) and minus --conf-value-entropy-coef × the mean entropy, over the ten digits, of
 the position where each confidence row picks its value (the `7` of `0.7`). Gradients are clipped by their global norm (--grad-clip).
 Each epoch splits the table into --mini-batches update batches, one optimizer step each.
+
+Diagnostics (in the metrics lines, TensorBoard and the summary line): before the first optimizer
+step, the rollout/trainer mismatch of the first update batch (max and mean |response_logprobs −
+the trainer's log-prob| over its learnable tokens, `mismatch/logp_max`, `mismatch/logp_mean`, and
+of the ratio's deviation |exp(Δ) − 1|, `mismatch/ratio_max`, `mismatch/ratio_mean`; --max-mismatch
+refuses a table above a limit); the KL of the behaviour policy to the reference (k3, verl's
+low_var_kl, over every learnable token: `ref_kl`) when --ref-model or a ref_logprobs column gives
+reference log-probs; and each step's mean response length of answer and confidence rows.
 
 Costs: one forward and backward pass per row per epoch, activations of one micro-batch at a time.
 rlcr's samplers record response_logprobs at temperature 1, which is what update compares against by
@@ -72,7 +77,9 @@ pub struct Args {
     /// KL estimator of the KL loss (verl names kl, mse, low_var_kl accepted, as in `advantage`).
     #[arg(long, value_enum, default_value_t = KlEstimator::K3)]
     pub kl_estimator: KlEstimator,
-    /// Reference model folder for the KL loss (else the table's ref_logprobs column).
+    /// Reference model folder for the KL loss (else the table's ref_logprobs column). Loaded
+    /// with --kl-coef 0 too: the KL of the policy to it is then reported (one forward pass of
+    /// the reference over the table).
     #[arg(long)]
     pub ref_model: Option<PathBuf>,
     /// α of the entropy bonus (subtracts α × mean token entropy).
@@ -102,6 +109,13 @@ pub struct Args {
     /// the table's response_logprobs (verl's default; the ratio starts at exactly 1).
     #[arg(long)]
     pub recompute_old_logprobs: bool,
+    /// Refuse the table (exit 1, nothing written) when, before the first optimizer step, the
+    /// largest |response_logprobs − the trainer's log-prob| over the first update batch's
+    /// learnable tokens is above this: a sampler that does not compute what the trainer computes
+    /// (temperature, precision, template, dropout, a stale policy). The gap is measured and
+    /// reported either way; rlcr's own rollouts on the CPU in f32 stay below 1e-4.
+    #[arg(long, value_name = "NATS")]
+    pub max_mismatch: Option<f64>,
     #[command(flatten)]
     pub optim: OptimArgs,
     #[command(flatten)]
@@ -111,13 +125,29 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
+    let plan = plan(g, &a)?;
+    let (lora, adapter) = (&a.lora, a.model.adapter());
+    let done = crate::train::stage::update(&plan, &|dir: &std::path::Path, device| {
+        lora.load_model(dir, adapter, device, g.seed)
+    })?;
+    a.critic
+        .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
+    // Once everything is written: a refused table or output gets its error alone.
+    if let Some(w) = done.warning {
+        eprintln!("rlcr: warning: {w}");
+    }
+    Ok(())
+}
+
+/// The validated call: every flag checked before anything is read (usage errors, exit code 2).
+fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
     let device = g.device.open()?;
     let clip = ClipConfig {
         clip_low: a.clip_low,
         clip_high: a.clip_high,
         clip_dual: a.clip_dual,
     };
-    let mut objective = Objective::Policy {
+    let objective = Objective::Policy {
         clip,
         kl_coef: a.kl_coef,
         kl_kind: a.kl_estimator,
@@ -127,197 +157,50 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         // Read from the tokenizer once the model is loaded.
         value_tokens: None,
     };
-    // Check every flag before reading anything (usage errors, exit code 2).
     a.lora.spec(&a.model.model)?;
-    a.optim
-        .train_config(objective, a.lr, a.mini_batches, a.temperature, &[], g.seed)?;
-    let use_kl = a.kl_coef > 0.0;
-    if !use_kl && a.ref_model.is_some() {
-        crate::info!("--kl-coef is 0: the reference model is not loaded");
-    }
-    let want_ref_column = use_kl && a.ref_model.is_none();
-    let mut rows = read_update_rows(&a.input, want_ref_column)?;
-    if rows.is_empty() {
-        bail!(
-            "{}: the table has no rows to train on; nothing was written",
-            a.input.display()
-        );
-    }
-    for (flag, coef) in [
-        ("--conf-entropy-coef", a.conf_entropy_coef),
-        ("--conf-value-entropy-coef", a.conf_value_entropy_coef),
-    ] {
-        if coef > 0.0 && !rows.iter().any(|r| r.is_confidence) {
-            bail!(
-                "{}: {flag} {coef} needs confidence rows (sample_type \"confidence\"), and the \
-                 table has none; nothing was written",
-                a.input.display(),
+    let train =
+        a.optim
+            .train_config(objective, a.lr, a.mini_batches, a.temperature, &[], g.seed)?;
+    if let Some(m) = a.max_mismatch {
+        if m.is_nan() || m < 0.0 {
+            return Err(
+                UsageError(format!("--max-mismatch must be a number >= 0, got {m}")).into(),
             );
         }
     }
-    crate::info!("{}: {} rows", a.input.display(), rows.len());
-    let model = a
-        .lora
-        .load_model(&a.model.model, &device.clone().autodiff(), g.seed)
-        .with_context(|| format!("loading the policy {}", a.model.model.display()))?;
-    let table = a.input.display().to_string();
-    check_vocab(&rows, model.transformer.dims.vocab, &table)?;
-    check_positions(&rows, model.config.max_position_embeddings, &table)?;
-    if a.conf_value_entropy_coef > 0.0 {
-        let vt = value_tokens(&model.tokenizer).with_context(|| {
-            format!(
-                "--conf-value-entropy-coef: the tokenizer of {}",
-                a.model.model.display()
-            )
-        })?;
-        let n = rows
-            .iter()
-            .filter(|r| r.is_confidence && vt.value_mask(&r.response, &r.mask).contains(&true))
-            .count();
-        if n == 0 {
-            bail!(
-                "{table}: --conf-value-entropy-coef: no confidence row writes a value as digit `.` \
-                 digit (e.g. 0.7) in its learnable tokens; nothing was written"
-            );
-        }
-        crate::info!(
-            "{table}: {n} of {} confidence rows carry a value position",
-            rows.iter().filter(|r| r.is_confidence).count()
-        );
-        if let Objective::Policy { value_tokens, .. } = &mut objective {
-            *value_tokens = Some(vt);
-        }
-    }
-    if use_kl {
-        if let Some(dir) = &a.ref_model {
-            let reference = Model::load(dir, &device)
-                .with_context(|| format!("loading the reference model {}", dir.display()))?;
-            let lps = logprobs_of(
-                &reference.transformer,
-                &rows,
-                a.optim.micro_batch,
-                a.temperature,
-                "reference log-probs",
-            )?;
-            for (r, lp) in rows.iter_mut().zip(lps) {
-                r.ref_logp = Some(lp);
-            }
-        }
-    }
-    if a.recompute_old_logprobs {
-        // The same weights without the autodiff graph.
-        let inner = model.transformer.valid();
-        let lps = logprobs_of(
-            &inner,
-            &rows,
-            a.optim.micro_batch,
-            a.temperature,
-            "behaviour log-probs",
-        )?;
-        for (r, lp) in rows.iter_mut().zip(lps) {
-            r.old_logp = lp;
-        }
-    }
-    let train = a.optim.train_config(
-        objective,
-        a.lr,
-        a.mini_batches,
-        a.temperature,
-        &rows,
-        g.seed,
-    )?;
-    let zero_advantages = zero_advantage_warning(&rows, &table);
-    let config = json!({
+    let mut config = json!({
         "model": a.model.model,
+        "adapter": a.model.adapter,
         "input": a.input,
         "lr": a.lr,
         "ref_model": a.ref_model,
         "recompute_old_logprobs": a.recompute_old_logprobs,
         "adamw": a.optim.adamw(),
-        "lora": model_lora(&model),
-        "train": train,
         "resume": a.optim.resume,
         "tensorboard": a.optim.tensorboard,
         "device": g.device,
         "seed": g.seed,
         "argv": g.argv,
     });
-    let s = Session {
-        stage: "update".into(),
+    if let Some(m) = a.max_mismatch {
+        config["max_mismatch"] = json!(m);
+    }
+    Ok(UpdatePlan {
+        model: a.model.model.clone(),
+        input: a.input.clone(),
         out: a.out.clone(),
-        resume: a.optim.resume,
-        adamw: a.optim.adamw(),
         train,
-        config,
-        inputs: vec![a.model.model.display().to_string(), table],
+        agg_len: a.optim.agg_len,
+        adamw: a.optim.adamw(),
+        resume: a.optim.resume,
         tensorboard: a.optim.tensorboard.clone(),
-    };
-    session::run(model, &rows, &s)?;
-    a.critic
-        .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
-    // Once everything is written: a refused table or output gets its error alone.
-    if let Some(w) = zero_advantages {
-        eprintln!("rlcr: warning: {w}");
-    }
-    Ok(())
-}
-
-/// The warning for a table in which every learnable token's advantage is 0 (every group's rewards
-/// equal, a filter that kept nothing informative, a wrong column): the policy-gradient term is
-/// then zero and the update moves the model only through the KL and entropy terms. Printed after
-/// the update is written, so that a refused input gets its one error message alone. A warning, not
-/// an error: such an iteration happens in a healthy loop too (every answer right, or every one
-/// wrong).
-fn zero_advantage_warning(rows: &[TrainRow], table: &str) -> Option<String> {
-    let informative = rows
-        .iter()
-        .any(|r| r.adv.iter().zip(&r.mask).any(|(adv, &m)| m && *adv != 0.0));
-    (!informative).then(|| {
-        format!(
-            "{table}: every advantage is 0 on the {} learnable tokens of its {} rows (e.g. every \
-             group's rewards were equal): the policy-gradient term was zero, and this update \
-             changed the model only through --kl-coef and the entropy terms",
-            rows.iter().map(TrainRow::n_learnable).sum::<usize>(),
-            rows.len()
-        )
+        ref_model: a.ref_model.clone(),
+        recompute_old_logprobs: a.recompute_old_logprobs,
+        guards: Guards {
+            max_mismatch: a.max_mismatch,
+        },
+        device,
+        seed: g.seed,
+        config,
     })
-}
-
-/// The token ids of the ten digits and `.`: each must be one token, and `0.7` must encode as the
-/// three of them (the value position rule of [`ValueTokens::value_mask`]).
-fn value_tokens(tok: &crate::model::Tokenizer) -> Result<ValueTokens> {
-    let one = |text: &str| -> Result<u32> {
-        match tok.encode(text, false)?.as_slice() {
-            [id] => Ok(*id),
-            ids => bail!("{text:?} is {} tokens ({ids:?}), not one", ids.len()),
-        }
-    };
-    let mut digits = [0u32; 10];
-    for (d, slot) in digits.iter_mut().enumerate() {
-        *slot = one(&d.to_string())?;
-    }
-    let point = one(".")?;
-    let seven = tok.encode("0.7", false)?;
-    if seven != [digits[0], point, digits[7]] {
-        bail!("\"0.7\" encodes as {seven:?}, not as the tokens of 0, . and 7");
-    }
-    Ok(ValueTokens { digits, point })
-}
-
-/// Per-row log-probs of the rows' responses under `model` (no graph), with a progress bar.
-pub fn logprobs_of(
-    model: &crate::model::Transformer,
-    rows: &[TrainRow],
-    batch: usize,
-    temperature: f64,
-    label: &str,
-) -> Result<Vec<Vec<f32>>> {
-    let pairs: Vec<(&[u32], &[u32])> = rows
-        .iter()
-        .map(|r| (r.context.as_slice(), r.response.as_slice()))
-        .collect();
-    let mut p = crate::progress::Progress::new(label, rows.len() as u64, "rows");
-    let out = host_logprobs(model, &pairs, batch, temperature, Some(&mut p))?;
-    p.finish();
-    Ok(out)
 }

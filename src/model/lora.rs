@@ -174,7 +174,8 @@ pub struct LoraSpec {
     pub targets: Vec<Target>,
     /// rsLoRA scaling `alpha / √r` instead of `alpha / r`.
     pub rslora: bool,
-    /// `base_model_name_or_path` as written (a folder path, possibly relative).
+    /// `base_model_name_or_path` as written: an absolute folder path in the adapters rlcr saves
+    /// ([`recorded_base`]); possibly relative in others ([`resolve_base`] says how it is found).
     pub base: Option<String>,
 }
 
@@ -365,8 +366,17 @@ pub fn read_adapter(dir: &Path) -> Result<(LoraSpec, BTreeMap<String, HostTensor
     Ok((spec, tensors))
 }
 
-/// The base model folder of an adapter folder: `base_model_name_or_path` taken as transformers
-/// does (absolute, or relative to the working directory), else relative to the adapter folder.
+/// The base model folder of an adapter folder, from its `base_model_name_or_path`:
+/// - an absolute path (what [`save_adapter`] writes) is taken as it is;
+/// - a relative one is tried, in order, relative to the working directory (how transformers and
+///   PEFT take it), then relative to the adapter folder and to each of its ancestors, nearest
+///   first. An adapter whose base was recorded relative to the directory it was written from
+///   (PEFT's `save_pretrained` after `from_pretrained("ckpt/sft")`) thus loads from any working
+///   directory as long as that directory is an ancestor of the adapter folder, which is where
+///   a run's checkpoints live.
+///
+/// The first candidate holding a `config.json` wins; none is an error naming every path tried
+/// and the `--model BASE --adapter DIR` form that needs no lookup.
 pub fn resolve_base(adapter: &Path, spec: &LoraSpec) -> Result<PathBuf> {
     let Some(base) = spec.base.as_deref() else {
         bail!(
@@ -375,12 +385,7 @@ pub fn resolve_base(adapter: &Path, spec: &LoraSpec) -> Result<PathBuf> {
             adapter.join(CONFIG_FILE).display()
         );
     };
-    let p = PathBuf::from(base);
-    let candidates = if p.is_absolute() {
-        vec![p]
-    } else {
-        vec![p.clone(), adapter.join(&p)]
-    };
+    let candidates = base_candidates(adapter, Path::new(base));
     for c in &candidates {
         if c.join("config.json").is_file() {
             return Ok(c.clone());
@@ -391,9 +396,46 @@ pub fn resolve_base(adapter: &Path, spec: &LoraSpec) -> Result<PathBuf> {
         "{}: the base model `{base}` is not a model folder here (tried {}); give it with --model \
          BASE --adapter {}",
         adapter.join(CONFIG_FILE).display(),
-        tried.join(" and "),
+        tried.join(", "),
         adapter.display()
     )
+}
+
+/// The folders [`resolve_base`] tries for the recorded base `p`, in order, without repeats.
+fn base_candidates(adapter: &Path, p: &Path) -> Vec<PathBuf> {
+    if p.is_absolute() {
+        return vec![p.to_path_buf()];
+    }
+    let mut out = vec![p.to_path_buf()];
+    // The adapter's real location, so that `..` and a relative --model both climb correctly.
+    let here = adapter
+        .canonicalize()
+        .unwrap_or_else(|_| normalize(adapter));
+    for dir in here.ancestors() {
+        let c = normalize(&dir.join(p));
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The `base_model_name_or_path` an adapter on the base folder `base` records: its canonical
+/// absolute path (symlinks resolved). PEFT's `AutoPeftModelForCausalLM` and transformers take a
+/// relative path relative to the working directory, and offline they then look for a Hub
+/// repository of that name; an absolute path loads the base from any working directory, in
+/// rlcr and in PEFT. A base that moves afterwards is given with `--model BASE --adapter DIR`.
+pub fn recorded_base(base: &Path) -> Result<String> {
+    let abs = base
+        .canonicalize()
+        .with_context(|| format!("resolving the base model folder {}", base.display()))?;
+    abs.to_str().map(str::to_string).with_context(|| {
+        format!(
+            "the base model folder {} is not valid UTF-8; PEFT's adapter_config.json cannot \
+             record it",
+            abs.display()
+        )
+    })
 }
 
 /// `p` with `x/..` pairs and `.` removed (lexically; a path through a symlinked folder keeps
@@ -508,11 +550,17 @@ pub fn write_adapter_files(
 
 /// Save the adapter of `model` as an adapter folder at `out` (atomic): the two PEFT files and
 /// the tokenizer and chat-template files of the base folder `base` (as TRL saves them; the base's
-/// `config.json` is not copied, so the folder is not mistaken for a full model).
+/// `config.json` is not copied, so the folder is not mistaken for a full model). The config
+/// records `base` as [`recorded_base`] writes it (whatever `spec.base` says), so the folder
+/// loads from any working directory.
 pub fn save_adapter(model: &Transformer, spec: &LoraSpec, base: &Path, out: &Path) -> Result<()> {
     let tensors = export(model)?;
+    let spec = LoraSpec {
+        base: Some(recorded_base(base)?),
+        ..spec.clone()
+    };
     crate::fs::write_folder(out, |tmp| {
-        write_adapter_files(tmp, spec, &tensors)?;
+        write_adapter_files(tmp, &spec, &tensors)?;
         for name in weights::COPIED_FILES {
             let from = base.join(name);
             if from.is_file() && !matches!(*name, "config.json" | "generation_config.json") {
@@ -964,6 +1012,55 @@ mod tests {
         }
         assert_eq!(parse_targets("all-linear").unwrap().len(), 7);
         assert!(parse_targets("q_proj,qkv").is_err());
+    }
+
+    /// The base an adapter records is found from any working directory: an absolute path as it
+    /// is, a relative one (adapters written elsewhere) next to the adapter folder or one of its
+    /// ancestors, nearest first; a base found nowhere names every path tried.
+    #[test]
+    fn adapter_base_resolves_from_any_working_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().canonicalize().unwrap();
+        let base = root.join("ckpt/sft");
+        let adapter = root.join("runs/x/iter-0001/model");
+        for f in [&base, &adapter] {
+            std::fs::create_dir_all(f).unwrap();
+        }
+        std::fs::write(base.join("config.json"), "{}").unwrap();
+        let spec = |b: &str| LoraSpec {
+            r: 2,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: vec![Target::Q],
+            rslora: false,
+            base: Some(b.into()),
+        };
+        // What save_adapter records: absolute and canonical, through a relative spelling.
+        let written = recorded_base(&root.join("runs/../ckpt/./sft")).unwrap();
+        assert_eq!(Path::new(&written), base);
+        assert_eq!(resolve_base(&adapter, &spec(&written)).unwrap(), base);
+        // Recorded relative to the directory the adapter was written from (an ancestor).
+        assert_eq!(resolve_base(&adapter, &spec("ckpt/sft")).unwrap(), base);
+        // The nearest ancestor wins.
+        let near = root.join("runs/ckpt/sft");
+        std::fs::create_dir_all(&near).unwrap();
+        std::fs::write(near.join("config.json"), "{}").unwrap();
+        assert_eq!(resolve_base(&adapter, &spec("ckpt/sft")).unwrap(), near);
+        let e = format!(
+            "{:#}",
+            resolve_base(&adapter, &spec("nowhere/base")).unwrap_err()
+        );
+        assert!(e.contains("--model BASE --adapter"), "{e}");
+        assert!(
+            e.contains(&root.join("runs/nowhere/base").display().to_string()),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            resolve_base(&adapter, &spec("/no/such/base")).unwrap_err()
+        );
+        assert!(e.contains("(tried /no/such/base)"), "{e}");
+        assert!(recorded_base(&root.join("missing")).is_err());
     }
 
     /// Adapters PEFT wrote (random non-zero B; all seven targets on the Llama fixture, three

@@ -351,7 +351,7 @@ fn keys_of(rows: &[(usize, Map<String, Value>)]) -> Vec<String> {
 type Rows = Vec<(usize, Map<String, Value>)>;
 
 fn parquet_records(path: &Path) -> Result<(Rows, Vec<String>, bool)> {
-    let r = Reader::open(path)?;
+    let r = Reader::open(path)?.as_written();
     let columns: Vec<String> = r
         .schema()
         .fields()

@@ -32,7 +32,7 @@ fn read_jsonl_values(path: &Path) -> Result<Vec<(usize, Value)>> {
 
 /// Rows of a Parquet file as JSON objects (row number, object).
 fn parquet_rows(path: &Path) -> Result<Vec<(usize, Value)>> {
-    let r = Reader::open(path)?;
+    let r = Reader::open(path)?.as_written();
     let mut out = vec![];
     let mut row = 0usize;
     for b in r {

@@ -95,17 +95,7 @@ pub fn canonical_key(nums: &[i64], target: i64) -> String {
 /// modulo 100. Fixed by this formula (not by a library's hasher), so splits are the same across
 /// versions and platforms.
 pub fn key_bucket(key: &str) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    let mut z = h;
-    z ^= z >> 30;
-    z = z.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z ^= z >> 27;
-    z = z.wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
+    let z = crate::hash::splitmix64_mix(crate::hash::fnv1a64(key.as_bytes()));
     (z % 100) as u32
 }
 

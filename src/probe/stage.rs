@@ -26,7 +26,7 @@ use crate::sample::policy::Policy;
 use crate::sample::sampler::{Group, SampleId};
 use crate::sample::stage::{self, ModelJob};
 use crate::sample::stop::offsets_of;
-use crate::table::{self, cols, Meta, Reader, Writer, PROBE, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, SampleType, Writer, PROBE, TRAJECTORY};
 
 /// What to probe, and how: the validated form of `rlcr probe`'s flags.
 #[derive(Debug, Clone)]
@@ -244,8 +244,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             let aidx = cols::i32_col(b, &name, "answer_idx")?;
             let conf = cols::f32_col(b, &name, "confidence")?;
             for i in 0..b.num_rows() {
-                if st.is_valid(i)
-                    && st.value(i) == "confidence"
+                if st.sample_type(i) == Some(SampleType::Confidence)
                     && conf.is_valid(i)
                     && pid.is_valid(i)
                     && aidx.is_valid(i)
@@ -260,7 +259,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
     }
 
-    let policy = Policy::load(&plan.job.model, &device, &plan.job.chat)?;
+    let policy = Policy::open(
+        &plan.job.model,
+        plan.job.adapter.as_deref(),
+        &device,
+        &plan.job.chat,
+    )?;
     let cfg = stage::gen_config(
         &policy,
         plan.params,
@@ -309,7 +313,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             if st.is_null(i) {
                 bail!("{}, column `sample_type`: null", loc());
             }
-            if st.value(i) != "answer" {
+            if st.sample_type(i) != Some(SampleType::Answer) {
                 continue;
             }
             if let Some(s) = &plan.job.shard {
@@ -363,17 +367,17 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             // The external verifier gets the ground truth as JSON (as in score); the built-in
             // ones parse it for their kind.
             let (truth, gt_json) = if vs.verifier_cmd.is_some() {
-                let t = gt.value(i);
-                let v = serde_json::from_str(t)
-                    .unwrap_or_else(|_| serde_json::Value::String(t.to_string()));
-                (None, v)
+                (
+                    None,
+                    crate::reward::external::ground_truth_value(gt.value(i)),
+                )
             } else {
                 let t = GroundTruth::parse(kind, gt.value(i))
                     .with_context(|| format!("{}, column `ground_truth`", loc()))?;
                 (Some(t), serde_json::Value::Null)
             };
             let prompt = match &msgs {
-                Some(m) if m.is_valid(i) => crate::reward::stage::last_user_content(m.value(i)),
+                Some(m) if m.is_valid(i) => crate::reward::external::last_user_content(m.value(i)),
                 _ => None,
             };
             let key = (pid.value(i).to_string(), aidx.value(i));

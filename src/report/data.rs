@@ -20,29 +20,13 @@
 use std::collections::{BTreeSet, HashMap};
 
 use anyhow::{bail, Context, Result};
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type, Int64Type};
 use serde::{Deserialize, Serialize};
 
-/// `sample_type` of a row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SampleType {
-    /// Turn 1: `<think>…</think><answer>…</answer>`.
-    Answer,
-    /// Turn 2: `[<analysis>…</analysis>]<confidence>…</confidence>` about one answer.
-    Confidence,
-}
-
-impl SampleType {
-    /// The column value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SampleType::Answer => "answer",
-            SampleType::Confidence => "confidence",
-        }
-    }
-}
+use crate::table::intern::Interner;
+pub use crate::table::SampleType;
+use crate::table::StrCol;
 
 /// What a confidence row without a valid parsed confidence counts as in calibration metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -54,41 +38,6 @@ pub enum MissingConfidence {
     Zero,
     /// Leave the row out of calibration metrics (they then describe parsed confidences only).
     Drop,
-}
-
-/// Strings mapped to dense ids in first-seen order (deterministic for a given file).
-#[derive(Clone, Debug, Default)]
-pub struct Interner {
-    ids: HashMap<String, u32>,
-    names: Vec<String>,
-}
-
-impl Interner {
-    /// The id of `s`, adding it if new.
-    pub fn intern(&mut self, s: &str) -> u32 {
-        if let Some(&id) = self.ids.get(s) {
-            return id;
-        }
-        let id = self.names.len() as u32;
-        self.ids.insert(s.to_string(), id);
-        self.names.push(s.to_string());
-        id
-    }
-    /// The string of an id.
-    pub fn name(&self, id: u32) -> &str {
-        self.names
-            .get(id as usize)
-            .map(String::as_str)
-            .unwrap_or("")
-    }
-    /// Number of distinct strings.
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-    /// No strings yet.
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
 }
 
 /// The columns `report` looks at; all but `sample_type` are optional.
@@ -155,42 +104,36 @@ impl Rows {
     pub fn push_batch(&mut self, batch: &RecordBatch) -> Result<()> {
         let base = self.len();
         let n = batch.num_rows();
-        let col = |name: &str| batch.column_by_name(name).cloned();
+        let col = |name: &str| batch.column_by_name(name);
         let mut note_missing = |name: &str, present: bool| {
             if !present {
                 self.missing_columns.insert(name.to_string());
             }
         };
-        // Text columns stay borrowed from the batch (cast to Utf8 only if stored otherwise).
+        // Text columns stay borrowed from the batch.
         let st = col("sample_type")
             .context("the table has no `sample_type` column (is it a trajectory table?)")?;
-        let st = utf8(&st, "sample_type")?;
-        let st = st.as_string::<i32>();
-        let prompt = col("prompt_id")
-            .map(|a| utf8(&a, "prompt_id"))
-            .transpose()?;
+        let st = text(st, "sample_type")?;
+        let prompt = col("prompt_id").map(|a| text(a, "prompt_id")).transpose()?;
         note_missing("prompt_id", prompt.is_some());
-        let prompt = prompt.as_ref().map(|a| a.as_string::<i32>());
         let aidx = col("answer_idx")
-            .map(|a| ints(&a, "answer_idx"))
+            .map(|a| ints(a, "answer_idx"))
             .transpose()?;
         note_missing("answer_idx", aidx.is_some());
         let source = col("data_source")
-            .map(|a| utf8(&a, "data_source"))
+            .map(|a| text(a, "data_source"))
             .transpose()?;
         note_missing("data_source", source.is_some());
-        let source = source.as_ref().map(|a| a.as_string::<i32>());
         let ids = col("response_ids");
         note_missing("response_ids", ids.is_some());
-        let lens = ids.map(|a| list_lens(&a, "response_ids")).transpose()?;
-        let text = col("response_text")
-            .map(|a| utf8(&a, "response_text"))
+        let lens = ids.map(|a| list_lens(a, "response_ids")).transpose()?;
+        let response = col("response_text")
+            .map(|a| text(a, "response_text"))
             .transpose()?;
-        note_missing("response_text", text.is_some());
-        let text = text.as_ref().map(|a| a.as_string::<i32>());
+        note_missing("response_text", response.is_some());
         let fmt = col("format_ok");
         note_missing("format_ok", fmt.is_some());
-        let fmt = match &fmt {
+        let fmt = match fmt {
             Some(a) => Some(a.as_boolean_opt().with_context(|| {
                 format!("column `format_ok`: expected bool, found {}", a.data_type())
             })?),
@@ -199,7 +142,7 @@ impl Rows {
         let mut floats = |name: &str| -> Result<Option<Vec<Option<f64>>>> {
             let a = col(name);
             note_missing(name, a.is_some());
-            a.map(|a| f64s(&a, name)).transpose()
+            a.map(|a| f64s(a, name)).transpose()
         };
         let acc = floats("acc_reward")?;
         let conf = floats("confidence")?;
@@ -208,15 +151,15 @@ impl Rows {
 
         for i in 0..n {
             let row = base + i;
-            let kind = match str_at(Some(st), i) {
-                Some("answer") => SampleType::Answer,
-                Some("confidence") => SampleType::Confidence,
-                other => bail!(
-                    "row {row}, column `sample_type`: expected 'answer' or 'confidence', found {other:?}"
+            let kind = match st.get(i).map(str::parse::<SampleType>) {
+                Some(Ok(k)) => k,
+                _ => bail!(
+                    "row {row}, column `sample_type`: expected 'answer' or 'confidence', found {:?}",
+                    st.get(i)
                 ),
             };
             self.kind.push(kind);
-            let p = str_at(prompt, i).unwrap_or("");
+            let p = prompt.and_then(|c| c.get(i)).unwrap_or("");
             self.prompt.push(self.prompts.intern(p));
             self.answer_idx.push(
                 aidx.as_ref()
@@ -224,7 +167,7 @@ impl Rows {
                     .map(|x| i32::try_from(x).unwrap_or(-1))
                     .unwrap_or(-1),
             );
-            let s = str_at(source, i).unwrap_or("");
+            let s = source.and_then(|c| c.get(i)).unwrap_or("");
             self.source.push(self.sources.intern(s));
             self.length.push(lens.as_ref().and_then(|v| v[i]));
             self.format_ok
@@ -241,7 +184,7 @@ impl Rows {
             let lenient = match c {
                 Some(c) => Some(c),
                 None if kind == SampleType::Confidence => {
-                    str_at(text, i).and_then(lenient_confidence)
+                    response.and_then(|c| c.get(i)).and_then(lenient_confidence)
                 }
                 None => None,
             };
@@ -325,13 +268,10 @@ pub fn collect_texts(
     Ok(())
 }
 
-/// A string column as owned optional strings (Utf8, LargeUtf8, Utf8View or a dictionary).
+/// A string column as owned optional strings.
 fn strings(a: &ArrayRef, name: &str) -> Result<Vec<Option<String>>> {
-    let a = utf8(a, name)?;
-    let s = a.as_string::<i32>();
-    Ok((0..s.len())
-        .map(|i| s.is_valid(i).then(|| s.value(i).to_string()))
-        .collect())
+    let s = text(a, name)?;
+    Ok((0..s.len()).map(|i| s.get(i).map(str::to_string)).collect())
 }
 
 /// Widen a float32 through its shortest decimal representation: `0.7f32` becomes the f64 `0.7`
@@ -400,21 +340,10 @@ fn ints(a: &ArrayRef, name: &str) -> Result<Vec<Option<i64>>> {
         .collect())
 }
 
-/// Row `i` of an optional text column (`None` when the column is absent or the value null).
-fn str_at(a: Option<&StringArray>, i: usize) -> Option<&str> {
-    a.and_then(|a| a.is_valid(i).then(|| a.value(i)))
-}
-
-/// A text column as a Utf8 array (cast from LargeUtf8, Utf8View or a dictionary of strings).
-fn utf8(a: &ArrayRef, name: &str) -> Result<ArrayRef> {
-    match a.data_type() {
-        DataType::Utf8 => Ok(a.clone()),
-        DataType::LargeUtf8 | DataType::Utf8View | DataType::Dictionary(_, _) => {
-            arrow::compute::cast(a, &DataType::Utf8)
-                .with_context(|| format!("column `{name}`: cannot read {} as text", a.data_type()))
-        }
-        other => bail!("column `{name}`: expected text, found {other}"),
-    }
+/// A text column read in place (Utf8, LargeUtf8, Utf8View or a dictionary of strings).
+fn text<'a>(a: &'a ArrayRef, name: &str) -> Result<StrCol<'a>> {
+    StrCol::of_array(a.as_ref())
+        .with_context(|| format!("column `{name}`: expected text, found {}", a.data_type()))
 }
 
 /// Lengths of the lists of a List or LargeList column (`None` for null rows), from the offsets.

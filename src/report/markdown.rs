@@ -13,6 +13,7 @@ use super::metrics::BinRule;
 use super::plot::fmt_opt;
 use super::probe::ProbeSummary;
 use super::summary::{Metrics, Report, TurnStats};
+use super::training::CallDiagnostics;
 
 /// One example row, resolved to text.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -265,12 +266,59 @@ fn indent(s: &str) -> String {
         .collect()
 }
 
+/// A small or large figure in scientific notation, `–` when absent.
+fn fmt_sci(v: Option<f64>) -> String {
+    match v {
+        Some(0.0) => "0".to_string(),
+        Some(x) if x.is_finite() => format!("{x:.2e}"),
+        Some(x) => format!("{x}"),
+        None => "–".to_string(),
+    }
+}
+
+/// `## Update diagnostics`: one row per `update` call.
+fn update_section(out: &mut String, calls: &[CallDiagnostics]) {
+    let _ = writeln!(out, "## Update diagnostics\n");
+    let _ = writeln!(
+        out,
+        "Per `update` call (one per iteration of a loop): the KL of the policy that sampled the \
+         batch to the reference (k3, over every learnable token), the rollout/trainer mismatch \
+         before the first optimizer step (|Δ| = |response_logprobs − the trainer's log-prob| over \
+         the first update batch's learnable tokens; rounding level, ≤ 1e-4, when sampler and \
+         trainer agree), the mean approximate KL to the behaviour policy and the mean response \
+         lengths over the call's steps.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| call | first step | steps | KL to ref. | max abs Δ logp | mean abs Δ logp | max abs(r − 1) | mean abs(r − 1) | approx. KL | len. answers | len. conf. |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for c in calls {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.call,
+            c.first_step,
+            c.steps,
+            fmt_sci(c.ref_kl),
+            fmt_sci(c.mismatch_logp_max),
+            fmt_sci(c.mismatch_logp_mean),
+            fmt_sci(c.mismatch_ratio_max),
+            fmt_sci(c.mismatch_ratio_mean),
+            fmt_sci(c.approx_kl),
+            fmt_opt(c.response_length, 1),
+            fmt_opt(c.confidence_length, 1)
+        );
+    }
+    out.push('\n');
+}
+
 /// Render `report.md`. `reports` are in iteration order; the detailed sections describe the last.
 pub fn render(
     reports: &[Report],
     examples: Option<&ExampleSet>,
     probe: Option<&ProbeSummary>,
     figs: &FigureFiles,
+    calls: &[CallDiagnostics],
 ) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# rlcr calibration report\n");
@@ -380,17 +428,71 @@ pub fn render(
         out.push('\n');
     }
 
-    if reports.len() > 1 {
-        let _ = writeln!(out, "## Across iterations\n");
+    let held = super::held_in_names(reports);
+    if reports.len() == 1 && !held.is_empty() {
+        let _ = writeln!(out, "## Held-in probe sets\n");
         let _ = writeln!(
             out,
-            "| iteration | input | accuracy | mean conf. | Brier | ECE | AUROC | signal G_a | signal G_c | len. answers | len. conf. |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| set | input | answers | accuracy |\n|---|---|---|---|"
         );
-        for r in reports {
-            let m = &r.overall;
+        for (n, h) in &r.held_in {
             let _ = writeln!(
                 out,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` | {} | {} ± {} |",
+                cell(n),
+                cell(&h.input).replace('`', "'"),
+                h.answers,
+                fmt_opt(h.accuracy, 4),
+                fmt_opt(h.accuracy_se, 4)
+            );
+        }
+        out.push('\n');
+    }
+    // The update calls line up with the inputs when there is one per input (a loop's file).
+    let aligned = !calls.is_empty() && calls.len() == reports.len();
+    if reports.len() > 1 {
+        let _ = writeln!(out, "## Across iterations\n");
+        if !held.is_empty() {
+            let _ = writeln!(
+                out,
+                "`accuracy` is the sampled batch's; `held-in NAME` the same policy's on a fixed \
+                 probe set (the same prompts every iteration).\n"
+            );
+        }
+        let mut head = "| iteration | input | accuracy |".to_string();
+        let mut rule = "|---|---|---|".to_string();
+        for n in &held {
+            head += &format!(" held-in {} |", cell(n));
+            rule += "---|";
+        }
+        head += " mean conf. | Brier | ECE | AUROC | signal G_a | signal G_c | len. answers | len. conf. |";
+        rule += "---|---|---|---|---|---|---|---|";
+        if aligned {
+            head += " KL to ref. | mismatch max |";
+            rule += "---|---|";
+        }
+        let _ = writeln!(out, "{head}\n{rule}");
+        for (k, r) in reports.iter().enumerate() {
+            let m = &r.overall;
+            let mut extra = String::new();
+            for n in &held {
+                extra += &format!(
+                    " {} |",
+                    fmt_opt(r.held_in.get(n).and_then(|h| h.accuracy), 4)
+                );
+            }
+            let tail = if aligned {
+                format!(
+                    " {} | {} |",
+                    fmt_sci(calls[k].ref_kl),
+                    fmt_sci(calls[k].mismatch_logp_max)
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | `{}` | {} |{extra} {} | {} | {} | {} | {} | {} | {} | {} |{tail}",
                 r.iteration,
                 cell(&r.input).replace('`', "'"),
                 fmt_opt(m.accuracy, 4),
@@ -414,6 +516,9 @@ pub fn render(
         let _ = writeln!(out, "## Training curves\n");
         let _ = writeln!(out, "{what}\n");
         let _ = writeln!(out, "![Training curves against the global step]({f})\n");
+    }
+    if !calls.is_empty() {
+        update_section(&mut out, calls);
     }
 
     if let Some(p) = probe {

@@ -42,7 +42,9 @@ pub use data::{MissingConfidence, RowText, Rows, SampleType};
 pub use markdown::{ExampleRow, ExampleSet, FigureFiles};
 pub use metrics::{Bin, BinRule};
 pub use probe::{ProbeRows, ProbeSummary};
-pub use summary::{Examples, Metrics, Options, Report, StandardErrors, TurnSamples, TurnStats};
+pub use summary::{
+    Examples, HeldIn, Metrics, Options, Report, StandardErrors, TurnSamples, TurnStats,
+};
 
 /// Examples of each kind shown in `report.md` by default.
 pub const EXAMPLES_PER_KIND: usize = 3;
@@ -214,12 +216,34 @@ pub fn histogram_figure(samples: &(TurnSamples, TurnSamples)) -> plot::Histogram
     }
 }
 
-/// Metrics against iteration, four panels.
+/// The names of the held-in probe sets of `reports`, in name order.
+pub fn held_in_names(reports: &[Report]) -> Vec<String> {
+    let mut names: Vec<String> = reports
+        .iter()
+        .flat_map(|r| r.held_in.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Metrics against iteration, four panels; the held-in probe sets' accuracies beside the
+/// sampled batch's.
 pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
     let s = |name: &str, f: &dyn Fn(&Metrics) -> Option<f64>| plot::Series {
         name: name.to_string(),
         values: reports.iter().map(|r| f(&r.overall)).collect(),
     };
+    let held_in: Vec<plot::Series> = held_in_names(reports)
+        .into_iter()
+        .map(|n| plot::Series {
+            name: format!("accuracy, held-in {n}"),
+            values: reports
+                .iter()
+                .map(|r| r.held_in.get(&n).and_then(|h| h.accuracy))
+                .collect(),
+        })
+        .collect();
     plot::LineCharts {
         title: "Metrics by iteration".to_string(),
         x_label: "iteration".to_string(),
@@ -230,13 +254,16 @@ pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
                 title: "Accuracy and calibration".into(),
                 y_label: "value".into(),
                 y_range: Some((0.0, 1.0)),
-                series: vec![
+                series: [
                     s("accuracy", &|m| m.accuracy),
                     s("mean confidence", &|m| m.mean_confidence),
                     s("Brier", &|m| m.brier),
                     s("ECE", &|m| m.ece),
                     s("AUROC", &|m| m.auroc),
-                ],
+                ]
+                .into_iter()
+                .chain(held_in)
+                .collect(),
             },
             plot::LinePanel {
                 title: "Format, parse and group signal".into(),
@@ -302,6 +329,10 @@ pub struct MetricsFile<'a> {
     pub reports: Vec<&'a Report>,
     /// Probe summary, when a probe table was given.
     pub probe: Option<&'a ProbeSummary>,
+    /// What each `update` call of `--train-metrics` reported (KL to the reference, rollout/trainer
+    /// mismatch, lengths), in call order.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub update_calls: &'a [training::CallDiagnostics],
 }
 
 /// The rows of `calibration.parquet`: one per (input, bin).
@@ -440,10 +471,12 @@ pub fn write_outputs(
             )?);
         }
     }
+    let calls = training.map(training::per_call).unwrap_or_default();
     let mf = MetricsFile {
         rlcr_version: crate::VERSION,
         reports: reports.iter().collect(),
         probe: probe.map(|p| p.1),
+        update_calls: &calls,
     };
     let json = serde_json::to_string_pretty(&mf).context("serialising metrics.json")?;
     crate::fs::write_atomic(&dir.join("metrics.json"), format!("{json}\n").as_bytes())?;
@@ -452,7 +485,7 @@ pub fn write_outputs(
         crate::fs::write_atomic(&dir.join("comparison.md"), c.as_bytes())?;
         written.push("comparison.md".to_string());
     }
-    let mut md = markdown::render(&reports, examples, probe.map(|p| p.1), &figs);
+    let mut md = markdown::render(&reports, examples, probe.map(|p| p.1), &figs, &calls);
     if let Some(c) = comparison {
         // The comparison first, under the page's title line.
         let at = md.find('\n').map_or(md.len(), |i| i + 1);

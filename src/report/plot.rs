@@ -1288,8 +1288,9 @@ mod tests {
         golden("reliability_anchor.svg", &a);
     }
 
-    /// The training-curves figure of a small run: six panels against the global step, a gap
-    /// where a value is `"nan"`, the skipped step left out.
+    /// The training-curves figure of a small run: eight panels against the global step, a gap
+    /// where a value is `"nan"`, the skipped step left out, the once-per-call figures (KL to the
+    /// reference, rollout/trainer mismatch) as points on the first step of each of three calls.
     #[test]
     fn training_curves_svg_is_golden() {
         let mut lines = String::new();
@@ -1304,7 +1305,8 @@ mod tests {
                 "{{\"step\":{step},\"loss\":{},\"pg_loss\":{},\"kl_loss\":{},\"approx_kl\":{},\
                  \"clip_frac_low\":{},\"clip_frac_high\":{},\"clip_frac_dual\":0,\"entropy\":{},\
                  \"confidence_entropy\":{},\"grad_norm\":{grad},\"lr\":0.001,\"skipped\":false,\
-                 \"stage\":\"update\"}}\n",
+                 \"stage\":\"update\",\"epoch\":0,\"mini_batch\":{},\"response_length\":{},\
+                 \"confidence_length\":{}{}}}\n",
                 1.0 / x,
                 0.9 / x,
                 0.01 * x,
@@ -1313,11 +1315,27 @@ mod tests {
                 0.02 * (x % 4.0),
                 2.0 - 0.05 * x,
                 1.5 - 0.04 * x,
+                (step - 1) % 4,
+                20.0 + x,
+                6.0 + (x % 2.0),
+                if step % 4 == 1 {
+                    format!(
+                        ",\"ref_kl\":{},\"mismatch/logp_max\":{},\"mismatch/logp_mean\":{},\
+                         \"mismatch/ratio_max\":{}",
+                        0.001 * x,
+                        2e-6 * x,
+                        1e-6 * x,
+                        2e-6 * x
+                    )
+                } else {
+                    String::new()
+                },
             );
         }
         lines += "{\"step\":12,\"loss\":\"nan\",\"skipped\":true,\"stage\":\"update\"}\n";
         let c = crate::report::training::parse(&lines, "train_metrics.jsonl").expect("parse");
         assert_eq!((c.steps.len(), c.skipped), (12, 1));
+        assert_eq!(crate::report::training::per_call(&c).len(), 3);
         let fig = crate::report::training::figure(&c);
         let a = to_svg(&fig).expect("svg");
         assert_eq!(a, to_svg(&fig).expect("svg"));
@@ -1326,6 +1344,8 @@ mod tests {
             "Gradient norm",
             "Clip fractions",
             "global optimizer step",
+            "Rollout/trainer mismatch (before the first step)",
+            "Response length",
         ] {
             assert!(a.contains(t), "{t}");
         }

@@ -23,8 +23,9 @@ use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Int64Type};
 use serde::{Deserialize, Serialize};
 
-use super::data::Interner;
 use super::metrics::{self, BinRule};
+use crate::table::intern::Interner;
+use crate::table::StrCol;
 
 /// One probe row.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,11 +94,12 @@ impl ProbeRows {
     pub fn push_batch(&mut self, b: &RecordBatch) -> Result<()> {
         let base = self.rows.len();
         let sid = col(b, "sample_id")?;
-        let sid = arrow::compute::cast(sid, &DataType::Utf8)
-            .context("column `sample_id`: expected text")?;
-        let sid = sid
-            .as_string_opt::<i32>()
-            .context("column `sample_id`: expected text")?;
+        let sid = StrCol::of_array(sid.as_ref()).with_context(|| {
+            format!(
+                "column `sample_id`: expected text, found {}",
+                sid.data_type()
+            )
+        })?;
         let cut_index = as_i64(col(b, "cut_index")?, "cut_index")?;
         let frac = as_f64(col(b, "cut_fraction")?, "cut_fraction")?;
         let n = as_i64(col(b, "num_samples")?, "num_samples")?;
@@ -133,7 +135,7 @@ impl ProbeRows {
                     bail!("probe row {row}: `probe_confidence` {s} ≠ num_correct/num_samples = {k_i}/{n_i}");
                 }
             }
-            let name = if sid.is_valid(i) { sid.value(i) } else { "" };
+            let name = sid.get(i).unwrap_or("");
             let verbal_i = verbal.as_ref().and_then(|v| v[i]).filter(|v| v.is_finite());
             self.rows.push(ProbeRow {
                 rollout: self.rollouts.intern(name),

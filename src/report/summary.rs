@@ -177,6 +177,36 @@ pub struct Report {
     pub per_source_reliability: BTreeMap<String, Vec<Bin>>,
     /// Consistency findings.
     pub diagnostics: Diagnostics,
+    /// Accuracy of the same iteration's policy on fixed probe sets (`report --held-in
+    /// NAME=PATH`: the same prompts every iteration, e.g. greedy and at the loop's temperature),
+    /// by set name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held_in: BTreeMap<String, HeldIn>,
+}
+
+/// Accuracy on a fixed probe set (the mean `acc_reward` of its answer rows).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HeldIn {
+    /// The scored table.
+    pub input: String,
+    /// Answer rows.
+    pub answers: u64,
+    /// Mean `acc_reward` of the answer rows.
+    pub accuracy: Option<f64>,
+    /// Its binomial standard error.
+    pub accuracy_se: Option<f64>,
+}
+
+impl HeldIn {
+    /// The held-in figures of a report of the probe set's own table.
+    pub fn of(r: &Report) -> HeldIn {
+        HeldIn {
+            input: r.input.clone(),
+            answers: r.overall.answers,
+            accuracy: r.overall.accuracy,
+            accuracy_se: r.overall.accuracy_se,
+        }
+    }
 }
 
 /// The calibration pairs `(confidence, label)` of the rows selected by `keep`, and how many were
@@ -447,6 +477,7 @@ pub fn build(input: &str, rows: &Rows, opts: &Options) -> Report {
         reliability: metrics::reliability_bins(&c, &y, opts.bins, opts.ece_rule),
         per_source_reliability,
         diagnostics: diagnostics(rows),
+        held_in: BTreeMap::new(),
     }
 }
 
@@ -860,7 +891,7 @@ mod tests {
             .diagnostics
             .missing_columns
             .contains(&"acc_reward".to_string()));
-        let md = crate::report::markdown::render(&[r], None, None, &Default::default());
+        let md = crate::report::markdown::render(&[r], None, None, &Default::default(), &[]);
         assert!(md.contains("| Brier score | – |"), "{md}");
     }
 

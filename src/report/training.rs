@@ -29,6 +29,66 @@ pub struct TrainingCurves {
     pub series: BTreeMap<String, Vec<Option<f64>>>,
     /// Lines left out as skipped steps.
     pub skipped: usize,
+    /// The call (0-based `update`/`sft` run) of each kept line: a call starts at a line of
+    /// epoch 0, update batch 0 (a loop's file holds one call per iteration).
+    pub calls: Vec<usize>,
+}
+
+/// What one `update` call reported about itself: the figures measured once per call (on its
+/// first step) and the means of the per-step ones.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CallDiagnostics {
+    /// 1-based call number (the loop's iteration when the file holds the whole loop).
+    pub call: usize,
+    /// Global step of the call's first kept line.
+    pub first_step: u64,
+    /// Kept lines (optimizer steps) of the call.
+    pub steps: usize,
+    /// KL of the behaviour policy to the reference (k3), when measured.
+    pub ref_kl: Option<f64>,
+    /// Rollout/trainer mismatch before the first step: max and mean |Δ log-prob|.
+    pub mismatch_logp_max: Option<f64>,
+    pub mismatch_logp_mean: Option<f64>,
+    /// max and mean |exp(Δ) − 1|.
+    pub mismatch_ratio_max: Option<f64>,
+    pub mismatch_ratio_mean: Option<f64>,
+    /// Mean response length of answer and confidence rows over the call's steps.
+    pub response_length: Option<f64>,
+    pub confidence_length: Option<f64>,
+    /// Mean approximate KL to the behaviour policy over the call's steps.
+    pub approx_kl: Option<f64>,
+}
+
+/// The diagnostics of each call of a training file, in order.
+pub fn per_call(c: &TrainingCurves) -> Vec<CallDiagnostics> {
+    let n = c.calls.iter().max().map_or(0, |m| m + 1);
+    let mut out = Vec::new();
+    for k in 0..n {
+        let idx: Vec<usize> = (0..c.steps.len()).filter(|&i| c.calls[i] == k).collect();
+        let Some(&first) = idx.first() else { continue };
+        let col = |key: &str| c.series.get(key);
+        let first_of =
+            |key: &str| -> Option<f64> { col(key).and_then(|v| idx.iter().find_map(|&i| v[i])) };
+        let mean_of = |key: &str| -> Option<f64> {
+            let v = col(key)?;
+            let xs: Vec<f64> = idx.iter().filter_map(|&i| v[i]).collect();
+            (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+        };
+        out.push(CallDiagnostics {
+            call: k + 1,
+            first_step: c.steps[first],
+            steps: idx.len(),
+            ref_kl: first_of("ref_kl"),
+            mismatch_logp_max: first_of("mismatch/logp_max"),
+            mismatch_logp_mean: first_of("mismatch/logp_mean"),
+            mismatch_ratio_max: first_of("mismatch/ratio_max"),
+            mismatch_ratio_mean: first_of("mismatch/ratio_mean"),
+            response_length: mean_of("response_length"),
+            confidence_length: mean_of("confidence_length"),
+            approx_kl: mean_of("approx_kl"),
+        });
+    }
+    out
 }
 
 impl TrainingCurves {
@@ -65,6 +125,7 @@ pub fn parse(text: &str, source: &str) -> Result<TrainingCurves> {
         source: source.to_string(),
         ..Default::default()
     };
+    let mut call: Option<usize> = None;
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -80,6 +141,11 @@ pub fn parse(text: &str, source: &str) -> Result<TrainingCurves> {
                 i + 1
             );
         };
+        let starts_call = o.get("epoch").and_then(Value::as_u64) == Some(0)
+            && o.get("mini_batch").and_then(Value::as_u64) == Some(0);
+        if starts_call || call.is_none() {
+            call = Some(call.map_or(0, |k| k + 1));
+        }
         if let Some(s) = o.get("stage").and_then(Value::as_str) {
             if !c.stages.iter().any(|x| x == s) {
                 c.stages.push(s.to_string());
@@ -103,6 +169,7 @@ pub fn parse(text: &str, source: &str) -> Result<TrainingCurves> {
             col.push(val.filter(|v| v.is_finite()));
         }
         c.steps.push(step);
+        c.calls.push(call.unwrap_or(0));
         for col in c.series.values_mut() {
             col.resize(n + 1, None);
         }
@@ -113,8 +180,10 @@ pub fn parse(text: &str, source: &str) -> Result<TrainingCurves> {
     Ok(c)
 }
 
-/// The training-curves figure: loss, KL, clip fractions, entropy, gradient norm and learning rate
-/// against the global step.
+/// The training-curves figure: loss, KL (to the behaviour policy, the KL loss, and the behaviour
+/// policy's KL to the reference once per call), clip fractions, entropy, gradient norm, learning
+/// rate, the rollout/trainer mismatch (once per call) and the response lengths against the global
+/// step.
 pub fn figure(c: &TrainingCurves) -> plot::StepCharts {
     let s = |name: &str, key: &str| plot::Series {
         name: name.to_string(),
@@ -135,7 +204,7 @@ pub fn figure(c: &TrainingCurves) -> plot::StepCharts {
         title: format!("Training curves{stage}"),
         x_label: "global optimizer step".to_string(),
         steps: c.steps.iter().map(|&s| s as f64).collect(),
-        grid: (2, 3),
+        grid: (3, 3),
         panels: vec![
             panel(
                 "Loss",
@@ -150,6 +219,7 @@ pub fn figure(c: &TrainingCurves) -> plot::StepCharts {
                 vec![
                     s("approx. KL to the behaviour policy", "approx_kl"),
                     s("KL loss (reference)", "kl_loss"),
+                    s("behaviour policy to reference (k3)", "ref_kl"),
                 ],
             ),
             panel(
@@ -178,6 +248,25 @@ pub fn figure(c: &TrainingCurves) -> plot::StepCharts {
                 vec![s("grad norm", "grad_norm")],
             ),
             panel("Learning rate", "lr", None, vec![s("lr", "lr")]),
+            panel(
+                "Rollout/trainer mismatch (before the first step)",
+                "|difference|",
+                None,
+                vec![
+                    s("max |Δ log-prob|", "mismatch/logp_max"),
+                    s("mean |Δ log-prob|", "mismatch/logp_mean"),
+                    s("max |ratio − 1|", "mismatch/ratio_max"),
+                ],
+            ),
+            panel(
+                "Response length",
+                "tokens",
+                None,
+                vec![
+                    s("answers", "response_length"),
+                    s("confidences", "confidence_length"),
+                ],
+            ),
         ],
     }
 }
@@ -209,6 +298,38 @@ mod tests {
             .panels
             .iter()
             .all(|p| p.series.iter().all(|s| s.values.len() == 2)));
+    }
+
+    /// Two calls (epoch 0 / update batch 0 starts each): the first-step figures and the means
+    /// of each call, by hand.
+    #[test]
+    fn diagnostics_per_call() {
+        let text = r#"{"step":1,"epoch":0,"mini_batch":0,"approx_kl":0.0,"response_length":10.0,"ref_kl":0.0,"mismatch/logp_max":2e-6,"mismatch/logp_mean":1e-7,"mismatch/ratio_max":2e-6,"mismatch/ratio_mean":1e-7,"skipped":false}
+{"step":2,"epoch":0,"mini_batch":1,"approx_kl":0.02,"response_length":14.0,"skipped":false}
+{"step":3,"epoch":0,"mini_batch":0,"approx_kl":0.01,"response_length":20.0,"confidence_length":6.0,"ref_kl":0.004,"mismatch/logp_max":3e-6,"mismatch/logp_mean":2e-7,"mismatch/ratio_max":3e-6,"mismatch/ratio_mean":2e-7,"skipped":false}
+{"step":3,"epoch":0,"mini_batch":1,"skipped":true}
+{"step":4,"epoch":1,"mini_batch":0,"approx_kl":0.03,"response_length":22.0,"confidence_length":8.0,"skipped":false}
+"#;
+        let c = parse(text, "m.jsonl").unwrap();
+        assert_eq!(c.calls, vec![0, 0, 1, 1]);
+        let d = per_call(&c);
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].call, d[0].first_step, d[0].steps), (1, 1, 2));
+        assert_eq!(d[0].ref_kl, Some(0.0));
+        assert_eq!(d[0].mismatch_logp_max, Some(2e-6));
+        assert_eq!(d[0].response_length, Some(12.0));
+        assert_eq!(d[0].confidence_length, None);
+        assert_eq!(d[0].approx_kl, Some(0.01));
+        assert_eq!((d[1].call, d[1].first_step, d[1].steps), (2, 3, 2));
+        assert_eq!(d[1].ref_kl, Some(0.004));
+        assert_eq!(d[1].mismatch_ratio_mean, Some(2e-7));
+        assert_eq!(d[1].response_length, Some(21.0));
+        assert_eq!(d[1].confidence_length, Some(7.0));
+        assert!((d[1].approx_kl.unwrap() - 0.02).abs() < 1e-15);
+        // Lines without epoch / update batch (older files): one call.
+        let c = parse(LINES, "m.jsonl").unwrap();
+        assert_eq!(c.calls, vec![0, 0]);
+        assert_eq!(per_call(&c).len(), 1);
     }
 
     #[test]

@@ -16,25 +16,38 @@
 //! - reply, on the child's stdout: `{"id": 17, "correct": true, "extra": {"f1": 0.5}}` where
 //!   `correct` is a boolean or a number (used as the accuracy, e.g. a partial score) and `extra` an
 //!   optional object whose numeric fields become `extra.NAME` reward components (others are
-//!   ignored). Replies may come in any order; they are matched by id. Blank lines are skipped; any
-//!   other line that is not such a reply is an error (print logs to stderr).
+//!   ignored); or `{"id": 17, "error": "why"}`: the verifier could not score that request (its
+//!   reward function raised), which stops rlcr with an error naming that request. Replies may
+//!   come in any order; they are matched by id. Blank lines are skipped; any other line that is
+//!   not such a reply is an error (print logs to stderr).
 //!
-//! The command runs through `sh -c`, so arguments and pipes work. Its stderr passes through to
-//! ours. It runs in a process group of its own, which is killed as a whole on a timeout or an
-//! error, so no grandchild outlives rlcr. Requests are pipelined (at most [`MAX_IN_FLIGHT`] outstanding) by a writer thread; a reader
-//! thread parses replies. The timeout is per request in the sense that matters for a child that
-//! answers in turn: if no reply arrives for `timeout` while requests are outstanding, the child is
-//! killed and the error names the oldest request waited for. If the child exits or closes its
-//! stdout early, the error names the id waited for and the last id answered, with the exit status.
-//! Results are stored by id, so the output never depends on timing.
+//! Values keep the types the table stored: a text column's cell is a JSON string even when its
+//! text would parse as JSON (`"7"` stays `"7"`), and `ground_truth`, whose column holds JSON text
+//! by the trajectory schema (what `prepare` writes: a label stored as text is `"7"` there),
+//! arrives as that JSON value ([`ground_truth_value`]); `extra_info` as its own column reader
+//! gives it (a struct's row, or its JSON text parsed).
+//!
+//! The command runs through `sh -c`, so arguments and pipes work, with the reward adapters'
+//! folder first on its `PATH` and in `$RLCR_REWARDS` ([`super::adapters`]). Its stderr passes
+//! through to ours. It runs in a process group of its own, which is killed as a whole on a
+//! timeout or an error, so no grandchild outlives rlcr. Requests are pipelined (at most
+//! [`MAX_IN_FLIGHT`] outstanding) by a writer thread; a reader thread parses replies. The timeout
+//! is per request in the sense that matters for a child that answers in turn: if no reply arrives
+//! for `timeout` while requests are outstanding, the child is killed and the error names the
+//! oldest request waited for. If the child exits or closes its stdout early without an error
+//! reply, the error names the oldest request left unanswered and the last id answered, with the
+//! exit status. Results are stored by id, so the output never depends on timing.
 use std::collections::HashMap;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use arrow::array::Array;
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::child::{reply_object, shown, FinishError, FromChild, LineChild};
+use crate::table::TRAJECTORY;
 
 /// Most requests outstanding at once.
 pub const MAX_IN_FLIGHT: usize = 256;
@@ -77,8 +90,22 @@ pub struct ExternalVerifier {
     last_answered: Option<u64>,
 }
 
-fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
+/// A reply line: a verdict, or the verifier's error for that request.
+#[derive(Debug, Clone, PartialEq)]
+enum Answered {
+    Verdict(Reply),
+    Failed(String),
+}
+
+fn parse_reply(line: &str) -> std::result::Result<(u64, Answered), String> {
     let (id, obj) = reply_object(line)?;
+    if let Some(e) = obj.get("error") {
+        let msg = match e {
+            serde_json::Value::String(t) => t.clone(),
+            other => other.to_string(),
+        };
+        return Ok((id, Answered::Failed(msg)));
+    }
     let correct = match obj.get("correct") {
         Some(serde_json::Value::Bool(b)) => {
             if *b {
@@ -108,15 +135,43 @@ fn parse_reply(line: &str) -> std::result::Result<(u64, Reply), String> {
         }
         Some(_) => return Err("\"extra\" is not an object".into()),
     }
-    Ok((id, Reply { correct, extra }))
+    Ok((id, Answered::Verdict(Reply { correct, extra })))
 }
+
+/// The verifier's own error for one request (`{"id", "error"}`): the request's position in the
+/// batch lets a caller name its row.
+#[derive(Debug)]
+pub struct RequestFailed {
+    /// Position of the request in the batch given to [`ExternalVerifier::verify`].
+    pub index: usize,
+    pub id: u64,
+    pub sample_id: String,
+    pub cmd: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for RequestFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "external verifier `{}` failed on request id {} (sample_id {}): {}",
+            self.cmd, self.id, self.sample_id, self.message
+        )
+    }
+}
+
+impl std::error::Error for RequestFailed {}
 
 impl ExternalVerifier {
     /// Start `sh -c CMD`.
     pub fn spawn(cmd: &str, timeout: Duration) -> Result<ExternalVerifier> {
         Ok(ExternalVerifier {
             cmd: cmd.to_string(),
-            child: LineChild::spawn(cmd, "external verifier")?,
+            child: LineChild::spawn_with_env(
+                cmd,
+                "external verifier",
+                &super::adapters::command_env(),
+            )?,
             timeout,
             last_answered: None,
         })
@@ -162,7 +217,25 @@ impl ExternalVerifier {
                 FromChild::Eof(e) => FromReader::Eof(e),
             });
             match got {
-                Ok(FromReader::Reply(id, rep)) => {
+                Ok(FromReader::Reply(id, Answered::Failed(message))) => {
+                    self.kill();
+                    let index = pos_of.get(&id).copied();
+                    let Some(index) = index else {
+                        bail!(
+                            "external verifier `{}` reported an error for id {id}, which was not asked: {message}",
+                            self.cmd
+                        );
+                    };
+                    return Err(RequestFailed {
+                        index,
+                        id,
+                        sample_id: requests[index].sample_id.to_string(),
+                        cmd: self.cmd.clone(),
+                        message,
+                    }
+                    .into());
+                }
+                Ok(FromReader::Reply(id, Answered::Verdict(rep))) => {
                     let Some(&i) = pos_of.get(&id) else {
                         self.kill();
                         bail!(
@@ -190,9 +263,10 @@ impl ExternalVerifier {
                         .last_answered
                         .map_or("none".to_string(), |x| x.to_string());
                     bail!(
-                        "external verifier `{}` closed its output ({st}{}) while rlcr waited for request id {} (sample_id {}); last id answered: {last}",
+                        "external verifier `{}` closed its output ({st}{}) with {} request(s) unanswered, the oldest request id {} (sample_id {}); last id answered: {last}",
                         self.cmd,
                         err.map(|e| format!(", read error: {e}")).unwrap_or_default(),
+                        outstanding.len(),
                         requests[first].id,
                         requests[first].sample_id
                     );
@@ -242,7 +316,7 @@ impl ExternalVerifier {
 
 /// A line of the verifier's output, read.
 enum FromReader {
-    Reply(u64, Reply),
+    Reply(u64, Answered),
     Bad(String),
     Eof(Option<String>),
 }
@@ -254,6 +328,56 @@ impl FromReader {
             Err(e) => FromReader::Bad(format!("{e}: {:?}", shown(line))),
         }
     }
+}
+
+/// The columns of a table the requests carry: `extra_info` and every column that is not in the
+/// trajectory schema (columns a user added), in the table's order.
+pub fn request_columns(fields: &arrow::datatypes::Fields) -> Vec<String> {
+    fields
+        .iter()
+        .map(|f| f.name())
+        .filter(|n| *n == "extra_info" || TRAJECTORY.column(n).is_none())
+        .cloned()
+        .collect()
+}
+
+/// The ground truth as requests carry it: the column's JSON text parsed (a label stored as text
+/// is the JSON string `"7"` there and stays a string); text that is not JSON, as a string.
+pub fn ground_truth_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+/// Row `i`'s `extra_info` (null when absent) and its other request columns, by name, with the
+/// types the table stored them in: `extra_info` through its own reader (a struct's row, or its
+/// JSON text parsed), every other cell as its Arrow value in JSON (text stays text, numbers stay
+/// numbers, lists and structs nest). An error names the column.
+pub fn row_columns<'a>(
+    cols: impl IntoIterator<Item = (&'a str, &'a dyn Array)>,
+    i: usize,
+) -> Result<(Value, Map<String, Value>)> {
+    let mut extra_info = Value::Null;
+    let mut columns = Map::new();
+    for (name, a) in cols {
+        if name == "extra_info" {
+            extra_info = crate::table::nested::extra_info_value(a, i)
+                .with_context(|| format!("column `{name}`"))?;
+        } else {
+            let v = crate::table::json::value(a, i).with_context(|| format!("column `{name}`"))?;
+            columns.insert(name.to_string(), v);
+        }
+    }
+    Ok((extra_info, columns))
+}
+
+/// The content of the last user message of a conversation (`messages` as JSON text), for a
+/// request's `prompt`.
+pub fn last_user_content(messages_json: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(messages_json).ok()?;
+    v.as_array()?
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
+        .and_then(|m| m.get("content")?.as_str().map(str::to_string))
 }
 
 #[cfg(test)]
@@ -362,11 +486,17 @@ mod tests {
         assert!(parse_reply(r#"{"correct": true}"#).is_err());
         assert!(parse_reply(r#"{"id": 1, "correct": true, "extra": 3}"#).is_err());
         assert_eq!(
-            parse_reply(r#"{"id": 1, "correct": 0.5}"#)
+            parse_reply(r#"{"id": 1, "correct": 0.5}"#).unwrap().1,
+            Answered::Verdict(Reply {
+                correct: 0.5,
+                extra: vec![]
+            })
+        );
+        assert_eq!(
+            parse_reply(r#"{"id": 1, "error": "ValueError: x"}"#)
                 .unwrap()
-                .1
-                .correct,
-            0.5
+                .1,
+            Answered::Failed("ValueError: x".into())
         );
         let mut v = ExternalVerifier::spawn(
             r#"IFS= read -r line; echo '{"id": 999, "correct": true}'; exec sleep 5"#,
@@ -376,5 +506,46 @@ mod tests {
         let rq = reqs(&serde_json::json!("Paris"), &["a"]);
         let err = format!("{:#}", v.verify(&rq).unwrap_err());
         assert!(err.contains("id 999"), "{err}");
+    }
+
+    /// An error reply names its own request, not the oldest one outstanding, and carries the
+    /// verifier's message.
+    #[test]
+    fn error_reply_names_its_request() {
+        let cmd = format!(
+            r#"while IFS= read -r line; do {ID}; if [ "$id" = 20 ]; then printf '{{"id":%s,"error":"ValueError: cannot parse"}}\n' "$id"; exit 1; fi; done"#
+        );
+        let mut v = ExternalVerifier::spawn(&cmd, Duration::from_secs(20)).unwrap();
+        let rq = reqs(&serde_json::json!("Paris"), &["a", "b", "c", "d"]);
+        let e = v.verify(&rq).unwrap_err();
+        let f = e.downcast_ref::<RequestFailed>().expect("a RequestFailed");
+        assert_eq!((f.index, f.id, f.sample_id.as_str()), (2, 20, "p2/a0"));
+        let err = format!("{e:#}");
+        assert!(err.contains("request id 20 (sample_id p2/a0)"), "{err}");
+        assert!(err.contains("ValueError: cannot parse"), "{err}");
+    }
+
+    /// Request values keep the table's types: text that looks like JSON stays text.
+    #[test]
+    fn request_columns_keep_stored_types() {
+        use arrow::array::{Int64Array, StringArray};
+        let note = StringArray::from(vec![Some("7"), Some("true"), None, Some("[1]")]);
+        let n = Int64Array::from(vec![7, 8, 9, 10]);
+        let ei = StringArray::from(vec![r#"{"answer": "7"}"#, "{}", "null", r#"{"k": [1]}"#]);
+        let cols: Vec<(&str, &dyn Array)> = vec![("note", &note), ("n", &n), ("extra_info", &ei)];
+        let (e0, c0) = row_columns(cols.iter().copied(), 0).unwrap();
+        assert_eq!(e0, serde_json::json!({"answer": "7"}));
+        assert_eq!(c0["note"], serde_json::json!("7"));
+        assert_eq!(c0["n"], serde_json::json!(7));
+        let (_, c1) = row_columns(cols.iter().copied(), 1).unwrap();
+        assert_eq!(c1["note"], serde_json::json!("true"));
+        let (e2, c2) = row_columns(cols.iter().copied(), 2).unwrap();
+        assert_eq!((e2, &c2["note"]), (Value::Null, &Value::Null));
+        let (_, c3) = row_columns(cols.iter().copied(), 3).unwrap();
+        assert_eq!(c3["note"], serde_json::json!("[1]"));
+        // ground truth: the column's JSON text
+        assert_eq!(ground_truth_value(r#""7""#), serde_json::json!("7"));
+        assert_eq!(ground_truth_value("7"), serde_json::json!(7));
+        assert_eq!(ground_truth_value("Paris"), serde_json::json!("Paris"));
     }
 }

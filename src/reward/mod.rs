@@ -14,16 +14,22 @@
 //! - [`rlcr`]: RLCR's `tabc` format family, the turn-2 confidence format, strict and lenient
 //!   confidence parsing, Brier; RLCR's five-term single-completion reward.
 //! - [`structured`]: named per-turn and global components, `mean(turns) + sum(globals)`.
-//! - [`external`]: a verifier child process speaking JSON lines.
+//! - [`external`]: a verifier child process speaking JSON lines, and what its requests carry
+//!   (the table's values with their stored types).
+//! - [`adapters`]: the reward adapters for verl's and TRL's reward functions, compiled in and
+//!   written to a cache folder that the verifier command finds on its `PATH`.
 //! - [`rows`]: one answer row or confidence row scored under the stage's settings (presets,
 //!   gating, components).
 //! - [`text`]: Python-compatible whitespace, stripping and tag search.
 //! - [`stage`]: the `rlcr score` engine: a clap-free [`stage::Plan`] → [`stage::run`] over a
-//!   trajectory table (validate, verify, score, splice the score columns into the copied rows).
+//!   trajectory table (validate, verify, score, splice the score columns into the copied rows);
+//!   its input side (batches, validation, the columns a batch is scored from) and output side
+//!   (the score columns' builders and encoding) are its submodules.
 //!
 //! Design decisions: every parser is total (no input string can panic, each has a property test
 //! on arbitrary strings) and bounded (nesting, length, integer size); defaults (`docs/math.md` §1, §5):
 //! strict confidence, NaN rejected, gating as a flag, response-only extraction.
+pub mod adapters;
 pub mod bigint;
 pub mod countdown;
 pub mod external;

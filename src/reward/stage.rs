@@ -4,15 +4,16 @@
 //! Streaming design. The output has the input's row groups, row for row. Columns the stage does
 //! not compute are copied from the input as encoded Parquet column chunks (no decoding, no
 //! re-compression: token lists and log-probs never reach memory as Arrow arrays); only the
-//! columns the verifiers read are decoded, in batches of [`BATCH_ROWS`] (the repetitive
+//! columns the verifiers read are decoded, in batches of [`input::BATCH_ROWS`] (the repetitive
 //! `sample_type`, `data_source` and `ground_truth` as dictionaries), and only the seven score
 //! columns are encoded. Old score columns are replaced, and the columns the `advantage` stage
 //! derives from rewards (`advantage`, `token_advantages`, `loss_mask`, `returns`,
 //! `trajectory_score`) are dropped, so a re-scored table never carries stale values.
 //!
 //! Confidence rows need their own answer's accuracy. A first pass validates the table with the
-//! one [`Validator`] (reading only the columns its rules need: identities, token lists, spans),
-//! which also links each confidence row to its answer row by `(prompt_id, answer_idx)`,
+//! one [`crate::table::Validator`] (reading only the columns its rules need: identities, token
+//! lists, spans), which also links each confidence row to its answer row by
+//! `(prompt_id, answer_idx)`,
 //! rejecting duplicates and orphans. When every answer comes before its confidences (tables
 //! written by generate-confidence), the scoring pass handles a batch's answers before its
 //! confidences and remembers the accuracies; otherwise a pre-pass verifies all answers first (and
@@ -23,31 +24,24 @@
 //! and encodes the score columns of each finished row group; the calling thread splices them and
 //! copies the other column chunks into the output (1 MiB reads, 4 MiB writes), which is written
 //! atomically with the settings in `rlcr.config` and a summary in `rlcr.score_summary`.
+//!
+//! Files: this one holds the plan, the verifying and scoring of a batch and the pipeline;
+//! [`input`] the reading and validation, [`output`] the score columns' builders and encoding;
+//! what an external verifier's requests carry is [`super::external`]'s.
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::array::{
-    Array, ArrayRef, BooleanArray, Float32Array, Int32Array, ListArray, RecordBatch, StringArray,
-    StringBuilder, StructArray,
-};
-use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, Schema};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-};
-use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowColumnWriter};
-use parquet::arrow::ProjectionMask;
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, Field};
 use parquet::file::metadata::KeyValue;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::reward::external::{ExternalVerifier, Reply, Request};
+use crate::reward::external::{self, ExternalVerifier, Reply, Request, RequestFailed};
 use crate::reward::rlcr;
 use crate::reward::rows::{
     self, AnswerScore, ConfidenceScore, CountdownCompat, GroundTruth, ParentAnswer, Preset,
@@ -56,9 +50,18 @@ use crate::reward::rows::{
 use crate::reward::structured::{ComponentSpec, Value};
 use crate::reward::text::last_answer;
 use crate::reward::{auto_verifier, VerifierKind};
-use crate::table::splice::{self, Part, Source};
-use crate::table::validate::{answer_key, Links};
-use crate::table::{self, Meta, Shard, Validator, TRAJECTORY};
+use crate::table::splice::{self, Part};
+use crate::table::validate::Links;
+use crate::table::{self, Meta, Shard, TRAJECTORY};
+
+mod input;
+mod output;
+
+use input::{
+    column_names, dictionary_hints, kinds_of, str_at, validate, Input, Kind, Needs, RgCols, RowIds,
+    Strs,
+};
+use output::{encode_row_group, score_fields, RowGroupOut, ScoreBuilders, Scored};
 
 /// The columns the stage writes, in the trajectory schema's order.
 pub const SCORE_COLUMNS: [&str; 7] = [
@@ -95,6 +98,10 @@ pub struct Plan {
     /// The resolved configuration, stored as `rlcr.config`.
     pub config: serde_json::Value,
 }
+
+/// Fewest rows a rayon task scores: smaller tasks cost more in scheduling (and in rayon's idle
+/// spinning between them) than they gain in balance.
+const MIN_TASK_ROWS: usize = 1024;
 
 /// Score the table of `plan`; the summary is also stored in the output's metadata.
 pub fn run(plan: &Plan) -> Result<Summary> {
@@ -141,478 +148,7 @@ impl Summary {
 }
 
 // ---------------------------------------------------------------------------------------------
-// input
-
-/// The input row numbers of a batch's rows: errors and the external verifier's request ids
-/// name rows of the whole input table, also when a shard keeps only some of them.
-#[derive(Debug, Clone)]
-enum RowIds {
-    /// Consecutive rows from this one.
-    Run(u64),
-    /// The rows a filter kept.
-    Picked(Vec<u64>),
-}
-
-impl RowIds {
-    #[inline]
-    fn at(&self, i: usize) -> u64 {
-        match self {
-            RowIds::Run(first) => first + i as u64,
-            RowIds::Picked(rows) => rows[i],
-        }
-    }
-}
-
-/// The input parts, how they are decoded, and the optional row filter (`--shard`).
-struct Input<'a> {
-    parts: &'a [Part],
-    /// Per part: the metadata reading [`DICTIONARY_COLUMNS`] as dictionaries.
-    read_metas: Vec<ArrowReaderMetadata>,
-    shard: Option<Shard>,
-}
-
-impl Input<'_> {
-    /// Read `columns` (those present) of row group `rg` of part `pi`, in batches of
-    /// [`BATCH_ROWS`], with their input row numbers. With a shard, every column is read (the
-    /// kept rows' columns are encoded again, not copied) and only the shard's rows are kept.
-    fn batches(
-        &self,
-        pi: usize,
-        rg: usize,
-        columns: &[&str],
-    ) -> Result<impl Iterator<Item = Result<(RecordBatch, RowIds)>> + '_> {
-        let p = &self.parts[pi];
-        let meta = match self.shard {
-            None => &self.read_metas[pi],
-            Some(_) => &p.meta,
-        };
-        let idx: Vec<usize> = meta
-            .schema()
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| self.shard.is_some() || columns.contains(&f.name().as_str()))
-            .map(|(i, _)| i)
-            .collect();
-        // a fresh open file description: `try_clone` would share the file offset with the writer
-        // thread, which copies column chunks from `p.file` at the same time
-        let file =
-            File::open(&p.path).with_context(|| format!("{}: cannot reopen", p.path.display()))?;
-        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone());
-        let mask = ProjectionMask::roots(b.parquet_schema(), idx);
-        let r = b
-            .with_projection(mask)
-            .with_row_groups(vec![rg])
-            .with_batch_size(BATCH_ROWS)
-            .build()
-            .with_context(|| format!("{}: cannot read row group {rg}", p.path.display()))?;
-        let mut first = p.rg_first_row(rg);
-        let shard = self.shard;
-        Ok(r.map(move |b| {
-            let b = b.with_context(|| {
-                format!(
-                    "{}: corrupt or truncated Parquet data in row group {rg}",
-                    p.path.display()
-                )
-            })?;
-            let start = first;
-            first += b.num_rows() as u64;
-            match shard {
-                None => Ok((b, RowIds::Run(start))),
-                Some(sh) => {
-                    let name = p.path.display().to_string();
-                    let keep = sh.selection(&b, &name, start as usize)?;
-                    let rows = (0..b.num_rows())
-                        .filter(|&i| keep.value(i))
-                        .map(|i| start + i as u64)
-                        .collect();
-                    let kept = arrow::compute::filter_record_batch(&b, &keep)?;
-                    Ok((kept, RowIds::Picked(rows)))
-                }
-            }
-        }))
-    }
-}
-
-/// Rows decoded at a time.
-const BATCH_ROWS: usize = 32768;
-
-/// Fewest rows a rayon task scores: smaller tasks cost more in scheduling (and in rayon's idle
-/// spinning between them) than they gain in balance.
-const MIN_TASK_ROWS: usize = 1024;
-
-/// Columns read as Arrow dictionaries: they repeat within a table (one or two sample types, a few
-/// data sources, one ground truth per prompt), so their Parquet dictionary pages are used as they
-/// are instead of materialising a string per row.
-const DICTIONARY_COLUMNS: [&str; 3] = ["sample_type", "data_source", "ground_truth"];
-
-/// Reader metadata asking for [`DICTIONARY_COLUMNS`] as dictionaries (the plain reader when the
-/// hint does not apply).
-fn dictionary_hints(meta: &ArrowReaderMetadata) -> ArrowReaderMetadata {
-    let schema = meta.schema();
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| {
-            let f = f.as_ref().clone();
-            if DICTIONARY_COLUMNS.contains(&f.name().as_str()) && f.data_type() == &DataType::Utf8 {
-                let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
-                f.with_data_type(dt)
-            } else {
-                f
-            }
-        })
-        .collect();
-    let hint = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
-    ArrowReaderMetadata::try_new(
-        meta.metadata().clone(),
-        ArrowReaderOptions::new().with_schema(hint),
-    )
-    .unwrap_or_else(|_| meta.clone())
-}
-
-fn utf8(b: &RecordBatch, file: &Path, name: &str) -> Result<StringArray> {
-    table::cols::utf8(b, &file.display().to_string(), name)
-}
-
-fn int32(b: &RecordBatch, file: &Path, name: &str) -> Result<Int32Array> {
-    table::cols::int32(b, &file.display().to_string(), name)
-}
-
-/// Row access to a utf8 column, plain or dictionary-encoded.
-trait Strs {
-    fn is_null_at(&self, i: usize) -> bool;
-    fn value_at(&self, i: usize) -> &str;
-}
-
-impl Strs for StringArray {
-    fn is_null_at(&self, i: usize) -> bool {
-        self.is_null(i)
-    }
-    fn value_at(&self, i: usize) -> &str {
-        self.value(i)
-    }
-}
-
-/// A utf8 column read either way: a dictionary keeps its keys, so that equal keys can skip a
-/// string comparison.
-enum StrCol {
-    Plain(StringArray),
-    Dict {
-        keys: Int32Array,
-        values: StringArray,
-    },
-}
-
-impl StrCol {
-    fn len(&self) -> usize {
-        match self {
-            StrCol::Plain(a) => a.len(),
-            StrCol::Dict { keys, .. } => keys.len(),
-        }
-    }
-
-    /// The dictionary key of row `i` when the row holds a value (`None` for plain columns and
-    /// null rows). Equal keys of one batch are equal strings, so a cache keyed by them (per batch)
-    /// need not fetch and compare the string.
-    #[inline]
-    fn valid_key(&self, i: usize) -> Option<i32> {
-        match self {
-            StrCol::Plain(_) => None,
-            StrCol::Dict { keys, values } => {
-                if keys.is_null(i) {
-                    return None;
-                }
-                let k = keys.value(i);
-                (!values.is_null(k as usize)).then_some(k)
-            }
-        }
-    }
-}
-
-impl Strs for StrCol {
-    fn is_null_at(&self, i: usize) -> bool {
-        match self {
-            StrCol::Plain(a) => a.is_null(i),
-            StrCol::Dict { keys, values } => {
-                keys.is_null(i) || values.is_null(keys.value(i) as usize)
-            }
-        }
-    }
-    fn value_at(&self, i: usize) -> &str {
-        match self {
-            StrCol::Plain(a) => a.value(i),
-            StrCol::Dict { keys, values } => values.value(keys.value(i) as usize),
-        }
-    }
-}
-
-/// A utf8 column that may have been read as a dictionary.
-fn str_col(b: &RecordBatch, file: &Path, name: &str) -> Result<StrCol> {
-    let c = b.column_by_name(name).ok_or_else(|| {
-        anyhow!(
-            "{}: column `{name}` is missing (is this a trajectory table?)",
-            file.display()
-        )
-    })?;
-    if let DataType::Dictionary(kt, vt) = c.data_type() {
-        let c = if **kt == DataType::Int32 && **vt == DataType::Utf8 {
-            c.clone()
-        } else {
-            let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
-            arrow::compute::cast(c, &dt)?
-        };
-        let d = c
-            .as_any()
-            .downcast_ref::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>()
-            .context("internal: dictionary cast")?;
-        let values = d
-            .values()
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .context("internal: dictionary values")?
-            .clone();
-        return Ok(StrCol::Dict {
-            keys: d.keys().clone(),
-            values,
-        });
-    }
-    Ok(StrCol::Plain(utf8(b, file, name)?))
-}
-
-fn str_at<'a, S: Strs + ?Sized>(
-    a: &'a S,
-    i: usize,
-    file: &Path,
-    name: &str,
-    row: u64,
-) -> Result<&'a str> {
-    if a.is_null_at(i) {
-        bail!("{}, row {row}: column `{name}` is null", file.display());
-    }
-    Ok(a.value_at(i))
-}
-
-/// The kind of every row of a batch (dictionaries: once per distinct value).
-fn kinds_of(st: &StrCol, path: &Path, rows: &RowIds) -> Result<Vec<Kind>> {
-    let n = st.len();
-    let mut kinds = Vec::with_capacity(n);
-    match st {
-        StrCol::Dict { keys, values } if keys.null_count() == 0 && values.null_count() == 0 => {
-            let per_value: Vec<Option<Kind>> = (0..values.len())
-                .map(|v| match values.value(v) {
-                    "answer" => Some(Kind::Answer),
-                    "confidence" => Some(Kind::Confidence),
-                    _ => None,
-                })
-                .collect();
-            for i in 0..n {
-                match per_value[keys.value(i) as usize] {
-                    Some(k) => kinds.push(k),
-                    None => kinds.push(kind_of(st.value_at(i), path, rows.at(i))?),
-                }
-            }
-        }
-        _ => {
-            for i in 0..n {
-                let row = rows.at(i);
-                kinds.push(kind_of(
-                    str_at(st, i, path, "sample_type", row)?,
-                    path,
-                    row,
-                )?);
-            }
-        }
-    }
-    Ok(kinds)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Answer,
-    Confidence,
-}
-
-fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
-    match s {
-        "answer" => Ok(Kind::Answer),
-        "confidence" => Ok(Kind::Confidence),
-        other => bail!(
-            "{}, row {row}, column `sample_type`: {other:?} is neither \"answer\" nor \"confidence\"",
-            file.display()
-        ),
-    }
-}
-
-/// The first pass: the one [`Validator`] over the columns its rules read (types, identities,
-/// list lengths, spans, answer<->confidence links), before anything is scored. Its links tell the
-/// scoring pass whether confidence rows need their answers looked up ahead.
-///
-/// The token lists are not decoded: their row lengths come from the Parquet levels
-/// ([`table::levels`]), which is most of this pass's cost saved on light rows. A list the level
-/// reader does not support is decoded the ordinary way (the whole pass again, decoded).
-fn validate(read: &Path, parts: &[Part]) -> Result<Links> {
-    let _t = crate::trace::span("score: validate");
-    let has = |c: &str| parts[0].meta.schema().field_with_name(c).is_ok();
-    let lists: Vec<&str> = std::iter::once("response_ids")
-        .chain(table::validate::PER_TOKEN)
-        .filter(|c| !STALE_COLUMNS.contains(c) && has(c))
-        .collect();
-    if lists.contains(&"response_ids")
-        && lists.iter().all(|c| table::levels::supported(&parts[0], c))
-    {
-        match validate_with(read, parts, &lists) {
-            Err(e) if e.downcast_ref::<table::levels::Unsupported>().is_some() => {
-                crate::debug!("{e:#}; validating with the lists decoded");
-            }
-            r => return r,
-        }
-    }
-    validate_with(read, parts, &[])
-}
-
-/// [`validate`], with the row lengths of `by_levels` read from their levels (the rest decoded).
-fn validate_with(read: &Path, parts: &[Part], by_levels: &[&str]) -> Result<Links> {
-    let names: Vec<&str> = table::validate::RULE_COLUMNS
-        .into_iter()
-        .filter(|c| !STALE_COLUMNS.contains(c) && !by_levels.contains(c))
-        .collect();
-    let reader = table::Reader::open_columns(read, &names)?
-        .with_dictionaries(&["sample_type", "prompt_id"])
-        .with_views(&["sample_id"]);
-    table::check_schema(&reader.display, &reader.file_schema(), &TRAJECTORY, &[])?;
-    let mut v = Validator::new(&reader.display.clone(), &TRAJECTORY);
-    v.reserve(reader.num_rows());
-    let mut streams: Vec<table::levels::Stream> = by_levels
-        .iter()
-        .map(|c| table::levels::Stream::new(parts, c))
-        .collect();
-    for b in reader {
-        let b = b?;
-        let (first, n) = (v.rows(), b.num_rows());
-        v.check_rows(&b, first)?;
-        if let Some((resp, others)) = streams.split_first_mut() {
-            resp.fill(first, n)?;
-            for s in others.iter_mut() {
-                s.fill(first, n)?;
-            }
-            let others: Vec<table::validate::ListLens> = others
-                .iter()
-                .zip(&by_levels[1..])
-                .map(|(s, name)| {
-                    let (l, nl) = s.get(first, n);
-                    (*name, l, nl)
-                })
-                .collect();
-            v.check_lengths(&b, first, resp.get(first, n), &others)?;
-        }
-        v.check_links(&b)?;
-    }
-    v.finish()
-}
-
-// ---------------------------------------------------------------------------------------------
-// scoring one row group
-
-/// The columns a batch is scored from (the optional ones only when some setting needs them).
-struct RgCols {
-    /// Input row numbers.
-    rows: RowIds,
-    sample_type: StrCol,
-    prompt_id: Option<StringArray>,
-    answer_idx: Option<Int32Array>,
-    sample_id: Option<StringArray>,
-    data_source: StrCol,
-    ground_truth: StrCol,
-    response: StringArray,
-    messages: Option<StringArray>,
-    extra: HashMap<String, ArrayRef>,
-}
-
-/// Which optional columns to read.
-#[derive(Clone, Copy)]
-struct Needs {
-    ids: bool,
-    sample_id: bool,
-    messages: bool,
-}
-
-fn column_names(needs: Needs, spec_cols: &[String]) -> Vec<&str> {
-    let mut names: Vec<&str> = vec![
-        "sample_type",
-        "data_source",
-        "ground_truth",
-        "response_text",
-    ];
-    if needs.ids {
-        names.extend(["prompt_id", "answer_idx"]);
-    }
-    if needs.sample_id {
-        names.push("sample_id");
-    }
-    if needs.messages {
-        names.push("messages");
-    }
-    names.extend(spec_cols.iter().map(String::as_str));
-    names
-}
-
-impl RgCols {
-    fn from_batch(
-        b: &RecordBatch,
-        rows: RowIds,
-        path: &Path,
-        needs: Needs,
-        spec_cols: &[String],
-    ) -> Result<RgCols> {
-        let mut extra = HashMap::new();
-        for c in spec_cols {
-            let a = b.column_by_name(c).ok_or_else(|| {
-                anyhow!(
-                    "{}: column `{c}` (read by the rewards TOML) is missing",
-                    path.display()
-                )
-            })?;
-            extra.insert(c.clone(), a.clone());
-        }
-        Ok(RgCols {
-            rows,
-            sample_type: str_col(b, path, "sample_type")?,
-            prompt_id: if needs.ids {
-                Some(utf8(b, path, "prompt_id")?)
-            } else {
-                None
-            },
-            answer_idx: if needs.ids {
-                Some(int32(b, path, "answer_idx")?)
-            } else {
-                None
-            },
-            sample_id: if needs.sample_id {
-                Some(utf8(b, path, "sample_id")?)
-            } else {
-                None
-            },
-            data_source: str_col(b, path, "data_source")?,
-            ground_truth: str_col(b, path, "ground_truth")?,
-            response: utf8(b, path, "response_text")?,
-            messages: if needs.messages {
-                Some(table::cols::messages(b, &path.display().to_string())?)
-            } else {
-                None
-            },
-            extra,
-        })
-    }
-
-    /// The answer key of row `i` (only when the ids were read).
-    fn key(&self, i: usize) -> Result<u128> {
-        match (&self.prompt_id, &self.answer_idx) {
-            (Some(p), Some(a)) => Ok(answer_key(p.value(i), a.value(i))),
-            _ => bail!("internal: answer ids not read"),
-        }
-    }
-}
+// verifying answer rows
 
 /// A verifier's verdict on one answer row.
 #[derive(Debug, Clone)]
@@ -658,16 +194,6 @@ pub fn chatml_prefix(messages_json: &str) -> Result<String> {
     }
     s.push_str("<|im_start|>assistant\n");
     Ok(s)
-}
-
-/// The content of the last user message, for the external verifier's `prompt`.
-pub fn last_user_content(messages_json: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(messages_json).ok()?;
-    v.as_array()?
-        .iter()
-        .rev()
-        .find(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
-        .and_then(|m| m.get("content")?.as_str().map(str::to_string))
 }
 
 struct Ctx<'a> {
@@ -789,34 +315,8 @@ fn verify_builtin_rows<'b>(
     out.into_iter().collect()
 }
 
-/// The columns of a table the external verifier's requests carry: `extra_info` and every column
-/// that is not in the trajectory schema, in the table's order.
-fn request_columns(fields: &arrow::datatypes::Fields) -> Vec<String> {
-    fields
-        .iter()
-        .map(|f| f.name())
-        .filter(|n| *n == "extra_info" || TRAJECTORY.column(n).is_none())
-        .cloned()
-        .collect()
-}
-
-/// A cell for a request: JSON text columns (`extra_info`, rlcr's nested columns before native
-/// types) parsed, everything else as its JSON value.
-fn request_value(a: &ArrayRef, i: usize) -> Result<serde_json::Value> {
-    use arrow::array::AsArray;
-    if a.is_null(i) {
-        return Ok(serde_json::Value::Null);
-    }
-    match a.data_type() {
-        DataType::Utf8 => {
-            let t = a.as_string::<i32>().value(i);
-            Ok(serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.into())))
-        }
-        _ => table::json::value(a.as_ref(), i),
-    }
-}
-
-/// Verify answer rows with the external verifier; `cols` are the columns its requests carry.
+/// Verify answer rows with the external verifier; `cols` are the columns its requests carry
+/// ([`external::row_columns`]). A request the verifier reports an error for is named by its row.
 fn verify_external_rows<'b>(
     ext: &mut ExternalVerifier,
     ctx: &Ctx<'_>,
@@ -824,69 +324,64 @@ fn verify_external_rows<'b>(
     rows: &[usize],
     cols: &[String],
 ) -> Result<Vec<Verdict<'b>>> {
-    let mut gts: Vec<serde_json::Value> = Vec::with_capacity(rows.len());
-    let mut prompts: Vec<Option<String>> = Vec::with_capacity(rows.len());
+    let at = |row: u64| format!("{}, row {row}", ctx.path.display());
+    let arrays: Vec<(&str, &dyn Array)> = cols
+        .iter()
+        .map(|name| {
+            c.extra
+                .get(name)
+                .map(|a| (name.as_str(), a.as_ref()))
+                .with_context(|| format!("internal: column `{name}` not read"))
+        })
+        .collect::<Result<_>>()?;
+    let sample_ids = c
+        .sample_id
+        .as_ref()
+        .context("internal: sample_id not read")?;
+    // the ground truths and prompts the requests borrow
+    let mut owned: Vec<(serde_json::Value, Option<String>)> = Vec::with_capacity(rows.len());
     for &i in rows {
         let row = c.rows.at(i);
-        let t = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
-        gts.push(
-            serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.to_string())),
-        );
-        prompts.push(match &c.messages {
-            Some(m) if !m.is_null(i) => last_user_content(m.value(i)),
+        let gt = str_at(&c.ground_truth, i, ctx.path, "ground_truth", row)?;
+        let prompt = match &c.messages {
+            Some(m) if !m.is_null(i) => external::last_user_content(m.value(i)),
             _ => None,
-        });
+        };
+        owned.push((external::ground_truth_value(gt), prompt));
     }
     let mut reqs: Vec<Request<'_>> = Vec::with_capacity(rows.len());
-    for (n, &i) in rows.iter().enumerate() {
+    for (&i, (gt, prompt)) in rows.iter().zip(&owned) {
         let row = c.rows.at(i);
         let response = str_at(&c.response, i, ctx.path, "response_text", row)?;
         let messages = match &c.messages {
             Some(m) if !m.is_null(i) => serde_json::from_str(m.value(i)).ok(),
             _ => None,
         };
-        let mut extra_info = serde_json::Value::Null;
-        let mut columns = serde_json::Map::new();
-        for name in cols {
-            let a = c
-                .extra
-                .get(name)
-                .with_context(|| format!("internal: column `{name}` not read"))?;
-            // extra_info through its own reader (a struct's row as it was written).
-            let v = if name == "extra_info" && a.data_type() != &DataType::Utf8 {
-                table::nested::extra_info_value(a.as_ref(), i)
-            } else {
-                request_value(a, i)
-            }
-            .with_context(|| format!("{}, row {row}, column `{name}`", ctx.path.display()))?;
-            if name == "extra_info" {
-                extra_info = v;
-            } else {
-                columns.insert(name.clone(), v);
-            }
-        }
+        let (extra_info, columns) =
+            external::row_columns(arrays.iter().copied(), i).with_context(|| at(row))?;
         reqs.push(Request {
             id: row,
-            sample_id: str_at(
-                c.sample_id
-                    .as_ref()
-                    .context("internal: sample_id not read")?,
-                i,
-                ctx.path,
-                "sample_id",
-                row,
-            )?,
+            sample_id: str_at(sample_ids, i, ctx.path, "sample_id", row)?,
             data_source: str_at(&c.data_source, i, ctx.path, "data_source", row)?,
-            prompt: prompts[n].as_deref(),
+            prompt: prompt.as_deref(),
             response,
             answer: last_answer(response),
-            ground_truth: &gts[n],
+            ground_truth: gt,
             messages: Some(messages.unwrap_or(serde_json::Value::Null)),
             extra_info: Some(extra_info),
             columns: Some(columns),
         });
     }
-    let replies: Vec<Reply> = ext.verify(&reqs)?;
+    let replies: Vec<Reply> = ext.verify(&reqs).map_err(|e| {
+        // the verifier's own error for one request: name its row (the request id is the row)
+        match e.downcast_ref::<RequestFailed>() {
+            Some(f) => {
+                let row = c.rows.at(rows[f.index]);
+                e.context(at(row))
+            }
+            None => e,
+        }
+    })?;
     drop(reqs);
     Ok(rows
         .iter()
@@ -941,18 +436,6 @@ fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
         }
         _ => Ok(scalar(a.as_ref(), i)?.map_or(Value::Missing, Value::Scalar)),
     }
-}
-
-/// One scored row.
-/// One scored row, on its way to the column builders.
-struct Scored<'a> {
-    answer: Option<Cow<'a, str>>,
-    components: rows::Components,
-    acc: f32,
-    reward: f32,
-    confidence: Option<f32>,
-    conf_reward: Option<f32>,
-    format_ok: bool,
 }
 
 /// The reward components of row `i` (columns the rewards TOML reads come from the batch) and
@@ -1023,133 +506,6 @@ fn scored_confidence(
         components,
         reward: reward as f32,
     })
-}
-
-// ---------------------------------------------------------------------------------------------
-// output columns
-
-fn score_fields() -> Result<Vec<Field>> {
-    SCORE_COLUMNS
-        .iter()
-        .map(|n| {
-            TRAJECTORY
-                .column(n)
-                .map(|c| c.field())
-                .ok_or_else(|| anyhow!("internal: {n} missing from the trajectory schema"))
-        })
-        .collect()
-}
-
-/// Builders of the seven score columns of one row group, filled row by row.
-struct ScoreBuilders {
-    answer: StringBuilder,
-    format_ok: Vec<bool>,
-    acc: Vec<f32>,
-    conf: Vec<f32>,
-    conf_valid: Vec<bool>,
-    conf_reward: Vec<f32>,
-    conf_reward_valid: Vec<bool>,
-    reward: Vec<f32>,
-    names: StringBuilder,
-    turns: Vec<i32>,
-    values: Vec<f32>,
-    weights: Vec<f32>,
-    offsets: Vec<i32>,
-}
-
-/// A float column from its values and validity (no null buffer when every value is valid, as
-/// arrow's builders make it).
-fn f32_array(values: Vec<f32>, valid: Vec<bool>) -> Float32Array {
-    let nulls = valid
-        .iter()
-        .any(|v| !v)
-        .then(|| arrow::buffer::NullBuffer::from(valid));
-    Float32Array::new(values.into(), nulls)
-}
-
-impl ScoreBuilders {
-    /// Plain vectors (pushes inline; arrow's builders' appends are calls, a few per score
-    /// column per row), made into arrays once per row group.
-    fn new(rows: usize) -> ScoreBuilders {
-        let comps = rows * 3;
-        let mut offsets = Vec::with_capacity(rows + 1);
-        offsets.push(0);
-        ScoreBuilders {
-            answer: StringBuilder::with_capacity(rows, rows * 16),
-            format_ok: Vec::with_capacity(rows),
-            acc: Vec::with_capacity(rows),
-            conf: Vec::with_capacity(rows),
-            conf_valid: Vec::with_capacity(rows),
-            conf_reward: Vec::with_capacity(rows),
-            conf_reward_valid: Vec::with_capacity(rows),
-            reward: Vec::with_capacity(rows),
-            names: StringBuilder::with_capacity(comps, comps * 10),
-            turns: Vec::with_capacity(comps),
-            values: Vec::with_capacity(comps),
-            weights: Vec::with_capacity(comps),
-            offsets,
-        }
-    }
-
-    fn push(&mut self, r: &Scored<'_>) {
-        self.answer.append_option(r.answer.as_deref());
-        self.format_ok.push(r.format_ok);
-        self.acc.push(r.acc);
-        self.conf.push(r.confidence.unwrap_or(0.0));
-        self.conf_valid.push(r.confidence.is_some());
-        self.conf_reward.push(r.conf_reward.unwrap_or(0.0));
-        self.conf_reward_valid.push(r.conf_reward.is_some());
-        self.reward.push(r.reward);
-        for c in &r.components {
-            self.names.append_value(&c.name);
-            self.turns.push(c.turn);
-            self.values.push(c.value);
-            self.weights.push(c.weight);
-        }
-        let last = self.offsets.last().copied().unwrap_or(0);
-        self.offsets.push(last + r.components.len() as i32);
-    }
-
-    /// The arrays, in [`SCORE_COLUMNS`] order, typed as `fields`.
-    fn finish(mut self, fields: &[Field]) -> Result<Vec<ArrayRef>> {
-        let DataType::List(item) = fields[6].data_type() else {
-            bail!("internal: reward_components is not a list");
-        };
-        let DataType::Struct(sfields) = item.data_type() else {
-            bail!("internal: reward_components items are not structs");
-        };
-        let st = StructArray::try_new(
-            sfields.clone(),
-            vec![
-                Arc::new(self.names.finish()),
-                Arc::new(Int32Array::from(std::mem::take(&mut self.turns))),
-                Arc::new(Float32Array::from(std::mem::take(&mut self.values))),
-                Arc::new(Float32Array::from(std::mem::take(&mut self.weights))),
-            ],
-            None,
-        )?;
-        let comps = ListArray::try_new(
-            item.clone(),
-            OffsetBuffer::new(std::mem::take(&mut self.offsets).into()),
-            Arc::new(st),
-            None,
-        )?;
-        Ok(vec![
-            Arc::new(self.answer.finish()),
-            Arc::new(BooleanArray::from(std::mem::take(&mut self.format_ok))) as ArrayRef,
-            Arc::new(Float32Array::from(std::mem::take(&mut self.acc))),
-            Arc::new(f32_array(
-                std::mem::take(&mut self.conf),
-                std::mem::take(&mut self.conf_valid),
-            )),
-            Arc::new(f32_array(
-                std::mem::take(&mut self.conf_reward),
-                std::mem::take(&mut self.conf_reward_valid),
-            )),
-            Arc::new(Float32Array::from(std::mem::take(&mut self.reward))),
-            Arc::new(comps),
-        ])
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1462,101 +818,6 @@ struct AnswerOut<'a> {
     kind: Option<VerifierKind>,
 }
 
-/// Encode the columns of one output row group on the scoring side (in parallel, so the writer
-/// thread only splices): the score columns' leaves in output order, or, for a row group a filter
-/// thinned (`kept` holds its rows), every leaf.
-fn encode_row_group(
-    enc: &splice::Encoders,
-    fields: &[Field],
-    index: usize,
-    arrays: &[ArrayRef],
-    kept: &[RecordBatch],
-) -> Result<Vec<ArrowColumnChunk>> {
-    let _t = crate::trace::span("score: encode columns");
-    let lay = enc.layout();
-    let filtered = !kept.is_empty();
-    let mut writers: Vec<Option<ArrowColumnWriter>> = if filtered {
-        enc.column_writers(index)?.into_iter().map(Some).collect()
-    } else {
-        // only the new columns' writers, in output order: give them their output leaf indices
-        let mut w = enc.new_column_writers(index)?.into_iter();
-        let mut all: Vec<Option<ArrowColumnWriter>> =
-            (0..lay.descr.num_columns()).map(|_| None).collect();
-        for (k, src) in lay.sources.iter().enumerate() {
-            if let Source::New(_) = src {
-                for &leaf in &lay.output_leaves[k] {
-                    all[leaf] = w.next();
-                }
-            }
-        }
-        all
-    };
-    // (field, array, writers of its leaves) for every column to encode
-    let mut jobs: Vec<(Field, ArrayRef, Vec<ArrowColumnWriter>)> = Vec::new();
-    for (k, src) in lay.sources.iter().enumerate() {
-        let (field, array) = match src {
-            Source::New(j) => (fields[*j].clone(), arrays[*j].clone()),
-            Source::Copy(_) if !filtered => continue,
-            Source::Copy(_) => {
-                let f = lay.arrow.field(k).clone();
-                let parts: Vec<&dyn Array> = kept
-                    .iter()
-                    .map(|b| {
-                        b.column_by_name(f.name())
-                            .map(|c| c.as_ref())
-                            .context("internal: a kept column was not read")
-                    })
-                    .collect::<Result<_>>()?;
-                let a = arrow::compute::concat(&parts)?;
-                (f, a)
-            }
-        };
-        let ws = lay.output_leaves[k]
-            .iter()
-            .map(|&leaf| {
-                writers
-                    .get_mut(leaf)
-                    .and_then(Option::take)
-                    .context("internal: no writer for an output leaf")
-            })
-            .collect::<Result<_>>()?;
-        jobs.push((field, array, ws));
-    }
-    let encoded: Vec<Vec<ArrowColumnChunk>> = jobs
-        .into_par_iter()
-        .map(|(field, array, ws)| -> Result<Vec<ArrowColumnChunk>> {
-            let leaves = compute_leaves(&field, &array)?;
-            if leaves.len() != ws.len() {
-                bail!(
-                    "internal: column `{}` has {} leaves, schema {}",
-                    field.name(),
-                    leaves.len(),
-                    ws.len()
-                );
-            }
-            leaves
-                .iter()
-                .zip(ws)
-                .map(|(leaf, mut w)| {
-                    w.write(leaf)?;
-                    Ok(w.close()?)
-                })
-                .collect()
-        })
-        .collect::<Result<_>>()?;
-    Ok(encoded.into_iter().flatten().collect())
-}
-
-/// What the scoring thread sends the writer for one input row group.
-enum RowGroupOut {
-    /// The row group whole: copy its chunks, splice in these score chunks.
-    Spliced(usize, usize, Vec<ArrowColumnChunk>),
-    /// A thinned row group: every column encoded.
-    Encoded(usize, usize, Vec<ArrowColumnChunk>),
-    /// No row of it is kept.
-    Skipped(usize, usize),
-}
-
 /// Score the table of `plan` into its output (the rows of its shard, if any; their row numbers
 /// in errors count over the whole input); returns the summary.
 fn score(plan: &Plan) -> Result<Summary> {
@@ -1584,7 +845,7 @@ fn score(plan: &Plan) -> Result<Summary> {
         .unwrap_or_default();
     // The external verifier's requests carry `extra_info` and the columns that are not rlcr's.
     let request_cols: Vec<String> = match &plan.external {
-        Some(_) => request_columns(parts[0].meta.schema().fields()),
+        Some(_) => external::request_columns(parts[0].meta.schema().fields()),
         None => vec![],
     };
     for c in &request_cols {
@@ -1767,11 +1028,12 @@ mod tests {
             "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nLet me"
         );
         assert!(chatml_prefix("{}").is_err());
-        assert_eq!(last_user_content(m).as_deref(), Some("U"));
+        assert_eq!(external::last_user_content(m).as_deref(), Some("U"));
     }
 
     #[test]
     fn answer_keys_differ() {
+        use crate::table::validate::answer_key;
         assert_ne!(answer_key("p1", 0), answer_key("p1", 1));
         assert_ne!(answer_key("p1", 0), answer_key("p10", 0));
         assert_eq!(answer_key("p", 3), answer_key("p", 3));

@@ -18,7 +18,7 @@ use super::sampler::{Group, SampleId};
 use super::spans::{confidence_span, context_opens_confidence};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Meta, Reader, Writer, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, SampleType, Writer, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-confidence`'s flags.
 #[derive(Debug, Clone)]
@@ -144,7 +144,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                     bail!("{}, column `{c}`: null", loc());
                 }
             }
-            if st.value(i) != "answer" {
+            if st.sample_type(i) != Some(SampleType::Answer) {
                 bail!(
                     "{}: sample_type is {:?}; the input must hold answer rows only (generate-answers' output)",
                     loc(),
@@ -279,7 +279,7 @@ fn sample_chunk(
             summary.add(gen, span);
             take.push(p.row as u32);
             c.push(
-                "confidence",
+                SampleType::Confidence.as_str(),
                 stage::to_i32(p.answer_idx as usize, "answer_idx")?,
                 Some(stage::to_i32(h, "confidence_idx")?),
                 format!("{}/a{}/c{h}", p.prompt_id, p.answer_idx),

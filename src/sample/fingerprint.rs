@@ -13,46 +13,30 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// Streaming FNV-1a, 64-bit.
-#[derive(Debug, Clone, Copy)]
-pub struct Fnv64(u64);
-
-impl Default for Fnv64 {
-    fn default() -> Self {
-        Fnv64(FNV_OFFSET)
-    }
-}
-
-impl Fnv64 {
-    pub fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= b as u64;
-            self.0 = self.0.wrapping_mul(FNV_PRIME);
-        }
-    }
-
-    pub fn finish(self) -> u64 {
-        self.0
-    }
-}
+use crate::hash::Fnv64;
 
 const CHUNKS: u64 = 64;
 const CHUNK: u64 = 4096;
 
 /// Fingerprint of a model folder (see the module docs).
 pub fn model_fingerprint(dir: &Path) -> Result<String> {
+    fingerprint_with(dir, None)
+}
+
+/// Fingerprint of the model `--model dir --adapter adapter` loads: with an adapter, the base's
+/// fingerprint, then the adapter folder's; so `--model BASE --adapter DIR` and `--model DIR`
+/// (whose recorded base is BASE) give the same value.
+pub fn fingerprint_with(dir: &Path, adapter: Option<&Path>) -> Result<String> {
     use crate::model::lora;
+    let (base, adapter) = lora::resolve(dir, adapter)?;
     let mut h = Fnv64::default();
-    // An adapter folder: the base's fingerprint, then the adapter's config and tensors.
-    let cfg = if lora::is_adapter_dir(dir) {
-        let (base, _) = lora::resolve(dir, None)?;
-        h.update(model_fingerprint(&base)?.as_bytes());
-        dir.join(lora::CONFIG_FILE)
-    } else {
-        dir.join("config.json")
+    // An adapter: the base's fingerprint, then the adapter's config and tensors.
+    let (dir, cfg) = match &adapter {
+        Some(a) => {
+            h.update(model_fingerprint(&base)?.as_bytes());
+            (a.as_path(), a.join(lora::CONFIG_FILE))
+        }
+        None => (base.as_path(), base.join("config.json")),
     };
     let bytes = std::fs::read(&cfg).with_context(|| format!("reading {}", cfg.display()))?;
     h.update(&bytes);
@@ -108,19 +92,6 @@ pub fn model_fingerprint(dir: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fnv_reference_values() {
-        // Published FNV-1a 64 test vectors.
-        let f = |s: &[u8]| {
-            let mut h = Fnv64::default();
-            h.update(s);
-            h.finish()
-        };
-        assert_eq!(f(b""), 0xcbf29ce484222325);
-        assert_eq!(f(b"a"), 0xaf63dc4c8601ec8c);
-        assert_eq!(f(b"foobar"), 0x85944171f73967e8);
-    }
 
     fn write_st(path: &Path, header: &str, data: &[u8]) {
         let mut b = (header.len() as u64).to_le_bytes().to_vec();

@@ -40,6 +40,8 @@ use crate::table::{self, cols, Meta, Reader, Writer, PROMPTS, TRAJECTORY};
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub model: PathBuf,
+    /// A LoRA adapter folder merged into `model` at load.
+    pub adapter: Option<PathBuf>,
     pub input: PathBuf,
     pub out: PathBuf,
     pub num_answers: usize,
@@ -116,7 +118,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     if batches.iter().all(|b| b.num_rows() == 0) {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = Policy::load(&plan.model, &device, &plan.chat)?;
+    let policy = Policy::open(&plan.model, plan.adapter.as_deref(), &device, &plan.chat)?;
     let cfg = stage::gen_config(
         &policy,
         plan.params,

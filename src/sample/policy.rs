@@ -43,10 +43,30 @@ impl Policy {
     /// Load the model folder `dir` on `device`, render its prompts as `chat` says, and
     /// fingerprint it.
     pub fn load(dir: &Path, device: &Device, chat: &ChatOptions) -> Result<Self> {
-        let mut model = Model::load(dir, device)
-            .with_context(|| format!("loading the model {}", dir.display()))?;
+        Self::open(dir, None, device, chat)
+    }
+
+    /// [`Policy::load`] with a LoRA `adapter` folder merged into the base folder `dir` (`None`:
+    /// `dir` alone, which may itself be an adapter folder).
+    pub fn open(
+        dir: &Path,
+        adapter: Option<&Path>,
+        device: &Device,
+        chat: &ChatOptions,
+    ) -> Result<Self> {
+        let mut model =
+            Model::open(dir, adapter, device, model::AdapterUse::Merge).with_context(|| {
+                match adapter {
+                    Some(a) => format!(
+                        "loading the model {} with the adapter {}",
+                        dir.display(),
+                        a.display()
+                    ),
+                    None => format!("loading the model {}", dir.display()),
+                }
+            })?;
         model.set_chat_options(chat)?;
-        let fingerprint = super::fingerprint::model_fingerprint(dir)?;
+        let fingerprint = super::fingerprint::fingerprint_with(dir, adapter)?;
         Ok(Policy {
             model,
             fingerprint,

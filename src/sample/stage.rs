@@ -70,6 +70,8 @@ pub fn gen_config(
 pub struct ModelJob {
     /// The model folder.
     pub model: std::path::PathBuf,
+    /// A LoRA adapter folder merged into `model` at load.
+    pub adapter: Option<std::path::PathBuf>,
     /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
     pub device: crate::model::DeviceSpec,
     pub input: std::path::PathBuf,
@@ -107,7 +109,7 @@ impl SamplingPlan {
         stage_name: &str,
     ) -> Result<(Policy, GenConfig, serde_json::Value)> {
         let (model, seed) = (&job.model, job.seed);
-        let policy = Policy::load(model, device, &job.chat)?;
+        let policy = Policy::open(model, job.adapter.as_deref(), device, &job.chat)?;
         let cfg = gen_config(
             &policy,
             self.params,
@@ -375,6 +377,7 @@ pub fn sampling_meta(
     let chat = policy.chat.meta();
     serde_json::json!({
         "model": model_dir.display().to_string(),
+        "adapter": policy.model.adapter.as_ref().and_then(|a| a.dir.as_ref()).map(|d| d.display().to_string()),
         "model_fingerprint": policy.fingerprint,
         "chat_template": chat["chat_template"],
         "chat_template_kwargs": chat["chat_template_kwargs"],

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, BooleanBuilder, Float32Array, Int32Array, ListArray,
-    RecordBatch, StringArray, StructArray,
+    Array, ArrayRef, BooleanArray, BooleanBuilder, DictionaryArray, Float32Array, Int32Array,
+    LargeStringArray, ListArray, RecordBatch, StringArray, StringViewArray, StructArray,
 };
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Int32Type, Schema};
 
 use super::schema::{span_fields, TableSpec};
 
@@ -37,12 +37,228 @@ macro_rules! getter {
     };
 }
 
-getter!(str_col, StringArray, "utf8");
 getter!(i32_col, Int32Array, "int32");
 getter!(f32_col, Float32Array, "float32");
 getter!(bool_col, BooleanArray, "bool");
 getter!(list_col, ListArray, "a list");
 getter!(struct_col, StructArray, "a struct");
+
+/// A utf8 column as it was read, without copying or casting: plain (`Utf8`, `LargeUtf8`), string
+/// views (`Utf8View`: [`super::Reader::with_views`]) or a dictionary of strings with int32 keys
+/// ([`super::Reader::with_dictionaries`]). The one way every stage reads text columns: rows by
+/// index ([`StrCol::get`], [`StrCol::value`]), and for dictionaries the keys, so that a value is
+/// looked at once per distinct key ([`StrCol::per_value`]) or only when the key changes.
+#[derive(Clone, Copy)]
+pub struct StrCol<'a> {
+    repr: StrRepr<'a>,
+}
+
+/// The forms, with the offsets and bytes of the plain and dictionary ones taken once (the
+/// validator reads every row of every table through [`StrCol::bytes`]).
+#[derive(Clone, Copy)]
+enum StrRepr<'a> {
+    Plain(&'a StringArray, Utf8Bytes<'a>),
+    Large(&'a LargeStringArray),
+    Views(&'a StringViewArray),
+    Dict {
+        keys: &'a Int32Array,
+        values: &'a StringArray,
+        bytes: Utf8Bytes<'a>,
+    },
+}
+
+/// A `StringArray`'s offsets and value bytes.
+#[derive(Clone, Copy)]
+struct Utf8Bytes<'a> {
+    offsets: &'a [i32],
+    data: &'a [u8],
+}
+
+impl<'a> Utf8Bytes<'a> {
+    fn of(a: &'a StringArray) -> Self {
+        Utf8Bytes {
+            offsets: a.value_offsets(),
+            data: a.value_data(),
+        }
+    }
+    #[inline]
+    fn at(&self, j: usize) -> &'a [u8] {
+        &self.data[self.offsets[j] as usize..self.offsets[j + 1] as usize]
+    }
+}
+
+/// Column `name` of `b` as text; errors name the table and the column.
+pub fn str_col<'a>(b: &'a RecordBatch, table: &str, name: &str) -> Result<StrCol<'a>> {
+    let c = column(b, table, name)?;
+    StrCol::of_array(c.as_ref()).ok_or_else(|| {
+        anyhow!(
+            "{table}: column `{name}` has type {}, expected utf8",
+            c.data_type()
+        )
+    })
+}
+
+impl<'a> StrCol<'a> {
+    /// Column `name` of `b` when it is there and holds text (no error built when not: the row
+    /// rules ask for columns a table may not have, on every batch).
+    pub fn try_of(b: &'a RecordBatch, name: &str) -> Option<Self> {
+        Self::of_array(b.column_by_name(name)?.as_ref())
+    }
+
+    /// An array of text, or `None` for any other type.
+    pub fn of_array(a: &'a dyn Array) -> Option<Self> {
+        let any = a.as_any();
+        let repr = if let Some(a) = any.downcast_ref::<StringArray>() {
+            StrRepr::Plain(a, Utf8Bytes::of(a))
+        } else if let Some(a) = any.downcast_ref::<LargeStringArray>() {
+            StrRepr::Large(a)
+        } else if let Some(a) = any.downcast_ref::<StringViewArray>() {
+            StrRepr::Views(a)
+        } else {
+            let d = any.downcast_ref::<DictionaryArray<Int32Type>>()?;
+            let values = d.values().as_any().downcast_ref::<StringArray>()?;
+            StrRepr::Dict {
+                keys: d.keys(),
+                values,
+                bytes: Utf8Bytes::of(values),
+            }
+        };
+        Some(StrCol { repr })
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        match self.repr {
+            StrRepr::Plain(a, _) => a.len(),
+            StrRepr::Large(a) => a.len(),
+            StrRepr::Views(a) => a.len(),
+            StrRepr::Dict { keys, .. } => keys.len(),
+        }
+    }
+
+    /// No rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether row `i` is null (for a dictionary: its key, or the value it points at).
+    #[inline]
+    pub fn is_null(&self, i: usize) -> bool {
+        match self.repr {
+            StrRepr::Plain(a, _) => a.is_null(i),
+            StrRepr::Large(a) => a.is_null(i),
+            StrRepr::Views(a) => a.is_null(i),
+            StrRepr::Dict { keys, values, .. } => {
+                keys.is_null(i) || values.is_null(keys.values()[i] as usize)
+            }
+        }
+    }
+
+    /// Whether row `i` holds a value.
+    #[inline]
+    pub fn is_valid(&self, i: usize) -> bool {
+        !self.is_null(i)
+    }
+
+    /// Row `i`'s sample type, `None` when null or another value (which the validator refuses).
+    #[inline]
+    pub fn sample_type(&self, i: usize) -> Option<super::schema::SampleType> {
+        if self.is_null(i) {
+            return None;
+        }
+        super::schema::SampleType::from_bytes(self.bytes(i))
+    }
+
+    /// Row `i`'s text, whatever its validity (ask [`StrCol::is_null`] first, or use
+    /// [`StrCol::get`]).
+    #[inline]
+    pub fn value(&self, i: usize) -> &'a str {
+        match self.repr {
+            StrRepr::Plain(a, _) => a.value(i),
+            StrRepr::Large(a) => a.value(i),
+            StrRepr::Views(a) => a.value(i),
+            StrRepr::Dict { keys, values, .. } => values.value(keys.values()[i] as usize),
+        }
+    }
+
+    /// Row `i`'s text, `None` when null.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<&'a str> {
+        (!self.is_null(i)).then(|| self.value(i))
+    }
+
+    /// Row `i`'s bytes without arrow's per-call checks for the plain and dictionary forms (the
+    /// row rules look at every row of every table).
+    #[inline]
+    pub fn bytes(&self, i: usize) -> &'a [u8] {
+        match self.repr {
+            StrRepr::Plain(_, b) => b.at(i),
+            StrRepr::Dict { keys, bytes, .. } => bytes.at(keys.values()[i] as usize),
+            StrRepr::Large(a) => a.value(i).as_bytes(),
+            StrRepr::Views(a) => a.value(i).as_bytes(),
+        }
+    }
+
+    /// The string views, when the column was read as views (their inline prefix can be used as
+    /// it is: the validator's identity digests).
+    pub fn views(&self) -> Option<&'a StringViewArray> {
+        match self.repr {
+            StrRepr::Views(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The dictionary key of row `i` when the row holds a value (`None` for the other forms and
+    /// null rows). Within a batch, equal keys are equal values.
+    #[inline]
+    pub fn key(&self, i: usize) -> Option<i32> {
+        match self.repr {
+            StrRepr::Dict { keys, values, .. } => {
+                let k = keys.values()[i];
+                (keys.is_valid(i) && values.is_valid(k as usize)).then_some(k)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether row `i` (> 0) holds what row `i - 1` holds, when that is cheaper to tell than
+    /// comparing the strings (equal dictionary keys); `false` means "compare them".
+    #[inline]
+    pub fn same_key_as_previous(&self, i: usize) -> bool {
+        match self.repr {
+            StrRepr::Dict { keys, .. } => keys.values()[i] == keys.values()[i - 1],
+            _ => false,
+        }
+    }
+
+    /// `f` of each dictionary value, indexed by key (`None` for a null value); empty for the
+    /// other forms.
+    pub fn per_value<T>(&self, f: impl Fn(Option<&'a str>) -> T) -> Vec<T> {
+        match self.repr {
+            StrRepr::Dict { values, .. } => (0..values.len())
+                .map(|v| f(values.is_valid(v).then(|| values.value(v))))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Per row of the first `n`, `f` of its bytes: once per distinct value of a dictionary, once
+    /// per row otherwise (a key out of range, only under a null row, gives `f(b"")`).
+    pub fn map_values<T: Copy>(&self, n: usize, f: impl Fn(&[u8]) -> T) -> Vec<T> {
+        match self.repr {
+            StrRepr::Dict { keys, bytes, .. } => {
+                let per: Vec<T> = (0..bytes.offsets.len().saturating_sub(1))
+                    .map(|j| f(bytes.at(j)))
+                    .collect();
+                keys.values()[..n]
+                    .iter()
+                    .map(|&j| per.get(j as usize).copied().unwrap_or_else(|| f(b"")))
+                    .collect()
+            }
+            _ => (0..n).map(|i| f(self.bytes(i))).collect(),
+        }
+    }
+}
 
 /// The `messages` column as JSON text per row, whether the table holds it natively
 /// (`list<struct<role, content>>`) or as text ([`super::nested::messages_text`]).
@@ -481,6 +697,73 @@ mod tests {
             err.contains("t.parquet") && err.contains("`prompt_id`"),
             "{err}"
         );
+    }
+
+    /// One text column in each of Arrow's forms reads the same through [`StrCol`]: values, nulls
+    /// (a dictionary's null key and null value), bytes; keys and per-value results for the
+    /// dictionary only; another type is an error naming the table and the column.
+    #[test]
+    fn str_col_reads_every_form_alike() {
+        use arrow::array::{LargeStringArray, StringViewArray};
+        let vals = vec![
+            Some("answer"),
+            None,
+            Some("a-string-longer-than-twelve"),
+            Some("answer"),
+        ];
+        let dict = DictionaryArray::<Int32Type>::new(
+            Int32Array::from(vec![Some(0), Some(1), Some(2), Some(0)]),
+            Arc::new(StringArray::from(vec![
+                Some("answer"),
+                None,
+                Some("a-string-longer-than-twelve"),
+            ])),
+        );
+        let forms: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(vals.clone())),
+            Arc::new(LargeStringArray::from(vals.clone())),
+            Arc::new(StringViewArray::from(vals.clone())),
+            Arc::new(dict),
+        ];
+        for (k, a) in forms.iter().enumerate() {
+            let c = StrCol::of_array(a.as_ref()).unwrap();
+            assert_eq!(c.len(), 4);
+            let got: Vec<Option<&str>> = (0..4).map(|i| c.get(i)).collect();
+            assert_eq!(got, vals, "form {k}");
+            assert_eq!(c.bytes(2), b"a-string-longer-than-twelve");
+            assert_eq!(
+                c.sample_type(0),
+                Some(crate::table::SampleType::Answer),
+                "form {k}"
+            );
+            assert_eq!(c.sample_type(1), None);
+            assert_eq!(c.views().is_some(), k == 2);
+            let lens = c.map_values(4, |b| b.len());
+            assert_eq!(lens[0], 6);
+            if k == 3 {
+                assert_eq!((c.key(0), c.key(1), c.key(3)), (Some(0), None, Some(0)));
+                assert!(c.same_key_as_previous(3) == (c.key(3) == c.key(2)));
+                assert_eq!(
+                    c.per_value(|v| v.map(str::len)),
+                    vec![Some(6), None, Some(27)]
+                );
+            } else {
+                assert_eq!(c.key(0), None);
+                assert!(c.per_value(|v| v.is_some()).is_empty());
+            }
+        }
+        let b = RecordBatch::try_from_iter(vec![(
+            "prompt_id",
+            Arc::new(Int32Array::from(vec![1])) as ArrayRef,
+        )])
+        .unwrap();
+        let e = str_col(&b, "t.parquet", "prompt_id").err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "t.parquet: column `prompt_id` has type Int32, expected utf8"
+        );
+        assert!(StrCol::try_of(&b, "prompt_id").is_none());
+        assert!(StrCol::try_of(&b, "absent").is_none());
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Parquet reading and writing: streaming record batches, file metadata, atomic output.
 //!
 //! Reading normalises what other tools write (polars: `LargeList`, `LargeUtf8`; DuckDB/pyarrow:
-//! `Utf8View`, dictionaries) into the plain types rlcr's code expects, so stages never see them. An
-//! input may be a file or a folder of part files (`*.parquet`, read in name order).
+//! `Utf8View`, dictionaries) into the plain types rlcr's code expects, so stages never see them,
+//! and reads the columns of the table's schema that pandas, polars and pyarrow store wider
+//! (`int64`, `double`, `list<int64>`, spans of `int64`) in the schema's types where the values fit
+//! ([`super::coerce`]). An input may be a file or a folder of part files (`*.parquet`, read in
+//! name order).
 //!
 //! Writing is atomic, through [`crate::fs::AtomicFile`]: a stage that fails, panics or is killed
 //! leaves the previous output intact.
@@ -106,6 +109,12 @@ pub struct Reader {
     current: Option<ParquetRecordBatchReader>,
     schema: SchemaRef,
     file_schema: SchemaRef,
+    /// The normalised schema of the file before any conversion to the table's types.
+    written_schema: SchemaRef,
+    /// The schema whose columns are read in its types ([`super::coerce`]); `None`: as written.
+    spec: Option<&'static TableSpec>,
+    /// Rows yielded so far (the row numbers of conversion errors).
+    rows_read: usize,
     metadata: BTreeMap<String, String>,
     num_rows: usize,
     columns: Option<Vec<String>>,
@@ -158,13 +167,48 @@ impl Reader {
                 }
             }
         }
-        let Some((file_schema, metadata)) = first else {
+        let Some((written_schema, metadata)) = first else {
             bail!("{}: no Parquet files found", path.display());
         };
-        let schema = match &columns {
-            None => file_schema.clone(),
+        let spec = table_spec_of(&metadata);
+        let mut r = Reader {
+            files,
+            next_file: 0,
+            current: None,
+            schema: written_schema.clone(),
+            file_schema: written_schema.clone(),
+            written_schema,
+            spec: Some(spec),
+            rows_read: 0,
+            metadata,
+            num_rows,
+            columns,
+            dictionaries: Vec::new(),
+            views: Vec::new(),
+            display: path.display().to_string(),
+        };
+        r.derive_schemas();
+        Ok(r)
+    }
+
+    /// Read the columns as the file stores them (normalised layouts, no conversion to the table's
+    /// types): for files that are not rlcr tables (`prepare`'s datasets) and for `inspect`.
+    pub fn as_written(mut self) -> Self {
+        self.spec = None;
+        self.derive_schemas();
+        self
+    }
+
+    /// `file_schema` and `schema` from the written schema, the conversions and the projection.
+    fn derive_schemas(&mut self) {
+        self.file_schema = match self.spec {
+            Some(spec) => Arc::new(super::coerce::read_schema(&self.written_schema, spec)),
+            None => self.written_schema.clone(),
+        };
+        self.schema = match &self.columns {
+            None => self.file_schema.clone(),
             Some(cols) => Arc::new(Schema::new(
-                file_schema
+                self.file_schema
                     .fields()
                     .iter()
                     .filter(|f| cols.iter().any(|c| c == f.name()))
@@ -172,19 +216,6 @@ impl Reader {
                     .collect::<Vec<Field>>(),
             )),
         };
-        Ok(Reader {
-            files,
-            next_file: 0,
-            current: None,
-            schema,
-            file_schema,
-            metadata,
-            num_rows,
-            columns,
-            dictionaries: Vec::new(),
-            views: Vec::new(),
-            display: path.display().to_string(),
-        })
     }
 
     /// Read the utf8 columns `names` as `Dictionary(Int32, Utf8)` and keep them so (not
@@ -231,10 +262,7 @@ impl Reader {
     /// The table kind the file records in its `rlcr.schema` metadata; the trajectory table when
     /// it records none (or one this version does not know).
     pub fn table_spec(&self) -> &'static crate::table::schema::TableSpec {
-        self.metadata
-            .get("rlcr.schema")
-            .and_then(|s| crate::table::schema::by_name(s))
-            .unwrap_or(&crate::table::schema::TRAJECTORY)
+        table_spec_of(&self.metadata)
     }
 
     /// Total rows over all part files.
@@ -327,7 +355,17 @@ impl Iterator for Reader {
         loop {
             if let Some(r) = &mut self.current {
                 match r.next() {
-                    Some(Ok(b)) => return Some(normalize_batch(&b, |name| self.kept(name))),
+                    Some(Ok(b)) => {
+                        let first = self.rows_read;
+                        self.rows_read += b.num_rows();
+                        let b = normalize_batch(&b, |name| self.kept(name));
+                        return Some(match self.spec {
+                            Some(spec) => b.and_then(|b| {
+                                super::coerce::coerce_batch(&b, spec, &self.display, first)
+                            }),
+                            None => b,
+                        });
+                    }
                     Some(Err(e)) => {
                         let f = self
                             .files
@@ -347,6 +385,29 @@ impl Iterator for Reader {
             }
         }
     }
+}
+
+/// The table kind a file's metadata records (`rlcr.schema`); the trajectory table when it records
+/// none (a table written by another tool) or one this version does not know.
+fn table_spec_of(metadata: &BTreeMap<String, String>) -> &'static TableSpec {
+    metadata
+        .get("rlcr.schema")
+        .and_then(|s| crate::table::schema::by_name(s))
+        .unwrap_or(&crate::table::schema::TRAJECTORY)
+}
+
+/// A batch a stage decoded from a Parquet file itself (the row-preserving stages read row groups
+/// directly), in the types a [`Reader`] yields: layouts normalised (dictionaries and string views
+/// the stage asked for kept) and the columns of `spec` converted to its types
+/// ([`super::coerce`]); its first row is row `first_row` of the table `file`.
+pub fn as_read(
+    b: &RecordBatch,
+    spec: &TableSpec,
+    file: &str,
+    first_row: usize,
+) -> Result<RecordBatch> {
+    let b = normalize_batch(b, |_| true)?;
+    super::coerce::coerce_batch(&b, spec, file, first_row)
 }
 
 /// The files behind an input path: the file itself, or a folder's `*.parquet` in name order.
@@ -488,8 +549,13 @@ fn normalized_schema(s: &SchemaRef) -> SchemaRef {
 /// string views of the columns `keep` names.
 fn normalize_batch(b: &RecordBatch, keep: impl Fn(&str) -> bool) -> Result<RecordBatch> {
     let schema = b.schema();
+    // the two forms a stage may ask for and [`super::cols::StrCol`] reads as they are
+    let kept_form = |t: &DataType| match t {
+        DataType::Dictionary(k, v) => **k == DataType::Int32 && **v == DataType::Utf8,
+        t => *t == DataType::Utf8View,
+    };
     let want = |f: &Field| match f.data_type() {
-        DataType::Dictionary(..) | DataType::Utf8View if keep(f.name()) => f.data_type().clone(),
+        t if kept_form(t) && keep(f.name()) => t.clone(),
         t => normalized_type(t),
     };
     if schema.fields().iter().all(|f| want(f) == *f.data_type()) {
@@ -837,6 +903,62 @@ mod tests {
         let want = r.schema();
         let got = r.read_all().unwrap();
         assert_eq!(got[0].column(0).data_type(), want.field(0).data_type());
+    }
+
+    /// A table from another tool (no rlcr metadata: read as a trajectory table) with an int64
+    /// `answer_idx`: read as int32, its schema too, unless asked as written; a value beyond int32
+    /// in a later batch names the file and its row counted over the whole table.
+    #[test]
+    fn wide_integers_read_as_the_schema_type() {
+        use arrow::array::Int64Array;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("w.parquet");
+        let n = READ_BATCH_ROWS + 100;
+        let write = |vals: Vec<i64>| {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("answer_idx", DataType::Int64, true),
+                Field::new("mine", DataType::Int64, true),
+            ]));
+            let b = RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(vals.clone())),
+                    Arc::new(Int64Array::from(vals)),
+                ],
+            )
+            .unwrap();
+            let mut w = ArrowWriter::try_new(File::create(&p).unwrap(), schema, None).unwrap();
+            w.write(&b).unwrap();
+            w.close().unwrap();
+        };
+        write((0..n as i64).collect());
+        let r = Reader::open(&p).unwrap();
+        assert_eq!(r.schema().field(0).data_type(), &DataType::Int32);
+        assert_eq!(r.file_schema().field(1).data_type(), &DataType::Int64);
+        let got = r.read_all().unwrap();
+        assert_eq!(got[0].column(0).data_type(), &DataType::Int32);
+        assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), n);
+        let r = Reader::open(&p).unwrap().as_written();
+        assert_eq!(r.schema().field(0).data_type(), &DataType::Int64);
+        assert_eq!(
+            r.read_all().unwrap()[0].column(0).data_type(),
+            &DataType::Int64
+        );
+
+        let mut vals: Vec<i64> = (0..n as i64).collect();
+        vals[READ_BATCH_ROWS + 7] = 1 << 33;
+        write(vals);
+        let e = Reader::open(&p).unwrap().read_all().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}, row {}, column `answer_idx`: value 8589934592 does not fit int32",
+                p.display(),
+                READ_BATCH_ROWS + 7
+            )
+        );
+        // as written: the value is there to read
+        Reader::open(&p).unwrap().as_written().read_all().unwrap();
     }
 
     /// pyarrow, polars and DuckDB name a list's item `element` (Parquet's compliant layout); the

@@ -1,10 +1,11 @@
-//! Arrow values as JSON (for reading foreign datasets whose cells are nested: verl's
-//! `reward_model.ground_truth`, `extra_info`, `prompt` lists).
+//! Arrow values as JSON: the one converter (foreign datasets whose cells are nested: verl's
+//! `reward_model.ground_truth`, `extra_info`, `prompt` lists; the cells of the external
+//! verifier's requests). Text in any of Arrow's forms reads as a JSON string.
 use anyhow::{bail, Result};
 use arrow::array::{
     Array, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array,
-    LargeListArray, LargeStringArray, ListArray, MapArray, StringArray, StructArray, UInt16Array,
-    UInt32Array, UInt64Array, UInt8Array,
+    LargeListArray, ListArray, MapArray, StructArray, UInt16Array, UInt32Array, UInt64Array,
+    UInt8Array,
 };
 use serde_json::{Map, Value};
 
@@ -40,11 +41,11 @@ pub fn value(a: &dyn Array, i: usize) -> Result<Value> {
     if let Some(x) = any.downcast_ref::<BooleanArray>() {
         return Ok(Value::Bool(x.value(i)));
     }
-    if let Some(x) = any.downcast_ref::<StringArray>() {
-        return Ok(Value::String(x.value(i).to_string()));
-    }
-    if let Some(x) = any.downcast_ref::<LargeStringArray>() {
-        return Ok(Value::String(x.value(i).to_string()));
+    // text in any form (plain, large, views, a dictionary of strings)
+    if let Some(x) = super::cols::StrCol::of_array(a) {
+        return Ok(x
+            .get(i)
+            .map_or(Value::Null, |s| Value::String(s.to_string())));
     }
     if let Some(x) = any.downcast_ref::<ListArray>() {
         let v = x.value(i);
@@ -126,5 +127,18 @@ mod tests {
         let f = Float64Array::from(vec![2.0, 2.5]);
         assert_eq!(value(&f, 0).unwrap(), serde_json::json!(2));
         assert_eq!(value(&f, 1).unwrap(), serde_json::json!(2.5));
+        // text as views and as a dictionary, a null value under a valid key
+        let v = arrow::array::StringViewArray::from(vec![Some("a-longer-than-inline-text"), None]);
+        assert_eq!(
+            value(&v, 0).unwrap(),
+            serde_json::json!("a-longer-than-inline-text")
+        );
+        assert_eq!(value(&v, 1).unwrap(), Value::Null);
+        let d = arrow::array::DictionaryArray::<arrow::datatypes::Int32Type>::new(
+            arrow::array::Int32Array::from(vec![1, 0]),
+            std::sync::Arc::new(arrow::array::StringArray::from(vec![None, Some("x")])),
+        );
+        assert_eq!(value(&d, 0).unwrap(), serde_json::json!("x"));
+        assert_eq!(value(&d, 1).unwrap(), Value::Null);
     }
 }

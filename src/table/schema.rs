@@ -121,6 +121,72 @@ impl ColType {
     }
 }
 
+/// The `sample_type` of a trajectory row: the two turns of the RLCR tree. The one place the
+/// column's values are spelled; stages parse them with [`str::parse`] (or
+/// [`SampleType::from_bytes`] in hot loops) and write them with [`SampleType::as_str`].
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleType {
+    /// Turn 1: `<think>…</think><answer>…</answer>`.
+    Answer,
+    /// Turn 2: `[<analysis>…</analysis>]<confidence>…</confidence>` about one answer.
+    Confidence,
+}
+
+impl SampleType {
+    /// Both values, in the order rlcr writes them.
+    pub const ALL: [SampleType; 2] = [SampleType::Answer, SampleType::Confidence];
+
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SampleType::Answer => "answer",
+            SampleType::Confidence => "confidence",
+        }
+    }
+
+    /// The type a column value names (`None` for any other value).
+    #[inline]
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        match b {
+            b"answer" => Some(SampleType::Answer),
+            b"confidence" => Some(SampleType::Confidence),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SampleType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A `sample_type` value that is neither `answer` nor `confidence`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownSampleType(pub String);
+
+impl std::fmt::Display for UnknownSampleType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown value {:?} (expected \"answer\" or \"confidence\")",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownSampleType {}
+
+impl std::str::FromStr for SampleType {
+    type Err = UnknownSampleType;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SampleType::from_bytes(s.as_bytes()).ok_or_else(|| UnknownSampleType(s.to_string()))
+    }
+}
+
 fn list_of(dt: DataType) -> DataType {
     DataType::List(Arc::new(Field::new("item", dt, true)))
 }
@@ -394,6 +460,23 @@ pub fn by_name(name: &str) -> Option<&'static TableSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sample_type` values parse, print and read from bytes the same way; any other value is
+    /// refused with a message that lists the two.
+    #[test]
+    fn sample_type_round_trips() {
+        for t in SampleType::ALL {
+            assert_eq!(t.to_string().parse::<SampleType>(), Ok(t));
+            assert_eq!(SampleType::from_bytes(t.as_str().as_bytes()), Some(t));
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
+        }
+        let e = "Answer".parse::<SampleType>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown value \"Answer\" (expected \"answer\" or \"confidence\")"
+        );
+        assert_eq!(SampleType::from_bytes(b"answer "), None);
+    }
 
     /// The files in `schemas/` are the published contract: they must equal what the code writes.
     #[test]

@@ -13,7 +13,7 @@
 use std::str::FromStr;
 
 use anyhow::{bail, Context};
-use arrow::array::{Array, BooleanArray, RecordBatch};
+use arrow::array::{BooleanArray, RecordBatch};
 
 /// Shard `index` of `count` (0-based).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -88,27 +88,11 @@ impl FromStr for Shard {
     }
 }
 
-/// FNV-1a, 64 bit: `h = 0xcbf29ce484222325; for b: h = (h ^ b) * 0x100000001b3`.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+use crate::hash::fnv1a64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fnv_reference_values() {
-        // Published FNV-1a 64 test vectors.
-        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
-    }
 
     #[test]
     fn filter_keeps_the_shard_rows_in_order() {

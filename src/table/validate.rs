@@ -17,42 +17,55 @@ use anyhow::{bail, Result};
 use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::Schema;
 
-use super::cols;
-use super::schema::TableSpec;
+use super::cols::{self, StrCol};
+use super::schema::{SampleType, TableSpec};
 
-/// Check that `required` columns are present and that every column the spec knows has its type.
+/// Check that `required` columns are present and that every column the spec knows has its type
+/// (as a [`super::Reader`] yields it: the types other writers choose where the values fit are
+/// converted on read, [`super::coerce`]). Every missing column and every mismatch of the table is
+/// reported in one error, one per line after the first when there are several.
 pub fn check_schema(
     file: &str,
     schema: &Schema,
     spec: &TableSpec,
     required: &[&str],
 ) -> Result<()> {
+    let mut problems: Vec<String> = Vec::new();
     for name in required {
         if schema.field_with_name(name).is_err() {
             let Some(c) = spec.column(name) else {
                 bail!("internal error: `{name}` is not a column of {}", spec.name);
             };
-            bail!(
-                "{file}: column `{name}` is missing (expected {}: {}, written by `rlcr {}`)",
+            problems.push(format!(
+                "column `{name}` is missing (expected {}: {}, written by `rlcr {}`)",
                 c.ty.name(),
                 c.doc,
                 c.written_by
-            );
+            ));
         }
     }
     for f in schema.fields() {
         if let Some(c) = spec.column(f.name()) {
             if !c.ty.accepts(f.data_type()) {
-                bail!(
-                    "{file}: column `{}` has type {}, expected {}",
+                problems.push(format!(
+                    "column `{}` has type {}, expected {}",
                     f.name(),
                     f.data_type(),
                     c.ty.name()
-                );
+                ));
             }
         }
     }
-    Ok(())
+    match problems.as_slice() {
+        [] => Ok(()),
+        [one] => bail!("{file}: {one}"),
+        many => bail!(
+            "{file}: {} columns do not match the {} schema:\n  {}",
+            many.len(),
+            spec.name,
+            many.join("\n  ")
+        ),
+    }
 }
 
 /// A 128-bit digest of `parts`: two independent 64-bit folded-multiply streams over the bytes,
@@ -242,101 +255,12 @@ pub const PER_TOKEN: [&str; 8] = [
     "info_mask",
 ];
 
-/// Row access to a utf8 column's bytes without arrow's per-call checks (the row rules look at
-/// every row of every table; `StringArray::value` is an out-of-line call here): plain, as a
-/// dictionary with int32 keys, or as string views (`sample_id` in `score`).
-enum StrView<'a> {
-    Offsets {
-        /// Dictionary keys, for a dictionary-encoded column.
-        keys: Option<&'a [i32]>,
-        offsets: &'a [i32],
-        data: &'a [u8],
-    },
-    Views(&'a arrow::array::StringViewArray),
-}
-
-impl<'a> StrView<'a> {
-    /// Column `name` of `b` when it is utf8: plain, a dictionary with int32 keys, or views.
-    fn of(b: &'a RecordBatch, name: &str) -> Option<Self> {
-        use arrow::array::{DictionaryArray, StringArray, StringViewArray};
-        use arrow::datatypes::Int32Type;
-        let c = b.column_by_name(name)?;
-        if let Some(a) = c.as_any().downcast_ref::<StringArray>() {
-            return Some(StrView::Offsets {
-                keys: None,
-                offsets: a.value_offsets(),
-                data: a.value_data(),
-            });
-        }
-        if let Some(a) = c.as_any().downcast_ref::<StringViewArray>() {
-            return Some(StrView::Views(a));
-        }
-        let d = c.as_any().downcast_ref::<DictionaryArray<Int32Type>>()?;
-        let v = d.values().as_any().downcast_ref::<StringArray>()?;
-        Some(StrView::Offsets {
-            keys: Some(d.keys().values()),
-            offsets: v.value_offsets(),
-            data: v.value_data(),
-        })
-    }
-    #[inline]
-    fn bytes(&self, i: usize) -> &'a [u8] {
-        match *self {
-            StrView::Offsets {
-                keys,
-                offsets,
-                data,
-            } => {
-                let j = match keys {
-                    Some(k) => k[i] as usize,
-                    None => i,
-                };
-                &data[offsets[j] as usize..offsets[j + 1] as usize]
-            }
-            StrView::Views(a) => a.value(i).as_bytes(),
-        }
-    }
-    /// Whether row `i` (> 0) holds what row `i - 1` holds, when that is cheaper to tell than
-    /// comparing the strings (equal dictionary keys); `false` means "compare them".
-    #[inline]
-    fn same_key_as_previous(&self, i: usize) -> bool {
-        match *self {
-            StrView::Offsets { keys: Some(k), .. } => k[i] == k[i - 1],
-            _ => false,
-        }
-    }
-    /// Per row, `f` of its value: once per distinct value of a dictionary, once per row otherwise.
-    fn map_values<T: Copy>(&self, n: usize, f: impl Fn(&[u8]) -> T) -> Vec<T> {
-        match *self {
-            StrView::Offsets {
-                keys: Some(k),
-                offsets,
-                data,
-            } => {
-                let per: Vec<T> = offsets
-                    .windows(2)
-                    .map(|w| f(&data[w[0] as usize..w[1] as usize]))
-                    .collect();
-                // (a key out of range only under a null row, which the row rules refuse)
-                k[..n]
-                    .iter()
-                    .map(|&j| per.get(j as usize).copied().unwrap_or_else(|| f(b"")))
-                    .collect()
-            }
-            _ => (0..n).map(|i| f(self.bytes(i))).collect(),
-        }
-    }
-    /// [`id_key`] of row `i`.
-    #[inline]
-    fn id_key(&self, i: usize) -> u128 {
-        match *self {
-            StrView::Views(a) => view_key(a, i),
-            _ => id_key(self.bytes(i)),
-        }
-    }
-    /// Row `i` as text (for messages).
-    fn text(&self, i: usize) -> std::borrow::Cow<'a, str> {
-        String::from_utf8_lossy(self.bytes(i))
+/// [`id_key`] of row `i` of a text column (string views: from the view itself).
+#[inline]
+fn row_id_key(ids: &StrCol, i: usize) -> u128 {
+    match ids.views() {
+        Some(a) => view_key(a, i),
+        None => id_key(ids.bytes(i)),
     }
 }
 
@@ -744,18 +668,18 @@ impl Validator {
             self.check_lengths(b, first, (&resp.len, resp.null.as_deref()), &others)?;
         }
         // sample_type values; confidence rows carry their index.
-        if let Some(st) = StrView::of(b, "sample_type") {
+        if let Some(st) = StrCol::try_of(b, "sample_type") {
             let conf_idx = typed::<arrow::array::Int32Array>(b, "confidence_idx");
             for i in 0..n {
-                let t = st.bytes(i);
-                if t != b"answer" && t != b"confidence" {
-                    bail!(
-                        "{file}, row {}, column `sample_type`: unknown value {:?} (expected \"answer\" or \"confidence\")",
-                        first + i,
-                        st.text(i)
-                    );
-                }
-                if t == b"confidence" {
+                let t = match SampleType::from_bytes(st.bytes(i)) {
+                    Some(t) => t,
+                    None => {
+                        let e = st.value(i).parse::<SampleType>().err();
+                        let e = e.map(|e| e.to_string()).unwrap_or_default();
+                        bail!("{file}, row {}, column `sample_type`: {e}", first + i)
+                    }
+                };
+                if t == SampleType::Confidence {
                     if let Some(ci) = conf_idx {
                         if ci.is_null(i) {
                             bail!(
@@ -843,15 +767,16 @@ impl Validator {
         let n = b.num_rows();
         // the prompt number of every row, when the batch has the ids
         let mut prompt_of: Vec<u32> = Vec::new();
-        if let Some(st) = StrView::of(b, "sample_type") {
-            let pid = StrView::of(b, "prompt_id");
+        if let Some(st) = StrCol::try_of(b, "sample_type") {
+            let pid = StrCol::try_of(b, "prompt_id");
             let aidx = b
                 .column_by_name("answer_idx")
                 .and_then(|c| c.as_any().downcast_ref::<arrow::array::Int32Array>());
             if let (Some(pid), Some(aidx)) = (pid, aidx) {
                 let aidx = aidx.values();
                 // once per distinct value of a dictionary (all of them, in rlcr's own reads)
-                let answer = st.map_values(n, |t| t == b"answer");
+                let answer =
+                    st.map_values(n, |t| SampleType::from_bytes(t) == Some(SampleType::Answer));
                 prompt_of.reserve(n);
                 let mut p = 0;
                 for i in 0..n {
@@ -867,7 +792,7 @@ impl Validator {
                             bail!(
                                 "{file}, row {}, column `answer_idx`: a second answer row for prompt_id {:?}, answer_idx {}",
                                 self.row + i,
-                                pid.text(i),
+                                pid.value(i),
                                 a
                             );
                         }
@@ -883,12 +808,12 @@ impl Validator {
                 }
             }
         }
-        if let Some(ids) = StrView::of(b, "sample_id") {
+        if let Some(ids) = StrCol::try_of(b, "sample_id") {
             if n > 0 && u32::try_from(self.row + n - 1).is_err() {
                 bail!("tables of more than {} rows are not supported", u32::MAX);
             }
             for i in 0..n {
-                let key = ids.id_key(i);
+                let key = row_id_key(&ids, i);
                 // A repeat within the rows of one prompt (a confidence row carrying its answer's
                 // id) is found here, with its value; any other repeat when the table is finished.
                 if let Some(&p) = prompt_of.get(i) {
@@ -897,7 +822,7 @@ impl Validator {
                         bail!(
                             "{file}, row {}, column `sample_id`: duplicate sample_id {:?}",
                             self.row + i,
-                            ids.text(i)
+                            ids.value(i)
                         );
                     }
                 }

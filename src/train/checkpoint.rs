@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Model;
 
+use super::diagnostics::StepDiagnostics;
 use super::optim::{AdamW, AdamWConfig, STATE_FILE};
 use super::trainer::StepMetrics;
 
@@ -112,6 +113,12 @@ impl Summary {
                 inert_rows: done.iter().map(|m| m.inert_rows).sum::<usize>() / done.len(),
                 seconds: avg(&|m| m.seconds),
                 skipped: false,
+                // Lengths averaged; the KL and mismatch are measured once, on the first step.
+                diag: StepDiagnostics {
+                    response_length: avg_some(&done, &|m| m.diag.response_length),
+                    confidence_length: avg_some(&done, &|m| m.diag.confidence_length),
+                    ..steps.first().map(|m| m.diag.clone()).unwrap_or_default()
+                },
             })
         };
         let tokens: usize = steps.iter().map(|m| m.tokens).sum();
@@ -128,6 +135,12 @@ impl Summary {
             },
         }
     }
+}
+
+/// The mean of `f` over the steps where it has a value (`None` when none has).
+fn avg_some(steps: &[&StepMetrics], f: &dyn Fn(&StepMetrics) -> Option<f64>) -> Option<f64> {
+    let v: Vec<f64> = steps.iter().filter_map(|m| f(m)).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// What `--resume` found in a model folder.

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use arrow::array::{Array, RecordBatch};
 
 use crate::table::validate::RULE_COLUMNS;
-use crate::table::{check_schema, cols, Reader, Validator, TRAJECTORY};
+use crate::table::{check_schema, cols, Reader, SampleType, Validator, TRAJECTORY};
 
 /// One training sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +59,27 @@ pub const UPDATE_COLUMNS: &[&str] = &[
 /// links, list lengths, spans) as every stage's input is. `want_ref` reads the `ref_logprobs`
 /// column too (required then).
 pub fn read_update_rows(path: &Path, want_ref: bool) -> Result<Vec<TrainRow>> {
+    let mode = if want_ref {
+        RefColumn::Required
+    } else {
+        RefColumn::Skip
+    };
+    read_update_rows_with(path, mode)
+}
+
+/// Whether [`read_update_rows_with`] reads the `ref_logprobs` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefColumn {
+    /// Not read.
+    Skip,
+    /// Read; an error when the table has none (the KL loss needs it).
+    Required,
+    /// Read when the table has it (the KL-to-reference diagnostic).
+    IfPresent,
+}
+
+/// [`read_update_rows`] with the `ref_logprobs` column read as `mode` says.
+pub fn read_update_rows_with(path: &Path, mode: RefColumn) -> Result<Vec<TrainRow>> {
     let mut names: Vec<&str> = UPDATE_COLUMNS.to_vec();
     names.extend(RULE_COLUMNS.iter().filter(|c| !UPDATE_COLUMNS.contains(c)));
     let reader = Reader::open_columns(path, &names)?;
@@ -79,6 +100,11 @@ pub fn read_update_rows(path: &Path, want_ref: bool) -> Result<Vec<TrainRow>> {
             );
         }
     }
+    let want_ref = match mode {
+        RefColumn::Skip => false,
+        RefColumn::Required => true,
+        RefColumn::IfPresent => reader.has_column("ref_logprobs"),
+    };
     if want_ref && !reader.has_column("ref_logprobs") {
         bail!(
             "{name}: --kl-coef > 0 needs reference log-probs: give --ref-model DIR, or add a \
@@ -217,13 +243,9 @@ pub fn rows_from_batch(
             );
         }
         let is_confidence = match stype {
-            Some(s) if s.is_valid(i) => match s.value(i) {
-                "answer" => false,
-                "confidence" => true,
-                other => bail!(
-                    "{}: unknown value {other:?} (expected \"answer\" or \"confidence\")",
-                    at("sample_type")
-                ),
+            Some(s) if s.is_valid(i) => match s.value(i).parse::<SampleType>() {
+                Ok(t) => t == SampleType::Confidence,
+                Err(e) => bail!("{}: {e}", at("sample_type")),
             },
             Some(_) => bail!("{}: null", at("sample_type")),
             None => false,

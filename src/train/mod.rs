@@ -17,11 +17,13 @@
 pub mod checkpoint;
 pub mod critic;
 pub mod data;
+pub mod diagnostics;
 pub mod loss;
 pub mod optim;
 pub mod policy;
 pub mod schedule;
 pub mod session;
 pub mod sft;
+pub mod stage;
 pub mod tensor;
 pub mod trainer;

@@ -15,7 +15,7 @@ use super::checkpoint::{
 };
 use super::data::TrainRow;
 use super::optim::{AdamW, AdamWConfig};
-use super::trainer::{train, StepMetrics, TrainConfig};
+use super::trainer::{train_guarded, Guards, StepMetrics, TrainConfig};
 
 /// `--resume`: continue the optimizer and step counter saved in the `--model` folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -102,7 +102,17 @@ pub fn start_optimizer(
 }
 
 /// Train `model` on `rows` and write the checkpoint folder. Returns the step metrics.
-pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepMetrics>> {
+pub fn run(model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepMetrics>> {
+    run_guarded(model, rows, s, &Guards::default())
+}
+
+/// [`run`] with the [`Guards`] of the loop (a refused first batch writes nothing).
+pub fn run_guarded(
+    mut model: Model,
+    rows: &[TrainRow],
+    s: &Session,
+    guards: &Guards,
+) -> Result<Vec<StepMetrics>> {
     s.train.validate()?;
     s.adamw.validate()?;
     for dir in [model.dir.as_path(), model.state_dir()] {
@@ -148,7 +158,7 @@ pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepM
     };
     let t0 = Instant::now();
     let transformer = model.transformer;
-    let (trained, steps) = train(transformer, &mut opt, rows, &s.train, |m| {
+    let (trained, steps) = train_guarded(transformer, &mut opt, rows, &s.train, guards, |m| {
         let v = metrics_value(&s.stage, m)?;
         if let Some((step, scalars)) = crate::tensorboard::step_scalars(&v) {
             let r = crate::tensorboard::record(&crate::tensorboard::scalars_event(
@@ -201,16 +211,36 @@ pub fn run(mut model: Model, rows: &[TrainRow], s: &Session) -> Result<Vec<StepM
     write_checkpoint(&model, &s.out, Some(&opt), &state, &lines, &events)?;
     if let Some(m) = &summary.mean {
         crate::info!(
-            "{}: {} steps, mean loss {:.5}, grad norm {:.4}, {:.1} tokens/s; wrote {}",
+            "{}: {} steps, mean loss {:.5}, grad norm {:.4}, {:.1} tokens/s{}; wrote {}",
             s.stage,
             summary.steps,
             m.loss,
             m.grad_norm,
             summary.tokens_per_second,
+            diagnostics_text(steps.first()),
             s.out.display()
         );
     }
     Ok(steps)
+}
+
+/// The first step's diagnostics for the summary line: `, logp mismatch max … mean …, ratio
+/// |r − 1| max …, KL to reference …` (each part only when measured).
+pub fn diagnostics_text(first: Option<&StepMetrics>) -> String {
+    let Some(m) = first else {
+        return String::new();
+    };
+    let mut out = String::new();
+    if let (Some(a), Some(b)) = (m.diag.mismatch_logp_max, m.diag.mismatch_logp_mean) {
+        out += &format!(", logp mismatch max {a:.2e} mean {b:.2e}");
+    }
+    if let (Some(a), Some(b)) = (m.diag.mismatch_ratio_max, m.diag.mismatch_ratio_mean) {
+        out += &format!(", ratio |r - 1| max {a:.2e} mean {b:.2e}");
+    }
+    if let Some(k) = m.diag.ref_kl {
+        out += &format!(", KL to reference {k:.4e}");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -455,7 +485,9 @@ mod tests {
         let rows = rows(&m.transformer, 4, 7, 0.2);
         let cfg = session(&d.path().join("x"), 1e-2, ResumeMode::No, 3).train;
         let mut opt = AdamW::new(AdamWConfig::default());
-        let (trained, _) = train(m.transformer, &mut opt, &rows, &cfg, |_| Ok(())).expect("train");
+        let (trained, _) =
+            crate::train::trainer::train(m.transformer, &mut opt, &rows, &cfg, |_| Ok(()))
+                .expect("train");
         m.transformer = trained;
         let out = d.path().join("new");
         let state = TrainerState {

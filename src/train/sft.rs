@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use arrow::array::Array;
 
 use crate::model::{Message, Model};
-use crate::table::{cols, Reader};
+use crate::table::{cols, Reader, SampleType};
 
 use super::data::TrainRow;
 
@@ -161,7 +161,7 @@ pub fn read_sft_rows(
                 for i in 0..b.num_rows() {
                     let at = row0 + i;
                     let is_conf =
-                        stype.is_some_and(|s| s.is_valid(i) && s.value(i) == "confidence");
+                        stype.is_some_and(|s| s.sample_type(i) == Some(SampleType::Confidence));
                     if filter.only_correct {
                         let keep = if is_conf {
                             match (conf, filter.min_conf_reward) {

@@ -16,7 +16,6 @@
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Tensor, TensorData};
 use rand::seq::SliceRandom;
@@ -28,6 +27,8 @@ use crate::model::transfer::{read, upload};
 use crate::model::Transformer;
 
 use super::data::TrainRow;
+pub use super::diagnostics::{grads_to_host, Guards};
+use super::diagnostics::{ref_kl, Mismatch, StepDiagnostics};
 use super::loss::{self, ClipConfig, KlEstimator, LossAgg};
 use super::optim::{clip_coef, global_grad_norm, AdamW};
 use super::policy::{response_logprobs_subset, right_align, EntropyMode};
@@ -179,6 +180,10 @@ pub struct StepMetrics {
     pub seconds: f64,
     /// True when the step was skipped (non-finite gradient norm or nothing to learn).
     pub skipped: bool,
+    /// Lengths, KL to the reference and rollout/trainer mismatch (keys absent when not
+    /// measured).
+    #[serde(flatten)]
+    pub diag: StepDiagnostics,
 }
 
 /// Host-side sums of one update batch.
@@ -212,6 +217,8 @@ pub struct BatchSums {
     pub forward_conf_tokens: usize,
     /// Rows left out as inert (see [`StepMetrics::inert_rows`]).
     pub inert_rows: usize,
+    /// Rollout/trainer mismatch of the forward rows (when measured).
+    pub mismatch: Option<Mismatch>,
 }
 
 impl TrainConfig {
@@ -349,6 +356,17 @@ pub fn batch_gradients(
     model: &Transformer,
     rows: &[&TrainRow],
     cfg: &TrainConfig,
+) -> Result<(GradientsParams, BatchSums)> {
+    batch_gradients_measured(model, rows, cfg, false)
+}
+
+/// [`batch_gradients`], and with `measure` (policy objective) the rollout/trainer mismatch of
+/// the forward rows' learnable tokens in [`BatchSums::mismatch`] (their log-probs read back once).
+pub fn batch_gradients_measured(
+    model: &Transformer,
+    rows: &[&TrainRow],
+    cfg: &TrainConfig,
+    measure: bool,
 ) -> Result<(GradientsParams, BatchSums)> {
     let masks: Vec<Vec<bool>> = rows.iter().map(|r| r.mask.clone()).collect();
     let weights = loss::agg_weights(&masks, cfg.loss_agg, cfg.agg_len);
@@ -489,6 +507,8 @@ pub fn batch_gradients(
         let weight = t2(right_align(&wrefs, r, 0.0));
         let loss_t = match cfg.objective {
             Objective::Policy { clip, .. } => {
+                // The trainer's log-probs for the mismatch, read with the metrics below.
+                let measured = measure.then(|| out.logp.clone().detach().reshape([b * r]));
                 let ref_logp = if cfg.needs_ref() {
                     if let Some(&i) = chunk.iter().find(|&&i| rows[i].ref_logp.is_none()) {
                         bail!("row {i} has no reference log-probs (needed by --kl-coef > 0)");
@@ -512,20 +532,29 @@ pub fn batch_gradients(
                     &clip,
                     &coefs,
                 );
-                // Every metric of the micro-batch in one read (one host round trip on a GPU).
+                // Every metric of the micro-batch in one read (one host round trip on a GPU),
+                // with the log-probs of the mismatch measurement when it is taken.
                 let [a, bb, c] = m.clipped;
-                let v = scalars(vec![
-                    m.loss.clone().detach(),
-                    m.pg_loss,
-                    m.kl_loss,
-                    m.entropy_sum,
-                    m.neg_log_ratio_sum,
-                    a,
-                    bb,
-                    c,
-                    m.conf_entropy_sum,
-                    m.value_entropy_sum,
-                ])?;
+                let (v, logp) = scalars_with(
+                    vec![
+                        m.loss.clone().detach(),
+                        m.pg_loss,
+                        m.kl_loss,
+                        m.entropy_sum,
+                        m.neg_log_ratio_sum,
+                        a,
+                        bb,
+                        c,
+                        m.conf_entropy_sum,
+                        m.value_entropy_sum,
+                    ],
+                    measured,
+                )?;
+                if measure {
+                    let block: Vec<&TrainRow> = chunk.iter().map(|&i| rows[i]).collect();
+                    let mm = sums.mismatch.get_or_insert_with(Mismatch::default);
+                    mm.add_right_aligned(&logp, &block, r);
+                }
                 sums.loss += v[0];
                 sums.pg_loss += v[1];
                 sums.kl_loss += v[2];
@@ -569,25 +598,61 @@ pub fn batch_gradients(
 
 /// One-element tensors read back together (one host round trip), as f64.
 fn scalars(ts: Vec<Tensor<1>>) -> Result<Vec<f64>> {
+    Ok(scalars_with(ts, None)?.0)
+}
+
+/// [`scalars`], and the values of `extra` read in the same round trip (as f32: they are f32
+/// values, and f32 → f64 → f32 gives the same bits).
+fn scalars_with(mut ts: Vec<Tensor<1>>, extra: Option<Tensor<1>>) -> Result<(Vec<f64>, Vec<f32>)> {
     let n = ts.len();
-    let v = read(Tensor::cat(ts, 0))?
+    let want = n + extra.as_ref().map_or(0, |e| e.dims()[0]);
+    if let Some(e) = extra {
+        let dtype = ts.first().map(|t| t.dtype());
+        ts.push(match dtype {
+            Some(d) if d != e.dtype() => e.cast(d),
+            _ => e,
+        });
+    }
+    let mut v = read(Tensor::cat(ts, 0))?
         .convert::<f64>()
         .try_into_vec::<f64>()
         .map_err(|e| anyhow::anyhow!("reading the loss values: {e:?}"))?;
-    ensure!(v.len() == n, "{} loss values for {n} tensors", v.len());
-    Ok(v)
+    ensure!(v.len() == want, "{} loss values for {want}", v.len());
+    let rest = v.split_off(n).into_iter().map(|x| x as f32).collect();
+    Ok((v, rest))
 }
 
 /// Run the whole loop: `epochs × mini_batches` optimizer steps over `rows`. `on_step` sees the
 /// metrics of each step as it ends (to stream them to disk and the progress bar).
 pub fn train(
+    model: Transformer,
+    opt: &mut AdamW,
+    rows: &[TrainRow],
+    cfg: &TrainConfig,
+    on_step: impl FnMut(&StepMetrics) -> Result<()>,
+) -> Result<(Transformer, Vec<StepMetrics>)> {
+    train_guarded(model, opt, rows, cfg, &Guards::default(), on_step)
+}
+
+/// [`train`] with [`Guards`]: a first update batch whose rollout/trainer mismatch exceeds
+/// `guards.max_mismatch` stops the call before its first optimizer step.
+pub fn train_guarded(
     mut model: Transformer,
     opt: &mut AdamW,
     rows: &[TrainRow],
     cfg: &TrainConfig,
+    guards: &Guards,
     mut on_step: impl FnMut(&StepMetrics) -> Result<()>,
 ) -> Result<(Transformer, Vec<StepMetrics>)> {
     cfg.validate()?;
+    if let Some(limit) = guards.max_mismatch {
+        ensure!(
+            limit >= 0.0,
+            "--max-mismatch must be a number >= 0, got {limit}"
+        );
+    }
+    let policy = matches!(cfg.objective, Objective::Policy { .. });
+    let kl_to_ref = if policy { ref_kl(rows) } else { None };
     ensure!(!rows.is_empty(), "no rows to train on");
     if cfg.needs_ref() {
         if let Some(i) = rows.iter().position(|r| r.ref_logp.is_none()) {
@@ -604,8 +669,12 @@ pub fn train(
             let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
             // LoRA dropout masks are keyed by the seed and the optimizer step.
             let dropout = crate::model::lora::dropout_scope(cfg.seed, opt.step);
-            let (grads, sums) = batch_gradients(&model, &batch, cfg)?;
+            let first = all.is_empty();
+            let (grads, sums) = batch_gradients_measured(&model, &batch, cfg, first && policy)?;
             drop(dropout);
+            if let (Some(mm), Some(limit)) = (&sums.mismatch, guards.max_mismatch) {
+                mm.check(limit)?;
+            }
             let norm = global_grad_norm(&model, &grads);
             let lr = cfg.schedule.lr_at(opt.step);
             let skipped = !norm.is_finite() || grads.is_empty() || sums.tokens == 0;
@@ -643,43 +712,17 @@ pub fn train(
                 inert_rows: sums.inert_rows,
                 seconds: t0.elapsed().as_secs_f64(),
                 skipped,
+                diag: StepDiagnostics::of(
+                    batch.iter().copied(),
+                    first.then_some(kl_to_ref).flatten(),
+                    sums.mismatch.as_ref(),
+                ),
             };
             on_step(&m)?;
             all.push(m);
         }
     }
     Ok((model, all))
-}
-
-/// Gradients on the host, by module path, for tests and diagnostics.
-pub fn grads_to_host<M: Module>(module: &M, grads: &GradientsParams) -> Vec<(String, Vec<f32>)> {
-    struct V<'a> {
-        path: Vec<String>,
-        grads: &'a GradientsParams,
-        out: Vec<(String, Vec<f32>)>,
-    }
-    impl ModuleVisitor for V<'_> {
-        fn enter_module(&mut self, name: &str, _c: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _name: &str, _c: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(g) = self.grads.get::<D>(param.id) {
-                if let Ok(v) = g.into_data().convert::<f32>().try_into_vec::<f32>() {
-                    self.out.push((self.path.join("."), v));
-                }
-            }
-        }
-    }
-    let mut v = V {
-        path: Vec::new(),
-        grads,
-        out: Vec::new(),
-    };
-    module.visit(&mut v);
-    v.out
 }
 
 #[cfg(test)]
@@ -689,7 +732,7 @@ pub(crate) mod tests {
     use crate::train::optim::AdamWConfig;
     use crate::train::policy::{host_logprobs, response_logprobs};
     use crate::train::schedule::ScheduleKind;
-    use burn::module::ModuleMapper;
+    use burn::module::{Module, ModuleMapper, Param};
     use burn::tensor::Device;
     use rand::{Rng, SeedableRng};
     use std::path::PathBuf;

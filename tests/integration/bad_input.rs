@@ -1287,11 +1287,12 @@ fn advantage() {
             TRAJ,
             &["in.parquet", "`reward`", "missing"],
         ),
+        // (numbers of any width are read where they fit: text is not a number)
         Case::table(
             "wrong column type",
-            replace(&b, "reward", Arc::new(Float64Array::from(vec![0.0; 8]))),
+            replace(&b, "reward", Arc::new(StringArray::from(vec!["0.0"; 8]))),
             TRAJ,
-            &["in.parquet", "`reward`", "Float64"],
+            &["in.parquet", "`reward`", "Utf8"],
         ),
         Case::table(
             "null reward",
@@ -1618,11 +1619,16 @@ fn probe() {
             TRAJ,
             &["in.parquet", "`acc_reward`", "missing"],
         ),
+        // (numbers of any width are read where they fit: text is not a number)
         Case::table(
             "wrong column type",
-            replace(&b, "acc_reward", Arc::new(Float64Array::from(vec![0.0; 8]))),
+            replace(
+                &b,
+                "acc_reward",
+                Arc::new(StringArray::from(vec!["0.0"; 8])),
+            ),
             TRAJ,
-            &["in.parquet", "`acc_reward`", "Float64"],
+            &["in.parquet", "`acc_reward`", "Utf8"],
         ),
         Case::table(
             "null acc_reward",

@@ -17,6 +17,7 @@ fn every_subcommand_has_help() {
         "report",
         "logprobs",
         "values",
+        "import",
         "import-gguf",
         "merge-lora",
         "schema",

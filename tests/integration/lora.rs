@@ -10,14 +10,21 @@ use super::{fixtures, Workdir};
 /// transformers or peft is not importable and `RLCR_REQUIRE_TORCH` is not `1` (`.ci/run` sets it
 /// after installing them).
 fn peft(args: &[&Path]) -> Option<serde_json::Value> {
+    peft_in(None, args)
+}
+
+/// [`peft`] run in the working directory `cwd` (default: the test binary's), offline: with
+/// `HF_HUB_OFFLINE=1` a base that is not a folder is an error, not a download.
+fn peft_in(cwd: Option<&Path>, args: &[&Path]) -> Option<serde_json::Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peft_lora.py");
     let python = std::env::var("RLCR_PYTHON").unwrap_or_else(|_| "python3".into());
     let required = std::env::var("RLCR_REQUIRE_TORCH").is_ok_and(|v| v == "1");
-    let out = match std::process::Command::new(&python)
-        .arg(&script)
-        .args(args)
-        .output()
-    {
+    let mut cmd = std::process::Command::new(&python);
+    cmd.arg(&script).args(args).env("HF_HUB_OFFLINE", "1");
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
+    }
+    let out = match cmd.output() {
         Ok(o) => o,
         Err(e) if !required => {
             eprintln!("skipped: {python} not runnable: {e}");
@@ -326,4 +333,283 @@ fn lora_flags_and_errors() {
     // Its base recorded as found from here (the fixture's own path is relative to its folder).
     let base = cfg["base_model_name_or_path"].as_str().unwrap();
     assert_eq!(Path::new(base), fixtures().join("tiny-qwen2"), "{base}");
+}
+
+/// Run `rlcr` in `dir`; require success.
+fn run_in(w: &Workdir, dir: &Path, args: &[&str]) {
+    let o = w.cmd(args).current_dir(dir).output().unwrap();
+    assert!(
+        o.status.success(),
+        "in {}:\n{}",
+        dir.display(),
+        super::describe(args, &o)
+    );
+}
+
+/// An adapter written in one folder loads from another working directory: `update` run inside a
+/// project with a relative `--model` records the base's absolute path; rlcr (adapter as --model,
+/// or `--model BASE --adapter DIR`) and PEFT (`PeftModel`, `AutoPeftModelForCausalLM`, offline)
+/// load it from elsewhere and agree; an adapter that recorded its base relative to the project
+/// (PEFT's `save_pretrained` after a relative `from_pretrained`) loads from elsewhere too;
+/// `generate-answers --adapter` samples the tokens of the model `merge-lora` writes, with the
+/// fingerprint of the adapter folder given as --model.
+#[test]
+fn adapters_load_from_any_working_directory() {
+    let w = Workdir::new();
+    let proj = w.path("proj");
+    let base = proj.join("ckpt/base");
+    std::fs::create_dir_all(&base).unwrap();
+    for e in std::fs::read_dir(fixtures().join("tiny-qwen2")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), base.join(e.file_name())).unwrap();
+    }
+    write_rows(&proj.join("train.parquet"), &train_rows());
+    run_in(
+        &w,
+        &proj,
+        &[
+            "update",
+            "--model",
+            "ckpt/base",
+            "--input",
+            "train.parquet",
+            "-o",
+            "runs/a",
+            "--lr",
+            "3e-2",
+            "--epochs",
+            "2",
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "16",
+        ],
+    );
+    let cfg = json(&proj.join("runs/a/adapter_config.json"));
+    let recorded = cfg["base_model_name_or_path"].as_str().unwrap();
+    assert_eq!(
+        Path::new(recorded),
+        base.canonicalize().unwrap(),
+        "{recorded}"
+    );
+    // The same adapter recorded relative to the project, as an older writer or PEFT leaves it.
+    let old = proj.join("runs/old");
+    std::fs::create_dir_all(&old).unwrap();
+    for e in std::fs::read_dir(proj.join("runs/a")).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_file() {
+            std::fs::copy(e.path(), old.join(e.file_name())).unwrap();
+        }
+    }
+    let mut rel = cfg.clone();
+    rel["base_model_name_or_path"] = "ckpt/base".into();
+    std::fs::write(old.join("adapter_config.json"), rel.to_string()).unwrap();
+
+    // rlcr from another working directory, three ways, and from inside the project.
+    let away = w.path("elsewhere/deeper");
+    std::fs::create_dir_all(&away).unwrap();
+    let table = proj.join("train.parquet");
+    let t = table.to_str().unwrap();
+    let a = proj.join("runs/a");
+    let a_str = a.to_str().unwrap();
+    let base_str = base.to_str().unwrap();
+    run_in(
+        &w,
+        &away,
+        &[
+            "logprobs",
+            "--model",
+            a_str,
+            "--input",
+            t,
+            "-o",
+            "a.parquet",
+        ],
+    );
+    run_in(
+        &w,
+        &away,
+        &[
+            "logprobs",
+            "--model",
+            "../../proj/runs/old",
+            "--input",
+            t,
+            "-o",
+            "old.parquet",
+        ],
+    );
+    run_in(
+        &w,
+        &away,
+        &[
+            "logprobs",
+            "--model",
+            base_str,
+            "--adapter",
+            a_str,
+            "--input",
+            t,
+            "-o",
+            "flag.parquet",
+        ],
+    );
+    run_in(
+        &w,
+        &proj,
+        &[
+            "logprobs",
+            "--model",
+            "runs/a",
+            "--input",
+            t,
+            "-o",
+            "here.parquet",
+        ],
+    );
+    let here = logprob_column(&proj.join("here.parquet"), "logprobs");
+    for name in ["a", "old", "flag"] {
+        let got = logprob_column(&away.join(format!("{name}.parquet")), "logprobs");
+        assert_eq!(got, here, "{name}");
+    }
+    let base_lp = {
+        run_in(
+            &w,
+            &proj,
+            &[
+                "logprobs",
+                "--model",
+                "ckpt/base",
+                "--input",
+                t,
+                "-o",
+                "b.parquet",
+            ],
+        );
+        logprob_column(&proj.join("b.parquet"), "logprobs")
+    };
+    let as64 = |v: &[Vec<f32>]| -> Vec<Vec<f64>> {
+        v.iter()
+            .map(|r| r.iter().map(|&x| x as f64).collect())
+            .collect()
+    };
+    assert!(
+        max_gap(&base_lp, &as64(&here)) > 1e-3,
+        "the adapter did not move"
+    );
+
+    // Sampling: --adapter gives the merged model's tokens and the adapter folder's fingerprint.
+    super::support::pipeline::easy_countdown(&w, None, 4, "prompts.parquet");
+    let prompts = w.path("prompts.parquet");
+    let p = prompts.to_str().unwrap();
+    run_in(
+        &w,
+        &away,
+        &[
+            "merge-lora",
+            "--model",
+            base_str,
+            "--adapter",
+            a_str,
+            "-o",
+            "merged",
+        ],
+    );
+    // `--base` stays an alias of merge-lora's --model.
+    run_in(
+        &w,
+        &away,
+        &[
+            "merge-lora",
+            "--base",
+            base_str,
+            "--adapter",
+            a_str,
+            "-o",
+            "merged2",
+        ],
+    );
+    let gen = |model: &[&str], out: &str| {
+        let mut args = vec!["--seed", "7", "generate-answers"];
+        args.extend_from_slice(model);
+        args.extend_from_slice(&[
+            "--input",
+            p,
+            "-o",
+            out,
+            "--num-answers",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "1.0",
+        ]);
+        run_in(&w, &away, &args);
+        let b = super::support::table::read(&away.join(out));
+        let ids = super::support::table::lists_i32(&b, "response_ids");
+        let meta = rlcr::table::Reader::open(&away.join(out))
+            .unwrap()
+            .metadata()
+            .clone();
+        let cfg: serde_json::Value = serde_json::from_str(&meta["rlcr.config"]).unwrap();
+        (ids, cfg)
+    };
+    let (with_flag, cfg_flag) = gen(&["--model", base_str, "--adapter", a_str], "flag.parquet");
+    let (merged, _) = gen(&["--model", "merged"], "merged.parquet");
+    let (as_model, cfg_dir) = gen(&["--model", a_str], "dir.parquet");
+    let (plain, _) = gen(&["--model", base_str], "base.parquet");
+    assert_eq!(with_flag, merged, "--adapter vs merge-lora's model");
+    assert_eq!(
+        with_flag, as_model,
+        "--adapter vs the adapter folder as --model"
+    );
+    assert_ne!(with_flag, plain, "the adapter changes nothing sampled");
+    assert_eq!(cfg_flag["adapter"], a_str);
+    assert_eq!(cfg_flag["model_fingerprint"], cfg_dir["model_fingerprint"]);
+    // An adapter folder as --model and --adapter together is a mistake, named.
+    let o = w
+        .cmd(&[
+            "logprobs",
+            "--model",
+            a_str,
+            "--adapter",
+            a_str,
+            "--input",
+            t,
+            "-o",
+            "x.parquet",
+        ])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("is an adapter folder; with --adapter give the base"),
+        "{e}"
+    );
+
+    // PEFT from elsewhere, offline: the recorded base is found without the Hub.
+    let Some(theirs) = peft_in(Some(&away), &[Path::new("logprobs"), &table, &base, &a]) else {
+        return;
+    };
+    let theirs: Vec<Vec<f64>> = serde_json::from_value(theirs[0]["logprobs"].clone()).unwrap();
+    let gap = max_gap(&here, &theirs);
+    assert!(gap <= 1e-4, "PeftModel: rlcr and PEFT differ by {gap}");
+    let auto = peft_in(
+        Some(&away),
+        &[
+            Path::new("auto-logprobs"),
+            &table,
+            Path::new("../../proj/runs/a"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(auto[0]["base"], recorded);
+    let theirs: Vec<Vec<f64>> = serde_json::from_value(auto[0]["logprobs"].clone()).unwrap();
+    let gap = max_gap(&here, &theirs);
+    eprintln!("AutoPeftModelForCausalLM from elsewhere: |rlcr - peft| <= {gap:.2e}");
+    assert!(
+        gap <= 1e-4,
+        "AutoPeftModelForCausalLM: rlcr and PEFT differ by {gap}"
+    );
 }

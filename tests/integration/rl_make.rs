@@ -327,3 +327,99 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
         }
     }
 }
+
+/// What the loop shows of RL, per iteration, through `make`: the held-in probe set (the same 4
+/// prompts every iteration, answered greedily and at the loop's temperature) in each iteration's
+/// report, the summary report and TensorBoard beside the sampled batch's accuracy; and per update
+/// the rollout/trainer mismatch (sampler against trainer on the CPU: at rounding level, and
+/// `MAX_MISMATCH=1e-4` would have stopped the loop otherwise) and the KL to the starting policy
+/// (`REF_KL=1`, the default: 0 in iteration 1, whose policy is the starting one).
+#[test]
+fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
+    let wd = Workdir::new();
+    let vars = [
+        "RUN=h",
+        "SFT=0",
+        "ITERS=2",
+        "PROMPTS_PER_ITER=2",
+        "G_A=2",
+        "G_C=2",
+        "MAX_NEW=4",
+        "MAX_NEW_CONF=4",
+        "EPOCHS=1",
+        "MINI_BATCHES=1",
+        "HELDIN=4",
+        "HELDIN_G_A=2",
+        "MAX_MISMATCH=1e-4",
+        "summary",
+    ];
+    let o = rl_make(&wd, &vars);
+    let log = crate::support::rlmk::log(&o);
+    assert!(o.status.success(), "{log}");
+    let rows = |p: &Path| crate::support::table::read(p).num_rows();
+    assert_eq!(rows(&wd.path("h/heldin/prompts.parquet")), 4);
+    for i in 1..=2 {
+        let d = wd.path(&format!("h/iter-{i:04}/heldin"));
+        assert_eq!(rows(&d.join("greedy.parquet")), 4, "{log}");
+        assert_eq!(rows(&d.join("sampled.parquet")), 8, "{log}");
+        let it: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(wd.path(&format!("h/iter-{i:04}/report/metrics.json")))
+                .unwrap(),
+        )
+        .unwrap();
+        for k in ["greedy", "sampled"] {
+            let h = &it["reports"][0]["held_in"][k];
+            assert!(h["accuracy"].is_number(), "{it}");
+        }
+    }
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(wd.path("h/report/metrics.json")).unwrap())
+            .unwrap();
+    let calls = m["update_calls"].as_array().expect("update_calls");
+    assert_eq!(calls.len(), 2, "{m}");
+    for (i, c) in calls.iter().enumerate() {
+        let mm = c["mismatch_logp_max"].as_f64().expect("mismatch measured");
+        let rm = c["mismatch_ratio_max"].as_f64().expect("ratio measured");
+        eprintln!(
+            "iteration {}: rollout/trainer mismatch logp max {mm:e}, ratio max {rm:e}",
+            i + 1
+        );
+        assert!(mm <= 1e-4 && rm <= 1e-4, "iteration {}: {c}", i + 1);
+        assert!(c["ref_kl"].as_f64().expect("KL to the start") >= 0.0);
+    }
+    assert!(calls[0]["ref_kl"].as_f64().unwrap() < 1e-6, "{}", calls[0]);
+    for i in 0..2 {
+        assert!(m["reports"][i]["held_in"]["greedy"]["accuracy"].is_number());
+    }
+    let page = std::fs::read_to_string(wd.path("h/report/report.md")).unwrap();
+    assert!(page.contains("## Update diagnostics"), "{page}");
+    assert!(
+        page.contains("held-in greedy | held-in sampled |"),
+        "{page}"
+    );
+    assert!(page.contains("KL to ref. | mismatch max |"), "{page}");
+    // TensorBoard: the held-in accuracies in the rollouts run at steps 1 and 2, next to the
+    // batch's accuracy; the mismatch and KL in the update run at each iteration's first step.
+    let dirs = [wd.path("h/tb/rollouts"), wd.path("h/tb/update")];
+    let refs: Vec<&Path> = dirs.iter().map(|d| d.as_path()).collect();
+    let Some(runs) = crate::tensorboard::read_runs(&refs) else {
+        return;
+    };
+    for tag in [
+        "accuracy",
+        "held_in/greedy/accuracy",
+        "held_in/sampled/accuracy",
+    ] {
+        let steps: Vec<i64> = runs[0][tag].iter().map(|p| p.0).collect();
+        assert_eq!(steps, vec![1, 2], "{tag}");
+    }
+    for tag in [
+        "mismatch/logp_max",
+        "mismatch/ratio_max",
+        "ref_kl",
+        "response_length",
+    ] {
+        let steps: Vec<i64> = runs[1][tag].iter().map(|p| p.0).collect();
+        assert_eq!(steps, vec![1, 2], "{tag}");
+    }
+}

@@ -134,6 +134,17 @@ fn tensorboard_reads_what_update_and_report_write() {
     assert_eq!(lines.len(), 4);
     let want = expected_from_metrics(&lines);
     assert!(want.contains_key("grad_norm") && want.contains_key("clip_frac_high"));
+    // The update diagnostics: the mismatch once per call (steps 1 and 3), lengths every step.
+    for tag in [
+        "mismatch/logp_max",
+        "mismatch/logp_mean",
+        "mismatch/ratio_max",
+        "mismatch/ratio_mean",
+    ] {
+        let steps: Vec<i64> = want[tag].iter().map(|p| p.0).collect();
+        assert_eq!(steps, vec![1, 3], "{tag}");
+    }
+    assert_eq!(want["response_length"].len(), 4);
     // The report: two iterations, with the training curves and their TensorBoard scalars.
     crate::report::write_scored(&w.path("s1.parquet"), &crate::report::anchor_rows());
     // The second: every confidence 1.0 (ECE = Brier = 1 − accuracy).
@@ -159,6 +170,10 @@ fn tensorboard_reads_what_update_and_report_write() {
         "tb/report",
         "--iterations",
         "5,10",
+        "--held-in",
+        "greedy=s2.parquet",
+        "--held-in",
+        "greedy=s1.parquet",
         "-o",
         "rep",
     ]);
@@ -167,6 +182,11 @@ fn tensorboard_reads_what_update_and_report_write() {
     // The inputs' iterations (not their positions) in the table and metrics.json.
     assert!(page.contains("| iteration | input |"), "{page}");
     assert!(page.contains("\n| 5 | `s1.parquet` |"), "{page}");
+    assert!(
+        page.contains("| iteration | input | accuracy | held-in greedy |"),
+        "{page}"
+    );
+    assert!(page.contains("## Update diagnostics"), "{page}");
     assert!(page.contains("\n| 10 | `s2.parquet` |"), "{page}");
     assert!(
         page.contains("## Training curves\n\n4 optimizer steps (1–4) from `"),
@@ -189,9 +209,10 @@ fn tensorboard_reads_what_update_and_report_write() {
     // The last checkpoint: the whole run; the shared folder: the two calls' files, one curve.
     assert_run_equals(&runs[0], &want, "it2/runs/update");
     assert_run_equals(&runs[1], &want, "tb/update");
+    // The first call's steps (1 and 2).
     let first: BTreeMap<String, Vec<(i64, f32)>> = want
         .iter()
-        .map(|(k, v)| (k.clone(), v[..2].to_vec()))
+        .map(|(k, v)| (k.clone(), v.iter().filter(|p| p.0 <= 2).copied().collect()))
         .collect();
     assert_run_equals(&runs[2], &first, "it1/runs/update");
     // The report's scalars: metrics.json's `overall` figures (as f32), at iterations 5 and 10.
@@ -205,6 +226,17 @@ fn tensorboard_reads_what_update_and_report_write() {
         .map(|i| (5 + 5 * i as i64, &m["reports"][i]["overall"]))
         .collect();
     assert_report_scalars(rep, &overall, "tb/report");
+    // The held-in set's accuracy beside the batch's: iteration 5's from s2, 10's from s1.
+    let held: Vec<(i64, f32)> = rep["held_in/greedy/accuracy"]
+        .iter()
+        .map(|p| (p.0, p.1))
+        .collect();
+    let acc = |i: usize| m["reports"][i]["overall"]["accuracy"].as_f64().unwrap() as f32;
+    assert_eq!(held, vec![(5, acc(1)), (10, acc(0))]);
+    assert_eq!(
+        m["reports"][0]["held_in"]["greedy"]["input"],
+        serde_json::json!("s2.parquet")
+    );
     // Standard errors stay out of the dashboard.
     assert!(
         !rep.keys().any(|k| k.starts_with("se/")),

@@ -1070,3 +1070,77 @@ fn split_f32_products_match_plain_products() {
         assert!(rel < 1e-5, "{key}: plain {x} vs split {y}");
     }
 }
+
+/// The rollout/trainer mismatch through the binary. The table's behaviour log-probs are the
+/// tiny model's own (batched no-graph path): on the first step, before any optimizer step, the
+/// gap to the trainer's log-probs is at rounding level (≤ 1e-4) and is in the metrics line, the
+/// TensorBoard keys and the summary line; later steps do not carry it. `--ref-model` (the model
+/// itself) with `--kl-coef 0` reports the KL to it: k3 of equal log-probs, 0. The same table with
+/// every behaviour log-prob shifted by −0.5 reports a gap of 0.5 (ratio |e^0.5 − 1| = 0.6487), and
+/// `--max-mismatch 1e-3` refuses it: exit 1, the mismatch named, no output folder.
+#[test]
+fn update_reports_the_rollout_trainer_mismatch_and_refuses_a_shifted_table() {
+    let w = Workdir::new();
+    let rows = train_rows();
+    write_rows(&w.path("t.parquet"), &rows);
+    let mut shifted = rows.clone();
+    for r in &mut shifted {
+        r.old_logp.iter_mut().for_each(|x| *x -= 0.5);
+    }
+    write_rows(&w.path("s.parquet"), &shifted);
+    let model = crate::fixtures().join("tiny-qwen2");
+    let m = model.to_str().unwrap();
+    let base = ["--micro-batch", "2", "--mini-batches", "2", "--lr", "1e-3"];
+    let mut args = vec!["update", "--model", m, "--input", "t.parquet", "-o", "a"];
+    args.extend(["--ref-model", m, "--max-mismatch", "1e-4"]);
+    args.extend(base);
+    let o = w.output(&args);
+    assert!(o.status.success(), "{}", crate::describe(&args, &o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("logp mismatch max"), "{err}");
+    assert!(err.contains("KL to reference"), "{err}");
+    let lines = metrics(&w.path("a"));
+    assert_eq!(lines.len(), 2);
+    let f = |l: &serde_json::Value, k: &str| l[k].as_f64().unwrap_or_else(|| panic!("{k}: {l}"));
+    let (lmax, rmax) = (
+        f(&lines[0], "mismatch/logp_max"),
+        f(&lines[0], "mismatch/ratio_max"),
+    );
+    eprintln!("CPU rollout/trainer mismatch: logp max {lmax:e}, ratio max {rmax:e}");
+    assert!(lmax <= 1e-4 && rmax <= 1e-4, "{}", lines[0]);
+    assert!(f(&lines[0], "mismatch/logp_mean") <= lmax);
+    assert!(f(&lines[0], "ref_kl").abs() < 1e-9, "{}", lines[0]);
+    assert!(lines[1].get("mismatch/logp_max").is_none() && lines[1].get("ref_kl").is_none());
+    // Answer rows 0..3 and confidence rows 4, 5: the response lengths of each update batch.
+    assert!(f(&lines[0], "response_length") > 0.0);
+    // The shifted table: reported ...
+    let mut args = vec!["update", "--model", m, "--input", "s.parquet", "-o", "b"];
+    args.extend(base);
+    w.run(&args);
+    let l = &metrics(&w.path("b"))[0];
+    assert!((f(l, "mismatch/logp_max") - 0.5).abs() < 1e-4, "{l}");
+    assert!((f(l, "mismatch/logp_mean") - 0.5).abs() < 1e-4, "{l}");
+    assert!(
+        (f(l, "mismatch/ratio_max") - 0.648_721_270_7).abs() < 1e-3,
+        "{l}"
+    );
+    // ... and refused.
+    let mut args = vec!["update", "--model", m, "--input", "s.parquet", "-o", "c"];
+    args.extend(["--max-mismatch", "1e-3"]);
+    args.extend(base);
+    let err = w.fail(&args, 1);
+    assert!(
+        err.contains("rollout/trainer mismatch") && err.contains("--max-mismatch"),
+        "{err}"
+    );
+    assert!(
+        !w.path("c").exists(),
+        "a refused update wrote {:?}",
+        w.listing()
+    );
+    // A negative limit is a usage error.
+    let mut args = vec!["update", "--model", m, "--input", "t.parquet", "-o", "d"];
+    args.push("--max-mismatch=-1");
+    let err = w.fail(&args, 2);
+    assert!(err.contains("--max-mismatch"), "{err}");
+}

@@ -481,6 +481,36 @@ mod tests {
     use super::*;
     use crate::testing::data;
 
+    /// `B` as bf16 bit patterns ([`crate::sgemm::sgemm_bf16_b`]), plain and transposed, every ISA: the bits of
+    /// the scalar FMA chain on the widened `B`.
+    #[test]
+    fn bf16_b_is_the_chain_of_the_widened_b() {
+        use crate::sgemm::{reference, sgemm_bf16_b};
+        use crate::testing::{bits, isas};
+        for &(m, n, k) in &[(1, 1, 1), (13, 33, 257), (25, 1100, 300), (97, 45, 40)] {
+            let ad = data(m * k, 31 + m as u64);
+            let bh: Vec<u16> = data(k * n, 32 + n as u64)
+                .iter()
+                .map(|&x| round(x))
+                .collect();
+            let bw: Vec<f32> = bh.iter().map(|&h| widen(h)).collect();
+            for tb in [false, true] {
+                let (b, bwv) = if tb {
+                    (View::rows(&bh, k).t(), View::rows(&bw, k).t())
+                } else {
+                    (View::rows(&bh, n), View::rows(&bw, n))
+                };
+                let a = View::rows(&ad, k);
+                let want = reference(m, n, k, a, bwv);
+                for isa in isas() {
+                    let mut got = vec![f32::NAN; m * n];
+                    assert!(sgemm_bf16_b(m, n, k, a, b, &mut got, isa));
+                    assert_eq!(bits(&got), bits(&want), "{m}×{n}×{k} tb={tb} {isa:?}");
+                }
+            }
+        }
+    }
+
     /// Hand-checked roundings: 1 + 2⁻⁸ is a tie between 1 and 1 + 2⁻⁷ and goes to the even 1;
     /// 1 + 3·2⁻⁸ ties to 1 + 2⁻⁶ (even); above half rounds up; subnormals flush to signed zero;
     /// the largest f32 overflows to ∞; NaN stays NaN (quiet).

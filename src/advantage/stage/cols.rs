@@ -1,4 +1,5 @@
-//! Typed, lenient access to the columns `rlcr advantage` reads, one record batch at a time.
+//! Typed, lenient access to the numeric columns `rlcr advantage` reads, one record batch at a
+//! time (text columns: [`crate::table::StrCol`]).
 //!
 //! Tables come from rlcr, polars or DuckDB, so the physical types vary (`LargeUtf8`, `LargeList`,
 //! `Int64` indices, `Float64` rewards, integer `info_mask`): every accessor casts to one canonical
@@ -9,13 +10,13 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, Float64Array, Int32Array, RecordBatch,
-    StringArray, StructArray,
+    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int32Array, RecordBatch, StructArray,
 };
 use arrow::compute::cast;
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int32Type};
 
 use crate::advantage::Span;
+use crate::table::StrCol;
 
 /// A column cast to `to`, or `None` when the batch has no such column.
 pub fn opt_cast(batch: &RecordBatch, name: &str, to: &DataType) -> Result<Option<ArrayRef>> {
@@ -32,76 +33,6 @@ pub fn opt_cast(batch: &RecordBatch, name: &str, to: &DataType) -> Result<Option
 
 fn need(batch: &RecordBatch, name: &str, to: &DataType) -> Result<ArrayRef> {
     opt_cast(batch, name, to)?.ok_or_else(|| anyhow!("missing column `{name}`"))
-}
-
-/// A string column.
-pub fn strings(batch: &RecordBatch, name: &str) -> Result<StringArray> {
-    Ok(need(batch, name, &DataType::Utf8)?
-        .as_string::<i32>()
-        .clone())
-}
-
-/// A utf8 column that may have been read as a dictionary with int32 keys (`prompt_id` and
-/// `sample_type` in the keys pass): a dictionary keeps its keys, so a value need be looked at
-/// only once per distinct key, or when the key changes from the previous row's. Any other string
-/// type is cast to plain `Utf8`.
-pub enum Utf8Col {
-    Plain(StringArray),
-    Dict {
-        keys: Int32Array,
-        values: StringArray,
-    },
-}
-
-impl Utf8Col {
-    /// Column `name` of `batch`.
-    pub fn of(batch: &RecordBatch, name: &str) -> Result<Self> {
-        let col = batch
-            .column_by_name(name)
-            .ok_or_else(|| anyhow!("missing column `{name}`"))?;
-        if let Some(d) = col.as_any().downcast_ref::<DictionaryArray<Int32Type>>() {
-            if let Some(v) = d.values().as_any().downcast_ref::<StringArray>() {
-                return Ok(Utf8Col::Dict {
-                    keys: d.keys().clone(),
-                    values: v.clone(),
-                });
-            }
-        }
-        Ok(Utf8Col::Plain(strings(batch, name)?))
-    }
-    /// The dictionary key of row `i` (`None` for a plain column or a null key). Within a batch,
-    /// equal keys are equal values.
-    #[inline]
-    pub fn key(&self, i: usize) -> Option<i32> {
-        match self {
-            Utf8Col::Plain(_) => None,
-            Utf8Col::Dict { keys, .. } => keys.is_valid(i).then(|| keys.value(i)),
-        }
-    }
-    pub fn is_null(&self, i: usize) -> bool {
-        match self {
-            Utf8Col::Plain(a) => a.is_null(i),
-            Utf8Col::Dict { keys, values } => {
-                keys.is_null(i) || values.is_null(keys.value(i) as usize)
-            }
-        }
-    }
-    /// Row `i`'s value (empty for a null row: ask [`Utf8Col::is_null`] first).
-    pub fn value(&self, i: usize) -> &str {
-        match self {
-            Utf8Col::Plain(a) => a.value(i),
-            Utf8Col::Dict { keys, values } => values.value(keys.value(i) as usize),
-        }
-    }
-    /// `f` of each dictionary value, by key (`None` for a null value; empty for a plain column).
-    pub fn per_value<T>(&self, f: impl Fn(Option<&str>) -> T) -> Vec<T> {
-        match self {
-            Utf8Col::Plain(_) => Vec::new(),
-            Utf8Col::Dict { values, .. } => (0..values.len())
-                .map(|v| f(values.is_valid(v).then(|| values.value(v))))
-                .collect(),
-        }
-    }
 }
 
 /// An integer column as `Int32`.
@@ -312,7 +243,8 @@ pub struct Component {
 pub struct Components {
     offsets: Vec<usize>,
     valid: Option<Vec<bool>>,
-    name: StringArray,
+    /// The names, as utf8 (read through [`StrCol`]).
+    name: ArrayRef,
     turn: Int32Array,
     value: Float64Array,
     weight: Float64Array,
@@ -327,6 +259,8 @@ impl Components {
                 return Ok(());
             }
         }
+        let names = StrCol::of_array(self.name.as_ref())
+            .ok_or_else(|| anyhow!("internal: reward_components names are not text"))?;
         for j in self.offsets[i]..self.offsets[i + 1] {
             if self.value.is_null(j) {
                 bail!(
@@ -335,11 +269,7 @@ impl Components {
                 );
             }
             out.push(Component {
-                name: if self.name.is_null(j) {
-                    String::new()
-                } else {
-                    self.name.value(j).to_string()
-                },
+                name: names.get(j).unwrap_or_default().to_string(),
                 turn: (!self.turn.is_null(j)).then(|| self.turn.value(j)),
                 value: self.value.value(j),
                 weight: if self.weight.is_null(j) {
@@ -378,7 +308,7 @@ pub fn components(batch: &RecordBatch, name: &str) -> Result<Option<Components>>
     Ok(Some(Components {
         offsets,
         valid: validity(col),
-        name: field("name", &DataType::Utf8)?.as_string::<i32>().clone(),
+        name: field("name", &DataType::Utf8)?,
         turn: field("turn", &DataType::Int32)?
             .as_primitive::<arrow::datatypes::Int32Type>()
             .clone(),

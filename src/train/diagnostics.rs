@@ -1,0 +1,491 @@
+//! What an update shows besides its loss: the rollout/trainer mismatch, the KL of the policy to
+//! the reference (the warm start in the loop) and the response lengths. Pure functions over plain
+//! slices; the trainer feeds them and writes their figures into the step metrics
+//! ([`super::trainer::StepMetrics`]), and so into `train_metrics.jsonl`, TensorBoard and `report`.
+//!
+//! - **Rollout/trainer mismatch** ([`Mismatch`]): before the first optimizer step the trainer's
+//!   log-prob of each learnable token and the behaviour log-prob the sampler recorded
+//!   (`response_logprobs`) describe the same weights, so they must agree to rounding. A gap is a
+//!   bug of the pipeline (another temperature, precision, tokenisation, chat template, dropout or
+//!   a stale policy) that turns every ratio into a bias. Measured on the first update batch of a
+//!   call, over the learnable tokens of the rows that run a forward pass: `max` and `mean` of
+//!   `|old − logp|`, and of the ratio's deviation `|exp(logp − old) − 1|` (the log-ratio clamped to
+//!   ±20 as the loss clamps it). On the CPU, f32, temperature 1 both sides: ≤ 1e-4
+//!   (`update --max-mismatch` turns a larger one into an error).
+//! - **KL to the reference** ([`ref_kl`]): Schulman's k3 with verl's clamps (`low_var_kl`):
+//!   `x = clamp(ref − old, ±20)`, `kl = clamp(eˣ − x − 1, ±10)`, averaged over every learnable token
+//!   of the table. The tokens were sampled by the behaviour policy, so this estimates
+//!   KL(behaviour ‖ reference): how far the policy that wrote this batch has moved from the warm
+//!   start. It needs no forward pass of the policy (only the reference log-probs).
+//! - **Response length** ([`mean_lengths`]): mean tokens of the answer rows and of the confidence
+//!   rows of an update batch.
+use anyhow::{bail, Result};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+use super::data::TrainRow;
+use super::loss::{kl_estimate, KlEstimator, LOG_RATIO_CLAMP};
+
+/// Rollout/trainer mismatch over a set of tokens (sums, so micro-batches merge).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Mismatch {
+    /// max |old − logp|.
+    pub logp_max: f64,
+    /// Σ |old − logp|.
+    pub logp_sum: f64,
+    /// max |exp(clamp(logp − old, ±20)) − 1|.
+    pub ratio_max: f64,
+    /// Σ |exp(clamp(logp − old, ±20)) − 1|.
+    pub ratio_sum: f64,
+    /// Tokens counted.
+    pub tokens: usize,
+}
+
+impl Mismatch {
+    /// Add the tokens `t` with `mask[t]` of one row (or of a right-aligned block: the three
+    /// slices are parallel). A non-finite difference makes the maxima NaN (never hidden).
+    pub fn add(&mut self, logp: &[f32], old: &[f32], mask: &[bool]) {
+        for ((&l, &o), &m) in logp.iter().zip(old).zip(mask) {
+            if !m {
+                continue;
+            }
+            let d = l as f64 - o as f64;
+            let r = (d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() - 1.0).abs();
+            self.logp_sum += d.abs();
+            self.ratio_sum += r;
+            self.logp_max = nan_max(self.logp_max, d.abs());
+            self.ratio_max = nan_max(self.ratio_max, r);
+            self.tokens += 1;
+        }
+    }
+
+    /// Add the learnable tokens of a micro-batch: `logp` is its `[rows.len(), width]` block of
+    /// trainer log-probs, right-aligned (each row's response ends at the last column).
+    pub fn add_right_aligned(&mut self, logp: &[f32], rows: &[&TrainRow], width: usize) {
+        for (j, row) in rows.iter().enumerate() {
+            let n = row.response.len().min(width);
+            let end = (j + 1) * width;
+            if let Some(lp) = logp.get(end - n..end) {
+                let k = row.old_logp.len() - n;
+                self.add(lp, &row.old_logp[k..], &row.mask[k..]);
+            }
+        }
+    }
+
+    /// An error when the largest gap is above `limit` ([`Mismatch::exceeds`]).
+    pub fn check(&self, limit: f64) -> Result<()> {
+        if self.exceeds(limit) {
+            bail!(
+                "rollout/trainer mismatch: before any optimizer step, max |behaviour log-prob − \
+                 trainer log-prob| is {:.3e} (mean {:.3e}; ratio |r − 1| max {:.3e}, mean {:.3e}) \
+                 over the {} learnable tokens of the first update batch, above --max-mismatch \
+                 {limit:e}: the table's response_logprobs were not computed as the trainer computes \
+                 them (another model, temperature, precision, tokenisation or dropout); nothing \
+                 was written",
+                self.logp_max,
+                self.logp_mean(),
+                self.ratio_max,
+                self.ratio_mean(),
+                self.tokens
+            );
+        }
+        Ok(())
+    }
+
+    /// Both sets together.
+    pub fn merge(&mut self, o: &Mismatch) {
+        self.logp_max = nan_max(self.logp_max, o.logp_max);
+        self.ratio_max = nan_max(self.ratio_max, o.ratio_max);
+        self.logp_sum += o.logp_sum;
+        self.ratio_sum += o.ratio_sum;
+        self.tokens += o.tokens;
+    }
+
+    /// mean |old − logp| (0 over no tokens).
+    pub fn logp_mean(&self) -> f64 {
+        self.logp_sum / self.tokens.max(1) as f64
+    }
+
+    /// mean |ratio − 1| (0 over no tokens).
+    pub fn ratio_mean(&self) -> f64 {
+        self.ratio_sum / self.tokens.max(1) as f64
+    }
+
+    /// True when the largest log-prob gap is above `limit` or not a number.
+    pub fn exceeds(&self, limit: f64) -> bool {
+        self.logp_max.is_nan() || self.logp_max > limit
+    }
+}
+
+/// max that keeps a NaN on either side.
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// The diagnostics of one optimizer step, flattened into its metrics line
+/// ([`super::trainer::StepMetrics`]); each key is absent when not measured. TensorBoard groups
+/// the `mismatch/…` tags in a section of their own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepDiagnostics {
+    /// Mean response length (tokens) of the update batch's answer rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_length: Option<f64>,
+    /// Mean response length (tokens) of the update batch's confidence rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_length: Option<f64>,
+    /// KL of the behaviour policy to the reference ([`ref_kl`]); first step of a call only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ref_kl: Option<f64>,
+    /// max |behaviour − trainer log-prob| ([`Mismatch`]); first step of a call only.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "mismatch/logp_max"
+    )]
+    pub mismatch_logp_max: Option<f64>,
+    /// mean |behaviour − trainer log-prob|.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "mismatch/logp_mean"
+    )]
+    pub mismatch_logp_mean: Option<f64>,
+    /// max |exp(trainer − behaviour) − 1|: the ratio's deviation from 1.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "mismatch/ratio_max"
+    )]
+    pub mismatch_ratio_max: Option<f64>,
+    /// mean |exp(trainer − behaviour) − 1|.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "mismatch/ratio_mean"
+    )]
+    pub mismatch_ratio_mean: Option<f64>,
+}
+
+impl StepDiagnostics {
+    /// The figures of one update batch: its lengths, and the call's KL and mismatch when given.
+    pub fn of<'a>(
+        batch: impl IntoIterator<Item = &'a TrainRow>,
+        ref_kl: Option<f64>,
+        mismatch: Option<&Mismatch>,
+    ) -> StepDiagnostics {
+        let (response_length, confidence_length) = mean_lengths(batch);
+        StepDiagnostics {
+            response_length,
+            confidence_length,
+            ref_kl,
+            mismatch_logp_max: mismatch.map(|m| m.logp_max),
+            mismatch_logp_mean: mismatch.map(Mismatch::logp_mean),
+            mismatch_ratio_max: mismatch.map(|m| m.ratio_max),
+            mismatch_ratio_mean: mismatch.map(Mismatch::ratio_mean),
+        }
+    }
+}
+
+/// Mean k3 KL (verl's `low_var_kl`, clamps included) of the behaviour log-probs to the reference
+/// log-probs over every learnable token of `rows`. `None` when a row has no reference log-probs
+/// or there is no learnable token.
+pub fn ref_kl(rows: &[TrainRow]) -> Option<f64> {
+    let mut sum = 0.0;
+    let mut n = 0usize;
+    for r in rows {
+        let reference = r.ref_logp.as_ref()?;
+        for ((&m, &old), &rf) in r.mask.iter().zip(&r.old_logp).zip(reference) {
+            if m {
+                sum += kl_estimate(old as f64, rf as f64, KlEstimator::K3);
+                n += 1;
+            }
+        }
+    }
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// Mean response length (tokens) of the answer rows and of the confidence rows of `rows`; `None`
+/// for a kind with no row.
+pub fn mean_lengths<'a>(
+    rows: impl IntoIterator<Item = &'a TrainRow>,
+) -> (Option<f64>, Option<f64>) {
+    let (mut a, mut na, mut c, mut nc) = (0usize, 0usize, 0usize, 0usize);
+    for r in rows {
+        if r.is_confidence {
+            c += r.response.len();
+            nc += 1;
+        } else {
+            a += r.response.len();
+            na += 1;
+        }
+    }
+    let mean = |s: usize, n: usize| (n > 0).then(|| s as f64 / n as f64);
+    (mean(a, na), mean(c, nc))
+}
+
+/// Checks that stop a call before its first optimizer step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Guards {
+    /// Largest rollout/trainer log-prob gap accepted on the first update batch
+    /// ([`Mismatch::exceeds`]); `None`: measured and reported only.
+    pub max_mismatch: Option<f64>,
+}
+
+/// Gradients on the host, by module path, for tests and diagnostics.
+pub fn grads_to_host<M: Module>(module: &M, grads: &GradientsParams) -> Vec<(String, Vec<f32>)> {
+    struct V<'a> {
+        path: Vec<String>,
+        grads: &'a GradientsParams,
+        out: Vec<(String, Vec<f32>)>,
+    }
+    impl ModuleVisitor for V<'_> {
+        fn enter_module(&mut self, name: &str, _c: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _c: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.grads.get::<D>(param.id) {
+                if let Ok(v) = g.into_data().convert::<f32>().try_into_vec::<f32>() {
+                    self.out.push((self.path.join("."), v));
+                }
+            }
+        }
+    }
+    let mut v = V {
+        path: Vec::new(),
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut v);
+    v.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(old: Vec<f32>, reference: Option<Vec<f32>>, mask: Vec<bool>, conf: bool) -> TrainRow {
+        let n = old.len();
+        TrainRow {
+            context: vec![1, 2],
+            response: (0..n as u32).collect(),
+            old_logp: old,
+            adv: vec![0.0; n],
+            mask,
+            ref_logp: reference,
+            is_confidence: conf,
+        }
+    }
+
+    /// Hand figures: logp − old = (+0.5, −0.25, masked, 0): |Δ| = 0.5, 0.25, 0 → max 0.5, mean
+    /// 0.25; |eᐞ − 1| = e^0.5 − 1 = 0.6487212707, 1 − e^−0.25 = 0.2211992169, 0 → max 0.6487212707,
+    /// mean 0.2899734959.
+    #[test]
+    fn mismatch_by_hand() {
+        let mut m = Mismatch::default();
+        m.add(
+            &[-1.0, -2.25, -9.0, -0.5],
+            &[-1.5, -2.0, -0.1, -0.5],
+            &[true, true, false, true],
+        );
+        assert_eq!(m.tokens, 3);
+        assert!((m.logp_max - 0.5).abs() < 1e-12);
+        assert!((m.logp_mean() - 0.25).abs() < 1e-12);
+        assert!((m.ratio_max - 0.648_721_270_7).abs() < 1e-9);
+        assert!((m.ratio_mean() - 0.289_973_495_9).abs() < 1e-9);
+        assert!(m.exceeds(0.4) && !m.exceeds(0.5));
+        // Split into two parts and merged: the same figures.
+        let (mut a, mut b) = (Mismatch::default(), Mismatch::default());
+        a.add(&[-1.0], &[-1.5], &[true]);
+        b.add(
+            &[-2.25, -9.0, -0.5],
+            &[-2.0, -0.1, -0.5],
+            &[true, false, true],
+        );
+        a.merge(&b);
+        assert_eq!(a.tokens, 3);
+        assert!((a.logp_sum - m.logp_sum).abs() < 1e-12 && a.logp_max == m.logp_max);
+        assert!((a.ratio_sum - m.ratio_sum).abs() < 1e-12 && a.ratio_max == m.ratio_max);
+        // A NaN is never hidden by a max and always exceeds.
+        let mut n = Mismatch::default();
+        n.add(&[f32::NAN, -1.0], &[-1.0, -3.0], &[true, true]);
+        assert!(n.logp_max.is_nan() && n.exceeds(1e9));
+        // No tokens: zeros.
+        assert_eq!(Mismatch::default().logp_mean(), 0.0);
+        assert!(!Mismatch::default().exceeds(0.0));
+        // A huge gap: the ratio is clamped at e^20 − 1, not infinite.
+        let mut h = Mismatch::default();
+        h.add(&[-0.0], &[-90.0], &[true]);
+        assert!((h.ratio_max - (20f64.exp() - 1.0)).abs() < 1e-3);
+    }
+
+    /// k3 by hand (x = ref − old): x = −0.5 → e^−0.5 + 0.5 − 1 = 0.1065306597; x = 1 → e − 2 =
+    /// 0.7182818285; x = 0 → 0; a masked token left out; x = 30 → clamped to 10. numpy:
+    /// `x = np.array([-0.5, 1.0, 0.0]); (np.exp(x) - x - 1).mean()` = 0.2749374961.
+    #[test]
+    fn ref_kl_is_verls_low_var_kl() {
+        let rows = vec![
+            row(
+                vec![-1.0, -2.0, -0.3],
+                Some(vec![-1.5, -1.0, -7.0]),
+                vec![true, true, false],
+                false,
+            ),
+            row(vec![-0.7], Some(vec![-0.7]), vec![true], true),
+        ];
+        let kl = ref_kl(&rows).expect("kl");
+        assert!((kl - 0.274_937_496_1).abs() < 1e-9, "{kl}");
+        // The clamp: x = 30 (ref far above old) gives 10, not e^30.
+        let far = vec![row(vec![-31.0], Some(vec![-1.0]), vec![true], false)];
+        assert_eq!(ref_kl(&far), Some(10.0));
+        // A row without reference log-probs: no figure.
+        let mut none = rows.clone();
+        none[1].ref_logp = None;
+        assert_eq!(ref_kl(&none), None);
+        // Nothing learnable: no figure.
+        let masked = vec![row(vec![-1.0], Some(vec![-2.0]), vec![false], false)];
+        assert_eq!(ref_kl(&masked), None);
+    }
+
+    /// The trainer's own measurement on the tiny model (CPU, f32): behaviour log-probs from the
+    /// batched no-graph path, trainer log-probs from the training forward. Rounding level, on the
+    /// first step only; the KL to a reference 0.05 below the behaviour on every token is
+    /// e^−0.05 + 0.05 − 1 = 0.0012294245; the lengths are the first batch's.
+    #[test]
+    fn trainer_measures_mismatch_kl_and_lengths_before_its_first_step() {
+        use crate::train::loss::LossAgg;
+        use crate::train::optim::{AdamW, AdamWConfig};
+        use crate::train::trainer::tests::{config, rows, tiny};
+        use crate::train::trainer::{train_guarded, Guards};
+        let m = tiny();
+        let rows = rows(&m.transformer, 6, 11, 0.0);
+        let mut cfg = config(LossAgg::TokenMean, 2);
+        cfg.mini_batches = 2;
+        let strict = Guards {
+            max_mismatch: Some(1e-4),
+        };
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let (_, steps) = train_guarded(
+            m.transformer.clone(),
+            &mut opt,
+            &rows,
+            &cfg,
+            &strict,
+            |_| Ok(()),
+        )
+        .expect("train");
+        let s0 = &steps[0];
+        let (lmax, lmean) = (
+            s0.diag.mismatch_logp_max.expect("max"),
+            s0.diag.mismatch_logp_mean.expect("mean"),
+        );
+        let (rmax, rmean) = (
+            s0.diag.mismatch_ratio_max.expect("max"),
+            s0.diag.mismatch_ratio_mean.expect("mean"),
+        );
+        eprintln!(
+            "CPU mismatch: logp max {lmax:e} mean {lmean:e}; ratio max {rmax:e} mean {rmean:e}"
+        );
+        assert!(lmax <= 1e-4 && rmax <= 1e-4, "{lmax:e} {rmax:e}");
+        assert!(lmean <= lmax && rmean <= rmax);
+        let kl = s0.diag.ref_kl.expect("reference log-probs given");
+        assert!((kl - 0.001_229_424_5).abs() < 1e-6, "{kl}");
+        // Once per call: the second step carries none of them.
+        let s1 = &steps[1];
+        assert!(s1.diag.mismatch_logp_max.is_none() && s1.diag.ref_kl.is_none());
+        // Rows 0, 1 (answers) and 2 (confidence) make the first update batch.
+        assert!(!rows[0].is_confidence && !rows[1].is_confidence && rows[2].is_confidence);
+        let la = (rows[0].response.len() + rows[1].response.len()) as f64 / 2.0;
+        assert_eq!(s0.diag.response_length, Some(la));
+        assert_eq!(
+            s0.diag.confidence_length,
+            Some(rows[2].response.len() as f64)
+        );
+        let line = crate::train::checkpoint::metrics_value("update", s0).expect("json");
+        assert_eq!(line["mismatch/logp_max"], serde_json::json!(lmax));
+        assert!(crate::train::checkpoint::metrics_value("update", s1)
+            .expect("json")
+            .get("mismatch/logp_max")
+            .is_none());
+    }
+
+    /// Behaviour log-probs shifted by +0.5 on purpose: the measurement reports a gap of 0.5
+    /// (mean 0.5; ratio exp(−0.5) − 1, |·| = 0.3934693403) and --max-mismatch stops the call
+    /// before any optimizer step.
+    #[test]
+    fn shifted_behaviour_logprobs_are_reported_and_refused() {
+        use crate::train::loss::LossAgg;
+        use crate::train::optim::{AdamW, AdamWConfig};
+        use crate::train::trainer::tests::{config, rows, tiny};
+        use crate::train::trainer::{train_guarded, Guards};
+        let m = tiny();
+        let mut rows = rows(&m.transformer, 4, 12, 0.0);
+        for r in &mut rows {
+            r.old_logp.iter_mut().for_each(|x| *x += 0.5);
+        }
+        let cfg = config(LossAgg::TokenMean, 2);
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let guard = Guards {
+            max_mismatch: Some(1e-3),
+        };
+        let e = train_guarded(m.transformer.clone(), &mut opt, &rows, &cfg, &guard, |_| {
+            Ok(())
+        })
+        .map(|_| ())
+        .expect_err("a shifted table must be refused");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("rollout/trainer mismatch") && msg.contains("--max-mismatch"),
+            "{msg}"
+        );
+        assert_eq!(opt.step, 0, "no optimizer step before the check");
+        let (_, steps) = train_guarded(
+            m.transformer.clone(),
+            &mut opt,
+            &rows,
+            &cfg,
+            &Guards::default(),
+            |_| Ok(()),
+        )
+        .expect("reported only");
+        let s0 = &steps[0];
+        let (lmax, lmean) = (
+            s0.diag.mismatch_logp_max.expect("max"),
+            s0.diag.mismatch_logp_mean.expect("mean"),
+        );
+        assert!(
+            (lmax - 0.5).abs() < 1e-4 && (lmean - 0.5).abs() < 1e-4,
+            "{lmax} {lmean}"
+        );
+        let r = 1.0 - (-0.5f64).exp();
+        assert!((r - 0.393_469_340_3).abs() < 1e-9);
+        let (rmax, rmean) = (
+            s0.diag.mismatch_ratio_max.expect("max"),
+            s0.diag.mismatch_ratio_mean.expect("mean"),
+        );
+        assert!(
+            (rmax - r).abs() < 1e-4 && (rmean - r).abs() < 1e-4,
+            "{rmax} {rmean}"
+        );
+    }
+
+    #[test]
+    fn lengths_per_kind() {
+        let rows = [
+            row(vec![-1.0; 4], None, vec![true; 4], false),
+            row(vec![-1.0; 6], None, vec![true; 6], false),
+            row(vec![-1.0; 3], None, vec![true; 3], true),
+        ];
+        assert_eq!(mean_lengths(&rows), (Some(5.0), Some(3.0)));
+        assert_eq!(mean_lengths(&rows[..2]), (Some(5.0), None));
+        assert_eq!(mean_lengths(&[]), (None, None));
+    }
+}
