@@ -5,10 +5,6 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
 
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod draw;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod norm;
 
 /// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of burn's
 /// composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
