@@ -329,13 +329,12 @@ impl Model {
             }
         }
         if lora::has_adapter(&self.transformer) {
-            let mut spec = match &self.adapter {
+            let spec = match &self.adapter {
                 Some(a) => a.spec.clone(),
                 None => bail!("internal: an adapter without its configuration"),
             };
-            // The base as this process found it (relative to the working directory, as the
-            // --model flag and transformers take it), so the new folder resolves wherever it is.
-            spec.base = Some(lora::normalize(&self.dir).display().to_string());
+            // save_adapter records the base folder as its absolute path (lora::recorded_base), so
+            // the new folder resolves from any working directory, in rlcr and in PEFT.
             return lora::save_adapter(&self.transformer, &spec, &self.dir, out);
         }
         weights::save(
