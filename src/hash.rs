@@ -31,7 +31,13 @@ impl Fnv64 {
         }
     }
 
-    /// The hash of everything given to [`Fnv64::update`].
+    /// Hash one 64-bit word as one FNV-1a step (`h = (h ^ x) * prime`; a word-at-a-time variant,
+    /// not the bytes of `x`): the LoRA dropout masks key a row by its token ids this way.
+    pub fn update_word(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(FNV_PRIME);
+    }
+
+    /// The hash of everything given to [`Fnv64::update`] and [`Fnv64::update_word`].
     pub fn finish(self) -> u64 {
         self.0
     }

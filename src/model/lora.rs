@@ -917,12 +917,13 @@ impl Dropout {
         let mut slots = vec![0u64; batch * len];
         for r in 0..batch {
             let row = r * len..(r + 1) * len;
-            let mut h = 0xcbf2_9ce4_8422_2325u64;
+            let mut fnv = crate::hash::Fnv64::default();
             for (&id, &ok) in ids[row.clone()].iter().zip(&valid[row.clone()]) {
                 if ok {
-                    h = (h ^ u64::from(id)).wrapping_mul(0x0000_0100_0000_01b3);
+                    fnv.update_word(u64::from(id));
                 }
             }
+            let h = fnv.finish();
             let mut pos = 0u64;
             for s in row {
                 if valid[s] {
@@ -959,12 +960,7 @@ impl Dropout {
     }
 }
 
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use crate::hash::splitmix64 as splitmix;
 
 fn mix(parts: &[u64]) -> u64 {
     parts
