@@ -16,7 +16,7 @@ use super::sampler::{Group, SampleId};
 use super::spans::{answer_span, context_opens};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Meta, Reader, Writer, PROMPTS, TRAJECTORY};
+use crate::table::{self, cols, Writer, PROMPTS, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-answers`' flags.
 #[derive(Debug, Clone)]
@@ -46,14 +46,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let shard = plan.job.shard;
     let system = &plan.system_prompt;
     let device = crate::model::device_from_str(&plan.job.device)?;
-    let reader = Reader::open(&plan.job.input)?;
-    let name = plan.job.input.display().to_string();
-    table::check_schema(
-        &name,
-        &reader.schema(),
-        &PROMPTS,
-        &["prompt_id", "messages"],
-    )?;
+    let (reader, name) = stage::open_input(&plan.job, &PROMPTS, &["prompt_id", "messages"])?;
     let total_prompts = reader.num_rows();
     if total_prompts == 0 {
         bail!("{name}: the table has no rows; nothing was written");
@@ -65,15 +58,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         Some(s) => s.clone().into(),
         None => serde_json::json!({"default": DEFAULT_SYSTEM_PROMPT}),
     };
-    config["response_prefix"] = s.response_prefix.clone().into();
-    config["shard"] = serde_json::to_value(shard)?;
-    config["argv"] = plan.job.argv.clone().into();
-    let meta = Meta::new(
-        &TRAJECTORY,
-        "generate-answers",
-        config,
-        &[plan.job.input.as_path(), plan.job.model.as_path()],
-    );
+    let meta = stage::output_meta(&plan.job, s, "generate-answers", config)?;
 
     let mut progress = crate::progress::Progress::new(
         "generate-answers",
@@ -144,17 +129,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         base_row += batch.num_rows();
     }
     progress.finish();
-    let Some(w) = writer else {
-        bail!(
-            "{name}: no prompts to sample from{}; nothing was written",
-            if shard.is_some() {
-                " in this shard"
-            } else {
-                ""
-            }
-        );
-    };
-    w.finish()?;
+    stage::finish_output(writer, &name, "prompts to sample from", shard.is_some())?;
     Ok(summary)
 }
 
