@@ -23,7 +23,7 @@ use crate::reward::rows::{self, CountdownCompat, GroundTruth, Settings};
 use crate::reward::{auto_verifier, VerifierChoice, VerifierKind};
 use crate::sample::logits::SamplingParams;
 use crate::sample::policy::Policy;
-use crate::sample::sampler::{Group, SampleId};
+use crate::sample::sampler::SampleId;
 use crate::sample::stage::{self, ModelJob};
 use crate::sample::stop::offsets_of;
 use crate::table::{self, cols, Meta, SampleType, Writer, PROBE, TRAJECTORY};
@@ -460,19 +460,16 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let mut writer: Option<Writer> = None;
     let per_chunk = (stage::chunk_samples(plan.batch_size) / n).max(1);
     for chunk in cuts.chunks(per_chunk) {
-        let groups: Vec<Group> = chunk
-            .iter()
-            .map(|c| Group {
-                context: c.prefix.clone(),
-                samples: (0..n as u32)
-                    .map(|k| SampleId {
-                        prompt_id: format!("probe:{}:{}", c.cut_index, answers[c.answer].sample_id),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
-            })
-            .collect();
+        let groups = stage::groups(
+            chunk,
+            n,
+            |c| c.prefix.clone(),
+            |c, k| SampleId {
+                prompt_id: format!("probe:{}:{}", c.cut_index, answers[c.answer].sample_id),
+                answer_idx: k,
+                confidence_idx: None,
+            },
+        );
         let results = stage::run_groups(&policy, &groups, &cfg, &mut progress, &mut summary)?;
         for res in &results {
             for gen in res {

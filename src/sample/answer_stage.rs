@@ -12,7 +12,7 @@ use arrow::array::{Array, RecordBatch, UInt32Array};
 
 use super::policy::Policy;
 use super::prompts::{answer_messages, DEFAULT_SYSTEM_PROMPT};
-use super::sampler::{Group, SampleId};
+use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
@@ -143,19 +143,16 @@ fn sample_chunk(
     progress: &mut crate::progress::Progress,
     summary: &mut Summary,
 ) -> Result<RecordBatch> {
-    let groups: Vec<Group> = chunk
-        .iter()
-        .map(|p| Group {
-            context: p.context_ids.clone(),
-            samples: (0..g_a as u32)
-                .map(|k| SampleId {
-                    prompt_id: p.prompt_id.clone(),
-                    answer_idx: k,
-                    confidence_idx: None,
-                })
-                .collect(),
-        })
-        .collect();
+    let groups = stage::groups(
+        chunk,
+        g_a,
+        |p| p.context_ids.clone(),
+        |p, k| SampleId {
+            prompt_id: p.prompt_id.clone(),
+            answer_idx: k,
+            confidence_idx: None,
+        },
+    );
     let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
     let mut take = Vec::with_capacity(chunk.len() * g_a);
     let mut c = stage::SampledColumns::default();

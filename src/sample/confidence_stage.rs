@@ -14,7 +14,7 @@ use arrow::array::{Array, RecordBatch, UInt32Array};
 
 use super::policy::Policy;
 use super::prompts::{answer_turn, confidence_messages, confidence_query};
-use super::sampler::{Group, SampleId};
+use super::sampler::SampleId;
 use super::spans::{confidence_span, context_opens_confidence};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
@@ -236,19 +236,16 @@ fn sample_chunk(
     progress: &mut crate::progress::Progress,
     summary: &mut Summary,
 ) -> Result<RecordBatch> {
-    let groups: Vec<Group> = chunk
-        .iter()
-        .map(|p| Group {
-            context: p.context_ids.clone(),
-            samples: (0..g_c as u32)
-                .map(|h| SampleId {
-                    prompt_id: p.prompt_id.clone(),
-                    answer_idx: p.answer_idx,
-                    confidence_idx: Some(h),
-                })
-                .collect(),
-        })
-        .collect();
+    let groups = stage::groups(
+        chunk,
+        g_c,
+        |p| p.context_ids.clone(),
+        |p, h| SampleId {
+            prompt_id: p.prompt_id.clone(),
+            answer_idx: p.answer_idx,
+            confidence_idx: Some(h),
+        },
+    );
     let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
     let mut take = Vec::with_capacity(chunk.len() * g_c);
     let mut c = stage::SampledColumns::default();

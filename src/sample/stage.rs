@@ -8,7 +8,7 @@ use arrow::array::{ArrayRef, Int32Array, StringArray};
 
 use super::logits::SamplingParams;
 use super::policy::Policy;
-use super::sampler::{generate, GenConfig, Generated, Group};
+use super::sampler::{generate, GenConfig, Generated, Group, SampleId};
 use super::spans::Span;
 use super::stop::StopCriteria;
 use crate::model::transfer::Transfers;
@@ -191,6 +191,23 @@ impl Summary {
             self.steps
         )
     }
+}
+
+/// The sampler's groups for `items`: per item, its context (`context`) and `g` samples, the
+/// `k`-th identified by `id(item, k)`.
+pub fn groups<P>(
+    items: &[P],
+    g: usize,
+    context: impl Fn(&P) -> Vec<u32>,
+    id: impl Fn(&P, u32) -> SampleId,
+) -> Vec<Group> {
+    items
+        .iter()
+        .map(|p| Group {
+            context: context(p),
+            samples: (0..g as u32).map(|k| id(p, k)).collect(),
+        })
+        .collect()
 }
 
 /// Run the sampler over `groups` with the progress bar; adds the token count, the decode steps
