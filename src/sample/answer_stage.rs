@@ -16,7 +16,7 @@ use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Writer, PROMPTS, TRAJECTORY};
+use crate::table::{cols, Writer, PROMPTS, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-answers`' flags.
 #[derive(Debug, Clone)]
@@ -113,19 +113,25 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 think_prefilled: context_opens(&text, "<think>", &["</think>"]),
             });
         }
-        let per_chunk = (stage::chunk_samples(s.batch_size) / plan.num_answers).max(1);
-        for chunk in prepared.chunks(per_chunk) {
-            let out = sample_chunk(
-                &policy,
-                &batch,
-                chunk,
-                plan.num_answers,
-                &cfg,
-                &mut progress,
-                &mut summary,
-            )?;
-            table::io::write_lazily(&mut writer, &plan.job.out, &meta, &out)?;
-        }
+        stage::write_chunks(
+            &prepared,
+            plan.num_answers,
+            s.batch_size,
+            &mut writer,
+            &plan.job.out,
+            &meta,
+            |chunk| {
+                sample_chunk(
+                    &policy,
+                    &batch,
+                    chunk,
+                    plan.num_answers,
+                    &cfg,
+                    &mut progress,
+                    &mut summary,
+                )
+            },
+        )?;
         base_row += batch.num_rows();
     }
     progress.finish();

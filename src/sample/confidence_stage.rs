@@ -191,19 +191,25 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 opened: context_opens_confidence(&ctx_text),
             });
         }
-        let per_chunk = (stage::chunk_samples(s.batch_size) / plan.num_confidences).max(1);
-        for chunk in prepared.chunks(per_chunk) {
-            let out = sample_chunk(
-                &policy,
-                &batch,
-                chunk,
-                plan.num_confidences,
-                &cfg,
-                &mut progress,
-                &mut summary,
-            )?;
-            table::io::write_lazily(&mut writer, &plan.job.out, &meta, &out)?;
-        }
+        stage::write_chunks(
+            &prepared,
+            plan.num_confidences,
+            s.batch_size,
+            &mut writer,
+            &plan.job.out,
+            &meta,
+            |chunk| {
+                sample_chunk(
+                    &policy,
+                    &batch,
+                    chunk,
+                    plan.num_confidences,
+                    &cfg,
+                    &mut progress,
+                    &mut summary,
+                )
+            },
+        )?;
         base_row += batch.num_rows();
     }
     progress.finish();

@@ -296,6 +296,26 @@ pub fn output_meta(
     ))
 }
 
+/// Sample `items` (`g` samples each) in chunks of about [`chunk_samples`] samples, in order, and
+/// write each chunk's rows (`sample(chunk)`) to `out` as soon as they are built (the writer opened
+/// with the first rows).
+pub fn write_chunks<P>(
+    items: &[P],
+    g: usize,
+    batch_size: usize,
+    writer: &mut Option<Writer>,
+    out: &std::path::Path,
+    meta: &Meta,
+    mut sample: impl FnMut(&[P]) -> Result<arrow::array::RecordBatch>,
+) -> Result<()> {
+    let per_chunk = (chunk_samples(batch_size) / g).max(1);
+    for chunk in items.chunks(per_chunk) {
+        let rows = sample(chunk)?;
+        table::io::write_lazily(writer, out, meta, &rows)?;
+    }
+    Ok(())
+}
+
 /// Close the output a stage wrote chunk by chunk; when no row reached it (`writer` never opened),
 /// the error `{name}: no {what}[ in this shard]; nothing was written`.
 pub fn finish_output(writer: Option<Writer>, name: &str, what: &str, sharded: bool) -> Result<()> {
