@@ -1,5 +1,7 @@
-//! What `generate-answers` and `generate-confidence` share: settings, sharding, running the
-//! sampler with a progress bar and a summary, and building the sampled rows' columns.
+//! What `generate-answers` and `generate-confidence` share (and `probe`, which samples from cut
+//! responses): settings, sharding, opening the input, running the sampler with a progress bar and
+//! a summary, sampling and writing in chunks, building the sampled rows' columns and the output's
+//! metadata.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
