@@ -23,10 +23,10 @@ use crate::reward::rows::{self, CountdownCompat, GroundTruth, Settings};
 use crate::reward::{auto_verifier, VerifierChoice, VerifierKind};
 use crate::sample::logits::SamplingParams;
 use crate::sample::policy::Policy;
-use crate::sample::sampler::{Group, SampleId};
+use crate::sample::sampler::SampleId;
 use crate::sample::stage::{self, ModelJob};
 use crate::sample::stop::offsets_of;
-use crate::table::{self, cols, Meta, Reader, SampleType, Writer, PROBE, TRAJECTORY};
+use crate::table::{self, cols, Meta, SampleType, Writer, PROBE, TRAJECTORY};
 
 /// What to probe, and how: the validated form of `rlcr probe`'s flags.
 #[derive(Debug, Clone)]
@@ -180,29 +180,14 @@ fn is_correct(
     }
 }
 
-fn to_u32s(v: &[i32], loc: &dyn Fn() -> String, col: &str, vocab: usize) -> Result<Vec<u32>> {
-    v.iter()
-        .map(|&t| match u32::try_from(t) {
-            Ok(id) if (id as usize) < vocab => Ok(id),
-            _ => bail!(
-                "{}, column `{col}`: token id {t} is outside the model's vocabulary (0..{vocab})",
-                loc()
-            ),
-        })
-        .collect()
-}
-
 /// Probe the table of `plan` into its output.
 pub fn run(plan: &Plan) -> Result<Summary> {
     let fractions = &plan.fractions;
     let n = plan.samples;
     crate::fs::check_distinct(&[plan.job.input.as_path()], &plan.job.out)?;
     let device = plan.job.device.open()?;
-    let reader = Reader::open(&plan.job.input)?;
-    let name = plan.job.input.display().to_string();
-    table::check_schema(
-        &name,
-        &reader.schema(),
+    let (reader, name) = stage::open_input(
+        &plan.job,
         &TRAJECTORY,
         &[
             "prompt_id",
@@ -340,13 +325,13 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             }
             total_answers += 1;
             let vocab = policy.model.config.vocab_size;
-            let context = to_u32s(
+            let context = stage::token_ids(
                 &ctx.values.values()[ctx.range(i)],
                 &loc,
                 "context_ids",
                 vocab,
             )?;
-            let response = to_u32s(
+            let response = stage::token_ids(
                 &rids.values.values()[rids.range(i)],
                 &loc,
                 "response_ids",
@@ -475,19 +460,16 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let mut writer: Option<Writer> = None;
     let per_chunk = (stage::chunk_samples(plan.batch_size) / n).max(1);
     for chunk in cuts.chunks(per_chunk) {
-        let groups: Vec<Group> = chunk
-            .iter()
-            .map(|c| Group {
-                context: c.prefix.clone(),
-                samples: (0..n as u32)
-                    .map(|k| SampleId {
-                        prompt_id: format!("probe:{}:{}", c.cut_index, answers[c.answer].sample_id),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
-            })
-            .collect();
+        let groups = stage::groups(
+            chunk,
+            n,
+            |c| c.prefix.clone(),
+            |c, k| SampleId {
+                prompt_id: format!("probe:{}:{}", c.cut_index, answers[c.answer].sample_id),
+                answer_idx: k,
+                confidence_idx: None,
+            },
+        );
         let results = stage::run_groups(&policy, &groups, &cfg, &mut progress, &mut summary)?;
         for res in &results {
             for gen in res {

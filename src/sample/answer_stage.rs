@@ -12,11 +12,11 @@ use arrow::array::{Array, RecordBatch, UInt32Array};
 
 use super::policy::Policy;
 use super::prompts::{answer_messages, DEFAULT_SYSTEM_PROMPT};
-use super::sampler::{Group, SampleId};
+use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Meta, Reader, Writer, PROMPTS, TRAJECTORY};
+use crate::table::{cols, Writer, PROMPTS, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-answers`' flags.
 #[derive(Debug, Clone)]
@@ -46,14 +46,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let shard = plan.job.shard;
     let system = &plan.system_prompt;
     let device = plan.job.device.open()?;
-    let reader = Reader::open(&plan.job.input)?;
-    let name = plan.job.input.display().to_string();
-    table::check_schema(
-        &name,
-        &reader.schema(),
-        &PROMPTS,
-        &["prompt_id", "messages"],
-    )?;
+    let (reader, name) = stage::open_input(&plan.job, &PROMPTS, &["prompt_id", "messages"])?;
     let total_prompts = reader.num_rows();
     if total_prompts == 0 {
         bail!("{name}: the table has no rows; nothing was written");
@@ -65,15 +58,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         Some(s) => s.clone().into(),
         None => serde_json::json!({"default": DEFAULT_SYSTEM_PROMPT}),
     };
-    config["response_prefix"] = s.response_prefix.clone().into();
-    config["shard"] = serde_json::to_value(shard)?;
-    config["argv"] = plan.job.argv.clone().into();
-    let meta = Meta::new(
-        &TRAJECTORY,
-        "generate-answers",
-        config,
-        &[plan.job.input.as_path(), plan.job.model.as_path()],
-    );
+    let meta = stage::output_meta(&plan.job, s, "generate-answers", config)?;
 
     let mut progress = crate::progress::Progress::new(
         "generate-answers",
@@ -128,33 +113,29 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 think_prefilled: context_opens(&text, "<think>", &["</think>"]),
             });
         }
-        let per_chunk = (stage::chunk_samples(s.batch_size) / plan.num_answers).max(1);
-        for chunk in prepared.chunks(per_chunk) {
-            let out = sample_chunk(
-                &policy,
-                &batch,
-                chunk,
-                plan.num_answers,
-                &cfg,
-                &mut progress,
-                &mut summary,
-            )?;
-            table::io::write_lazily(&mut writer, &plan.job.out, &meta, &out)?;
-        }
+        stage::write_chunks(
+            &prepared,
+            plan.num_answers,
+            s.batch_size,
+            &mut writer,
+            &plan.job.out,
+            &meta,
+            |chunk| {
+                sample_chunk(
+                    &policy,
+                    &batch,
+                    chunk,
+                    plan.num_answers,
+                    &cfg,
+                    &mut progress,
+                    &mut summary,
+                )
+            },
+        )?;
         base_row += batch.num_rows();
     }
     progress.finish();
-    let Some(w) = writer else {
-        bail!(
-            "{name}: no prompts to sample from{}; nothing was written",
-            if shard.is_some() {
-                " in this shard"
-            } else {
-                ""
-            }
-        );
-    };
-    w.finish()?;
+    stage::finish_output(writer, &name, "prompts to sample from", shard.is_some())?;
     Ok(summary)
 }
 
@@ -168,19 +149,16 @@ fn sample_chunk(
     progress: &mut crate::progress::Progress,
     summary: &mut Summary,
 ) -> Result<RecordBatch> {
-    let groups: Vec<Group> = chunk
-        .iter()
-        .map(|p| Group {
-            context: p.context_ids.clone(),
-            samples: (0..g_a as u32)
-                .map(|k| SampleId {
-                    prompt_id: p.prompt_id.clone(),
-                    answer_idx: k,
-                    confidence_idx: None,
-                })
-                .collect(),
-        })
-        .collect();
+    let groups = stage::groups(
+        chunk,
+        g_a,
+        |p| p.context_ids.clone(),
+        |p, k| SampleId {
+            prompt_id: p.prompt_id.clone(),
+            answer_idx: k,
+            confidence_idx: None,
+        },
+    );
     let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
     let mut take = Vec::with_capacity(chunk.len() * g_a);
     let mut c = stage::SampledColumns::default();

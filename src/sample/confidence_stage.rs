@@ -14,11 +14,11 @@ use arrow::array::{Array, RecordBatch, UInt32Array};
 
 use super::policy::Policy;
 use super::prompts::{answer_turn, confidence_messages, confidence_query};
-use super::sampler::{Group, SampleId};
+use super::sampler::SampleId;
 use super::spans::{confidence_span, context_opens_confidence};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Meta, Reader, SampleType, Writer, TRAJECTORY};
+use crate::table::{self, cols, SampleType, Writer, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-confidence`'s flags.
 #[derive(Debug, Clone)]
@@ -58,11 +58,8 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let shard = plan.job.shard;
     let query = &plan.confidence_prompt;
     let device = plan.job.device.open()?;
-    let reader = Reader::open(&plan.job.input)?;
-    let name = plan.job.input.display().to_string();
-    table::check_schema(
-        &name,
-        &reader.schema(),
+    let (reader, name) = stage::open_input(
+        &plan.job,
         &TRAJECTORY,
         &[
             "prompt_id",
@@ -94,15 +91,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         Some(s) => s.clone().into(),
         None => "as recorded in the answers' messages".into(),
     };
-    config["response_prefix"] = s.response_prefix.clone().into();
-    config["shard"] = serde_json::to_value(shard)?;
-    config["argv"] = plan.job.argv.clone().into();
-    let meta = Meta::new(
-        &TRAJECTORY,
-        "generate-confidence",
-        config,
-        &[plan.job.input.as_path(), plan.job.model.as_path()],
-    );
+    let meta = stage::output_meta(&plan.job, s, "generate-confidence", config)?;
 
     let stop_ids = policy.model.tokenizer.stop_ids.clone();
     let mut progress = crate::progress::Progress::new(
@@ -165,17 +154,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 .with_context(|| format!("{}, column `messages`: not valid JSON", loc()))?;
             let conv = stage::parse_messages(&v, &loc)?;
             let (before, answer_prefix) = answer_turn(conv, plan.system_prompt.as_deref());
-            let mut answer_ids: Vec<u32> = Vec::with_capacity(rids.len_of(i));
-            for &t in &rids.values.values()[rids.range(i)] {
-                match u32::try_from(t) {
-                    Ok(id) if (id as usize) < vocab => answer_ids.push(id),
-                    _ => bail!(
-                        "{}, column `response_ids`: token id {t} is outside the model's \
-                         vocabulary (0..{vocab})",
-                        loc()
-                    ),
-                }
-            }
+            let mut answer_ids = stage::token_ids(
+                &rids.values.values()[rids.range(i)],
+                &loc,
+                "response_ids",
+                vocab,
+            )?;
             // The end-of-turn is the template's: a final EOS token is not part of the answer.
             if answer_ids.last().is_some_and(|t| stop_ids.contains(t)) {
                 answer_ids.pop();
@@ -207,34 +191,35 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 opened: context_opens_confidence(&ctx_text),
             });
         }
-        let per_chunk = (stage::chunk_samples(s.batch_size) / plan.num_confidences).max(1);
-        for chunk in prepared.chunks(per_chunk) {
-            let out = sample_chunk(
-                &policy,
-                &batch,
-                chunk,
-                plan.num_confidences,
-                &cfg,
-                &mut progress,
-                &mut summary,
-            )?;
-            table::io::write_lazily(&mut writer, &plan.job.out, &meta, &out)?;
-        }
+        stage::write_chunks(
+            &prepared,
+            plan.num_confidences,
+            s.batch_size,
+            &mut writer,
+            &plan.job.out,
+            &meta,
+            |chunk| {
+                sample_chunk(
+                    &policy,
+                    &batch,
+                    chunk,
+                    plan.num_confidences,
+                    &cfg,
+                    &mut progress,
+                    &mut summary,
+                )
+            },
+        )?;
         base_row += batch.num_rows();
     }
     progress.finish();
     validator.finish()?;
-    let Some(w) = writer else {
-        bail!(
-            "{name}: no answers to sample confidences for{}; nothing was written",
-            if shard.is_some() {
-                " in this shard"
-            } else {
-                ""
-            }
-        );
-    };
-    w.finish()?;
+    stage::finish_output(
+        writer,
+        &name,
+        "answers to sample confidences for",
+        shard.is_some(),
+    )?;
     let answers = summary.rows / plan.num_confidences;
     if spliced < answers {
         crate::info!(
@@ -257,19 +242,16 @@ fn sample_chunk(
     progress: &mut crate::progress::Progress,
     summary: &mut Summary,
 ) -> Result<RecordBatch> {
-    let groups: Vec<Group> = chunk
-        .iter()
-        .map(|p| Group {
-            context: p.context_ids.clone(),
-            samples: (0..g_c as u32)
-                .map(|h| SampleId {
-                    prompt_id: p.prompt_id.clone(),
-                    answer_idx: p.answer_idx,
-                    confidence_idx: Some(h),
-                })
-                .collect(),
-        })
-        .collect();
+    let groups = stage::groups(
+        chunk,
+        g_c,
+        |p| p.context_ids.clone(),
+        |p, h| SampleId {
+            prompt_id: p.prompt_id.clone(),
+            answer_idx: p.answer_idx,
+            confidence_idx: Some(h),
+        },
+    );
     let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
     let mut take = Vec::with_capacity(chunk.len() * g_c);
     let mut c = stage::SampledColumns::default();

@@ -1,5 +1,7 @@
-//! What `generate-answers` and `generate-confidence` share: settings, sharding, running the
-//! sampler with a progress bar and a summary, and building the sampled rows' columns.
+//! What `generate-answers` and `generate-confidence` share (and `probe`, which samples from cut
+//! responses): settings, sharding, opening the input, running the sampler with a progress bar and
+//! a summary, sampling and writing in chunks, building the sampled rows' columns and the output's
+//! metadata.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -8,13 +10,13 @@ use arrow::array::{ArrayRef, Int32Array, StringArray};
 
 use super::logits::SamplingParams;
 use super::policy::Policy;
-use super::sampler::{generate, GenConfig, Generated, Group};
+use super::sampler::{generate, GenConfig, Generated, Group, SampleId};
 use super::spans::Span;
 use super::stop::StopCriteria;
 use crate::model::transfer::Transfers;
 use crate::model::Message;
 use crate::progress::Progress;
-use crate::table::cols;
+use crate::table::{self, cols, Meta, Reader, TableSpec, Writer, TRAJECTORY};
 
 /// Slots prefilled per forward call. Bounds the attention scores' memory to
 /// `rows · heads · chunk · context`, and keeps the CPU backend on its plain (not tiled) attention
@@ -193,6 +195,23 @@ impl Summary {
     }
 }
 
+/// The sampler's groups for `items`: per item, its context (`context`) and `g` samples, the
+/// `k`-th identified by `id(item, k)`.
+pub fn groups<P>(
+    items: &[P],
+    g: usize,
+    context: impl Fn(&P) -> Vec<u32>,
+    id: impl Fn(&P, u32) -> SampleId,
+) -> Vec<Group> {
+    items
+        .iter()
+        .map(|p| Group {
+            context: context(p),
+            samples: (0..g as u32).map(|k| id(p, k)).collect(),
+        })
+        .collect()
+}
+
 /// Run the sampler over `groups` with the progress bar; adds the token count, the decode steps
 /// and the transfers to `summary`.
 pub fn run_groups(
@@ -248,6 +267,82 @@ pub struct SampledColumns {
     pub finish_reason: Vec<&'static str>,
     pub answer_span: Vec<Option<(i32, i32)>>,
     pub confidence_span: Vec<Option<(i32, i32)>>,
+}
+
+/// Open the input table of `job` and check its schema against `spec` (the `required` columns
+/// present, every known column of its type): the reader and the name its errors give the file.
+pub fn open_input(job: &ModelJob, spec: &TableSpec, required: &[&str]) -> Result<(Reader, String)> {
+    let reader = Reader::open(&job.input)?;
+    let name = job.input.display().to_string();
+    table::check_schema(&name, &reader.schema(), spec, required)?;
+    Ok((reader, name))
+}
+
+/// The metadata of a sampling stage's trajectory output: `config` (the sampling settings and the
+/// stage's own) completed with the response prefix, the shard and the command line, and the input
+/// table and the model as its provenance.
+pub fn output_meta(
+    job: &ModelJob,
+    s: &SamplingPlan,
+    stage_name: &str,
+    mut config: serde_json::Value,
+) -> Result<Meta> {
+    config["response_prefix"] = s.response_prefix.clone().into();
+    config["shard"] = serde_json::to_value(job.shard)?;
+    config["argv"] = job.argv.clone().into();
+    Ok(Meta::new(
+        &TRAJECTORY,
+        stage_name,
+        config,
+        &[job.input.as_path(), job.model.as_path()],
+    ))
+}
+
+/// Sample `items` (`g` samples each) in chunks of about [`chunk_samples`] samples, in order, and
+/// write each chunk's rows (`sample(chunk)`) to `out` as soon as they are built (the writer opened
+/// with the first rows).
+pub fn write_chunks<P>(
+    items: &[P],
+    g: usize,
+    batch_size: usize,
+    writer: &mut Option<Writer>,
+    out: &std::path::Path,
+    meta: &Meta,
+    mut sample: impl FnMut(&[P]) -> Result<arrow::array::RecordBatch>,
+) -> Result<()> {
+    let per_chunk = (chunk_samples(batch_size) / g).max(1);
+    for chunk in items.chunks(per_chunk) {
+        let rows = sample(chunk)?;
+        table::io::write_lazily(writer, out, meta, &rows)?;
+    }
+    Ok(())
+}
+
+/// Close the output a stage wrote chunk by chunk; when no row reached it (`writer` never opened),
+/// the error `{name}: no {what}[ in this shard]; nothing was written`.
+pub fn finish_output(writer: Option<Writer>, name: &str, what: &str, sharded: bool) -> Result<()> {
+    let Some(w) = writer else {
+        bail!(
+            "{name}: no {what}{}; nothing was written",
+            if sharded { " in this shard" } else { "" }
+        );
+    };
+    w.finish()?;
+    Ok(())
+}
+
+/// The token ids of a row of list column `col` as the model's: each in `0..vocab`, else an
+/// error naming the row (`loc`) and the column.
+pub fn token_ids(v: &[i32], loc: &dyn Fn() -> String, col: &str, vocab: usize) -> Result<Vec<u32>> {
+    v.iter()
+        .map(|&t| match u32::try_from(t) {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => bail!(
+                "{}, column `{col}`: token id {t} is outside the model's vocabulary (0..{vocab})",
+                loc()
+            ),
+        })
+        .collect()
 }
 
 /// A token count or index as int32 (the table type); larger values are an error.
