@@ -103,12 +103,35 @@ impl ChatArgs {
     }
 }
 
-/// Sampling settings shared by the generation stages.
+/// The model folder, chat template and table flags of a stage that runs the model over a table,
+/// in this order in every such stage's help.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelTable {
+    #[command(flatten)]
+    pub model: ModelFolder,
+    #[command(flatten)]
+    pub chat: ChatArgs,
+    #[command(flatten)]
+    pub io: TableIo,
+}
+
+impl ModelTable {
+    /// The shared part of the stage's plan (the chat flags checked).
+    pub fn job(&self, g: &Global, shard: Option<Shard>) -> Result<ModelJob> {
+        Ok(model_job(
+            g,
+            &self.model,
+            self.chat.options()?,
+            &self.io,
+            shard,
+        ))
+    }
+}
+
+/// How the next token is drawn from the logits: the flags of every stage that samples
+/// (`generate-*`, `probe`).
 #[derive(clap::Args, Debug, Clone, Serialize)]
-pub struct SamplingArgs {
-    /// Maximum number of new tokens per response.
-    #[arg(long, default_value_t = 512)]
-    pub max_new_tokens: usize,
+pub struct LogitsArgs {
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f32,
@@ -121,6 +144,29 @@ pub struct SamplingArgs {
     /// Drop tokens whose probability is below P times the most likely one's (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
+}
+
+impl LogitsArgs {
+    /// The logits settings.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
+    }
+}
+
+/// Sampling settings shared by the generation stages.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct SamplingArgs {
+    /// Maximum number of new tokens per response.
+    #[arg(long, default_value_t = 512)]
+    pub max_new_tokens: usize,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub logits: LogitsArgs,
     /// Sequences decoded together.
     #[arg(long, default_value_t = 16)]
     pub batch_size: usize,
@@ -136,12 +182,7 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The logits settings.
     pub fn params(&self) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-        }
+        self.logits.params()
     }
 
     /// The library's sampling plan (the ranges are checked when the policy is loaded).
