@@ -403,10 +403,8 @@ impl LoraArgs {
         Ok(Some(spec))
     }
 
-    /// Load the model to train on `device` (an autodiff device): an adapter (`--adapter`, or an
-    /// adapter folder as `--model`) is kept separate and trainable (the flags, when given, must
-    /// agree with it; --lora-dropout may change); a model folder gets a fresh adapter when
-    /// --lora-rank is given.
+    /// Load the model to train on `device` (an autodiff device) with these flags
+    /// ([`crate::train::load::trainable`]); a flag the model cannot honour is a usage error.
     pub fn load_model(
         &self,
         dir: &Path,
@@ -414,60 +412,13 @@ impl LoraArgs {
         device: &burn::tensor::Device,
         seed: u64,
     ) -> Result<crate::model::Model> {
-        use crate::model::{weights::Storage, AdapterUse, Model};
         let spec = self.spec(dir)?;
-        let mut m = match (&spec, adapter) {
-            // The base is frozen under a fresh adapter: bf16 matrices stay bf16.
-            (Some(_), None) => {
-                Model::open_with(dir, None, device, AdapterUse::Train, Storage::AsStored)?
-            }
-            _ => Model::open(dir, adapter, device, AdapterUse::Train)?,
-        };
-        let Some(have) = m.adapter.as_mut() else {
-            return match spec {
-                Some(spec) => m.add_adapter(spec, seed),
-                None => {
-                    if let Some(p) = self.lora_dropout {
-                        return Err(UsageError(format!(
-                            "--lora-dropout {p} needs --lora-rank (or an adapter: --adapter, or \
-                             an adapter folder as --model)"
-                        ))
-                        .into());
-                    }
-                    Ok(m)
-                }
-            };
-        };
-        if let Some(want) = spec {
-            let same = want.r == have.spec.r
-                && want.alpha == have.spec.alpha
-                && want.targets == have.spec.targets
-                && want.rslora == have.spec.rslora;
-            if !same {
-                return Err(UsageError(format!(
-                    "{} is an adapter with r = {}, alpha = {}, targets {:?}, rslora {}; \
-                     the --lora-* flags ask for another (leave them out to continue it)",
-                    adapter.unwrap_or(dir).display(),
-                    have.spec.r,
-                    have.spec.alpha,
-                    have.spec.targets,
-                    have.spec.rslora
-                ))
-                .into());
-            }
-        }
-        if let Some(p) = self.lora_dropout {
-            have.spec.dropout = p;
-            have.spec
-                .validate()
-                .map_err(|e| UsageError(format!("{e:#}")))?;
-            for l in m.transformer.layers.iter_mut() {
-                if let Some(x) = l.lora.as_mut() {
-                    x.dropout = p;
-                }
-            }
-        }
-        Ok(m)
+        crate::train::load::trainable(dir, adapter, spec, self.lora_dropout, device, seed).map_err(
+            |e| match e.downcast::<crate::train::load::FlagConflict>() {
+                Ok(c) => UsageError(c.0).into(),
+                Err(e) => e,
+            },
+        )
     }
 }
 
