@@ -403,9 +403,19 @@ impl LoraArgs {
         Ok(Some(spec))
     }
 
+    /// The stage's model loader ([`crate::train::stage::PolicyLoader`]): [`Self::load_model`]
+    /// with the stage's `--adapter` and seed.
+    pub fn loader<'a>(
+        &'a self,
+        adapter: Option<&'a Path>,
+        seed: u64,
+    ) -> impl Fn(&Path, &burn::tensor::Device) -> Result<crate::model::Model> + 'a {
+        move |dir, device| self.load_model(dir, adapter, device, seed)
+    }
+
     /// Load the model to train on `device` (an autodiff device) with these flags
     /// ([`crate::train::load::trainable`]); a flag the model cannot honour is a usage error.
-    pub fn load_model(
+    fn load_model(
         &self,
         dir: &Path,
         adapter: Option<&Path>,
