@@ -16,6 +16,15 @@ Runs the same workloads as rlcr's harnesses, with torch limited to THREADS threa
                            weights; names train_smollm2_*), MICRO rows per micro-batch (gradient
                            accumulation, default B); prints the peak RSS as RESULT rss_* (MiB)
 
+  update NAME MODEL_DIR TABLE MICRO [REPS]
+                           `rlcr update`'s step on the same folder and training table
+                           (scripts/bench_models.py): the PPO clipped token loss (clip 0.2, dual
+                           clip 3, token mean over the learnable tokens) of every row's response
+                           tokens, gradients accumulated over micro-batches of MICRO rows,
+                           global-norm clip 1 and AdamW (rlcr's defaults), a warm-up step first;
+                           RESULT update_NAME counts every position of the rows (context +
+                           response), as train_* does
+
   gemm                     the matrix products of that forward + backward, each alone
                            (examples/bench_gemm.rs): GFLOP/s instead of tokens/s
 
@@ -24,6 +33,7 @@ warm-up run); scripts/bench.sh collects them.
 
   python scripts/bench_transformers.py sample /tmp/smollm2-hf 8 128 [REPS]
   python scripts/bench_transformers.py train 8 256 [REPS] [fp32,bf16]
+  python scripts/bench_transformers.py update qwen39m /tmp/rlcr-bench/qwen39m TABLE 8 [REPS]
   python scripts/bench_transformers.py gemm [REPS]
 
 Needs torch and transformers (measured with torch 2.15 / transformers 5.23).
@@ -180,6 +190,53 @@ def train(batch, length, reps, precisions=("fp32",), which="qwen39m", micro=None
     print(f"RESULT rss{tag}_b{batch}_l{length} {rss:.0f} {rss:.0f}", flush=True)
 
 
+def update(model_dir, table, micro, reps, name):
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM
+
+    t = pq.read_table(table, columns=["context_ids", "response_ids", "response_logprobs",
+                                      "token_advantages", "loss_mask"]).to_pylist()
+    lens = {(len(r["context_ids"]), len(r["response_ids"])) for r in t}
+    if len(lens) != 1:
+        sys.exit(f"{table}: rows of different lengths {sorted(lens)}; this harness pads nothing")
+    ctx, resp = lens.pop()
+    ids = torch.tensor([r["context_ids"] + r["response_ids"] for r in t])
+    old = torch.tensor([r["response_logprobs"] for r in t])
+    adv = torch.tensor([r["token_advantages"] for r in t])
+    mask = torch.tensor([r["loss_mask"] for r in t], dtype=torch.float32)
+    n_tok = mask.sum()
+    batch = ids.shape[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for s in range(0, batch, micro):
+            part = slice(s, s + micro)
+            logits = model(input_ids=ids[part]).logits[:, ctx - 1:-1]
+            lp = torch.log_softmax(logits.float(), dim=-1).gather(2, ids[part, ctx:, None])[..., 0]
+            a = adv[part]
+            ratio = torch.exp(lp - old[part])
+            pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
+            pg = torch.where(a < 0, torch.minimum(pg, -a * 3.0), pg)  # dual clip
+            loss = (pg * mask[part]).sum() / n_tok
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step()  # warm-up
+    for _ in range(reps):
+        t0, c0 = clocks()
+        step()
+        report(f"update_{name}", batch * (ctx + resp), t0, c0)
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"RESULT rss_update_{name} {rss:.0f} {rss:.0f}", flush=True)
+
+
 def gemm(reps):
     n = 8 * 256
     shapes = [("qkv", 512, 768, 8), ("o", 512, 512, 8), ("gate_up", 512, 2816, 8),
@@ -217,6 +274,8 @@ def main():
         which = a[5] if len(a) > 5 else "qwen39m"
         micro = int(a[6]) if len(a) > 6 else None
         train(int(a[1]), int(a[2]), int(a[3]) if len(a) > 3 else 3, prec, which, micro)
+    elif a and a[0] == "update" and len(a) >= 5:
+        update(a[2], a[3], int(a[4]), int(a[5]) if len(a) > 5 else 1, a[1])
     elif a and a[0] == "gemm":
         with torch.no_grad():
             gemm(int(a[1]) if len(a) > 1 else 3)

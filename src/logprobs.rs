@@ -41,7 +41,7 @@ pub struct Plan {
     /// Only this shard's rows (by `prompt_id`).
     pub shard: Option<Shard>,
     /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
-    pub device: String,
+    pub device: model::DeviceSpec,
     /// Precision of the matrix products ([`crate::model::sgemm::autocast`]).
     pub precision: crate::model::sgemm::Precision,
     /// The settings recorded in the output's `rlcr.config`.
@@ -57,7 +57,7 @@ pub struct Summary {
 
 /// Validate the input (pass 1), then compute and write (pass 2).
 pub fn run(plan: &Plan) -> Result<Summary> {
-    let device = model::device_from_str(&plan.device)?;
+    let device = plan.device.open()?;
     model::sgemm::check_device(plan.precision, &device)?;
     crate::fs::check_distinct(&[&plan.input], &plan.out)?;
 

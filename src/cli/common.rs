@@ -7,17 +7,16 @@ pub struct Global {
     /// `--seed`.
     pub seed: u64,
     /// `--device`.
-    pub device: String,
+    pub device: crate::model::DeviceSpec,
     /// The command line as typed, for provenance.
     pub argv: Vec<String>,
 }
 
 /// clap value parser of `--device`: the syntax and that this build has the backend (so a device
-/// the build lacks is a usage error, exit 2, on every subcommand); the value stays a string, opened
-/// by the model stages with [`crate::model::device_from_str`].
-pub fn parse_device(s: &str) -> Result<String, String> {
+/// the build lacks is a usage error, exit 2, on every subcommand); the model stages open the
+/// parsed [`crate::model::DeviceSpec`].
+pub fn parse_device(s: &str) -> Result<crate::model::DeviceSpec, String> {
     s.parse::<crate::model::DeviceSpec>()
-        .map(|_| s.trim().to_string())
         .map_err(|e| format!("{e:#}"))
 }
 

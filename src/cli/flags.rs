@@ -36,7 +36,7 @@ pub fn model_job(
         chat,
         model: model.model.clone(),
         adapter: model.adapter.clone(),
-        device: g.device.clone(),
+        device: g.device,
         input: io.input.clone(),
         out: io.out.clone(),
         shard,
@@ -484,7 +484,7 @@ impl CriticArgs {
                 adam: optim.adamw(),
                 precision: optim.precision,
             },
-            device: g.device.clone(),
+            device: g.device,
         })?;
         crate::info!("{line}");
         Ok(())

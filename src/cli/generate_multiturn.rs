@@ -94,7 +94,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         system_prompt: a.system_prompt,
         response_prefix: s.response_prefix.clone(),
         seed: g.seed,
-        device: g.device.clone(),
+        device: g.device,
         argv: g.argv.clone(),
         chat: a.stage.chat.options()?,
     };

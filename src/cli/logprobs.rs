@@ -84,7 +84,7 @@ pub fn plan(g: &Global, a: &Args) -> Result<Plan> {
         entropy_column: a.entropy_column.clone(),
         batch_size: a.batch_size,
         shard: a.shard,
-        device: g.device.clone(),
+        device: g.device,
         precision: a.precision,
         config: json!({
             "model": a.model.model,

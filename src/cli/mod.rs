@@ -59,7 +59,7 @@ pub struct Cli {
     /// build with `--features wgpu`) or `cuda[:N]` (a build with `--features cuda`). A device this
     /// build lacks is a usage error.
     #[arg(long, global = true, default_value = "cpu", value_parser = common::parse_device, help_heading = GLOBAL)]
-    pub device: String,
+    pub device: crate::model::DeviceSpec,
     /// Write a Chrome trace of the stage's phases (read, prefill, decode steps, forward, backward,
     /// optimizer, write) to FILE when the command ends; open it in ui.perfetto.dev.
     #[arg(long, global = true, value_name = "FILE", help_heading = GLOBAL)]
@@ -260,7 +260,7 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 pub fn run(cli: Cli) -> Result<()> {
     let g = Global {
         seed: cli.seed,
-        device: cli.device.clone(),
+        device: cli.device,
         argv: std::env::args().collect(),
     };
     match cli.command {

@@ -71,7 +71,7 @@ fn plan(g: &Global, a: &Args) -> Result<SftPlan> {
     let train = a
         .optim
         .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
-    let device = crate::model::device_from_str(&g.device)?;
+    let device = g.device.open()?;
     let chat = a.chat.options()?;
     let config = json!({
         "model": a.model.model,

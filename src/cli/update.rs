@@ -138,7 +138,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
 
 /// The validated call: every flag checked before anything is read (usage errors, exit code 2).
 fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
-    let device = crate::model::device_from_str(&g.device)?;
+    let device = g.device.open()?;
     let clip = ClipConfig {
         clip_low: a.clip_low,
         clip_high: a.clip_high,

@@ -57,7 +57,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         out: a.out,
         column: a.column,
         batch_size: a.batch_size,
-        device: g.device.clone(),
+        device: g.device,
         argv: g.argv.clone(),
     })?;
     crate::info!("{line}");

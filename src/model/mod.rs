@@ -7,39 +7,37 @@
 //!   dtypes).
 //! - [`tokenizer`]: `tokenizer.json`, special tokens, token ↔ text offsets for spans.
 //! - [`chat`]: chat templates rendered like transformers.
-//! - [`cpu`], [`sgemm`], [`attention`], [`head`]: rlcr's CPU kernels (crate `rlcr-kernels`) on
-//!   Flex tensors: decode products, the training/prefill GEMM, attention, the fused LM head;
-//!   [`fused`]: RMSNorm and the SwiGLU gate as single ops.
+//! - [`ops`]: the operations the transformer and the sampler's draw run through, and the one
+//!   place that asks which backend a tensor lives on; [`backend`]: each backend's code (rlcr's
+//!   CPU kernels on Flex tensors, re-exported here as [`cpu`], [`sgemm`], [`attention`], [`head`]
+//!   and [`fused`]; the GPUs' composites and `#[cube]` kernels; opening a CUDA device).
 //! - [`gguf`]: llama.cpp GGUF import.
 //! - [`lora`]: LoRA adapters in PEFT's format (trained beside frozen weights, merged for sampling).
 //! - [`transfer`]: the host ↔ device boundary (uploads and reads), counted.
 //!
 //! [`Model`] bundles them for the stages; [`logprobs`] is the batched per-token log-prob routine
 //! shared by `rlcr logprobs` and (on an autodiff device, through
-//! [`Transformer::response_logprobs`]) by `update`. [`DeviceSpec`] / [`device_from_str`] map `--device`
-//! to a burn device; nothing else in this module names a backend.
+//! [`Transformer::response_logprobs`]) by `update`. [`DeviceSpec`] is a parsed `--device`, carried
+//! typed from the command line to [`DeviceSpec::open`].
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-pub mod attention;
+pub mod backend;
 pub mod chat;
 pub mod config;
-pub mod cpu;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod fused;
 pub mod gguf;
-pub mod head;
 pub mod lora;
-pub mod sgemm;
+pub mod ops;
 pub mod tokenizer;
 pub mod transfer;
 pub mod transformer;
 pub mod value;
 pub mod weights;
 
+pub use backend::cpu::decode as cpu;
+pub use backend::cpu::{attention, fused, head, sgemm};
 pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::ModelConfig;
 pub use tokenizer::{DecodedText, Tokenizer};
@@ -126,109 +124,29 @@ impl std::fmt::Display for DeviceSpec {
     }
 }
 
+/// Recorded as written by [`std::fmt::Display`] (`cpu`, `wgpu`, `wgpu:N`, `cuda:N`).
+impl serde::Serialize for DeviceSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl DeviceSpec {
     /// The burn device. For wgpu, the adapter is looked up now, so that a machine without one
     /// (no Vulkan/Metal/GL driver) gets an error here instead of a panic at the first tensor.
     pub fn open(self) -> Result<Device> {
         match self {
             DeviceSpec::Cpu => Ok(Device::flex()),
-            DeviceSpec::Wgpu(index) => open_wgpu(index),
-            DeviceSpec::Cuda(index) => open_cuda(index),
+            DeviceSpec::Wgpu(index) => backend::open_wgpu(index),
+            DeviceSpec::Cuda(index) => backend::open_cuda(index),
         }
     }
 }
 
-/// Parse and open a `--device` value (see [`DeviceSpec`]).
+/// Parse and open a `--device` value (see [`DeviceSpec`]); for tests and examples; the stages
+/// carry the parsed [`DeviceSpec`].
 pub fn device_from_str(s: &str) -> Result<Device> {
     s.parse::<DeviceSpec>()?.open()
-}
-
-/// Whether `device` runs on the host through Flex (where the [`cpu`] kernels apply).
-pub fn is_flex(device: &Device) -> bool {
-    *device == Device::flex()
-}
-
-/// Whether this process opened a CUDA device ([`cuda::open`]): its f32 matmul is TF32.
-static CUDA_OPENED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether burn's f32 products on `device` (plain or autodiff) are split products
-/// ([`transformer::split_matmul`]): with `RLCR_GPU_F32=auto` (the default) on a CUDA device, whose
-/// f32 matmul runs in TF32 (a process opens one device, so "a CUDA device was opened and `device`
-/// is not the CPU" identifies it); with `split` on any device with a bf16 type (CUDA; the CPU,
-/// where rlcr's own kernels take the products unless `RLCR_GEMM=burn`). wgpu has no bf16 type to
-/// split through, and no TF32 to correct.
-pub(crate) fn split_f32(device: &Device) -> bool {
-    use crate::switches::GpuF32;
-    let inner = || device.clone().inner();
-    match crate::switches::get().gpu_f32 {
-        GpuF32::Fast => false,
-        GpuF32::Auto => {
-            CUDA_OPENED.load(std::sync::atomic::Ordering::Relaxed) && !is_flex(&inner())
-        }
-        GpuF32::Split => {
-            let inner = inner();
-            is_flex(&inner) || inner.supports_dtype(burn::tensor::DType::BF16)
-        }
-    }
-}
-
-#[cfg(feature = "wgpu")]
-fn open_wgpu(index: Option<usize>) -> Result<Device> {
-    use burn::tensor::{DeviceKind, DeviceType};
-    let all = Device::enumerate(DeviceType::Wgpu).into_vec();
-    let name = |d: &Device| {
-        d.identity()
-            .map(|i| i.name)
-            .unwrap_or_else(|| "unnamed adapter".into())
-    };
-    if all.is_empty() {
-        bail!(
-            "--device {}: wgpu found no adapter (no Vulkan, Metal, DX12 or GL driver?); on \
-             Debian/Ubuntu `apt-get install mesa-vulkan-drivers` provides a software Vulkan \
-             device (lavapipe)",
-            DeviceSpec::Wgpu(index)
-        );
-    }
-    let device = match index {
-        None => Device::wgpu(DeviceKind::DefaultDevice),
-        Some(i) => match all.get(i) {
-            Some(d) => d.clone(),
-            None => {
-                let list: Vec<String> = all
-                    .iter()
-                    .enumerate()
-                    .map(|(k, d)| format!("wgpu:{k} = {}", name(d)))
-                    .collect();
-                bail!(
-                    "--device wgpu:{i}: this machine has {} wgpu adapter(s): {}",
-                    all.len(),
-                    list.join(", ")
-                );
-            }
-        },
-    };
-    transfer::count_launches();
-    crate::info!("device: {} ({})", DeviceSpec::Wgpu(index), name(&device));
-    Ok(device)
-}
-
-#[cfg(not(feature = "wgpu"))]
-fn open_wgpu(_index: Option<usize>) -> Result<Device> {
-    // Unreachable through `parse`, which refuses wgpu in such a build.
-    bail!("--device wgpu: this rlcr was built without wgpu support")
-}
-
-/// The driver, NVRTC and the CUDA headers are checked first, and the runtime's panics (cudarc's,
-/// in burn's device thread) become errors: see [`cuda::open`].
-#[cfg(feature = "cuda")]
-fn open_cuda(index: usize) -> Result<Device> {
-    cuda::open(index)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn open_cuda(_index: usize) -> Result<Device> {
-    // Unreachable through `parse`, which refuses cuda in such a build.
-    bail!("--device cuda: this rlcr was built without CUDA support")
 }
 
 /// A model folder loaded for use: config, weights, tokenizer and chat template.
@@ -571,6 +489,6 @@ mod tests {
             );
         }
         assert_eq!(DeviceSpec::Wgpu(Some(2)).to_string(), "wgpu:2");
-        assert!(is_flex(&Device::flex()));
+        assert!(ops::on_host(&Device::flex()));
     }
 }

@@ -34,25 +34,27 @@
 //!   rows, sharing one prompt's cache across several continuations, and expanding batch 1 to n.
 //! - **Decode steps use CPU kernels** when they apply ([`super::cpu`]: packed weight panels
 //!   built on the first cached step, ≤ 64 rows, and a host attention over the cache for one
-//!   token per row); prefill, training and every other device use burn's matmul and attention.
-//!   Both paths are covered by the parity tests (they agree to ~1e-6).
+//!   token per row); prefill, training and every other device use their backend's products and
+//!   attention. Both paths are covered by the parity tests (they agree to ~1e-6).
 //! - **Device-agnostic**: nothing here names a backend; the same code runs on Flex, wgpu, CUDA
-//!   and on an autodiff device for training. The CPU kernels are entered only on a plain Flex
-//!   device ([`super::is_flex`]); elsewhere every operation is a burn op on the device. Per call,
+//!   and on an autodiff device for training. Every operation goes through [`super::ops`], the
+//!   one place that picks a backend's code (rlcr's CPU kernels, or burn ops and `#[cube]`
+//!   kernels on a GPU); [`ops::host_decode`] says whether the host's decode paths apply. Per call,
 //!   the host sends the token ids, RoPE cos/sin (`B·T·d` floats) and the boolean mask; nothing is
 //!   read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the bus").
 use anyhow::{bail, ensure, Context, Result};
 use burn::module::{Module, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::Gradients;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::config::ModelConfig;
-use super::cpu::{self, PackedMatrix};
+use super::cpu;
 use super::lora::{Dropout, LayerLora, Target};
-use super::sgemm;
+/// The products of the LoRA adapters go through the same dispatch.
+pub(crate) use super::ops::matmul;
+use super::ops::{self, PackedMatrix, Rope};
 use super::transfer::upload;
 use std::sync::{Arc, OnceLock};
 
@@ -102,191 +104,14 @@ impl Dims {
 // Rotary embedding
 // ---------------------------------------------------------------------------------------------
 
-/// cos and sin of the RoPE angles for every slot of a batch: `[B, 1, T, d/2]` each (the two halves
-/// of HF's `cat(freqs, freqs)` are equal, so half is enough).
-struct Rope {
-    cos: Tensor<4>,
-    sin: Tensor<4>,
-    /// On a GPU: the index that swaps the two halves of the last axis ([`rope_swap_index`]);
-    /// `cos` is then `[c, c]` and `sin` `[−s, s]` over the whole head dimension.
-    swap: Option<Tensor<1, Int>>,
-}
-
-impl Rope {
-    /// `positions` is `[B·T]` row-major. Angles are `f32(position) · inv_freq` rounded to f32, as
-    /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once. On the host
-    /// the tables are `[B, 1, T, d/2]` (the fused op and the composite read them so); on a GPU
-    /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`Rope::apply`]'s four kernels.
-    fn new(
-        inv_freq: &[f32],
-        positions: &[usize],
-        batch: usize,
-        len: usize,
-        device: &Device,
-    ) -> Self {
-        let half = inv_freq.len();
-        let gpu = !super::is_flex(&device.clone().inner());
-        let width = if gpu { 2 * half } else { half };
-        let mut cos = Vec::with_capacity(positions.len() * width);
-        let mut sin = Vec::with_capacity(positions.len() * width);
-        for &p in positions {
-            let start = cos.len();
-            for &f in inv_freq {
-                let angle = (p as f32 * f) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-            if gpu {
-                cos.extend_from_within(start..start + half);
-                sin.extend_from_within(start..start + half);
-                sin[start..start + half].iter_mut().for_each(|v| *v = -*v);
-            }
-        }
-        let shape = [batch, 1, len, width];
-        Rope {
-            cos: upload(TensorData::new(cos, shape), device),
-            sin: upload(TensorData::new(sin, shape), device),
-            swap: gpu.then(|| rope_swap_index(2 * half, device)),
-        }
-    }
-
-    /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
-    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings). On the
-    /// host: one fused op on Flex, burn's composite otherwise ([`super::fused::rope`]). On a GPU:
-    /// `x·[c, c] + swap(x)·[−s, s]`, where `swap` exchanges the halves with one gather, four
-    /// kernels where the composite's slices, products and concatenation take ten (the same bits:
-    /// `x₂·(−s) = −(x₂·s)` exactly).
-    fn apply(&self, x: Tensor<4>) -> Tensor<4> {
-        match &self.swap {
-            Some(swap) => {
-                x.clone() * self.cos.clone() + x.select(3, swap.clone()) * self.sin.clone()
-            }
-            None => super::fused::rope(x, &self.cos, &self.sin),
-        }
-    }
-}
-
-/// The index `[d/2, …, d−1, 0, …, d/2−1]` that swaps the halves of a head (`select` along the last
-/// axis), uploaded once per device and head dimension for the process.
-fn rope_swap_index(d: usize, device: &Device) -> Tensor<1, Int> {
-    type Cache = Vec<(Device, usize, Tensor<1, Int>)>;
-    static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, _, t)) = cache.iter().find(|(dev, n, _)| dev == device && *n == d) {
-        return t.clone();
-    }
-    let half = d / 2;
-    let idx: Vec<i32> = (0..d).map(|i| ((i + half) % d) as i32).collect();
-    let t: Tensor<1, Int> = upload(TensorData::new(idx, [d]), device);
-    cache.push((device.clone(), d, t.clone()));
-    t
-}
-
 // ---------------------------------------------------------------------------------------------
 // Helpers: RMSNorm and linear
 // ---------------------------------------------------------------------------------------------
 
-/// HF's RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last axis of `[N, h]` (one fused op on
-/// Flex, burn's composite elsewhere: [`super::fused::rms_norm`]).
+/// HF's RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last axis of `[N, h]`
+/// ([`ops::rms_norm`]).
 fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f64) -> Tensor<2> {
-    super::fused::rms_norm(x, w.val(), eps)
-}
-
-/// `x · W`, through the CPU fast paths for decode-shaped products when they apply (the packed
-/// copy `packed` of `W` if given, else the row-major kernel; see [`super::cpu`]), else rlcr's
-/// blocked GEMM on Flex ([`sgemm::matmul`]: prefill, and training on `Autodiff<Flex>` as a custom
-/// autodiff op), else burn's matmul. On any other device (a GPU) it is burn's matmul, with no
-/// host round trip. All of rlcr's kernels sum each output in the order of K from zero, so decode,
-/// prefill and training give the same bits for a row whatever the batch.
-pub(crate) fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
-    if !super::is_flex(&x.device()) {
-        return sgemm::matmul(&x, &w).unwrap_or_else(|| burn_matmul(x, w));
-    }
-    if let Some(y) = packed.and_then(|p| cpu::packed_matmul(&x, &w, p)) {
-        return y;
-    }
-    if let Some(y) = cpu::small_matmul(&x, &w) {
-        return y;
-    }
-    sgemm::matmul(&x, &w).unwrap_or_else(|| burn_matmul(x, w))
-}
-
-/// burn's `x · w` for f32 activations `x` and an f32 or bf16 weight `w`, in the precision of
-/// [`sgemm::precision`]: f32 (a bf16 weight is widened for this product only, exact), or both
-/// operands cast to bf16 and the product cast back to f32, as torch's autocast runs a `Linear`
-/// (differentiable: the casts' backward casts the gradient back, so an f32 weight gets an f32
-/// gradient). The device must support bf16 for the latter ([`super::check_precision`]).
-fn burn_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
-    use burn::tensor::DType;
-    match (sgemm::precision(), w.dtype()) {
-        (sgemm::Precision::F32, dtype) if super::split_f32(&x.device()) => {
-            let w = if dtype == DType::F32 {
-                w
-            } else {
-                w.cast(DType::F32)
-            };
-            split_matmul(x, w)
-        }
-        (sgemm::Precision::F32, DType::F32) => x.matmul(w),
-        (sgemm::Precision::F32, _) => x.matmul(w.cast(DType::F32)),
-        (sgemm::Precision::Bf16, _) => x
-            .cast(DType::BF16)
-            .matmul(w.cast(DType::BF16))
-            .cast(DType::F32),
-    }
-}
-
-/// `a · b` for f32 tensors, f32-accurate where the backend's f32 matmul rounds its operands to
-/// TF32 (burn's CUDA backend on NVIDIA tensor cores since Ampere: 10 of f32's 23 mantissa bits,
-/// about 5e-4 relative error per product, like torch with `allow_tf32`). Each operand is split
-/// into a head that bf16 (and so TF32) holds exactly and the remainder, `a = aₕ + aₗ` (exact in
-/// f32, `|aₗ| ≤ 2⁻⁸|a|`), and `a·b = aₕ·bₕ + ((aₕ·bₗ + aₗ·bₕ) + aₗ·bₗ)`, small terms summed
-/// first: the head product loses nothing to TF32 and the remainders lose at most 2⁻¹¹ of
-/// themselves, about 2⁻¹⁹ of the product. (Dropping `aₗ·bₗ` would leave up to 2⁻¹⁶: measured
-/// 1.9e-5 on the tiny model's log-probs.) Differentiable: the casts pass the gradient through, so
-/// the gradient of `a` is `g·(bₕ + bₗ)ᵀ`. Used where [`super::split_f32`] says so.
-pub(crate) fn split_matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
-    use burn::tensor::DType;
-    let head = |t: Tensor<D>| t.cast(DType::BF16).cast(DType::F32);
-    let (ah, bh) = (head(a.clone()), head(b.clone()));
-    let (al, bl) = (a - ah.clone(), b - bh.clone());
-    let cross = ah.clone().matmul(bl.clone()) + al.clone().matmul(bh.clone());
-    ah.matmul(bh) + (cross + al.matmul(bl))
-}
-
-/// Masked attention on a GPU device (`mask`: true = hidden): scaled scores, −∞ at hidden keys,
-/// softmax over the keys, the weighted values, in nine kernels. burn's attention takes thirteen
-/// (its softmax clamps the row maximum and the sum so that a row with every key hidden gives
-/// zeros, not NaN; rlcr's masks always leave a query its own key). On the CPU (reached only with
-/// `RLCR_ATTENTION=burn` or `RLCR_GEMM=burn`) it is burn's attention. With split f32 products
-/// ([`super::split_f32`], f32 precision) both products are [`split_matmul`]s, which burn's
-/// attention would run in TF32 on CUDA. `options` only supplies the scale.
-fn device_attention(
-    q: Tensor<4>,
-    k: Tensor<4>,
-    v: Tensor<4>,
-    mask: &Tensor<4, Bool>,
-    options: AttentionModuleOptions,
-) -> Tensor<4> {
-    let split = sgemm::precision() == sgemm::Precision::F32 && super::split_f32(&q.device());
-    if !split && super::is_flex(&q.device().inner()) {
-        // The CPU with `RLCR_ATTENTION=burn` (or `RLCR_GEMM=burn`): burn's attention, as named.
-        return attention(q, k, v, Some(mask.clone()), None, options);
-    }
-    let product = |a: Tensor<4>, b: Tensor<4>| {
-        if split {
-            split_matmul(a, b)
-        } else {
-            a.matmul(b)
-        }
-    };
-    let [b, heads, rows, d] = q.dims();
-    let keys = k.dims()[2];
-    let scale = options.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let scores = product(q, k.swap_dims(2, 3)).mul_scalar(scale);
-    let hidden = mask.clone().expand([b, heads, rows, keys]);
-    let weights = burn::tensor::activation::softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3);
-    product(weights, v)
+    ops::rms_norm(x, w.val(), eps)
 }
 
 /// `x · W (+ b)` with `W` stored `[in, out]` and `x` as `[N, in]`.
@@ -340,7 +165,7 @@ impl Mlp {
             None => gu,
         };
         // silu(gate) · up with silu(g) = g · sigmoid(g), as torch's silu (one fused op on Flex).
-        let h = super::fused::swiglu(gu);
+        let h = ops::swiglu(gu);
         let y = linear(
             h.clone(),
             &self.down,
@@ -462,13 +287,7 @@ impl Attention {
             is_causal: false,
         };
         let out = match kv {
-            KvSource::Fresh => {
-                let scale = (1.0 / (d as f64).sqrt()) as f32;
-                match super::attention::attention(&q, &k_new, &v, s.mask_host, scale) {
-                    Some(out) => out,
-                    None => device_attention(q, k_new, v, mask, options),
-                }
-            }
+            KvSource::Fresh => ops::attention(q, k_new, v, mask, s.mask_host, options),
             KvSource::Cache {
                 k: kc,
                 v: vc,
@@ -477,15 +296,17 @@ impl Attention {
                 let ranges = [0..b, 0..k, start..start + t, 0..d];
                 kc.inplace(|c| c.slice_assign(ranges.clone(), k_new));
                 vc.inplace(|c| c.slice_assign(ranges, v));
-                let scale = (1.0 / (d as f64).sqrt()) as f32;
-                let fast = match s.decode_keys {
-                    Some(ok) if t == 1 => cpu::decode_attention(&q, kc, vc, start + 1, ok, scale),
-                    _ => super::attention::attention(&q, kc, vc, s.mask_host, scale),
-                };
-                match fast {
-                    Some(out) => out,
-                    None => device_attention(q, kc.clone(), vc.clone(), mask, options),
-                }
+                ops::cached_attention(
+                    q,
+                    kc,
+                    vc,
+                    start,
+                    t,
+                    s.decode_keys,
+                    mask,
+                    s.mask_host,
+                    options,
+                )
             }
         };
         // [B, K, g·T, d] = [B, H, T, d] → [B, T, H, d] → [B·T, H·d].
@@ -538,13 +359,8 @@ impl Layer {
             packed,
             lora,
         );
-        let x = x + a;
-        let m = self.mlp.forward(
-            rms_norm(x.clone(), &self.post_norm, eps),
-            packed,
-            lora,
-            s.lora_drop,
-        );
+        let (x, normed) = ops::add_rms_norm(x, a, self.post_norm.val(), eps);
+        let m = self.mlp.forward(normed, packed, lora, s.lora_drop);
         x + m
     }
 }
@@ -751,7 +567,7 @@ impl Transformer {
     /// The packed decode weights, built on first use (plain Flex devices only; `None` elsewhere
     /// or with `RLCR_DECODE_PACK=0`).
     fn decode_weights(&self) -> Option<&DecodeWeights> {
-        if !super::is_flex(&self.device()) {
+        if !ops::host_decode(&self.device()) {
             return None;
         }
         self.decode
@@ -825,14 +641,7 @@ impl Transformer {
         // Plain tensors and weights: nothing of this pass is kept for backward.
         let plain = FreshBatch {
             shape: fresh.shape,
-            rope: Rope {
-                cos: fresh.rope.cos.clone().inner(),
-                sin: fresh.rope.sin.clone().inner(),
-                swap: fresh.rope.swap.as_ref().map(|t| {
-                    let [d] = t.dims();
-                    rope_swap_index(d, &device.clone().inner())
-                }),
-            },
+            rope: fresh.rope.inner(),
             mask: fresh.mask.clone().inner(),
             mask_host: fresh.mask_host.clone(),
             drop: fresh.drop.clone(),
@@ -922,7 +731,7 @@ impl Transformer {
         // Decode steps on Flex: the same mask on the host, one flag per (row, used slot), for the
         // host attention kernel; a padding query attends only to itself, as in `build_mask`.
         // Other devices use burn's attention with `mask`.
-        let host = super::is_flex(&device);
+        let host = ops::host_decode(&device);
         let decode_keys: Option<Vec<bool>> = (t == 1 && host).then(|| {
             let len = start + 1;
             let mut ok = Vec::with_capacity(b * len);
@@ -1005,8 +814,7 @@ impl Transformer {
         while s < n {
             let e = (s + chunk).min(n);
             let logits = self.lm_head(hs.clone().slice([s..e, 0..hd]));
-            let (lp, ent) =
-                super::head::logprob_entropy(logits, &batch.targets_right[s..e], 1.0, entropy)?;
+            let (lp, ent) = ops::logprob_entropy(logits, &batch.targets_right[s..e], 1.0, entropy)?;
             lps.push(lp);
             ents.extend(ent);
             s = e;
@@ -1350,6 +1158,7 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::backend::split_matmul;
     use crate::model::{read_f32, weights, ModelConfig};
 
     fn load(name: &str, device: &Device) -> Transformer {

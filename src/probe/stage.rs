@@ -197,7 +197,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let fractions = &plan.fractions;
     let n = plan.samples;
     crate::fs::check_distinct(&[plan.job.input.as_path()], &plan.job.out)?;
-    let device = crate::model::device_from_str(&plan.job.device)?;
+    let device = plan.job.device.open()?;
     let reader = Reader::open(&plan.job.input)?;
     let name = plan.job.input.display().to_string();
     table::check_schema(

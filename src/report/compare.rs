@@ -177,85 +177,14 @@ mod tests {
     fn table_rows_and_figures() {
         // Arm a: in `countdown`, answer right with confidence 0.8 and wrong with 0.4; in
         // `countdown-hard`, one wrong answer with confidence 0.6.
+        #[rustfmt::skip]
         let t = vec![
-            (
-                "answer",
-                "p0",
-                0,
-                "countdown",
-                5,
-                true,
-                1.0,
-                None,
-                None,
-                1.0,
-                "a",
-            ),
-            (
-                "answer",
-                "p0",
-                1,
-                "countdown",
-                5,
-                true,
-                0.0,
-                None,
-                None,
-                0.0,
-                "a",
-            ),
-            (
-                "answer",
-                "p1",
-                0,
-                "countdown-hard",
-                5,
-                true,
-                0.0,
-                None,
-                None,
-                0.0,
-                "a",
-            ),
-            (
-                "confidence",
-                "p0",
-                0,
-                "countdown",
-                3,
-                true,
-                1.0,
-                Some(0.8),
-                Some(0.96),
-                0.96,
-                "c",
-            ),
-            (
-                "confidence",
-                "p0",
-                1,
-                "countdown",
-                3,
-                true,
-                0.0,
-                Some(0.4),
-                Some(0.84),
-                0.84,
-                "c",
-            ),
-            (
-                "confidence",
-                "p1",
-                0,
-                "countdown-hard",
-                3,
-                true,
-                0.0,
-                Some(0.6),
-                Some(0.64),
-                0.64,
-                "c",
-            ),
+            ("answer", "p0", 0, "countdown", 5, true, 1.0, None, None, 1.0, "a"),
+            ("answer", "p0", 1, "countdown", 5, true, 0.0, None, None, 0.0, "a"),
+            ("answer", "p1", 0, "countdown-hard", 5, true, 0.0, None, None, 0.0, "a"),
+            ("confidence", "p0", 0, "countdown", 3, true, 1.0, Some(0.8), Some(0.96), 0.96, "c"),
+            ("confidence", "p0", 1, "countdown", 3, true, 0.0, Some(0.4), Some(0.84), 0.84, "c"),
+            ("confidence", "p1", 0, "countdown-hard", 3, true, 0.0, Some(0.6), Some(0.64), 0.64, "c"),
         ];
         let rows = Rows::from_batches([&batch(&t)]).unwrap();
         let r = summary::build("a.parquet", &rows, &Options::default());
@@ -295,34 +224,15 @@ mod tests {
         assert!(svg.contains("rlcr · countdown-hard"));
         // Every text (titles, counts above bars) lies inside the figure: a panel's counts are
         // placed in its own area, not the first panel's coordinates shifted by its offset.
-        for part in svg.split("<text x=\"").skip(1) {
-            let (x, rest) = part.split_once('"').unwrap();
-            let y = rest
-                .split("y=\"")
-                .nth(1)
-                .unwrap()
-                .split('"')
-                .next()
-                .unwrap();
-            let (x, y): (f64, f64) = (x.parse().unwrap(), y.parse().unwrap());
+        let texts = text_positions(&svg);
+        for &(x, y, _) in &texts {
             assert!(x <= 1440.0 && y <= 2100.0, "text at ({x}, {y})");
         }
         // The count of panel (row 3, column 2) sits in that panel: x in 720..1440, y in 1400..2100.
-        let counts: Vec<(f64, f64)> = svg
-            .split("<text x=\"")
-            .skip(1)
-            .filter(|p| p.contains(">\n1\n</text>") || p.contains(">1</text>"))
-            .map(|p| {
-                let (x, rest) = p.split_once('"').unwrap();
-                let y = rest
-                    .split("y=\"")
-                    .nth(1)
-                    .unwrap()
-                    .split('"')
-                    .next()
-                    .unwrap();
-                (x.parse().unwrap(), y.parse().unwrap())
-            })
+        let counts: Vec<(f64, f64)> = texts
+            .iter()
+            .filter(|t| t.2.contains(">\n1\n</text>") || t.2.contains(">1</text>"))
+            .map(|t| (t.0, t.1))
             .collect();
         assert!(
             counts
@@ -330,5 +240,23 @@ mod tests {
                 .any(|&(x, y)| (720.0..1440.0).contains(&x) && (1400.0..2100.0).contains(&y)),
             "{counts:?}"
         );
+    }
+
+    /// `(x, y, rest of the element)` of every `<text>` of an SVG.
+    fn text_positions(svg: &str) -> Vec<(f64, f64, &str)> {
+        svg.split("<text x=\"")
+            .skip(1)
+            .map(|part| {
+                let (x, rest) = part.split_once('"').unwrap();
+                let y = rest
+                    .split("y=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
+                (x.parse().unwrap(), y.parse().unwrap(), part)
+            })
+            .collect()
     }
 }

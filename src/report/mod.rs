@@ -249,6 +249,7 @@ pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
     plot::LineCharts {
         title: "Metrics by iteration".to_string(),
         x_label: "iteration".to_string(),
+        axis: plot::XAxis::Iterations,
         xs: reports.iter().map(|r| r.iteration as f64).collect(),
         grid: (2, 2),
         panels: vec![
@@ -506,72 +507,13 @@ mod tests {
 
     #[test]
     fn end_to_end_in_memory() {
+        #[rustfmt::skip]
         let t = vec![
-            (
-                "answer",
-                "p0",
-                0,
-                "countdown",
-                10,
-                true,
-                1.0,
-                None,
-                None,
-                1.0,
-                "<think>x</think><answer>4</answer>",
-            ),
-            (
-                "answer",
-                "p0",
-                1,
-                "countdown",
-                20,
-                false,
-                0.0,
-                None,
-                None,
-                0.0,
-                "garbage ``` fence",
-            ),
-            (
-                "confidence",
-                "p0",
-                0,
-                "countdown",
-                3,
-                true,
-                1.0,
-                Some(0.2),
-                Some(0.36),
-                0.36,
-                "<confidence>0.2</confidence>",
-            ),
-            (
-                "confidence",
-                "p0",
-                1,
-                "countdown",
-                3,
-                true,
-                0.0,
-                Some(0.9),
-                Some(0.19),
-                0.19,
-                "<confidence>0.9</confidence>",
-            ),
-            (
-                "confidence",
-                "p0",
-                1,
-                "countdown",
-                3,
-                false,
-                0.0,
-                None,
-                Some(0.0),
-                0.0,
-                "<confidence>very</confidence>",
-            ),
+            ("answer", "p0", 0, "countdown", 10, true, 1.0, None, None, 1.0, "<think>x</think><answer>4</answer>"),
+            ("answer", "p0", 1, "countdown", 20, false, 0.0, None, None, 0.0, "garbage ``` fence"),
+            ("confidence", "p0", 0, "countdown", 3, true, 1.0, Some(0.2), Some(0.36), 0.36, "<confidence>0.2</confidence>"),
+            ("confidence", "p0", 1, "countdown", 3, true, 0.0, Some(0.9), Some(0.19), 0.19, "<confidence>0.9</confidence>"),
+            ("confidence", "p0", 1, "countdown", 3, false, 0.0, None, Some(0.0), 0.0, "<confidence>very</confidence>"),
         ];
         let b = batch(&t);
         let rows = Rows::from_batches([&b]).expect("rows");

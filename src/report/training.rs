@@ -184,7 +184,7 @@ pub fn parse(text: &str, source: &str) -> Result<TrainingCurves> {
 /// policy's KL to the reference once per call), clip fractions, entropy, gradient norm, learning
 /// rate, the rollout/trainer mismatch (once per call) and the response lengths against the global
 /// step.
-pub fn figure(c: &TrainingCurves) -> plot::StepCharts {
+pub fn figure(c: &TrainingCurves) -> plot::LineCharts {
     let s = |name: &str, key: &str| plot::Series {
         name: name.to_string(),
         values: c.values(key),
@@ -200,10 +200,11 @@ pub fn figure(c: &TrainingCurves) -> plot::StepCharts {
     } else {
         format!(" ({})", c.stages.join(", "))
     };
-    plot::StepCharts {
+    plot::LineCharts {
         title: format!("Training curves{stage}"),
         x_label: "global optimizer step".to_string(),
-        steps: c.steps.iter().map(|&s| s as f64).collect(),
+        axis: plot::XAxis::Steps,
+        xs: c.steps.iter().map(|&s| s as f64).collect(),
         grid: (3, 3),
         panels: vec![
             panel(
@@ -293,7 +294,7 @@ mod tests {
         assert_eq!(c.values("entropy"), vec![None, Some(1.5)]);
         assert_eq!(c.values("absent"), vec![None, None]);
         let f = figure(&c);
-        assert_eq!(f.steps, vec![1.0, 2.0]);
+        assert_eq!(f.xs, vec![1.0, 2.0]);
         assert!(f
             .panels
             .iter()

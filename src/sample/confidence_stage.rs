@@ -57,7 +57,7 @@ struct Prepared {
 pub fn run(plan: &Plan) -> Result<Summary> {
     let shard = plan.job.shard;
     let query = &plan.confidence_prompt;
-    let device = crate::model::device_from_str(&plan.job.device)?;
+    let device = plan.job.device.open()?;
     let reader = Reader::open(&plan.job.input)?;
     let name = plan.job.input.display().to_string();
     table::check_schema(

@@ -4,12 +4,12 @@
 //!
 //! [`draw`] implements [`super::logits`]' pipeline (temperature → top-k → top-p → min-p, an
 //! inverse-CDF draw in ascending id order from the host's ChaCha20 uniform, the log-prob at
-//! temperature 1 over the full vocabulary) with burn tensor ops, without sorting: burn's sort
-//! reads tensors back to the host on the GPU backends. The top-k and top-p cut-offs are value
-//! thresholds found by bisection on the device (a fixed number of halvings, so nothing is read
-//! to decide when to stop); the draw is a cumulative sum in id order (in two levels, blocks of
-//! 256 ids and the block sums: burn's cumulative sum on these backends is quadratic in the
-//! length) and a count of the entries at or below `u · total`.
+//! temperature 1 over the full vocabulary) on the device, without sorting. The top-k and top-p
+//! cut-offs are value thresholds found by a fixed number of halvings (nothing is read to decide
+//! when to stop); the draw is the first id whose cumulative weight in id order exceeds
+//! `u · total`. On a GPU it is one kernel per step, one cube per sample row
+//! ([`crate::model::backend::gpu::draw`]); elsewhere the same function as burn ops
+//! ([`crate::model::backend::draw`]); [`crate::model::ops::draw`] picks.
 //!
 //! What it keeps of the host sampler ([`super::logits::Processor`]), and what not (the test
 //! `device_draw_agrees_with_the_host` pins it):
@@ -27,18 +27,11 @@
 //! not bit for bit the CPU's sampler: `--device cpu` keeps the host sampler (the tables of the
 //! CPU build are unchanged), the GPU backends use this one.
 use anyhow::{ensure, Result};
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use super::logits::SamplingParams;
-use crate::model::transfer;
-
-/// Halvings of the top-k / top-p threshold search (from a range of [`SEARCH_RANGE`] + 1 in
-/// logits/temperature units).
-const BISECT_STEPS: usize = 40;
-
-/// The search covers `[max − SEARCH_RANGE, max + 1]`: a token more than 200 below the maximum has
-/// weight `exp(−200) = 0` in f32 and can never be drawn, wherever the cut-off is.
-const SEARCH_RANGE: f32 = 200.0;
+use crate::model::backend::draw::{BISECT_STEPS, SEARCH_RANGE};
+use crate::model::{ops, transfer};
 
 /// Width of the threshold search's last interval: tokens this close below a cut-off may be kept
 /// with it.
@@ -54,7 +47,8 @@ pub fn cdf_tolerance(n: usize) -> f64 {
 
 /// Draw one token per sample row from `logits` (`[n, V]`, on any device): row `r` reads logits
 /// row `src[r]` and the uniform `u[r]` (in [0, 1)); only ids below `allowed` are drawn. Returns
-/// `(token, behaviour log-prob)` per row. One upload (the draws and the row map) and one read.
+/// `(token, behaviour log-prob)` per row. One upload (the draws and the row map) and one read;
+/// on a GPU one kernel ([`ops::draw`]).
 pub fn draw(
     logits: &Tensor<2>,
     src: &[usize],
@@ -82,39 +76,16 @@ pub fn draw(
     let mut host = Vec::with_capacity(2 * r);
     host.extend(u.iter().map(|&x| x as f32));
     host.extend(src.iter().map(|&k| k as f32));
-    let up: Tensor<2> = transfer::upload(TensorData::new(host, [2, r]), &device);
-    let uniform = up.clone().slice([0..1, 0..r]).reshape([r, 1]);
+    let rows: Tensor<2> = transfer::upload(TensorData::new(host, [2, r]), &device);
     let identity = r == n && src.iter().enumerate().all(|(i, &k)| i == k);
-    // The draw is computed in f32 whatever the logits' dtype.
-    let logits = if logits.dtype() == burn::tensor::DType::F32 {
-        logits.clone()
-    } else {
-        logits.clone().cast(burn::tensor::DType::F32)
+    let draw_params = ops::DrawParams {
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        min_p: params.min_p,
     };
-    let lg = if identity {
-        logits
-    } else {
-        let idx: Tensor<1, Int> = up.slice([1..2, 0..r]).reshape([r]).int();
-        logits.select(0, idx)
-    };
-    // NaN counts as −∞ (as on the host).
-    let lg = lg.clone().mask_fill(lg.is_nan(), f32::NEG_INFINITY);
-    // The behaviour log-prob's normaliser: temperature 1, the full vocabulary.
-    let m1 = lg.clone().max_dim(1);
-    let lse = m1.clone() + (lg.clone() - m1).exp().sum_dim(1).log();
-    let z = if a < v {
-        lg.clone().slice([0..r, 0..a])
-    } else {
-        lg.clone()
-    };
-    let iota = ids(a, &device);
-    let tok = if params.is_greedy() {
-        argmax_lowest(z, &iota, a)
-    } else {
-        sample(z, uniform, &iota, params, a)
-    };
-    let lp = lg.gather(1, tok.clone().int()) - lse;
-    let out = transfer::read(Tensor::cat(vec![tok, lp], 1))?
+    let out = ops::draw(logits, &rows, identity, &draw_params, a)?;
+    let out = transfer::read(out)?
         .convert::<f32>()
         .try_into_vec::<f32>()
         .map_err(|e| anyhow::anyhow!("reading the sampled tokens: {e:?}"))?;
@@ -124,144 +95,6 @@ pub fn draw(
         out.len()
     );
     Ok(out.chunks_exact(2).map(|c| (c[0] as u32, c[1])).collect())
-}
-
-/// Width of the blocks of the two-level cumulative sum: burn's cumulative sum on the GPU backends
-/// reads every earlier element for each output (quadratic in the length), so it only ever runs
-/// over a block (256) or over the block sums (vocabulary / 256).
-const BLOCK: usize = 256;
-
-/// Blocks covering `a` ids.
-fn blocks(a: usize) -> usize {
-    a.div_ceil(BLOCK)
-}
-
-/// Ids `0..a` as f32 `[1, a]`, made on the device (burn's `arange` uploads from the host):
-/// `BLOCK · block + offset`, each from a short cumulative sum of ones.
-fn ids(a: usize, device: &burn::tensor::Device) -> Tensor<2> {
-    let nb = blocks(a);
-    let block = Tensor::<2>::ones([nb, 1], device).cumsum(0) - 1.0;
-    let offset = Tensor::<2>::ones([1, BLOCK], device).cumsum(1) - 1.0;
-    (block.mul_scalar(BLOCK as f32) + offset)
-        .reshape([1, nb * BLOCK])
-        .slice([0..1, 0..a])
-}
-
-/// The first id whose cumulative weight (in id order) exceeds `target` (`[r, 1]`), as f32
-/// `[r, 1]`: block sums, their cumulative sum picks the block, the block's own cumulative sum
-/// (plus the mass before it) picks the id. Past the end of a block (rounding between the two
-/// sums), the block's last id with weight.
-fn first_above(wk: Tensor<2>, target: Tensor<2>) -> Tensor<2> {
-    let [r, a] = wk.dims();
-    let nb = blocks(a);
-    let device = wk.device();
-    let padded = if nb * BLOCK > a {
-        Tensor::cat(vec![wk, Tensor::zeros([r, nb * BLOCK - a], &device)], 1)
-    } else {
-        wk
-    };
-    let w3 = padded.reshape([r, nb, BLOCK]);
-    let sums = w3.clone().sum_dim(2).reshape([r, nb]);
-    let cum = sums.clone().cumsum(1);
-    let block = (cum.clone() - target.clone())
-        .lower_equal_elem(0.0)
-        .float()
-        .sum_dim(1)
-        .clamp_max((nb - 1) as f32);
-    let bi: Tensor<2, Int> = block.clone().int();
-    let before = (cum - sums).gather(1, bi.clone());
-    let idx: Tensor<3, Int> = bi.reshape([r, 1, 1]).expand([r, 1, BLOCK]);
-    let inner = w3.gather(1, idx).reshape([r, BLOCK]);
-    let offset = Tensor::<2>::ones([1, BLOCK], &device).cumsum(1) - 1.0;
-    let k = (inner.clone().cumsum(1) + before - target)
-        .lower_equal_elem(0.0)
-        .float()
-        .sum_dim(1);
-    let last = (offset + 1.0)
-        .mul(inner.greater_elem(0.0).float())
-        .max_dim(1)
-        .sub_scalar(1.0)
-        .clamp_min(0.0);
-    block.mul_scalar(BLOCK as f32) + k.min_pair(last)
-}
-
-/// The lowest id of each row's maximum, as f32 `[r, 1]`.
-fn argmax_lowest(z: Tensor<2>, iota: &Tensor<2>, a: usize) -> Tensor<2> {
-    let [r, _] = z.dims();
-    let m = z.clone().max_dim(1);
-    let below: Tensor<2, Bool> = (z - m).lower_elem(0.0);
-    iota.clone()
-        .expand([r, a])
-        .mask_fill(below, a as f32)
-        .min_dim(1)
-        .clamp_max((a - 1) as f32)
-}
-
-/// The inverse-CDF draw among the tokens that top-k, top-p and min-p keep, as f32 `[r, 1]`.
-fn sample(
-    lg: Tensor<2>,
-    uniform: Tensor<2>,
-    iota: &Tensor<2>,
-    params: &SamplingParams,
-    a: usize,
-) -> Tensor<2> {
-    let [r, _] = lg.dims();
-    let z = if params.temperature == 1.0 {
-        lg
-    } else {
-        lg.div_scalar(params.temperature)
-    };
-    let m = z.clone().max_dim(1);
-    // Every logit −∞: the host falls back to id 0 (its argmax); so does this.
-    let dead: Tensor<2, Bool> = m.clone().is_inf().bool_and(m.clone().lower_elem(0.0));
-    let w = (z.clone() - m.clone()).exp();
-    let mut keep: Tensor<2> = Tensor::ones([r, a], &z.device());
-    let k = params.top_k;
-    if k > 0 && k < a {
-        // The largest t with #{z ≥ t} ≥ k: lo keeps ≥ k tokens, hi fewer.
-        let mut lo = m.clone().sub_scalar(SEARCH_RANGE);
-        let mut hi = m.clone() + m.clone().abs().mul_scalar(1e-6) + 1.0;
-        for _ in 0..BISECT_STEPS {
-            let mid = (lo.clone() + hi.clone()).mul_scalar(0.5);
-            let count = (z.clone() - mid.clone())
-                .greater_equal_elem(0.0)
-                .float()
-                .sum_dim(1);
-            let enough = count.greater_equal_elem(k as f32);
-            lo = lo.mask_where(enough.clone(), mid.clone());
-            hi = mid.mask_where(enough, hi);
-        }
-        keep = keep * (z.clone() - lo).greater_equal_elem(0.0).float();
-    }
-    if params.top_p < 1.0 {
-        // The smallest t with mass(z > t) < p · mass (among the tokens top-k keeps): the tokens
-        // at or above it are those with less than p of the mass ranked before them.
-        let wk = w.clone() * keep.clone();
-        let target = wk.clone().sum_dim(1).mul_scalar(params.top_p);
-        let mut lo = m.clone().sub_scalar(SEARCH_RANGE);
-        let mut hi = m.clone();
-        for _ in 0..BISECT_STEPS {
-            let mid = (lo.clone() + hi.clone()).mul_scalar(0.5);
-            let above =
-                (wk.clone() * (z.clone() - mid.clone()).greater_elem(0.0).float()).sum_dim(1);
-            let less = (above - target.clone()).lower_elem(0.0);
-            hi = hi.mask_where(less.clone(), mid.clone());
-            lo = mid.mask_where(less, lo);
-        }
-        keep = keep * (z.clone() - hi).greater_equal_elem(0.0).float();
-    }
-    if params.min_p > 0.0 {
-        keep = keep * w.clone().greater_equal_elem(params.min_p).float();
-    }
-    let wk = w * keep.clone();
-    let target = uniform * wk.clone().sum_dim(1);
-    let first = first_above(wk, target);
-    // Rounding that leaves no winner: the last kept id (as the host does).
-    let last_kept = (iota.clone().expand([r, a]) + 1.0)
-        .mul(keep)
-        .max_dim(1)
-        .sub_scalar(1.0);
-    first.min_pair(last_kept).mask_fill(dead, 0.0)
 }
 
 #[cfg(test)]
@@ -340,13 +173,12 @@ mod tests {
     /// The CPU's tensors, and a wgpu device in builds with `--features wgpu` (`RLCR_WGPU_DEVICE`
     /// picks the adapter, default `wgpu`).
     fn devices() -> Vec<burn::tensor::Device> {
-        let mut d = vec!["cpu".to_string()];
+        let mut d = vec![crate::model::DeviceSpec::Cpu];
         if cfg!(feature = "wgpu") {
-            d.push(std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into()));
+            let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
+            d.push(spec.parse().unwrap());
         }
-        d.iter()
-            .map(|s| crate::model::device_from_str(s).unwrap())
-            .collect()
+        d.into_iter().map(|s| s.open().unwrap()).collect()
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub struct Plan {
     pub system_prompt: Option<String>,
     pub response_prefix: Option<String>,
     pub seed: u64,
-    pub device: String,
+    pub device: crate::model::DeviceSpec,
     /// Recorded in the metadata.
     pub argv: Vec<String>,
     /// The chat template and its extra variables.
@@ -105,7 +105,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     if plan.env_cmd.trim().is_empty() {
         bail!("--env-cmd is empty");
     }
-    let device = crate::model::device_from_str(&plan.device)?;
+    let device = plan.device.open()?;
     let name = plan.input.display().to_string();
     let reader = Reader::open(&plan.input)?;
     table::check_schema(

@@ -70,7 +70,7 @@ impl Policy {
         Ok(Policy {
             model,
             fingerprint,
-            device_draw: !crate::model::is_flex(device),
+            device_draw: crate::model::ops::draws_on_device(device),
             chat: chat.clone(),
         })
     }

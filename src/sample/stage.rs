@@ -73,7 +73,7 @@ pub struct ModelJob {
     /// A LoRA adapter folder merged into `model` at load.
     pub adapter: Option<std::path::PathBuf>,
     /// `cpu`, `wgpu[:N]`, `cuda[:N]`.
-    pub device: String,
+    pub device: crate::model::DeviceSpec,
     pub input: std::path::PathBuf,
     pub out: std::path::PathBuf,
     /// Only the rows of this shard (split by `prompt_id`).

@@ -355,13 +355,13 @@ pub struct CriticPlan {
     /// Output critic folder.
     pub out: PathBuf,
     pub cfg: CriticConfig,
-    pub device: String,
+    pub device: crate::model::DeviceSpec,
 }
 
 /// Train the critic on the table and save it; returns the summary line. The folder gets
 /// `critic_metrics.jsonl` (one line per step).
 pub fn run_critic(plan: &CriticPlan) -> Result<String> {
-    let device: Device = crate::model::device_from_str(&plan.device)?.autodiff();
+    let device: Device = plan.device.open()?.autodiff();
     let critic = Critic::load(&plan.critic, &device)?;
     let rows = read_critic_rows(
         &plan.input,
@@ -419,7 +419,7 @@ pub struct ValuesPlan {
     pub out: PathBuf,
     pub column: String,
     pub batch_size: usize,
-    pub device: String,
+    pub device: crate::model::DeviceSpec,
     pub argv: Vec<String>,
 }
 
@@ -454,7 +454,7 @@ pub fn run_values(plan: &ValuesPlan) -> Result<String> {
     );
     crate::fs::check_distinct(&[&plan.input], &plan.out)?;
     validate_values_input(&plan.input)?;
-    let device = crate::model::device_from_str(&plan.device)?;
+    let device = plan.device.open()?;
     let critic = Critic::load(&plan.critic, &device)?;
     let (vocab, max_pos) = (
         critic.config.vocab_size,

@@ -603,10 +603,7 @@ fn scalars(ts: Vec<Tensor<1>>) -> Result<Vec<f64>> {
 
 /// [`scalars`], and the values of `extra` read in the same round trip (as f32: they are f32
 /// values, and f32 → f64 → f32 gives the same bits).
-fn scalars_with(
-    mut ts: Vec<Tensor<1>>,
-    extra: Option<Tensor<1>>,
-) -> Result<(Vec<f64>, Vec<f32>)> {
+fn scalars_with(mut ts: Vec<Tensor<1>>, extra: Option<Tensor<1>>) -> Result<(Vec<f64>, Vec<f32>)> {
     let n = ts.len();
     let want = n + extra.as_ref().map_or(0, |e| e.dims()[0]);
     if let Some(e) = extra {

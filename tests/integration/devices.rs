@@ -459,7 +459,7 @@ mod wgpu {
         let g = gpu();
         let x = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 2 * 32], [2, 32]), &g);
         let w = Tensor::<2>::from_data(TensorData::new(vec![0.25f32; 32 * 16], [32, 16]), &g);
-        assert!(!model::is_flex(&g));
+        assert!(!model::ops::on_host(&g));
         assert!(model::cpu::small_matmul(&x, &w).is_none());
         assert!(
             model::cpu::PackedMatrix::pack(&w, model::cpu::PackPrecision::F32).is_none(),

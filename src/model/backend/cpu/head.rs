@@ -45,7 +45,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 
 use rlcr_kernels::head::{self as kernel, HeadRows};
 
-use super::cpu::{self, Isa};
+use super::decode::{self as cpu, Isa};
 
 /// Log-probs of `targets` and (when `entropy`) entropies of the rows of `logits: [n, V]` divided
 /// by `temperature`: `([n], Some([n]))`. Differentiable on an autodiff device.
@@ -107,7 +107,7 @@ fn composite(
     };
     let lp = log_softmax(z, 1);
     let ids: Vec<i32> = targets.iter().map(|&t| t as i32).collect();
-    let tg: Tensor<2, Int> = super::transfer::upload(TensorData::new(ids, [n, 1]), &device);
+    let tg: Tensor<2, Int> = crate::model::transfer::upload(TensorData::new(ids, [n, 1]), &device);
     let ent = entropy.then(|| {
         (lp.clone().exp() * lp.clone())
             .sum_dim(1)

@@ -15,7 +15,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, Tensor, TensorData};
 use rlcr_kernels::attention::{self as kernel, Shape};
 
-use super::cpu::{self, Isa};
+use super::decode::{self as cpu, Isa};
 
 /// `softmax(scale · q·kᵀ, hidden keys excluded) · v` for `q: [B, K, R, d]`, `k`, `v`: `[B, K, S,
 /// d]` and the host mask `hidden: [B, R, S]` (true = hidden; shared by the K heads of a row), as

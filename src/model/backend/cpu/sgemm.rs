@@ -56,7 +56,7 @@ impl Precision {
 /// conversions and dot products only), so `--precision bf16` there is an error naming the device.
 pub fn check_device(precision: Precision, device: &burn::tensor::Device) -> anyhow::Result<()> {
     if precision == Precision::Bf16
-        && !super::is_flex(&device.clone().inner())
+        && !crate::model::ops::on_host(device)
         && !device.supports_dtype(DType::BF16)
     {
         anyhow::bail!(
@@ -95,7 +95,7 @@ impl Drop for Autocast {
     }
 }
 
-use super::cpu::{self, Isa};
+use super::decode::{self as cpu, Isa};
 
 /// Whether [`matmul`] runs (read once per process): the default, and `RLCR_GEMM=rlcr`;
 /// `RLCR_GEMM=burn` sends every product to burn's matmul (the gemm crate) instead, e.g. to

@@ -22,8 +22,8 @@
 //!   attention's strided `q`/`k` view in place and keeps only the cos / sin tables for backward;
 //!   on by default, `RLCR_ROPE=burn` keeps the composite.
 //!
-//! Every other device (wgpu, CUDA) runs the composites: the fused paths are entered only when the
-//! tensors convert to Flex primitives.
+//! [`crate::model::ops`] enters these only on the CPU; the GPUs have their own
+//! ([`super::super::gpu`]).
 use std::sync::Arc;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -39,7 +39,7 @@ use super::attention::{contiguous, slice};
 use rlcr_kernels::norm as kernel;
 use rlcr_kernels::rope as rope_kernel;
 
-use super::cpu::{self, Isa};
+use super::decode::{self as cpu, Isa};
 
 /// Whether [`rms_norm`] runs rlcr's fused op on Flex (read once per process): `RLCR_NORM=rlcr`;
 /// unset, empty or `burn` keeps burn's composite. Opt-in, like the fused LM head: its rounding
@@ -150,9 +150,6 @@ fn rope_rows(p: &FlexTensor) -> Option<rope_kernel::Rows> {
 /// HF's RMSNorm, `w · x / sqrt(mean(x²) + eps)` over the last axis of `x: [N, h]`, `w: [h]`:
 /// the fused op on Flex when [`norm_enabled`], burn's composite otherwise.
 pub fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
-    if !on_host(&x) {
-        return rms_norm_gpu(x, w, eps);
-    }
     if norm_enabled() {
         if let Some(y) = rms_norm_fused(&x, &w, eps, cpu::isa()) {
             return y;
@@ -167,29 +164,10 @@ pub fn rms_norm_composite(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     x * ms.add_scalar(eps).sqrt().recip() * w.unsqueeze_dim(0)
 }
 
-/// Whether `x` lives on the host (Flex, plain or autodiff), where rlcr's fused ops and the
-/// composites above run; elsewhere (a GPU) each burn op is a kernel launch, and the `_gpu`
-/// composites below use fewer of them.
-fn on_host(x: &Tensor<2>) -> bool {
-    super::is_flex(&x.device().inner())
-}
-
-/// RMSNorm on a GPU in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of
-/// [`rms_norm_composite`]'s seven: `x / sqrt(mean(x²) + eps)` divides where the composite
-/// multiplies by a reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third
-/// way, within the same parity bound).
-pub fn rms_norm_gpu(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
-    let rms = x.clone().square().mean_dim(1).add_scalar(eps).sqrt();
-    x / rms * w.unsqueeze_dim(0)
-}
-
 /// `silu(gate) · up` for `gu = [gate | up]: [N, 2I]`, `silu(g) = g · sigmoid(g)` as torch's:
 /// `[N, I]`. The fused op on Flex when [`swiglu_enabled`], burn's composite otherwise (the same
 /// bits on Flex).
 pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
-    if !on_host(&gu) {
-        return swiglu_gpu(gu);
-    }
     if swiglu_enabled() {
         if let Some(y) = swiglu_fused(&gu) {
             return y;
@@ -205,17 +183,6 @@ pub fn swiglu_composite(gu: Tensor<2>) -> Tensor<2> {
     let gate = gu.clone().slice([0..n, 0..i]);
     let up = gu.slice([0..n, i..two_i]);
     gate.clone() * sigmoid(gate) * up
-}
-
-/// SwiGLU's gate on a GPU in five kernels, `gate / (1 + exp(−gate)) · up`, where burn's
-/// `gate · sigmoid(gate) · up` takes eight (its sigmoid is `exp(−log(1 + exp(−x)))`, six). Large
-/// negative gates give `exp(−gate) = ∞` and a quotient of −0, never a NaN.
-pub fn swiglu_gpu(gu: Tensor<2>) -> Tensor<2> {
-    let [n, two_i] = gu.dims();
-    let i = two_i / 2;
-    let gate = gu.clone().slice([0..n, 0..i]);
-    let up = gu.slice([0..n, i..two_i]);
-    gate.clone() / gate.neg().exp().add_scalar(1.0) * up
 }
 
 /// The fused RMSNorm on Flex (plain or autodiff) with the kernels of `isa`; `None` on other

@@ -167,7 +167,7 @@ fn driver_error(e: cudarc::driver::DriverError) -> String {
 /// Open CUDA device `index`: checks this machine first ([`missing`]), then the device count,
 /// then compiles and runs one kernel, each failure an error (never a panic) on one line.
 pub fn open(index: usize) -> Result<Device> {
-    let spec = super::DeviceSpec::Cuda(index);
+    let spec = crate::model::DeviceSpec::Cuda(index);
     let missing = missing();
     if !missing.is_empty() {
         bail!(
@@ -211,7 +211,7 @@ pub fn open(index: usize) -> Result<Device> {
     let device = Device::cuda(index);
     let check = quietly(|| {
         let t = Tensor::<1>::from_floats([1.0f32, 2.0, 3.0, 4.0], &device);
-        super::read_f32(t.sum())
+        crate::model::read_f32(t.sum())
     });
     match check {
         Ok(Ok(v)) if v == [10.0] => {}
@@ -219,8 +219,8 @@ pub fn open(index: usize) -> Result<Device> {
         Ok(Err(e)) => bail!("--device {spec} ({name}): {}", one_line(&format!("{e:#}"))),
         Err(e) => bail!("--device {spec} ({name}): CUDA failed: {e}"),
     }
-    super::CUDA_OPENED.store(true, std::sync::atomic::Ordering::Relaxed);
-    super::transfer::count_launches();
+    super::mark_cuda_opened();
+    crate::model::transfer::count_launches();
     crate::info!("device: {spec} ({name})");
     Ok(device)
 }

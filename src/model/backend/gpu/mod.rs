@@ -1,0 +1,51 @@
+//! What the GPU backends (wgpu, CUDA) run, one source for both: burn composites written for
+//! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
+//! H200), and `#[cube]` kernels launched on burn's tensors ([`draw`]).
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use crate::model::transfer::upload;
+
+
+/// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of burn's
+/// composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
+/// reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third way, within the
+/// same parity bound).
+pub fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
+    let rms = x.clone().square().mean_dim(1).add_scalar(eps).sqrt();
+    x / rms * w.unsqueeze_dim(0)
+}
+
+/// SwiGLU's gate in five kernels, `gate / (1 + exp(−gate)) · up`, where burn's
+/// `gate · sigmoid(gate) · up` takes eight (its sigmoid is `exp(−log(1 + exp(−x)))`, six). Large
+/// negative gates give `exp(−gate) = ∞` and a quotient of −0, never a NaN.
+pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
+    let [n, two_i] = gu.dims();
+    let i = two_i / 2;
+    let gate = gu.clone().slice([0..n, 0..i]);
+    let up = gu.slice([0..n, i..two_i]);
+    gate.clone() / gate.neg().exp().add_scalar(1.0) * up
+}
+
+/// HF's rotate-half RoPE as `x·[c, c] + swap(x)·[−s, s]` (`cos`, `sin` spanning the head
+/// dimension), where `swap` exchanges the halves with one gather: four kernels where the
+/// composite's slices, products and concatenation take ten (the same bits: `x₂·(−s) = −(x₂·s)`
+/// exactly).
+pub fn rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>, swap: &Tensor<1, Int>) -> Tensor<4> {
+    x.clone() * cos.clone() + x.select(3, swap.clone()) * sin.clone()
+}
+
+/// The index `[d/2, …, d−1, 0, …, d/2−1]` that swaps the halves of a head (`select` along the last
+/// axis), uploaded once per device and head dimension for the process.
+pub fn rope_swap_index(d: usize, device: &Device) -> Tensor<1, Int> {
+    type Cache = Vec<(Device, usize, Tensor<1, Int>)>;
+    static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, t)) = cache.iter().find(|(dev, n, _)| dev == device && *n == d) {
+        return t.clone();
+    }
+    let half = d / 2;
+    let idx: Vec<i32> = (0..d).map(|i| ((i + half) % d) as i32).collect();
+    let t: Tensor<1, Int> = upload(TensorData::new(idx, [d]), device);
+    cache.push((device.clone(), d, t.clone()));
+    t
+}

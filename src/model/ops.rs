@@ -1,0 +1,310 @@
+//! The model's operations, and the one place that asks which backend a tensor lives on.
+//!
+//! The transformer reads top to bottom through these functions (products, RMSNorm, SwiGLU, RoPE,
+//! attention over fresh keys or the cache, the LM head's log-probs) and the sampler draws
+//! through [`draw`]; none of them names a device. Each one here picks the backend's code:
+//!
+//! | op | CPU (Flex, plain or autodiff) | GPU (wgpu, CUDA) |
+//! |---|---|---|
+//! | [`matmul`] | packed / small decode kernels, then rlcr's GEMM ([`cpu::sgemm`]) | burn's matmul, split into exact bf16 parts where f32 would run in TF32 ([`split_f32`]) |
+//! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; the composite when training) |
+//! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | a burn composite with fewer launches ([`gpu`]) |
+//! | [`Rope`] | the fused rotate-half op | a gather and two products over the whole head |
+//! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | a nine-kernel composite ([`backend::composite_attention`]) |
+//! | [`logprob_entropy`] | the fused LM head ([`cpu::head`]) | burn's composite |
+//! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
+//!
+//! Each CPU kernel returns `None` where it does not apply (a switch off, another dtype, a CPU
+//! without AVX2), and burn's composite runs instead; on the GPUs no CPU kernel is tried.
+use anyhow::Result;
+use burn::tensor::module::attention as burn_attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+
+use super::backend::{self, cpu, gpu};
+use super::transfer::upload;
+
+pub use super::backend::cpu::decode::PackedMatrix;
+
+/// Whether `device` is the CPU (burn's Flex backend, plain or autodiff), where rlcr's CPU
+/// kernels apply.
+pub fn on_host(device: &Device) -> bool {
+    device.clone().inner() == Device::flex()
+}
+
+/// Whether `device` is the plain (non-autodiff) CPU device.
+fn plain_host(device: &Device) -> bool {
+    *device == Device::flex()
+}
+
+/// Whether decode steps on `device` use the host's decode paths: weights packed into panels on
+/// the first cached step ([`PackedMatrix`]) and attention over the cache from a per-row list of
+/// visible slots ([`cached_attention`]'s `decode_keys`). The plain CPU device only.
+pub fn host_decode(device: &Device) -> bool {
+    plain_host(device)
+}
+
+/// Whether the sampler draws on `device` ([`draw`]) rather than reading the logits to the host:
+/// every device but the plain CPU, where the host sampler is the reference and reading the
+/// logits costs nothing.
+pub fn draws_on_device(device: &Device) -> bool {
+    !plain_host(device)
+}
+
+/// Whether burn's f32 products on `device` (plain or autodiff) are split products
+/// ([`backend::split_matmul`]): with `RLCR_GPU_F32=auto` (the default) on a CUDA device, whose
+/// f32 matmul runs in TF32 (a process opens one device, so "a CUDA device was opened and `device`
+/// is not the CPU" identifies it); with `split` on any device with a bf16 type (CUDA; the CPU,
+/// where rlcr's own kernels take the products unless `RLCR_GEMM=burn`). wgpu has no bf16 type to
+/// split through, and no TF32 to correct.
+pub(crate) fn split_f32(device: &Device) -> bool {
+    use crate::switches::GpuF32;
+    match crate::switches::get().gpu_f32 {
+        GpuF32::Fast => false,
+        GpuF32::Auto => backend::cuda_opened() && !on_host(device),
+        GpuF32::Split => {
+            on_host(device)
+                || device
+                    .clone()
+                    .inner()
+                    .supports_dtype(burn::tensor::DType::BF16)
+        }
+    }
+}
+
+/// `x · W`. On the plain CPU: the packed copy `packed` of `W` if given, else the row-major decode
+/// kernel, for decode-shaped products ([`cpu::decode`]); then rlcr's blocked GEMM
+/// ([`cpu::sgemm`]: prefill, and training on `Autodiff<Flex>` as a custom autodiff op); then
+/// burn's matmul. On a GPU: burn's matmul ([`backend::burn_matmul`]), with no host round trip.
+/// All of rlcr's kernels sum each output in the order of K from zero, so decode, prefill and
+/// training give the same bits for a row whatever the batch.
+pub(crate) fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) -> Tensor<2> {
+    let device = x.device();
+    if !on_host(&device) {
+        return backend::burn_matmul(x, w, split_f32(&device));
+    }
+    if plain_host(&device) {
+        if let Some(y) = packed.and_then(|p| cpu::decode::packed_matmul(&x, &w, p)) {
+            return y;
+        }
+        if let Some(y) = cpu::decode::small_matmul(&x, &w) {
+            return y;
+        }
+    }
+    cpu::sgemm::matmul(&x, &w).unwrap_or_else(|| backend::burn_matmul(x, w, split_f32(&device)))
+}
+
+/// HF's RMSNorm, `w · x / sqrt(mean(x²) + eps)` over the last axis of `x: [N, h]`: rlcr's fused
+/// row kernel on the CPU; on a GPU one `#[cube]` kernel ([`gpu::norm`]) for plain tensors, the
+/// composite for autodiff ones (training).
+pub(crate) fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
+    if on_host(&x.device()) {
+        return cpu::fused::rms_norm(x, w, eps);
+    }
+    gpu::rms_norm(x, w, eps)
+}
+
+/// The residual add and the next RMSNorm: `(s, rms_norm(s))` for `s = x + a` (one kernel on a GPU
+/// for plain tensors, [`gpu::norm::add_rms_norm`]).
+pub(crate) fn add_rms_norm(
+    x: Tensor<2>,
+    a: Tensor<2>,
+    w: Tensor<1>,
+    eps: f64,
+) -> (Tensor<2>, Tensor<2>) {
+    let s = x + a;
+    let y = rms_norm(s.clone(), w, eps);
+    (s, y)
+}
+
+/// `silu(gate) · up` for `gu = [gate | up]: [N, 2I]`, `silu(g) = g · sigmoid(g)` as torch's:
+/// `[N, I]`.
+pub(crate) fn swiglu(gu: Tensor<2>) -> Tensor<2> {
+    if on_host(&gu.device()) {
+        cpu::fused::swiglu(gu)
+    } else {
+        gpu::swiglu(gu)
+    }
+}
+
+/// cos and sin of the RoPE angles for every slot of a batch, in the layout the device's RoPE
+/// reads.
+pub(crate) struct Rope {
+    cos: Tensor<4>,
+    sin: Tensor<4>,
+    /// On a GPU: the index that swaps the two halves of the last axis
+    /// ([`gpu::rope_swap_index`]); `cos` is then `[c, c]` and `sin` `[−s, s]` over the whole head
+    /// dimension.
+    swap: Option<Tensor<1, Int>>,
+}
+
+impl Rope {
+    /// `positions` is `[B·T]` row-major. Angles are `f32(position) · inv_freq` rounded to f32, as
+    /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once. On the CPU
+    /// the tables are `[B, 1, T, d/2]` (the fused op and the composite read them so); on a GPU
+    /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`gpu::rope`]'s four kernels.
+    pub(crate) fn new(
+        inv_freq: &[f32],
+        positions: &[usize],
+        batch: usize,
+        len: usize,
+        device: &Device,
+    ) -> Self {
+        let half = inv_freq.len();
+        let gpu = !on_host(device);
+        let width = if gpu { 2 * half } else { half };
+        let mut cos = Vec::with_capacity(positions.len() * width);
+        let mut sin = Vec::with_capacity(positions.len() * width);
+        for &p in positions {
+            let start = cos.len();
+            for &f in inv_freq {
+                let angle = (p as f32 * f) as f64;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+            if gpu {
+                cos.extend_from_within(start..start + half);
+                sin.extend_from_within(start..start + half);
+                sin[start..start + half].iter_mut().for_each(|v| *v = -*v);
+            }
+        }
+        let shape = [batch, 1, len, width];
+        Rope {
+            cos: upload(TensorData::new(cos, shape), device),
+            sin: upload(TensorData::new(sin, shape), device),
+            swap: gpu.then(|| gpu::rope_swap_index(2 * half, device)),
+        }
+    }
+
+    /// The same tables off the autodiff graph (the plain device's tensors).
+    pub(crate) fn inner(&self) -> Rope {
+        let device = self.cos.device().inner();
+        Rope {
+            cos: self.cos.clone().inner(),
+            sin: self.sin.clone().inner(),
+            swap: self.swap.as_ref().map(|t| {
+                let [d] = t.dims();
+                gpu::rope_swap_index(d, &device)
+            }),
+        }
+    }
+
+    /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
+    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings on every
+    /// device).
+    pub(crate) fn apply(&self, x: Tensor<4>) -> Tensor<4> {
+        match &self.swap {
+            Some(swap) => gpu::rope(x, &self.cos, &self.sin, swap),
+            None => cpu::fused::rope(x, &self.cos, &self.sin),
+        }
+    }
+}
+
+/// Masked attention over this call's own keys (`mask`: true = hidden, `[B, 1, R, S]`;
+/// `mask_host` the same on the host, `[B, R, S]`).
+pub(crate) fn attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask: &Tensor<4, Bool>,
+    mask_host: &[bool],
+    options: AttentionModuleOptions,
+) -> Tensor<4> {
+    if on_host(&q.device()) {
+        if let Some(out) = cpu::attention::attention(&q, &k, &v, mask_host, scale(&q, &options)) {
+            return out;
+        }
+    }
+    device_attention(q, k, v, mask, options)
+}
+
+/// Masked attention over the cache buffers `kc`, `vc` (`[B, K, capacity, d]`) for a call of `t`
+/// tokens per row written at `start`. `decode_keys` (decode steps on the host,
+/// [`host_decode`]): which of the first `start + 1` slots each row may attend to.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cached_attention(
+    q: Tensor<4>,
+    kc: &Tensor<4>,
+    vc: &Tensor<4>,
+    start: usize,
+    t: usize,
+    decode_keys: Option<&[bool]>,
+    mask: &Tensor<4, Bool>,
+    mask_host: &[bool],
+    options: AttentionModuleOptions,
+) -> Tensor<4> {
+    if on_host(&q.device()) {
+        let scale = scale(&q, &options);
+        let fast = match decode_keys {
+            Some(ok) if t == 1 => cpu::decode::decode_attention(&q, kc, vc, start + 1, ok, scale),
+            _ => cpu::attention::attention(&q, kc, vc, mask_host, scale),
+        };
+        if let Some(out) = fast {
+            return out;
+        }
+    }
+    device_attention(q, kc.clone(), vc.clone(), mask, options)
+}
+
+/// The attention scale: `options.scale`, or `1/√d`.
+fn scale(q: &Tensor<4>, options: &AttentionModuleOptions) -> f32 {
+    let d = q.dims()[3];
+    options.scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32
+}
+
+/// Attention as burn ops: on the CPU (reached only with `RLCR_ATTENTION=burn` or
+/// `RLCR_GEMM=burn`) burn's attention, as named; with split f32 products ([`split_f32`], f32
+/// precision) or on a GPU the composite ([`backend::composite_attention`]).
+fn device_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask: &Tensor<4, Bool>,
+    options: AttentionModuleOptions,
+) -> Tensor<4> {
+    let device = q.device();
+    let split = cpu::sgemm::precision() == cpu::sgemm::Precision::F32 && split_f32(&device);
+    if !split && on_host(&device) {
+        return burn_attention(q, k, v, Some(mask.clone()), None, options);
+    }
+    backend::composite_attention(q, k, v, mask, options, split)
+}
+
+/// Log-probs of `targets` and (when `entropy`) entropies of the rows of `logits: [n, V]` at
+/// `temperature`: the fused head on the CPU, burn's composite elsewhere
+/// ([`cpu::head::logprob_entropy`] falls back to it by itself).
+pub(crate) fn logprob_entropy(
+    logits: Tensor<2>,
+    targets: &[u32],
+    temperature: f64,
+    entropy: bool,
+) -> Result<(Tensor<1>, Option<Tensor<1>>)> {
+    cpu::head::logprob_entropy(logits, targets, temperature, entropy)
+}
+
+/// The sampling settings of [`draw`] (the sampler's, as plain numbers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DrawParams {
+    /// Divides the logits; 0 = greedy (the lowest id of the maximum).
+    pub temperature: f32,
+    /// Keep the `top_k` largest (0 = off).
+    pub top_k: usize,
+    /// Nucleus mass (1 = off).
+    pub top_p: f32,
+    /// Minimum weight relative to the most likely token (0 = off).
+    pub min_p: f32,
+}
+
+/// The sampler's draw on the logits' device: `[r, 2]` f32, the token and its behaviour log-prob
+/// per sample row; row `i` reads logits row `rows[1, i]` (every row in order when `identity`) and
+/// the uniform `rows[0, i]`. On a GPU one kernel ([`gpu::draw`]); on the CPU burn ops
+/// ([`backend::draw`]). See [`crate::sample::draw`] for what it keeps of the host sampler.
+pub fn draw(
+    logits: &Tensor<2>,
+    rows: &Tensor<2>,
+    identity: bool,
+    params: &DrawParams,
+    allowed: usize,
+) -> Result<Tensor<2>> {
+    Ok(backend::draw::draw(logits, rows, identity, params, allowed))
+}
