@@ -214,6 +214,55 @@ pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<()> {
     a.commit()
 }
 
+/// Prefix of the staging folder of [`fill_folder`] (`OUT/.rlcr-staging-PID`).
+pub const STAGING: &str = ".rlcr-staging-";
+
+/// Replace files inside the folder `out` together: `fill` writes into a staging folder
+/// `out/.rlcr-staging-PID` (`out` is created if needed), whose files are moved into `out` only
+/// when `fill` has succeeded, so a failed or killed run leaves the previous files whole. Unlike
+/// [`write_folder`], files of `out` that `fill` does not write stay. A failed `fill`'s staging
+/// folder is removed; a killed run's is removed by the next run.
+pub fn fill_folder<T>(out: &Path, fill: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("creating the output folder {}", out.display()))?;
+    remove_stale(out, STAGING, "");
+    let staging = out.join(format!("{STAGING}{}", std::process::id()));
+    std::fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    let made = match fill(&staging) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    };
+    let entries =
+        std::fs::read_dir(&staging).with_context(|| format!("listing {}", staging.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("listing {}", staging.display()))?;
+        let to = out.join(e.file_name());
+        std::fs::rename(e.path(), &to)
+            .with_context(|| format!("moving {} into place", to.display()))?;
+    }
+    std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+    Ok(made)
+}
+
+/// Whether the existing folder `dir` is one of `paths` (also through links); false when `dir`
+/// does not exist yet. An input that cannot be opened is an error naming it.
+pub fn folder_is_one_of(dir: &Path, paths: &[&Path]) -> Result<bool> {
+    let Ok(d) = std::fs::canonicalize(dir) else {
+        return Ok(false);
+    };
+    for p in paths {
+        let c = std::fs::canonicalize(p)
+            .with_context(|| format!("{}: cannot open input", p.display()))?;
+        if c == d {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Build a folder atomically: `fill` writes into a fresh temporary folder next to `out`, which is
 /// then renamed to `out` (replacing an existing folder). What killed runs left beside `out` is
 /// cleaned up first: half-written `.NAME.tmp-PID` folders are removed, and a previous folder moved
@@ -288,6 +337,49 @@ pub fn write_folder(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Resul
 mod tests {
     use super::*;
     use std::fs;
+
+    #[test]
+    fn fill_folder_replaces_together_and_keeps_the_rest() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("r");
+        fs::create_dir(&out).unwrap();
+        fs::write(out.join("keep.txt"), "k").unwrap();
+        fs::write(out.join("a.txt"), "old").unwrap();
+        // A killed run's staging folder (no such PID) is removed.
+        fs::create_dir(out.join(format!("{STAGING}4294967295"))).unwrap();
+        let err = fill_folder(&out, |s| -> Result<()> {
+            fs::write(s.join("a.txt"), "half").unwrap();
+            bail!("failed")
+        });
+        assert!(err.is_err());
+        assert_eq!(fs::read_to_string(out.join("a.txt")).unwrap(), "old");
+        let n = fill_folder(&out, |s| {
+            fs::write(s.join("a.txt"), "new")?;
+            fs::write(s.join("b.txt"), "b")?;
+            Ok(2)
+        })
+        .unwrap();
+        assert_eq!(n, 2);
+        let mut names: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a.txt", "b.txt", "keep.txt"]);
+        assert_eq!(fs::read_to_string(out.join("a.txt")).unwrap(), "new");
+    }
+
+    #[test]
+    fn folder_is_one_of_sees_through_links() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("o");
+        assert!(!folder_is_one_of(&out, &[d.path()]).unwrap());
+        fs::create_dir(&out).unwrap();
+        std::os::unix::fs::symlink(&out, d.path().join("link")).unwrap();
+        assert!(folder_is_one_of(&out, &[&d.path().join("link")]).unwrap());
+        assert!(!folder_is_one_of(&out, &[d.path()]).unwrap());
+        assert!(folder_is_one_of(&out, &[&d.path().join("missing")]).is_err());
+    }
 
     #[test]
     fn write_folder_cleans_up_after_killed_runs() {

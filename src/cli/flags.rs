@@ -103,12 +103,35 @@ impl ChatArgs {
     }
 }
 
-/// Sampling settings shared by the generation stages.
+/// The model folder, chat template and table flags of a stage that runs the model over a table,
+/// in this order in every such stage's help.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelTable {
+    #[command(flatten)]
+    pub model: ModelFolder,
+    #[command(flatten)]
+    pub chat: ChatArgs,
+    #[command(flatten)]
+    pub io: TableIo,
+}
+
+impl ModelTable {
+    /// The shared part of the stage's plan (the chat flags checked).
+    pub fn job(&self, g: &Global, shard: Option<Shard>) -> Result<ModelJob> {
+        Ok(model_job(
+            g,
+            &self.model,
+            self.chat.options()?,
+            &self.io,
+            shard,
+        ))
+    }
+}
+
+/// How the next token is drawn from the logits: the flags of every stage that samples
+/// (`generate-*`, `probe`).
 #[derive(clap::Args, Debug, Clone, Serialize)]
-pub struct SamplingArgs {
-    /// Maximum number of new tokens per response.
-    #[arg(long, default_value_t = 512)]
-    pub max_new_tokens: usize,
+pub struct LogitsArgs {
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f32,
@@ -121,6 +144,29 @@ pub struct SamplingArgs {
     /// Drop tokens whose probability is below P times the most likely one's (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
+}
+
+impl LogitsArgs {
+    /// The logits settings.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
+    }
+}
+
+/// Sampling settings shared by the generation stages.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct SamplingArgs {
+    /// Maximum number of new tokens per response.
+    #[arg(long, default_value_t = 512)]
+    pub max_new_tokens: usize,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub logits: LogitsArgs,
     /// Sequences decoded together.
     #[arg(long, default_value_t = 16)]
     pub batch_size: usize,
@@ -136,12 +182,7 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The logits settings.
     pub fn params(&self) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-        }
+        self.logits.params()
     }
 
     /// The library's sampling plan (the ranges are checked when the policy is loaded).
@@ -362,71 +403,32 @@ impl LoraArgs {
         Ok(Some(spec))
     }
 
-    /// Load the model to train on `device` (an autodiff device): an adapter (`--adapter`, or an
-    /// adapter folder as `--model`) is kept separate and trainable (the flags, when given, must
-    /// agree with it; --lora-dropout may change); a model folder gets a fresh adapter when
-    /// --lora-rank is given.
-    pub fn load_model(
+    /// The stage's model loader ([`crate::train::stage::PolicyLoader`]): [`Self::load_model`]
+    /// with the stage's `--adapter` and seed.
+    pub fn loader<'a>(
+        &'a self,
+        adapter: Option<&'a Path>,
+        seed: u64,
+    ) -> impl Fn(&Path, &burn::tensor::Device) -> Result<crate::model::Model> + 'a {
+        move |dir, device| self.load_model(dir, adapter, device, seed)
+    }
+
+    /// Load the model to train on `device` (an autodiff device) with these flags
+    /// ([`crate::train::load::trainable`]); a flag the model cannot honour is a usage error.
+    fn load_model(
         &self,
         dir: &Path,
         adapter: Option<&Path>,
         device: &burn::tensor::Device,
         seed: u64,
     ) -> Result<crate::model::Model> {
-        use crate::model::{weights::Storage, AdapterUse, Model};
         let spec = self.spec(dir)?;
-        let mut m = match (&spec, adapter) {
-            // The base is frozen under a fresh adapter: bf16 matrices stay bf16.
-            (Some(_), None) => {
-                Model::open_with(dir, None, device, AdapterUse::Train, Storage::AsStored)?
-            }
-            _ => Model::open(dir, adapter, device, AdapterUse::Train)?,
-        };
-        let Some(have) = m.adapter.as_mut() else {
-            return match spec {
-                Some(spec) => m.add_adapter(spec, seed),
-                None => {
-                    if let Some(p) = self.lora_dropout {
-                        return Err(UsageError(format!(
-                            "--lora-dropout {p} needs --lora-rank (or an adapter: --adapter, or \
-                             an adapter folder as --model)"
-                        ))
-                        .into());
-                    }
-                    Ok(m)
-                }
-            };
-        };
-        if let Some(want) = spec {
-            let same = want.r == have.spec.r
-                && want.alpha == have.spec.alpha
-                && want.targets == have.spec.targets
-                && want.rslora == have.spec.rslora;
-            if !same {
-                return Err(UsageError(format!(
-                    "{} is an adapter with r = {}, alpha = {}, targets {:?}, rslora {}; \
-                     the --lora-* flags ask for another (leave them out to continue it)",
-                    adapter.unwrap_or(dir).display(),
-                    have.spec.r,
-                    have.spec.alpha,
-                    have.spec.targets,
-                    have.spec.rslora
-                ))
-                .into());
-            }
-        }
-        if let Some(p) = self.lora_dropout {
-            have.spec.dropout = p;
-            have.spec
-                .validate()
-                .map_err(|e| UsageError(format!("{e:#}")))?;
-            for l in m.transformer.layers.iter_mut() {
-                if let Some(x) = l.lora.as_mut() {
-                    x.dropout = p;
-                }
-            }
-        }
-        Ok(m)
+        crate::train::load::trainable(dir, adapter, spec, self.lora_dropout, device, seed).map_err(
+            |e| match e.downcast::<crate::train::load::FlagConflict>() {
+                Ok(c) => UsageError(c.0).into(),
+                Err(e) => e,
+            },
+        )
     }
 }
 

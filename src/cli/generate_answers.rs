@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use super::common::Global;
-use super::flags::{model_job, ChatArgs, ModelFolder, SamplingArgs, TableIo};
+use super::flags::{ModelTable, SamplingArgs};
 use crate::sample::answer_stage::{self, Plan};
 use crate::table::Shard;
 
@@ -41,11 +41,7 @@ Example:
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub model: ModelFolder,
-    #[command(flatten)]
-    pub chat: ChatArgs,
-    #[command(flatten)]
-    pub io: TableIo,
+    pub stage: ModelTable,
     /// Answers per prompt (G_a).
     #[arg(long, default_value_t = 8)]
     pub num_answers: usize,
@@ -76,7 +72,7 @@ impl Plan {
             None => a.system_prompt.clone(),
         };
         Ok(Plan {
-            job: model_job(g, &a.model, a.chat.options()?, &a.io, a.shard),
+            job: a.stage.job(g, a.shard)?,
             num_answers: a.num_answers,
             system_prompt,
             sampling: a.sampling.plan(),

@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 
 use super::common::Global;
-use super::flags::{model_job, ChatArgs, ModelFolder, SamplingArgs, TableIo};
+use super::flags::{ModelTable, SamplingArgs};
 use crate::sample::confidence_stage::{self, Plan};
 use crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT;
 use crate::table::Shard;
@@ -35,11 +35,7 @@ Example:
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub model: ModelFolder,
-    #[command(flatten)]
-    pub chat: ChatArgs,
-    #[command(flatten)]
-    pub io: TableIo,
+    pub stage: ModelTable,
     /// Confidences per answer (G_c).
     #[arg(long, default_value_t = 4)]
     pub num_confidences: usize,
@@ -70,7 +66,7 @@ impl Plan {
             bail!("--confidence-prompt is empty");
         }
         Ok(Plan {
-            job: model_job(g, &a.model, a.chat.options()?, &a.io, a.shard),
+            job: a.stage.job(g, a.shard)?,
             num_confidences: a.num_confidences,
             confidence_prompt: query,
             system_prompt: a.system_prompt.clone(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::common::Global;
-use super::flags::{ChatArgs, ModelFolder, SamplingArgs, TableIo};
+use super::flags::{ModelTable, SamplingArgs};
 use crate::sample::multiturn::Limits;
 use crate::sample::multiturn_stage::{self, Plan};
 
@@ -47,11 +47,7 @@ Example:
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub model: ModelFolder,
-    #[command(flatten)]
-    pub chat: ChatArgs,
-    #[command(flatten)]
-    pub io: TableIo,
+    pub stage: ModelTable,
     /// Rollouts per prompt.
     #[arg(long, default_value_t = 4)]
     pub num_answers: usize,
@@ -80,10 +76,10 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
     }
     let s = &a.sampling;
     let plan = Plan {
-        model: a.model.model,
-        adapter: a.model.adapter,
-        input: a.io.input,
-        out: a.io.out,
+        model: a.stage.model.model,
+        adapter: a.stage.model.adapter,
+        input: a.stage.io.input,
+        out: a.stage.io.out,
         num_answers: a.num_answers,
         env_cmd: a.env_cmd,
         env_timeout: Duration::from_secs_f64(a.env_timeout),
@@ -100,7 +96,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         seed: g.seed,
         device: g.device,
         argv: g.argv.clone(),
-        chat: a.chat.options()?,
+        chat: a.stage.chat.options()?,
     };
     let line = multiturn_stage::run(&plan)?;
     crate::info!("{line}");

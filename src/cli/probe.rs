@@ -4,9 +4,8 @@
 use anyhow::Result;
 
 use super::common::{Global, UsageError};
-use super::flags::{model_job, ChatArgs, ModelFolder, TableIo, VerifierArgs};
+use super::flags::{LogitsArgs, ModelTable, VerifierArgs};
 use crate::probe::{self, stage, stage::Plan, stage::VerifierFlags};
-use crate::sample::logits::SamplingParams;
 use crate::table::Shard;
 
 pub const ABOUT: &str =
@@ -29,13 +28,13 @@ Example:
   rlcr probe --model ckpt/iter-3 --input scored.parquet -o probe.parquet --cuts 5 --samples 50";
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("top_p", |a| a.help("Nucleus sampling (1 = off)")),
+    mut_arg("min_p", |a| a.help("Drop tokens below P times the most likely one's probability (0 = off)")),
+)]
 pub struct Args {
     #[command(flatten)]
-    pub model: ModelFolder,
-    #[command(flatten)]
-    pub chat: ChatArgs,
-    #[command(flatten)]
-    pub io: TableIo,
+    pub stage: ModelTable,
     /// Number of cut points, evenly spaced fractions i/(K-1) of the thinking (0 and 1 included).
     #[arg(long, default_value_t = 5)]
     pub cuts: usize,
@@ -48,18 +47,8 @@ pub struct Args {
     /// Maximum new tokens per continuation.
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f32,
-    /// Nucleus sampling (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Drop tokens below P times the most likely one's probability (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    #[command(flatten)]
+    pub logits: LogitsArgs,
     /// Sequences decoded together (does not change the results).
     #[arg(long, default_value_t = 16)]
     pub batch_size: usize,
@@ -92,15 +81,10 @@ impl Plan {
         }
         let v = &a.verifier;
         let verifier_timeout = v.timeout()?;
-        let params = SamplingParams {
-            temperature: a.temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-        };
+        let params = a.logits.params();
         params.validate().map_err(usage)?;
         Ok(Plan {
-            job: model_job(g, &a.model, a.chat.options()?, &a.io, a.shard),
+            job: a.stage.job(g, a.shard)?,
             fractions,
             samples: a.samples,
             max_new_tokens: a.max_new_tokens,

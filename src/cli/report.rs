@@ -1,17 +1,15 @@
 //! `rlcr report`: calibration metrics, training-signal statistics and plots for one or more
 //! scored tables (iterations), optionally with a faithfulness-probe table.
 //!
-//! Streams each input once (plus a short second pass for the example texts of the last input), so
-//! it handles tables larger than memory at ≈ 50 bytes per row. All figures are computed by
-//! [`crate::report`]; this file validates the flags, drives the passes and writes the folder.
+//! This file validates the flags into a [`report::stage::Plan`]; [`report::stage::run`] reads the
+//! inputs, computes every figure and writes the folder.
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::json;
 
 use super::common::{Global, UsageError};
 use crate::report::{self, BinRule, MissingConfidence, Options};
-use crate::table::{self, Meta};
 
 pub const ABOUT: &str =
     "Calibration report: accuracy, Brier, ECE, AUROC, reliability diagram, curves";
@@ -214,18 +212,17 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         .into());
     }
     // The folder must not be (or hold) an input: calibration.parquet would become a part file.
-    if let Ok(out) = std::fs::canonicalize(&a.out) {
-        for p in paths.iter().chain(a.probe.iter()) {
-            let p = std::fs::canonicalize(p)
-                .with_context(|| format!("{}: cannot open input", p.display()))?;
-            if p == out {
-                return Err(UsageError(format!(
-                    "-o {}: is an input folder; write the report somewhere else",
-                    a.out.display()
-                ))
-                .into());
-            }
-        }
+    let ins: Vec<&Path> = paths
+        .iter()
+        .chain(a.probe.iter())
+        .map(|p| p.as_path())
+        .collect();
+    if crate::fs::folder_is_one_of(&a.out, &ins)? {
+        return Err(UsageError(format!(
+            "-o {}: is an input folder; write the report somewhere else",
+            a.out.display()
+        ))
+        .into());
     }
     let iterations = iteration_numbers(&a.iterations, paths.len(), !labels.is_empty())?;
     let held_in = held_in_sets(&a.held_in, paths.len(), !labels.is_empty())?;
@@ -247,101 +244,33 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
             .into());
         }
     }
-    let training = a
-        .train_metrics
-        .as_deref()
-        .map(report::training::read)
-        .transpose()?;
-    let opts = Options {
-        bins: a.bins as usize,
-        ece_rule: a.ece_rule,
-        missing_confidence: a.missing_confidence,
+    let mut config = serde_json::to_value(&a)?;
+    config["seed"] = json!(g.seed);
+    let plan = report::stage::Plan {
+        inputs: paths,
+        labels,
+        iterations,
+        held_in,
+        probe: a.probe,
+        train_metrics: a.train_metrics,
+        tensorboard: a.tensorboard,
+        out: a.out,
+        opts: Options {
+            bins: a.bins as usize,
+            ece_rule: a.ece_rule,
+            missing_confidence: a.missing_confidence,
+        },
+        examples: a.examples,
+        config,
     };
-    let mut analyses = Vec::with_capacity(paths.len());
-    let mut examples = None;
-    for (i, path) in paths.iter().enumerate() {
-        // Examples (and their second pass) only for the last input, which report.md details.
-        let k = if i + 1 == paths.len() { a.examples } else { 0 };
-        let (mut an, ex) = report::analyse_file(path, &opts, k)?;
-        an.report.iteration = iterations[i];
-        for (name, sets) in &held_in {
-            let (h, _) = report::analyse_file(&sets[i], &opts, 0)?;
-            an.report
-                .held_in
-                .insert(name.clone(), report::HeldIn::of(&h.report));
-        }
-        analyses.push(an);
-        examples = ex;
-    }
-    let probe = match &a.probe {
-        Some(p) => {
-            let rows = report::read_probe(p)?;
-            let s = report::probe::summarize(&rows, opts.bins, opts.ece_rule);
-            Some((rows, s))
-        }
-        None => None,
-    };
-    std::fs::create_dir_all(&a.out)
-        .with_context(|| format!("creating the output folder {}", a.out.display()))?;
-    // Every file is made in a staging folder inside the output folder and moved into place only
-    // when all are done, so a failed or killed run leaves the previous report whole (a killed
-    // run's staging folder is removed by the next run).
-    crate::fs::remove_stale(&a.out, STAGING, "");
-    let staging = a.out.join(format!("{STAGING}{}", std::process::id()));
-    std::fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    let probe_ref = probe.as_ref().map(|(r, s)| (r, s));
-    let made = report::write_outputs(
-        &staging,
-        &analyses,
-        &labels,
-        examples.as_ref(),
-        probe_ref,
-        training.as_ref(),
-    )
-    .and_then(|mut w| {
-        w.push(write_calibration(g, &a, &paths, &analyses, &staging)?);
-        Ok(w)
-    });
-    let written = match made {
-        Ok(w) => w,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e);
-        }
-    };
-    let entries =
-        std::fs::read_dir(&staging).with_context(|| format!("listing {}", staging.display()))?;
-    for e in entries {
-        let e = e.with_context(|| format!("listing {}", staging.display()))?;
-        let to = a.out.join(e.file_name());
-        std::fs::rename(e.path(), &to)
-            .with_context(|| format!("moving {} into place", to.display()))?;
-    }
-    std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
-    if let Some(dir) = &a.tensorboard {
-        write_tensorboard(dir, &analyses)?;
-    }
+    let done = report::stage::run(&plan)?;
     crate::info!(
         "report: wrote {} files to {} ({})",
-        written.len(),
-        a.out.display(),
-        headline(&analyses)
+        done.files,
+        plan.out.display(),
+        done.headline
     );
     Ok(())
-}
-
-fn headline(analyses: &[report::Analysis]) -> String {
-    let Some(m) = analyses.last().map(|a| &a.report.overall) else {
-        return String::new();
-    };
-    let f = |v: Option<f64>| report::plot::fmt_opt(v, 4);
-    format!(
-        "accuracy {}, ECE {}, Brier {}, AUROC {}",
-        f(m.accuracy),
-        f(m.ece),
-        f(m.brier),
-        f(m.auroc)
-    )
 }
 
 /// The iteration number of each of `n` inputs: `given` (one per input, increasing) or 1, 2, ….
@@ -370,58 +299,4 @@ fn iteration_numbers(given: &[u64], n: usize, labelled: bool) -> Result<Vec<u64>
         .into());
     }
     Ok(given.to_vec())
-}
-
-/// The inputs' `overall` figures as one TensorBoard event per input, at its iteration; the file
-/// is named by the first one, so a report of the same iteration replaces its own file.
-fn write_tensorboard(dir: &Path, analyses: &[report::Analysis]) -> Result<()> {
-    use crate::tensorboard as tb;
-    let now = tb::now();
-    let mut events = Vec::with_capacity(analyses.len());
-    for an in analyses {
-        let v = serde_json::to_value(&an.report.overall).context("serialising the metrics")?;
-        let mut scalars = tb::numeric_leaves(&v, &["se"]);
-        for (name, h) in &an.report.held_in {
-            if let Some(acc) = h.accuracy {
-                scalars.push((format!("held_in/{name}/accuracy"), acc as f32));
-            }
-        }
-        events.push((now, an.report.iteration as i64, scalars));
-    }
-    let first = analyses.first().map_or(1, |a| a.report.iteration);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join(tb::file_name(first, "report"));
-    crate::fs::write_atomic(&path, &tb::encode_file(now, &events))
-}
-
-/// Prefix of the staging folder (`OUT/.rlcr-staging-PID`).
-const STAGING: &str = ".rlcr-staging-";
-
-fn write_calibration(
-    g: &Global,
-    a: &Args,
-    paths: &[PathBuf],
-    analyses: &[report::Analysis],
-    dir: &Path,
-) -> Result<String> {
-    let reports: Vec<report::Report> = analyses.iter().map(|x| x.report.clone()).collect();
-    let batch = report::calibration_batch(&reports)?;
-    let mut config = serde_json::to_value(a)?;
-    config["seed"] = json!(g.seed);
-    let inputs: Vec<&Path> = paths
-        .iter()
-        .chain(a.probe.iter())
-        .map(|p| p.as_path())
-        .collect();
-    let meta = Meta {
-        schema_name: "rlcr.calibration".to_string(),
-        schema_version: 1,
-        stage: "report".to_string(),
-        config,
-        inputs: inputs.iter().map(|p| p.to_path_buf()).collect(),
-        extra: Default::default(),
-    };
-    let out = dir.join("calibration.parquet");
-    table::write_table(&out, batch.schema(), &[batch], &meta)?;
-    Ok("calibration.parquet".to_string())
 }

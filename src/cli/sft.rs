@@ -58,10 +58,7 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = plan(g, &a)?;
-    let (lora, adapter) = (&a.lora, a.model.adapter());
-    crate::train::stage::sft(&plan, &|dir: &std::path::Path, device| {
-        lora.load_model(dir, adapter, device, g.seed)
-    })?;
+    crate::train::stage::sft(&plan, &a.lora.loader(a.model.adapter(), g.seed))?;
     Ok(())
 }
 

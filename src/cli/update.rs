@@ -126,10 +126,7 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = plan(g, &a)?;
-    let (lora, adapter) = (&a.lora, a.model.adapter());
-    let done = crate::train::stage::update(&plan, &|dir: &std::path::Path, device| {
-        lora.load_model(dir, adapter, device, g.seed)
-    })?;
+    let done = crate::train::stage::update(&plan, &a.lora.loader(a.model.adapter(), g.seed))?;
     a.critic
         .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
     // Once everything is written: a refused table or output gets its error alone.

@@ -11,6 +11,7 @@
 //! - [`plot`]: figures drawn with plotters and an embedded font (no system libraries).
 //! - [`markdown`]: the `report.md` page.
 //! - [`training`]: the training curves of `update`/`sft` (`train_metrics.jsonl`).
+//! - [`stage`]: the `report` stage: a validated plan in, the report folder written.
 //!
 //! This module glues them: [`Analysis`] is one input's report with its figure inputs and example
 //! texts; [`write_outputs`] writes every file but `calibration.parquet` (whose rows
@@ -26,6 +27,7 @@ pub mod markdown;
 pub mod metrics;
 pub mod plot;
 pub mod probe;
+pub mod stage;
 pub mod summary;
 pub mod training;
 

@@ -8,6 +8,7 @@
 //! - [`cols`]: the column layer: typed column getters, the one text-column view [`StrCol`]
 //!   (plain, large, views, dictionaries), and builders.
 //! - [`json`]: Arrow values as JSON (the one converter).
+//! - [`inspect`]: the per-column summary of a table (`rlcr inspect`), streamed once.
 //! - [`intern`]: dense ids for strings (the one [`intern::Interner`]) and the fast hasher.
 //! - [`validate`]: schema and row checks with file/row/column in every message: the one
 //!   [`Validator`] every stage runs over its input.
@@ -18,6 +19,7 @@
 //!   columns encoded.
 pub mod coerce;
 pub mod cols;
+pub mod inspect;
 pub mod intern;
 pub mod io;
 pub mod json;

@@ -10,6 +10,7 @@
 //! - [`data`], [`sft`]: training rows from tables, checked once up front.
 //! - [`trainer`]: the loop (update batches, micro-batches with accumulation, clipping, steps).
 //! - [`checkpoint`], [`session`]: the output folder, resuming, metrics.
+//! - [`load`]: the model to train, with a fresh or continued LoRA adapter.
 //!
 //! The central design decision is that every aggregation mode is a weighted token sum whose
 //! weights are computed once over the whole update batch, so micro-batching (gradient
@@ -18,6 +19,7 @@ pub mod checkpoint;
 pub mod critic;
 pub mod data;
 pub mod diagnostics;
+pub mod load;
 pub mod loss;
 pub mod optim;
 pub mod policy;
