@@ -5,7 +5,6 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
 
-
 /// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of burn's
 /// composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
 /// reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third way, within the
