@@ -97,16 +97,17 @@ endif
 SYSTEM_PROMPT ?= Think in <think> </think> tags, then give the final answer in <answer> </answer> tags.
 CONFIDENCE_PROMPT ?= default
 EPOCHS ?= 1
-# Four optimizer steps per iteration at lr 1e-5, 36 iterations (the measured run, docs/results.md:
-# its first 8 iterations took 2 steps each; RLCR's held-out AUROC 0.801 against RLVR's 0.506, ECE
-# 0.093 against 0.250; seed 1 ran these defaults from the first iteration: AUROC 0.639 against
-# 0.529, ECE 0.061 against 0.248). At lr 5e-5 the arithmetic broke within 4 iterations in both arms.
+# Four optimizer steps per iteration, 36 iterations. lr 1e-6: at 1e-5 (the comparison table of
+# docs/results.md: RLCR's held-out AUROC 0.720 against RLVR's 0.518, ECE 0.077 against 0.249, both
+# arms' accuracy below the warm start's) the held-in accuracy fell from 0.438 to 0.333 within six
+# updates with the KL to the warm start at 0.01-0.05 a token, while 1e-6 kept it at a KL of 1e-4
+# (docs/results.md, "Why RL lowered accuracy"); at 5e-5 the arithmetic broke within 4 iterations.
 MINI_BATCHES ?= 4
 MAX_NEW ?= 64
 MAX_NEW_CONF ?= 48
 BATCH ?= 8
 MICRO_BATCH ?= 4
-LR ?= 1e-5
+LR ?= 1e-6
 PROMPTS_PER_ITER ?= 8
 ITERS ?= 36
 # One confidence per evaluation answer: the long confidence request makes its prefill most of an

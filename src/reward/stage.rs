@@ -52,14 +52,13 @@ use crate::reward::text::last_answer;
 use crate::reward::{auto_verifier, VerifierKind};
 use crate::table::splice::{self, Part};
 use crate::table::validate::Links;
-use crate::table::{self, Meta, Shard, TRAJECTORY};
+use crate::table::{self, Meta, SampleType, Shard, TRAJECTORY};
 
 mod input;
 mod output;
 
 use input::{
-    column_names, dictionary_hints, kinds_of, str_at, validate, Input, Kind, Needs, RgCols, RowIds,
-    Strs,
+    column_names, dictionary_hints, kinds_of, str_at, validate, Input, Needs, RgCols, RowIds, Strs,
 };
 use output::{encode_row_group, score_fields, RowGroupOut, ScoreBuilders, Scored};
 
@@ -621,7 +620,7 @@ impl Scorer<'_> {
         let ctx = Ctx { settings, path };
         let n = c.sample_type.len();
         let kinds = kinds_of(&c.sample_type, path, &c.rows)?;
-        let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Answer).collect();
+        let ans: Vec<usize> = (0..n).filter(|&i| kinds[i] == SampleType::Answer).collect();
         // answers: verdict, then every score, in one parallel pass (indexed collects, so the
         // results land in place)
         let finish = |i: usize, v, kind| finish_answer(&ctx, c, i, v, kind);
@@ -697,7 +696,9 @@ impl Scorer<'_> {
             return Ok(());
         }
         // confidences: their answer's accuracy is known by now
-        let confs: Vec<usize> = (0..n).filter(|&i| kinds[i] == Kind::Confidence).collect();
+        let confs: Vec<usize> = (0..n)
+            .filter(|&i| kinds[i] == SampleType::Confidence)
+            .collect();
         let parents = &self.parents;
         let conf_scored: Vec<Result<Scored>> = confs
             .par_iter()
@@ -717,8 +718,10 @@ impl Scorer<'_> {
         let mut conf_it = confs.iter().zip(conf_scored);
         for k in &kinds {
             match k {
-                Kind::Answer => out.push(&answer_it.next().context("internal: answer count")?),
-                Kind::Confidence => {
+                SampleType::Answer => {
+                    out.push(&answer_it.next().context("internal: answer count")?)
+                }
+                SampleType::Confidence => {
                     let (&i, r) = conf_it.next().context("internal: confidence count")?;
                     let s = r?;
                     let sm = &mut self.summary;

@@ -17,7 +17,7 @@ use parquet::arrow::ProjectionMask;
 use super::STALE_COLUMNS;
 use crate::table::splice::Part;
 use crate::table::validate::{answer_key, Links};
-use crate::table::{self, Shard, Validator, TRAJECTORY};
+use crate::table::{self, SampleType, Shard, Validator, TRAJECTORY};
 
 /// The input row numbers of a batch's rows: errors and the external verifier's request ids
 /// name rows of the whole input table, also when a shard keeps only some of them.
@@ -266,15 +266,15 @@ pub(super) fn str_at<'a, S: Strs + ?Sized>(
 }
 
 /// The kind of every row of a batch (dictionaries: once per distinct value).
-pub(super) fn kinds_of(st: &StrCol, path: &Path, rows: &RowIds) -> Result<Vec<Kind>> {
+pub(super) fn kinds_of(st: &StrCol, path: &Path, rows: &RowIds) -> Result<Vec<SampleType>> {
     let n = st.len();
     let mut kinds = Vec::with_capacity(n);
     match st {
         StrCol::Dict { keys, values } if keys.null_count() == 0 && values.null_count() == 0 => {
-            let per_value: Vec<Option<Kind>> = (0..values.len())
+            let per_value: Vec<Option<SampleType>> = (0..values.len())
                 .map(|v| match values.value(v) {
-                    "answer" => Some(Kind::Answer),
-                    "confidence" => Some(Kind::Confidence),
+                    "answer" => Some(SampleType::Answer),
+                    "confidence" => Some(SampleType::Confidence),
                     _ => None,
                 })
                 .collect();
@@ -299,16 +299,10 @@ pub(super) fn kinds_of(st: &StrCol, path: &Path, rows: &RowIds) -> Result<Vec<Ki
     Ok(kinds)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    Answer,
-    Confidence,
-}
-
-fn kind_of(s: &str, file: &Path, row: u64) -> Result<Kind> {
+fn kind_of(s: &str, file: &Path, row: u64) -> Result<SampleType> {
     match s {
-        "answer" => Ok(Kind::Answer),
-        "confidence" => Ok(Kind::Confidence),
+        "answer" => Ok(SampleType::Answer),
+        "confidence" => Ok(SampleType::Confidence),
         other => bail!(
             "{}, row {row}, column `sample_type`: {other:?} is neither \"answer\" nor \"confidence\"",
             file.display()
