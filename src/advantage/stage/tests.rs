@@ -1,4 +1,6 @@
 //! Tests of the advantage engine's helpers: structured rewards and dense answer ids.
+//!
+//! A test-only file: its parent declares it `#[cfg(test)] mod tests;`.
 use super::*;
 
 fn comp(name: &str, turn: Option<i32>, value: f64, weight: f64) -> Component {

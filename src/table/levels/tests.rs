@@ -1,5 +1,7 @@
 //! Tests of the level readers: RLE decoding, page headers, and lengths checked against Arrow's
 //! own decoding of files written with data pages v1 and v2; damaged chunks refused.
+//!
+//! A test-only file: its parent declares it `#[cfg(test)] mod tests;`.
 use super::pages::*;
 use super::*;
 

@@ -1,4 +1,6 @@
 //! Tests of the validator: schema checks, row rules, cross-row rules and the identity digests.
+//!
+//! A test-only file: its parent declares it `#[cfg(test)] mod tests;`.
 use super::ids::*;
 use super::*;
 use crate::table::cols::*;

@@ -1,5 +1,7 @@
 //! Tests of the training step, and the tiny model, config and rows that other modules' tests
 //! share.
+//!
+//! A test-only file: its parent declares it `#[cfg(test)] mod tests;`.
 use super::*;
 use crate::model::Model;
 use crate::train::optim::AdamWConfig;
