@@ -298,25 +298,24 @@ fn label_of(o: &Map<String, Value>, key: &str) -> Option<Value> {
 }
 
 fn verl_record(loc: Loc, o: &Map<String, Value>, opts: &ReadOptions) -> Result<Record> {
-    let input = req_str(o, "input", &loc)?;
-    let output = req_str(o, "output", &loc)?;
-    Ok(Record {
-        prompt: Prompt::Text(input),
-        completions: vec![Completion {
-            text: output,
-            finish: None,
-            logprobs: None,
-        }],
-        ground_truth: label_of(o, &opts.label_key),
-        data_source: source_of(o, &loc)?,
-        step: step_of(o, &loc)?,
-        loc,
-    })
+    text_record(loc, o, opts, "input", "output")
 }
 
 fn trl_record(loc: Loc, o: &Map<String, Value>, opts: &ReadOptions) -> Result<Record> {
-    let prompt = req_str(o, "prompt", &loc)?;
-    let completion = req_str(o, "completion", &loc)?;
+    text_record(loc, o, opts, "prompt", "completion")
+}
+
+/// One text prompt and its one completion, under the keys `prompt_key` and `completion_key`
+/// (verl's dumps and TRL's completions differ only in those names).
+fn text_record(
+    loc: Loc,
+    o: &Map<String, Value>,
+    opts: &ReadOptions,
+    prompt_key: &str,
+    completion_key: &str,
+) -> Result<Record> {
+    let prompt = req_str(o, prompt_key, &loc)?;
+    let completion = req_str(o, completion_key, &loc)?;
     Ok(Record {
         prompt: Prompt::Text(prompt),
         completions: vec![Completion {
