@@ -3,7 +3,6 @@
 //! calculations.
 #![allow(clippy::needless_range_loop)] // index loops read better against the worked tables
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -315,34 +314,7 @@ fn assert_passthrough(input: &Path, output: &Path) {
     }
 }
 
-struct Run {
-    status: std::process::ExitStatus,
-    stderr: String,
-}
-
-fn rlcr(args: &[&str]) -> Run {
-    let o = Command::new(env!("CARGO_BIN_EXE_rlcr"))
-        .args(args)
-        .output()
-        .expect("run rlcr");
-    Run {
-        status: o.status,
-        stderr: String::from_utf8_lossy(&o.stderr).to_string(),
-    }
-}
-
-/// Run, require success (printing the command and its output otherwise).
-fn ok(args: &[&str]) -> Run {
-    let o = Command::new(env!("CARGO_BIN_EXE_rlcr"))
-        .args(args)
-        .output()
-        .expect("run rlcr");
-    assert!(o.status.success(), "{}", crate::describe(args, &o));
-    Run {
-        status: o.status,
-        stderr: String::from_utf8_lossy(&o.stderr).to_string(),
-    }
-}
+use crate::{rlcr, rlcr_ok as ok};
 
 fn dir() -> (crate::Workdir, PathBuf, PathBuf) {
     let w = crate::Workdir::new();

@@ -9,29 +9,15 @@ use rlcr::train::data::TrainRow;
 use rlcr::train::trainer::{batch_gradients, grads_to_host, Objective, TrainConfig};
 
 use super::train::{tensors, train_rows, write_rows};
-use super::{fixtures, Workdir};
+use super::{fixtures, support, Workdir};
 
 fn config(checkpoint_activations: bool, objective: Objective) -> TrainConfig {
     TrainConfig {
-        objective,
         loss_agg: rlcr::train::loss::LossAgg::SeqMeanTokenMean,
         agg_len: 16,
-        schedule: rlcr::train::schedule::Schedule::new(
-            1e-3,
-            0.0,
-            rlcr::train::schedule::ScheduleKind::Constant,
-            None,
-        )
-        .unwrap(),
-        grad_clip: 1.0,
-        micro_batch: 2,
-        mini_batches: 1,
-        epochs: 1,
         temperature: 0.9,
-        shuffle: false,
-        seed: 0,
-        precision: Default::default(),
         checkpoint_activations,
+        ..support::train::config(objective, 2)
     }
 }
 

@@ -1,39 +1,18 @@
 //! The critic: `rlcr values`, GAE from its values against numpy, the clipped value loss
 //! of `update --critic`, and the critic folder loading back in rlcr and in transformers.
-use std::path::Path;
 
-use super::{fixtures, Workdir};
+use super::Workdir;
 use crate::support::kb;
-
-fn tiny() -> String {
-    fixtures().join("tiny-qwen2").display().to_string()
-}
-
-fn script(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts")
-        .join(name)
-        .display()
-        .to_string()
-}
+use crate::support::pipeline::tiny_qwen2 as tiny;
+use crate::support::python::{script, Needs, Py};
+use crate::support::table::{column_bool, column_f32};
 
 /// Run scripts/check_critic.py; `None` when its Python packages are missing (exit 3) and
 /// RLCR_REQUIRE_TORCH is not 1.
 fn check(args: &[&str]) -> Option<serde_json::Value> {
-    let python = std::env::var("RLCR_PYTHON").unwrap_or_else(|_| "python3".into());
-    let required = std::env::var("RLCR_REQUIRE_TORCH").is_ok_and(|v| v == "1");
-    let out = std::process::Command::new(&python)
-        .arg(script("check_critic.py"))
+    Py::script(script("check_critic.py"), Needs::Torch)
         .args(args)
-        .output()
-        .expect("python3");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(3) && !required {
-        eprintln!("skipped: {stderr}");
-        return None;
-    }
-    assert!(out.status.success(), "check_critic.py {args:?}:\n{stderr}");
-    Some(serde_json::from_slice(&out.stdout).unwrap())
+        .json()
 }
 
 /// A scored multi-turn table (kb environment, dense turn rewards).
@@ -135,9 +114,9 @@ fn critic_trains_gae_matches_numpy_and_the_folder_loads_back() {
     // Step 1's loss by hand: a zero head predicts 0 = the old values, so the loss is
     // 0.5 · mean over learnable tokens of R².
     let (mut sum, mut n) = (0f64, 0usize);
-    for (ret, mask) in float_lists(&w.path("t0.parquet"), "returns")
+    for (ret, mask) in column_f32(&w.path("t0.parquet"), "returns")
         .iter()
-        .zip(bool_lists(&w.path("t0.parquet"), "loss_mask"))
+        .zip(column_bool(&w.path("t0.parquet"), "loss_mask"))
     {
         for (r, m) in ret.iter().zip(mask) {
             if m {
@@ -214,8 +193,8 @@ fn critic_trains_gae_matches_numpy_and_the_folder_loads_back() {
         ]);
         // Observation tokens: never learnable in GAE mode either.
         let (info, mask) = (
-            bool_lists(&w.path(&out), "info_mask"),
-            bool_lists(&w.path(&out), "loss_mask"),
+            column_bool(&w.path(&out), "info_mask"),
+            column_bool(&w.path(&out), "loss_mask"),
         );
         let mut observations = 0;
         for (i, m) in info.iter().zip(&mask) {
@@ -271,57 +250,4 @@ fn value_loss_matches_verl_by_hand() {
     );
     assert!((l - 0.5725).abs() < 1e-12, "{l}");
     assert!((cf - 0.5).abs() < 1e-12);
-}
-
-fn batches(path: &Path) -> Vec<arrow::record_batch::RecordBatch> {
-    let f = std::fs::File::open(path).unwrap();
-    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
-        .unwrap()
-        .build()
-        .unwrap()
-        .map(|b| b.unwrap())
-        .collect()
-}
-
-fn float_lists(path: &Path, col: &str) -> Vec<Vec<f32>> {
-    use arrow::array::{Array, Float32Array, ListArray};
-    let mut out = Vec::new();
-    for b in batches(path) {
-        let l = b
-            .column_by_name(col)
-            .unwrap()
-            .as_any()
-            .downcast_ref::<ListArray>()
-            .unwrap();
-        for i in 0..l.len() {
-            let v = l.value(i);
-            out.push(
-                v.as_any()
-                    .downcast_ref::<Float32Array>()
-                    .unwrap()
-                    .values()
-                    .to_vec(),
-            );
-        }
-    }
-    out
-}
-
-fn bool_lists(path: &Path, col: &str) -> Vec<Vec<bool>> {
-    use arrow::array::{Array, BooleanArray, ListArray};
-    let mut out = Vec::new();
-    for b in batches(path) {
-        let l = b
-            .column_by_name(col)
-            .unwrap()
-            .as_any()
-            .downcast_ref::<ListArray>()
-            .unwrap();
-        for i in 0..l.len() {
-            let v = l.value(i);
-            let v = v.as_any().downcast_ref::<BooleanArray>().unwrap();
-            out.push((0..v.len()).map(|k| v.value(k)).collect());
-        }
-    }
-    out
 }

@@ -781,8 +781,8 @@ mod wgpu {
         assert_eq!(c.num_rows(), 9);
         for col in ["num_correct", "cut_token"] {
             assert_eq!(
-                crate::probe::i32s(&c, col),
-                crate::probe::i32s(&g, col),
+                crate::support::table::i32s(&c, col),
+                crate::support::table::i32s(&g, col),
                 "{col}"
             );
         }

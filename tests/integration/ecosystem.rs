@@ -2,36 +2,15 @@
 //! (`scripts/check_tables.py`). `.ci/run` installs both and sets `RLCR_REQUIRE_PYTHON=1`, which turns
 //! a missing module into a failure; elsewhere the test says it was skipped.
 use std::path::Path;
-use std::process::Command;
 
+use crate::support::python::{self, Needs, Py};
 use crate::Workdir;
 
 /// Run the checker on tables; panics on a failed check.
 pub fn check_tables(files: &[&Path]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_tables.py");
-    let out = match Command::new("python3").arg(&script).args(files).output() {
-        Ok(o) => o,
-        Err(e) => {
-            if std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
-                panic!("python3 not runnable: {e}");
-            }
-            eprintln!("skipped: python3 not runnable: {e}");
-            return;
-        }
-    };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(3) {
-        if std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
-            panic!("polars/duckdb missing: {stderr}");
-        }
-        eprintln!("skipped: {stderr}");
-        return;
-    }
-    assert!(
-        out.status.success(),
-        "check_tables.py failed:\n{stderr}\n{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    Py::script(python::script("check_tables.py"), Needs::Tables)
+        .args(files)
+        .stdout();
 }
 
 #[test]
@@ -49,37 +28,13 @@ fn prompts_table_opens_in_polars_and_duckdb() {
     check_tables(&[&wd.path("p.parquet")]);
 }
 
-/// Run `python3 ARGS`; its stdout, or `None` (the test says skipped) when python3 or a module is
-/// missing and `RLCR_REQUIRE_PYTHON=1` is not set. Any other failure panics naming `what`.
-pub(crate) fn python(args: &[&std::ffi::OsStr], what: &str) -> Option<Vec<u8>> {
-    let required = std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1");
-    match Command::new("python3").args(args).output() {
-        Ok(o) if o.status.success() => Some(o.stdout),
-        Ok(o) => {
-            let err = String::from_utf8_lossy(&o.stderr).to_string();
-            if !required && err.contains("No module named") {
-                eprintln!("skipped: {err}");
-                return None;
-            }
-            panic!("{what} failed:\n{err}");
-        }
-        Err(e) if !required => {
-            eprintln!("skipped: python3 not runnable: {e}");
-            None
-        }
-        Err(e) => panic!("python3 not runnable: {e}"),
-    }
-}
-
 /// Run `scripts/inspect_table.py --json` on a table; `None` when polars/duckdb are missing and not
 /// required.
 fn inspect_json(table: &Path) -> Option<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/inspect_table.py");
-    let out = python(
-        &[script.as_os_str(), table.as_os_str(), "--json".as_ref()],
-        "inspect_table.py",
-    )?;
-    Some(serde_json::from_slice(&out).unwrap())
+    Py::script(python::script("inspect_table.py"), Needs::Tables)
+        .arg(table)
+        .arg("--json")
+        .json()
 }
 
 /// Every table of one loop iteration (prompts, answers, trajectory, scored, advantage, probe,
@@ -223,19 +178,13 @@ fn rewrite_with(lib: &str, src: &Path, dst: &Path) -> Option<String> {
         _ => "import sys, polars as pl\npl.read_parquet(sys.argv[1]).write_parquet(sys.argv[2])",
     };
     let show = "import sys, pyarrow.parquet as pq\nprint(pq.read_schema(sys.argv[1]))";
-    python(
-        &[
-            "-c".as_ref(),
-            code.as_ref(),
-            src.as_os_str(),
-            dst.as_os_str(),
-        ],
-        &format!("{lib} rewrite"),
-    )?;
-    let schema = python(
-        &["-c".as_ref(), show.as_ref(), dst.as_os_str()],
-        "read_schema",
-    )?;
+    Py::code(&format!("{lib} rewrite"), code, Needs::Tables)
+        .arg(src)
+        .arg(dst)
+        .stdout()?;
+    let schema = Py::code("read_schema", show, Needs::Tables)
+        .arg(dst)
+        .stdout()?;
     Some(String::from_utf8_lossy(&schema).to_string())
 }
 

@@ -4,7 +4,7 @@
 //! the fixtures' known answers and confidences.
 use serde_json::Value;
 
-use super::support::table::{lists_f32, lists_i32, read};
+use super::support::table::{f32s, lists_f32, lists_i32, read, strs};
 use super::{fixtures, Workdir};
 
 fn metrics(w: &Workdir, dir: &str) -> Value {
@@ -14,28 +14,6 @@ fn metrics(w: &Workdir, dir: &str) -> Value {
 
 fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
-}
-
-fn strs(b: &arrow::array::RecordBatch, name: &str) -> Vec<String> {
-    use arrow::array::Array;
-    let a = b.column_by_name(name).unwrap();
-    let a = a
-        .as_any()
-        .downcast_ref::<arrow::array::StringArray>()
-        .unwrap();
-    (0..a.len()).map(|i| a.value(i).to_string()).collect()
-}
-
-fn f32s(b: &arrow::array::RecordBatch, name: &str) -> Vec<Option<f32>> {
-    use arrow::array::Array;
-    let a = b.column_by_name(name).unwrap();
-    let a = a
-        .as_any()
-        .downcast_ref::<arrow::array::Float32Array>()
-        .unwrap();
-    (0..a.len())
-        .map(|i| (!a.is_null(i)).then(|| a.value(i)))
-        .collect()
 }
 
 fn tiny() -> String {

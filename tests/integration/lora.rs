@@ -3,7 +3,9 @@
 //! only the adapter trains.
 use std::path::{Path, PathBuf};
 
-use super::train::{logprob_column, metrics, train_rows, write_rows};
+use super::support::python::{script, Needs, Py};
+use super::support::table::column_f32;
+use super::train::{metrics, train_rows, write_rows};
 use super::{fixtures, Workdir};
 
 /// Run `scripts/peft_lora.py` with `RLCR_PYTHON` (default `python3`). `None` when torch,
@@ -16,32 +18,13 @@ fn peft(args: &[&Path]) -> Option<serde_json::Value> {
 /// [`peft`] run in the working directory `cwd` (default: the test binary's), offline: with
 /// `HF_HUB_OFFLINE=1` a base that is not a folder is an error, not a download.
 fn peft_in(cwd: Option<&Path>, args: &[&Path]) -> Option<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peft_lora.py");
-    let python = std::env::var("RLCR_PYTHON").unwrap_or_else(|_| "python3".into());
-    let required = std::env::var("RLCR_REQUIRE_TORCH").is_ok_and(|v| v == "1");
-    let mut cmd = std::process::Command::new(&python);
-    cmd.arg(&script).args(args).env("HF_HUB_OFFLINE", "1");
+    let mut run = Py::script(script("peft_lora.py"), Needs::Torch)
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1");
     if let Some(d) = cwd {
-        cmd.current_dir(d);
+        run = run.cwd(d);
     }
-    let out = match cmd.output() {
-        Ok(o) => o,
-        Err(e) if !required => {
-            eprintln!("skipped: {python} not runnable: {e}");
-            return None;
-        }
-        Err(e) => panic!("{python} not runnable: {e}"),
-    };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(3) && !required {
-        eprintln!("skipped: {stderr}");
-        return None;
-    }
-    assert!(
-        out.status.success(),
-        "peft_lora.py {args:?} failed:\n{stderr}"
-    );
-    Some(serde_json::from_slice(&out.stdout).unwrap())
+    run.json()
 }
 
 fn max_gap(a: &[Vec<f32>], b: &[Vec<f64>]) -> f64 {
@@ -156,8 +139,8 @@ fn peft_loads_what_update_writes_with_lora() {
             "-o",
             &format!("{out}.merged.lp.parquet"),
         ]);
-        let ours = logprob_column(&w.path(&format!("{out}.lp.parquet")), "logprobs");
-        let merged = logprob_column(&w.path(&format!("{out}.merged.lp.parquet")), "logprobs");
+        let ours = column_f32(&w.path(&format!("{out}.lp.parquet")), "logprobs");
+        let merged = column_f32(&w.path(&format!("{out}.merged.lp.parquet")), "logprobs");
         let base = {
             w.run(&[
                 "logprobs",
@@ -168,7 +151,7 @@ fn peft_loads_what_update_writes_with_lora() {
                 "-o",
                 &format!("{out}.base.lp.parquet"),
             ]);
-            logprob_column(&w.path(&format!("{out}.base.lp.parquet")), "logprobs")
+            column_f32(&w.path(&format!("{out}.base.lp.parquet")), "logprobs")
         };
         let as64 = |v: &[Vec<f32>]| -> Vec<Vec<f64>> {
             v.iter()
@@ -467,9 +450,9 @@ fn adapters_load_from_any_working_directory() {
             "here.parquet",
         ],
     );
-    let here = logprob_column(&proj.join("here.parquet"), "logprobs");
+    let here = column_f32(&proj.join("here.parquet"), "logprobs");
     for name in ["a", "old", "flag"] {
-        let got = logprob_column(&away.join(format!("{name}.parquet")), "logprobs");
+        let got = column_f32(&away.join(format!("{name}.parquet")), "logprobs");
         assert_eq!(got, here, "{name}");
     }
     let base_lp = {
@@ -486,7 +469,7 @@ fn adapters_load_from_any_working_directory() {
                 "b.parquet",
             ],
         );
-        logprob_column(&proj.join("b.parquet"), "logprobs")
+        column_f32(&proj.join("b.parquet"), "logprobs")
     };
     let as64 = |v: &[Vec<f32>]| -> Vec<Vec<f64>> {
         v.iter()

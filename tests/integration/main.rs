@@ -2,7 +2,7 @@
 //! the real `rlcr` binary and, on failure, prints the command, status, stdout and stderr.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus, Output};
 
 mod advantage;
 mod bad_input;
@@ -116,6 +116,42 @@ impl Workdir {
         v.sort();
         v
     }
+}
+
+/// One run of the binary in the test binary's working directory (for tests that name every path
+/// absolutely): its status and its output as text.
+pub struct Ran {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Run `rlcr ARGS` (any status).
+pub fn rlcr(args: &[&str]) -> Ran {
+    let o = Command::new(env!("CARGO_BIN_EXE_rlcr"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("running rlcr");
+    Ran {
+        status: o.status,
+        stdout: String::from_utf8_lossy(&o.stdout).to_string(),
+        stderr: String::from_utf8_lossy(&o.stderr).to_string(),
+    }
+}
+
+/// Run `rlcr ARGS` and require success (printing the command and its output otherwise).
+pub fn rlcr_ok(args: &[&str]) -> Ran {
+    let r = rlcr(args);
+    assert!(
+        r.status.success(),
+        "command: rlcr {}\nstatus: {}\nstdout:\n{}\nstderr:\n{}",
+        args.join(" "),
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    r
 }
 
 pub fn describe(args: &[&str], o: &Output) -> String {

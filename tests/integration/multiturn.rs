@@ -14,7 +14,7 @@ fn tiny() -> String {
 }
 
 use crate::support::kb::{self, env_cmd};
-use crate::support::table::read;
+use crate::support::table::{read, strs};
 
 fn list<T: arrow::array::ArrowPrimitiveType>(
     b: &RecordBatch,
@@ -45,16 +45,6 @@ fn bools(b: &RecordBatch, col: &str, i: usize) -> Vec<bool> {
     let v = l.value(i);
     let v = v.as_any().downcast_ref::<BooleanArray>().unwrap();
     (0..v.len()).map(|k| v.value(k)).collect()
-}
-
-fn strs(b: &RecordBatch, col: &str) -> Vec<String> {
-    let a = b
-        .column_by_name(col)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .unwrap();
-    (0..a.len()).map(|i| a.value(i).to_string()).collect()
 }
 
 /// Prompts from the example environment (seed 3) in `prompts.parquet`.
@@ -345,7 +335,7 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
     // On the gradients: the update's gradient does not move when the observation tokens'
     // advantages, behaviour and reference log-probs are replaced by anything (KL loss and
     // entropy bonus on), and does move when one model token's advantage changes.
-    use rlcr::train::trainer::{batch_gradients, grads_to_host, Objective, TrainConfig};
+    use rlcr::train::trainer::{batch_gradients, grads_to_host, TrainConfig};
     let rows = rlcr::train::data::read_update_rows(&w.path("t.parquet"), false).unwrap();
     let infos: Vec<Vec<bool>> = (0..t.num_rows())
         .map(|i| bools(&t, "info_mask", i))
@@ -375,34 +365,10 @@ fn turn_rewards_reach_score_and_advantage_and_observations_get_no_gradient() {
             .collect::<Vec<_>>()
     };
     let cfg = TrainConfig {
-        objective: Objective::Policy {
-            clip: Default::default(),
-            kl_coef: 0.1,
-            kl_kind: rlcr::train::loss::KlEstimator::K3,
-            entropy_coef: 0.01,
-            conf_entropy_coef: 0.0,
-            conf_value_entropy_coef: 0.0,
-            value_tokens: None,
-        },
-        loss_agg: rlcr::train::loss::LossAgg::TokenMean,
         agg_len: 96,
-        schedule: rlcr::train::schedule::Schedule::new(
-            1e-3,
-            0.0,
-            rlcr::train::schedule::ScheduleKind::Constant,
-            None,
-        )
-        .unwrap(),
-        grad_clip: 1.0,
-        micro_batch: 4,
-        mini_batches: 1,
-        epochs: 1,
-        temperature: 1.0,
-        shuffle: false,
-        seed: 0,
-        precision: Default::default(),
-        checkpoint_activations: false,
+        ..crate::support::train::config(crate::support::train::policy(0.1, 0.01), 4)
     };
+
     let grads = |rows: &[rlcr::train::data::TrainRow]| {
         let refs: Vec<&rlcr::train::data::TrainRow> = rows.iter().collect();
         let (g, _) = batch_gradients(&model.transformer, &refs, &cfg).unwrap();

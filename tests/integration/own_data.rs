@@ -3,10 +3,10 @@
 //! write computed there), and the reward adapters scripts/rewards/{verl,trl}_reward.py, whose
 //! rewards through `score --verifier-cmd` must equal the functions called directly in Python.
 use std::path::Path;
-use std::process::Command;
 
 use arrow::array::{Array, StringArray};
 
+use crate::support::python::{Needs, Py};
 use crate::support::table::{read, set_str, write};
 use crate::{fixtures, Workdir};
 
@@ -293,29 +293,13 @@ fn draws_cover_every_row_once_per_epoch() {
 /// Run fixtures/rewards/check_adapter.py with `args` (cwd `dir`; PYTHONPATH = fixtures/rewards,
 /// then `dir`); `None` when pyarrow is missing and not required (RLCR_REQUIRE_PYTHON).
 pub(crate) fn check_adapter(dir: &Path, args: &[&str]) -> Option<String> {
-    let script = fixtures().join("rewards/check_adapter.py");
     let path = std::env::join_paths([fixtures().join("rewards"), dir.to_path_buf()]).unwrap();
-    let o = Command::new("python3")
-        .arg(&script)
+    let out = Py::script(fixtures().join("rewards/check_adapter.py"), Needs::Tables)
         .args(args)
-        .current_dir(dir)
+        .cwd(dir)
         .env("PYTHONPATH", path)
-        .output()
-        .expect("python3 runs");
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    if o.status.code() == Some(3) {
-        if std::env::var("RLCR_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
-            panic!("pyarrow missing: {err}");
-        }
-        eprintln!("skipped: {err}");
-        return None;
-    }
-    assert!(
-        o.status.success(),
-        "check_adapter.py {args:?}:\n{out}\n{err}"
-    );
-    Some(out)
+        .stdout()?;
+    Some(String::from_utf8_lossy(&out).to_string())
 }
 
 /// An answers table of the tiny model on `prompts` (2 answers each) whose responses are then

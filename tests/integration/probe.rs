@@ -2,45 +2,13 @@
 //! a closed `</think>` and cut), consistent counts, cut positions, determinism across batch sizes
 //! (byte-identical files), and a bad input failing cleanly.
 
-use arrow::array::{Array, Float32Array, Int32Array, RecordBatch, StringArray};
+use arrow::array::{Float32Array, StringArray};
 use rlcr::model::Tokenizer;
 use rlcr::table::{cols, Meta, Reader, Writer, TRAJECTORY};
 
 use crate::support::pipeline;
-use crate::support::table::read;
+use crate::support::table::{f32s, i32s, read, strs};
 use crate::{fixtures, Workdir};
-
-pub(crate) fn i32s(b: &RecordBatch, name: &str) -> Vec<i32> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<Int32Array>()
-        .unwrap();
-    a.values().to_vec()
-}
-
-fn f32s(b: &RecordBatch, name: &str) -> Vec<Option<f32>> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<Float32Array>()
-        .unwrap();
-    (0..a.len())
-        .map(|i| a.is_valid(i).then(|| a.value(i)))
-        .collect()
-}
-
-fn strs(b: &RecordBatch, name: &str) -> Vec<String> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .unwrap();
-    (0..a.len()).map(|i| a.value(i).to_string()).collect()
-}
 
 /// A scored countdown table from the tiny model whose answers (but the last) get a closed
 /// thinking: `<think>` is the response prefix, the first sampled ids (up to 5, tags removed)

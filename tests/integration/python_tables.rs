@@ -16,7 +16,7 @@ use arrow::datatypes::{DataType, Field, Fields, Schema};
 use parquet::arrow::ArrowWriter;
 use serde_json::{json, Value};
 
-use super::ecosystem::python;
+use super::support::python::{Needs, Py};
 use super::Workdir;
 
 /// A scored table of two prompts, two answers each and one confidence row per answer, as the
@@ -312,13 +312,8 @@ fn tables_written_by_pyarrow_polars_pandas_feed_advantage_and_report() {
     let mut ran = 0;
     for (lib, script) in writers {
         let out = wd.path(&format!("{lib}.parquet"));
-        let args = [
-            "-c".as_ref(),
-            script.as_ref(),
-            json.as_os_str(),
-            out.as_os_str(),
-        ];
-        if python(&args, lib).is_none() {
+        let run = Py::code(lib, script, Needs::Tables).arg(&json).arg(&out);
+        if run.stdout().is_none() {
             continue;
         }
         ran += 1;

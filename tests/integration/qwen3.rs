@@ -13,9 +13,10 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor};
 use rlcr::model::{self, weights, ChatOptions, Message, Model, ModelConfig};
 use rlcr::train::data::TrainRow;
-use rlcr::train::trainer::{batch_gradients, grads_to_host, Objective, TrainConfig};
+use rlcr::train::trainer::{batch_gradients, grads_to_host, TrainConfig};
 
 use super::model::check_refs;
+use super::support::python::{script, Needs, Py};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
@@ -62,35 +63,7 @@ fn params_by_path<M: Module>(m: &M) -> BTreeMap<String, Vec<f32>> {
 /// The policy loss of `update` at ratio 1 (behaviour log-probs = the model's own), token-mean:
 /// its gradient is `-(1/N) Σ A_t ∇ log p_t`, the quantity `scripts/gen_qwen3.py` differentiates.
 fn policy_config() -> TrainConfig {
-    TrainConfig {
-        objective: Objective::Policy {
-            clip: Default::default(),
-            kl_coef: 0.0,
-            kl_kind: rlcr::train::loss::KlEstimator::K3,
-            entropy_coef: 0.0,
-            conf_entropy_coef: 0.0,
-            conf_value_entropy_coef: 0.0,
-            value_tokens: None,
-        },
-        loss_agg: rlcr::train::loss::LossAgg::TokenMean,
-        agg_len: 64,
-        schedule: rlcr::train::schedule::Schedule::new(
-            1e-3,
-            0.0,
-            rlcr::train::schedule::ScheduleKind::Constant,
-            None,
-        )
-        .unwrap(),
-        grad_clip: 1.0,
-        micro_batch: 2,
-        mini_batches: 1,
-        epochs: 1,
-        temperature: 1.0,
-        shuffle: false,
-        seed: 0,
-        precision: Default::default(),
-        checkpoint_activations: false,
-    }
+    super::support::train::config(super::support::train::policy(0.0, 0.0), 2)
 }
 
 /// rlcr's gradient of the update in `NAME.update.f64.json` against torch's (float64) in
@@ -260,29 +233,14 @@ fn qwen3_update_gradient_matches_torch() {
 fn qwen3_at_real_head_shapes_matches_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let (model_dir, refs) = (dir.path().join("model"), dir.path().join("refs"));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gen_qwen3.py");
-    let python = std::env::var("RLCR_PYTHON").unwrap_or_else(|_| "python3".into());
-    let required = std::env::var("RLCR_REQUIRE_TORCH").is_ok_and(|v| v == "1");
-    let out = match std::process::Command::new(&python)
-        .arg(&script)
+    let made = Py::script(script("gen_qwen3.py"), Needs::Torch)
         .arg("real")
         .arg(&model_dir)
         .arg(&refs)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) if !required => {
-            eprintln!("skipped: {python} not runnable: {e}");
-            return;
-        }
-        Err(e) => panic!("{python} not runnable: {e}"),
-    };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(3) && !required {
-        eprintln!("skipped: {stderr}");
+        .stdout();
+    if made.is_none() {
         return;
     }
-    assert!(out.status.success(), "gen_qwen3.py failed:\n{stderr}");
     let m = Model::load(&model_dir, &Device::flex()).unwrap();
     let c = &m.config;
     assert_eq!(

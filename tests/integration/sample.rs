@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use arrow::array::{Array, Float32Array, Int32Array, ListArray, RecordBatch, StructArray};
+use arrow::array::RecordBatch;
 use rlcr::table::Reader;
 
 use crate::{fixtures, Workdir};
@@ -38,79 +38,9 @@ pub(crate) fn prompts(wd: &Workdir, questions: &[&str]) -> PathBuf {
 
 const QUESTIONS: &[&str] = &["What is 12 + 7?", "What is 99 * 3?", "Name a prime."];
 
-pub(crate) use crate::support::table::read;
-
-pub(crate) fn strs(b: &RecordBatch, name: &str) -> Vec<Option<String>> {
-    // Text columns, and `messages` (native) as its JSON text.
-    let a = rlcr::table::nested::messages_text(b.column_by_name(name).unwrap().as_ref()).unwrap();
-    (0..a.len())
-        .map(|i| a.is_valid(i).then(|| a.value(i).to_string()))
-        .collect()
-}
-
-fn ints(b: &RecordBatch, name: &str) -> Vec<Option<i32>> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<Int32Array>()
-        .unwrap();
-    (0..a.len())
-        .map(|i| a.is_valid(i).then(|| a.value(i)))
-        .collect()
-}
-
-pub(crate) fn id_lists(b: &RecordBatch, name: &str) -> Vec<Vec<u32>> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<ListArray>()
-        .unwrap();
-    (0..a.len())
-        .map(|i| {
-            let v = a.value(i);
-            let v = v.as_any().downcast_ref::<Int32Array>().unwrap();
-            v.values().iter().map(|&x| x as u32).collect()
-        })
-        .collect()
-}
-
-pub(crate) fn f32_lists(b: &RecordBatch, name: &str) -> Vec<Vec<f32>> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<ListArray>()
-        .unwrap();
-    (0..a.len())
-        .map(|i| {
-            let v = a.value(i);
-            v.as_any()
-                .downcast_ref::<Float32Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect()
-}
-
-fn spans(b: &RecordBatch, name: &str) -> Vec<Option<(usize, usize)>> {
-    let a = b
-        .column_by_name(name)
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StructArray>()
-        .unwrap();
-    let s = a.column(0).as_any().downcast_ref::<Int32Array>().unwrap();
-    let e = a.column(1).as_any().downcast_ref::<Int32Array>().unwrap();
-    (0..a.len())
-        .map(|i| {
-            a.is_valid(i)
-                .then(|| (s.value(i) as usize, e.value(i) as usize))
-        })
-        .collect()
-}
+use crate::support::table::{
+    id_lists, lists_f32 as f32_lists, opt_i32s as ints, read, spans, texts as strs,
+};
 
 fn tokenizer(name: &str) -> rlcr::model::Tokenizer {
     rlcr::model::Tokenizer::load(&fixtures().join(name), None).unwrap()

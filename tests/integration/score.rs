@@ -17,25 +17,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-fn rlcr(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_rlcr"))
-        .args(args)
-        .output()
-        .expect("running rlcr");
-    out
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = rlcr(args);
-    assert!(
-        out.status.success(),
-        "rlcr {args:?} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use crate::{rlcr, rlcr_ok as ok};
 
 /// One row of a test trajectory table.
 #[derive(Clone, Debug)]
@@ -687,7 +669,7 @@ source = "extra.len"
         rewards.to_str().unwrap(),
     ]);
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("verifier started"),
+        o.stderr.as_str().contains("verifier started"),
         "child stderr passes through"
     );
     let b = read_all(&out2);
@@ -734,7 +716,7 @@ fn errors_name_the_row() {
         p(&d, "x.parquet").to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&o.stderr);
+    let e = o.stderr.as_str();
     assert!(e.contains("row 36") && e.contains("answer_idx 7"), "{e}");
     assert!(!p(&d, "x.parquet").exists());
 
@@ -750,7 +732,7 @@ fn errors_name_the_row() {
         p(&d, "y.parquet").to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&o.stderr);
+    let e = o.stderr.as_str();
     assert!(
         e.contains("row 3") && e.contains("ground_truth") && e.contains("numbers"),
         "{e}"

@@ -16,10 +16,10 @@ pub(crate) type Run = BTreeMap<String, Vec<(i64, f32, f64)>>;
 
 /// Read run folders with TensorBoard; `None` when the package is missing and not required.
 pub(crate) fn read_runs(dirs: &[&Path]) -> Option<Vec<Run>> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_tensorboard.py");
-    let mut args = vec![script.as_os_str()];
-    args.extend(dirs.iter().map(|d| d.as_os_str()));
-    let out = crate::ecosystem::python(&args, "check_tensorboard.py")?;
+    use crate::support::python::{script, Needs, Py};
+    let out = Py::script(script("check_tensorboard.py"), Needs::Tables)
+        .args(dirs)
+        .stdout()?;
     let v: Value = serde_json::from_slice(&out).expect("json");
     let num = |x: &Value| match x {
         Value::String(s) if s == "nan" => f32::NAN,

@@ -9,6 +9,8 @@ use rlcr::table::{write_table, Meta, TRAJECTORY};
 use rlcr::train::data::{rows_to_batch, TrainRow};
 use rlcr::train::policy::host_logprobs;
 
+use super::support::python::{script, Needs, Py};
+use super::support::table::column_f32;
 use super::{fixtures, Workdir};
 
 fn tiny() -> PathBuf {
@@ -314,9 +316,9 @@ fn update_in_bf16_on_a_bf16_checkpoint_writes_bf16() {
     ]);
     let o = c.env("RLCR_WEIGHTS_BF16", "0").output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let lp16 = logprob_column(&w.path("lp16.parquet"), "lp16");
-    let lp32 = logprob_column(&w.path("lp32.parquet"), "lp32");
-    assert_eq!(lp32, logprob_column(&w.path("wide.parquet"), "lp32"));
+    let lp16 = column_f32(&w.path("lp16.parquet"), "lp16");
+    let lp32 = column_f32(&w.path("lp32.parquet"), "lp32");
+    assert_eq!(lp32, column_f32(&w.path("wide.parquet"), "lp32"));
     // Sampling from the bf16-held checkpoint: the tokens and log-probs of the widened one.
     let questions = ["What is 12 + 7?", "Name a prime."];
     let p = crate::sample::prompts(&w, &questions);
@@ -339,10 +341,10 @@ fn update_in_bf16_on_a_bf16_checkpoint_writes_bf16() {
         ]);
         let o = c.env("RLCR_WEIGHTS_BF16", widen).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let b = crate::sample::read(&w.path(out));
+        let b = crate::support::table::read(&w.path(out));
         sampled.push((
-            crate::sample::id_lists(&b, "response_ids"),
-            crate::sample::f32_lists(&b, "response_logprobs"),
+            crate::support::table::id_lists(&b, "response_ids"),
+            crate::support::table::lists_f32(&b, "response_logprobs"),
         ));
     }
     assert!(sampled[0].0.iter().map(Vec::len).sum::<usize>() > 0);
@@ -504,7 +506,7 @@ fn update_conf_entropy_bonus_raises_the_confidence_entropy() {
         "--entropy-column",
         "entropy",
     ]);
-    let ent = logprob_column(&w.path("ent.parquet"), "entropy");
+    let ent = column_f32(&w.path("ent.parquet"), "entropy");
     let (mut sum, mut n) = (0f64, 0usize);
     for (r, e) in rows.iter().zip(&ent) {
         if r.is_confidence {
@@ -839,60 +841,9 @@ fn sft_only_correct_keeps_correct_answers() {
 /// transformers is not importable and `RLCR_REQUIRE_TORCH` is not `1` (`.ci/run` sets it after
 /// installing them), so the test says "skipped" only where the tools are absent.
 fn hf(args: &[&Path]) -> Option<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/hf_logprobs.py");
-    let python = std::env::var("RLCR_PYTHON").unwrap_or_else(|_| "python3".into());
-    let required = std::env::var("RLCR_REQUIRE_TORCH").is_ok_and(|v| v == "1");
-    let out = match std::process::Command::new(&python)
-        .arg(&script)
+    Py::script(script("hf_logprobs.py"), Needs::Torch)
         .args(args)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) if !required => {
-            eprintln!("skipped: {python} not runnable: {e}");
-            return None;
-        }
-        Err(e) => panic!("{python} not runnable: {e}"),
-    };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(3) && !required {
-        eprintln!("skipped: {stderr}");
-        return None;
-    }
-    assert!(
-        out.status.success(),
-        "hf_logprobs.py {args:?} failed:\n{stderr}"
-    );
-    if out.stdout.is_empty() {
-        return Some(serde_json::Value::Null);
-    }
-    Some(serde_json::from_slice(&out.stdout).unwrap())
-}
-
-/// Per-row log-probs in column `col` of an rlcr table.
-pub(crate) fn logprob_column(path: &Path, col: &str) -> Vec<Vec<f32>> {
-    use arrow::array::{Array, Float32Array, ListArray};
-    let f = std::fs::File::open(path).unwrap();
-    let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
-        .unwrap()
-        .build()
-        .unwrap();
-    let mut out = Vec::new();
-    for b in r {
-        let b = b.unwrap();
-        let l = b
-            .column_by_name(col)
-            .unwrap()
-            .as_any()
-            .downcast_ref::<ListArray>()
-            .unwrap();
-        for i in 0..l.len() {
-            let v = l.value(i);
-            let v = v.as_any().downcast_ref::<Float32Array>().unwrap();
-            out.push(v.values().to_vec());
-        }
-    }
-    out
+        .json()
 }
 
 /// "The written folder loads in Hugging Face transformers": folders written by `update`
@@ -971,7 +922,7 @@ fn hf_transformers_loads_what_update_and_sft_write() {
         serde_json::from_value(v["logprobs"].clone()).unwrap()
     };
     for (i, (stage, _, out, dtype)) in cases.iter().enumerate() {
-        let ours = logprob_column(&w.path(&format!("{out}.lp.parquet")), "logprobs");
+        let ours = column_f32(&w.path(&format!("{out}.lp.parquet")), "logprobs");
         let (after, before) = (&hf_out[2 * i], &hf_out[2 * i + 1]);
         assert_eq!(
             after["dtype"], *dtype,
@@ -1048,7 +999,9 @@ fn split_f32_products_match_plain_products() {
             assert!(o.status.success(), "{}", super::describe(args, &o));
         }
     }
-    let lp = |f: &str| crate::sample::f32_lists(&crate::sample::read(&wd.path(f)), "lp").concat();
+    let lp = |f: &str| {
+        crate::support::table::lists_f32(&crate::support::table::read(&wd.path(f)), "lp").concat()
+    };
     let (plain, split) = (lp("fast.parquet"), lp("split.parquet"));
     assert_eq!(plain.len(), split.len());
     let worst = plain

@@ -98,6 +98,72 @@ pub fn set_f32(b: &RecordBatch, name: &str, row: usize, v: f32) -> RecordBatch {
     replace(b, name, Arc::new(Float32Array::from(vals)))
 }
 
+/// A text column (or `messages`, as its JSON text), null rows as `None`.
+pub fn texts(b: &RecordBatch, name: &str) -> Vec<Option<String>> {
+    let a = rlcr::table::nested::messages_text(b.column_by_name(name).unwrap().as_ref()).unwrap();
+    (0..a.len())
+        .map(|i| a.is_valid(i).then(|| a.value(i).to_string()))
+        .collect()
+}
+
+/// A text column, null rows as `""`.
+pub fn strs(b: &RecordBatch, name: &str) -> Vec<String> {
+    texts(b, name)
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect()
+}
+
+fn scalars<T: arrow::datatypes::ArrowPrimitiveType>(
+    b: &RecordBatch,
+    name: &str,
+) -> Vec<Option<T::Native>> {
+    let a = b
+        .column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"))
+        .as_any()
+        .downcast_ref::<arrow::array::PrimitiveArray<T>>()
+        .unwrap_or_else(|| panic!("column {name} is not {:?}", T::DATA_TYPE));
+    (0..a.len())
+        .map(|i| a.is_valid(i).then(|| a.value(i)))
+        .collect()
+}
+
+/// A float32 column, null rows as `None`.
+pub fn f32s(b: &RecordBatch, name: &str) -> Vec<Option<f32>> {
+    scalars::<arrow::datatypes::Float32Type>(b, name)
+}
+
+/// An int32 column, null rows as `None`.
+pub fn opt_i32s(b: &RecordBatch, name: &str) -> Vec<Option<i32>> {
+    scalars::<arrow::datatypes::Int32Type>(b, name)
+}
+
+/// An int32 column without nulls.
+pub fn i32s(b: &RecordBatch, name: &str) -> Vec<i32> {
+    opt_i32s(b, name)
+        .into_iter()
+        .map(|v| v.unwrap_or_else(|| panic!("null in {name}")))
+        .collect()
+}
+
+/// A span column (`struct<start, end>`), null rows as `None`.
+pub fn spans(b: &RecordBatch, name: &str) -> Vec<Option<(usize, usize)>> {
+    cols::spans(b, "t", name)
+        .unwrap()
+        .into_iter()
+        .map(|s| s.map(|(a, e)| (a as usize, e as usize)))
+        .collect()
+}
+
+/// A token-id column (`list<int32>`) as ids.
+pub fn id_lists(b: &RecordBatch, name: &str) -> Vec<Vec<u32>> {
+    lists_i32(b, name)
+        .into_iter()
+        .map(|v| v.into_iter().map(|x| x as u32).collect())
+        .collect()
+}
+
 pub fn lists_i32(b: &RecordBatch, name: &str) -> Vec<Vec<i32>> {
     let v = cols::list_i32(b, "t", name).unwrap();
     (0..b.num_rows())
@@ -110,6 +176,23 @@ pub fn lists_f32(b: &RecordBatch, name: &str) -> Vec<Vec<f32>> {
     (0..b.num_rows())
         .map(|i| v.values.values()[v.range(i)].to_vec())
         .collect()
+}
+
+pub fn lists_bool(b: &RecordBatch, name: &str) -> Vec<Vec<bool>> {
+    let v = cols::list_bool(b, "t", name).unwrap();
+    (0..b.num_rows())
+        .map(|i| v.range(i).map(|k| v.values.value(k)).collect())
+        .collect()
+}
+
+/// The `list<float32>` column `name` of the table at `p`, a row per entry.
+pub fn column_f32(p: &Path, name: &str) -> Vec<Vec<f32>> {
+    lists_f32(&read(p), name)
+}
+
+/// The `list<bool>` column `name` of the table at `p`, a row per entry.
+pub fn column_bool(p: &Path, name: &str) -> Vec<Vec<bool>> {
+    lists_bool(&read(p), name)
 }
 
 /// Edit row `row` of a `list<int32>` column.
