@@ -25,11 +25,8 @@ use rlcr::model::gguf::writer::{byte_level_alphabet, f32_bytes, s, strs, Writer 
 use rlcr::model::gguf::{Array, Value};
 use rlcr::table::{cols, Meta, Reader, Writer, TRAJECTORY};
 
-use crate::{describe, fixtures, Workdir};
-
-pub fn model(name: &str) -> String {
-    fixtures().join(name).display().to_string()
-}
+pub use crate::support::pipeline::model;
+use crate::{describe, Workdir};
 
 /// Run `args` in `wd` with `threads` rayon threads; require success.
 pub fn run_threads(wd: &Workdir, args: &[&str], threads: &str) {

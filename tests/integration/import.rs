@@ -4,6 +4,7 @@
 //! the fixtures' known answers and confidences.
 use serde_json::Value;
 
+use super::support::pipeline::tiny_qwen2 as tiny;
 use super::support::table::{f32s, lists_f32, lists_i32, read, strs};
 use super::{fixtures, Workdir};
 
@@ -14,10 +15,6 @@ fn metrics(w: &Workdir, dir: &str) -> Value {
 
 fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
-}
-
-fn tiny() -> String {
-    fixtures().join("tiny-qwen2").display().to_string()
 }
 
 fn fixture(name: &str) -> String {

@@ -7,11 +7,8 @@ use std::path::Path;
 use arrow::array::{Array, BooleanArray, Float32Array, Int32Array, ListArray, StringArray};
 use arrow::record_batch::RecordBatch;
 
+use super::support::pipeline::tiny_qwen2 as tiny;
 use super::{fixtures, Workdir};
-
-fn tiny() -> String {
-    fixtures().join("tiny-qwen2").display().to_string()
-}
 
 use crate::support::kb::{self, env_cmd};
 use crate::support::table::{read, strs};

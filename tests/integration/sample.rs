@@ -7,11 +7,8 @@ use std::path::PathBuf;
 use arrow::array::RecordBatch;
 use rlcr::table::Reader;
 
+use crate::support::pipeline::model;
 use crate::{fixtures, Workdir};
-
-pub(crate) fn model(name: &str) -> String {
-    fixtures().join(name).display().to_string()
-}
 
 /// Prompts as JSONL for `rlcr prepare --from jsonl`.
 pub(crate) fn prompts(wd: &Workdir, questions: &[&str]) -> PathBuf {

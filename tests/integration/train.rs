@@ -1,6 +1,5 @@
 //! `rlcr update` and `rlcr sft` end to end on the tiny Qwen2 fixture: the real binary, real
 //! tables, real checkpoint folders.
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
@@ -11,75 +10,11 @@ use rlcr::train::policy::host_logprobs;
 
 use super::support::python::{script, Needs, Py};
 use super::support::table::column_f32;
+pub(crate) use super::support::train::{metrics, tensors, train_rows, write_rows};
 use super::{fixtures, Workdir};
 
 fn tiny() -> PathBuf {
     fixtures().join("tiny-qwen2")
-}
-
-/// Six rows of fixed token ids with on-policy behaviour log-probs; even rows positive, odd rows
-/// negative advantages.
-pub(crate) fn train_rows() -> Vec<TrainRow> {
-    let m = Model::load(&tiny(), &Device::flex()).unwrap();
-    let mut rows: Vec<TrainRow> = (0..6u32)
-        .map(|i| {
-            let context: Vec<u32> = (0..3 + i % 3).map(|t| 20 + 7 * i + t).collect();
-            let response: Vec<u32> = (0..4 + i % 4).map(|t| 100 + 13 * t + i).collect();
-            let n = response.len();
-            let s = if i % 2 == 0 { 1.0 } else { -1.0 };
-            TrainRow {
-                context,
-                response,
-                old_logp: vec![0.0; n],
-                adv: vec![s; n],
-                mask: (0..n).map(|t| t + 1 < n || i < 3).collect(),
-                ref_logp: None,
-                is_confidence: i >= 4,
-            }
-        })
-        .collect();
-    let pairs: Vec<(&[u32], &[u32])> = rows
-        .iter()
-        .map(|r| (r.context.as_slice(), r.response.as_slice()))
-        .collect();
-    let lp = host_logprobs(&m.transformer, &pairs, 8, 1.0, None).unwrap();
-    for (r, l) in rows.iter_mut().zip(lp) {
-        r.old_logp = l;
-    }
-    rows
-}
-
-pub(crate) fn write_rows(path: &Path, rows: &[TrainRow]) {
-    let b = rows_to_batch(rows).unwrap();
-    let meta = Meta::new(&TRAJECTORY, "advantage", serde_json::json!({}), &[]);
-    write_table(path, b.schema(), &[b], &meta).unwrap();
-}
-
-pub(crate) fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
-    let mut out = BTreeMap::new();
-    for f in rlcr::model::weights::weight_files(dir).unwrap() {
-        let bytes = std::fs::read(&f).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        for (name, v) in st.tensors() {
-            out.insert(
-                name,
-                (
-                    format!("{:?}", v.dtype()),
-                    v.shape().to_vec(),
-                    v.data().to_vec(),
-                ),
-            );
-        }
-    }
-    out
-}
-
-pub(crate) fn metrics(dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("train_metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn mean_logp(dir: &Path, rows: &[TrainRow], positive: bool) -> f64 {

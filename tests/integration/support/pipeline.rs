@@ -2,9 +2,14 @@
 //! the tiny Qwen2 fixture (`generate-answers`), each one command line built in one place.
 use crate::{fixtures, Workdir};
 
+/// A fixture model folder (`fixtures/NAME`), as an argument.
+pub fn model(name: &str) -> String {
+    fixtures().join(name).display().to_string()
+}
+
 /// The tiny Qwen2 fixture's folder, as an argument.
 pub fn tiny_qwen2() -> String {
-    fixtures().join("tiny-qwen2").display().to_string()
+    model("tiny-qwen2")
 }
 
 /// `prepare --from countdown-synth` for `count` easy tasks (two numbers in 1..9, the short
