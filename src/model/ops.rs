@@ -101,6 +101,10 @@ pub(crate) fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     if on_host(&x.device()) {
         return cpu::fused::rms_norm(x, w, eps);
     }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = gpu::norm::rms_norm(&x, &w, eps) {
+        return y;
+    }
     gpu::rms_norm(x, w, eps)
 }
 
@@ -112,6 +116,12 @@ pub(crate) fn add_rms_norm(
     w: Tensor<1>,
     eps: f64,
 ) -> (Tensor<2>, Tensor<2>) {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&x.device()) {
+        if let Some(pair) = gpu::norm::add_rms_norm(&x, &a, &w, eps) {
+            return pair;
+        }
+    }
     let s = x + a;
     let y = rms_norm(s.clone(), w, eps);
     (s, y)
@@ -306,5 +316,11 @@ pub fn draw(
     params: &DrawParams,
     allowed: usize,
 ) -> Result<Tensor<2>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&logits.device()) {
+        if let Some(out) = gpu::draw::draw(logits, rows, params, allowed)? {
+            return Ok(out);
+        }
+    }
     Ok(backend::draw::draw(logits, rows, identity, params, allowed))
 }

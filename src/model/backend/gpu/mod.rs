@@ -1,11 +1,21 @@
-//! What the GPU backends (wgpu, CUDA) run, one source for both: burn composites written for
-//! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
-//! H200), and `#[cube]` kernels launched on burn's tensors ([`draw`]).
+//! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
+//! burn's tensors (RMSNorm with the residual add, [`norm`]; the sampler's draw, [`draw`]), and
+//! burn composites written for fewer kernel launches (every burn op is a launch there, about
+//! 27 µs of host time each on an H200) where no kernel applies: autodiff tensors (training keeps
+//! the composites, whose backward burn derives), SwiGLU, RoPE.
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
 
-/// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of burn's
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod block;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod draw;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod norm;
+
+/// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; [`norm`]'s one kernel on
+/// plain tensors, this on autodiff ones) instead of burn's
 /// composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
 /// reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third way, within the
 /// same parity bound).
