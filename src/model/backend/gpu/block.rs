@@ -63,7 +63,7 @@ pub fn block_sum(red: &mut Shared<[f32]>, x: f32) -> f32 {
     let mut half = (CUBE_DIM_X / 2) as usize;
     while half > 0 {
         if tid < half {
-            red[tid] = red[tid] + red[tid + half];
+            red[tid] += red[tid + half];
         }
         sync_cube();
         half /= 2;
