@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | [`matmul`] | packed / small decode kernels, then rlcr's GEMM ([`cpu::sgemm`]) | burn's matmul, split into exact bf16 parts where f32 would run in TF32 ([`split_f32`]) |
 //! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; the composite when training) |
-//! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | a burn composite with fewer launches ([`gpu`]) |
+//! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; a burn composite with fewer launches when training) |
 //! | [`Rope`] | the fused rotate-half op | a gather and two products over the whole head |
 //! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | a nine-kernel composite ([`backend::composite_attention`]) |
 //! | [`logprob_entropy`] | the fused LM head ([`cpu::head`]) | burn's composite |
@@ -128,13 +128,17 @@ pub(crate) fn add_rms_norm(
 }
 
 /// `silu(gate) · up` for `gu = [gate | up]: [N, 2I]`, `silu(g) = g · sigmoid(g)` as torch's:
-/// `[N, I]`.
+/// `[N, I]`. On a GPU one `#[cube]` kernel ([`gpu::swiglu`]) for plain tensors, the composite for
+/// autodiff ones.
 pub(crate) fn swiglu(gu: Tensor<2>) -> Tensor<2> {
     if on_host(&gu.device()) {
-        cpu::fused::swiglu(gu)
-    } else {
-        gpu::swiglu(gu)
+        return cpu::fused::swiglu(gu);
     }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = gpu::swiglu::swiglu(&gu) {
+        return y;
+    }
+    gpu::swiglu(gu)
 }
 
 /// cos and sin of the RoPE angles for every slot of a batch, in the layout the device's RoPE

@@ -14,7 +14,7 @@ use cubecl::prelude::*;
 
 /// Units per cube: 256, or the device's largest power of two below that (the tree reductions
 /// halve the cube).
-pub fn units(client: &Client) -> u32 {
+fn units(client: &Client) -> u32 {
     let max = client
         .properties()
         .hardware
@@ -25,6 +25,28 @@ pub fn units(client: &Client) -> u32 {
     } else {
         max.next_power_of_two() >> 1
     }
+}
+
+/// Units of a cube that works on one row of `width` elements: [`units`], or the smallest power
+/// of two that covers a narrower row.
+pub fn row_units(client: &Client, width: usize) -> u32 {
+    let cover = width.max(1).next_power_of_two().min(1 << 16) as u32;
+    units(client).min(cover)
+}
+
+/// One cube per row for `n` rows: along x up to the device's limit (wgpu allows 65,535 cubes on
+/// an axis, and a prefill can have more rows), the rest along y; [`cube_row`] numbers them.
+pub fn row_grid(client: &Client, n: usize) -> CubeCount {
+    let max_x = client.properties().hardware.max_cube_count.0.max(1) as usize;
+    let x = n.clamp(1, max_x);
+    CubeCount::Static(x as u32, n.div_ceil(x) as u32, 1)
+}
+
+/// The row of this cube in a [`row_grid`] (at least the row count in the grid's last cubes:
+/// those return at once).
+#[cube]
+pub fn cube_row() -> usize {
+    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
 }
 
 /// The CubeCL primitive of a plain (non-autodiff) f32 tensor on a GPU, laid out in rows (a

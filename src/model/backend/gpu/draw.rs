@@ -37,7 +37,9 @@ use burn::cubecl;
 use burn::tensor::{DType, Tensor as BurnTensor};
 use cubecl::prelude::*;
 
-use super::block::{block_max, block_min, block_sum, output, plain, tensor, units};
+use super::block::{
+    block_max, block_min, block_sum, cube_row, output, plain, row_grid, row_units, tensor,
+};
 use crate::model::ops::DrawParams;
 
 /// A stand-in for −∞ (NaN logits read as it): below every finite logit a model produces, and
@@ -81,11 +83,11 @@ pub fn draw(
     }
     let client = lg.client.clone();
     let out = output(&lg, &[r, 2]);
-    let units = units(&client);
+    let units = row_units(&client, v);
     let greedy = params.temperature == 0.0;
     draw_kernel::launch(
         &client,
-        CubeCount::Static(r as u32, 1, 1),
+        row_grid(&client, r),
         CubeDim::new_1d(units),
         lg.into_tensor_arg(),
         rw.into_tensor_arg(),
@@ -143,7 +145,10 @@ fn draw_kernel(
     #[comptime] cut_p: bool,
     #[comptime] cut_min_p: bool,
 ) {
-    let row = CUBE_POS_X as usize;
+    let row = cube_row();
+    if row >= rows.shape(1) {
+        terminate!();
+    }
     let tid = UNIT_POS_X as usize;
     let nt = CUBE_DIM_X as usize;
     let mut red = Shared::<[f32]>::new_slice(units as usize);

@@ -1,8 +1,8 @@
 //! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
-//! burn's tensors (RMSNorm with the residual add, [`norm`]; the sampler's draw, [`draw`]), and
-//! burn composites written for fewer kernel launches (every burn op is a launch there, about
-//! 27 µs of host time each on an H200) where no kernel applies: autodiff tensors (training keeps
-//! the composites, whose backward burn derives), SwiGLU, RoPE.
+//! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; the sampler's
+//! draw, [`draw`]), and burn composites written for fewer kernel launches (every burn op is a
+//! launch there, about 27 µs of host time each on an H200) where no kernel applies: autodiff
+//! tensors (training keeps the composites, whose backward burn derives), RoPE, attention.
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
@@ -13,6 +13,8 @@ mod block;
 pub mod draw;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod norm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod swiglu;
 
 /// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; [`norm`]'s one kernel on
 /// plain tensors, this on autodiff ones) instead of burn's
@@ -24,7 +26,8 @@ pub fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     x / rms * w.unsqueeze_dim(0)
 }
 
-/// SwiGLU's gate in five kernels, `gate / (1 + exp(−gate)) · up`, where burn's
+/// SwiGLU's gate in five kernels ([`swiglu`]'s one kernel on plain tensors, this on autodiff
+/// ones), `gate / (1 + exp(−gate)) · up`, where burn's
 /// `gate · sigmoid(gate) · up` takes eight (its sigmoid is `exp(−log(1 + exp(−x)))`, six). Large
 /// negative gates give `exp(−gate) = ∞` and a quotient of −0, never a NaN.
 pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {

@@ -12,7 +12,7 @@ use burn::cubecl;
 use burn::tensor::Tensor as BurnTensor;
 use cubecl::prelude::*;
 
-use super::block::{block_sum, output, plain, tensor, units};
+use super::block::{block_sum, cube_row, output, plain, row_grid, row_units, tensor};
 
 /// `x` (`[N, h]`) normalised with gains `w` (`[h]`), in one launch; `None` on the CPU, for
 /// autodiff tensors or another dtype.
@@ -24,10 +24,10 @@ pub fn rms_norm(x: &BurnTensor<2>, w: &BurnTensor<1>, eps: f64) -> Option<BurnTe
     }
     let client = xp.client.clone();
     let out = output(&xp, &[n, h]);
-    let units = units(&client);
+    let units = row_units(&client, h);
     rms_norm_kernel::launch(
         &client,
-        CubeCount::Static(n as u32, 1, 1),
+        row_grid(&client, n),
         CubeDim::new_1d(units),
         xp.into_tensor_arg(),
         wp.into_tensor_arg(),
@@ -54,10 +54,10 @@ pub fn add_rms_norm(
     let client = xp.client.clone();
     let sum = output(&xp, &[n, h]);
     let out = output(&xp, &[n, h]);
-    let units = units(&client);
+    let units = row_units(&client, h);
     add_rms_norm_kernel::launch(
         &client,
-        CubeCount::Static(n as u32, 1, 1),
+        row_grid(&client, n),
         CubeDim::new_1d(units),
         xp.into_tensor_arg(),
         ap.into_tensor_arg(),
@@ -78,7 +78,10 @@ fn rms_norm_kernel(
     eps: f32,
     #[comptime] units: u32,
 ) {
-    let row = CUBE_POS_X as usize;
+    let row = cube_row();
+    if row >= x.shape(0) {
+        terminate!();
+    }
     let h = x.shape(1);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
     let mut acc = f32::new(0.0);
@@ -110,7 +113,10 @@ fn add_rms_norm_kernel(
     eps: f32,
     #[comptime] units: u32,
 ) {
-    let row = CUBE_POS_X as usize;
+    let row = cube_row();
+    if row >= x.shape(0) {
+        terminate!();
+    }
     let h = x.shape(1);
     let (s0, s1) = (sum.stride(0), sum.stride(1));
     let mut red = Shared::<[f32]>::new_slice(units as usize);
@@ -215,6 +221,25 @@ mod tests {
                     );
                     assert!(close(y[k], cy[k] as f64), "[{n}, {h}] {r},{i}: cpu");
                 }
+            }
+        }
+        // More rows than wgpu's 65,535 cubes along an axis (a long prefill): the grid's second
+        // axis takes the rest.
+        let (n, h) = (70_000usize, 3usize);
+        let xs: Vec<f32> = (0..n * h).map(|i| (i % 11) as f32 - 5.0).collect();
+        let x = BurnTensor::<2>::from_data(TensorData::new(xs.clone(), [n, h]), &dev);
+        let w = BurnTensor::<1>::from_data(TensorData::new(vec![2.0f32; h], [h]), &dev);
+        let got = read(rms_norm(&x, &w, 1e-6).expect("the kernel runs on wgpu"));
+        for r in [0, 65_534, 65_535, 65_536, n - 1] {
+            let row = &xs[r * h..(r + 1) * h];
+            let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / h as f64;
+            for i in 0..h {
+                let e = row[i] as f64 / (ms + 1e-6).sqrt() * 2.0;
+                let g = got[r * h + i] as f64;
+                assert!(
+                    (g - e).abs() <= 1e-5 * (1.0 + e.abs()),
+                    "row {r}: {g} vs {e}"
+                );
             }
         }
         // Autodiff tensors (training) are left to the composite, and so is the CPU.
