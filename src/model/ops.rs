@@ -9,7 +9,7 @@
 //! | [`matmul`] | packed / small decode kernels, then rlcr's GEMM ([`cpu::sgemm`]) | burn's matmul, split into exact bf16 parts where f32 would run in TF32 ([`split_f32`]) |
 //! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; the composite when training) |
 //! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; a burn composite with fewer launches when training) |
-//! | [`Rope`] | the fused rotate-half op | a gather and two products over the whole head |
+//! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; a gather and two products over the whole head when training) |
 //! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | a nine-kernel composite ([`backend::composite_attention`]) |
 //! | [`logprob_entropy`] | the fused LM head ([`cpu::head`]) | burn's composite |
 //! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
@@ -156,7 +156,8 @@ impl Rope {
     /// `positions` is `[B·T]` row-major. Angles are `f32(position) · inv_freq` rounded to f32, as
     /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once. On the CPU
     /// the tables are `[B, 1, T, d/2]` (the fused op and the composite read them so); on a GPU
-    /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`gpu::rope`]'s four kernels.
+    /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`gpu::rope`]'s kernel (and the
+    /// composite's four when training).
     pub(crate) fn new(
         inv_freq: &[f32],
         positions: &[usize],
@@ -204,11 +205,18 @@ impl Rope {
     }
 
     /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
-    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings on every
-    /// device).
+    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s`: two products and a sum on every
+    /// device (bitwise the same roundings, except where a GPU compiler fuses a product into the
+    /// sum in the kernel).
     pub(crate) fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         match &self.swap {
-            Some(swap) => gpu::rope(x, &self.cos, &self.sin, swap),
+            Some(swap) => {
+                #[cfg(any(feature = "wgpu", feature = "cuda"))]
+                if let Some(y) = gpu::rope::rope(&x, &self.cos, &self.sin) {
+                    return y;
+                }
+                gpu::rope(x, &self.cos, &self.sin, swap)
+            }
             None => cpu::fused::rope(x, &self.cos, &self.sin),
         }
     }

@@ -1,8 +1,9 @@
 //! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
-//! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; the sampler's
-//! draw, [`draw`]), and burn composites written for fewer kernel launches (every burn op is a
-//! launch there, about 27 µs of host time each on an H200) where no kernel applies: autodiff
-//! tensors (training keeps the composites, whose backward burn derives), RoPE, attention.
+//! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, [`rope`];
+//! the sampler's draw, [`draw`]), and burn composites written for fewer kernel launches (every
+//! burn op is a launch there, about 27 µs of host time each on an H200) where no kernel
+//! applies: autodiff tensors (training keeps the composites, whose backward burn derives),
+//! attention.
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
@@ -13,6 +14,8 @@ mod block;
 pub mod draw;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod norm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod rope;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod swiglu;
 
@@ -38,7 +41,8 @@ pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
     gate.clone() / gate.neg().exp().add_scalar(1.0) * up
 }
 
-/// HF's rotate-half RoPE as `x·[c, c] + swap(x)·[−s, s]` (`cos`, `sin` spanning the head
+/// HF's rotate-half RoPE as `x·[c, c] + swap(x)·[−s, s]` ([`rope`]'s one kernel on plain
+/// tensors, this on autodiff ones) (`cos`, `sin` spanning the head
 /// dimension), where `swap` exchanges the halves with one gather: four kernels where the
 /// composite's slices, products and concatenation take ten (the same bits: `x₂·(−s) = −(x₂·s)`
 /// exactly).
