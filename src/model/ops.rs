@@ -10,7 +10,7 @@
 //! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; the composite when training) |
 //! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; a burn composite with fewer launches when training) |
 //! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; a gather and two products over the whole head when training) |
-//! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | a nine-kernel composite ([`backend::composite_attention`]) |
+//! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; a nine-kernel composite, [`backend::composite_attention`], when training or past its key limit) |
 //! | [`logprob_entropy`] | the fused LM head ([`cpu::head`]) | burn's composite |
 //! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
 //!
@@ -274,9 +274,10 @@ fn scale(q: &Tensor<4>, options: &AttentionModuleOptions) -> f32 {
     options.scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32
 }
 
-/// Attention as burn ops: on the CPU (reached only with `RLCR_ATTENTION=burn` or
-/// `RLCR_GEMM=burn`) burn's attention, as named; with split f32 products ([`split_f32`], f32
-/// precision) or on a GPU the composite ([`backend::composite_attention`]).
+/// Attention off the CPU kernels: on a GPU one kernel for plain tensors ([`gpu::attention`]);
+/// on the CPU (reached only with `RLCR_ATTENTION=burn` or `RLCR_GEMM=burn`) burn's attention,
+/// as named; with split f32 products ([`split_f32`], f32 precision), on a GPU for autodiff
+/// tensors or past the kernel's key limit, the composite ([`backend::composite_attention`]).
 fn device_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -285,6 +286,12 @@ fn device_attention(
     options: AttentionModuleOptions,
 ) -> Tensor<4> {
     let device = q.device();
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&device) {
+        if let Some(out) = gpu::attention::attention(&q, &k, &v, mask, scale(&q, &options)) {
+            return out;
+        }
+    }
     let split = cpu::sgemm::precision() == cpu::sgemm::Precision::F32 && split_f32(&device);
     if !split && on_host(&device) {
         return burn_attention(q, k, v, Some(mask.clone()), None, options);

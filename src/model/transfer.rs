@@ -228,10 +228,10 @@ mod transfer_counts {
     /// both rows are equal). Measured on lavapipe (`launches_per_decode_step` prints the
     /// counts); a ceiling, so that more launches (each costs host time on a GPU) fail here.
     const DECODE_LAUNCHES: [(&str, bool, u64); 4] = [
-        ("tiny-qwen2", true, 46),
-        ("tiny-qwen2", false, 46),
-        ("tiny-llama", true, 44),
-        ("tiny-llama", false, 44),
+        ("tiny-qwen2", true, 30),
+        ("tiny-qwen2", false, 30),
+        ("tiny-llama", true, 28),
+        ("tiny-llama", false, 28),
     ];
 
     /// Kernel launches and host transfers of each decode step (between two consecutive step

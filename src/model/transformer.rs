@@ -676,9 +676,9 @@ impl Transformer {
     /// instead of every layer's graph. Time: one more forward pass of the layers. The gradients
     /// are those of [`Self::hidden`]: each layer is recomputed by the same operations on the
     /// same input, and its upstream gradient enters as `∂(Σ y·g)/∂y = g` exactly. (On a GPU the
-    /// pass without a graph runs RMSNorm, SwiGLU and RoPE as `#[cube]` kernels and the
-    /// recomputation as burn's composites, which sum RMSNorm's squares in another order: there
-    /// the two agree to f32 rounding.)
+    /// pass without a graph runs RMSNorm, SwiGLU, RoPE and attention as `#[cube]` kernels and
+    /// the recomputation as burn's composites, which sum in other orders: there the two agree to
+    /// f32 rounding.)
     pub fn hidden_checkpointed(&self, input: &TokenBatch) -> Result<(Tensor<3>, LayerCheckpoints)> {
         let device = self.device();
         let fresh = FreshBatch::new(self, input, &device)?;

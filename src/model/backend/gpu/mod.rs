@@ -1,13 +1,15 @@
 //! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
 //! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, [`rope`];
-//! the sampler's draw, [`draw`]), and burn composites written for fewer kernel launches (every
-//! burn op is a launch there, about 27 µs of host time each on an H200) where no kernel
-//! applies: autodiff tensors (training keeps the composites, whose backward burn derives),
-//! attention.
+//! attention, [`attention`]; the sampler's draw, [`draw`]), and burn composites written for
+//! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
+//! H200) where no kernel applies: autodiff tensors (training keeps the composites, whose
+//! backward burn derives).
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod block;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
