@@ -9,7 +9,8 @@
 //! the weighted values summed in key order and divided by the weights' sum once (the composite
 //! divides each weight first: the two differ by a rounding). The dot products are f32
 //! multiply-adds in the order of the head dimension, never TF32. Rows of up to
-//! [`MAX_KEYS`] keys (their scores fill shared memory); longer ones keep the composite.
+//! [`MAX_KEYS`] keys, as far as the device's shared memory holds their scores (a power of two
+//! of them); longer ones keep the composite.
 use burn::cubecl;
 use burn::tensor::{Bool, DType, Tensor as BurnTensor};
 use burn_cubecl::Cube;
@@ -26,7 +27,8 @@ const LOWEST: f32 = -3.0e38;
 
 /// `softmax(q·kᵀ · scale, hidden keys excluded) · v` for `q: [B, H, R, d]`, `k`, `v`:
 /// `[B, H, S, d]` and `mask: [B, 1, R, S]` (true = hidden), in one launch; `None` on the CPU,
-/// for autodiff tensors, other dtypes or shapes, or more than [`MAX_KEYS`] keys.
+/// for autodiff tensors, other dtypes or shapes, or more than [`MAX_KEYS`] keys (or than the
+/// device's shared memory holds).
 pub fn attention(
     q: &BurnTensor<4>,
     k: &BurnTensor<4>,
@@ -55,8 +57,14 @@ pub fn attention(
         _ => return None,
     };
     let client = qp.client.clone();
-    let out = output(&qp, &[b, heads, rows, d]);
     let units = row_units(&client, keys.max(d));
+    let capacity = keys.next_power_of_two();
+    // The scores and the reduction's scratch must fit the shared memory the device gives a cube.
+    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
+    if shared > client.properties().hardware.max_shared_memory_size {
+        return None;
+    }
+    let out = output(&qp, &[b, heads, rows, d]);
     attention_kernel::launch(
         &client,
         row_grid(&client, b * heads * rows),
@@ -67,7 +75,7 @@ pub fn attention(
         mp.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         scale,
-        keys.next_power_of_two(),
+        capacity,
         units,
         ElemType::UInt(store),
     );
