@@ -272,6 +272,18 @@ mod tests {
                 }
             }
         }
+        // More keys than the kernel holds keep the composite.
+        let big = MAX_KEYS + 1;
+        let q = BurnTensor::<4>::from_data(TensorData::new(vec![0.5f32; 4], [1, 1, 1, 4]), &dev);
+        let kv = BurnTensor::<4>::from_data(
+            TensorData::new(vec![0.5f32; big * 4], [1, 1, big, 4]),
+            &dev,
+        );
+        let m = BurnTensor::<4, Bool>::from_data(
+            TensorData::new(vec![false; big], [1, 1, 1, big]),
+            &dev,
+        );
+        assert!(attention(&q, &kv, &kv, &m, 0.5).is_none());
         // Autodiff tensors (training) keep the composite.
         let ad = dev.autodiff();
         let t = BurnTensor::<4>::from_data(TensorData::new(vec![1.0f32; 4], [1, 1, 1, 4]), &ad);
