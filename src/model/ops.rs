@@ -8,9 +8,9 @@
 //! |---|---|---|
 //! | [`matmul`] | packed / small decode kernels, then rlcr's GEMM ([`cpu::sgemm`]) | burn's matmul, split into exact bf16 parts where f32 would run in TF32 ([`split_f32`]) |
 //! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; the composite when training) |
-//! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | a burn composite with fewer launches ([`gpu`]) |
-//! | [`Rope`] | the fused rotate-half op | a gather and two products over the whole head |
-//! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | a nine-kernel composite ([`backend::composite_attention`]) |
+//! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; a burn composite with fewer launches when training) |
+//! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; a gather and two products over the whole head when training) |
+//! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; a nine-kernel composite, [`backend::composite_attention`], when training or past its key limit) |
 //! | [`logprob_entropy`] | the fused LM head ([`cpu::head`]) | burn's composite |
 //! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
 //!
@@ -101,6 +101,10 @@ pub(crate) fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     if on_host(&x.device()) {
         return cpu::fused::rms_norm(x, w, eps);
     }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = gpu::norm::rms_norm(&x, &w, eps) {
+        return y;
+    }
     gpu::rms_norm(x, w, eps)
 }
 
@@ -112,19 +116,29 @@ pub(crate) fn add_rms_norm(
     w: Tensor<1>,
     eps: f64,
 ) -> (Tensor<2>, Tensor<2>) {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&x.device()) {
+        if let Some(pair) = gpu::norm::add_rms_norm(&x, &a, &w, eps) {
+            return pair;
+        }
+    }
     let s = x + a;
     let y = rms_norm(s.clone(), w, eps);
     (s, y)
 }
 
 /// `silu(gate) · up` for `gu = [gate | up]: [N, 2I]`, `silu(g) = g · sigmoid(g)` as torch's:
-/// `[N, I]`.
+/// `[N, I]`. On a GPU one `#[cube]` kernel ([`gpu::swiglu`]) for plain tensors, the composite for
+/// autodiff ones.
 pub(crate) fn swiglu(gu: Tensor<2>) -> Tensor<2> {
     if on_host(&gu.device()) {
-        cpu::fused::swiglu(gu)
-    } else {
-        gpu::swiglu(gu)
+        return cpu::fused::swiglu(gu);
     }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = gpu::swiglu::swiglu(&gu) {
+        return y;
+    }
+    gpu::swiglu(gu)
 }
 
 /// cos and sin of the RoPE angles for every slot of a batch, in the layout the device's RoPE
@@ -142,7 +156,8 @@ impl Rope {
     /// `positions` is `[B·T]` row-major. Angles are `f32(position) · inv_freq` rounded to f32, as
     /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once. On the CPU
     /// the tables are `[B, 1, T, d/2]` (the fused op and the composite read them so); on a GPU
-    /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`gpu::rope`]'s four kernels.
+    /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`gpu::rope`]'s kernel (and the
+    /// composite's four when training).
     pub(crate) fn new(
         inv_freq: &[f32],
         positions: &[usize],
@@ -190,11 +205,18 @@ impl Rope {
     }
 
     /// HF's `x·cos + rotate_half(x)·sin` on `[B, n, T, d]`, where `rotate_half(x) = cat(-x₂, x₁)`:
-    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s` (bitwise the same roundings on every
-    /// device).
+    /// first half `x₁·c − x₂·s`, second half `x₂·c + x₁·s`: two products and a sum on every
+    /// device (bitwise the same roundings, except where a GPU compiler fuses a product into the
+    /// sum in the kernel).
     pub(crate) fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         match &self.swap {
-            Some(swap) => gpu::rope(x, &self.cos, &self.sin, swap),
+            Some(swap) => {
+                #[cfg(any(feature = "wgpu", feature = "cuda"))]
+                if let Some(y) = gpu::rope::rope(&x, &self.cos, &self.sin) {
+                    return y;
+                }
+                gpu::rope(x, &self.cos, &self.sin, swap)
+            }
             None => cpu::fused::rope(x, &self.cos, &self.sin),
         }
     }
@@ -252,9 +274,10 @@ fn scale(q: &Tensor<4>, options: &AttentionModuleOptions) -> f32 {
     options.scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32
 }
 
-/// Attention as burn ops: on the CPU (reached only with `RLCR_ATTENTION=burn` or
-/// `RLCR_GEMM=burn`) burn's attention, as named; with split f32 products ([`split_f32`], f32
-/// precision) or on a GPU the composite ([`backend::composite_attention`]).
+/// Attention off the CPU kernels: on a GPU one kernel for plain tensors ([`gpu::attention`]);
+/// on the CPU (reached only with `RLCR_ATTENTION=burn` or `RLCR_GEMM=burn`) burn's attention,
+/// as named; with split f32 products ([`split_f32`], f32 precision), on a GPU for autodiff
+/// tensors or past the kernel's key limit, the composite ([`backend::composite_attention`]).
 fn device_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -263,6 +286,12 @@ fn device_attention(
     options: AttentionModuleOptions,
 ) -> Tensor<4> {
     let device = q.device();
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&device) {
+        if let Some(out) = gpu::attention::attention(&q, &k, &v, mask, scale(&q, &options)) {
+            return out;
+        }
+    }
     let split = cpu::sgemm::precision() == cpu::sgemm::Precision::F32 && split_f32(&device);
     if !split && on_host(&device) {
         return burn_attention(q, k, v, Some(mask.clone()), None, options);
@@ -306,5 +335,11 @@ pub fn draw(
     params: &DrawParams,
     allowed: usize,
 ) -> Result<Tensor<2>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&logits.device()) {
+        if let Some(out) = gpu::draw::draw(logits, rows, params, allowed)? {
+            return Ok(out);
+        }
+    }
     Ok(backend::draw::draw(logits, rows, identity, params, allowed))
 }

@@ -222,71 +222,112 @@ mod transfer_counts {
         min_p: 0.0,
     };
 
-    /// The most kernel launches a decode step of [`per_decode_step`] may take on a GPU backend:
-    /// measured on lavapipe, 982 (tiny-qwen2's two layers and LM head, and the device draw,
-    /// whose top-k and top-p threshold searches take about 9 and 11 kernels for each of their 40
-    /// halvings: most of the step; without top-k and top-p a step takes about a fifth of it).
-    const DECODE_LAUNCHES: u64 = 982;
+    /// The most kernel launches a decode step may take on a GPU backend, per fixture model, with
+    /// top-k and top-p ([`PARAMS`]) and without (temperature only, the RL default): the two
+    /// layers, the LM head and the device draw, which is one kernel whatever the settings (so
+    /// both rows are equal). Measured on lavapipe (`launches_per_decode_step` prints the
+    /// counts); a ceiling, so that more launches (each costs host time on a GPU) fail here.
+    const DECODE_LAUNCHES: [(&str, bool, u64); 4] = [
+        ("tiny-qwen2", true, 30),
+        ("tiny-qwen2", false, 30),
+        ("tiny-llama", true, 28),
+        ("tiny-llama", false, 28),
+    ];
+
+    /// Kernel launches and host transfers of each decode step (between two consecutive step
+    /// reports) of 4 rows sampling 6 tokens from `p` with `params`.
+    fn decode_steps(p: &Policy, params: SamplingParams) -> (Vec<u64>, Vec<Transfers>) {
+        let (rows, steps) = (4u32, 6usize);
+        let ctx: Vec<u32> = (1..=9).collect();
+        let groups = vec![Group {
+            context: ctx,
+            samples: (0..rows)
+                .map(|k| SampleId {
+                    prompt_id: "q".into(),
+                    answer_idx: k,
+                    confidence_idx: None,
+                })
+                .collect(),
+        }];
+        let cfg = GenConfig {
+            params,
+            // No EOS: every row decodes `steps` tokens, none leaves the batch early.
+            stop: StopCriteria {
+                eos: vec![],
+                stop_strings: vec![],
+                max_new_tokens: steps,
+            },
+            allowed_vocab: p.vocab(),
+            seed: 3,
+            batch_size: rows as usize,
+            prefill_chunk: 16,
+        };
+        let decode = |ids: &[u32]| p.decode(ids);
+        let mut marks = Vec::new();
+        let mut launches = Vec::new();
+        generate(p, &decode, &groups, &cfg, &mut |_| {
+            marks.push(thread_counts());
+            launches.push(thread_launches());
+        })
+        .unwrap();
+        assert_eq!(marks.len(), steps);
+        let launches = launches.windows(2).map(|w| w[1] - w[0]).collect();
+        let transfers = marks.windows(2).map(|w| w[1] - w[0]).collect();
+        (launches, transfers)
+    }
+
+    /// The launch ceilings of [`DECODE_LAUNCHES`] on the GPU backend of the build (lavapipe in
+    /// CI); none on the CPU, which launches no kernels.
+    #[test]
+    fn launches_per_decode_step() {
+        for spec in devices().into_iter().filter(|s| s != "cpu") {
+            for (name, cut, ceiling) in DECODE_LAUNCHES {
+                let device = crate::model::device_from_str(&spec).unwrap();
+                let p = Policy::load(
+                    &fixture(name),
+                    &device,
+                    &crate::model::ChatOptions::default(),
+                )
+                .unwrap();
+                let params = if cut {
+                    PARAMS
+                } else {
+                    SamplingParams {
+                        top_k: 0,
+                        top_p: 1.0,
+                        ..PARAMS
+                    }
+                };
+                let (launches, _) = decode_steps(&p, params);
+                for n in launches {
+                    eprintln!("{spec} {name} top-k/top-p {cut}: {n} kernel launches a step");
+                    assert!(
+                        n > 0 && n <= ceiling,
+                        "{spec} {name} (top-k and top-p: {cut}): {n} kernel launches a step, \
+                         more than {ceiling}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Per decode step (between two consecutive step reports): the model's inputs go up (token
     /// ids, the RoPE tables, the attention mask; on a GPU also the draws); one read comes back:
     /// the sampled ids with their log-probs on a GPU (8 bytes a row), the logits on the CPU.
+    /// Kernel launches: none on the CPU (on a GPU, [`launches_per_decode_step`]).
     #[test]
     fn per_decode_step() {
         for spec in devices() {
             let (p, on_device, vocab) = policy(&spec);
-            let (rows, steps) = (4u64, 6usize);
-            let ctx: Vec<u32> = (1..=9).collect();
-            let groups = vec![Group {
-                context: ctx,
-                samples: (0..rows as u32)
-                    .map(|k| SampleId {
-                        prompt_id: "q".into(),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
-            }];
-            let cfg = GenConfig {
-                params: PARAMS,
-                // No EOS: every row decodes `steps` tokens, none leaves the batch early.
-                stop: StopCriteria {
-                    eos: vec![],
-                    stop_strings: vec![],
-                    max_new_tokens: steps,
-                },
-                allowed_vocab: p.vocab(),
-                seed: 3,
-                batch_size: rows as usize,
-                prefill_chunk: 16,
-            };
-            let decode = |ids: &[u32]| p.decode(ids);
-            let mut marks = Vec::new();
-            let mut launches = Vec::new();
-            generate(&p, &decode, &groups, &cfg, &mut |_| {
-                marks.push(thread_counts());
-                launches.push(thread_launches());
-            })
-            .unwrap();
-            assert_eq!(marks.len(), steps);
-            // Kernel launches per decode step on a GPU backend: the model (tiny-qwen2, 2 layers)
-            // and the device draw with top-k and top-p (two searches of 40 halvings). Measured
-            // on lavapipe; a ceiling, so that more launches (each costs host time on a GPU)
-            // fail here.
-            for w in launches.windows(2) {
-                let n = w[1] - w[0];
-                if on_device {
-                    eprintln!("{spec}: {n} kernel launches in a decode step");
-                    assert!(
-                        n > 0 && n <= DECODE_LAUNCHES,
-                        "{spec}: {n} kernel launches a step"
-                    );
-                } else {
-                    assert_eq!(n, 0, "the CPU launches no kernels");
-                }
+            let rows = 4u64;
+            let (launches, transfers) = decode_steps(&p, PARAMS);
+            if !on_device {
+                assert!(
+                    launches.iter().all(|&n| n == 0),
+                    "the CPU launches no kernels"
+                );
             }
-            for w in marks.windows(2) {
-                let d = w[1] - w[0];
+            for d in transfers {
                 let (uploads, read_bytes) = if on_device {
                     (5, rows * 8)
                 } else {

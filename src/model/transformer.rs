@@ -350,19 +350,57 @@ impl Layer {
         kv: KvSource<'_>,
         packed: Option<&LayerPacked>,
     ) -> Tensor<2> {
-        let eps = s.dims.eps;
-        let lora = self.lora.as_ref();
-        let a = self.attn.forward(
-            rms_norm(x.clone(), &self.input_norm, eps),
-            s,
-            kv,
-            packed,
-            lora,
-        );
-        let (x, normed) = ops::add_rms_norm(x, a, self.post_norm.val(), eps);
-        let m = self.mlp.forward(normed, packed, lora, s.lora_drop);
+        let normed = rms_norm(x.clone(), &self.input_norm, s.dims.eps);
+        let (x, m) = self.branches(x, normed, s, kv, packed);
         x + m
     }
+
+    /// The layer on the residual stream `x`, given `normed = input_norm(x)`, up to its last
+    /// residual add: `(x + attn(normed), m)` with `m` the MLP's output. The layer's output is
+    /// their sum, which [`layer_stack`] adds in one op with the next RMSNorm
+    /// ([`ops::add_rms_norm`]: one kernel on a GPU).
+    fn branches(
+        &self,
+        x: Tensor<2>,
+        normed: Tensor<2>,
+        s: &Step<'_>,
+        kv: KvSource<'_>,
+        packed: Option<&LayerPacked>,
+    ) -> (Tensor<2>, Tensor<2>) {
+        let eps = s.dims.eps;
+        let lora = self.lora.as_ref();
+        let a = self.attn.forward(normed, s, kv, packed, lora);
+        let (x, normed) = ops::add_rms_norm(x, a, self.post_norm.val(), eps);
+        let m = self.mlp.forward(normed, packed, lora, s.lora_drop);
+        (x, m)
+    }
+}
+
+/// The final-normed output of `layers` on the embedded tokens `x` (`[N, h]`), the final
+/// RMSNorm's gains `norm`: each layer's last residual add runs with the next layer's input
+/// RMSNorm, the last one's with the final norm ([`ops::add_rms_norm`]). The same operations as
+/// [`Layer::forward`] layer after layer, then the final norm. `kv` gives the layers their keys
+/// and values in order, `packed` each layer's packed decode weights (by index).
+fn layer_stack<'c, 'p>(
+    layers: &[Layer],
+    norm: &Param<Tensor<1>>,
+    x: Tensor<2>,
+    s: &Step<'_>,
+    kv: impl Iterator<Item = KvSource<'c>>,
+    packed: impl Fn(usize) -> Option<&'p LayerPacked>,
+) -> Tensor<2> {
+    let eps = s.dims.eps;
+    let Some(first) = layers.first() else {
+        return rms_norm(x, norm, eps);
+    };
+    let mut normed = rms_norm(x.clone(), &first.input_norm, eps);
+    let mut x = x;
+    for (k, (layer, kv)) in layers.iter().zip(kv).enumerate() {
+        let (mid, m) = layer.branches(x, normed, s, kv, packed(k));
+        let next = layers.get(k + 1).map_or(norm, |l| &l.input_norm);
+        (x, normed) = ops::add_rms_norm(mid, m, next.val(), eps);
+    }
+    normed
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -616,11 +654,16 @@ impl Transformer {
         let fresh = FreshBatch::new(self, input, &device)?;
         let (b, t) = fresh.shape;
         let step = fresh.step(&self.dims);
-        let mut x = self.embed_tokens(input, &device);
-        for layer in &self.layers {
-            x = layer.forward(x, &step, KvSource::Fresh, None);
-        }
-        Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
+        let x = self.embed_tokens(input, &device);
+        let h = layer_stack(
+            &self.layers,
+            &self.norm,
+            x,
+            &step,
+            std::iter::repeat_with(|| KvSource::Fresh),
+            |_| None,
+        );
+        Ok(h.reshape([b, t, self.dims.hidden]))
     }
 
     /// [`Self::hidden`] with activation checkpointing, for training on an autodiff device: the
@@ -632,7 +675,10 @@ impl Transformer {
     /// Memory: the saved inputs (`layers · B·T·h` floats) plus one layer's graph at a time,
     /// instead of every layer's graph. Time: one more forward pass of the layers. The gradients
     /// are those of [`Self::hidden`]: each layer is recomputed by the same operations on the
-    /// same input, and its upstream gradient enters as `∂(Σ y·g)/∂y = g` exactly.
+    /// same input, and its upstream gradient enters as `∂(Σ y·g)/∂y = g` exactly. (On a GPU the
+    /// pass without a graph runs RMSNorm, SwiGLU, RoPE and attention as `#[cube]` kernels and
+    /// the recomputation as burn's composites, which sum in other orders: there the two agree to
+    /// f32 rounding.)
     pub fn hidden_checkpointed(&self, input: &TokenBatch) -> Result<(Tensor<3>, LayerCheckpoints)> {
         let device = self.device();
         let fresh = FreshBatch::new(self, input, &device)?;
@@ -753,17 +799,16 @@ impl Transformer {
             decode_keys: decode_keys.as_deref(),
             lora_drop: None,
         };
-        let mut x = self.embed_tokens(input, &device);
-        for (k, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
-            let kv = KvSource::Cache {
-                k: &mut lc.0,
-                v: &mut lc.1,
-                start,
-            };
-            let lp = packed.and_then(|p| p.layers.get(k));
-            x = layer.forward(x, &step, kv, lp);
-        }
-        Ok(self.final_norm(x).reshape([b, t, self.dims.hidden]))
+        let x = self.embed_tokens(input, &device);
+        let kv = cache.layers.iter_mut().map(|lc| KvSource::Cache {
+            k: &mut lc.0,
+            v: &mut lc.1,
+            start,
+        });
+        let h = layer_stack(&self.layers, &self.norm, x, &step, kv, |k| {
+            packed.and_then(|p| p.layers.get(k))
+        });
+        Ok(h.reshape([b, t, self.dims.hidden]))
     }
 
     /// Run `input` through the cache and return the logits `[B, V]` of each row's last slot (the

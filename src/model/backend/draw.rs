@@ -1,5 +1,7 @@
 //! The sampler's draw as burn ops, on any device: what the CPU device runs when asked to draw on
-//! the device (the GPUs run [`super::gpu::draw`]'s kernel, which computes the same function).
+//! the device (the GPUs run [`super::gpu::draw`]'s kernel, which computes the same function with
+//! exact cut-offs, where these halvings may keep ids within [`crate::sample::draw::BISECT_WIDTH`]
+//! below one).
 //! See [`crate::sample::draw`] for what it keeps of the host sampler.
 //!
 //! No sort (burn's sort reads tensors back to the host on the GPU backends): the top-k and top-p

@@ -5,7 +5,8 @@
 //!   attention ([`cpu::attention`]), the fused LM head ([`cpu::head`]), RMSNorm, SwiGLU and RoPE
 //!   ([`cpu::fused`]).
 //! - [`gpu`]: what wgpu and CUDA run, one source for both: burn composites chosen for fewer
-//!   kernel launches, and `#[cube]` kernels launched on burn's tensors (the sampler's draw).
+//!   kernel launches, and `#[cube]` kernels launched on burn's tensors (RMSNorm with the
+//!   residual add, the sampler's draw).
 //! - [`cuda`]: opening a CUDA device (driver, NVRTC and headers checked first); opening a wgpu
 //!   adapter is [`open_wgpu`].
 //!

@@ -1,11 +1,28 @@
-//! What the GPU backends (wgpu, CUDA) run, one source for both: burn composites written for
+//! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
+//! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, [`rope`];
+//! attention, [`attention`]; the sampler's draw, [`draw`]), and burn composites written for
 //! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
-//! H200), and `#[cube]` kernels launched on burn's tensors ([`draw`]).
+//! H200) where no kernel applies: autodiff tensors (training keeps the composites, whose
+//! backward burn derives).
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
 
-/// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`) instead of burn's
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod attention;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod block;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod draw;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod norm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod rope;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod swiglu;
+
+/// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; [`norm`]'s one kernel on
+/// plain tensors, this on autodiff ones) instead of burn's
 /// composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
 /// reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third way, within the
 /// same parity bound).
@@ -14,7 +31,8 @@ pub fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     x / rms * w.unsqueeze_dim(0)
 }
 
-/// SwiGLU's gate in five kernels, `gate / (1 + exp(−gate)) · up`, where burn's
+/// SwiGLU's gate in five kernels ([`swiglu`]'s one kernel on plain tensors, this on autodiff
+/// ones), `gate / (1 + exp(−gate)) · up`, where burn's
 /// `gate · sigmoid(gate) · up` takes eight (its sigmoid is `exp(−log(1 + exp(−x)))`, six). Large
 /// negative gates give `exp(−gate) = ∞` and a quotient of −0, never a NaN.
 pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
@@ -25,7 +43,8 @@ pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
     gate.clone() / gate.neg().exp().add_scalar(1.0) * up
 }
 
-/// HF's rotate-half RoPE as `x·[c, c] + swap(x)·[−s, s]` (`cos`, `sin` spanning the head
+/// HF's rotate-half RoPE as `x·[c, c] + swap(x)·[−s, s]` ([`rope`]'s one kernel on plain
+/// tensors, this on autodiff ones) (`cos`, `sin` spanning the head
 /// dimension), where `swap` exchanges the halves with one gather: four kernels where the
 /// composite's slices, products and concatenation take ten (the same bits: `x₂·(−s) = −(x₂·s)`
 /// exactly).

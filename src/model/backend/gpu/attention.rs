@@ -1,0 +1,293 @@
+//! Masked attention as one `#[cube]` kernel: one cube per (batch, head, query row), its units
+//! computing the row's scores over the keys (each unit whole dot products, into shared memory),
+//! the softmax through tree reductions ([`super::block`]), then the weighted values (each unit a
+//! share of the head dimension). In place of [`crate::model::backend::composite_attention`]'s
+//! nine launches (and the split products' more on CUDA), on plain GPU tensors (sampling,
+//! log-probs); training's autodiff tensors keep the composite, whose backward burn derives.
+//!
+//! The composite's formula in f32: scores `q·k · scale`, hidden keys excluded, `exp(s − max)`,
+//! the weighted values summed in key order and divided by the weights' sum once (the composite
+//! divides each weight first: the two differ by a rounding). The dot products are f32
+//! multiply-adds in the order of the head dimension, never TF32. Rows of up to
+//! [`MAX_KEYS`] keys, as far as the device's shared memory holds their scores (a power of two
+//! of them); longer ones keep the composite.
+use burn::cubecl;
+use burn::tensor::{Bool, DType, Tensor as BurnTensor};
+use burn_cubecl::Cube;
+use cubecl::ir::{ElemType, UIntKind};
+use cubecl::prelude::*;
+
+use super::block::{block_max, block_sum, cube_row, output, plain, row_grid, row_units, tensor};
+
+/// The most keys a row may have: its scores, 4 bytes each, fill 32 KiB of shared memory.
+pub const MAX_KEYS: usize = 8192;
+
+/// A stand-in for −∞ (WGSL has no infinite literal): the score of a hidden key.
+const LOWEST: f32 = -3.0e38;
+
+/// `softmax(q·kᵀ · scale, hidden keys excluded) · v` for `q: [B, H, R, d]`, `k`, `v`:
+/// `[B, H, S, d]` and `mask: [B, 1, R, S]` (true = hidden), in one launch; `None` on the CPU,
+/// for autodiff tensors, other dtypes or shapes, or more than [`MAX_KEYS`] keys (or than the
+/// device's shared memory holds).
+pub fn attention(
+    q: &BurnTensor<4>,
+    k: &BurnTensor<4>,
+    v: &BurnTensor<4>,
+    mask: &BurnTensor<4, Bool>,
+    scale: f32,
+) -> Option<BurnTensor<4>> {
+    let [b, heads, rows, d] = q.dims();
+    let [_, _, keys, _] = k.dims();
+    if k.dims() != [b, heads, keys, d]
+        || v.dims() != k.dims()
+        || mask.dims() != [b, 1, rows, keys]
+        || keys == 0
+        || keys > MAX_KEYS
+        || b * heads * rows * d == 0
+    {
+        return None;
+    }
+    let (qp, kp, vp) = (plain(q)?, plain(k)?, plain(v)?);
+    let mp = mask.clone().try_into_primitive::<Cube>().ok()?;
+    let mp = burn_cubecl::kernel::untile(mp);
+    // burn's GPU backends store bools as u8 or u32 (the lowest bit is the value).
+    let store = match mp.dtype {
+        DType::Bool(burn::tensor::BoolStore::U8) => UIntKind::U8,
+        DType::Bool(burn::tensor::BoolStore::U32) => UIntKind::U32,
+        _ => return None,
+    };
+    let client = qp.client.clone();
+    let units = row_units(&client, keys.max(d));
+    let capacity = keys.next_power_of_two();
+    // The scores and the reduction's scratch must fit the shared memory the device gives a cube.
+    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
+    if shared > client.properties().hardware.max_shared_memory_size {
+        return None;
+    }
+    let out = output(&qp, &[b, heads, rows, d]);
+    attention_kernel::launch(
+        &client,
+        row_grid(&client, b * heads * rows),
+        CubeDim::new_1d(units),
+        qp.into_tensor_arg(),
+        kp.into_tensor_arg(),
+        vp.into_tensor_arg(),
+        mp.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        scale,
+        capacity,
+        units,
+        ElemType::UInt(store),
+    );
+    Some(tensor(out))
+}
+
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn attention_kernel<M: Int>(
+    q: &Tensor<f32>,
+    k: &Tensor<f32>,
+    v: &Tensor<f32>,
+    mask: &Tensor<M>,
+    out: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] capacity: usize,
+    #[comptime] units: u32,
+    #[define(M)] _mask_store: ElemType,
+) {
+    let row = cube_row();
+    let (heads, rows, d) = (out.shape(1), out.shape(2), out.shape(3));
+    if row >= out.shape(0) * heads * rows {
+        terminate!();
+    }
+    let r = row % rows;
+    let head = (row / rows) % heads;
+    let batch = row / (rows * heads);
+    let keys = k.shape(2);
+    let tid = UNIT_POS_X as usize;
+    let nt = CUBE_DIM_X as usize;
+    let mut scores = Shared::<[f32]>::new_slice(capacity);
+    let mut red = Shared::<[f32]>::new_slice(units as usize);
+    let lowest = f32::new(LOWEST);
+    let qb = batch * q.stride(0) + head * q.stride(1) + r * q.stride(2);
+    let kb = batch * k.stride(0) + head * k.stride(1);
+    let vb = batch * v.stride(0) + head * v.stride(1);
+    let mb = batch * mask.stride(0) + r * mask.stride(2);
+    let (q3, k2, k3) = (q.stride(3), k.stride(2), k.stride(3));
+    let (v2, v3, m3) = (v.stride(2), v.stride(3), mask.stride(3));
+
+    // Scores, each unit whole dot products for its keys.
+    let mut mx = lowest;
+    let mut s = tid;
+    while s < keys {
+        let mut dot = f32::new(0.0);
+        for i in 0..d {
+            dot += q[qb + i * q3] * k[kb + s * k2 + i * k3];
+        }
+        let hidden = (u32::cast_from(mask[mb + s * m3]) & 1u32) == 1u32;
+        let score = select(hidden, lowest, dot * scale);
+        scores[s] = score;
+        mx = mx.max(score);
+        s += nt;
+    }
+    let m = block_max(&mut red, mx);
+    let mut acc = f32::new(0.0);
+    s = tid;
+    while s < keys {
+        let score = scores[s];
+        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
+        scores[s] = w;
+        acc += w;
+        s += nt;
+    }
+    // The sum's barriers also publish every unit's weights.
+    let total = block_sum(&mut red, acc);
+
+    // The weighted values, each unit a share of the head dimension.
+    let (o3, ob) = (
+        out.stride(3),
+        batch * out.stride(0) + head * out.stride(1) + r * out.stride(2),
+    );
+    let mut i = tid;
+    while i < d {
+        let mut y = f32::new(0.0);
+        for j in 0..keys {
+            y += scores[j] * v[vb + j * v2 + i * v3];
+        }
+        out[ob + i * o3] = y / total;
+        i += nt;
+    }
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    //! The kernel on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
+    //! against an f64 evaluation and the CPU's composite on the same values.
+    use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    /// Strided queries (a head slice), more keys than a cube's units (300 > 256) and fewer,
+    /// masks hiding some keys per row (never all); within 1e-5 of f64 and of the CPU.
+    #[test]
+    fn attention_kernel_matches_the_cpu() {
+        let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
+        let dev = spec
+            .parse::<crate::model::DeviceSpec>()
+            .unwrap()
+            .open()
+            .unwrap();
+        let cpu = Device::flex();
+        for (b, heads, rows, keys, d) in
+            [(2usize, 2usize, 3usize, 300usize, 16usize), (1, 3, 5, 7, 8)]
+        {
+            let scale = 1.0 / (d as f64).sqrt();
+            let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
+            let qs: Vec<f32> = (0..b * (heads + 1) * rows * d)
+                .map(|k| val(k, 0.3))
+                .collect();
+            let ks: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 1.1)).collect();
+            let vs: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 2.7)).collect();
+            // Row r of batch bi hides keys s with (s + r + bi) % 3 == 0, except its own slot.
+            let ms: Vec<bool> = (0..b * rows * keys)
+                .map(|k| {
+                    let (bi, r, s) = (k / (rows * keys), (k / keys) % rows, k % keys);
+                    (s + r + bi) % 3 == 0 && s != r
+                })
+                .collect();
+            let on = |dv: &Device| {
+                let q = BurnTensor::<4>::from_data(
+                    TensorData::new(qs.clone(), [b, heads + 1, rows, d]),
+                    dv,
+                )
+                .slice([0..b, 1..heads + 1, 0..rows, 0..d]);
+                let k = BurnTensor::<4>::from_data(
+                    TensorData::new(ks.clone(), [b, heads, keys, d]),
+                    dv,
+                );
+                let v = BurnTensor::<4>::from_data(
+                    TensorData::new(vs.clone(), [b, heads, keys, d]),
+                    dv,
+                );
+                let m = BurnTensor::<4, Bool>::from_data(
+                    TensorData::new(ms.clone(), [b, 1, rows, keys]),
+                    dv,
+                );
+                (q, k, v, m)
+            };
+            let (q, k, v, m) = on(&dev);
+            let got = crate::model::read_f32(
+                attention(&q, &k, &v, &m, scale as f32).expect("the kernel runs on wgpu"),
+            )
+            .unwrap();
+            let (q, k, v, m) = on(&cpu);
+            let options = burn::tensor::ops::AttentionModuleOptions {
+                scale: Some(scale),
+                softcap: None,
+                is_causal: false,
+            };
+            let want = crate::model::read_f32(crate::model::backend::composite_attention(
+                q, k, v, &m, options, false,
+            ))
+            .unwrap();
+            for bi in 0..b {
+                for h in 0..heads {
+                    for r in 0..rows {
+                        let qrow: Vec<f64> = (0..d)
+                            .map(|i| qs[((bi * (heads + 1) + h + 1) * rows + r) * d + i] as f64)
+                            .collect();
+                        let kv = |t: &[f32], s: usize, i: usize| {
+                            t[((bi * heads + h) * keys + s) * d + i] as f64
+                        };
+                        let visible: Vec<usize> = (0..keys)
+                            .filter(|&s| !ms[(bi * rows + r) * keys + s])
+                            .collect();
+                        let sc: Vec<f64> = visible
+                            .iter()
+                            .map(|&s| (0..d).map(|i| qrow[i] * kv(&ks, s, i)).sum::<f64>() * scale)
+                            .collect();
+                        let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                        let total: f64 = w.iter().sum();
+                        for i in 0..d {
+                            let exact: f64 = visible
+                                .iter()
+                                .zip(&w)
+                                .map(|(&s, wi)| wi * kv(&vs, s, i))
+                                .sum::<f64>()
+                                / total;
+                            let at = ((bi * heads + h) * rows + r) * d + i;
+                            assert!(
+                                (got[at] as f64 - exact).abs() < 1e-5,
+                                "[{b},{heads},{rows},{keys},{d}] {at}: {} vs {exact}",
+                                got[at]
+                            );
+                            assert!(
+                                (got[at] - want[at]).abs() < 1e-5,
+                                "{at}: {} vs cpu {}",
+                                got[at],
+                                want[at]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // More keys than the kernel holds keep the composite.
+        let big = MAX_KEYS + 1;
+        let q = BurnTensor::<4>::from_data(TensorData::new(vec![0.5f32; 4], [1, 1, 1, 4]), &dev);
+        let kv = BurnTensor::<4>::from_data(
+            TensorData::new(vec![0.5f32; big * 4], [1, 1, big, 4]),
+            &dev,
+        );
+        let m = BurnTensor::<4, Bool>::from_data(
+            TensorData::new(vec![false; big], [1, 1, 1, big]),
+            &dev,
+        );
+        assert!(attention(&q, &kv, &kv, &m, 0.5).is_none());
+        // Autodiff tensors (training) keep the composite.
+        let ad = dev.autodiff();
+        let t = BurnTensor::<4>::from_data(TensorData::new(vec![1.0f32; 4], [1, 1, 1, 4]), &ad);
+        let m = BurnTensor::<4, Bool>::from_data(TensorData::new(vec![false], [1, 1, 1, 1]), &ad);
+        assert!(attention(&t, &t, &t, &m, 0.5).is_none());
+    }
+}
