@@ -5,11 +5,12 @@
 //! [`draw`] implements [`super::logits`]' pipeline (temperature → top-k → top-p → min-p, an
 //! inverse-CDF draw in ascending id order from the host's ChaCha20 uniform, the log-prob at
 //! temperature 1 over the full vocabulary) on the device, without sorting. The top-k and top-p
-//! cut-offs are value thresholds found by a fixed number of halvings (nothing is read to decide
-//! when to stop); the draw is the first id whose cumulative weight in id order exceeds
-//! `u · total`. On a GPU it is one kernel per step, one cube per sample row
-//! ([`crate::model::backend::gpu::draw`]); elsewhere the same function as burn ops
-//! ([`crate::model::backend::draw`]); [`crate::model::ops::draw`] picks.
+//! cut-offs are value thresholds (nothing is read to decide when to stop); the draw is the first
+//! id whose cumulative weight in id order exceeds `u · total`. On a GPU it is one kernel per
+//! step, one cube per sample row, whose cut-offs are exact values of the row found by a radix
+//! select ([`crate::model::backend::gpu::draw`]); elsewhere the same function as burn ops, whose
+//! cut-offs come from a fixed number of halvings ([`crate::model::backend::draw`]);
+//! [`crate::model::ops::draw`] picks.
 //!
 //! What it keeps of the host sampler ([`super::logits::Processor`]), and what not (the test
 //! `device_draw_agrees_with_the_host` pins it):
@@ -17,7 +18,7 @@
 //!   mass) from a boundary of the kept tokens' cumulative distribution, the kept sets being
 //!   equal: the device sums in f32 in the backend's order, the host in f64 in id order;
 //! - the same kept sets except at ties: top-k and top-p keep every token whose value equals the
-//!   cut-off's (the host breaks ties towards the lower id) or lies within
+//!   cut-off's (the host breaks ties towards the lower id) or, with the halvings, lies within
 //!   [`BISECT_WIDTH`] below it, and top-p's mass test is in f32 (a boundary token whose mass
 //!   before it is within [`cdf_tolerance`] of `p` can go either way);
 //! - greedy decoding exactly (the maximum, the lowest id on ties);
