@@ -527,6 +527,25 @@ mod tests {
         );
     }
 
+    /// `r` with the confidence rewards of answer `victim` replaced by `noise` (cycled).
+    fn with_confidences_of(
+        r: &[f64],
+        k: &[SampleType],
+        a: &[u32],
+        victim: u32,
+        noise: &[f64],
+    ) -> Vec<f64> {
+        let mut r2 = r.to_vec();
+        let mut n = 0;
+        for i in 0..r.len() {
+            if k[i] == SampleType::Confidence && a[i] == victim {
+                r2[i] = noise[n % noise.len()];
+                n += 1;
+            }
+        }
+        r2
+    }
+
     /// A random tree: prompts × answers (1..4) × confidences (1..4) with rewards from a small set.
     fn arb_tree(
     ) -> impl Strategy<Value = (Vec<f64>, Vec<SampleType>, Vec<u32>, Vec<u32>, usize, usize)> {
@@ -604,14 +623,7 @@ mod tests {
         ) {
             let cfg = TreeConfig { conf_norm: ConfNorm::Answer, ..cfg };
             let victim = (victim % na) as u32;
-            let mut r2 = r.clone();
-            let mut n = 0;
-            for i in 0..r.len() {
-                if k[i] == SampleType::Confidence && a[i] == victim {
-                    r2[i] = noise[n % noise.len()];
-                    n += 1;
-                }
-            }
+            let r2 = with_confidences_of(&r, &k, &a, victim, &noise);
             let before = rlcr_tree(&r, &k, &p, &a, np, na, &cfg).advantages;
             let after = rlcr_tree(&r2, &k, &p, &a, np, na, &cfg).advantages;
             for i in 0..r.len() {
@@ -631,14 +643,7 @@ mod tests {
         ) {
             let cfg = TreeConfig { conf_norm: ConfNorm::AnswerPrompt, ..TreeConfig::default() };
             let victim = (victim % na) as u32;
-            let mut r2 = r.clone();
-            let mut n = 0;
-            for i in 0..r.len() {
-                if k[i] == SampleType::Confidence && a[i] == victim {
-                    r2[i] = noise[n % noise.len()];
-                    n += 1;
-                }
-            }
+            let r2 = with_confidences_of(&r, &k, &a, victim, &noise);
             let before = rlcr_tree(&r, &k, &p, &a, np, na, &cfg).advantages;
             let after = rlcr_tree(&r2, &k, &p, &a, np, na, &cfg).advantages;
             for i in 0..r.len() {

@@ -414,25 +414,16 @@ fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
             other => bail!("type {other} is not a number, a boolean or a list of them"),
         }))
     };
+    let per_turn = |v: ArrayRef| -> Result<Value> {
+        Ok(Value::PerTurn(
+            (0..v.len())
+                .map(|j| scalar(v.as_ref(), j))
+                .collect::<Result<_>>()?,
+        ))
+    };
     match a.data_type() {
-        DataType::List(_) => {
-            let l = a.as_list::<i32>();
-            let v = l.value(i);
-            Ok(Value::PerTurn(
-                (0..v.len())
-                    .map(|j| scalar(v.as_ref(), j))
-                    .collect::<Result<_>>()?,
-            ))
-        }
-        DataType::LargeList(_) => {
-            let l = a.as_list::<i64>();
-            let v = l.value(i);
-            Ok(Value::PerTurn(
-                (0..v.len())
-                    .map(|j| scalar(v.as_ref(), j))
-                    .collect::<Result<_>>()?,
-            ))
-        }
+        DataType::List(_) => per_turn(a.as_list::<i32>().value(i)),
+        DataType::LargeList(_) => per_turn(a.as_list::<i64>().value(i)),
         _ => Ok(scalar(a.as_ref(), i)?.map_or(Value::Missing, Value::Scalar)),
     }
 }
