@@ -11,7 +11,9 @@
 //! (`docs/math.md` §2.3, variant (b), shows the leak). The optional prompt-level step (variant
 //! (c)) keeps the per-answer centring and only rescales by the prompt-level spread.
 
-use super::group::{group_stats, normalized, GroupNorm, GroupStat, GroupSummary};
+use super::group::{
+    group_stats, normalize_in_groups, normalized, GroupNorm, GroupStat, GroupSummary,
+};
 use super::{ConfNorm, Norm, Singleton};
 use serde::Serialize;
 
@@ -37,12 +39,7 @@ pub struct Outcome {
 ///
 /// Edge cases: see [`normalized`] (singleton by `cfg.singleton`, zero-std groups give exactly 0).
 pub fn grpo(scores: &[f64], groups: &[u32], n_groups: usize, cfg: &GroupNorm) -> Outcome {
-    let stats = group_stats(scores, groups, n_groups, cfg.std);
-    let advantages = scores
-        .iter()
-        .zip(groups)
-        .map(|(&x, &g)| normalized(x, &stats[g as usize], cfg))
-        .collect();
+    let (advantages, stats) = normalize_in_groups(scores, groups, n_groups, cfg);
     finish(advantages, groups, stats)
 }
 

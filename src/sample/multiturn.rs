@@ -510,7 +510,7 @@ fn run_wave<M: StepModel>(
 #[cfg(test)]
 mod tests {
     use super::super::logits::{logprob_of, SamplingParams};
-    use super::super::sampler::tests::toy;
+    use super::super::sampler::tests::{sample_ids, toy};
     use super::super::stop::tests::toy_decode;
     use super::super::stop::StopCriteria;
     use super::*;
@@ -565,13 +565,7 @@ mod tests {
                 messages: vec![Message::new("user", &format!("q{g}"))],
                 data_source: "toy".into(),
                 ground_truth: serde_json::json!(g),
-                samples: (0..3)
-                    .map(|k| SampleId {
-                        prompt_id: format!("p{g}"),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
+                samples: sample_ids(&format!("p{g}"), 3),
             })
             .collect()
     }

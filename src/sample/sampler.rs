@@ -789,17 +789,28 @@ pub(crate) mod tests {
             vec![9, 9, 9, 9, 9, 9, 9],
             vec![5],
         ];
-        ctx.iter()
+        groups_of(&ctx, 3, "p")
+    }
+
+    /// Answers `0..n` of prompt `prompt_id`.
+    pub(crate) fn sample_ids(prompt_id: &str, n: u32) -> Vec<SampleId> {
+        (0..n)
+            .map(|k| SampleId {
+                prompt_id: prompt_id.to_string(),
+                answer_idx: k,
+                confidence_idx: None,
+            })
+            .collect()
+    }
+
+    /// One group per context `j`, of `n` answers of prompt `{prefix}{j}`.
+    pub(crate) fn groups_of(contexts: &[Vec<u32>], n: u32, prefix: &str) -> Vec<Group> {
+        contexts
+            .iter()
             .enumerate()
-            .map(|(g, c)| Group {
+            .map(|(j, c)| Group {
                 context: c.clone(),
-                samples: (0..3)
-                    .map(|k| SampleId {
-                        prompt_id: format!("p{g}"),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
+                samples: sample_ids(&format!("{prefix}{j}"), n),
             })
             .collect()
     }
