@@ -57,11 +57,7 @@ impl Default for SynthShape {
 pub fn canonical_key(nums: &[i64], target: i64) -> String {
     let mut sorted = nums.to_vec();
     sorted.sort_unstable();
-    let list = sorted
-        .iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = joined(&sorted, ",");
     format!("{list}={target}")
 }
 
@@ -70,14 +66,18 @@ pub fn heldout_bucket(nums: &[i64], target: i64, percent: u32) -> bool {
     key_bucket(&canonical_key(nums, target)) < percent
 }
 
+/// The numbers as text, separated by `sep`.
+fn joined(nums: &[i64], sep: &str) -> String {
+    nums.iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 /// TinyZero's countdown user prompt (`examples/data_preprocess/countdown.py`, without the
 /// template's "Assistant:" prefix, which the chat template supplies).
 pub fn countdown_prompt(nums: &[i64], target: i64) -> String {
-    let list = nums
-        .iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = joined(nums, ", ");
     format!(
         "Using the numbers [{list}], create an equation that equals {target}. You can use basic \
 arithmetic operations (+, -, *, /) and each number can only be used once. Show your work in \
@@ -88,11 +88,7 @@ arithmetic operations (+, -, *, /) and each number can only be used once. Show y
 
 /// The short countdown prompt for tiny models: `Numbers: [3, 5]. Target: 8.`
 pub fn countdown_prompt_short(nums: &[i64], target: i64) -> String {
-    let list = nums
-        .iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = joined(nums, ", ");
     format!("Numbers: [{list}]. Target: {target}.")
 }
 

@@ -325,18 +325,8 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             )?;
             total_answers += 1;
             let vocab = policy.model.config.vocab_size;
-            let context = stage::token_ids(
-                &ctx.values.values()[ctx.range(i)],
-                &loc,
-                "context_ids",
-                vocab,
-            )?;
-            let response = stage::token_ids(
-                &rids.values.values()[rids.range(i)],
-                &loc,
-                "response_ids",
-                vocab,
-            )?;
+            let context = stage::token_ids(&ctx, i, &loc, "context_ids", vocab)?;
+            let response = stage::token_ids(&rids, i, &loc, "response_ids", vocab)?;
             let ctx_text = policy
                 .decode(&context)
                 .with_context(|| format!("{}, column `context_ids`: decoding", loc()))?;

@@ -151,12 +151,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             }
             let conv = stage::messages_cell(msg.value(i), &loc)?;
             let (before, answer_prefix) = answer_turn(conv, plan.system_prompt.as_deref());
-            let mut answer_ids = stage::token_ids(
-                &rids.values.values()[rids.range(i)],
-                &loc,
-                "response_ids",
-                vocab,
-            )?;
+            let mut answer_ids = stage::token_ids(&rids, i, &loc, "response_ids", vocab)?;
             // The end-of-turn is the template's: a final EOS token is not part of the answer.
             if answer_ids.last().is_some_and(|t| stop_ids.contains(t)) {
                 answer_ids.pop();

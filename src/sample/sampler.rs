@@ -440,6 +440,10 @@ pub(crate) fn in_waves<G: WaveGroup, T>(
         .collect()
 }
 
+/// A started wave: its cache, the prefill's logits, the sample rows, and for each row its logits
+/// row of the prefill.
+pub(crate) type WaveStart<C, R> = (C, Logits, Vec<R>, Vec<usize>);
+
 /// Start a wave: a cache with one row per part (its group's context, prefilled left-padded in
 /// column chunks, `room` response slots to start with), expanded to one row per sample, each
 /// built by `row` from its group index, sample id and place in the wave's output. Returns the
@@ -451,7 +455,7 @@ pub(crate) fn start_wave<M: StepModel, G: WaveGroup, R>(
     room: usize,
     prefill_chunk: usize,
     mut row: impl FnMut(usize, &SampleId, usize) -> R,
-) -> Result<(M::Cache, Logits, Vec<R>, Vec<usize>)> {
+) -> Result<WaveStart<M::Cache, R>> {
     let contexts: Vec<&[u32]> = parts.iter().map(|(g, _)| groups[*g].context()).collect();
     let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
     let n_ctx = contexts.len();

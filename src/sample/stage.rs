@@ -380,10 +380,17 @@ pub fn finish_output(writer: Option<Writer>, name: &str, what: &str, sharded: bo
     Ok(())
 }
 
-/// The token ids of a row of list column `col` as the model's: each in `0..vocab`, else an
-/// error naming the row (`loc`) and the column.
-pub fn token_ids(v: &[i32], loc: &dyn Fn() -> String, col: &str, vocab: usize) -> Result<Vec<u32>> {
-    v.iter()
+/// Row `i` of the `list<int32>` column `col` (`v`) as the model's token ids: each in `0..vocab`,
+/// else an error naming the row (`loc`) and the column.
+pub fn token_ids(
+    v: &cols::ListView<'_, Int32Array>,
+    i: usize,
+    loc: &dyn Fn() -> String,
+    col: &str,
+    vocab: usize,
+) -> Result<Vec<u32>> {
+    v.values.values()[v.range(i)]
+        .iter()
         .map(|&t| match u32::try_from(t) {
             Ok(id) if (id as usize) < vocab => Ok(id),
             _ => bail!(

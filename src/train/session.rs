@@ -441,9 +441,7 @@ mod tests {
             start_optimizer(dir, stage, mode, AdamWConfig::default(), &m.transformer)
                 .map(|(opt, resumed)| (resumed, opt.step))
         };
-        let e = start(&tiny_dir(), "update", ResumeMode::Yes)
-            .err()
-            .expect("no state");
+        let e = start(&tiny_dir(), "update", ResumeMode::Yes).expect_err("no state");
         assert!(format!("{e:#}").contains("no trainer state"), "{e:#}");
         // (folder, stage, mode) → (resumed, step): `auto` starts afresh without state and does
         // not carry another stage's state over; `yes` does.
