@@ -57,6 +57,21 @@ fn canonical_new(p: &Path) -> Option<PathBuf> {
     Some(dir.join(p.file_name()?))
 }
 
+/// The last component of `path` (else the error `{path}: {what}`) and the folder it is in (`.`
+/// for a bare name).
+fn name_and_parent(path: &Path, what: &str) -> Result<(String, PathBuf)> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("{}: {what}", path.display()))?
+        .to_string_lossy()
+        .to_string();
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((name, parent))
+}
+
 /// An atomically written file: a temp file beside the target, renamed into place on `commit`,
 /// removed on drop otherwise.
 pub struct AtomicFile {
@@ -69,15 +84,7 @@ impl AtomicFile {
     /// Create the temp file for `target` (creating the target's folder if needed).
     pub fn create(target: &Path) -> Result<Self> {
         use std::os::unix::fs::PermissionsExt;
-        let name = target
-            .file_name()
-            .with_context(|| format!("{}: not a file path", target.display()))?
-            .to_string_lossy()
-            .to_string();
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let (name, dir) = name_and_parent(target, "not a file path")?;
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("{}: cannot create folder", dir.display()))?;
         if target.is_dir() {
@@ -268,15 +275,7 @@ pub fn folder_is_one_of(dir: &Path, paths: &[&Path]) -> Result<bool> {
 /// cleaned up first: half-written `.NAME.tmp-PID` folders are removed, and a previous folder moved
 /// aside as `.NAME.old-PID` by a run killed between its two renames is put back.
 pub fn write_folder(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let name = out
-        .file_name()
-        .with_context(|| format!("{}: not a folder name", out.display()))?
-        .to_string_lossy()
-        .to_string();
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let (name, parent) = name_and_parent(out, "not a folder name")?;
     std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
     // A run killed between the two renames below left the previous folder as `.NAME.old-PID`:
     // put it back first; then drop what killed runs left half written.

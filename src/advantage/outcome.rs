@@ -11,7 +11,9 @@
 //! (`docs/math.md` §2.3, variant (b), shows the leak). The optional prompt-level step (variant
 //! (c)) keeps the per-answer centring and only rescales by the prompt-level spread.
 
-use super::group::{group_stats, normalized, GroupNorm, GroupStat, GroupSummary};
+use super::group::{
+    group_stats, normalize_in_groups, normalized, GroupNorm, GroupStat, GroupSummary,
+};
 use super::{ConfNorm, Norm, Singleton};
 use serde::Serialize;
 
@@ -37,12 +39,7 @@ pub struct Outcome {
 ///
 /// Edge cases: see [`normalized`] (singleton by `cfg.singleton`, zero-std groups give exactly 0).
 pub fn grpo(scores: &[f64], groups: &[u32], n_groups: usize, cfg: &GroupNorm) -> Outcome {
-    let stats = group_stats(scores, groups, n_groups, cfg.std);
-    let advantages = scores
-        .iter()
-        .zip(groups)
-        .map(|(&x, &g)| normalized(x, &stats[g as usize], cfg))
-        .collect();
+    let (advantages, stats) = normalize_in_groups(scores, groups, n_groups, cfg);
     finish(advantages, groups, stats)
 }
 
@@ -527,6 +524,25 @@ mod tests {
         );
     }
 
+    /// `r` with the confidence rewards of answer `victim` replaced by `noise` (cycled).
+    fn with_confidences_of(
+        r: &[f64],
+        k: &[SampleType],
+        a: &[u32],
+        victim: u32,
+        noise: &[f64],
+    ) -> Vec<f64> {
+        let mut r2 = r.to_vec();
+        let mut n = 0;
+        for i in 0..r.len() {
+            if k[i] == SampleType::Confidence && a[i] == victim {
+                r2[i] = noise[n % noise.len()];
+                n += 1;
+            }
+        }
+        r2
+    }
+
     /// A random tree: prompts × answers (1..4) × confidences (1..4) with rewards from a small set.
     fn arb_tree(
     ) -> impl Strategy<Value = (Vec<f64>, Vec<SampleType>, Vec<u32>, Vec<u32>, usize, usize)> {
@@ -604,14 +620,7 @@ mod tests {
         ) {
             let cfg = TreeConfig { conf_norm: ConfNorm::Answer, ..cfg };
             let victim = (victim % na) as u32;
-            let mut r2 = r.clone();
-            let mut n = 0;
-            for i in 0..r.len() {
-                if k[i] == SampleType::Confidence && a[i] == victim {
-                    r2[i] = noise[n % noise.len()];
-                    n += 1;
-                }
-            }
+            let r2 = with_confidences_of(&r, &k, &a, victim, &noise);
             let before = rlcr_tree(&r, &k, &p, &a, np, na, &cfg).advantages;
             let after = rlcr_tree(&r2, &k, &p, &a, np, na, &cfg).advantages;
             for i in 0..r.len() {
@@ -631,14 +640,7 @@ mod tests {
         ) {
             let cfg = TreeConfig { conf_norm: ConfNorm::AnswerPrompt, ..TreeConfig::default() };
             let victim = (victim % na) as u32;
-            let mut r2 = r.clone();
-            let mut n = 0;
-            for i in 0..r.len() {
-                if k[i] == SampleType::Confidence && a[i] == victim {
-                    r2[i] = noise[n % noise.len()];
-                    n += 1;
-                }
-            }
+            let r2 = with_confidences_of(&r, &k, &a, victim, &noise);
             let before = rlcr_tree(&r, &k, &p, &a, np, na, &cfg).advantages;
             let after = rlcr_tree(&r2, &k, &p, &a, np, na, &cfg).advantages;
             for i in 0..r.len() {

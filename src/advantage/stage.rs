@@ -413,19 +413,23 @@ fn projection(plan: &Plan) -> Vec<&'static str> {
         Estimator::Rlcr | Estimator::Grpo | Estimator::Rloo => {}
     }
     if plan.tokens_in_pass1() {
-        names.extend([
-            "response_ids",
-            "answer_span",
-            "confidence_span",
-            "info_mask",
-            "token_turn_ids",
-            "response_logprobs",
-            "ref_logprobs",
-            "values",
-        ]);
+        names.extend(TOKEN_COLUMNS);
     }
     names
 }
+
+/// The per-token columns (and the spans over them) the masks and token advantages are built
+/// from, and the validator checks against `response_ids`.
+const TOKEN_COLUMNS: [&str; 8] = [
+    "response_ids",
+    "answer_span",
+    "confidence_span",
+    "info_mask",
+    "token_turn_ids",
+    "response_logprobs",
+    "ref_logprobs",
+    "values",
+];
 
 /// The keys pass. Validates the table as it goes (the one [`Validator`]: the rules of the columns
 /// read here and the cross-row rules; pass 2 checks the token columns), so its errors name the

@@ -74,26 +74,25 @@ pub fn fill_loss_mask(
         None => out.fill(missing == MissingSpan::Whole),
     }
     if let Some(info) = info_mask {
-        if info.len() != len {
-            bail!(
-                "info_mask has {} entries for a response of {len} tokens",
-                info.len()
-            );
-        }
-        for (o, &i) in out.iter_mut().zip(info) {
-            *o &= i;
-        }
+        mask_by(out, info, "info_mask", |&i| i)?;
     }
     if let Some(ids) = turn_ids {
-        if ids.len() != len {
-            bail!(
-                "token_turn_ids has {} entries for a response of {len} tokens",
-                ids.len()
-            );
-        }
-        for (o, &k) in out.iter_mut().zip(ids) {
-            *o &= k >= 0;
-        }
+        mask_by(out, ids, "token_turn_ids", |&k| k >= 0)?;
+    }
+    Ok(())
+}
+
+/// Keep in `out` only the tokens whose entry of column `col` (one per token) passes `keep`.
+fn mask_by<T>(out: &mut [bool], v: &[T], col: &str, keep: impl Fn(&T) -> bool) -> Result<()> {
+    if v.len() != out.len() {
+        bail!(
+            "{col} has {} entries for a response of {} tokens",
+            v.len(),
+            out.len()
+        );
+    }
+    for (o, x) in out.iter_mut().zip(v) {
+        *o &= keep(x);
     }
     Ok(())
 }

@@ -215,17 +215,8 @@ pub fn read(files: &[PathBuf], opts: &ReadOptions) -> Result<Records> {
             read_trl_table(f, &text, opts, &mut out)?;
             continue;
         }
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let loc = Loc {
-                file: f.clone(),
-                line: i + 1,
-                row: false,
-            };
-            let v: Value =
-                serde_json::from_str(line).with_context(|| format!("{loc}: not a JSON object"))?;
+        for line in json_lines(f, &text) {
+            let (loc, v) = line?;
             let Value::Object(o) = v else {
                 bail!("{loc}: not a JSON object");
             };
@@ -409,11 +400,12 @@ fn cell(a: &dyn arrow::array::Array, i: usize) -> Result<Value> {
     if a.is_null(i) {
         return Ok(Value::Null);
     }
+    // text in any form (plain, large, views, a dictionary of strings)
+    if let Some(s) = crate::table::StrCol::of_array(a) {
+        return Ok(s.get(i).map_or(Value::Null, Value::from));
+    }
     let num = |x: f64| serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number);
     Ok(match a.data_type() {
-        DataType::Utf8 => Value::from(a.as_string::<i32>().value(i)),
-        DataType::LargeUtf8 => Value::from(a.as_string::<i64>().value(i)),
-        DataType::Utf8View => Value::from(a.as_string_view().value(i)),
         DataType::Boolean => Value::from(a.as_boolean().value(i)),
         DataType::Int8 => Value::from(a.as_primitive::<t::Int8Type>().value(i)),
         DataType::Int16 => Value::from(a.as_primitive::<t::Int16Type>().value(i)),
@@ -446,21 +438,29 @@ fn list(a: &dyn arrow::array::Array) -> Result<Value> {
         .map(Value::Array)
 }
 
+/// The JSON values of the non-blank lines of `text` (the file `f`), each with its place.
+fn json_lines<'a>(f: &'a Path, text: &'a str) -> impl Iterator<Item = Result<(Loc, Value)>> + 'a {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(move |(i, line)| {
+            let loc = Loc {
+                file: f.to_path_buf(),
+                line: i + 1,
+                row: false,
+            };
+            let v =
+                serde_json::from_str(line).with_context(|| format!("{loc}: not a JSON object"))?;
+            Ok((loc, v))
+        })
+}
+
 /// The Batch API input file: `custom_id` → request body.
 fn read_requests(f: &Path) -> Result<HashMap<String, Map<String, Value>>> {
     let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
     let mut out = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let loc = Loc {
-            file: f.to_path_buf(),
-            line: i + 1,
-            row: false,
-        };
-        let v: Value =
-            serde_json::from_str(line).with_context(|| format!("{loc}: not a JSON object"))?;
+    for line in json_lines(f, &text) {
+        let (loc, v) = line?;
         let id = v["custom_id"]
             .as_str()
             .with_context(|| format!("{loc}: key `custom_id` (a string) is missing"))?

@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use super::synth::{key_bucket, Split};
+use super::split::{key_bucket, Split};
 use super::PromptRow;
 
 /// The shape of synthetic arithmetic tasks.

@@ -21,6 +21,7 @@
 pub mod arith;
 pub mod dataset;
 pub mod sources;
+pub mod split;
 pub mod synth;
 
 use std::path::{Path, PathBuf};

@@ -18,34 +18,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
+use super::split::key_bucket;
+pub use super::split::Split;
 use super::PromptRow;
 use crate::reward::countdown::{judge_equation, Task, Verdict};
-
-/// Which tasks of a shape a table holds.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Split {
-    /// Every task, no split (the historical behaviour).
-    #[default]
-    All,
-    /// Tasks whose canonical problem is not held out.
-    Train,
-    /// Tasks whose canonical problem is held out (never in `train`).
-    Heldout,
-    /// Out of domain: `max_numbers + 1` numbers per task (never in `train` or `heldout`).
-    Hard,
-}
-
-impl Split {
-    pub fn name(self) -> &'static str {
-        match self {
-            Split::All => "all",
-            Split::Train => "train",
-            Split::Heldout => "heldout",
-            Split::Hard => "hard",
-        }
-    }
-}
 
 /// The shape of synthetic countdown tasks.
 #[derive(Clone, Copy, Debug)]
@@ -81,22 +57,8 @@ impl Default for SynthShape {
 pub fn canonical_key(nums: &[i64], target: i64) -> String {
     let mut sorted = nums.to_vec();
     sorted.sort_unstable();
-    let list = sorted
-        .iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = joined(&sorted, ",");
     format!("{list}={target}")
-}
-
-/// The bucket (0..100) of a canonical key: FNV-1a 64 of its UTF-8 bytes (offset
-/// 0xcbf29ce484222325, prime 0x100000001b3), then SplitMix64's finalizer
-/// (`z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb; z ^= z >> 31`),
-/// modulo 100. Fixed by this formula (not by a library's hasher), so splits are the same across
-/// versions and platforms.
-pub fn key_bucket(key: &str) -> u32 {
-    let z = crate::hash::splitmix64_mix(crate::hash::fnv1a64(key.as_bytes()));
-    (z % 100) as u32
 }
 
 /// True when the canonical problem of (`nums`, `target`) is held out at `percent`.
@@ -104,14 +66,18 @@ pub fn heldout_bucket(nums: &[i64], target: i64, percent: u32) -> bool {
     key_bucket(&canonical_key(nums, target)) < percent
 }
 
+/// The numbers as text, separated by `sep`.
+fn joined(nums: &[i64], sep: &str) -> String {
+    nums.iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 /// TinyZero's countdown user prompt (`examples/data_preprocess/countdown.py`, without the
 /// template's "Assistant:" prefix, which the chat template supplies).
 pub fn countdown_prompt(nums: &[i64], target: i64) -> String {
-    let list = nums
-        .iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = joined(nums, ", ");
     format!(
         "Using the numbers [{list}], create an equation that equals {target}. You can use basic \
 arithmetic operations (+, -, *, /) and each number can only be used once. Show your work in \
@@ -122,11 +88,7 @@ arithmetic operations (+, -, *, /) and each number can only be used once. Show y
 
 /// The short countdown prompt for tiny models: `Numbers: [3, 5]. Target: 8.`
 pub fn countdown_prompt_short(nums: &[i64], target: i64) -> String {
-    let list = nums
-        .iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = joined(nums, ", ");
     format!("Numbers: [{list}]. Target: {target}.")
 }
 

@@ -309,34 +309,24 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                     continue;
                 }
             }
-            for (c, null) in [
-                ("sample_id", sid.is_null(i)),
-                ("prompt_id", pid.is_null(i)),
-                ("answer_idx", aidx.is_null(i)),
-                ("data_source", ds.is_null(i)),
-                ("ground_truth", gt.is_null(i)),
-                ("acc_reward", acc.is_null(i)),
-                ("context_ids", ctx.is_null(i)),
-                ("response_ids", rids.is_null(i)),
-            ] {
-                if null {
-                    bail!("{}, column `{c}`: null on an answer row", loc());
-                }
-            }
+            stage::require_values(
+                &loc,
+                "null on an answer row",
+                &[
+                    ("sample_id", sid.is_null(i)),
+                    ("prompt_id", pid.is_null(i)),
+                    ("answer_idx", aidx.is_null(i)),
+                    ("data_source", ds.is_null(i)),
+                    ("ground_truth", gt.is_null(i)),
+                    ("acc_reward", acc.is_null(i)),
+                    ("context_ids", ctx.is_null(i)),
+                    ("response_ids", rids.is_null(i)),
+                ],
+            )?;
             total_answers += 1;
             let vocab = policy.model.config.vocab_size;
-            let context = stage::token_ids(
-                &ctx.values.values()[ctx.range(i)],
-                &loc,
-                "context_ids",
-                vocab,
-            )?;
-            let response = stage::token_ids(
-                &rids.values.values()[rids.range(i)],
-                &loc,
-                "response_ids",
-                vocab,
-            )?;
+            let context = stage::token_ids(&ctx, i, &loc, "context_ids", vocab)?;
+            let response = stage::token_ids(&rids, i, &loc, "response_ids", vocab)?;
             let ctx_text = policy
                 .decode(&context)
                 .with_context(|| format!("{}, column `context_ids`: decoding", loc()))?;
@@ -455,12 +445,16 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         None => None,
     };
     let mut next_request_id = 0u64;
-    let mut progress = crate::progress::Progress::new("probe", (cuts.len() * n) as u64, "samples");
-    let mut summary = stage::Summary::default();
+    let mut sampler = stage::Sampler {
+        policy: &policy,
+        cfg: &cfg,
+        progress: crate::progress::Progress::new("probe", (cuts.len() * n) as u64, "samples"),
+        summary: stage::Summary::default(),
+    };
     let mut writer: Option<Writer> = None;
     let per_chunk = (stage::chunk_samples(plan.batch_size) / n).max(1);
     for chunk in cuts.chunks(per_chunk) {
-        let groups = stage::groups(
+        let results = sampler.sample(
             chunk,
             n,
             |c| c.prefix.clone(),
@@ -469,11 +463,10 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 answer_idx: k,
                 confidence_idx: None,
             },
-        );
-        let results = stage::run_groups(&policy, &groups, &cfg, &mut progress, &mut summary)?;
+        )?;
         for res in &results {
             for gen in res {
-                summary.add(gen, None);
+                sampler.summary.add(gen, None);
             }
         }
         let verdicts: Vec<Vec<bool>> = match external.as_mut() {
@@ -539,7 +532,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         let batch = out.into_batch()?;
         table::io::write_lazily(&mut writer, &plan.job.out, &meta, &batch)?;
     }
-    progress.finish();
+    sampler.progress.finish();
     if let Some(ext) = external {
         ext.finish()?;
     }
@@ -552,7 +545,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         skipped,
         cuts: fractions.len(),
         samples: n,
-        sampling: summary,
+        sampling: sampler.summary,
     })
 }
 

@@ -21,7 +21,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float64Type, Int64Type};
+use arrow::datatypes::{Float64Type, Int64Type};
 use serde::{Deserialize, Serialize};
 
 use crate::table::intern::Interner;
@@ -312,14 +312,7 @@ pub fn f64s(a: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
             a.data_type()
         );
     }
-    let c = arrow::compute::cast(a, &DataType::Float64)
-        .with_context(|| format!("column `{name}`: cannot read {} as float64", a.data_type()))?;
-    let p = c
-        .as_primitive_opt::<Float64Type>()
-        .with_context(|| format!("column `{name}`: expected float64 after cast"))?;
-    Ok((0..p.len())
-        .map(|i| p.is_valid(i).then(|| p.value(i)))
-        .collect())
+    cast_values::<Float64Type>(a, name, "float64")
 }
 
 /// An integer column as optional i64.
@@ -330,11 +323,20 @@ fn ints(a: &ArrayRef, name: &str) -> Result<Vec<Option<i64>>> {
             a.data_type()
         );
     }
-    let c = arrow::compute::cast(a, &DataType::Int64)
-        .with_context(|| format!("column `{name}`: cannot read {} as int64", a.data_type()))?;
+    cast_values::<Int64Type>(a, name, "int64")
+}
+
+/// A numeric column cast to `T` (`what` names it in errors), nulls as `None`.
+fn cast_values<T: arrow::datatypes::ArrowPrimitiveType>(
+    a: &ArrayRef,
+    name: &str,
+    what: &str,
+) -> Result<Vec<Option<T::Native>>> {
+    let c = arrow::compute::cast(a, &T::DATA_TYPE)
+        .with_context(|| format!("column `{name}`: cannot read {} as {what}", a.data_type()))?;
     let p = c
-        .as_primitive_opt::<Int64Type>()
-        .with_context(|| format!("column `{name}`: expected int64 after cast"))?;
+        .as_primitive_opt::<T>()
+        .with_context(|| format!("column `{name}`: expected {what} after cast"))?;
     Ok((0..p.len())
         .map(|i| p.is_valid(i).then(|| p.value(i)))
         .collect())
@@ -391,7 +393,7 @@ pub fn lenient_confidence(text: &str) -> Option<f64> {
 pub(crate) mod tests {
     use super::*;
     use arrow::array::{BooleanArray, Float32Array, Int32Array, ListArray, StringArray};
-    use arrow::datatypes::{Field, Int32Type, Schema};
+    use arrow::datatypes::{DataType, Field, Int32Type, Schema};
     use std::sync::Arc;
 
     /// One synthetic row for tests: (sample_type, prompt, answer_idx, source, len, format_ok,

@@ -14,7 +14,7 @@
 //! when an `i128` would overflow, doubles compared with a relative tolerance of 1e-9.
 //! Non-numeric answers (`\sqrt{2}`, `x+1`) are compared as normalised strings without spaces.
 use super::rational::Rational;
-use super::text::{last_answer, last_boxed, py_strip};
+use super::text::{closing_brace, last_answer, last_boxed, py_strip};
 
 /// Equal by value: exactly for two exact values, else within a relative 1e-9.
 pub fn values_equal(a: Rational, b: Rational) -> bool {
@@ -195,20 +195,8 @@ fn parse_decimal(s: &str) -> Option<Rational> {
 /// `{X}` or a single character at the start of `s`: (content, rest).
 fn brace_arg(s: &str) -> Option<(&str, &str)> {
     if let Some(inner) = s.strip_prefix('{') {
-        let mut depth = 1;
-        for (k, c) in inner.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return Some((&inner[..k], &inner[k + 1..]));
-                    }
-                }
-                _ => {}
-            }
-        }
-        None
+        let k = closing_brace(inner)?;
+        Some((&inner[..k], &inner[k + 1..]))
     } else {
         let c = s.chars().next()?;
         Some((&s[..c.len_utf8()], &s[c.len_utf8()..]))

@@ -394,6 +394,14 @@ fn verify_external_rows<'b>(
         .collect())
 }
 
+/// Record in `seen` that `verifier` scores the answers of `data_source` (the first one recorded
+/// stays).
+fn note_verifier(seen: &mut BTreeMap<String, String>, data_source: &str, verifier: &str) {
+    if !seen.contains_key(data_source) {
+        seen.insert(data_source.to_string(), verifier.to_string());
+    }
+}
+
 /// Values of a column used by the rewards TOML, at row `i`.
 fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
     use arrow::array::AsArray;
@@ -414,25 +422,16 @@ fn column_value(a: &ArrayRef, i: usize) -> Result<Value> {
             other => bail!("type {other} is not a number, a boolean or a list of them"),
         }))
     };
+    let per_turn = |v: ArrayRef| -> Result<Value> {
+        Ok(Value::PerTurn(
+            (0..v.len())
+                .map(|j| scalar(v.as_ref(), j))
+                .collect::<Result<_>>()?,
+        ))
+    };
     match a.data_type() {
-        DataType::List(_) => {
-            let l = a.as_list::<i32>();
-            let v = l.value(i);
-            Ok(Value::PerTurn(
-                (0..v.len())
-                    .map(|j| scalar(v.as_ref(), j))
-                    .collect::<Result<_>>()?,
-            ))
-        }
-        DataType::LargeList(_) => {
-            let l = a.as_list::<i64>();
-            let v = l.value(i);
-            Ok(Value::PerTurn(
-                (0..v.len())
-                    .map(|j| scalar(v.as_ref(), j))
-                    .collect::<Result<_>>()?,
-            ))
-        }
+        DataType::List(_) => per_turn(a.as_list::<i32>().value(i)),
+        DataType::LargeList(_) => per_turn(a.as_list::<i64>().value(i)),
         _ => Ok(scalar(a.as_ref(), i)?.map_or(Value::Missing, Value::Scalar)),
     }
 }
@@ -543,30 +542,22 @@ impl Scorer<'_> {
         match self.ext.as_mut() {
             Some(e) => {
                 for &i in ans {
-                    if !self
-                        .summary
-                        .verifiers
-                        .contains_key(c.data_source.value_at(i))
-                    {
-                        self.summary
-                            .verifiers
-                            .insert(c.data_source.value_at(i).to_string(), "external".into());
-                    }
+                    note_verifier(
+                        &mut self.summary.verifiers,
+                        c.data_source.value_at(i),
+                        "external",
+                    );
                 }
                 verify_external_rows(e, &ctx, c, ans, &self.request_cols)
             }
             None => {
                 let vk = verify_builtin_rows(&ctx, c, ans)?;
                 for (&i, (_, k)) in ans.iter().zip(&vk) {
-                    if !self
-                        .summary
-                        .verifiers
-                        .contains_key(c.data_source.value_at(i))
-                    {
-                        self.summary
-                            .verifiers
-                            .insert(c.data_source.value_at(i).to_string(), k.name().to_string());
-                    }
+                    note_verifier(
+                        &mut self.summary.verifiers,
+                        c.data_source.value_at(i),
+                        k.name(),
+                    );
                 }
                 Ok(vk.into_iter().map(|(v, _)| v).collect())
             }

@@ -90,6 +90,25 @@ pub fn last_answer(s: &str) -> Option<&str> {
     last_tag(s, "<answer>", "</answer>").map(py_strip)
 }
 
+/// Byte offset in `inner` (the text after an opening `{`) of the `}` that closes it, braces
+/// balanced; `None` when it is never closed.
+pub fn closing_brace(inner: &str) -> Option<usize> {
+    let mut depth = 1usize;
+    for (k, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Contents of the last `\boxed{…}` (brace-balanced; `\boxed 5` and `\fbox{}` too), if any.
 pub fn last_boxed(s: &str) -> Option<&str> {
     let mut best: Option<&str> = None;
@@ -105,22 +124,7 @@ pub fn last_boxed(s: &str) -> Option<&str> {
         let after = pos + i + name_len;
         let tail = &s[after..];
         if let Some(inner) = tail.strip_prefix('{') {
-            let mut depth = 1usize;
-            let mut end = None;
-            for (k, c) in inner.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            end = Some(k);
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            match end {
+            match closing_brace(inner) {
                 Some(k) => {
                     best = Some(&inner[..k]);
                     pos = after + 1 + k + 1;

@@ -10,11 +10,10 @@
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, RecordBatch, UInt32Array};
 
-use super::policy::Policy;
 use super::prompts::{answer_messages, DEFAULT_SYSTEM_PROMPT};
 use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
-use super::stage::{self, ModelJob, SamplingPlan, Summary};
+use super::stage::{self, ModelJob, Sampler, SamplingPlan, Summary};
 use crate::model::Message;
 use crate::table::{cols, Writer, PROMPTS, TRAJECTORY};
 
@@ -60,12 +59,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     };
     let meta = stage::output_meta(&plan.job, s, "generate-answers", config)?;
 
-    let mut progress = crate::progress::Progress::new(
+    let mut sampler = Sampler::new(
+        &policy,
+        &cfg,
         "generate-answers",
-        (total_prompts * plan.num_answers) as u64,
-        "rows",
+        total_prompts * plan.num_answers,
     );
-    let mut summary = Summary::default();
     let mut writer: Option<Writer> = None;
     let mut seen = std::collections::HashSet::new();
     let mut base_row = 0usize;
@@ -76,11 +75,11 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         let mut prepared = Vec::new();
         for i in 0..batch.num_rows() {
             let loc = || format!("{name}, row {}", base_row + i);
-            for (c, null) in [("prompt_id", pid.is_null(i)), ("messages", msg.is_null(i))] {
-                if null {
-                    bail!("{}, column `{c}`: null where a value is required", loc());
-                }
-            }
+            stage::require_values(
+                &loc,
+                "null where a value is required",
+                &[("prompt_id", pid.is_null(i)), ("messages", msg.is_null(i))],
+            )?;
             let id = pid.value(i).to_string();
             if !seen.insert(id.clone()) {
                 bail!("{}, column `prompt_id`: duplicate prompt_id {id:?}", loc());
@@ -88,9 +87,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             if shard.is_some_and(|s| !s.contains(&id)) {
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(msg.value(i))
-                .with_context(|| format!("{}, column `messages`: not valid JSON", loc()))?;
-            let prompt = stage::parse_messages(&v, &loc)?;
+            let prompt = stage::messages_cell(msg.value(i), &loc)?;
             let messages =
                 answer_messages(&prompt, system.as_deref(), s.response_prefix.as_deref());
             let (text, context_ids) = policy
@@ -113,43 +110,30 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 think_prefilled: context_opens(&text, "<think>", &["</think>"]),
             });
         }
-        stage::write_chunks(
+        let g_a = plan.num_answers;
+        sampler.write_chunks(
             &prepared,
-            plan.num_answers,
-            s.batch_size,
+            g_a,
             &mut writer,
             &plan.job.out,
             &meta,
-            |chunk| {
-                sample_chunk(
-                    &policy,
-                    &batch,
-                    chunk,
-                    plan.num_answers,
-                    &cfg,
-                    &mut progress,
-                    &mut summary,
-                )
-            },
+            |sm, chunk| sample_chunk(sm, &batch, chunk, g_a),
         )?;
         base_row += batch.num_rows();
     }
-    progress.finish();
+    sampler.progress.finish();
     stage::finish_output(writer, &name, "prompts to sample from", shard.is_some())?;
-    Ok(summary)
+    Ok(sampler.summary)
 }
 
 /// Sample `g_a` answers for each prompt of `chunk` and build their rows.
 fn sample_chunk(
-    policy: &Policy,
+    sm: &mut Sampler,
     batch: &RecordBatch,
     chunk: &[Prepared],
     g_a: usize,
-    cfg: &crate::sample::GenConfig,
-    progress: &mut crate::progress::Progress,
-    summary: &mut Summary,
 ) -> Result<RecordBatch> {
-    let groups = stage::groups(
+    let results = sm.sample(
         chunk,
         g_a,
         |p| p.context_ids.clone(),
@@ -158,14 +142,13 @@ fn sample_chunk(
             answer_idx: k,
             confidence_idx: None,
         },
-    );
-    let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
+    )?;
     let mut take = Vec::with_capacity(chunk.len() * g_a);
     let mut c = stage::SampledColumns::default();
     for (p, res) in chunk.iter().zip(&results) {
         for (k, gen) in res.iter().enumerate() {
             let span = answer_span(&gen.text, &gen.ends, p.think_prefilled);
-            summary.add(gen, span);
+            sm.summary.add(gen, span);
             take.push(p.row as u32);
             c.push(
                 "answer",

@@ -12,11 +12,10 @@
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, RecordBatch, UInt32Array};
 
-use super::policy::Policy;
 use super::prompts::{answer_turn, confidence_messages, confidence_query};
 use super::sampler::SampleId;
 use super::spans::{confidence_span, context_opens_confidence};
-use super::stage::{self, ModelJob, SamplingPlan, Summary};
+use super::stage::{self, ModelJob, Sampler, SamplingPlan, Summary};
 use crate::model::Message;
 use crate::table::{self, cols, SampleType, Writer, TRAJECTORY};
 
@@ -94,12 +93,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let meta = stage::output_meta(&plan.job, s, "generate-confidence", config)?;
 
     let stop_ids = policy.model.tokenizer.stop_ids.clone();
-    let mut progress = crate::progress::Progress::new(
+    let mut sampler = Sampler::new(
+        &policy,
+        &cfg,
         "generate-confidence",
-        (total_answers * plan.num_confidences) as u64,
-        "rows",
+        total_answers * plan.num_confidences,
     );
-    let mut summary = Summary::default();
     let mut writer: Option<Writer> = None;
     let mut spliced = 0usize;
     let mut seen = std::collections::HashSet::new();
@@ -121,18 +120,18 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         let mut prepared = Vec::new();
         for i in 0..batch.num_rows() {
             let loc = || format!("{name}, row {}", base_row + i);
-            for (c, null) in [
-                ("prompt_id", pid.is_null(i)),
-                ("sample_type", st.is_null(i)),
-                ("answer_idx", aidx.is_null(i)),
-                ("messages", msg.is_null(i)),
-                ("response_text", text.is_null(i)),
-                ("response_ids", rids.is_null(i)),
-            ] {
-                if null {
-                    bail!("{}, column `{c}`: null", loc());
-                }
-            }
+            stage::require_values(
+                &loc,
+                "null",
+                &[
+                    ("prompt_id", pid.is_null(i)),
+                    ("sample_type", st.is_null(i)),
+                    ("answer_idx", aidx.is_null(i)),
+                    ("messages", msg.is_null(i)),
+                    ("response_text", text.is_null(i)),
+                    ("response_ids", rids.is_null(i)),
+                ],
+            )?;
             if st.sample_type(i) != Some(SampleType::Answer) {
                 bail!(
                     "{}: sample_type is {:?}; the input must hold answer rows only (generate-answers' output)",
@@ -150,16 +149,9 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             if shard.is_some_and(|s| !s.contains(&id)) {
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(msg.value(i))
-                .with_context(|| format!("{}, column `messages`: not valid JSON", loc()))?;
-            let conv = stage::parse_messages(&v, &loc)?;
+            let conv = stage::messages_cell(msg.value(i), &loc)?;
             let (before, answer_prefix) = answer_turn(conv, plan.system_prompt.as_deref());
-            let mut answer_ids = stage::token_ids(
-                &rids.values.values()[rids.range(i)],
-                &loc,
-                "response_ids",
-                vocab,
-            )?;
+            let mut answer_ids = stage::token_ids(&rids, i, &loc, "response_ids", vocab)?;
             // The end-of-turn is the template's: a final EOS token is not part of the answer.
             if answer_ids.last().is_some_and(|t| stop_ids.contains(t)) {
                 answer_ids.pop();
@@ -191,28 +183,19 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 opened: context_opens_confidence(&ctx_text),
             });
         }
-        stage::write_chunks(
+        let g_c = plan.num_confidences;
+        sampler.write_chunks(
             &prepared,
-            plan.num_confidences,
-            s.batch_size,
+            g_c,
             &mut writer,
             &plan.job.out,
             &meta,
-            |chunk| {
-                sample_chunk(
-                    &policy,
-                    &batch,
-                    chunk,
-                    plan.num_confidences,
-                    &cfg,
-                    &mut progress,
-                    &mut summary,
-                )
-            },
+            |sm, chunk| sample_chunk(sm, &batch, chunk, g_c),
         )?;
         base_row += batch.num_rows();
     }
-    progress.finish();
+    sampler.progress.finish();
+    let summary = sampler.summary;
     validator.finish()?;
     stage::finish_output(
         writer,
@@ -234,15 +217,12 @@ pub fn run(plan: &Plan) -> Result<Summary> {
 /// Sample `g_c` confidences for each answer of `chunk`; rows: each answer followed by its
 /// confidences.
 fn sample_chunk(
-    policy: &Policy,
+    sm: &mut Sampler,
     batch: &RecordBatch,
     chunk: &[Prepared],
     g_c: usize,
-    cfg: &crate::sample::GenConfig,
-    progress: &mut crate::progress::Progress,
-    summary: &mut Summary,
 ) -> Result<RecordBatch> {
-    let groups = stage::groups(
+    let results = sm.sample(
         chunk,
         g_c,
         |p| p.context_ids.clone(),
@@ -251,14 +231,13 @@ fn sample_chunk(
             answer_idx: p.answer_idx,
             confidence_idx: Some(h),
         },
-    );
-    let results = stage::run_groups(policy, &groups, cfg, progress, summary)?;
+    )?;
     let mut take = Vec::with_capacity(chunk.len() * g_c);
     let mut c = stage::SampledColumns::default();
     for (p, res) in chunk.iter().zip(&results) {
         for (h, gen) in res.iter().enumerate() {
             let span = confidence_span(&gen.text, &gen.ends, p.opened);
-            summary.add(gen, span);
+            sm.summary.add(gen, span);
             take.push(p.row as u32);
             c.push(
                 SampleType::Confidence.as_str(),

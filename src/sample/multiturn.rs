@@ -33,15 +33,15 @@
 //! same bounds as the single-turn sampler, see there). An EOS token inside a rollout that goes on
 //! (chat-style tool use: `<|im_end|>` then a tool message) is kept in the text; a final EOS is
 //! left out of the text, as in single-turn responses.
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use rayon::prelude::*;
 
 use super::env::{EnvReply, EnvRequest, Environment};
 use super::logits::Processor;
 use super::rng::sample_rng;
 use super::sampler::{
-    draw_rows, plan_waves, prefill_logits, reselect, retire_finished, step_logits, DrawState,
-    GenConfig, Generated, Logits, SampleId, StepModel,
+    draw_rows, in_waves, reselect, retire_finished, start_wave, step_logits, wave_results,
+    DrawState, GenConfig, Generated, Logits, Part, SampleId, StepModel, WaveGroup,
 };
 use super::stop::{DecodeFn, Detokenizer, FinishReason};
 use crate::model::Message;
@@ -297,61 +297,30 @@ pub fn rollout<M: StepModel>(
         limits.max_response_tokens > 0,
         "--max-response-tokens must be at least 1"
     );
-    let max_pos = model.max_positions();
-    for e in episodes {
-        ensure!(!e.context.is_empty(), "empty context");
-        if e.context.len() >= max_pos {
-            let who = e
-                .samples
-                .first()
-                .map(|s| format!("prompt {}", s.prompt_id))
-                .unwrap_or_default();
-            bail!(
-                "{who}: the context is {} tokens, but the model accepts at most {max_pos} \
-                 positions (context + response); shorten the prompt",
-                e.context.len()
-            );
-        }
-    }
-    let mut order: Vec<usize> = (0..episodes.len()).collect();
-    order.sort_by_key(|&g| std::cmp::Reverse(episodes[g].context.len()));
-    let sizes: Vec<usize> = order.iter().map(|&g| episodes[g].samples.len()).collect();
-    let mut out: Vec<Vec<Option<Rollout>>> = episodes
-        .iter()
-        .map(|e| vec![None; e.samples.len()])
-        .collect();
     let mut next_id = 0u64;
-    for wave in plan_waves(&sizes, cfg.batch_size) {
-        let parts: Vec<(usize, std::ops::Range<usize>)> = wave
-            .iter()
-            .map(|p| (order[p.group], p.samples.clone()))
-            .collect();
-        let results = run_wave(
+    in_waves(episodes, model.max_positions(), cfg.batch_size, |parts| {
+        run_wave(
             model,
             decode,
             encode,
             episodes,
-            &parts,
+            parts,
             cfg,
             limits,
             env,
             &mut next_id,
             on_step,
-        )?;
-        let mut it = results.into_iter();
-        for (e, samples) in &parts {
-            for s in samples.clone() {
-                out[*e][s] = it.next();
-            }
-        }
+        )
+    })
+}
+
+impl WaveGroup for Episode {
+    fn context(&self) -> &[u32] {
+        &self.context
     }
-    out.into_iter()
-        .map(|v| {
-            v.into_iter()
-                .map(|x| x.context("internal: a rollout was not generated"))
-                .collect()
-        })
-        .collect()
+    fn samples(&self) -> &[SampleId] {
+        &self.samples
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -360,7 +329,7 @@ fn run_wave<M: StepModel>(
     decode: &DecodeFn<'_>,
     encode: &EncodeFn<'_>,
     episodes: &[Episode],
-    parts: &[(usize, std::ops::Range<usize>)],
+    parts: &[Part],
     cfg: &GenConfig,
     limits: &Limits,
     env: &mut dyn Environment,
@@ -369,49 +338,36 @@ fn run_wave<M: StepModel>(
 ) -> Result<Vec<Rollout>> {
     let vocab = model.vocab();
     let max_pos = model.max_positions();
-    let contexts: Vec<&[u32]> = parts
-        .iter()
-        .map(|(e, _)| episodes[*e].context.as_slice())
-        .collect();
-    let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
-    let n_ctx = contexts.len();
-    let mut cache = model.new_cache(n_ctx, longest + limits.max_response_tokens.min(64))?;
-
-    // 1. Prefill (left-padded, in chunks).
-    let mut logits = prefill_logits(model, &mut cache, &contexts, cfg.prefill_chunk)?;
-
-    // 2. Expand to one row per sample.
-    let mut expand = Vec::new();
-    let mut rows: Vec<Row> = Vec::new();
-    for (pi, (e, samples)) in parts.iter().enumerate() {
-        let ep = &episodes[*e];
-        for si in samples.clone() {
-            let id = ep.samples[si].clone();
-            expand.push(pi);
-            rows.push(Row {
-                out: rows.len(),
-                rng: sample_rng(cfg.seed, &id.key()),
-                id,
-                episode: *e,
-                ctx_len: ep.context.len(),
-                proc_: Processor::new(),
-                ids: Vec::new(),
-                logprobs: Vec::new(),
-                info: Vec::new(),
-                turn_ids: Vec::new(),
-                detok: Detokenizer::new(),
-                turns: Vec::new(),
-                turn_tokens: 0,
-                turn_start_text: 0,
-                held_eos: None,
-                turn_end: None,
-                finish: None,
-                obs: Vec::new(),
-            });
-        }
-    }
+    let room = limits.max_response_tokens.min(64);
+    // 1. Prefill (left-padded, in chunks); 2. expand to one row per sample.
+    let (mut cache, mut logits, mut rows, expand) = start_wave(
+        model,
+        episodes,
+        parts,
+        room,
+        cfg.prefill_chunk,
+        |e, id, out| Row {
+            out,
+            rng: sample_rng(cfg.seed, &id.key()),
+            id: id.clone(),
+            episode: e,
+            ctx_len: episodes[e].context.len(),
+            proc_: Processor::new(),
+            ids: Vec::new(),
+            logprobs: Vec::new(),
+            info: Vec::new(),
+            turn_ids: Vec::new(),
+            detok: Detokenizer::new(),
+            turns: Vec::new(),
+            turn_tokens: 0,
+            turn_start_text: 0,
+            held_eos: None,
+            turn_end: None,
+            finish: None,
+            obs: Vec::new(),
+        },
+    )?;
     let n_rows = rows.len();
-    reselect(model, &mut cache, n_ctx, &expand)?;
     // Row r reads logits row `src[r]` of `logits`.
     let mut src: Vec<usize> = expand;
     let mut results: Vec<Option<Rollout>> = vec![None; n_rows];
@@ -548,17 +504,13 @@ fn run_wave<M: StepModel>(
         }
         logits = Logits::cat(parts)?;
     }
-    results
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| r.with_context(|| format!("internal: row {i} of the wave did not finish")))
-        .collect()
+    wave_results(results)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::logits::{logprob_of, SamplingParams};
-    use super::super::sampler::tests::toy;
+    use super::super::sampler::tests::{sample_ids, toy};
     use super::super::stop::tests::toy_decode;
     use super::super::stop::StopCriteria;
     use super::*;
@@ -613,13 +565,7 @@ mod tests {
                 messages: vec![Message::new("user", &format!("q{g}"))],
                 data_source: "toy".into(),
                 ground_truth: serde_json::json!(g),
-                samples: (0..3)
-                    .map(|k| SampleId {
-                        prompt_id: format!("p{g}"),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
+                samples: sample_ids(&format!("p{g}"), 3),
             })
             .collect()
     }

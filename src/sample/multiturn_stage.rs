@@ -139,23 +139,21 @@ pub fn run(plan: &Plan) -> Result<String> {
         let gt = cols::str_col(b, &name, "ground_truth")?;
         for i in 0..b.num_rows() {
             let loc = || format!("{name}, row {}", base_row + i);
-            for (c, null) in [
-                ("prompt_id", pid.is_null(i)),
-                ("messages", msg.is_null(i)),
-                ("data_source", src.is_null(i)),
-                ("ground_truth", gt.is_null(i)),
-            ] {
-                if null {
-                    bail!("{}, column `{c}`: null where a value is required", loc());
-                }
-            }
+            stage::require_values(
+                &loc,
+                "null where a value is required",
+                &[
+                    ("prompt_id", pid.is_null(i)),
+                    ("messages", msg.is_null(i)),
+                    ("data_source", src.is_null(i)),
+                    ("ground_truth", gt.is_null(i)),
+                ],
+            )?;
             let id = pid.value(i).to_string();
             if !seen.insert(id.clone()) {
                 bail!("{}, column `prompt_id`: duplicate prompt_id {id:?}", loc());
             }
-            let v: serde_json::Value = serde_json::from_str(msg.value(i))
-                .with_context(|| format!("{}, column `messages`: not valid JSON", loc()))?;
-            let prompt = stage::parse_messages(&v, &loc)?;
+            let prompt = stage::messages_cell(msg.value(i), &loc)?;
             let messages = conversation(
                 &prompt,
                 plan.system_prompt.as_deref(),

@@ -215,7 +215,8 @@ mod tests {
 
     use super::*;
     use crate::sample::logits::SamplingParams;
-    use crate::sample::sampler::{generate, GenConfig, Generated, Group, SampleId};
+    use crate::sample::sampler::tests::groups_of;
+    use crate::sample::sampler::{generate, GenConfig, Generated, Group};
     use crate::sample::spans::{answer_span, Span};
     use crate::sample::stop::StopCriteria;
 
@@ -265,20 +266,7 @@ mod tests {
     }
 
     fn groups(contexts: &[Vec<u32>], n: u32) -> Vec<Group> {
-        contexts
-            .iter()
-            .enumerate()
-            .map(|(j, c)| Group {
-                context: c.clone(),
-                samples: (0..n)
-                    .map(|k| SampleId {
-                        prompt_id: format!("q{j}"),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
-            })
-            .collect()
+        groups_of(contexts, n, "q")
     }
 
     fn run(p: &Policy, gs: &[Group], c: &GenConfig) -> Vec<Vec<Generated>> {

@@ -355,36 +355,75 @@ pub fn generate<M: StepModel>(
         cfg.stop.max_new_tokens > 0,
         "--max-new-tokens must be at least 1"
     );
-    let max_pos = model.max_positions();
+    in_waves(groups, model.max_positions(), cfg.batch_size, |parts| {
+        run_wave(model, decode, groups, parts, cfg, on_step)
+    })
+}
+
+/// What the wave scheduler needs of a unit of work: one context and the samples drawn from it
+/// (a [`Group`] here, an [`super::multiturn::Episode`] for rollouts).
+pub(crate) trait WaveGroup {
+    fn context(&self) -> &[u32];
+    fn samples(&self) -> &[SampleId];
+}
+
+impl WaveGroup for Group {
+    fn context(&self) -> &[u32] {
+        &self.context
+    }
+    fn samples(&self) -> &[SampleId] {
+        &self.samples
+    }
+}
+
+/// The part of a wave taken from one group: its index in the caller's order and the range of
+/// its samples.
+pub(crate) type Part = (usize, std::ops::Range<usize>);
+
+/// Check that every group's context fits the model, then run their samples in waves of at most
+/// `batch_size` ([`plan_waves`]) through `run_wave`, which returns one result per sample of its
+/// parts, in order. Returns, per group, its samples' results in order.
+///
+/// Waves of similar context lengths waste less on padding, so groups are taken longest context
+/// first; what a row computes does not depend on its wave, and results go back to input order.
+pub(crate) fn in_waves<G: WaveGroup, T>(
+    groups: &[G],
+    max_pos: usize,
+    batch_size: usize,
+    mut run_wave: impl FnMut(&[Part]) -> Result<Vec<T>>,
+) -> Result<Vec<Vec<T>>> {
     for (g, group) in groups.iter().enumerate() {
-        ensure!(!group.context.is_empty(), "group {g}: empty context");
-        if group.context.len() >= max_pos {
+        let context = group.context();
+        ensure!(!context.is_empty(), "group {g}: empty context");
+        if context.len() >= max_pos {
             let who = group
-                .samples
+                .samples()
                 .first()
                 .map(|s| format!("prompt {}", s.prompt_id))
                 .unwrap_or_else(|| format!("group {g}"));
             bail!(
                 "{who}: the context is {} tokens, but the model accepts at most {max_pos} \
                  positions (context + response); shorten the prompt",
-                group.context.len()
+                context.len()
             );
         }
     }
-    // Waves of similar context lengths waste less on padding; what a row computes does not
-    // depend on its wave, and results go back to input order.
     let mut order: Vec<usize> = (0..groups.len()).collect();
-    order.sort_by_key(|&g| std::cmp::Reverse(groups[g].context.len()));
-    let sorted: Vec<Group> = order.iter().map(|&g| groups[g].clone()).collect();
-    let sizes: Vec<usize> = sorted.iter().map(|g| g.samples.len()).collect();
-    let mut out: Vec<Vec<Option<Generated>>> =
-        groups.iter().map(|g| vec![None; g.samples.len()]).collect();
-    for wave in plan_waves(&sizes, cfg.batch_size) {
-        let results = run_wave(model, decode, &sorted, &wave, cfg, on_step)?;
-        let mut it = results.into_iter();
-        for part in &wave {
-            for s in part.samples.clone() {
-                out[order[part.group]][s] = it.next();
+    order.sort_by_key(|&g| std::cmp::Reverse(groups[g].context().len()));
+    let sizes: Vec<usize> = order.iter().map(|&g| groups[g].samples().len()).collect();
+    let mut out: Vec<Vec<Option<T>>> = groups
+        .iter()
+        .map(|g| (0..g.samples().len()).map(|_| None).collect())
+        .collect();
+    for wave in plan_waves(&sizes, batch_size) {
+        let parts: Vec<Part> = wave
+            .iter()
+            .map(|p| (order[p.group], p.samples.clone()))
+            .collect();
+        let mut it = run_wave(&parts)?.into_iter();
+        for (g, samples) in &parts {
+            for s in samples.clone() {
+                out[*g][s] = it.next();
             }
         }
     }
@@ -398,6 +437,48 @@ pub fn generate<M: StepModel>(
                 })
                 .collect()
         })
+        .collect()
+}
+
+/// A started wave: its cache, the prefill's logits, the sample rows, and for each row its logits
+/// row of the prefill.
+pub(crate) type WaveStart<C, R> = (C, Logits, Vec<R>, Vec<usize>);
+
+/// Start a wave: a cache with one row per part (its group's context, prefilled left-padded in
+/// column chunks, `room` response slots to start with), expanded to one row per sample, each
+/// built by `row` from its group index, sample id and place in the wave's output. Returns the
+/// cache, the rows, and for each row its logits row of the prefill.
+pub(crate) fn start_wave<M: StepModel, G: WaveGroup, R>(
+    model: &M,
+    groups: &[G],
+    parts: &[Part],
+    room: usize,
+    prefill_chunk: usize,
+    mut row: impl FnMut(usize, &SampleId, usize) -> R,
+) -> Result<WaveStart<M::Cache, R>> {
+    let contexts: Vec<&[u32]> = parts.iter().map(|(g, _)| groups[*g].context()).collect();
+    let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
+    let n_ctx = contexts.len();
+    let mut cache = model.new_cache(n_ctx, longest + room)?;
+    let logits = prefill_logits(model, &mut cache, &contexts, prefill_chunk)?;
+    let mut expand = Vec::new();
+    let mut rows = Vec::new();
+    for (pi, (g, samples)) in parts.iter().enumerate() {
+        for si in samples.clone() {
+            expand.push(pi);
+            rows.push(row(*g, &groups[*g].samples()[si], rows.len()));
+        }
+    }
+    reselect(model, &mut cache, n_ctx, &expand)?;
+    Ok((cache, logits, rows, expand))
+}
+
+/// The results of a wave once every row has finished (a missing one is an internal error).
+pub(crate) fn wave_results<T>(results: Vec<Option<T>>) -> Result<Vec<T>> {
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.with_context(|| format!("internal: row {i} of the wave did not finish")))
         .collect()
 }
 
@@ -526,48 +607,38 @@ fn run_wave<M: StepModel>(
     model: &M,
     decode: &DecodeFn<'_>,
     groups: &[Group],
-    wave: &[WavePart],
+    parts: &[Part],
     cfg: &GenConfig,
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<Vec<Generated>> {
     let vocab = model.vocab();
     let max_pos = model.max_positions();
-    let contexts: Vec<&[u32]> = wave
-        .iter()
-        .map(|p| groups[p.group].context.as_slice())
-        .collect();
-    let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
-    let n_ctx = contexts.len();
     // Attention reads the whole cache buffer each step, so start small and let it grow (the
     // model grows it in chunks) rather than paying for max_new_tokens empty slots from step one.
-    let mut cache = model.new_cache(n_ctx, longest + cfg.stop.max_new_tokens.min(INITIAL_ROOM))?;
-
-    // 1. Prefill (left-padded), in column chunks.
-    let mut logits = prefill_logits(model, &mut cache, &contexts, cfg.prefill_chunk)?;
-
-    // 2. Expand to one row per sample.
-    let mut expand = Vec::new();
-    let mut rows = Vec::new();
-    for (pi, part) in wave.iter().enumerate() {
-        let group = &groups[part.group];
-        for si in part.samples.clone() {
-            let id = &group.samples[si];
-            expand.push(pi);
-            rows.push(Row {
-                out: rows.len(),
-                rng: sample_rng(cfg.seed, &id.key()),
-                proc_: Processor::new(),
-                ids: Vec::new(),
-                logprobs: Vec::new(),
-                detok: Detokenizer::new(),
-                limit: cfg.stop.max_new_tokens.min(max_pos - group.context.len()),
-                finish: None,
-            });
-        }
-    }
+    let room = cfg.stop.max_new_tokens.min(INITIAL_ROOM);
+    // 1. Prefill (left-padded, in column chunks); 2. expand to one row per sample.
+    let (mut cache, mut logits, mut rows, expand) = start_wave(
+        model,
+        groups,
+        parts,
+        room,
+        cfg.prefill_chunk,
+        |g, id, out| Row {
+            out,
+            rng: sample_rng(cfg.seed, &id.key()),
+            proc_: Processor::new(),
+            ids: Vec::new(),
+            logprobs: Vec::new(),
+            detok: Detokenizer::new(),
+            limit: cfg
+                .stop
+                .max_new_tokens
+                .min(max_pos - groups[g].context.len()),
+            finish: None,
+        },
+    )?;
     let n_rows = rows.len();
     // Row r reads logits row `src[r]` of the last model output.
-    reselect(model, &mut cache, n_ctx, &expand)?;
     let mut model_rows = expand.len();
     let mut src: Vec<usize> = expand;
     let mut results: Vec<Option<Generated>> = vec![None; n_rows];
@@ -612,11 +683,7 @@ fn run_wave<M: StepModel>(
         logits = step_logits(model, &mut cache, next.len(), 1, &next, &valid)?;
         src = (0..rows.len()).collect();
     }
-    results
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| r.with_context(|| format!("internal: row {i} of the wave did not finish")))
-        .collect()
+    wave_results(results)
 }
 
 #[cfg(test)]
@@ -726,17 +793,28 @@ pub(crate) mod tests {
             vec![9, 9, 9, 9, 9, 9, 9],
             vec![5],
         ];
-        ctx.iter()
+        groups_of(&ctx, 3, "p")
+    }
+
+    /// Answers `0..n` of prompt `prompt_id`.
+    pub(crate) fn sample_ids(prompt_id: &str, n: u32) -> Vec<SampleId> {
+        (0..n)
+            .map(|k| SampleId {
+                prompt_id: prompt_id.to_string(),
+                answer_idx: k,
+                confidence_idx: None,
+            })
+            .collect()
+    }
+
+    /// One group per context `j`, of `n` answers of prompt `{prefix}{j}`.
+    pub(crate) fn groups_of(contexts: &[Vec<u32>], n: u32, prefix: &str) -> Vec<Group> {
+        contexts
+            .iter()
             .enumerate()
-            .map(|(g, c)| Group {
+            .map(|(j, c)| Group {
                 context: c.clone(),
-                samples: (0..3)
-                    .map(|k| SampleId {
-                        prompt_id: format!("p{g}"),
-                        answer_idx: k,
-                        confidence_idx: None,
-                    })
-                    .collect(),
+                samples: sample_ids(&format!("{prefix}{j}"), n),
             })
             .collect()
     }

@@ -298,24 +298,73 @@ pub fn output_meta(
     ))
 }
 
-/// Sample `items` (`g` samples each) in chunks of about [`chunk_samples`] samples, in order, and
-/// write each chunk's rows (`sample(chunk)`) to `out` as soon as they are built (the writer opened
-/// with the first rows).
-pub fn write_chunks<P>(
-    items: &[P],
-    g: usize,
-    batch_size: usize,
-    writer: &mut Option<Writer>,
-    out: &std::path::Path,
-    meta: &Meta,
-    mut sample: impl FnMut(&[P]) -> Result<arrow::array::RecordBatch>,
-) -> Result<()> {
-    let per_chunk = (chunk_samples(batch_size) / g).max(1);
-    for chunk in items.chunks(per_chunk) {
-        let rows = sample(chunk)?;
-        table::io::write_lazily(writer, out, meta, &rows)?;
+/// A sampling stage's run: the policy and its generation settings, with the progress bar and
+/// the running totals every chunk adds to.
+pub struct Sampler<'a> {
+    pub policy: &'a Policy,
+    pub cfg: &'a GenConfig,
+    pub progress: Progress,
+    pub summary: Summary,
+}
+
+impl<'a> Sampler<'a> {
+    /// A run of `total` output rows under `stage_name` (the progress bar's title).
+    pub fn new(policy: &'a Policy, cfg: &'a GenConfig, stage_name: &str, total: usize) -> Self {
+        Sampler {
+            policy,
+            cfg,
+            progress: Progress::new(stage_name, total as u64, "rows"),
+            summary: Summary::default(),
+        }
     }
-    Ok(())
+
+    /// Sample `g` responses for each of `items`: its context `context(item)`, its k-th sample
+    /// `id(item, k)` (see [`groups`], [`run_groups`]). Per item, its responses in order.
+    pub fn sample<P>(
+        &mut self,
+        items: &[P],
+        g: usize,
+        context: impl Fn(&P) -> Vec<u32>,
+        id: impl Fn(&P, u32) -> SampleId,
+    ) -> Result<Vec<Vec<Generated>>> {
+        let groups = groups(items, g, context, id);
+        run_groups(
+            self.policy,
+            &groups,
+            self.cfg,
+            &mut self.progress,
+            &mut self.summary,
+        )
+    }
+
+    /// Sample `items` (`g` samples each) in chunks of about [`chunk_samples`] samples, in
+    /// order, and write each chunk's rows (`sample(self, chunk)`) to `out` as soon as they are
+    /// built (the writer opened with the first rows).
+    pub fn write_chunks<P>(
+        &mut self,
+        items: &[P],
+        g: usize,
+        writer: &mut Option<Writer>,
+        out: &std::path::Path,
+        meta: &Meta,
+        mut sample: impl FnMut(&mut Self, &[P]) -> Result<arrow::array::RecordBatch>,
+    ) -> Result<()> {
+        let per_chunk = (chunk_samples(self.cfg.batch_size) / g).max(1);
+        for chunk in items.chunks(per_chunk) {
+            let rows = sample(self, chunk)?;
+            table::io::write_lazily(writer, out, meta, &rows)?;
+        }
+        Ok(())
+    }
+}
+
+/// Fail on the first of `cols` (a column name and whether the row's value is null) that is
+/// null: `{loc}, column `{name}`: {what}`.
+pub fn require_values(loc: &dyn Fn() -> String, what: &str, cols: &[(&str, bool)]) -> Result<()> {
+    match cols.iter().find(|(_, null)| *null) {
+        Some((c, _)) => bail!("{}, column `{c}`: {what}", loc()),
+        None => Ok(()),
+    }
 }
 
 /// Close the output a stage wrote chunk by chunk; when no row reached it (`writer` never opened),
@@ -331,10 +380,17 @@ pub fn finish_output(writer: Option<Writer>, name: &str, what: &str, sharded: bo
     Ok(())
 }
 
-/// The token ids of a row of list column `col` as the model's: each in `0..vocab`, else an
-/// error naming the row (`loc`) and the column.
-pub fn token_ids(v: &[i32], loc: &dyn Fn() -> String, col: &str, vocab: usize) -> Result<Vec<u32>> {
-    v.iter()
+/// Row `i` of the `list<int32>` column `col` (`v`) as the model's token ids: each in `0..vocab`,
+/// else an error naming the row (`loc`) and the column.
+pub fn token_ids(
+    v: &cols::ListView<'_, Int32Array>,
+    i: usize,
+    loc: &dyn Fn() -> String,
+    col: &str,
+    vocab: usize,
+) -> Result<Vec<u32>> {
+    v.values.values()[v.range(i)]
+        .iter()
         .map(|&t| match u32::try_from(t) {
             Ok(id) if (id as usize) < vocab => Ok(id),
             _ => bail!(
@@ -434,6 +490,13 @@ impl SampledColumns {
             ("confidence_span", cols::build_spans(&self.confidence_span)),
         ]
     }
+}
+
+/// Parse the JSON text of a `messages` cell (see [`parse_messages`]).
+pub fn messages_cell(text: &str, loc: &dyn Fn() -> String) -> Result<Vec<Message>> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .with_context(|| format!("{}, column `messages`: not valid JSON", loc()))?;
+    parse_messages(&v, loc)
 }
 
 /// Parse a `messages` JSON value (list of {role, content}) into messages.

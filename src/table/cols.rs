@@ -355,32 +355,18 @@ fn list_values<'a, T: 'static>(
     Ok(ListView { list, values })
 }
 
-/// `list<int32>` column.
-pub fn list_i32<'a>(
-    b: &'a RecordBatch,
-    table: &str,
-    name: &str,
-) -> Result<ListView<'a, Int32Array>> {
-    list_values(b, table, name, "int32")
+macro_rules! list_getter {
+    ($fn:ident, $ty:ty, $tname:literal) => {
+        #[doc = concat!("`list<", $tname, ">` column; errors name the table and column.")]
+        pub fn $fn<'a>(b: &'a RecordBatch, table: &str, name: &str) -> Result<ListView<'a, $ty>> {
+            list_values(b, table, name, $tname)
+        }
+    };
 }
 
-/// `list<float32>` column.
-pub fn list_f32<'a>(
-    b: &'a RecordBatch,
-    table: &str,
-    name: &str,
-) -> Result<ListView<'a, Float32Array>> {
-    list_values(b, table, name, "float32")
-}
-
-/// `list<bool>` column.
-pub fn list_bool<'a>(
-    b: &'a RecordBatch,
-    table: &str,
-    name: &str,
-) -> Result<ListView<'a, BooleanArray>> {
-    list_values(b, table, name, "bool")
-}
+list_getter!(list_i32, Int32Array, "int32");
+list_getter!(list_f32, Float32Array, "float32");
+list_getter!(list_bool, BooleanArray, "bool");
 
 /// A span column: per row `Some((start, end))` or `None`.
 pub fn spans(b: &RecordBatch, table: &str, name: &str) -> Result<Vec<Option<(i32, i32)>>> {

@@ -1035,20 +1035,15 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let parts = d.path().join("parts");
         let b = batch();
-        write_table(
-            &parts.join("p1.parquet"),
-            b.schema(),
-            std::slice::from_ref(&b),
-            &meta(),
-        )
-        .unwrap();
-        write_table(
-            &parts.join("p0.parquet"),
-            b.schema(),
-            std::slice::from_ref(&b),
-            &meta(),
-        )
-        .unwrap();
+        for part in ["p1.parquet", "p0.parquet"] {
+            write_table(
+                &parts.join(part),
+                b.schema(),
+                std::slice::from_ref(&b),
+                &meta(),
+            )
+            .unwrap();
+        }
         let r = Reader::open(&parts).unwrap();
         assert_eq!(r.num_rows(), 6);
         assert_eq!(r.read_all().unwrap().len(), 2);

@@ -3,9 +3,9 @@
 //! verifier's requests). Text in any of Arrow's forms reads as a JSON string.
 use anyhow::{bail, Result};
 use arrow::array::{
-    Array, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array,
-    LargeListArray, ListArray, MapArray, StructArray, UInt16Array, UInt32Array, UInt64Array,
-    UInt8Array,
+    Array, ArrayRef, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array,
+    Int8Array, LargeListArray, ListArray, MapArray, StructArray, UInt16Array, UInt32Array,
+    UInt64Array, UInt8Array,
 };
 use serde_json::{Map, Value};
 
@@ -47,19 +47,17 @@ pub fn value(a: &dyn Array, i: usize) -> Result<Value> {
             .get(i)
             .map_or(Value::Null, |s| Value::String(s.to_string())));
     }
-    if let Some(x) = any.downcast_ref::<ListArray>() {
-        let v = x.value(i);
-        return (0..v.len())
+    let list = |v: ArrayRef| {
+        (0..v.len())
             .map(|j| value(v.as_ref(), j))
             .collect::<Result<Vec<_>>>()
-            .map(Value::Array);
+            .map(Value::Array)
+    };
+    if let Some(x) = any.downcast_ref::<ListArray>() {
+        return list(x.value(i));
     }
     if let Some(x) = any.downcast_ref::<LargeListArray>() {
-        let v = x.value(i);
-        return (0..v.len())
-            .map(|j| value(v.as_ref(), j))
-            .collect::<Result<Vec<_>>>()
-            .map(Value::Array);
+        return list(x.value(i));
     }
     if let Some(x) = any.downcast_ref::<StructArray>() {
         let mut m = Map::new();

@@ -336,31 +336,20 @@ fn non_null<'a>(v: &Option<&'a Value>) -> Option<&'a Value> {
     v.filter(|x| !x.is_null())
 }
 
+/// `f` of each of `vals` that is not null (None or JSON null), else `None`.
+fn cells<'a, T>(vals: &[Option<&'a Value>], f: impl Fn(&'a Value) -> Option<T>) -> Vec<Option<T>> {
+    vals.iter().map(|v| non_null(v).and_then(&f)).collect()
+}
+
 /// The array of `vals` (None or JSON null = null) with type `t`.
 fn build(t: &Ty, vals: &[Option<&Value>]) -> ArrayRef {
     let get = non_null;
     match t {
         Ty::Null => Arc::new(arrow::array::NullArray::new(vals.len())),
-        Ty::Bool => Arc::new(BooleanArray::from(
-            vals.iter()
-                .map(|v| get(v).and_then(Value::as_bool))
-                .collect::<Vec<_>>(),
-        )),
-        Ty::Int => Arc::new(Int64Array::from(
-            vals.iter()
-                .map(|v| get(v).and_then(Value::as_i64))
-                .collect::<Vec<_>>(),
-        )),
-        Ty::Float => Arc::new(Float64Array::from(
-            vals.iter()
-                .map(|v| get(v).and_then(Value::as_f64))
-                .collect::<Vec<_>>(),
-        )),
-        Ty::Str => Arc::new(StringArray::from(
-            vals.iter()
-                .map(|v| get(v).and_then(Value::as_str))
-                .collect::<Vec<_>>(),
-        )),
+        Ty::Bool => Arc::new(BooleanArray::from(cells(vals, Value::as_bool))),
+        Ty::Int => Arc::new(Int64Array::from(cells(vals, Value::as_i64))),
+        Ty::Float => Arc::new(Float64Array::from(cells(vals, Value::as_f64))),
+        Ty::Str => Arc::new(StringArray::from(cells(vals, Value::as_str))),
         Ty::List(x) => {
             let items: Vec<Option<&Value>> = vals
                 .iter()

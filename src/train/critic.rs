@@ -249,7 +249,7 @@ pub fn train_critic(
     Ok((model, steps))
 }
 
-/// Token ids of a list column, checked against the vocabulary.
+/// Row `i` of a list-of-floats column: `len` values, each finite.
 fn floats(
     v: &cols::ListView<'_, arrow::array::Float32Array>,
     i: usize,

@@ -437,44 +437,22 @@ mod tests {
         assert_eq!(event_steps(&live.join(&names[1])), want[1..].to_vec());
         // Resume from a folder without state: an error with `yes`, a fresh start with `auto`.
         let m = tiny();
-        let e = start_optimizer(
-            &tiny_dir(),
-            "update",
-            ResumeMode::Yes,
-            AdamWConfig::default(),
-            &m.transformer,
-        )
-        .err()
-        .expect("no state");
+        let start = |dir: &Path, stage: &str, mode: ResumeMode| {
+            start_optimizer(dir, stage, mode, AdamWConfig::default(), &m.transformer)
+                .map(|(opt, resumed)| (resumed, opt.step))
+        };
+        let e = start(&tiny_dir(), "update", ResumeMode::Yes).expect_err("no state");
         assert!(format!("{e:#}").contains("no trainer state"), "{e:#}");
-        let (opt, resumed) = start_optimizer(
-            &tiny_dir(),
-            "update",
-            ResumeMode::Auto,
-            AdamWConfig::default(),
-            &m.transformer,
-        )
-        .expect("auto");
-        assert!(!resumed && opt.step == 0);
-        // `auto` does not carry another stage's state over; `yes` does.
-        let (opt, resumed) = start_optimizer(
-            &one,
-            "sft",
-            ResumeMode::Auto,
-            AdamWConfig::default(),
-            &m.transformer,
-        )
-        .expect("auto");
-        assert!(!resumed && opt.step == 0);
-        let (opt, resumed) = start_optimizer(
-            &one,
-            "sft",
-            ResumeMode::Yes,
-            AdamWConfig::default(),
-            &m.transformer,
-        )
-        .expect("yes");
-        assert!(resumed && opt.step == 1);
+        // (folder, stage, mode) → (resumed, step): `auto` starts afresh without state and does
+        // not carry another stage's state over; `yes` does.
+        for (dir, stage, mode, want) in [
+            (tiny_dir(), "update", ResumeMode::Auto, (false, 0)),
+            (one.clone(), "sft", ResumeMode::Auto, (false, 0)),
+            (one.clone(), "sft", ResumeMode::Yes, (true, 1)),
+        ] {
+            let got = start(&dir, stage, mode).expect("start");
+            assert_eq!(got, want, "{} {stage} {mode:?}", dir.display());
+        }
     }
 
     /// `rlcr logprobs` semantics on the written folder equal the in-memory trained model.

@@ -29,6 +29,42 @@ use super::session::{self, ResumeMode, Session};
 use super::sft::{read_sft_rows, SftFilter};
 use super::trainer::{Objective, StepMetrics, TrainConfig, ValueTokens};
 
+/// The [`Session`] of a `$stage` call that trains `$model` on `$table` as `$plan` (an
+/// [`UpdatePlan`] or an [`SftPlan`], whose output, optimizer and TensorBoard fields are the same)
+/// says; the trainer state's `$config` completed with the model's LoRA settings and the loop's
+/// configuration `$train` ([`completed_config`]).
+macro_rules! session {
+    ($plan:expr, $stage:literal, $model:expr, $train:expr, $config:expr, $table:expr) => {{
+        let train: TrainConfig = $train;
+        Session {
+            stage: $stage.into(),
+            out: $plan.out.clone(),
+            resume: $plan.resume,
+            adamw: $plan.adamw,
+            config: completed_config($config, $model, &train)?,
+            train,
+            inputs: vec![$plan.model.display().to_string(), $table],
+            tensorboard: $plan.tensorboard.clone(),
+        }
+    }};
+}
+
+/// `config` (an object) with the model's LoRA settings as `lora` and `train` as `train`.
+fn completed_config(
+    mut config: serde_json::Value,
+    model: &Model,
+    train: &TrainConfig,
+) -> Result<serde_json::Value> {
+    if let Some(o) = config.as_object_mut() {
+        o.insert("lora".into(), model_lora(model));
+        o.insert(
+            "train".into(),
+            serde_json::to_value(train).context("serialising the configuration")?,
+        );
+    }
+    Ok(config)
+}
+
 /// A validated `update` call.
 pub struct UpdatePlan {
     /// Policy folder (a model or a LoRA adapter folder).
@@ -173,24 +209,7 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
     }
     train.agg_len = plan.agg_len.unwrap_or_else(|| longest(&rows));
     let warning = zero_advantage_warning(&rows, &table);
-    let mut config = plan.config.clone();
-    if let Some(o) = config.as_object_mut() {
-        o.insert("lora".into(), model_lora(&model));
-        o.insert(
-            "train".into(),
-            serde_json::to_value(&train).context("serialising the configuration")?,
-        );
-    }
-    let s = Session {
-        stage: "update".into(),
-        out: plan.out.clone(),
-        resume: plan.resume,
-        adamw: plan.adamw,
-        train,
-        config,
-        inputs: vec![plan.model.display().to_string(), table],
-        tensorboard: plan.tensorboard.clone(),
-    };
+    let s = session!(plan, "update", &model, train, plan.config.clone(), table);
     let steps = session::run_guarded(model, &rows, &s, &plan.guards)?;
     Ok(UpdateSummary { steps, warning })
 }
@@ -255,22 +274,8 @@ pub fn sft(plan: &SftPlan, load_model: &PolicyLoader) -> Result<Vec<StepMetrics>
     if let Some(o) = config.as_object_mut() {
         o.insert("source".into(), format!("{source:?}").into());
         o.insert("chat".into(), plan.chat.meta());
-        o.insert("lora".into(), model_lora(&model));
-        o.insert(
-            "train".into(),
-            serde_json::to_value(&train).context("serialising the configuration")?,
-        );
     }
-    let s = Session {
-        stage: "sft".into(),
-        out: plan.out.clone(),
-        resume: plan.resume,
-        adamw: plan.adamw,
-        train,
-        config,
-        inputs: vec![plan.model.display().to_string(), table],
-        tensorboard: plan.tensorboard.clone(),
-    };
+    let s = session!(plan, "sft", &model, train, config, table);
     session::run(model, &rows, &s)
 }
 

@@ -9,9 +9,7 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int32Array, RecordBatch, StructArray,
-};
+use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int32Array, RecordBatch, StructArray};
 use arrow::compute::cast;
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int32Type};
 
@@ -122,19 +120,21 @@ pub fn list_lengths(batch: &RecordBatch, name: &str) -> Result<Option<Flat<()>>>
     }))
 }
 
-/// A list-of-numbers column with its items cast to `T` (`what` names `T` in errors); `None` when
-/// absent.
-fn primitive_lists<T: ArrowPrimitiveType>(
+/// A list column with its items cast to `to` (`what` names it in errors) and converted by
+/// `values`; `None` when absent.
+fn cast_lists<T>(
     batch: &RecordBatch,
     name: &str,
+    to: &DataType,
     what: &str,
-) -> Result<Option<Flat<T::Native>>> {
+    values: impl FnOnce(&ArrayRef) -> Vec<T>,
+) -> Result<Option<Flat<T>>> {
     let Some(col) = batch.column_by_name(name) else {
         return Ok(None);
     };
     let (offsets, vals) = list_parts(col, name)?;
     no_null_items(&vals, name)?;
-    let v = cast(&vals, &T::DATA_TYPE).with_context(|| {
+    let v = cast(&vals, to).with_context(|| {
         format!(
             "column `{name}`: cannot read {} items as {what}",
             vals.data_type()
@@ -142,9 +142,21 @@ fn primitive_lists<T: ArrowPrimitiveType>(
     })?;
     Ok(Some(Flat {
         offsets,
-        values: v.as_primitive::<T>().values().to_vec(),
+        values: values(&v),
         valid: validity(col),
     }))
+}
+
+/// A list-of-numbers column with its items cast to `T` (`what` names `T` in errors); `None` when
+/// absent.
+fn primitive_lists<T: ArrowPrimitiveType>(
+    batch: &RecordBatch,
+    name: &str,
+    what: &str,
+) -> Result<Option<Flat<T::Native>>> {
+    cast_lists(batch, name, &T::DATA_TYPE, what, |v| {
+        v.as_primitive::<T>().values().to_vec()
+    })
 }
 
 /// A list-of-floats column as `f64`; `None` when absent.
@@ -159,24 +171,9 @@ pub fn int_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<i32>>> {
 
 /// A list-of-bools column (integers accepted: non-zero is true); `None` when absent.
 pub fn bool_lists(batch: &RecordBatch, name: &str) -> Result<Option<Flat<bool>>> {
-    let Some(col) = batch.column_by_name(name) else {
-        return Ok(None);
-    };
-    let (offsets, vals) = list_parts(col, name)?;
-    no_null_items(&vals, name)?;
-    let v = cast(&vals, &DataType::Boolean).with_context(|| {
-        format!(
-            "column `{name}`: cannot read {} items as booleans",
-            vals.data_type()
-        )
-    })?;
-    let b: &BooleanArray = v.as_boolean();
-    let values = b.values().iter().collect();
-    Ok(Some(Flat {
-        offsets,
-        values,
-        valid: validity(col),
-    }))
+    cast_lists(batch, name, &DataType::Boolean, "booleans", |v| {
+        v.as_boolean().values().iter().collect()
+    })
 }
 
 /// A span column (`struct<start, end>`, nullable); `None` when absent.

@@ -242,18 +242,8 @@ pub(super) fn pass2(plan: &Plan, prep: Prepared) -> Result<()> {
 /// Columns pass 2 decodes (everything else is copied without decoding): what the masks and
 /// token advantages need, and the per-token lists the validator checks against `response_ids`.
 fn pass2_projection(plan: &Plan, schema: &Schema) -> Vec<usize> {
-    let mut names = vec![
-        "sample_type",
-        "reward",
-        "response_ids",
-        "answer_span",
-        "confidence_span",
-        "info_mask",
-        "token_turn_ids",
-        "response_logprobs",
-        "ref_logprobs",
-        "values",
-    ];
+    let mut names = vec!["sample_type", "reward"];
+    names.extend(TOKEN_COLUMNS);
     if plan.estimator == Estimator::Gae {
         names.push("reward_components");
     }

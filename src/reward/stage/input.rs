@@ -166,22 +166,21 @@ impl Strs for StringArray {
     }
 }
 
-/// A utf8 column read either way: a dictionary keeps its keys, so that equal keys can skip a
-/// string comparison.
-pub(super) enum StrCol {
-    Plain(StringArray),
-    Dict {
-        keys: Int32Array,
-        values: StringArray,
-    },
-}
+/// A utf8 column read either way (plain, or a dictionary with int32 keys), read through
+/// [`table::StrCol`]: a dictionary keeps its keys, so that equal keys can skip a string
+/// comparison.
+pub(super) struct TextCol(ArrayRef);
 
-impl StrCol {
+impl TextCol {
+    /// The column as text.
+    #[inline]
+    fn view(&self) -> table::StrCol<'_> {
+        // ok: built only from arrays `StrCol` reads (checked in `str_col`)
+        table::StrCol::of_array(self.0.as_ref()).expect("a text column")
+    }
+
     pub(super) fn len(&self) -> usize {
-        match self {
-            StrCol::Plain(a) => a.len(),
-            StrCol::Dict { keys, .. } => keys.len(),
-        }
+        self.0.len()
     }
 
     /// The dictionary key of row `i` when the row holds a value (`None` for plain columns and
@@ -189,67 +188,41 @@ impl StrCol {
     /// need not fetch and compare the string.
     #[inline]
     pub(super) fn valid_key(&self, i: usize) -> Option<i32> {
-        match self {
-            StrCol::Plain(_) => None,
-            StrCol::Dict { keys, values } => {
-                if keys.is_null(i) {
-                    return None;
-                }
-                let k = keys.value(i);
-                (!values.is_null(k as usize)).then_some(k)
-            }
-        }
+        self.view().key(i)
     }
 }
 
-impl Strs for StrCol {
+impl Strs for TextCol {
     fn is_null_at(&self, i: usize) -> bool {
-        match self {
-            StrCol::Plain(a) => a.is_null(i),
-            StrCol::Dict { keys, values } => {
-                keys.is_null(i) || values.is_null(keys.value(i) as usize)
-            }
-        }
+        self.view().is_null(i)
     }
     fn value_at(&self, i: usize) -> &str {
-        match self {
-            StrCol::Plain(a) => a.value(i),
-            StrCol::Dict { keys, values } => values.value(keys.value(i) as usize),
-        }
+        self.view().value(i)
     }
 }
 
 /// A utf8 column that may have been read as a dictionary.
-fn str_col(b: &RecordBatch, file: &Path, name: &str) -> Result<StrCol> {
+fn str_col(b: &RecordBatch, file: &Path, name: &str) -> Result<TextCol> {
     let c = b.column_by_name(name).ok_or_else(|| {
         anyhow!(
             "{}: column `{name}` is missing (is this a trajectory table?)",
             file.display()
         )
     })?;
-    if let DataType::Dictionary(kt, vt) = c.data_type() {
-        let c = if **kt == DataType::Int32 && **vt == DataType::Utf8 {
+    let c: ArrayRef = if let DataType::Dictionary(kt, vt) = c.data_type() {
+        if **kt == DataType::Int32 && **vt == DataType::Utf8 {
             c.clone()
         } else {
             let dt = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
             arrow::compute::cast(c, &dt)?
-        };
-        let d = c
-            .as_any()
-            .downcast_ref::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>()
-            .context("internal: dictionary cast")?;
-        let values = d
-            .values()
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .context("internal: dictionary values")?
-            .clone();
-        return Ok(StrCol::Dict {
-            keys: d.keys().clone(),
-            values,
-        });
+        }
+    } else {
+        Arc::new(utf8(b, file, name)?)
+    };
+    if table::StrCol::of_array(c.as_ref()).is_none() {
+        bail!("internal: {name} is not text after its cast");
     }
-    Ok(StrCol::Plain(utf8(b, file, name)?))
+    Ok(TextCol(c))
 }
 
 pub(super) fn str_at<'a, S: Strs + ?Sized>(
@@ -266,37 +239,19 @@ pub(super) fn str_at<'a, S: Strs + ?Sized>(
 }
 
 /// The kind of every row of a batch (dictionaries: once per distinct value).
-pub(super) fn kinds_of(st: &StrCol, path: &Path, rows: &RowIds) -> Result<Vec<SampleType>> {
-    let n = st.len();
-    let mut kinds = Vec::with_capacity(n);
-    match st {
-        StrCol::Dict { keys, values } if keys.null_count() == 0 && values.null_count() == 0 => {
-            let per_value: Vec<Option<SampleType>> = (0..values.len())
-                .map(|v| match values.value(v) {
-                    "answer" => Some(SampleType::Answer),
-                    "confidence" => Some(SampleType::Confidence),
-                    _ => None,
-                })
-                .collect();
-            for i in 0..n {
-                match per_value[keys.value(i) as usize] {
-                    Some(k) => kinds.push(k),
-                    None => kinds.push(kind_of(st.value_at(i), path, rows.at(i))?),
-                }
-            }
-        }
-        _ => {
-            for i in 0..n {
+pub(super) fn kinds_of(st: &TextCol, path: &Path, rows: &RowIds) -> Result<Vec<SampleType>> {
+    let view = st.view();
+    // Per dictionary value (empty for plain columns).
+    let per_value = view.per_value(|v| v.and_then(|v| SampleType::from_bytes(v.as_bytes())));
+    (0..st.len())
+        .map(|i| match view.key(i).and_then(|k| per_value[k as usize]) {
+            Some(k) => Ok(k),
+            None => {
                 let row = rows.at(i);
-                kinds.push(kind_of(
-                    str_at(st, i, path, "sample_type", row)?,
-                    path,
-                    row,
-                )?);
+                kind_of(str_at(st, i, path, "sample_type", row)?, path, row)
             }
-        }
-    }
-    Ok(kinds)
+        })
+        .collect()
 }
 
 fn kind_of(s: &str, file: &Path, row: u64) -> Result<SampleType> {
@@ -384,12 +339,12 @@ fn validate_with(read: &Path, parts: &[Part], by_levels: &[&str]) -> Result<Link
 pub(super) struct RgCols {
     /// Input row numbers.
     pub(super) rows: RowIds,
-    pub(super) sample_type: StrCol,
+    pub(super) sample_type: TextCol,
     pub(super) prompt_id: Option<StringArray>,
     pub(super) answer_idx: Option<Int32Array>,
     pub(super) sample_id: Option<StringArray>,
-    pub(super) data_source: StrCol,
-    pub(super) ground_truth: StrCol,
+    pub(super) data_source: TextCol,
+    pub(super) ground_truth: TextCol,
     pub(super) response: StringArray,
     pub(super) messages: Option<StringArray>,
     pub(super) extra: HashMap<String, ArrayRef>,

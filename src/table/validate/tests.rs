@@ -90,10 +90,15 @@ fn prompt_ids_find_repeats_within_a_prompt_only() {
 }
 
 fn check(b: &RecordBatch) -> Result<()> {
+    check_with(b, &["sample_id"])
+}
+
+/// Validate `b` as the one batch of `t.parquet`, with the `required` columns.
+fn check_with(b: &RecordBatch, required: &[&str]) -> Result<()> {
     validate_batches(
         "t.parquet",
         &TRAJECTORY,
-        &["sample_id"],
+        required,
         std::slice::from_ref(b),
         &b.schema(),
     )
@@ -410,15 +415,7 @@ fn messages_name_file_row_column() {
     );
 
     let b = table(&["answer"], &["p/a0"], &[0], &[3]);
-    let e = validate_batches(
-        "t.parquet",
-        &TRAJECTORY,
-        &["acc_reward"],
-        std::slice::from_ref(&b),
-        &b.schema(),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = check_with(&b, &["acc_reward"]).unwrap_err().to_string();
     assert!(
         e.starts_with("t.parquet: column `acc_reward` is missing"),
         "{e}"
@@ -440,56 +437,24 @@ fn wrong_type_and_nulls_and_nan() {
         "x.parquet: column `reward` has type Utf8, expected float32"
     );
 
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        "reward",
-        DataType::Float32,
-        true,
-    )]));
-    let b = RecordBatch::try_new(
-        schema,
-        vec![Arc::new(Float32Array::from(vec![
-            Some(1.0),
-            None,
-            Some(f32::NAN),
-        ]))],
-    )
-    .unwrap();
-    let e = validate_batches(
-        "t.parquet",
-        &TRAJECTORY,
-        &[],
-        std::slice::from_ref(&b),
-        &b.schema(),
-    )
-    .unwrap_err()
-    .to_string();
-    assert_eq!(
-        e,
-        "t.parquet, row 1, column `reward`: null where a value is required"
-    );
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        "reward",
-        DataType::Float32,
-        true,
-    )]));
-    let b = RecordBatch::try_new(
-        schema,
-        vec![Arc::new(Float32Array::from(vec![1.0, f32::INFINITY]))],
-    )
-    .unwrap();
-    let e = validate_batches(
-        "t.parquet",
-        &TRAJECTORY,
-        &[],
-        std::slice::from_ref(&b),
-        &b.schema(),
-    )
-    .unwrap_err()
-    .to_string();
-    assert_eq!(
-        e,
-        "t.parquet, row 1, column `reward`: value inf is not a finite number"
-    );
+    for (values, want) in [
+        (
+            Float32Array::from(vec![Some(1.0), None, Some(f32::NAN)]),
+            "t.parquet, row 1, column `reward`: null where a value is required",
+        ),
+        (
+            Float32Array::from(vec![1.0, f32::INFINITY]),
+            "t.parquet, row 1, column `reward`: value inf is not a finite number",
+        ),
+    ] {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "reward",
+            DataType::Float32,
+            true,
+        )]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(values)]).unwrap();
+        assert_eq!(check_with(&b, &[]).unwrap_err().to_string(), want);
+    }
 }
 
 #[test]

@@ -20,6 +20,15 @@ pub(crate) fn tiny() -> Model {
     Model::load(&tiny_dir(), &Device::flex().autodiff()).expect("tiny-qwen2 fixture")
 }
 
+/// The log-probs (temperature 1) `model` gives the responses of `rows`.
+fn current_logprobs(model: &Transformer, rows: &[TrainRow]) -> Vec<Vec<f32>> {
+    let pairs: Vec<(&[u32], &[u32])> = rows
+        .iter()
+        .map(|r| (r.context.as_slice(), r.response.as_slice()))
+        .collect();
+    host_logprobs(&model.valid(), &pairs, 8, 1.0, None).expect("logprobs")
+}
+
 /// Ragged rows of random ids; behaviour log-probs = current ones + noise within ±`noise`
 /// (so ratios stay inside the clip range when `noise` is small), advantages ±, a few masked
 /// tokens.
@@ -47,11 +56,7 @@ pub(crate) fn rows(model: &Transformer, n: usize, seed: u64, noise: f32) -> Vec<
             }
         })
         .collect();
-    let pairs: Vec<(&[u32], &[u32])> = out
-        .iter()
-        .map(|r| (r.context.as_slice(), r.response.as_slice()))
-        .collect();
-    let lp = host_logprobs(&model.valid(), &pairs, 8, 1.0, None).expect("logprobs");
+    let lp = current_logprobs(model, &out);
     for (row, lp) in out.iter_mut().zip(lp) {
         let mut noisy: Vec<f32> = lp
             .iter()
@@ -320,11 +325,7 @@ fn repeated_updates_move_log_probs_the_right_way() {
         r.adv = vec![s; r.response.len()];
     }
     let mean_lp = |model: &Transformer, rows: &[TrainRow]| -> (f64, f64) {
-        let pairs: Vec<(&[u32], &[u32])> = rows
-            .iter()
-            .map(|r| (r.context.as_slice(), r.response.as_slice()))
-            .collect();
-        let lp = host_logprobs(&model.valid(), &pairs, 8, 1.0, None).expect("lp");
+        let lp = current_logprobs(model, rows);
         let (mut pos, mut neg) = (0.0, 0.0);
         for (r, l) in rows.iter().zip(&lp) {
             let s: f64 = l.iter().map(|&x| x as f64).sum::<f64>() / l.len() as f64;
@@ -352,11 +353,7 @@ fn repeated_updates_move_log_probs_the_right_way() {
     let mut model = m.transformer;
     for _ in 0..5 {
         // On-policy: behaviour log-probs are the current ones (ratio 1 at the start).
-        let pairs: Vec<(&[u32], &[u32])> = rows
-            .iter()
-            .map(|r| (r.context.as_slice(), r.response.as_slice()))
-            .collect();
-        let lp = host_logprobs(&model.valid(), &pairs, 8, 1.0, None).expect("lp");
+        let lp = current_logprobs(&model, &rows);
         for (r, l) in rows.iter_mut().zip(lp) {
             r.old_logp = l;
         }
