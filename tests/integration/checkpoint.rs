@@ -8,7 +8,7 @@ use rlcr::model::Model;
 use rlcr::train::data::TrainRow;
 use rlcr::train::trainer::{batch_gradients, grads_to_host, Objective, TrainConfig};
 
-use super::train::{tensors, train_rows, write_rows};
+use super::support::train::{tensors, train_rows, write_rows};
 use super::{fixtures, support, Workdir};
 
 fn config(checkpoint_activations: bool, objective: Objective) -> TrainConfig {

@@ -58,7 +58,7 @@ fn a_device_this_build_lacks_is_a_usage_error() {
 #[cfg(feature = "cuda")]
 mod cuda {
     use crate::sample::prompts;
-    use crate::train::{train_rows, write_rows};
+    use crate::support::train::{train_rows, write_rows};
     use crate::{describe, fixtures, Workdir};
 
     /// A sampling, a scoring and a training stage, with valid inputs in `wd` (only the device
@@ -246,8 +246,9 @@ mod wgpu {
     use rlcr::model::{self, Model, TokenBatch};
 
     use crate::model::{check_refs, load_refs};
-    use crate::sample::{f32_lists, id_lists, prompts, read};
-    use crate::train::{metrics, tensors, train_rows, write_rows};
+    use crate::sample::prompts;
+    use crate::support::table::{id_lists, lists_f32 as f32_lists, read};
+    use crate::support::train::{metrics, tensors, train_rows, write_rows};
     use crate::{fixtures, Workdir};
 
     /// Largest |Δ log-prob| between a row alone and the same row in a left-padded batch, on

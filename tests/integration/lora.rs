@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::support::python::{script, Needs, Py};
 use super::support::table::column_f32;
-use super::train::{metrics, train_rows, write_rows};
+use super::support::train::{metrics, train_rows, write_rows};
 use super::{fixtures, Workdir};
 
 /// Run `scripts/peft_lora.py` with `RLCR_PYTHON` (default `python3`). `None` when torch,

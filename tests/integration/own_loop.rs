@@ -134,7 +134,7 @@ fn run_and_check(wd: &Workdir, run: &str, vars: &[&str], reward: &[&str]) {
     let Some(read) = crate::tensorboard::read_runs(&refs) else {
         return;
     };
-    let lines = crate::train::metrics(&dir.join(format!("iter-{ITERS:04}/model")));
+    let lines = crate::support::train::metrics(&dir.join(format!("iter-{ITERS:04}/model")));
     assert_eq!(
         lines.len() as i64,
         ITERS,

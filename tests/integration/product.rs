@@ -6,7 +6,7 @@ use std::path::Path;
 use rlcr::switches::Isa;
 use rlcr::table::Reader;
 
-use super::train::{train_rows, write_rows};
+use super::support::train::{train_rows, write_rows};
 use super::{fixtures, Workdir};
 
 fn switches_of(table: &Path) -> serde_json::Value {

@@ -10,7 +10,7 @@ use rlcr::train::policy::host_logprobs;
 
 use super::support::python::{script, Needs, Py};
 use super::support::table::column_f32;
-pub(crate) use super::support::train::{metrics, tensors, train_rows, write_rows};
+use super::support::train::{metrics, tensors, train_rows, write_rows};
 use super::{fixtures, Workdir};
 
 fn tiny() -> PathBuf {
