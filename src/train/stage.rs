@@ -1,8 +1,8 @@
 //! The engines of `rlcr update` and `rlcr sft`. [`update`]: read and check the training table,
 //! load the policy (and the reference model), fill the log-probs the plan asks for, train through
 //! [`session`] and write the new folder. [`sft`]: load the model, read its targets (tokenized with
-//! the model's chat template), train the same way. `cli/update.rs` and `cli/sft.rs` turn their
-//! flags into an [`UpdatePlan`] / [`SftPlan`] and make one call.
+//! the model's chat template), train the same way. The command line turns its flags into an
+//! [`UpdatePlan`] / [`SftPlan`] and makes one call.
 //!
 //! Order of work (each step's errors come before any later step's cost): the table (schema, rows,
 //! the flags that need confidence rows), then the policy (vocabulary and positions of the rows,
@@ -13,7 +13,7 @@
 //! reported whenever they are at hand: `--ref-model` is then loaded even with `--kl-coef 0` (one
 //! forward pass of the reference over the table), and a table's `ref_logprobs` column is read
 //! when it has one.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use burn::module::Module;
@@ -21,8 +21,10 @@ use burn::tensor::Device;
 
 use crate::model::Model;
 
+use super::critic::CriticPlan;
 use super::data::{check_positions, check_vocab, read_update_rows_with, RefColumn, TrainRow};
 use super::diagnostics::Guards;
+use super::load::TrainLora;
 use super::optim::AdamWConfig;
 use super::policy::host_logprobs;
 use super::session::{self, ResumeMode, Session};
@@ -33,6 +35,8 @@ use super::trainer::{Objective, StepMetrics, TrainConfig, ValueTokens};
 pub struct UpdatePlan {
     /// Policy folder (a model or a LoRA adapter folder).
     pub model: PathBuf,
+    /// The adapter and LoRA settings the policy is loaded with.
+    pub lora: TrainLora,
     /// Training table.
     pub input: PathBuf,
     /// Output folder.
@@ -62,6 +66,8 @@ pub struct UpdatePlan {
     /// The trainer state's `config` as the caller records it (flags, argv); the engine adds
     /// `lora` and `train`.
     pub config: serde_json::Value,
+    /// A critic trained on the same table once the policy is written.
+    pub critic: Option<CriticPlan>,
 }
 
 /// What [`update`] did.
@@ -72,11 +78,8 @@ pub struct UpdateSummary {
     pub warning: Option<String>,
 }
 
-/// Loads the policy to train on an autodiff device (LoRA flags applied by the caller).
-pub type PolicyLoader<'a> = dyn Fn(&Path, &Device) -> Result<Model> + 'a;
-
-/// Run one `update` call.
-pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSummary> {
+/// Run one `update` call (then the critic's, when the plan has one).
+pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
     let (kl_coef, conf_entropy_coef, conf_value_entropy_coef) = match plan.train.objective {
         Objective::Policy {
             kl_coef,
@@ -112,7 +115,8 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
         }
     }
     crate::info!("{}: {} rows", plan.input.display(), rows.len());
-    let model = load_policy(&plan.model, &plan.device.clone().autodiff())
+    let model = (plan.lora)
+        .load(&plan.model, &plan.device.clone().autodiff(), plan.seed)
         .with_context(|| format!("loading the policy {}", plan.model.display()))?;
     let table = plan.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
@@ -192,6 +196,9 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
         tensorboard: plan.tensorboard.clone(),
     };
     let steps = session::run_guarded(model, &rows, &s, &plan.guards)?;
+    if let Some(c) = &plan.critic {
+        crate::info!("{}", super::critic::run_critic(c)?);
+    }
     Ok(UpdateSummary { steps, warning })
 }
 
@@ -199,6 +206,8 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
 pub struct SftPlan {
     /// Model folder (a model or a LoRA adapter folder).
     pub model: PathBuf,
+    /// The adapter and LoRA settings the model is loaded with.
+    pub lora: TrainLora,
     /// Table of assistant targets or trajectory table.
     pub input: PathBuf,
     /// Output folder.
@@ -222,14 +231,17 @@ pub struct SftPlan {
     pub tensorboard: Option<PathBuf>,
     /// Device to train on (the autodiff device is derived from it).
     pub device: Device,
+    /// Seed (LoRA initialisation, shuffle).
+    pub seed: u64,
     /// The trainer state's `config` as the caller records it; the engine adds `source`, `chat`,
     /// `lora` and `train`.
     pub config: serde_json::Value,
 }
 
 /// Run one `sft` call.
-pub fn sft(plan: &SftPlan, load_model: &PolicyLoader) -> Result<Vec<StepMetrics>> {
-    let mut model = load_model(&plan.model, &plan.device.clone().autodiff())
+pub fn sft(plan: &SftPlan) -> Result<Vec<StepMetrics>> {
+    let mut model = (plan.lora)
+        .load(&plan.model, &plan.device.clone().autodiff(), plan.seed)
         .with_context(|| format!("loading {}", plan.model.display()))?;
     model.set_chat_options(&plan.chat)?;
     let (source, rows) = read_sft_rows(&plan.input, &model, plan.filter)?;
