@@ -195,13 +195,7 @@ pub struct VerifierArgs {
 impl VerifierArgs {
     /// The timeout given, checked: a positive number of seconds (usage error otherwise).
     pub fn timeout(&self) -> Result<Option<f64>> {
-        match self.verifier_timeout {
-            Some(t) if !(t.is_finite() && t > 0.0) => Err(UsageError(format!(
-                "--verifier-timeout must be a positive number of seconds, got {t}"
-            ))
-            .into()),
-            t => Ok(t),
-        }
+        crate::reward::rows::verifier_timeout(self.verifier_timeout)
     }
 }
 
