@@ -159,19 +159,6 @@ impl TryFrom<(&Global, &Args)> for Plan {
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::try_from((g, &a))?;
-    let summary = stage::run(&plan)?;
-    crate::info!(
-        "scored {} rows ({} answers, {} confidences) in {:.2}s ({:.0} rows/s); mean acc {:.4}, answer format ok {:.4}, confidence parse ok {:.4} (lenient {:.4}) -> {}",
-        summary.rows,
-        summary.answers,
-        summary.confidences,
-        summary.seconds,
-        summary.rows as f64 / summary.seconds.max(1e-9),
-        summary.mean_accuracy(),
-        summary.answer_format_rate(),
-        summary.strict_parse_rate(),
-        summary.lenient_parse_rate(),
-        a.io.out.display()
-    );
+    crate::info!("{}", stage::run(&plan)?.line(&a.io.out));
     Ok(())
 }
