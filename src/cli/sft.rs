@@ -69,7 +69,6 @@ fn plan(g: &Global, a: &Args) -> Result<SftPlan> {
     let lora = a.lora.resolve(&a.model)?;
     let o = &a.optim;
     let train = o.train_config(Objective::Sft, a.lr, 1, 1.0, g.seed)?;
-    let device = g.device.open()?;
     let chat = a.chat.options()?;
     let mut config = o.record(g, &a.model, &a.input, a.lr);
     config["batch_size"] = json!(a.batch_size);
@@ -91,7 +90,7 @@ fn plan(g: &Global, a: &Args) -> Result<SftPlan> {
         adamw: o.adamw(),
         resume: o.resume,
         tensorboard: o.tensorboard.clone(),
-        device,
+        device: g.device,
         seed: g.seed,
         config,
     })

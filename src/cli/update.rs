@@ -132,7 +132,6 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
 
 /// The validated call: every flag checked before anything is read (usage errors, exit code 2).
 fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
-    let device = g.device.open()?;
     let objective = Objective::Policy {
         clip: ClipConfig {
             clip_low: a.clip_low,
@@ -170,7 +169,7 @@ fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
         ref_model: a.ref_model.clone(),
         recompute_old_logprobs: a.recompute_old_logprobs,
         guards,
-        device,
+        device: g.device,
         seed: g.seed,
         config,
         critic: a.critic.plan(g, &a.input, o, a.mini_batches),

@@ -59,8 +59,8 @@ pub struct UpdatePlan {
     pub recompute_old_logprobs: bool,
     /// Checks before the first optimizer step.
     pub guards: Guards,
-    /// Device to train on (the autodiff device is derived from it).
-    pub device: Device,
+    /// Device to train on (opened first; the autodiff device is derived from it).
+    pub device: crate::model::DeviceSpec,
     /// Seed (LoRA initialisation, shuffle).
     pub seed: u64,
     /// The trainer state's `config` as the caller records it (flags, argv); the engine adds
@@ -80,6 +80,7 @@ pub struct UpdateSummary {
 
 /// Run one `update` call (then the critic's, when the plan has one).
 pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
+    let device: Device = plan.device.open()?;
     let (kl_coef, conf_entropy_coef, conf_value_entropy_coef) = match plan.train.objective {
         Objective::Policy {
             kl_coef,
@@ -116,7 +117,7 @@ pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
     }
     crate::info!("{}: {} rows", plan.input.display(), rows.len());
     let model = (plan.lora)
-        .load(&plan.model, &plan.device.clone().autodiff(), plan.seed)
+        .load(&plan.model, &device.clone().autodiff(), plan.seed)
         .with_context(|| format!("loading the policy {}", plan.model.display()))?;
     let table = plan.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
@@ -148,7 +149,7 @@ pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
         }
     }
     if let Some(dir) = &plan.ref_model {
-        let reference = Model::load(dir, &plan.device)
+        let reference = Model::load(dir, &device)
             .with_context(|| format!("loading the reference model {}", dir.display()))?;
         let lps = logprobs_of(
             &reference.transformer,
@@ -229,8 +230,8 @@ pub struct SftPlan {
     pub resume: ResumeMode,
     /// Live TensorBoard run folder.
     pub tensorboard: Option<PathBuf>,
-    /// Device to train on (the autodiff device is derived from it).
-    pub device: Device,
+    /// Device to train on (opened first; the autodiff device is derived from it).
+    pub device: crate::model::DeviceSpec,
     /// Seed (LoRA initialisation, shuffle).
     pub seed: u64,
     /// The trainer state's `config` as the caller records it; the engine adds `source`, `chat`,
@@ -240,8 +241,9 @@ pub struct SftPlan {
 
 /// Run one `sft` call.
 pub fn sft(plan: &SftPlan) -> Result<Vec<StepMetrics>> {
+    let device: Device = plan.device.open()?;
     let mut model = (plan.lora)
-        .load(&plan.model, &plan.device.clone().autodiff(), plan.seed)
+        .load(&plan.model, &device.clone().autodiff(), plan.seed)
         .with_context(|| format!("loading {}", plan.model.display()))?;
     model.set_chat_options(&plan.chat)?;
     let (source, rows) = read_sft_rows(&plan.input, &model, plan.filter)?;
