@@ -81,6 +81,7 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         sampling: a.sampling.plan(),
         system_prompt: a.system_prompt,
     };
-    crate::info!("{}", multiturn_stage::run(&plan)?);
+    let line = multiturn_stage::run(&plan)?;
+    crate::info!("{line}");
     Ok(())
 }

@@ -159,6 +159,7 @@ impl TryFrom<(&Global, &Args)> for Plan {
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::try_from((g, &a))?;
-    crate::info!("{}", stage::run(&plan)?.line(&a.io.out));
+    let summary = stage::run(&plan)?;
+    crate::info!("{}", summary.line(&a.io.out));
     Ok(())
 }

@@ -198,7 +198,8 @@ pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
     };
     let steps = session::run_guarded(model, &rows, &s, &plan.guards)?;
     if let Some(c) = &plan.critic {
-        crate::info!("{}", super::critic::run_critic(c)?);
+        let line = super::critic::run_critic(c)?;
+        crate::info!("{line}");
     }
     Ok(UpdateSummary { steps, warning })
 }
