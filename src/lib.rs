@@ -25,6 +25,8 @@
 //! - [`tensorboard`]: TensorBoard event files (training and report scalars).
 //! - [`alloc`]: allocator settings applied at startup (freed tensor buffers stay in the process).
 //! - [`switches`]: every `RLCR_*` environment variable, read once, typed and documented.
+//! - [`runfile`]: a run file (`--config FILE.toml`): one TOML file of flags for every stage.
+//! - [`usage`]: the usage error (a wrong request: exit code 2 on the command line).
 
 pub mod advantage;
 pub mod alloc;
@@ -40,12 +42,48 @@ pub mod probe;
 pub mod progress;
 pub mod report;
 pub mod reward;
+pub mod runfile;
 pub mod sample;
 pub mod switches;
 pub mod table;
 pub mod tensorboard;
 pub mod trace;
 pub mod train;
+pub mod usage;
+
+pub use usage::UsageError;
 
 /// The crate version, written into every output's `rlcr.version` metadata key.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The long version text (`rlcr --version`): the version, the git commit it was built from, the
+/// enabled features and the CPU kernel level it would use (after `RLCR_CPU_ISA`).
+pub fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let features: Vec<&str> = [
+            ("cuda", cfg!(feature = "cuda")),
+            ("wgpu", cfg!(feature = "wgpu")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+        let s = crate::switches::get();
+        let detected = crate::switches::Isa::detected();
+        let why = match s.cpu_isa {
+            None => "the best this CPU has".to_string(),
+            Some(_) => format!("RLCR_CPU_ISA; this CPU has {}", detected.name()),
+        };
+        format!(
+            "{}\ncommit: {}\nfeatures: {}\ncpu kernels: {} ({why})",
+            crate::VERSION,
+            env!("RLCR_GIT_COMMIT"),
+            if features.is_empty() {
+                "none (CPU only)".to_string()
+            } else {
+                features.join(", ")
+            },
+            s.isa.name()
+        )
+    })
+}

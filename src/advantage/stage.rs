@@ -46,10 +46,12 @@ use serde_json::json;
 
 use crate::advantage::{
     self as adv, gae, Estimator, GroupSummary, KlController, KlEstimator, MaskedMoments,
-    MissingSpan, MultiTurnConfig, RewardDistribution, SampleType, TreeConfig, TurnReward,
+    MissingSpan, MultiTurnConfig, Norm, RewardDistribution, SampleType, Singleton, TreeConfig,
+    TurnReward,
 };
 use crate::table::intern::{FastMap, Interner};
 use crate::table::{self, splice, Meta, StrCol, Validator, TRAJECTORY};
+use crate::usage::usage;
 
 mod cols;
 mod write;
@@ -68,6 +70,38 @@ pub enum Preset {
     Rlcr,
     /// KG-R1: std, unbiased, eps 1e-6, singleton verl, turn weight 0.5.
     KgR1,
+}
+
+/// What a [`Preset`] sets, or the defaults without one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PresetDefaults {
+    /// Group normalisation.
+    pub norm: Norm,
+    /// Added to the std before dividing.
+    pub eps: f64,
+    /// Groups of one row.
+    pub singleton: Singleton,
+    /// grpo-multiturn: weight of the turn advantage.
+    pub turn_weight: f64,
+}
+
+impl Preset {
+    /// The settings of `preset` (`None`: std, eps 1e-6, singleton 0, turn weight 1).
+    pub fn defaults(preset: Option<Preset>) -> PresetDefaults {
+        let (norm, eps, singleton, turn_weight) = match preset {
+            None => (Norm::Std, 1e-6, Singleton::Zero, 1.0),
+            Some(Preset::Verl) => (Norm::Std, 1e-6, Singleton::Verl, 1.0),
+            Some(Preset::Trl) => (Norm::Std, 1e-4, Singleton::Zero, 1.0),
+            Some(Preset::Rlcr) => (Norm::Mean, 1e-4, Singleton::Zero, 1.0),
+            Some(Preset::KgR1) => (Norm::Std, 1e-6, Singleton::Verl, 0.5),
+        };
+        PresetDefaults {
+            norm,
+            eps,
+            singleton,
+            turn_weight,
+        }
+    }
 }
 
 /// The validated plan: every choice resolved, KL state loaded.
@@ -102,7 +136,111 @@ pub struct KlPlan {
     pub controller: KlController,
 }
 
+/// The KL coefficient controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KlCtrl {
+    Fixed,
+    Adaptive,
+}
+
+/// The KL-in-the-reward settings as asked for, resolved by [`KlRequest::plan`].
+#[derive(Debug, Clone)]
+pub struct KlRequest {
+    /// Per-token estimator.
+    pub estimator: KlEstimator,
+    /// Fixed or adaptive coefficient.
+    pub ctrl: KlCtrl,
+    /// The coefficient (0: off, unless adaptive).
+    pub coef: f64,
+    /// Adaptive controller: target KL.
+    pub target: f64,
+    /// Adaptive controller: horizon (rows).
+    pub horizon: f64,
+    /// A previous output whose metadata holds the controller's next coefficient.
+    pub state: Option<PathBuf>,
+}
+
+impl KlRequest {
+    /// The KL plan for `estimator` (`None`: no KL in the reward): the values checked (usage
+    /// errors), then the coefficient read from the state table when one is given.
+    pub fn plan(&self, estimator: Estimator) -> Result<Option<KlPlan>> {
+        if !self.coef.is_finite() {
+            return Err(usage(format!(
+                "--kl-coef must be finite, got {}",
+                self.coef
+            )));
+        }
+        if self.coef < 0.0 {
+            return Err(usage(format!("--kl-coef must be >= 0, got {}", self.coef)));
+        }
+        if self.coef == 0.0 && self.ctrl == KlCtrl::Fixed {
+            return Ok(None);
+        }
+        if estimator == Estimator::GrpoMultiturn {
+            return Err(usage(
+                "KL in the reward is not supported with grpo-multiturn (structured rewards have \
+                 no token-level score); use gae or a sequence estimator",
+            ));
+        }
+        if self.ctrl == KlCtrl::Adaptive && !(self.target > 0.0 && self.horizon > 0.0) {
+            return Err(usage("--kl-target and --kl-horizon must be > 0"));
+        }
+        let coef = match &self.state {
+            Some(p) => read_kl_state(p)?,
+            None => self.coef,
+        };
+        let controller = match self.ctrl {
+            KlCtrl::Fixed => KlController::Fixed { coef },
+            KlCtrl::Adaptive => KlController::Adaptive {
+                coef,
+                target: self.target,
+                horizon: self.horizon,
+            },
+        };
+        Ok(Some(KlPlan {
+            estimator: self.estimator,
+            controller,
+        }))
+    }
+}
+
 impl Plan {
+    /// Check the resolved settings (every error a usage error, nothing read).
+    pub fn validate(&self) -> Result<()> {
+        let eps = self.tree.ans.eps;
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(usage(format!(
+                "--eps must be a finite number >= 0, got {eps}"
+            )));
+        }
+        for (name, v) in [
+            ("--lambda-ans", self.tree.lambda_ans),
+            ("--lambda-conf", self.tree.lambda_conf),
+            ("--global-weight", self.multiturn.global_weight),
+            ("--turn-weight", self.multiturn.turn_weight),
+        ] {
+            if !v.is_finite() {
+                return Err(usage(format!("{name} must be finite, got {v}")));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.gamma) || !(0.0..=1.0).contains(&self.lam) {
+            return Err(usage(format!(
+                "--gamma and --lam must lie in [0, 1], got {} and {}",
+                self.gamma, self.lam
+            )));
+        }
+        if self.batch_size == 0 {
+            return Err(usage("--batch-size must be at least 1"));
+        }
+        if self.drop_zero_std && self.estimator == Estimator::Gae {
+            return Err(usage(
+                "--drop-zero-std applies to grouped estimators, not gae",
+            ));
+        }
+        Ok(())
+    }
+
     /// Does the keys pass need token-level columns?
     fn tokens_in_pass1(&self) -> bool {
         self.kl.is_some() || self.estimator == Estimator::Gae

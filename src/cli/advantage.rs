@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::common::{Global, UsageError};
+use super::common::Global;
 use super::flags::TableIo;
-use crate::advantage::stage::{self, read_kl_state, KlPlan, Plan, Preset};
+use crate::advantage::stage::{self, KlCtrl, KlRequest, Plan, Preset};
 use crate::advantage::{
-    ConfNorm, Estimator, GroupNorm, KlController, KlEstimator, MissingSpan, MultiTurnConfig, Norm,
+    ConfNorm, Estimator, GroupNorm, KlEstimator, MissingSpan, MultiTurnConfig, Norm,
     RewardDistribution, Singleton, StdKind, TreeConfig,
 };
 
@@ -50,14 +50,6 @@ Reads: a scored trajectory table. Writes: the same rows and columns plus advanta
 token_advantages, loss_mask (and returns, trajectory_score with gae); statistics in the metadata.
 Example:
   rlcr advantage --input scored.parquet -o train.parquet --estimator rlcr --lambda-conf 0.5";
-
-/// The KL coefficient controller.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KlCtrl {
-    Fixed,
-    Adaptive,
-}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -137,103 +129,24 @@ pub struct Args {
     pub batch_size: usize,
 }
 
-fn usage(msg: impl Into<String>) -> anyhow::Error {
-    UsageError(msg.into()).into()
-}
-
 impl TryFrom<(&Global, &Args)> for Plan {
     type Error = anyhow::Error;
 
-    /// The validated plan (usage errors exit 2).
+    /// The validated plan: the flags first, then the KL controller (its state read last); usage
+    /// errors exit 2.
     fn try_from((g, a): (&Global, &Args)) -> Result<Plan> {
-        let (p_norm, p_eps, p_single, p_turn) = match a.preset {
-            None => (Norm::Std, 1e-6, Singleton::Zero, 1.0),
-            Some(Preset::Verl) => (Norm::Std, 1e-6, Singleton::Verl, 1.0),
-            Some(Preset::Trl) => (Norm::Std, 1e-4, Singleton::Zero, 1.0),
-            Some(Preset::Rlcr) => (Norm::Mean, 1e-4, Singleton::Zero, 1.0),
-            Some(Preset::KgR1) => (Norm::Std, 1e-6, Singleton::Verl, 0.5),
-        };
-        let eps = a.eps.unwrap_or(p_eps);
-        if !(eps.is_finite() && eps >= 0.0) {
-            return Err(usage(format!(
-                "--eps must be a finite number >= 0, got {eps}"
-            )));
-        }
+        let d = Preset::defaults(a.preset);
         let ans = GroupNorm {
-            norm: a.norm.unwrap_or(p_norm),
+            norm: a.norm.unwrap_or(d.norm),
             std: a.std.unwrap_or(StdKind::Unbiased),
-            eps,
-            singleton: a.singleton.unwrap_or(p_single),
+            eps: a.eps.unwrap_or(d.eps),
+            singleton: a.singleton.unwrap_or(d.singleton),
         };
         let conf = GroupNorm {
             norm: a.norm_conf.unwrap_or(ans.norm),
             ..ans
         };
-        for (name, v) in [
-            ("--lambda-ans", a.lambda_ans),
-            ("--lambda-conf", a.lambda_conf),
-            ("--global-weight", a.global_weight),
-            ("--kl-coef", a.kl_coef),
-        ] {
-            if !v.is_finite() {
-                return Err(usage(format!("{name} must be finite, got {v}")));
-            }
-        }
-        if !(0.0..=1.0).contains(&a.gamma) || !(0.0..=1.0).contains(&a.lam) {
-            return Err(usage(format!(
-                "--gamma and --lam must lie in [0, 1], got {} and {}",
-                a.gamma, a.lam
-            )));
-        }
-        if a.kl_coef < 0.0 {
-            return Err(usage(format!("--kl-coef must be >= 0, got {}", a.kl_coef)));
-        }
-        if a.batch_size == 0 {
-            return Err(usage("--batch-size must be at least 1"));
-        }
-        if a.drop_zero_std && a.estimator == Estimator::Gae {
-            return Err(usage(
-                "--drop-zero-std applies to grouped estimators, not gae",
-            ));
-        }
-        let turn_weight = a.turn_weight.unwrap_or(p_turn);
-        if !turn_weight.is_finite() {
-            return Err(usage(format!(
-                "--turn-weight must be finite, got {turn_weight}"
-            )));
-        }
-        let kl = if a.kl_coef > 0.0 || a.kl_ctrl == KlCtrl::Adaptive {
-            if a.estimator == Estimator::GrpoMultiturn {
-                return Err(usage(
-                    "KL in the reward is not supported with grpo-multiturn (structured rewards have no \
-                     token-level score); use gae or a sequence estimator",
-                ));
-            }
-            let mut coef = a.kl_coef;
-            if let Some(p) = &a.kl_state {
-                coef = read_kl_state(p)?;
-            }
-            let controller = match a.kl_ctrl {
-                KlCtrl::Fixed => KlController::Fixed { coef },
-                KlCtrl::Adaptive => {
-                    if !(a.kl_target > 0.0 && a.kl_horizon > 0.0) {
-                        return Err(usage("--kl-target and --kl-horizon must be > 0"));
-                    }
-                    KlController::Adaptive {
-                        coef,
-                        target: a.kl_target,
-                        horizon: a.kl_horizon,
-                    }
-                }
-            };
-            Some(KlPlan {
-                estimator: a.kl_estimator,
-                controller,
-            })
-        } else {
-            None
-        };
-        Ok(Plan {
+        let mut plan = Plan {
             estimator: a.estimator,
             tree: TreeConfig {
                 ans,
@@ -244,7 +157,7 @@ impl TryFrom<(&Global, &Args)> for Plan {
             },
             multiturn: MultiTurnConfig {
                 norm: ans,
-                turn_weight,
+                turn_weight: a.turn_weight.unwrap_or(d.turn_weight),
                 global_weight: a.global_weight,
             },
             drop_zero_std: a.drop_zero_std,
@@ -252,17 +165,27 @@ impl TryFrom<(&Global, &Args)> for Plan {
             gamma: a.gamma,
             lam: a.lam,
             reward_distribution: a.reward_distribution,
-            kl,
+            kl: None,
             preset: a.preset,
             batch_size: a.batch_size,
             input: a.io.input.clone(),
             out: a.io.out.clone(),
             argv: g.argv.clone(),
-        })
+        };
+        plan.validate()?;
+        let kl = KlRequest {
+            estimator: a.kl_estimator,
+            ctrl: a.kl_ctrl,
+            coef: a.kl_coef,
+            target: a.kl_target,
+            horizon: a.kl_horizon,
+            state: a.kl_state.clone(),
+        };
+        plan.kl = kl.plan(a.estimator)?;
+        Ok(plan)
     }
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let plan = Plan::try_from((g, &a))?;
-    stage::run(&plan)
+    stage::run(&Plan::try_from((g, &a))?)
 }

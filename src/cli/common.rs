@@ -1,5 +1,5 @@
 //! Options and helpers shared by every subcommand.
-use std::fmt;
+pub use crate::usage::{as_usage, usage, UsageError};
 
 /// Settings that apply to every subcommand (global flags).
 #[derive(Debug, Clone)]
@@ -19,15 +19,3 @@ pub fn parse_device(s: &str) -> Result<crate::model::DeviceSpec, String> {
     s.parse::<crate::model::DeviceSpec>()
         .map_err(|e| format!("{e:#}"))
 }
-
-/// A usage error: the command line asks for something that cannot be done (exit code 2).
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}

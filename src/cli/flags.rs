@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::common::{Global, UsageError};
+use super::common::{as_usage, Global, UsageError};
 use crate::model::sgemm::Precision;
 use crate::model::ChatOptions;
 use crate::reward::rows::CountdownCompat;
@@ -15,35 +15,13 @@ use crate::reward::VerifierChoice;
 use crate::sample::logits::SamplingParams;
 use crate::sample::stage::{ModelJob, SamplingPlan};
 use crate::table::Shard;
-use crate::train::critic::{self, CriticConfig, CriticPlan};
-use crate::train::data::TrainRow;
+use crate::train::critic::{CriticConfig, CriticPlan};
+use crate::train::load::{LoraRequest, TrainLora};
 use crate::train::loss::LossAgg;
 use crate::train::optim::AdamWConfig;
 use crate::train::schedule::{Schedule, ScheduleKind};
 use crate::train::session::ResumeMode;
 use crate::train::trainer::{Objective, TrainConfig};
-
-/// The shared part of a model stage's plan: the model and table flags, the shard and the global
-/// device, seed and command line.
-pub fn model_job(
-    g: &Global,
-    model: &ModelFolder,
-    chat: ChatOptions,
-    io: &TableIo,
-    shard: Option<Shard>,
-) -> ModelJob {
-    ModelJob {
-        chat,
-        model: model.model.clone(),
-        adapter: model.adapter.clone(),
-        device: g.device,
-        input: io.input.clone(),
-        out: io.out.clone(),
-        shard,
-        seed: g.seed,
-        argv: g.argv.clone(),
-    }
-}
 
 /// `--input` and `-o/--out` of a stage that reads a table and writes another.
 #[derive(clap::Args, Debug, Clone, Serialize)]
@@ -68,13 +46,6 @@ pub struct ModelFolder {
     /// sample or score, kept separate and trained further by update and sft.
     #[arg(long, value_name = "DIR")]
     pub adapter: Option<PathBuf>,
-}
-
-impl ModelFolder {
-    /// The adapter, as the library takes it.
-    pub fn adapter(&self) -> Option<&Path> {
-        self.adapter.as_deref()
-    }
 }
 
 /// How a stage that renders prompts applies the chat template.
@@ -118,13 +89,17 @@ pub struct ModelTable {
 impl ModelTable {
     /// The shared part of the stage's plan (the chat flags checked).
     pub fn job(&self, g: &Global, shard: Option<Shard>) -> Result<ModelJob> {
-        Ok(model_job(
-            g,
-            &self.model,
-            self.chat.options()?,
-            &self.io,
+        Ok(ModelJob {
+            chat: self.chat.options()?,
+            model: self.model.model.clone(),
+            adapter: self.model.adapter.clone(),
+            device: g.device,
+            input: self.io.input.clone(),
+            out: self.io.out.clone(),
             shard,
-        ))
+            seed: g.seed,
+            argv: g.argv.clone(),
+        })
     }
 }
 
@@ -220,13 +195,7 @@ pub struct VerifierArgs {
 impl VerifierArgs {
     /// The timeout given, checked: a positive number of seconds (usage error otherwise).
     pub fn timeout(&self) -> Result<Option<f64>> {
-        match self.verifier_timeout {
-            Some(t) if !(t.is_finite() && t > 0.0) => Err(UsageError(format!(
-                "--verifier-timeout must be a positive number of seconds, got {t}"
-            ))
-            .into()),
-            t => Ok(t),
-        }
+        crate::reward::rows::verifier_timeout(self.verifier_timeout)
     }
 }
 
@@ -307,31 +276,22 @@ impl OptimArgs {
         }
     }
 
-    /// The resolved loop configuration; `rows` gives the default `--agg-len` (the longest
-    /// response) when there are any. Flag errors are usage errors (exit code 2).
+    /// The resolved loop configuration (`--agg-len` unset: 1 here, the stage puts the table's
+    /// longest response in its place). Flag errors are usage errors (exit code 2).
     pub fn train_config(
         &self,
         objective: Objective,
         lr: f64,
         mini_batches: usize,
         temperature: f64,
-        rows: &[TrainRow],
         seed: u64,
     ) -> Result<TrainConfig> {
-        let usage = |e: anyhow::Error| -> anyhow::Error { UsageError(format!("{e:#}")).into() };
-        let agg_len = self.agg_len.unwrap_or_else(|| {
-            rows.iter()
-                .map(|r| r.response.len())
-                .max()
-                .unwrap_or(1)
-                .max(1)
-        });
         let cfg = TrainConfig {
             objective,
             loss_agg: self.loss_agg,
-            agg_len,
+            agg_len: self.agg_len.unwrap_or(1),
             schedule: Schedule::new(lr, self.warmup, self.schedule, self.total_steps)
-                .map_err(usage)?,
+                .map_err(as_usage)?,
             grad_clip: self.grad_clip,
             micro_batch: self.micro_batch,
             mini_batches,
@@ -342,9 +302,26 @@ impl OptimArgs {
             precision: self.precision,
             checkpoint_activations: self.checkpoint_activations,
         };
-        cfg.validate().map_err(usage)?;
-        self.adamw().validate().map_err(usage)?;
+        cfg.validate().map_err(as_usage)?;
+        self.adamw().validate().map_err(as_usage)?;
         Ok(cfg)
+    }
+
+    /// What `update` and `sft` record of a call in the trainer state's `config`, before the
+    /// stage's own flags.
+    pub fn record(&self, g: &Global, m: &ModelFolder, input: &Path, lr: f64) -> serde_json::Value {
+        serde_json::json!({
+            "model": m.model,
+            "adapter": m.adapter,
+            "input": input,
+            "lr": lr,
+            "adamw": self.adamw(),
+            "resume": self.resume,
+            "tensorboard": self.tensorboard,
+            "device": g.device,
+            "seed": g.seed,
+            "argv": g.argv,
+        })
     }
 }
 
@@ -374,61 +351,16 @@ pub struct LoraArgs {
 }
 
 impl LoraArgs {
-    /// The adapter the flags ask for (`None` without --lora-rank); `base` is recorded as the
-    /// adapter's base_model_name_or_path. Bad values are usage errors.
-    pub fn spec(&self, base: &Path) -> Result<Option<crate::model::lora::LoraSpec>> {
-        let usage = |e: anyhow::Error| -> anyhow::Error { UsageError(format!("{e:#}")).into() };
-        let Some(r) = self.lora_rank else {
-            let given = self.lora_alpha.is_some() || self.lora_target.is_some() || self.lora_rslora;
-            if given {
-                return Err(UsageError(
-                    "--lora-alpha, --lora-target and --lora-rslora need --lora-rank".into(),
-                )
-                .into());
-            }
-            return Ok(None);
-        };
-        let targets =
-            crate::model::lora::parse_targets(self.lora_target.as_deref().unwrap_or("all-linear"))
-                .map_err(usage)?;
-        let spec = crate::model::lora::LoraSpec {
-            r,
-            alpha: self.lora_alpha.unwrap_or(8.0),
-            dropout: self.lora_dropout.unwrap_or(0.0),
-            targets,
+    /// The checked LoRA settings of training `m` (usage errors).
+    pub fn resolve(&self, m: &ModelFolder) -> Result<TrainLora> {
+        let request = LoraRequest {
+            rank: self.lora_rank,
+            alpha: self.lora_alpha,
+            dropout: self.lora_dropout,
+            target: self.lora_target.clone(),
             rslora: self.lora_rslora,
-            base: Some(base.display().to_string()),
         };
-        spec.validate().map_err(usage)?;
-        Ok(Some(spec))
-    }
-
-    /// The stage's model loader ([`crate::train::stage::PolicyLoader`]): [`Self::load_model`]
-    /// with the stage's `--adapter` and seed.
-    pub fn loader<'a>(
-        &'a self,
-        adapter: Option<&'a Path>,
-        seed: u64,
-    ) -> impl Fn(&Path, &burn::tensor::Device) -> Result<crate::model::Model> + 'a {
-        move |dir, device| self.load_model(dir, adapter, device, seed)
-    }
-
-    /// Load the model to train on `device` (an autodiff device) with these flags
-    /// ([`crate::train::load::trainable`]); a flag the model cannot honour is a usage error.
-    fn load_model(
-        &self,
-        dir: &Path,
-        adapter: Option<&Path>,
-        device: &burn::tensor::Device,
-        seed: u64,
-    ) -> Result<crate::model::Model> {
-        let spec = self.spec(dir)?;
-        crate::train::load::trainable(dir, adapter, spec, self.lora_dropout, device, seed).map_err(
-            |e| match e.downcast::<crate::train::load::FlagConflict>() {
-                Ok(c) => UsageError(c.0).into(),
-                Err(e) => e,
-            },
-        )
+        request.resolve(&m.model, m.adapter.clone())
     }
 }
 
@@ -455,38 +387,36 @@ pub struct CriticArgs {
 }
 
 impl CriticArgs {
-    /// Train the critic after the policy (same epochs, mini-batches, micro-batch, grad clip,
-    /// loss aggregation and AdamW settings as the policy's update).
-    pub fn run_after_update(
+    /// The critic's training after the policy's (same epochs, mini-batches, micro-batch, grad
+    /// clip, loss aggregation and AdamW settings as the policy's update), if asked for.
+    pub fn plan(
         &self,
         g: &Global,
         input: &Path,
-        optim: &OptimArgs,
+        o: &OptimArgs,
         mini_batches: usize,
-    ) -> Result<()> {
+    ) -> Option<CriticPlan> {
         let (Some(dir), Some(out)) = (&self.critic, &self.critic_out) else {
-            return Ok(());
+            return None;
         };
-        let line = critic::run_critic(&CriticPlan {
+        Some(CriticPlan {
             critic: dir.clone(),
             input: input.to_path_buf(),
             out: out.clone(),
             cfg: CriticConfig {
                 vf_coef: self.vf_coef,
                 cliprange_value: self.cliprange_value,
-                loss_agg: optim.loss_agg,
-                agg_len: optim.agg_len.unwrap_or(0),
+                loss_agg: o.loss_agg,
+                agg_len: o.agg_len.unwrap_or(0),
                 lr: self.critic_lr,
-                grad_clip: optim.grad_clip,
-                micro_batch: optim.micro_batch,
+                grad_clip: o.grad_clip,
+                micro_batch: o.micro_batch,
                 mini_batches,
-                epochs: optim.epochs,
-                adam: optim.adamw(),
-                precision: optim.precision,
+                epochs: o.epochs,
+                adam: o.adamw(),
+                precision: o.precision,
             },
             device: g.device,
-        })?;
-        crate::info!("{line}");
-        Ok(())
+        })
     }
 }

@@ -2,7 +2,7 @@
 //! summary line). The engine is [`crate::sample::answer_stage`].
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
 use super::common::Global;
 use super::flags::{ModelTable, SamplingArgs};
@@ -58,30 +58,15 @@ pub struct Args {
     pub shard: Option<Shard>,
 }
 
-impl Plan {
-    /// The plan of the flags (the system prompt file read here).
-    fn from_args(g: &Global, a: &Args) -> Result<Plan> {
-        if a.num_answers == 0 {
-            bail!("--num-answers must be at least 1");
-        }
-        let system_prompt = match &a.system_prompt_file {
-            Some(p) => Some(
-                std::fs::read_to_string(p)
-                    .with_context(|| format!("reading --system-prompt-file {}", p.display()))?,
-            ),
-            None => a.system_prompt.clone(),
-        };
-        Ok(Plan {
-            job: a.stage.job(g, a.shard)?,
-            num_answers: a.num_answers,
-            system_prompt,
-            sampling: a.sampling.plan(),
-        })
-    }
-}
-
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let summary = answer_stage::run(&Plan::from_args(g, &a)?)?;
+    let plan = Plan::new(
+        a.stage.job(g, a.shard)?,
+        a.num_answers,
+        a.system_prompt,
+        a.system_prompt_file.as_deref(),
+        a.sampling.plan(),
+    )?;
+    let summary = answer_stage::run(&plan)?;
     crate::info!("{}", summary.line("generate-answers", "answer_span"));
     crate::info!("{}", summary.transfer_line("generate-answers"));
     Ok(())

@@ -1,12 +1,11 @@
 //! `rlcr generate-confidence`: the command line of turn 2 of the RLCR rollout (help, flags,
 //! plan, summary line). The engine is [`crate::sample::confidence_stage`].
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use super::common::Global;
 use super::flags::{ModelTable, SamplingArgs};
 use crate::sample::confidence_stage::{self, Plan};
-use crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT;
 use crate::table::Shard;
 
 pub const ABOUT: &str =
@@ -53,30 +52,15 @@ pub struct Args {
     pub shard: Option<Shard>,
 }
 
-impl Plan {
-    fn from_args(g: &Global, a: &Args) -> Result<Plan> {
-        if a.num_confidences == 0 {
-            bail!("--num-confidences must be at least 1");
-        }
-        let query = a
-            .confidence_prompt
-            .clone()
-            .unwrap_or_else(|| DEFAULT_CONFIDENCE_PROMPT.to_string());
-        if query.trim().is_empty() {
-            bail!("--confidence-prompt is empty");
-        }
-        Ok(Plan {
-            job: a.stage.job(g, a.shard)?,
-            num_confidences: a.num_confidences,
-            confidence_prompt: query,
-            system_prompt: a.system_prompt.clone(),
-            sampling: a.sampling.plan(),
-        })
-    }
-}
-
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let summary = confidence_stage::run(&Plan::from_args(g, &a)?)?;
+    let plan = Plan::new(
+        a.stage.job(g, a.shard)?,
+        a.num_confidences,
+        a.confidence_prompt,
+        a.system_prompt,
+        a.sampling.plan(),
+    )?;
+    let summary = confidence_stage::run(&plan)?;
     crate::info!("{}", summary.line("generate-confidence", "confidence_span"));
     crate::info!("{}", summary.transfer_line("generate-confidence"));
     Ok(())

@@ -1,7 +1,5 @@
 //! `rlcr generate-multiturn`: multi-turn rollouts against an environment process.
 //! A thin shell over [`crate::sample::multiturn_stage`].
-use std::time::Duration;
-
 use anyhow::Result;
 
 use super::common::Global;
@@ -71,32 +69,17 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    if !(a.env_timeout.is_finite() && a.env_timeout > 0.0) {
-        anyhow::bail!("--env-timeout must be a positive number of seconds");
-    }
-    let s = &a.sampling;
     let plan = Plan {
-        model: a.stage.model.model,
-        adapter: a.stage.model.adapter,
-        input: a.stage.io.input,
-        out: a.stage.io.out,
+        env_timeout: Plan::env_timeout(a.env_timeout)?,
+        job: a.stage.job(g, None)?,
         num_answers: a.num_answers,
         env_cmd: a.env_cmd,
-        env_timeout: Duration::from_secs_f64(a.env_timeout),
         limits: Limits {
             max_turns: a.max_turns,
             max_response_tokens: a.max_response_tokens,
         },
-        params: s.params(),
-        max_new_tokens: s.max_new_tokens,
-        stop: s.stop.clone(),
-        batch_size: s.batch_size,
+        sampling: a.sampling.plan(),
         system_prompt: a.system_prompt,
-        response_prefix: s.response_prefix.clone(),
-        seed: g.seed,
-        device: g.device,
-        argv: g.argv.clone(),
-        chat: a.stage.chat.options()?,
     };
     let line = multiturn_stage::run(&plan)?;
     crate::info!("{line}");

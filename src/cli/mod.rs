@@ -1,7 +1,7 @@
 //! The command line: one file per subcommand, each with the same skeleton (help text, `Args`,
 //! `run`, private helpers), in the manner of xsv.
 //!
-//! Flow: [`main`] reads `argv`, merges a `--config FILE.toml` or `$RLCR_CONFIG` ([`config`]: a run
+//! Flow: [`main`] reads `argv`, merges a `--config FILE.toml` or `$RLCR_CONFIG` ([`crate::runfile`]: a run
 //! file with a section per stage, or a stage's flags; flags on the command line win), parses with
 //! clap, sets up logging, dispatches to the stage's `run`, and maps the outcome to
 //! the documented exit codes: 0 success, 1 error (bad input, I/O), 2 usage. Errors print as anyhow's
@@ -15,7 +15,6 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 pub mod advantage;
 pub mod common;
 pub mod completions;
-pub mod config;
 pub mod docs;
 pub mod flags;
 pub mod generate_answers;
@@ -140,39 +139,7 @@ from one file with a section per stage. Shell completions: `rlcr completions bas
 /// The command-line definition with what is known only at run time: the long version
 /// (`rlcr --version`: commit, features, CPU kernels).
 pub fn command() -> clap::Command {
-    Cli::command().long_version(long_version())
-}
-
-/// `rlcr --version`: the version, the git commit it was built from, the enabled features and the
-/// CPU kernel level it would use (after `RLCR_CPU_ISA`).
-pub fn long_version() -> &'static str {
-    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    TEXT.get_or_init(|| {
-        let features: Vec<&str> = [
-            ("cuda", cfg!(feature = "cuda")),
-            ("wgpu", cfg!(feature = "wgpu")),
-        ]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect();
-        let s = crate::switches::get();
-        let detected = crate::switches::Isa::detected();
-        let why = match s.cpu_isa {
-            None => "the best this CPU has".to_string(),
-            Some(_) => format!("RLCR_CPU_ISA; this CPU has {}", detected.name()),
-        };
-        format!(
-            "{}\ncommit: {}\nfeatures: {}\ncpu kernels: {} ({why})",
-            crate::VERSION,
-            env!("RLCR_GIT_COMMIT"),
-            if features.is_empty() {
-                "none (CPU only)".to_string()
-            } else {
-                features.join(", ")
-            },
-            s.isa.name()
-        )
-    })
+    Cli::command().long_version(crate::long_version())
 }
 
 /// Entry point of the binary.
@@ -180,7 +147,7 @@ pub fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
     let cmd = command();
     let env_config = crate::switches::get().config.as_deref();
-    let merged = match config::merge(&cmd, argv, env_config) {
+    let merged = match crate::runfile::merge(&cmd, argv, env_config) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("rlcr: error: {e:#}");

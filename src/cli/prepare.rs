@@ -8,7 +8,7 @@ use serde_json::json;
 use super::common::{Global, UsageError};
 use crate::prepare::dataset::{Mapping, Template};
 use crate::prepare::{
-    parse_ops, ArithShape, Build, Draw, Plan, SftConfidence, SftPlan, Source, Split, SynthShape,
+    parse_ops, ArithShape, Build, Draw, Plan, SftPlan, Source, Split, SynthShape,
 };
 
 pub const ABOUT: &str =
@@ -191,47 +191,20 @@ impl TryFrom<(&Global, &Args)> for Plan {
             return Err(usage("--sft-confidence works with --sft".into()));
         }
         // The warm-start plan of a synthetic source whose difficulties run over `levels`.
-        let sft_plan =
-            |levels: std::ops::RangeInclusive<u32>, unit: &str| -> Result<Option<SftPlan>> {
-                if !a.sft {
-                    return Ok(None);
-                }
-                if !(0.0..=1.0).contains(&a.sft_correct_fraction) {
-                    return Err(usage(
-                        "--sft-correct-fraction must be between 0 and 1".into(),
-                    ));
-                }
-                let system = a
-                    .system_prompt
-                    .clone()
-                    .unwrap_or_else(|| crate::sample::prompts::DEFAULT_SYSTEM_PROMPT.to_string());
-                let query = a.confidence_prompt.clone().unwrap_or_else(|| {
-                    crate::sample::prompts::DEFAULT_CONFIDENCE_PROMPT.to_string()
-                });
-                let confidence = match &a.sft_confidence {
-                    None => None,
-                    Some(spec) => {
-                        let c = SftConfidence::parse(spec)
-                            .map_err(|e| usage(format!("--sft-confidence: {e}")))?;
-                        for k in levels.clone() {
-                            if c.range(k).is_none() {
-                                return Err(usage(format!(
-                                "--sft-confidence has no range for tasks of {k} {unit} ({}..={})",
-                                levels.start(),
-                                levels.end()
-                            )));
-                            }
-                        }
-                        Some(c)
-                    }
-                };
-                Ok(Some(SftPlan {
-                    correct_fraction: a.sft_correct_fraction,
-                    system,
-                    query,
-                    confidence,
-                }))
-            };
+        let sft_plan = |levels, unit| -> Result<Option<SftPlan>> {
+            a.sft
+                .then(|| {
+                    SftPlan::new(
+                        a.sft_correct_fraction,
+                        a.system_prompt.clone(),
+                        a.confidence_prompt.clone(),
+                        a.sft_confidence.as_deref(),
+                        levels,
+                        unit,
+                    )
+                })
+                .transpose()
+        };
         let synthetic = matches!(
             a.from,
             Some(Source::CountdownSynth | Source::ArithmeticSynth)
@@ -377,28 +350,6 @@ impl TryFrom<(&Global, &Args)> for Plan {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::try_from((g, &a))?;
     let s = crate::prepare::run(&plan)?;
-    let mut how = String::new();
-    if let Some(m) = &s.mapped {
-        how = format!(
-            " ({}, label {})",
-            m.prompt,
-            m.label
-                .as_ref()
-                .map_or("none: ground_truth null".to_string(), |l| format!("`{l}`"))
-        );
-    }
-    if let Some((e, b)) = s.epoch {
-        how.push_str(&format!(", epoch {e} draw {b}"));
-    }
-    let from = match s.inputs.len() {
-        0 => String::new(),
-        1 => format!(" from {}", s.inputs[0].display()),
-        n => format!(" from {n} files"),
-    };
-    crate::info!(
-        "prepare: wrote {} prompts{from}{how} to {}",
-        s.rows,
-        a.out.display()
-    );
+    crate::info!("{}", s.line(&a.out));
     Ok(())
 }

@@ -103,14 +103,6 @@ impl Plan {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let s = stage::run(&Plan::from_args(g, &a)?)?;
     crate::info!("{}", s.sampling.line("probe", "span"));
-    crate::info!(
-        "probe: {} rows from {} of {} answers ({} skipped: no closed </think>), {} cuts x {} samples",
-        s.rows,
-        s.answers,
-        s.total_answers,
-        s.skipped,
-        s.cuts,
-        s.samples
-    );
+    crate::info!("{}", s.line());
     Ok(())
 }

@@ -1,14 +1,15 @@
 //! `rlcr report`: calibration metrics, training-signal statistics and plots for one or more
 //! scored tables (iterations), optionally with a faithfulness-probe table.
 //!
-//! This file validates the flags into a [`report::stage::Plan`]; [`report::stage::run`] reads the
-//! inputs, computes every figure and writes the folder.
-use std::path::{Path, PathBuf};
+//! This file gathers the flags into a [`report::stage::Request`], checked into a
+//! [`report::stage::Plan`]; [`report::stage::run`] reads the inputs, computes every figure and
+//! writes the folder.
+use std::path::PathBuf;
 
 use anyhow::Result;
 use serde_json::json;
 
-use super::common::{Global, UsageError};
+use super::common::Global;
 use crate::report::{self, BinRule, MissingConfidence, Options};
 
 pub const ABOUT: &str =
@@ -102,155 +103,13 @@ pub struct Args {
     pub held_in: Vec<String>,
 }
 
-/// `--held-in NAME=PATH` values grouped by name (in order of first appearance), each name with
-/// one path per input.
-fn held_in_sets(
-    given: &[String],
-    n_inputs: usize,
-    labelled: bool,
-) -> Result<Vec<(String, Vec<PathBuf>)>> {
-    if given.is_empty() {
-        return Ok(vec![]);
-    }
-    if labelled {
-        return Err(
-            UsageError("--held-in: labelled inputs are arms, not iterations".to_string()).into(),
-        );
-    }
-    let mut sets: Vec<(String, Vec<PathBuf>)> = Vec::new();
-    for g in given {
-        let Some((name, path)) = g.split_once('=').filter(|(n, p)| {
-            !n.is_empty()
-                && !p.is_empty()
-                && n.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        }) else {
-            return Err(UsageError(format!(
-                "--held-in {g}: expected NAME=PATH (NAME of letters, digits, `-_.`)"
-            ))
-            .into());
-        };
-        match sets.iter_mut().find(|s| s.0 == name) {
-            Some(s) => s.1.push(PathBuf::from(path)),
-            None => sets.push((name.to_string(), vec![PathBuf::from(path)])),
-        }
-    }
-    for (name, paths) in &sets {
-        if paths.len() != n_inputs {
-            return Err(UsageError(format!(
-                "--held-in: {} tables for set {name:?} and {n_inputs} inputs (one per input, in input order)",
-                paths.len()
-            ))
-            .into());
-        }
-        if let Some(p) = paths.iter().find(|p| !p.exists()) {
-            return Err(
-                UsageError(format!("--held-in {name}={}: no such input", p.display())).into(),
-            );
-        }
-    }
-    Ok(sets)
-}
-
-/// `LABEL=PATH` → (Some(LABEL), PATH) when LABEL is a plain word (letters, digits, `-_.`) and the
-/// whole text is not an existing path; otherwise (None, the text).
-pub fn split_label(s: &str) -> (Option<String>, PathBuf) {
-    match s.split_once('=') {
-        Some((l, p))
-            if !l.is_empty()
-                && !p.is_empty()
-                && l.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-                && !Path::new(s).exists() =>
-        {
-            (Some(l.to_string()), PathBuf::from(p))
-        }
-        _ => (None, PathBuf::from(s)),
-    }
-}
-
-/// The inputs' paths and labels (empty when none is labelled); usage error when only some are
-/// labelled or a label repeats.
-fn inputs(a: &Args) -> Result<(Vec<PathBuf>, Vec<String>)> {
-    let parsed: Vec<(Option<String>, PathBuf)> = a.input.iter().map(|s| split_label(s)).collect();
-    let n_labelled = parsed.iter().filter(|p| p.0.is_some()).count();
-    if n_labelled == 0 {
-        return Ok((parsed.into_iter().map(|p| p.1).collect(), vec![]));
-    }
-    if n_labelled != parsed.len() {
-        return Err(
-            UsageError("--input: label every input (LABEL=PATH) or none".to_string()).into(),
-        );
-    }
-    let mut seen = std::collections::HashSet::new();
-    let mut paths = vec![];
-    let mut labels = vec![];
-    for (l, p) in parsed {
-        let l = l.unwrap_or_default();
-        if !seen.insert(l.clone()) {
-            return Err(UsageError(format!("--input: label {l:?} is used twice")).into());
-        }
-        labels.push(l);
-        paths.push(p);
-    }
-    Ok((paths, labels))
-}
-
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    // Plan: validate before any work.
-    let (paths, labels) = inputs(&a)?;
-    for p in paths.iter().chain(a.probe.iter()) {
-        if !p.exists() {
-            return Err(UsageError(format!("{}: no such input", p.display())).into());
-        }
-    }
-    if a.out.is_file() {
-        return Err(UsageError(format!(
-            "-o {}: is a file; report writes a folder of files",
-            a.out.display()
-        ))
-        .into());
-    }
-    // The folder must not be (or hold) an input: calibration.parquet would become a part file.
-    let ins: Vec<&Path> = paths
-        .iter()
-        .chain(a.probe.iter())
-        .map(|p| p.as_path())
-        .collect();
-    if crate::fs::folder_is_one_of(&a.out, &ins)? {
-        return Err(UsageError(format!(
-            "-o {}: is an input folder; write the report somewhere else",
-            a.out.display()
-        ))
-        .into());
-    }
-    let iterations = iteration_numbers(&a.iterations, paths.len(), !labels.is_empty())?;
-    let held_in = held_in_sets(&a.held_in, paths.len(), !labels.is_empty())?;
-    if a.tensorboard.is_some() && !labels.is_empty() {
-        return Err(UsageError(
-            "--tensorboard: labelled inputs are arms, not steps; report them one at a time"
-                .to_string(),
-        )
-        .into());
-    }
-    if let Some(p) = &a.train_metrics {
-        let f = report::training::metrics_path(p);
-        if !f.is_file() {
-            return Err(UsageError(format!(
-                "--train-metrics {}: no such file (give a train_metrics.jsonl or the model folder \
-                 that holds one)",
-                f.display()
-            ))
-            .into());
-        }
-    }
     let mut config = serde_json::to_value(&a)?;
     config["seed"] = json!(g.seed);
-    let plan = report::stage::Plan {
-        inputs: paths,
-        labels,
-        iterations,
-        held_in,
+    let plan = report::stage::Request {
+        inputs: a.input,
+        iterations: a.iterations,
+        held_in: a.held_in,
         probe: a.probe,
         train_metrics: a.train_metrics,
         tensorboard: a.tensorboard,
@@ -262,7 +121,8 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         },
         examples: a.examples,
         config,
-    };
+    }
+    .plan()?;
     let done = report::stage::run(&plan)?;
     crate::info!(
         "report: wrote {} files to {} ({})",
@@ -271,32 +131,4 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         done.headline
     );
     Ok(())
-}
-
-/// The iteration number of each of `n` inputs: `given` (one per input, increasing) or 1, 2, ….
-fn iteration_numbers(given: &[u64], n: usize, labelled: bool) -> Result<Vec<u64>> {
-    if given.is_empty() {
-        return Ok((1..=n as u64).collect());
-    }
-    if labelled {
-        return Err(UsageError(
-            "--iterations: labelled inputs are arms, not iterations".to_string(),
-        )
-        .into());
-    }
-    if given.len() != n {
-        return Err(UsageError(format!(
-            "--iterations: {} numbers for {n} inputs (one per input, in input order)",
-            given.len()
-        ))
-        .into());
-    }
-    if let Some(w) = given.windows(2).find(|w| w[1] <= w[0]) {
-        return Err(UsageError(format!(
-            "--iterations: {} after {}; the inputs' iterations must increase",
-            w[1], w[0]
-        ))
-        .into());
-    }
-    Ok(given.to_vec())
 }

@@ -6,13 +6,11 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::common::{Global, UsageError};
+use super::common::Global;
 use super::flags::{TableIo, VerifierArgs};
-use crate::reward::rlcr::FormatPattern;
-use crate::reward::rows::{Preset, Settings};
+use crate::reward::rows::{AnswerFormat, FormatGate, Preset, Request, Settings};
 use crate::reward::stage::{self, Plan};
-use crate::reward::structured::RewardSpec;
-use crate::reward::{VerifierChoice, VerifierKind};
+use crate::reward::VerifierChoice;
 use crate::table::Shard;
 
 pub const ABOUT: &str =
@@ -72,31 +70,6 @@ conf_reward, reward, reward_components.
 Example:
   rlcr score --input trajectory.parquet -o scored.parquet --verifier countdown";
 
-/// `--answer-format` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AnswerFormat {
-    Ta,
-    Tac,
-    Tabc,
-    Tbac,
-    /// Only require an extractable answer.
-    None,
-}
-
-/// `--format-gate` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FormatGate {
-    /// On with the built-in verifiers; off with --verifier-cmd and --reward-preset tinyzero.
-    #[default]
-    Auto,
-    /// A failed answer format scores 0, whatever the verifier says.
-    On,
-    /// The verifier's verdict stands; format_ok is still recorded.
-    Off,
-}
-
 #[derive(clap::Args, Debug, Serialize)]
 pub struct Args {
     #[command(flatten)]
@@ -133,64 +106,19 @@ pub struct Args {
 /// Turn the flags into validated settings.
 pub fn settings_from_args(a: &Args) -> Result<Settings> {
     let v = &a.verifier;
-    let verifier = v.verifier.and_then(VerifierChoice::kind);
-    if v.verifier_cmd.is_some() && verifier.is_some() {
-        return Err(UsageError(
-            "--verifier-cmd replaces the built-in verifiers; drop --verifier".into(),
-        )
-        .into());
-    }
-    v.timeout()?;
-    if !a.format_weight.is_finite() {
-        return Err(UsageError("--format-weight must be a finite number".into()).into());
-    }
-    if a.reward_preset == Preset::Tinyzero
-        && matches!(verifier, Some(k) if k != VerifierKind::Countdown)
-    {
-        return Err(
-            UsageError("--reward-preset tinyzero needs the countdown verifier".into()).into(),
-        );
-    }
-    if a.reward_preset == Preset::Tinyzero && v.verifier_cmd.is_some() {
-        return Err(UsageError(
-            "--reward-preset tinyzero needs the countdown verifier, not --verifier-cmd".into(),
-        )
-        .into());
-    }
-    let answer_format = match a.answer_format {
-        None if a.reward_preset == Preset::RlcrSingle => Some(FormatPattern::Tabc),
-        None => Some(FormatPattern::Ta),
-        Some(AnswerFormat::Ta) => Some(FormatPattern::Ta),
-        Some(AnswerFormat::Tac) => Some(FormatPattern::Tac),
-        Some(AnswerFormat::Tabc) => Some(FormatPattern::Tabc),
-        Some(AnswerFormat::Tbac) => Some(FormatPattern::Tbac),
-        Some(AnswerFormat::None) => None,
-    };
-    if a.reward_preset == Preset::RlcrSingle
-        && !answer_format.is_some_and(FormatPattern::has_confidence)
-    {
-        return Err(UsageError("--reward-preset rlcr-single needs an answer format with a confidence (tac, tabc, tbac)".into()).into());
-    }
-    // An external verifier is the user's reward: rlcr's answer format gates it only when asked.
-    let gate = match a.format_gate {
-        FormatGate::On => true,
-        FormatGate::Off => false,
-        FormatGate::Auto => v.verifier_cmd.is_none() && a.reward_preset != Preset::Tinyzero,
-    };
-    let structured = match &a.rewards {
-        Some(p) => Some(RewardSpec::from_file(p).map_err(|e| UsageError(format!("{e:#}")))?),
-        None => None,
-    };
-    Ok(Settings {
-        verifier,
-        countdown_compat: v.countdown_compat.unwrap_or_default(),
-        answer_format,
-        require_analysis: a.require_analysis,
-        gate,
+    Request {
+        verifier: v.verifier,
+        external: v.verifier_cmd.is_some(),
+        countdown_compat: v.countdown_compat,
+        timeout: v.verifier_timeout,
         preset: a.reward_preset,
+        rewards: a.rewards.clone(),
+        answer_format: a.answer_format,
+        require_analysis: a.require_analysis,
+        format_gate: a.format_gate,
         format_weight: a.format_weight,
-        structured,
-    })
+    }
+    .settings()
 }
 
 impl TryFrom<(&Global, &Args)> for Plan {
@@ -232,48 +160,6 @@ impl TryFrom<(&Global, &Args)> for Plan {
 pub fn run(g: &Global, a: Args) -> Result<()> {
     let plan = Plan::try_from((g, &a))?;
     let summary = stage::run(&plan)?;
-    crate::info!(
-        "scored {} rows ({} answers, {} confidences) in {:.2}s ({:.0} rows/s); mean acc {:.4}, answer format ok {:.4}, confidence parse ok {:.4} (lenient {:.4}) -> {}",
-        summary.rows,
-        summary.answers,
-        summary.confidences,
-        summary.seconds,
-        summary.rows as f64 / summary.seconds.max(1e-9),
-        summary.mean_accuracy(),
-        summary.answer_format_rate(),
-        summary.strict_parse_rate(),
-        summary.lenient_parse_rate(),
-        a.io.out.display()
-    );
+    crate::info!("{}", summary.line(&a.io.out));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cmd {
-        #[command(flatten)]
-        a: Args,
-    }
-
-    fn gate(flags: &[&str]) -> bool {
-        let argv = [&["score", "--input", "i.parquet", "-o", "o.parquet"], flags].concat();
-        let c = Cmd::try_parse_from(argv).unwrap();
-        settings_from_args(&c.a).unwrap().gate
-    }
-
-    /// The external verifier's reward is the user's: rlcr's format gate stands in front of it
-    /// only when asked; the built-in verifiers keep it.
-    #[test]
-    fn format_gate_auto_is_off_for_an_external_verifier() {
-        assert!(gate(&[]));
-        assert!(gate(&["--verifier", "math"]));
-        assert!(!gate(&["--verifier-cmd", "x"]));
-        assert!(gate(&["--verifier-cmd", "x", "--format-gate", "on"]));
-        assert!(!gate(&["--reward-preset", "tinyzero"]));
-        assert!(!gate(&["--format-gate", "off"]));
-    }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde_json::json;
 
-use super::common::{Global, UsageError};
+use super::common::{usage, Global};
 use super::flags::{ChatArgs, LoraArgs, ModelFolder, OptimArgs};
 use crate::train::sft::SftFilter;
 use crate::train::stage::SftPlan;
@@ -57,53 +57,41 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let plan = plan(g, &a)?;
-    crate::train::stage::sft(&plan, &a.lora.loader(a.model.adapter(), g.seed))?;
+    crate::train::stage::sft(&plan(g, &a)?)?;
     Ok(())
 }
 
 /// The validated call: every flag checked before anything is read (usage errors, exit code 2).
 fn plan(g: &Global, a: &Args) -> Result<SftPlan> {
     if a.batch_size == 0 {
-        return Err(UsageError("--batch-size must be at least 1".into()).into());
+        return Err(usage("--batch-size must be at least 1"));
     }
-    a.lora.spec(&a.model.model)?;
-    let train = a
-        .optim
-        .train_config(Objective::Sft, a.lr, 1, 1.0, &[], g.seed)?;
-    let device = g.device.open()?;
+    let lora = a.lora.resolve(&a.model)?;
+    let o = &a.optim;
+    let train = o.train_config(Objective::Sft, a.lr, 1, 1.0, g.seed)?;
     let chat = a.chat.options()?;
-    let config = json!({
-        "model": a.model.model,
-        "adapter": a.model.adapter,
-        "input": a.input,
-        "lr": a.lr,
-        "batch_size": a.batch_size,
-        "only_correct": a.only_correct,
-        "min_conf_reward": a.min_conf_reward,
-        "adamw": a.optim.adamw(),
-        "resume": a.optim.resume,
-        "tensorboard": a.optim.tensorboard,
-        "device": g.device,
-        "seed": g.seed,
-        "argv": g.argv,
-    });
+    let mut config = o.record(g, &a.model, &a.input, a.lr);
+    config["batch_size"] = json!(a.batch_size);
+    config["only_correct"] = json!(a.only_correct);
+    config["min_conf_reward"] = json!(a.min_conf_reward);
     Ok(SftPlan {
         model: a.model.model.clone(),
+        lora,
         input: a.input.clone(),
         out: a.out.clone(),
         train,
-        agg_len: a.optim.agg_len,
+        agg_len: o.agg_len,
         batch_size: a.batch_size,
         filter: SftFilter {
             only_correct: a.only_correct,
             min_conf_reward: a.min_conf_reward,
         },
         chat,
-        adamw: a.optim.adamw(),
-        resume: a.optim.resume,
-        tensorboard: a.optim.tensorboard.clone(),
-        device,
+        adamw: o.adamw(),
+        resume: o.resume,
+        tensorboard: o.tensorboard.clone(),
+        device: g.device,
+        seed: g.seed,
         config,
     })
 }

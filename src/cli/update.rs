@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde_json::json;
 
-use super::common::{Global, UsageError};
-use super::flags::{CriticArgs, LoraArgs, ModelFolder};
+use super::common::Global;
+use super::flags::{CriticArgs, LoraArgs, ModelFolder, OptimArgs};
 use crate::train::diagnostics::Guards;
 use crate::train::loss::{ClipConfig, KlEstimator};
 use crate::train::stage::UpdatePlan;
@@ -45,9 +45,6 @@ default; for tables from samplers that record tempered log-probs (verl, TRL), pa
 Reads: a training table (`rlcr advantage`) and a model folder. Writes: NEW_DIR.
 Example:
   rlcr update --model ckpt/iter-0 --input train.parquet -o ckpt/iter-1 --lr 1e-5 --resume auto";
-
-// `values` (a file of its own) imports the group from here.
-use super::flags::OptimArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -125,10 +122,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let plan = plan(g, &a)?;
-    let done = crate::train::stage::update(&plan, &a.lora.loader(a.model.adapter(), g.seed))?;
-    a.critic
-        .run_after_update(g, &a.input, &a.optim, a.mini_batches)?;
+    let done = crate::train::stage::update(&plan(g, &a)?)?;
     // Once everything is written: a refused table or output gets its error alone.
     if let Some(w) = done.warning {
         eprintln!("rlcr: warning: {w}");
@@ -138,14 +132,12 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
 
 /// The validated call: every flag checked before anything is read (usage errors, exit code 2).
 fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
-    let device = g.device.open()?;
-    let clip = ClipConfig {
-        clip_low: a.clip_low,
-        clip_high: a.clip_high,
-        clip_dual: a.clip_dual,
-    };
     let objective = Objective::Policy {
-        clip,
+        clip: ClipConfig {
+            clip_low: a.clip_low,
+            clip_high: a.clip_high,
+            clip_dual: a.clip_dual,
+        },
         kl_coef: a.kl_coef,
         kl_kind: a.kl_estimator,
         entropy_coef: a.entropy_coef,
@@ -154,50 +146,32 @@ fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
         // Read from the tokenizer once the model is loaded.
         value_tokens: None,
     };
-    a.lora.spec(&a.model.model)?;
-    let train =
-        a.optim
-            .train_config(objective, a.lr, a.mini_batches, a.temperature, &[], g.seed)?;
-    if let Some(m) = a.max_mismatch {
-        if m.is_nan() || m < 0.0 {
-            return Err(
-                UsageError(format!("--max-mismatch must be a number >= 0, got {m}")).into(),
-            );
-        }
-    }
-    let mut config = json!({
-        "model": a.model.model,
-        "adapter": a.model.adapter,
-        "input": a.input,
-        "lr": a.lr,
-        "ref_model": a.ref_model,
-        "recompute_old_logprobs": a.recompute_old_logprobs,
-        "adamw": a.optim.adamw(),
-        "resume": a.optim.resume,
-        "tensorboard": a.optim.tensorboard,
-        "device": g.device,
-        "seed": g.seed,
-        "argv": g.argv,
-    });
+    let lora = a.lora.resolve(&a.model)?;
+    let o = &a.optim;
+    let train = o.train_config(objective, a.lr, a.mini_batches, a.temperature, g.seed)?;
+    let guards = Guards::new(a.max_mismatch)?;
+    let mut config = o.record(g, &a.model, &a.input, a.lr);
+    config["ref_model"] = json!(a.ref_model);
+    config["recompute_old_logprobs"] = json!(a.recompute_old_logprobs);
     if let Some(m) = a.max_mismatch {
         config["max_mismatch"] = json!(m);
     }
     Ok(UpdatePlan {
         model: a.model.model.clone(),
+        lora,
         input: a.input.clone(),
         out: a.out.clone(),
         train,
-        agg_len: a.optim.agg_len,
-        adamw: a.optim.adamw(),
-        resume: a.optim.resume,
-        tensorboard: a.optim.tensorboard.clone(),
+        agg_len: o.agg_len,
+        adamw: o.adamw(),
+        resume: o.resume,
+        tensorboard: o.tensorboard.clone(),
         ref_model: a.ref_model.clone(),
         recompute_old_logprobs: a.recompute_old_logprobs,
-        guards: Guards {
-            max_mismatch: a.max_mismatch,
-        },
-        device,
+        guards,
+        device: g.device,
         seed: g.seed,
         config,
+        critic: a.critic.plan(g, &a.input, o, a.mini_batches),
     })
 }

@@ -31,7 +31,9 @@ use anyhow::{bail, Result};
 use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use serde_json::Value;
 
+use crate::sample::prompts;
 use crate::table::{self, Meta, PROMPTS};
+use crate::usage::usage;
 
 pub use arith::{arithmetic_synth, parse_ops, ArithShape};
 pub use synth::{
@@ -107,6 +109,46 @@ pub struct SftPlan {
     pub confidence: Option<SftConfidence>,
 }
 
+impl SftPlan {
+    /// The warm-start plan of a synthetic source whose difficulties run over `levels` (`unit`:
+    /// what a level counts, for the error); `system` and `query` default to the sampling
+    /// stages' prompts, `confidence` is a `DIFFICULTY=LOW-HIGH,…` spec that must cover every
+    /// level. Bad values are usage errors.
+    pub fn new(
+        correct_fraction: f64,
+        system: Option<String>,
+        query: Option<String>,
+        confidence: Option<&str>,
+        levels: std::ops::RangeInclusive<u32>,
+        unit: &str,
+    ) -> Result<SftPlan> {
+        if !(0.0..=1.0).contains(&correct_fraction) {
+            return Err(usage("--sft-correct-fraction must be between 0 and 1"));
+        }
+        let confidence = match confidence {
+            None => None,
+            Some(spec) => {
+                let c = SftConfidence::parse(spec)
+                    .map_err(|e| usage(format!("--sft-confidence: {e}")))?;
+                if let Some(k) = levels.clone().find(|&k| c.range(k).is_none()) {
+                    return Err(usage(format!(
+                        "--sft-confidence has no range for tasks of {k} {unit} ({}..={})",
+                        levels.start(),
+                        levels.end()
+                    )));
+                }
+                Some(c)
+            }
+        };
+        Ok(SftPlan {
+            correct_fraction,
+            system: system.unwrap_or_else(|| prompts::DEFAULT_SYSTEM_PROMPT.to_string()),
+            query: query.unwrap_or_else(|| prompts::DEFAULT_CONFIDENCE_PROMPT.to_string()),
+            confidence,
+        })
+    }
+}
+
 /// What to build: a validated plan (the CLI checks the flags and builds it).
 #[derive(Clone, Debug)]
 pub enum Build {
@@ -162,6 +204,33 @@ pub struct Summary {
     pub mapped: Option<dataset::Resolved>,
     /// The draw's epoch and index within it (with `--draw`).
     pub epoch: Option<(u64, u64)>,
+}
+
+impl Summary {
+    /// The summary line of a run that wrote `out`.
+    pub fn line(&self, out: &Path) -> String {
+        let mut how = String::new();
+        if let Some(m) = &self.mapped {
+            let label = m
+                .label
+                .as_ref()
+                .map_or("none: ground_truth null".to_string(), |l| format!("`{l}`"));
+            how = format!(" ({}, label {label})", m.prompt);
+        }
+        if let Some((e, b)) = self.epoch {
+            how.push_str(&format!(", epoch {e} draw {b}"));
+        }
+        let from = match self.inputs.len() {
+            0 => String::new(),
+            1 => format!(" from {}", self.inputs[0].display()),
+            n => format!(" from {n} files"),
+        };
+        format!(
+            "prepare: wrote {} prompts{from}{how} to {}",
+            self.rows,
+            out.display()
+        )
+    }
 }
 
 /// Rows built from a plan, before writing.

@@ -76,6 +76,17 @@ pub struct Summary {
     pub sampling: stage::Summary,
 }
 
+impl Summary {
+    /// The summary line of a run.
+    pub fn line(&self) -> String {
+        format!(
+            "probe: {} rows from {} of {} answers ({} skipped: no closed </think>), {} cuts x {} \
+             samples",
+            self.rows, self.answers, self.total_answers, self.skipped, self.cuts, self.samples
+        )
+    }
+}
+
 /// One (answer, cut) to sample.
 struct Cut {
     answer: usize,

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 
 use super::{Analysis, Options};
 use crate::table::{self, Meta};
+use crate::usage::{usage, UsageError};
 
 /// What to report, checked by the caller: the inputs exist, `out` is not a file nor an input,
 /// `iterations` has one increasing number per input, every `held_in` set one path per input.
@@ -36,6 +37,216 @@ pub struct Plan {
     pub examples: usize,
     /// The settings recorded in calibration.parquet's metadata.
     pub config: serde_json::Value,
+}
+
+/// A report as asked for: the inputs as named (`[LABEL=]PATH`, `NAME=PATH`), checked into a
+/// [`Plan`] by [`Request::plan`] (every error a usage error, before anything is read).
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// `PATH` per input (iterations, in order), or `LABEL=PATH` per input (arms).
+    pub inputs: Vec<String>,
+    /// The training iteration of each input, or empty (1, 2, …).
+    pub iterations: Vec<u64>,
+    /// `NAME=PATH`: a fixed probe set's scored table per input, in input order.
+    pub held_in: Vec<String>,
+    /// As [`Plan::probe`].
+    pub probe: Option<PathBuf>,
+    /// As [`Plan::train_metrics`].
+    pub train_metrics: Option<PathBuf>,
+    /// As [`Plan::tensorboard`] (not with labelled inputs).
+    pub tensorboard: Option<PathBuf>,
+    /// As [`Plan::out`]: a folder, neither a file nor an input's folder.
+    pub out: PathBuf,
+    /// As [`Plan::opts`].
+    pub opts: Options,
+    /// As [`Plan::examples`].
+    pub examples: usize,
+    /// As [`Plan::config`].
+    pub config: serde_json::Value,
+}
+
+impl Request {
+    /// The checked plan: the labels, the inputs' existence, the output folder, the iteration
+    /// numbers, the held-in sets, the TensorBoard folder and the training metrics file.
+    pub fn plan(self) -> Result<Plan> {
+        let (paths, labels) = inputs(&self.inputs)?;
+        for p in paths.iter().chain(self.probe.iter()) {
+            if !p.exists() {
+                return Err(usage(format!("{}: no such input", p.display())));
+            }
+        }
+        if self.out.is_file() {
+            return Err(usage(format!(
+                "-o {}: is a file; report writes a folder of files",
+                self.out.display()
+            )));
+        }
+        // The folder must not be (or hold) an input: calibration.parquet would become a part file.
+        let ins: Vec<&Path> = paths
+            .iter()
+            .chain(self.probe.iter())
+            .map(|p| p.as_path())
+            .collect();
+        if crate::fs::folder_is_one_of(&self.out, &ins)? {
+            return Err(usage(format!(
+                "-o {}: is an input folder; write the report somewhere else",
+                self.out.display()
+            )));
+        }
+        let labelled = !labels.is_empty();
+        let iterations = iteration_numbers(&self.iterations, paths.len(), labelled)?;
+        let held_in = held_in_sets(&self.held_in, paths.len(), labelled)?;
+        if self.tensorboard.is_some() && labelled {
+            return Err(usage(
+                "--tensorboard: labelled inputs are arms, not steps; report them one at a time",
+            ));
+        }
+        if let Some(p) = &self.train_metrics {
+            let f = super::training::metrics_path(p);
+            if !f.is_file() {
+                return Err(usage(format!(
+                    "--train-metrics {}: no such file (give a train_metrics.jsonl or the model \
+                     folder that holds one)",
+                    f.display()
+                )));
+            }
+        }
+        Ok(Plan {
+            inputs: paths,
+            labels,
+            iterations,
+            held_in,
+            probe: self.probe,
+            train_metrics: self.train_metrics,
+            tensorboard: self.tensorboard,
+            out: self.out,
+            opts: self.opts,
+            examples: self.examples,
+            config: self.config,
+        })
+    }
+}
+
+/// `--held-in NAME=PATH` values grouped by name (in order of first appearance), each name with
+/// one path per input.
+fn held_in_sets(
+    given: &[String],
+    n_inputs: usize,
+    labelled: bool,
+) -> Result<Vec<(String, Vec<PathBuf>)>> {
+    if given.is_empty() {
+        return Ok(vec![]);
+    }
+    if labelled {
+        return Err(
+            UsageError("--held-in: labelled inputs are arms, not iterations".to_string()).into(),
+        );
+    }
+    let mut sets: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for g in given {
+        let Some((name, path)) = g.split_once('=').filter(|(n, p)| {
+            !n.is_empty()
+                && !p.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        }) else {
+            return Err(UsageError(format!(
+                "--held-in {g}: expected NAME=PATH (NAME of letters, digits, `-_.`)"
+            ))
+            .into());
+        };
+        match sets.iter_mut().find(|s| s.0 == name) {
+            Some(s) => s.1.push(PathBuf::from(path)),
+            None => sets.push((name.to_string(), vec![PathBuf::from(path)])),
+        }
+    }
+    for (name, paths) in &sets {
+        if paths.len() != n_inputs {
+            return Err(UsageError(format!(
+                "--held-in: {} tables for set {name:?} and {n_inputs} inputs (one per input, in input order)",
+                paths.len()
+            ))
+            .into());
+        }
+        if let Some(p) = paths.iter().find(|p| !p.exists()) {
+            return Err(
+                UsageError(format!("--held-in {name}={}: no such input", p.display())).into(),
+            );
+        }
+    }
+    Ok(sets)
+}
+
+/// `LABEL=PATH` → (Some(LABEL), PATH) when LABEL is a plain word (letters, digits, `-_.`) and the
+/// whole text is not an existing path; otherwise (None, the text).
+pub fn split_label(s: &str) -> (Option<String>, PathBuf) {
+    match s.split_once('=') {
+        Some((l, p))
+            if !l.is_empty()
+                && !p.is_empty()
+                && l.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && !Path::new(s).exists() =>
+        {
+            (Some(l.to_string()), PathBuf::from(p))
+        }
+        _ => (None, PathBuf::from(s)),
+    }
+}
+
+/// The inputs' paths and labels (empty when none is labelled); usage error when only some are
+/// labelled or a label repeats.
+fn inputs(given: &[String]) -> Result<(Vec<PathBuf>, Vec<String>)> {
+    let parsed: Vec<(Option<String>, PathBuf)> = given.iter().map(|s| split_label(s)).collect();
+    let n_labelled = parsed.iter().filter(|p| p.0.is_some()).count();
+    if n_labelled == 0 {
+        return Ok((parsed.into_iter().map(|p| p.1).collect(), vec![]));
+    }
+    if n_labelled != parsed.len() {
+        return Err(
+            UsageError("--input: label every input (LABEL=PATH) or none".to_string()).into(),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut paths = vec![];
+    let mut labels = vec![];
+    for (l, p) in parsed {
+        let l = l.unwrap_or_default();
+        if !seen.insert(l.clone()) {
+            return Err(UsageError(format!("--input: label {l:?} is used twice")).into());
+        }
+        labels.push(l);
+        paths.push(p);
+    }
+    Ok((paths, labels))
+}
+
+/// The iteration number of each of `n` inputs: `given` (one per input, increasing) or 1, 2, ….
+fn iteration_numbers(given: &[u64], n: usize, labelled: bool) -> Result<Vec<u64>> {
+    if given.is_empty() {
+        return Ok((1..=n as u64).collect());
+    }
+    if labelled {
+        return Err(UsageError(
+            "--iterations: labelled inputs are arms, not iterations".to_string(),
+        )
+        .into());
+    }
+    if given.len() != n {
+        return Err(UsageError(format!(
+            "--iterations: {} numbers for {n} inputs (one per input, in input order)",
+            given.len()
+        ))
+        .into());
+    }
+    if let Some(w) = given.windows(2).find(|w| w[1] <= w[0]) {
+        return Err(UsageError(format!(
+            "--iterations: {} after {}; the inputs' iterations must increase",
+            w[1], w[0]
+        ))
+        .into());
+    }
+    Ok(given.to_vec())
 }
 
 /// What [`run`] wrote.

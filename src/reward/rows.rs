@@ -21,12 +21,16 @@
 //!   `accuracy`·0 and `format`·0; confidences as `rlcr`.
 //! - a rewards TOML ([`structured::RewardSpec`]) replaces the preset's components.
 use std::borrow::Cow;
+use std::path::PathBuf;
+
+use anyhow::Result;
 
 use super::countdown::{self, Task};
 use super::rlcr::{self, FormatPattern, RlcrTerms};
 use super::structured::{self, Component, ComponentSpec, RewardSpec, Source, Value};
 use super::text::last_answer;
-use super::{math, qa, VerifierKind};
+use super::{math, qa, VerifierChoice, VerifierKind};
+use crate::usage::{as_usage, usage};
 
 /// How countdown answers are read.
 #[derive(
@@ -67,6 +71,132 @@ pub enum Preset {
     Rlcr,
     RlcrSingle,
     Tinyzero,
+}
+
+/// `--answer-format` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnswerFormat {
+    Ta,
+    Tac,
+    Tabc,
+    Tbac,
+    /// Only require an extractable answer.
+    None,
+}
+
+/// `--format-gate` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FormatGate {
+    /// On with the built-in verifiers; off with --verifier-cmd and --reward-preset tinyzero.
+    #[default]
+    Auto,
+    /// A failed answer format scores 0, whatever the verifier says.
+    On,
+    /// The verifier's verdict stands; format_ok is still recorded.
+    Off,
+}
+
+/// The scoring settings as asked for (the flags of `score`), resolved by [`Request::settings`].
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// `--verifier` (unset: auto).
+    pub verifier: Option<VerifierChoice>,
+    /// An external verifier replaces the built-in ones (`--verifier-cmd`).
+    pub external: bool,
+    /// `--countdown-compat` (unset: default).
+    pub countdown_compat: Option<CountdownCompat>,
+    /// `--verifier-timeout` in seconds (unset: the default).
+    pub timeout: Option<f64>,
+    /// The reward preset.
+    pub preset: Preset,
+    /// A structured rewards TOML replacing the preset's components.
+    pub rewards: Option<PathBuf>,
+    /// `--answer-format` (unset: `ta`, `tabc` with the rlcr-single preset).
+    pub answer_format: Option<AnswerFormat>,
+    /// Confidence rows must contain `<analysis>`.
+    pub require_analysis: bool,
+    /// Whether a failed answer format zeroes the accuracy.
+    pub format_gate: FormatGate,
+    /// Weight of format_ok in the rlcr preset.
+    pub format_weight: f64,
+}
+
+impl Request {
+    /// The resolved settings; a contradictory or out-of-range request is a usage error.
+    pub fn settings(&self) -> Result<Settings> {
+        let verifier = self.verifier.and_then(VerifierChoice::kind);
+        if self.external && verifier.is_some() {
+            return Err(usage(
+                "--verifier-cmd replaces the built-in verifiers; drop --verifier",
+            ));
+        }
+        verifier_timeout(self.timeout)?;
+        if !self.format_weight.is_finite() {
+            return Err(usage("--format-weight must be a finite number"));
+        }
+        if self.preset == Preset::Tinyzero
+            && matches!(verifier, Some(k) if k != VerifierKind::Countdown)
+        {
+            return Err(usage(
+                "--reward-preset tinyzero needs the countdown verifier",
+            ));
+        }
+        if self.preset == Preset::Tinyzero && self.external {
+            return Err(usage(
+                "--reward-preset tinyzero needs the countdown verifier, not --verifier-cmd",
+            ));
+        }
+        let answer_format = match self.answer_format {
+            None if self.preset == Preset::RlcrSingle => Some(FormatPattern::Tabc),
+            None => Some(FormatPattern::Ta),
+            Some(AnswerFormat::Ta) => Some(FormatPattern::Ta),
+            Some(AnswerFormat::Tac) => Some(FormatPattern::Tac),
+            Some(AnswerFormat::Tabc) => Some(FormatPattern::Tabc),
+            Some(AnswerFormat::Tbac) => Some(FormatPattern::Tbac),
+            Some(AnswerFormat::None) => None,
+        };
+        if self.preset == Preset::RlcrSingle
+            && !answer_format.is_some_and(FormatPattern::has_confidence)
+        {
+            return Err(usage(
+                "--reward-preset rlcr-single needs an answer format with a confidence (tac, tabc, \
+                 tbac)",
+            ));
+        }
+        // An external verifier is the user's reward: rlcr's answer format gates it only when
+        // asked.
+        let gate = match self.format_gate {
+            FormatGate::On => true,
+            FormatGate::Off => false,
+            FormatGate::Auto => !self.external && self.preset != Preset::Tinyzero,
+        };
+        let structured = match &self.rewards {
+            Some(p) => Some(RewardSpec::from_file(p).map_err(as_usage)?),
+            None => None,
+        };
+        Ok(Settings {
+            verifier,
+            countdown_compat: self.countdown_compat.unwrap_or_default(),
+            answer_format,
+            require_analysis: self.require_analysis,
+            gate,
+            preset: self.preset,
+            format_weight: self.format_weight,
+            structured,
+        })
+    }
+}
+
+/// A verifier timeout as given, checked: a positive number of seconds (usage error otherwise).
+pub fn verifier_timeout(t: Option<f64>) -> Result<Option<f64>> {
+    match t {
+        Some(t) if !(t.is_finite() && t > 0.0) => Err(usage(format!(
+            "--verifier-timeout must be a positive number of seconds, got {t}"
+        ))),
+        t => Ok(t),
+    }
 }
 
 /// The stage's scoring settings (resolved; recorded in the output metadata).
@@ -675,5 +805,39 @@ mod tests {
             let c = score_confidence(&s, &resp, 1.0);
             proptest::prop_assert!((0.0..=1.0).contains(&c.conf_reward));
         }
+    }
+
+    fn gate(
+        verifier: Option<VerifierChoice>,
+        external: bool,
+        preset: Preset,
+        format_gate: FormatGate,
+    ) -> bool {
+        let r = Request {
+            verifier,
+            external,
+            countdown_compat: None,
+            timeout: None,
+            preset,
+            rewards: None,
+            answer_format: None,
+            require_analysis: false,
+            format_gate,
+            format_weight: 0.0,
+        };
+        r.settings().unwrap().gate
+    }
+
+    /// The external verifier's reward is the user's: rlcr's format gate stands in front of it
+    /// only when asked; the built-in verifiers keep it.
+    #[test]
+    fn format_gate_auto_is_off_for_an_external_verifier() {
+        use FormatGate::{Auto, Off, On};
+        assert!(gate(None, false, Preset::Rlcr, Auto));
+        assert!(gate(Some(VerifierChoice::Math), false, Preset::Rlcr, Auto));
+        assert!(!gate(None, true, Preset::Rlcr, Auto));
+        assert!(gate(None, true, Preset::Rlcr, On));
+        assert!(!gate(None, false, Preset::Tinyzero, Auto));
+        assert!(!gate(None, false, Preset::Rlcr, Off));
     }
 }

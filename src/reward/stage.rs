@@ -132,6 +132,24 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The summary line of a run that wrote `out`.
+    pub fn line(&self, out: &Path) -> String {
+        format!(
+            "scored {} rows ({} answers, {} confidences) in {:.2}s ({:.0} rows/s); mean acc {:.4}, \
+             answer format ok {:.4}, confidence parse ok {:.4} (lenient {:.4}) -> {}",
+            self.rows,
+            self.answers,
+            self.confidences,
+            self.seconds,
+            self.rows as f64 / self.seconds.max(1e-9),
+            self.mean_accuracy(),
+            self.answer_format_rate(),
+            self.strict_parse_rate(),
+            self.lenient_parse_rate(),
+            out.display()
+        )
+    }
+
     pub fn mean_accuracy(&self) -> f64 {
         self.sum_accuracy / (self.answers.max(1) as f64)
     }

@@ -30,6 +30,35 @@ pub struct Plan {
     pub sampling: SamplingPlan,
 }
 
+impl Plan {
+    /// The plan of `num_answers` (≥ 1) answers per prompt; the system prompt given as text, or
+    /// read from `system_prompt_file`.
+    pub fn new(
+        job: ModelJob,
+        num_answers: usize,
+        system_prompt: Option<String>,
+        system_prompt_file: Option<&std::path::Path>,
+        sampling: SamplingPlan,
+    ) -> Result<Plan> {
+        if num_answers == 0 {
+            bail!("--num-answers must be at least 1");
+        }
+        let system_prompt = match system_prompt_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading --system-prompt-file {}", p.display()))?,
+            ),
+            None => system_prompt,
+        };
+        Ok(Plan {
+            job,
+            num_answers,
+            system_prompt,
+            sampling,
+        })
+    }
+}
+
 /// One prompt ready to sample from.
 struct Prepared {
     /// Row in its input batch.

@@ -33,6 +33,34 @@ pub struct Plan {
     pub sampling: SamplingPlan,
 }
 
+impl Plan {
+    /// The plan of `num_confidences` (≥ 1) confidences per answer, asked for with
+    /// `confidence_prompt` (default: RLCR's request; not blank).
+    pub fn new(
+        job: ModelJob,
+        num_confidences: usize,
+        confidence_prompt: Option<String>,
+        system_prompt: Option<String>,
+        sampling: SamplingPlan,
+    ) -> Result<Plan> {
+        if num_confidences == 0 {
+            bail!("--num-confidences must be at least 1");
+        }
+        let query = confidence_prompt
+            .unwrap_or_else(|| super::prompts::DEFAULT_CONFIDENCE_PROMPT.to_string());
+        if query.trim().is_empty() {
+            bail!("--confidence-prompt is empty");
+        }
+        Ok(Plan {
+            job,
+            num_confidences,
+            confidence_prompt: query,
+            system_prompt,
+            sampling,
+        })
+    }
+}
+
 /// Columns of later stages: an input that has them is not an answers table.
 const LATER_COLUMNS: &[&str] = &[
     "acc_reward",

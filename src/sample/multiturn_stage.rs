@@ -15,7 +15,6 @@
 //!
 //! The table is written once every rollout is done, through a temporary file: an environment
 //! that fails stops the stage with nothing written.
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,43 +26,39 @@ use arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field};
 
 use super::env::ExternalEnv;
-use super::logits::SamplingParams;
 use super::multiturn::{rollout, Episode, Limits, Rollout};
 use super::policy::Policy;
 use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
-use super::stage::{self, Summary};
+use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
 use crate::table::{self, cols, Meta, Reader, Writer, PROMPTS, TRAJECTORY};
 
 /// Everything the stage needs (validated by [`run`]).
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub model: PathBuf,
-    /// A LoRA adapter folder merged into `model` at load.
-    pub adapter: Option<PathBuf>,
-    pub input: PathBuf,
-    pub out: PathBuf,
+    /// Model, device, the prompts table in and the rollouts table out, seed, command line (no
+    /// shard).
+    pub job: ModelJob,
     pub num_answers: usize,
     /// `sh -c` command of the environment.
     pub env_cmd: String,
     pub env_timeout: Duration,
     pub limits: Limits,
-    pub params: SamplingParams,
-    /// Per model turn.
-    pub max_new_tokens: usize,
-    /// Strings that end a model turn (besides EOS).
-    pub stop: Vec<String>,
-    pub batch_size: usize,
+    /// Per model turn: `max_new_tokens`; `stop`: strings that end a model turn (besides EOS).
+    pub sampling: SamplingPlan,
     /// `Some("")`: none; `None`: the prompt's own messages as they are.
     pub system_prompt: Option<String>,
-    pub response_prefix: Option<String>,
-    pub seed: u64,
-    pub device: crate::model::DeviceSpec,
-    /// Recorded in the metadata.
-    pub argv: Vec<String>,
-    /// The chat template and its extra variables.
-    pub chat: crate::model::ChatOptions,
+}
+
+impl Plan {
+    /// The environment's reply timeout, checked: a positive number of seconds.
+    pub fn env_timeout(seconds: f64) -> Result<Duration> {
+        if !(seconds.is_finite() && seconds > 0.0) {
+            anyhow::bail!("--env-timeout must be a positive number of seconds");
+        }
+        Ok(Duration::from_secs_f64(seconds))
+    }
 }
 
 /// The conversation of a rollout: the prompt's messages, the system prompt replaced when one is
@@ -105,9 +100,9 @@ pub fn run(plan: &Plan) -> Result<String> {
     if plan.env_cmd.trim().is_empty() {
         bail!("--env-cmd is empty");
     }
-    let device = plan.device.open()?;
-    let name = plan.input.display().to_string();
-    let reader = Reader::open(&plan.input)?;
+    let device = plan.job.device.open()?;
+    let name = plan.job.input.display().to_string();
+    let reader = Reader::open(&plan.job.input)?;
     table::check_schema(
         &name,
         &reader.schema(),
@@ -118,14 +113,19 @@ pub fn run(plan: &Plan) -> Result<String> {
     if batches.iter().all(|b| b.num_rows() == 0) {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = Policy::open(&plan.model, plan.adapter.as_deref(), &device, &plan.chat)?;
+    let policy = Policy::open(
+        &plan.job.model,
+        plan.job.adapter.as_deref(),
+        &device,
+        &plan.job.chat,
+    )?;
     let cfg = stage::gen_config(
         &policy,
-        plan.params,
-        plan.max_new_tokens,
-        plan.stop.clone(),
-        plan.seed,
-        plan.batch_size,
+        plan.sampling.params,
+        plan.sampling.max_new_tokens,
+        plan.sampling.stop.clone(),
+        plan.job.seed,
+        plan.sampling.batch_size,
     )?;
 
     // Prompts.
@@ -157,7 +157,7 @@ pub fn run(plan: &Plan) -> Result<String> {
             let messages = conversation(
                 &prompt,
                 plan.system_prompt.as_deref(),
-                plan.response_prefix.as_deref(),
+                plan.sampling.response_prefix.as_deref(),
             );
             let (text, context) = policy
                 .encode_context(&messages)
@@ -187,7 +187,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     }
 
     // Rollouts.
-    let mut config = stage::sampling_meta(&cfg, &policy, &plan.model);
+    let mut config = stage::sampling_meta(&cfg, &policy, &plan.job.model);
     config["stage"] = "generate-multiturn".into();
     config["num_answers"] = plan.num_answers.into();
     config["env_cmd"] = plan.env_cmd.clone().into();
@@ -195,13 +195,13 @@ pub fn run(plan: &Plan) -> Result<String> {
     config["max_turns"] = plan.limits.max_turns.into();
     config["max_response_tokens"] = plan.limits.max_response_tokens.into();
     config["system_prompt"] = plan.system_prompt.clone().into();
-    config["response_prefix"] = plan.response_prefix.clone().into();
-    config["argv"] = plan.argv.clone().into();
+    config["response_prefix"] = plan.sampling.response_prefix.clone().into();
+    config["argv"] = plan.job.argv.clone().into();
     let mut meta = Meta::new(
         &TRAJECTORY,
         "generate-multiturn",
         config,
-        &[plan.input.as_path(), plan.model.as_path()],
+        &[plan.job.input.as_path(), plan.job.model.as_path()],
     );
     let mut env = ExternalEnv::spawn(&plan.env_cmd, plan.env_timeout)?;
     let total = (prompts.len() * plan.num_answers) as u64;
@@ -323,7 +323,7 @@ pub fn run(plan: &Plan) -> Result<String> {
         arrays.push(("num_turns", Arc::new(Int32Array::from(num_turns))));
         arrays.push(("env_extra", Arc::new(StringArray::from(extra))));
         let out = cols::set_columns(&base, &TRAJECTORY, arrays)?;
-        table::io::write_lazily(&mut writer, &plan.out, &meta, &out)?;
+        table::io::write_lazily(&mut writer, &plan.job.out, &meta, &out)?;
     }
     let Some(w) = writer else {
         bail!("{name}: no prompts to sample from; nothing was written");

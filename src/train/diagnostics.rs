@@ -237,6 +237,18 @@ pub struct Guards {
     pub max_mismatch: Option<f64>,
 }
 
+impl Guards {
+    /// The guards of a `--max-mismatch` limit (a number ≥ 0; anything else is a usage error).
+    pub fn new(max_mismatch: Option<f64>) -> anyhow::Result<Guards> {
+        match max_mismatch {
+            Some(m) if m.is_nan() || m < 0.0 => Err(crate::usage::usage(format!(
+                "--max-mismatch must be a number >= 0, got {m}"
+            ))),
+            max_mismatch => Ok(Guards { max_mismatch }),
+        }
+    }
+}
+
 /// Gradients on the host, by module path, for tests and diagnostics.
 pub fn grads_to_host<M: Module>(module: &M, grads: &GradientsParams) -> Vec<(String, Vec<f32>)> {
     struct V<'a> {

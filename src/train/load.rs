@@ -1,24 +1,92 @@
 //! Loading the model a training stage trains: the policy of `update`, the model of `sft`.
-use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::model::lora::LoraSpec;
+use crate::model::lora::{self, LoraSpec};
 use crate::model::{weights::Storage, AdapterUse, Model};
+use crate::usage::as_usage;
+use crate::UsageError;
 
-/// A LoRA setting the model on disk cannot honour (a fresh adapter's settings on an adapter that
-/// differs, a dropout without any adapter): a wrong flag, not a broken file.
-#[derive(Debug)]
-pub struct FlagConflict(pub String);
+/// The LoRA settings of a training call as given (PEFT's names; `None`: not given, PEFT's
+/// default applies).
+#[derive(Debug, Clone, Default)]
+pub struct LoraRequest {
+    /// Rank of a fresh adapter; `None` trains every weight (or continues a given adapter).
+    pub rank: Option<usize>,
+    /// lora_alpha [default: 8, PEFT's].
+    pub alpha: Option<f64>,
+    /// Dropout on the adapter's input [default: 0].
+    pub dropout: Option<f64>,
+    /// Adapted projections, comma-separated, or all-linear [default: all-linear].
+    pub target: Option<String>,
+    /// Scale by alpha / sqrt(r) instead of alpha / r.
+    pub rslora: bool,
+}
 
-impl fmt::Display for FlagConflict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl LoraRequest {
+    /// The checked settings for training the model folder `base` with the adapter folder
+    /// `adapter` (if any); `base` is recorded as a fresh adapter's base_model_name_or_path. Bad
+    /// values, and a fresh adapter's settings without a rank, are usage errors.
+    pub fn resolve(&self, base: &Path, adapter: Option<PathBuf>) -> Result<TrainLora> {
+        let Some(r) = self.rank else {
+            if self.alpha.is_some() || self.target.is_some() || self.rslora {
+                return Err(UsageError(
+                    "--lora-alpha, --lora-target and --lora-rslora need --lora-rank".into(),
+                )
+                .into());
+            }
+            return Ok(TrainLora {
+                adapter,
+                spec: None,
+                dropout: self.dropout,
+            });
+        };
+        let targets = lora::parse_targets(self.target.as_deref().unwrap_or("all-linear"))
+            .map_err(as_usage)?;
+        let spec = LoraSpec {
+            r,
+            alpha: self.alpha.unwrap_or(8.0),
+            dropout: self.dropout.unwrap_or(0.0),
+            targets,
+            rslora: self.rslora,
+            base: Some(base.display().to_string()),
+        };
+        spec.validate().map_err(as_usage)?;
+        Ok(TrainLora {
+            adapter,
+            spec: Some(spec),
+            dropout: self.dropout,
+        })
     }
 }
 
-impl std::error::Error for FlagConflict {}
+/// How the trained model takes LoRA: an adapter folder to continue, a fresh adapter to add, a
+/// new dropout for the adapter.
+#[derive(Debug, Clone, Default)]
+pub struct TrainLora {
+    /// Adapter folder applied to the model folder and trained further.
+    pub adapter: Option<PathBuf>,
+    /// A fresh adapter's settings (checked).
+    pub spec: Option<LoraSpec>,
+    /// Dropout to set on the adapter, fresh or continued.
+    pub dropout: Option<f64>,
+}
+
+impl TrainLora {
+    /// Load the model folder `dir` to train on `device` (an autodiff device) through
+    /// [`trainable`].
+    pub fn load(&self, dir: &Path, device: &burn::tensor::Device, seed: u64) -> Result<Model> {
+        trainable(
+            dir,
+            self.adapter.as_deref(),
+            self.spec.clone(),
+            self.dropout,
+            device,
+            seed,
+        )
+    }
+}
 
 /// Load the model to train on `device` (an autodiff device): an adapter (`--adapter`, or an
 /// adapter folder as `--model`) is kept separate and trainable (the flags, when given, must
@@ -44,7 +112,7 @@ pub fn trainable(
             Some(spec) => m.add_adapter(spec, seed),
             None => {
                 if let Some(p) = lora_dropout {
-                    return Err(FlagConflict(format!(
+                    return Err(UsageError(format!(
                         "--lora-dropout {p} needs --lora-rank (or an adapter: --adapter, or \
                          an adapter folder as --model)"
                     ))
@@ -60,7 +128,7 @@ pub fn trainable(
             && want.targets == have.spec.targets
             && want.rslora == have.spec.rslora;
         if !same {
-            return Err(FlagConflict(format!(
+            return Err(UsageError(format!(
                 "{} is an adapter with r = {}, alpha = {}, targets {:?}, rslora {}; \
                  the --lora-* flags ask for another (leave them out to continue it)",
                 adapter.unwrap_or(dir).display(),
@@ -76,7 +144,7 @@ pub fn trainable(
         have.spec.dropout = p;
         have.spec
             .validate()
-            .map_err(|e| FlagConflict(format!("{e:#}")))?;
+            .map_err(|e| UsageError(format!("{e:#}")))?;
         for l in m.transformer.layers.iter_mut() {
             if let Some(x) = l.lora.as_mut() {
                 x.dropout = p;

@@ -1,8 +1,8 @@
 //! The engines of `rlcr update` and `rlcr sft`. [`update`]: read and check the training table,
 //! load the policy (and the reference model), fill the log-probs the plan asks for, train through
 //! [`session`] and write the new folder. [`sft`]: load the model, read its targets (tokenized with
-//! the model's chat template), train the same way. `cli/update.rs` and `cli/sft.rs` turn their
-//! flags into an [`UpdatePlan`] / [`SftPlan`] and make one call.
+//! the model's chat template), train the same way. The command line turns its flags into an
+//! [`UpdatePlan`] / [`SftPlan`] and makes one call.
 //!
 //! Order of work (each step's errors come before any later step's cost): the table (schema, rows,
 //! the flags that need confidence rows), then the policy (vocabulary and positions of the rows,
@@ -13,7 +13,7 @@
 //! reported whenever they are at hand: `--ref-model` is then loaded even with `--kl-coef 0` (one
 //! forward pass of the reference over the table), and a table's `ref_logprobs` column is read
 //! when it has one.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use burn::module::Module;
@@ -21,8 +21,10 @@ use burn::tensor::Device;
 
 use crate::model::Model;
 
+use super::critic::CriticPlan;
 use super::data::{check_positions, check_vocab, read_update_rows_with, RefColumn, TrainRow};
 use super::diagnostics::Guards;
+use super::load::TrainLora;
 use super::optim::AdamWConfig;
 use super::policy::host_logprobs;
 use super::session::{self, ResumeMode, Session};
@@ -69,6 +71,8 @@ fn completed_config(
 pub struct UpdatePlan {
     /// Policy folder (a model or a LoRA adapter folder).
     pub model: PathBuf,
+    /// The adapter and LoRA settings the policy is loaded with.
+    pub lora: TrainLora,
     /// Training table.
     pub input: PathBuf,
     /// Output folder.
@@ -91,13 +95,15 @@ pub struct UpdatePlan {
     pub recompute_old_logprobs: bool,
     /// Checks before the first optimizer step.
     pub guards: Guards,
-    /// Device to train on (the autodiff device is derived from it).
-    pub device: Device,
+    /// Device to train on (opened first; the autodiff device is derived from it).
+    pub device: crate::model::DeviceSpec,
     /// Seed (LoRA initialisation, shuffle).
     pub seed: u64,
     /// The trainer state's `config` as the caller records it (flags, argv); the engine adds
     /// `lora` and `train`.
     pub config: serde_json::Value,
+    /// A critic trained on the same table once the policy is written.
+    pub critic: Option<CriticPlan>,
 }
 
 /// What [`update`] did.
@@ -108,11 +114,9 @@ pub struct UpdateSummary {
     pub warning: Option<String>,
 }
 
-/// Loads the policy to train on an autodiff device (LoRA flags applied by the caller).
-pub type PolicyLoader<'a> = dyn Fn(&Path, &Device) -> Result<Model> + 'a;
-
-/// Run one `update` call.
-pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSummary> {
+/// Run one `update` call (then the critic's, when the plan has one).
+pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
+    let device: Device = plan.device.open()?;
     let (kl_coef, conf_entropy_coef, conf_value_entropy_coef) = match plan.train.objective {
         Objective::Policy {
             kl_coef,
@@ -148,7 +152,8 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
         }
     }
     crate::info!("{}: {} rows", plan.input.display(), rows.len());
-    let model = load_policy(&plan.model, &plan.device.clone().autodiff())
+    let model = (plan.lora)
+        .load(&plan.model, &device.clone().autodiff(), plan.seed)
         .with_context(|| format!("loading the policy {}", plan.model.display()))?;
     let table = plan.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
@@ -180,7 +185,7 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
         }
     }
     if let Some(dir) = &plan.ref_model {
-        let reference = Model::load(dir, &plan.device)
+        let reference = Model::load(dir, &device)
             .with_context(|| format!("loading the reference model {}", dir.display()))?;
         let lps = logprobs_of(
             &reference.transformer,
@@ -211,6 +216,10 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
     let warning = zero_advantage_warning(&rows, &table);
     let s = session!(plan, "update", &model, train, plan.config.clone(), table);
     let steps = session::run_guarded(model, &rows, &s, &plan.guards)?;
+    if let Some(c) = &plan.critic {
+        let line = super::critic::run_critic(c)?;
+        crate::info!("{line}");
+    }
     Ok(UpdateSummary { steps, warning })
 }
 
@@ -218,6 +227,8 @@ pub fn update(plan: &UpdatePlan, load_policy: &PolicyLoader) -> Result<UpdateSum
 pub struct SftPlan {
     /// Model folder (a model or a LoRA adapter folder).
     pub model: PathBuf,
+    /// The adapter and LoRA settings the model is loaded with.
+    pub lora: TrainLora,
     /// Table of assistant targets or trajectory table.
     pub input: PathBuf,
     /// Output folder.
@@ -239,16 +250,20 @@ pub struct SftPlan {
     pub resume: ResumeMode,
     /// Live TensorBoard run folder.
     pub tensorboard: Option<PathBuf>,
-    /// Device to train on (the autodiff device is derived from it).
-    pub device: Device,
+    /// Device to train on (opened first; the autodiff device is derived from it).
+    pub device: crate::model::DeviceSpec,
+    /// Seed (LoRA initialisation, shuffle).
+    pub seed: u64,
     /// The trainer state's `config` as the caller records it; the engine adds `source`, `chat`,
     /// `lora` and `train`.
     pub config: serde_json::Value,
 }
 
 /// Run one `sft` call.
-pub fn sft(plan: &SftPlan, load_model: &PolicyLoader) -> Result<Vec<StepMetrics>> {
-    let mut model = load_model(&plan.model, &plan.device.clone().autodiff())
+pub fn sft(plan: &SftPlan) -> Result<Vec<StepMetrics>> {
+    let device: Device = plan.device.open()?;
+    let mut model = (plan.lora)
+        .load(&plan.model, &device.clone().autodiff(), plan.seed)
         .with_context(|| format!("loading {}", plan.model.display()))?;
     model.set_chat_options(&plan.chat)?;
     let (source, rows) = read_sft_rows(&plan.input, &model, plan.filter)?;

@@ -1,5 +1,7 @@
-//! `--config FILE.toml` (or `RLCR_CONFIG=FILE.toml`): flags from a file, merged into the command
-//! line before clap parses it.
+//! Run files (`--config FILE.toml`, or `RLCR_CONFIG=FILE.toml`): the flags of a run's stages in one
+//! file, merged into a command line before it is parsed. The merge reads the stages' flags from
+//! the clap definition it is given (names, aliases, switches, counts), so the file accepts exactly
+//! what the command line accepts.
 //!
 //! Two shapes of file:
 //!
@@ -28,7 +30,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Arg, ArgAction, Command};
 
-use super::UsageError;
+use crate::UsageError;
 
 /// The command line with the file's flags merged in, and where each merged flag came from.
 #[derive(Debug, Clone, Default)]
@@ -376,7 +378,7 @@ mod tests {
     use clap::CommandFactory;
 
     fn cmd() -> Command {
-        let mut c = super::super::Cli::command();
+        let mut c = crate::cli::Cli::command();
         c.build();
         c
     }
