@@ -113,6 +113,9 @@ ITERS ?= 36
 # One confidence per evaluation answer: the long confidence request makes its prefill most of an
 # evaluation's time (G_C = 2 took 35 min for the warm start alone on 2 busy cores).
 EVAL_G_C ?= 1
+# Keep the weights and optimizer state of the last two iterations only: a SmolLM2 checkpoint with
+# its AdamW state is 1.6 GB, and `compare`'s two arms of 36 iterations would need 115 GB.
+KEEP_CHECKPOINTS ?= 2
 # Held-in probe: 16 prompts, greedy + 2 sampled answers each per iteration (about a third of an
 # iteration's answer sampling).
 HELDIN_G_A ?= 2
