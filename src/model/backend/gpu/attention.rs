@@ -170,12 +170,7 @@ mod tests {
     /// masks hiding some keys per row (never all); within 1e-5 of f64 and of the CPU.
     #[test]
     fn attention_kernel_matches_the_cpu() {
-        let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
-        let dev = spec
-            .parse::<crate::model::DeviceSpec>()
-            .unwrap()
-            .open()
-            .unwrap();
+        let dev = super::super::test_device();
         let cpu = Device::flex();
         for (b, heads, rows, keys, d) in
             [(2usize, 2usize, 3usize, 300usize, 16usize), (1, 3, 5, 7, 8)]

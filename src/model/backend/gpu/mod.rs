@@ -21,6 +21,16 @@ pub mod rope;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod swiglu;
 
+/// The wgpu device the kernels' tests run on: `RLCR_WGPU_DEVICE` (default `wgpu`: lavapipe in CI).
+#[cfg(all(test, feature = "wgpu"))]
+fn test_device() -> burn::tensor::Device {
+    let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
+    spec.parse::<crate::model::DeviceSpec>()
+        .unwrap()
+        .open()
+        .unwrap()
+}
+
 /// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; [`norm`]'s one kernel on
 /// plain tensors, this on autodiff ones) instead of burn's
 /// composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a

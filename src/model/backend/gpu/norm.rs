@@ -146,13 +146,7 @@ mod tests {
     use super::*;
     use burn::tensor::{Device, TensorData};
 
-    fn wgpu() -> Device {
-        let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
-        spec.parse::<crate::model::DeviceSpec>()
-            .unwrap()
-            .open()
-            .unwrap()
-    }
+    use super::super::test_device as wgpu;
 
     fn read(t: BurnTensor<2>) -> Vec<f32> {
         crate::model::read_f32(t).unwrap()

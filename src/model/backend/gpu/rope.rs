@@ -70,12 +70,7 @@ mod tests {
     /// and of f64's rotation of the same f32 angles.
     #[test]
     fn rope_kernel_matches_the_cpu() {
-        let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
-        let dev = spec
-            .parse::<crate::model::DeviceSpec>()
-            .unwrap()
-            .open()
-            .unwrap();
+        let dev = super::super::test_device();
         let cpu = Device::flex();
         let (b, n, wide, t, d) = (2usize, 3usize, 5usize, 4usize, 8usize);
         let inv_freq: Vec<f32> = (0..d / 2)

@@ -59,12 +59,7 @@ mod tests {
     /// the CPU and of f64.
     #[test]
     fn swiglu_kernel_matches_the_cpu() {
-        let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
-        let dev = spec
-            .parse::<crate::model::DeviceSpec>()
-            .unwrap()
-            .open()
-            .unwrap();
+        let dev = super::super::test_device();
         let cpu = Device::flex();
         for (n, i) in [(4usize, 300usize), (3, 24)] {
             let width = 2 * i + 5;
