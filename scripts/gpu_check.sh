@@ -168,6 +168,9 @@ rlcr_rate() { sed -n 's/.*generate-answers: .* (\([0-9.]*\) tokens\/s).*/\1/p' "
 rlcr_moves() { sed -n 's/.*generate-answers: host transfers per decode step: \([0-9.]*\) reads (\([0-9.]*\) bytes), \([0-9.]*\) uploads.*/\1 \2 \3/p' "$1" | tail -n 1 | cut -d' ' -f"$2" | grep . || echo null; }
 # rlcr's kernel launches per decode step (the same line, `…, K kernel launches; N steps`).
 rlcr_launches() { sed -n 's/.*generate-answers: host transfers per decode step: .*, \([0-9.]*\) kernel launches;.*/\1/p' "$1" | tail -n 1 | grep . || echo null; }
+# rlcr's GPU memory pool (`STAGE: GPU memory pool: peak X MiB in use, Y MiB reserved (…)`) in
+# log FILE: FIELD 1 the peak bytes in live allocations, 2 the peak the pool reserved (MiB).
+rlcr_pool() { sed -n "s/.*$2: GPU memory pool: peak \([0-9.]*\) MiB in use, \([0-9.]*\) MiB reserved.*/\1 \2/p" "$1" | tail -n 1 | cut -d' ' -f"$3" | grep . || echo null; }
 # The second optimizer step of `update` (the first compiles kernels): tokens/s and entropy of step 1.
 update_rate() { "$PY" -c 'import json,sys
 m = [json.loads(l) for l in open(sys.argv[1])]
@@ -341,6 +344,8 @@ sampling() {
     "$("$PY" -c 'import sys; print("null" if sys.argv[1] == "null" else float(sys.argv[1]) / int(sys.argv[2]))' "$(rlcr_moves "$log" 2)" "$rows")" null info
   row "sample smollm2 ${rows}x$SAMPLE_NEW: uploads per decode step" "$(rlcr_moves "$log" 3)" null info
   row "sample smollm2 ${rows}x$SAMPLE_NEW: kernel launches per decode step" "$(rlcr_launches "$log")" null info
+  row "sample smollm2 ${rows}x$SAMPLE_NEW: pool MiB in use (ref: reserved)" \
+    "$(rlcr_pool "$log" generate-answers 1)" "$(rlcr_pool "$log" generate-answers 2)" info
   if step "sample-hf-$rows" 120 "$PY" "$HELPER" generate "$M/smollm2" $prompts $rows $SAMPLE_NEW; then
     h=$(jget "$LOGS/sample-hf-$rows.out" tokens_per_s)
   fi
@@ -408,6 +413,8 @@ training() {
     row "update $m $p: step 1 s (ref: step 2 s)" "$(update_secs "$d/out-$p" 1)" "$(update_secs "$d/out-$p" 2)" info
     if [ $m = qwen05 ] && [ $p = bf16 ]; then row "update qwen05 bf16: tokens/s" "$r" null min 10000; fi
     row "update $m $p: peak GPU MiB vs torch" "$mem" "$hmem" info
+    row "update $m $p: pool MiB in use (ref: reserved)" \
+      "$(rlcr_pool "$LOGS/update-$m-$p.log" update 1)" "$(rlcr_pool "$LOGS/update-$m-$p.log" update 2)" info
     local err=null
     if [ "$e" != null ] && [ "$ref" != null ]; then
       err=$("$PY" -c 'import sys; print(abs(float(sys.argv[1]) - float(sys.argv[2])))' "$e" "$ref")

@@ -66,8 +66,11 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         a.system_prompt_file.as_deref(),
         a.sampling.plan(),
     )?;
-    let summary = answer_stage::run(&plan)?;
+    let mut summary = answer_stage::run(&plan)?;
     crate::info!("{}", summary.line("generate-answers", "answer_span"));
     crate::info!("{}", summary.transfer_line("generate-answers"));
+    if let Some(line) = summary.memory_line("generate-answers") {
+        crate::info!("{line}");
+    }
     Ok(())
 }

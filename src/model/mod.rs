@@ -29,6 +29,7 @@ pub mod chat;
 pub mod config;
 pub mod gguf;
 pub mod lora;
+pub mod memory;
 pub mod ops;
 pub mod tokenizer;
 pub mod transfer;

@@ -215,6 +215,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     let mut steps = 0usize;
     let moved = crate::model::transfer::thread_counts();
     let launched = crate::model::transfer::thread_launches();
+    let mut pool = crate::model::memory::PoolWatch::new(&policy.model.transformer.device());
     let results = rollout(
         &policy,
         &decode,
@@ -227,6 +228,11 @@ pub fn run(plan: &Plan) -> Result<String> {
             tokens += r.tokens;
             requests += r.env_requests;
             steps += 1;
+            if steps.is_multiple_of(super::stage::POOL_SAMPLE_EVERY) {
+                if let Some(w) = pool.as_mut() {
+                    w.sample();
+                }
+            }
             progress.inc(r.finished as u64);
         },
     )?;
@@ -234,13 +240,17 @@ pub fn run(plan: &Plan) -> Result<String> {
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();
     // Host transfers and kernel launches per step, as generate-answers reports them.
-    let moves = Summary {
+    let mut moves = Summary {
         transfers: crate::model::transfer::thread_counts() - moved,
         launches: crate::model::transfer::thread_launches() - launched,
         steps,
+        memory: pool,
         ..Summary::default()
     };
     crate::info!("{}", moves.transfer_line("generate-multiturn"));
+    if let Some(line) = moves.memory_line("generate-multiturn") {
+        crate::info!("{line}");
+    }
 
     // Statistics (summary line and the `rlcr.multiturn_summary` metadata).
     let all: Vec<&Rollout> = results.iter().flatten().collect();

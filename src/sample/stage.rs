@@ -13,6 +13,7 @@ use super::policy::Policy;
 use super::sampler::{generate, GenConfig, Generated, Group, SampleId};
 use super::spans::Span;
 use super::stop::StopCriteria;
+use crate::model::memory::PoolWatch;
 use crate::model::transfer::Transfers;
 use crate::model::Message;
 use crate::progress::Progress;
@@ -140,6 +141,8 @@ pub struct Summary {
     pub transfers: Transfers,
     /// Kernel launches of the sampling on a GPU backend (prefill included; 0 on the CPU).
     pub launches: u64,
+    /// The GPU memory pool's peaks (`None` on the CPU).
+    pub memory: Option<PoolWatch>,
 }
 
 impl Summary {
@@ -193,7 +196,16 @@ impl Summary {
             self.steps
         )
     }
+
+    /// [`PoolPeak::line`](crate::model::memory::PoolPeak::line) on a GPU backend, `None` on the
+    /// CPU.
+    pub fn memory_line(&mut self, stage: &str) -> Option<String> {
+        crate::model::memory::line(&mut self.memory, stage)
+    }
 }
+
+/// Decode steps between two readings of the GPU memory pool while sampling.
+pub(crate) const POOL_SAMPLE_EVERY: usize = 16;
 
 /// The sampler's groups for `items`: per item, its context (`context`) and `g` samples, the
 /// `k`-th identified by `id(item, k)`.
@@ -229,9 +241,18 @@ pub fn run_groups(
     let mut steps = 0usize;
     let moved = crate::model::transfer::thread_counts();
     let launched = crate::model::transfer::thread_launches();
+    let mut pool = summary
+        .memory
+        .take()
+        .or_else(|| PoolWatch::new(&policy.model.transformer.device()));
     let out = generate(policy, &decode, groups, cfg, &mut |r| {
         tokens += r.tokens;
         steps += 1;
+        if steps.is_multiple_of(POOL_SAMPLE_EVERY) {
+            if let Some(w) = pool.as_mut() {
+                w.sample();
+            }
+        }
         progress.inc(r.finished as u64);
         let secs = base_secs + start.elapsed().as_secs_f64();
         progress.message(&format!(
@@ -239,6 +260,7 @@ pub fn run_groups(
             (base_tokens + tokens) as f64 / secs.max(1e-9)
         ));
     })?;
+    summary.memory = pool;
     summary.tokens += tokens;
     summary.seconds += start.elapsed().as_secs_f64();
     summary.steps += steps;

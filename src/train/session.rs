@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::model::memory::PoolWatch;
 use crate::model::Model;
 use crate::progress::Progress;
 
@@ -158,7 +159,12 @@ pub fn run_guarded(
     };
     let t0 = Instant::now();
     let transformer = model.transformer;
+    // The GPU memory pool, read after every optimizer step (no reading on the CPU).
+    let mut pool = PoolWatch::new(&transformer.device());
     let (trained, steps) = train_guarded(transformer, &mut opt, rows, &s.train, guards, |m| {
+        if let Some(w) = pool.as_mut() {
+            w.sample();
+        }
         let v = metrics_value(&s.stage, m)?;
         if let Some((step, scalars)) = crate::tensorboard::step_scalars(&v) {
             let r = crate::tensorboard::record(&crate::tensorboard::scalars_event(
@@ -220,6 +226,9 @@ pub fn run_guarded(
             diagnostics_text(steps.first()),
             s.out.display()
         );
+    }
+    if let Some(line) = crate::model::memory::line(&mut pool, &s.stage) {
+        crate::info!("{line}");
     }
     Ok(steps)
 }

@@ -475,13 +475,43 @@ mod wgpu {
         p.display().to_string()
     }
 
-    /// `generate-answers` with `args` on `device`, into `out`.
-    fn generate(wd: &Workdir, device: &str, name: &str, out: &str, args: &[&str]) {
+    /// `generate-answers` with `args` on `device`, into `out`; returns its log (stderr).
+    fn generate(wd: &Workdir, device: &str, name: &str, out: &str, args: &[&str]) -> String {
         let m = s(&tiny(name));
-        let mut a = vec!["--device", device, "-q", "generate-answers", "--model", &m];
+        let mut a = vec!["--device", device, "generate-answers", "--model", &m];
         a.extend_from_slice(&["--input", "prompts.parquet", "-o", out]);
         a.extend_from_slice(args);
-        wd.run(&a);
+        logged(wd, &a)
+    }
+
+    /// Run rlcr with `args` (not quiet), require success, return its log (stderr).
+    fn logged(wd: &Workdir, args: &[&str]) -> String {
+        let o = wd.output(args);
+        let log = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "rlcr {args:?} failed:\n{log}");
+        log
+    }
+
+    /// The tiny Qwen2's weights in f32, MiB (its safetensors file holds them in f32).
+    const WEIGHTS_MIB: f64 = 0.3;
+
+    /// The GPU memory pool line a stage prints on a GPU backend: `(in use, reserved)` MiB, after
+    /// checking that the CPU's log has none.
+    fn pool_line(stage: &str, gpu_log: &str, cpu_log: &str) -> (f64, f64) {
+        let tag = format!("{stage}: GPU memory pool: peak ");
+        assert!(
+            !cpu_log.contains(&tag),
+            "the CPU has no pool to report:\n{cpu_log}"
+        );
+        let line = gpu_log
+            .lines()
+            .find_map(|l| l.split_once(&tag).map(|(_, rest)| rest.to_string()))
+            .unwrap_or_else(|| panic!("no `{tag}` line in:\n{gpu_log}"));
+        // `X MiB in use, Y MiB reserved (…)`
+        let num = |s: &str| s.trim().parse::<f64>().unwrap();
+        let (in_use, rest) = line.split_once(" MiB in use, ").unwrap();
+        let (reserved, _) = rest.split_once(" MiB reserved").unwrap();
+        (num(in_use), num(reserved))
     }
 
     #[test]
@@ -503,8 +533,14 @@ mod wgpu {
                 "--batch-size",
                 "4",
             ];
-            generate(&wd, "cpu", name, "cpu.parquet", &args);
-            generate(&wd, &dev, name, "gpu.parquet", &args);
+            let cpu_log = generate(&wd, "cpu", name, "cpu.parquet", &args);
+            let gpu_log = generate(&wd, &dev, name, "gpu.parquet", &args);
+            // The pool holds the weights at least, and reserves at least what is in use.
+            let (in_use, reserved) = pool_line("generate-answers", &gpu_log, &cpu_log);
+            assert!(
+                in_use >= WEIGHTS_MIB && reserved >= in_use,
+                "{in_use} / {reserved} MiB"
+            );
             let (c, g) = (read(&wd.path("cpu.parquet")), read(&wd.path("gpu.parquet")));
             let (rc, rg) = (id_lists(&c, "response_ids"), id_lists(&g, "response_ids"));
             assert_eq!(rc.len(), 6);
@@ -570,26 +606,35 @@ mod wgpu {
         let wd = Workdir::new();
         write_rows(&wd.path("train.parquet"), &train_rows());
         let m = s(&tiny("tiny-qwen2"));
+        let mut logs = Vec::new();
         for (dev, out) in [("cpu".to_string(), "cpu"), (spec(), "gpu")] {
-            wd.run(&[
-                "--device",
-                &dev,
-                "-q",
-                "update",
-                "--model",
-                &m,
-                "--input",
-                "train.parquet",
-                "-o",
-                out,
-                "--lr",
-                "1e-3",
-                "--micro-batch",
-                "4",
-                "--mini-batches",
-                "1",
-            ]);
+            logs.push(logged(
+                &wd,
+                &[
+                    "--device",
+                    &dev,
+                    "update",
+                    "--model",
+                    &m,
+                    "--input",
+                    "train.parquet",
+                    "-o",
+                    out,
+                    "--lr",
+                    "1e-3",
+                    "--micro-batch",
+                    "4",
+                    "--mini-batches",
+                    "1",
+                ],
+            ));
         }
+        // The weights and AdamW's two moments are live after every step: three times the weights.
+        let (in_use, reserved) = pool_line("update", &logs[1], &logs[0]);
+        assert!(
+            in_use >= 3.0 * WEIGHTS_MIB && reserved >= in_use,
+            "{in_use} / {reserved} MiB"
+        );
         let (mc, mg) = (metrics(&wd.path("cpu")), metrics(&wd.path("gpu")));
         assert_eq!(mc.len(), 1);
         for key in ["loss", "grad_norm", "entropy"] {
