@@ -27,7 +27,6 @@ use arrow::datatypes::{DataType, Field};
 
 use super::env::ExternalEnv;
 use super::multiturn::{rollout, Episode, Limits, Rollout};
-use super::policy::Policy;
 use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
@@ -113,12 +112,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     if batches.iter().all(|b| b.num_rows() == 0) {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = Policy::open(
-        &plan.job.model,
-        plan.job.adapter.as_deref(),
-        &device,
-        &plan.job.chat,
-    )?;
+    let policy = plan.job.open_policy(&device)?;
     let cfg = stage::gen_config(
         &policy,
         plan.sampling.params,
