@@ -654,7 +654,37 @@ fn outputs_match_the_committed_fingerprints(wd: &Workdir) {
         );
         return;
     }
+    // The synthetic sources' other splits and warm-start rows (milliseconds each).
+    for (out, args) in [
+        (
+            "arith-train.parquet",
+            &[
+                "--from",
+                "arithmetic-synth",
+                "--ops",
+                "+-*",
+                "--split",
+                "train",
+                "--sft",
+            ][..],
+        ),
+        (
+            "arith-hard.parquet",
+            &["--from", "arithmetic-synth", "--split", "hard"][..],
+        ),
+        (
+            "countdown-heldout.parquet",
+            &["--from", "countdown-synth", "--split", "heldout", "--sft"][..],
+        ),
+    ] {
+        let mut all = vec!["--seed", "4", "prepare", "--count", "40", "-o", out];
+        all.extend_from_slice(args);
+        run_threads(wd, &all, "2");
+    }
     let tables = [
+        "arith-train.parquet",
+        "arith-hard.parquet",
+        "countdown-heldout.parquet",
         "prompts.parquet",
         "answers.parquet",
         "trajectory.parquet",

@@ -364,6 +364,11 @@ impl GgufFile {
         self.get_as(key, "a bool", Value::as_bool)
     }
 
+    /// An optional array of strings; an error when present with another type.
+    pub fn get_strings(&self, key: &str) -> Result<Option<&[String]>> {
+        self.get_as(key, "an array of strings", |v| v.as_array()?.as_strings())
+    }
+
     /// An optional array value; an error when present with another type.
     pub fn get_array(&self, key: &str) -> Result<Option<&Array>> {
         self.get_as(key, "an array", Value::as_array)

@@ -691,7 +691,7 @@ mod tests {
         use crate::model::{AdapterUse, Model};
         use crate::train::loss::LossAgg;
         use crate::train::optim::{AdamW, AdamWConfig};
-        use crate::train::trainer::tests::{config, rows};
+        use crate::train::trainer::tests::{config, max_abs_diff as diff, rows};
         use crate::train::trainer::{batch_gradients, grads_to_host};
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lora/tiny-qwen2-peft");
         let mut m = Model::open(&dir, None, &Device::flex().autodiff(), AdapterUse::Train)
@@ -704,18 +704,6 @@ mod tests {
             cfg.checkpoint_activations = ckpt;
             let (g, _) = batch_gradients(m, &refs, &cfg).unwrap();
             grads_to_host(m, &g)
-        };
-        let diff = |a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]| -> (f32, f32) {
-            assert_eq!(a.len(), b.len());
-            let (mut d, mut s) = (0f32, 0f32);
-            for ((na, va), (nb, vb)) in a.iter().zip(b) {
-                assert_eq!(na, nb);
-                for (x, y) in va.iter().zip(vb) {
-                    d = d.max((x - y).abs());
-                    s = s.max(x.abs());
-                }
-            }
-            (d, s)
         };
         for p in [0.0, 0.3] {
             for l in m.layers.iter_mut() {
