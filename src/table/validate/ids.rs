@@ -48,7 +48,7 @@ impl H128 {
             self.word(w);
         }
         // A zero word closes a whole number of words too (the digest's format).
-        if s.len() % 8 == 0 {
+        if s.len().is_multiple_of(8) {
             self.word(0);
         }
         self.word(s.len() as u64);
