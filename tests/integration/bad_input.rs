@@ -497,8 +497,7 @@ pub fn break_model(d: ModelDefect, dir: &Path) -> Vec<String> {
         ModelDefect::TokenizerBeyondVocab => {
             // A tokenizer with a token id (1000) the model's 384-row embedding does not have.
             let p = dir.join("tokenizer.json");
-            let mut t: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            let mut t: serde_json::Value = crate::support::json::read(&p);
             t["model"]["vocab"]["zzextra"] = serde_json::json!(1000);
             std::fs::write(&p, serde_json::to_string(&t).unwrap()).unwrap();
             vec![folder, "1000".into(), "384".into()]

@@ -271,8 +271,7 @@ fn schema_prints_json_matching_schemas_folder() {
             .join("..")
             .join("schemas")
             .join(format!("{kind}.json"));
-        let want: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let want: serde_json::Value = crate::support::json::read(file);
         assert_eq!(got, want);
     }
     wd.fail(&["schema", "nope"], 2);

@@ -9,8 +9,7 @@ use super::support::table::{f32s, lists_f32, lists_i32, read, strs};
 use super::{fixtures, Workdir};
 
 fn metrics(w: &Workdir, dir: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(w.path(&format!("{dir}/metrics.json"))).unwrap())
-        .unwrap()
+    crate::support::json::read(w.path(&format!("{dir}/metrics.json")))
 }
 
 fn num(v: &Value) -> f64 {

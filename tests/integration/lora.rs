@@ -3,6 +3,7 @@
 //! only the adapter trains.
 use std::path::{Path, PathBuf};
 
+use super::support::json::read as json;
 use super::support::python::{script, Needs, Py};
 use super::support::table::column_f32;
 use super::support::train::{metrics, train_rows, write_rows};
@@ -37,10 +38,6 @@ fn max_gap(a: &[Vec<f32>], b: &[Vec<f64>]) -> f64 {
         }
     }
     gap
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Tensor names of a safetensors file.

@@ -7,7 +7,7 @@
 //! head_dim 128, tied embeddings; ~60 MB, not committed) in a temporary folder for
 //! [`qwen3_at_real_head_shapes_matches_transformers`].
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor};
@@ -15,24 +15,10 @@ use rlcr::model::{self, weights, ChatOptions, Message, Model, ModelConfig};
 use rlcr::train::data::TrainRow;
 use rlcr::train::trainer::{batch_gradients, grads_to_host, TrainConfig};
 
+use super::fixtures;
 use super::model::check_refs;
+use super::support::json::{read as json, u32s as ints};
 use super::support::python::{script, Needs, Py};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ints(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Every parameter of a module by its module path (the layout [`grads_to_host`] uses).
 fn params_by_path<M: Module>(m: &M) -> BTreeMap<String, Vec<f32>> {

@@ -108,9 +108,7 @@ fn lora_rank_runs_the_loop_on_adapters() {
         let m = wd.path(&format!("l/iter-{i:04}/model"));
         assert!(m.join("adapter_model.safetensors").exists(), "{i}: {log}");
         assert!(!m.join("model.safetensors").exists(), "{i}: full weights");
-        let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(m.join("adapter_config.json")).unwrap())
-                .unwrap();
+        let cfg: serde_json::Value = crate::support::json::read(m.join("adapter_config.json"));
         assert_eq!(cfg["r"], 4);
         assert!(
             cfg["base_model_name_or_path"]
@@ -313,10 +311,7 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
             "evaluation {i}: {log}"
         );
     }
-    let m: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(wd.path("d/eval/report/metrics.json")).unwrap(),
-    )
-    .unwrap();
+    let m: serde_json::Value = crate::support::json::read(wd.path("d/eval/report/metrics.json"));
     let reports = m["reports"].as_array().unwrap();
     assert_eq!(reports.len(), 3);
     let its: Vec<&serde_json::Value> = reports.iter().map(|r| &r["iteration"]).collect();
@@ -362,19 +357,14 @@ fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
         let d = wd.path(&format!("h/iter-{i:04}/heldin"));
         assert_eq!(rows(&d.join("greedy.parquet")), 4, "{log}");
         assert_eq!(rows(&d.join("sampled.parquet")), 8, "{log}");
-        let it: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(wd.path(&format!("h/iter-{i:04}/report/metrics.json")))
-                .unwrap(),
-        )
-        .unwrap();
+        let it: serde_json::Value =
+            crate::support::json::read(wd.path(&format!("h/iter-{i:04}/report/metrics.json")));
         for k in ["greedy", "sampled"] {
             let h = &it["reports"][0]["held_in"][k];
             assert!(h["accuracy"].is_number(), "{it}");
         }
     }
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(wd.path("h/report/metrics.json")).unwrap())
-            .unwrap();
+    let m: serde_json::Value = crate::support::json::read(wd.path("h/report/metrics.json"));
     let calls = m["update_calls"].as_array().expect("update_calls");
     assert_eq!(calls.len(), 2, "{m}");
     for (i, c) in calls.iter().enumerate() {

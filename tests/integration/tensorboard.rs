@@ -216,9 +216,7 @@ fn tensorboard_reads_what_update_and_report_write() {
         .collect();
     assert_run_equals(&runs[2], &first, "it1/runs/update");
     // The report's scalars: metrics.json's `overall` figures (as f32), at iterations 5 and 10.
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(w.path("rep/metrics.json")).unwrap())
-            .unwrap();
+    let m: Value = crate::support::json::read(w.path("rep/metrics.json"));
     assert_eq!(m["reports"][0]["iteration"], 5);
     assert_eq!(m["reports"][1]["iteration"], 10);
     let rep = &runs[3];

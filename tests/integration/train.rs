@@ -94,10 +94,8 @@ fn update_learns_and_resumes() {
     let m = metrics(&w.path("it2"));
     let steps: Vec<u64> = m.iter().map(|x| x["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, vec![1, 2, 3, 4]);
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(w.path("it2/rlcr-train/trainer_state.json")).unwrap(),
-    )
-    .unwrap();
+    let state: serde_json::Value =
+        crate::support::json::read(w.path("it2/rlcr-train/trainer_state.json"));
     assert_eq!(state["global_step"], 4);
     assert_eq!(state["stage"], "update");
     assert_eq!(state["config"]["train"]["micro_batch"], 4);
@@ -144,11 +142,8 @@ fn update_in_bf16_learns_and_records_its_precision() {
             "--precision",
             precision,
         ]);
-        let state: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(w.path(&format!("{out}/rlcr-train/trainer_state.json")))
-                .unwrap(),
-        )
-        .unwrap();
+        let state: serde_json::Value =
+            crate::support::json::read(w.path(&format!("{out}/rlcr-train/trainer_state.json")));
         assert_eq!(state["config"]["train"]["precision"], precision);
     }
     let (p0, n0) = (
