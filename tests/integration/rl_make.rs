@@ -2,10 +2,11 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::support::rlmk::small_loop;
 use crate::Workdir;
 
 /// Run `make -f scripts/rl.mk` with the test binary as RLCR (nothing is rebuilt) and `vars`.
-fn rl_make(wd: &Workdir, vars: &[&str]) -> std::process::Output {
+fn rl_make(wd: &Workdir, vars: &[impl AsRef<std::ffi::OsStr>]) -> std::process::Output {
     crate::support::rlmk::command(wd, vars)
         .output()
         .expect("make runs")
@@ -18,20 +19,7 @@ fn rl_make(wd: &Workdir, vars: &[&str]) -> std::process::Output {
 #[test]
 fn keep_checkpoints_drops_old_weights_and_stays_resumable() {
     let wd = Workdir::new();
-    let vars = [
-        "RUN=k",
-        "SFT=0",
-        "ITERS=4",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=2",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "KEEP_CHECKPOINTS=2",
-        "loop",
-    ];
+    let vars = small_loop(4, 2, &["RUN=k", "KEEP_CHECKPOINTS=2", "loop"]);
     let o = rl_make(&wd, &vars);
     let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
@@ -86,20 +74,7 @@ fn keep_checkpoints_drops_old_weights_and_stays_resumable() {
 #[test]
 fn lora_rank_runs_the_loop_on_adapters() {
     let wd = Workdir::new();
-    let vars = [
-        "RUN=l",
-        "SFT=0",
-        "ITERS=2",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=2",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "LORA_RANK=4",
-        "loop",
-    ];
+    let vars = small_loop(2, 2, &["RUN=l", "LORA_RANK=4", "loop"]);
     let o = rl_make(&wd, &vars);
     let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
@@ -190,28 +165,20 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
         "VERIFIER_CMD=python3 {} user_rewards:compute_score",
         root.join("scripts/rewards/verl_reward.py").display()
     );
-    let vars: Vec<String> = [
-        "SFT=0",
-        "ITERS=6",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=1",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "PROMPTS=train.jsonl",
-        "EVAL_PROMPTS=test.jsonl",
-        "EVAL_EVERY=3",
-        "EVAL_G_A=1",
-        "EVAL_G_C=1",
-        "PREPARE_FLAGS=--input-template '{question} Put the answer in <answer></answer>.' --label-key answer",
-        "SHUFFLE_SEED=11",
-        &verifier,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let vars = small_loop(
+        6,
+        1,
+        &[
+            "PROMPTS=train.jsonl",
+            "EVAL_PROMPTS=test.jsonl",
+            "EVAL_EVERY=3",
+            "EVAL_G_A=1",
+            "EVAL_G_C=1",
+            "PREPARE_FLAGS=--input-template '{question} Put the answer in <answer></answer>.' --label-key answer",
+            "SHUFFLE_SEED=11",
+            verifier.as_str(),
+        ],
+    );
     let make = |run: &str, targets: &[&str]| {
         let mut c = crate::support::rlmk::command(&wd, &[&format!("RUN={run}")]);
         c.args(&vars)
@@ -332,22 +299,17 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
 #[test]
 fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
     let wd = Workdir::new();
-    let vars = [
-        "RUN=h",
-        "SFT=0",
-        "ITERS=2",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=2",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "HELDIN=4",
-        "HELDIN_G_A=2",
-        "MAX_MISMATCH=1e-4",
-        "summary",
-    ];
+    let vars = small_loop(
+        2,
+        2,
+        &[
+            "RUN=h",
+            "HELDIN=4",
+            "HELDIN_G_A=2",
+            "MAX_MISMATCH=1e-4",
+            "summary",
+        ],
+    );
     let o = rl_make(&wd, &vars);
     let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
