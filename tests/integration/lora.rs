@@ -209,72 +209,37 @@ fn lora_flags_and_errors() {
     write_rows(&w.path("train.parquet"), &train_rows());
     let qwen = fixtures().join("tiny-qwen2");
     let q = qwen.to_str().unwrap();
-    let e = w.fail(
-        &[
-            "update",
-            "--model",
-            q,
-            "--input",
-            "train.parquet",
-            "-o",
-            "x",
-            "--lora-alpha",
-            "4",
-        ],
-        2,
-    );
-    assert!(e.contains("need --lora-rank"), "{e}");
-    let e = w.fail(
-        &[
-            "update",
-            "--model",
-            q,
-            "--input",
-            "train.parquet",
-            "-o",
-            "x",
-            "--lora-rank",
-            "4",
-            "--lora-target",
-            "q_proj,qkv",
-        ],
-        2,
-    );
-    assert!(e.contains("unknown LoRA target `qkv`"), "{e}");
-    let e = w.fail(
-        &[
-            "update",
-            "--model",
-            q,
-            "--input",
-            "train.parquet",
-            "-o",
-            "x",
-            "--lora-rank",
-            "4",
-            "--lora-dropout",
-            "1.5",
-        ],
-        2,
-    );
-    assert!(e.contains("--lora-dropout"), "{e}");
-    assert!(!w.path("x").exists());
+    // Usage errors (exit 2) that write nothing: each flag set with the text its error names.
     let peft_dir = fixtures().join("lora/tiny-qwen2-peft");
-    let e = w.fail(
-        &[
+    let peft = peft_dir.to_str().unwrap();
+    for (model, flags, needle) in [
+        (q, &["--lora-alpha", "4"][..], "need --lora-rank"),
+        (
+            q,
+            &["--lora-rank", "4", "--lora-target", "q_proj,qkv"][..],
+            "unknown LoRA target `qkv`",
+        ),
+        (
+            q,
+            &["--lora-rank", "4", "--lora-dropout", "1.5"][..],
+            "--lora-dropout",
+        ),
+        (peft, &["--lora-rank", "4"][..], "is an adapter with r = 8"),
+    ] {
+        let mut args = vec![
             "update",
             "--model",
-            peft_dir.to_str().unwrap(),
+            model,
             "--input",
             "train.parquet",
             "-o",
             "x",
-            "--lora-rank",
-            "4",
-        ],
-        2,
-    );
-    assert!(e.contains("is an adapter with r = 8"), "{e}");
+        ];
+        args.extend_from_slice(flags);
+        let e = w.fail(&args, 2);
+        assert!(e.contains(needle), "{flags:?}: {e}");
+        assert!(!w.path("x").exists());
+    }
     // A copy of the PEFT adapter away from its base: the error names what was tried.
     let lost = w.path("lost");
     std::fs::create_dir(&lost).unwrap();

@@ -10,7 +10,7 @@ use rlcr::train::policy::host_logprobs;
 
 use super::support::python::{script, Needs, Py};
 use super::support::table::column_f32;
-use super::support::train::{metrics, tensors, train_rows, write_rows};
+use super::support::train::{metrics, tensors, train_rows, update_twice, write_rows};
 use super::{fixtures, Workdir};
 
 fn tiny() -> PathBuf {
@@ -71,27 +71,8 @@ fn update_with_lr_zero_writes_the_same_weights() {
 fn update_learns_and_resumes() {
     let w = Workdir::new();
     let rows = train_rows();
-    write_rows(&w.path("train.parquet"), &rows);
     let model = tiny();
-    let base = [
-        "--input",
-        "train.parquet",
-        "--lr",
-        "3e-3",
-        "--micro-batch",
-        "4",
-        "--epochs",
-        "2",
-        "--resume",
-        "auto",
-    ];
-    let mut a1 = vec!["update", "--model", model.to_str().unwrap(), "-o", "it1"];
-    a1.extend(base);
-    w.run(&a1);
-    let mut a2 = vec!["update", "--model", "it1", "-o", "it2"];
-    a2.extend(base);
-    w.run(&a2);
-    let m = metrics(&w.path("it2"));
+    let m = update_twice(&w, &[]);
     let steps: Vec<u64> = m.iter().map(|x| x["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, vec![1, 2, 3, 4]);
     let state: serde_json::Value =
