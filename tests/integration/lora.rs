@@ -91,7 +91,7 @@ fn peft_loads_what_update_writes_with_lora() {
         );
         assert!(!dir.join("config.json").exists());
         assert!(dir.join("tokenizer.json").is_file());
-        let cfg = json(&dir.join("adapter_config.json"));
+        let cfg = json(dir.join("adapter_config.json"));
         assert_eq!(cfg["peft_type"], "LORA");
         assert_eq!(cfg["task_type"], "CAUSAL_LM");
         assert_eq!(cfg["r"], 4);
@@ -108,7 +108,7 @@ fn peft_loads_what_update_writes_with_lora() {
         let opt = names(&dir.join("rlcr-train/optimizer.safetensors"));
         assert_eq!(opt.len(), layers * n_targets * 2 * 2, "{opt:?}");
         assert!(opt.iter().all(|n| n.contains(".lora.")), "{opt:?}");
-        let state = json(&dir.join("rlcr-train/trainer_state.json"));
+        let state = json(dir.join("rlcr-train/trainer_state.json"));
         assert_eq!(state["config"]["lora"]["config"]["r"], 4);
         // Every model stage reads the adapter folder (merged at load).
         w.run(&[
@@ -179,7 +179,7 @@ fn peft_loads_what_update_writes_with_lora() {
             .map(|m| m["step"].as_u64().unwrap())
             .collect();
         assert_eq!(steps, vec![1, 2, 3]);
-        let cfg2 = json(&w.path(&next).join("adapter_config.json"));
+        let cfg2 = json(w.path(&next).join("adapter_config.json"));
         assert_eq!(
             cfg2["base_model_name_or_path"],
             cfg["base_model_name_or_path"]
@@ -272,7 +272,7 @@ fn lora_flags_and_errors() {
         "--lr",
         "1e-2",
     ]);
-    let cfg = json(&w.path("cont/adapter_config.json"));
+    let cfg = json(w.path("cont/adapter_config.json"));
     assert_eq!(cfg["use_rslora"], true);
     assert_eq!(cfg["r"], 8);
     // Its base recorded as found from here (the fixture's own path is relative to its folder).
@@ -330,7 +330,7 @@ fn adapters_load_from_any_working_directory() {
             "16",
         ],
     );
-    let cfg = json(&proj.join("runs/a/adapter_config.json"));
+    let cfg = json(proj.join("runs/a/adapter_config.json"));
     let recorded = cfg["base_model_name_or_path"].as_str().unwrap();
     assert_eq!(
         Path::new(recorded),

@@ -58,7 +58,7 @@ fn policy_config() -> TrainConfig {
 pub(crate) fn check_update_gradient(model_dir: &Path, refs: &Path, name: &str) -> f64 {
     let device = Device::flex().autodiff();
     let m = Model::load(model_dir, &device).unwrap();
-    let upd = json(&refs.join(format!("{name}.update.f64.json")));
+    let upd = json(refs.join(format!("{name}.update.f64.json")));
     let mut rows: Vec<TrainRow> = upd["rows"]
         .as_array()
         .unwrap()
@@ -171,7 +171,7 @@ fn tiny_qwen3_matches_transformers() {
 #[test]
 fn qwen3_chat_template_with_enable_thinking_matches_transformers() {
     let mut m = Model::load(&fixtures().join("tiny-qwen3"), &Device::flex()).unwrap();
-    let refs = json(&fixtures().join("refs/tiny-qwen3.chat.f64.json"));
+    let refs = json(fixtures().join("refs/tiny-qwen3.chat.f64.json"));
     let mut seen_off = 0;
     for s in refs["sequences"].as_array().unwrap() {
         let messages: Vec<Message> = serde_json::from_value(s["messages"].clone()).unwrap();
