@@ -149,8 +149,7 @@ fn write_part(path: &Path, rows: &[Row], extra: Vec<(Field, ArrayRef)>, first: u
             false,
         ));
         cols.push(f32_list(
-            &rows
-                .iter()
+            rows.iter()
                 .map(|r| r.values.clone().unwrap_or_default())
                 .collect::<Vec<_>>(),
         ));

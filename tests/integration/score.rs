@@ -106,22 +106,20 @@ fn write_table_with(
         (
             "context_ids",
             list_i32(
-                &rows
-                    .iter()
+                rows.iter()
                     .map(|r| vec![1, 2, r.answer_idx])
                     .collect::<Vec<_>>(),
             ),
         ),
         (
             "response_ids",
-            list_i32(&rows.iter().map(|r| r.tokens.clone()).collect::<Vec<_>>()),
+            list_i32(rows.iter().map(|r| r.tokens.clone()).collect::<Vec<_>>()),
         ),
         ("response_text", s(&|r| r.response.clone())),
         (
             "response_logprobs",
             list_f32(
-                &rows
-                    .iter()
+                rows.iter()
                     .map(|r| {
                         r.tokens
                             .iter()
