@@ -64,6 +64,22 @@ pub fn splitmix64(z: u64) -> u64 {
     splitmix64_mix(z.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
+/// `bytes` as little-endian 64-bit words, the last one zero-padded (none after a whole number of
+/// words): how rlcr's word-at-a-time hashers (the interner's, the validator's id digest) read a
+/// key.
+pub fn le_words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    let chunks = bytes.chunks_exact(8);
+    let rest = chunks.remainder();
+    let word = |c: &[u8]| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        u64::from_le_bytes(w)
+    };
+    chunks
+        .map(word)
+        .chain((!rest.is_empty()).then(|| word(rest)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

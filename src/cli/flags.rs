@@ -21,6 +21,7 @@ use crate::train::loss::LossAgg;
 use crate::train::optim::AdamWConfig;
 use crate::train::schedule::{Schedule, ScheduleKind};
 use crate::train::session::ResumeMode;
+use crate::train::stage::TrainJob;
 use crate::train::trainer::{Objective, TrainConfig};
 
 /// `--input` and `-o/--out` of a stage that reads a table and writes another.
@@ -305,6 +306,36 @@ impl OptimArgs {
         cfg.validate().map_err(as_usage)?;
         self.adamw().validate().map_err(as_usage)?;
         Ok(cfg)
+    }
+
+    /// The part of an `update` or `sft` plan these flags and the model, table and output give:
+    /// the loop configuration `train`, the adapter settings `lora`, and the trainer state's
+    /// `config` as [`OptimArgs::record`] starts it (the stage adds its own flags).
+    #[allow(clippy::too_many_arguments)]
+    pub fn job(
+        &self,
+        g: &Global,
+        m: &ModelFolder,
+        lora: TrainLora,
+        input: &Path,
+        out: &Path,
+        lr: f64,
+        train: TrainConfig,
+    ) -> TrainJob {
+        TrainJob {
+            model: m.model.clone(),
+            lora,
+            input: input.to_path_buf(),
+            out: out.to_path_buf(),
+            train,
+            agg_len: self.agg_len,
+            adamw: self.adamw(),
+            resume: self.resume,
+            tensorboard: self.tensorboard.clone(),
+            device: g.device,
+            seed: g.seed,
+            config: self.record(g, m, input, lr),
+        }
     }
 
     /// What `update` and `sft` record of a call in the trainer state's `config`, before the

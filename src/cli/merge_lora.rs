@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::common::Global;
-use crate::model::lora;
+use crate::model::lora::merge::{self, MergePlan};
 
 pub const ABOUT: &str =
     "Merge a LoRA adapter (PEFT's layout) into its base model; write a full Hugging Face folder";
@@ -42,24 +42,13 @@ pub struct Args {
 }
 
 pub fn run(_g: &Global, a: Args) -> Result<()> {
-    let (base, adapter) = match &a.model {
-        Some(b) => lora::resolve(b, Some(&a.adapter))?,
-        None => lora::resolve(&a.adapter, None)?,
-    };
-    let Some(adapter) = adapter else {
-        anyhow::bail!(
-            "--adapter {}: no {} in it",
-            a.adapter.display(),
-            lora::CONFIG_FILE
-        );
-    };
-    crate::fs::check_distinct(&[&base, &adapter], &a.out)?;
-    lora::merge_folder(&base, &adapter, &a.out)?;
+    let plan = MergePlan::new(&a.adapter, a.model.as_deref(), &a.out)?;
+    merge::run(&plan)?;
     crate::info!(
         "merged {} into {} -> {}",
-        adapter.display(),
-        base.display(),
-        a.out.display()
+        plan.adapter.display(),
+        plan.base.display(),
+        plan.out.display()
     );
     Ok(())
 }

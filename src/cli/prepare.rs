@@ -8,7 +8,7 @@ use serde_json::json;
 use super::common::{Global, UsageError};
 use crate::prepare::dataset::{Mapping, Template};
 use crate::prepare::{
-    parse_ops, ArithShape, Build, Draw, Plan, SftPlan, Source, Split, SynthShape,
+    parse_ops, ArithShape, Build, Draw, Plan, SftPlan, Source, Split, SynthShape, SynthTask,
 };
 
 pub const ABOUT: &str =
@@ -271,7 +271,7 @@ impl TryFrom<(&Global, &Args)> for Plan {
                 Build::Synth {
                     seed: g.seed,
                     count: a.count.unwrap_or_default(),
-                    shape,
+                    task: SynthTask::Countdown(shape),
                     split: a.split,
                     sft,
                 }
@@ -286,10 +286,10 @@ impl TryFrom<(&Global, &Args)> for Plan {
                 };
                 shape.check().map_err(usage)?;
                 let sft = sft_plan(a.min_digits..=a.max_digits, "digits")?;
-                Build::Arith {
+                Build::Synth {
                     seed: g.seed,
                     count: a.count.unwrap_or_default(),
-                    shape,
+                    task: SynthTask::Arithmetic(shape),
                     split: a.split,
                     sft,
                 }

@@ -1,6 +1,4 @@
 //! `rlcr schema`: print a table schema.
-use std::io::Write;
-
 use anyhow::Result;
 
 use super::common::{Global, UsageError};
@@ -21,25 +19,13 @@ pub struct Args {
 }
 
 pub fn run(_g: &Global, a: Args) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    match a.name {
-        None => {
-            for (short, spec) in schema::all() {
-                writeln!(
-                    out,
-                    "{short:<12} {} v{}: {}",
-                    spec.name, spec.version, spec.doc
-                )?;
-            }
-        }
-        Some(n) => {
-            let spec = schema::by_name(&n).ok_or_else(|| {
-                UsageError(format!(
-                    "unknown table kind {n:?}; expected one of: trajectory, prompts, probe"
-                ))
-            })?;
-            writeln!(out, "{}", serde_json::to_string_pretty(&spec.to_json())?)?;
-        }
-    }
-    Ok(())
+    let spec = match &a.name {
+        None => None,
+        Some(n) => Some(schema::by_name(n).ok_or_else(|| {
+            UsageError(format!(
+                "unknown table kind {n:?}; expected one of: trajectory, prompts, probe"
+            ))
+        })?),
+    };
+    schema::describe(spec, &mut std::io::stdout().lock())
 }

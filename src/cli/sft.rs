@@ -70,28 +70,17 @@ fn plan(g: &Global, a: &Args) -> Result<SftPlan> {
     let o = &a.optim;
     let train = o.train_config(Objective::Sft, a.lr, 1, 1.0, g.seed)?;
     let chat = a.chat.options()?;
-    let mut config = o.record(g, &a.model, &a.input, a.lr);
-    config["batch_size"] = json!(a.batch_size);
-    config["only_correct"] = json!(a.only_correct);
-    config["min_conf_reward"] = json!(a.min_conf_reward);
+    let mut job = o.job(g, &a.model, lora, &a.input, &a.out, a.lr, train);
+    job.config["batch_size"] = json!(a.batch_size);
+    job.config["only_correct"] = json!(a.only_correct);
+    job.config["min_conf_reward"] = json!(a.min_conf_reward);
     Ok(SftPlan {
-        model: a.model.model.clone(),
-        lora,
-        input: a.input.clone(),
-        out: a.out.clone(),
-        train,
-        agg_len: o.agg_len,
+        job,
         batch_size: a.batch_size,
         filter: SftFilter {
             only_correct: a.only_correct,
             min_conf_reward: a.min_conf_reward,
         },
         chat,
-        adamw: o.adamw(),
-        resume: o.resume,
-        tensorboard: o.tensorboard.clone(),
-        device: g.device,
-        seed: g.seed,
-        config,
     })
 }

@@ -150,28 +150,17 @@ fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
     let o = &a.optim;
     let train = o.train_config(objective, a.lr, a.mini_batches, a.temperature, g.seed)?;
     let guards = Guards::new(a.max_mismatch)?;
-    let mut config = o.record(g, &a.model, &a.input, a.lr);
-    config["ref_model"] = json!(a.ref_model);
-    config["recompute_old_logprobs"] = json!(a.recompute_old_logprobs);
+    let mut job = o.job(g, &a.model, lora, &a.input, &a.out, a.lr, train);
+    job.config["ref_model"] = json!(a.ref_model);
+    job.config["recompute_old_logprobs"] = json!(a.recompute_old_logprobs);
     if let Some(m) = a.max_mismatch {
-        config["max_mismatch"] = json!(m);
+        job.config["max_mismatch"] = json!(m);
     }
     Ok(UpdatePlan {
-        model: a.model.model.clone(),
-        lora,
-        input: a.input.clone(),
-        out: a.out.clone(),
-        train,
-        agg_len: o.agg_len,
-        adamw: o.adamw(),
-        resume: o.resume,
-        tensorboard: o.tensorboard.clone(),
+        job,
         ref_model: a.ref_model.clone(),
         recompute_old_logprobs: a.recompute_old_logprobs,
         guards,
-        device: g.device,
-        seed: g.seed,
-        config,
         critic: a.critic.plan(g, &a.input, o, a.mini_batches),
     })
 }

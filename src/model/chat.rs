@@ -128,14 +128,7 @@ impl ChatOptions {
             Some(file) => {
                 let source = std::fs::read_to_string(file)
                     .with_context(|| format!("reading the chat template {}", file.display()))?;
-                let tc = tokenizer_config(dir)?;
-                let mut t = ChatTemplate::new(
-                    &source,
-                    special_text(tc.get("bos_token")),
-                    special_text(tc.get("eos_token")),
-                );
-                t.pad_token = special_text(tc.get("pad_token"));
-                t.unk_token = special_text(tc.get("unk_token"));
+                let t = ChatTemplate::with_specials(&source, &tokenizer_config(dir)?);
                 // A syntax error is reported now, naming the file, not at the first prompt.
                 environment()
                     .template_from_str(&t.source)
@@ -264,14 +257,20 @@ impl ChatTemplate {
         let Some(source) = source else {
             return Ok(None);
         };
+        Ok(Some(Self::with_specials(&source, &tc)))
+    }
+
+    /// A template from its source, with the special tokens (bos, eos, pad, unk) a
+    /// `tokenizer_config.json` object `tc` names.
+    fn with_specials(source: &str, tc: &serde_json::Value) -> Self {
         let mut t = ChatTemplate::new(
-            &source,
+            source,
             special_text(tc.get("bos_token")),
             special_text(tc.get("eos_token")),
         );
         t.pad_token = special_text(tc.get("pad_token"));
         t.unk_token = special_text(tc.get("unk_token"));
-        Ok(Some(t))
+        t
     }
 
     /// The template source (after removing `{% generation %}` tags).
@@ -425,8 +424,36 @@ fn newline(indent: Option<usize>, level: usize, out: &mut String) {
     }
 }
 
-fn py_json(v: &Value, indent: Option<usize>, level: usize, out: &mut String) -> Result<(), Error> {
+/// A JSON object or array of `items` between `brackets`, as Python's `json.dumps` lays it out
+/// (`{}` / `[]` when empty; with `indent`, one item a line); `item` writes one item.
+fn py_json_items(
+    items: &[Value],
+    brackets: (char, char),
+    indent: Option<usize>,
+    level: usize,
+    out: &mut String,
+    mut item: impl FnMut(&Value, &mut String) -> Result<(), Error>,
+) -> Result<(), Error> {
+    if items.is_empty() {
+        out.push(brackets.0);
+        out.push(brackets.1);
+        return Ok(());
+    }
     let item_sep = if indent.is_some() { "," } else { ", " };
+    out.push(brackets.0);
+    for (i, x) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(item_sep);
+        }
+        newline(indent, level + 1, out);
+        item(x, out)?;
+    }
+    newline(indent, level, out);
+    out.push(brackets.1);
+    Ok(())
+}
+
+fn py_json(v: &Value, indent: Option<usize>, level: usize, out: &mut String) -> Result<(), Error> {
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -448,42 +475,20 @@ fn py_json(v: &Value, indent: Option<usize>, level: usize, out: &mut String) -> 
         ValueKind::String => json_string(v.as_str().unwrap_or_default(), out),
         ValueKind::Map => {
             let keys: Vec<Value> = v.try_iter()?.collect();
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(indent, level + 1, out);
+            py_json_items(&keys, ('{', '}'), indent, level, out, |k, out| {
                 match k.as_str() {
                     Some(s) => json_string(s, out),
                     None => json_string(&k.to_string(), out),
                 }
                 out.push_str(": ");
-                py_json(&v.get_item(k)?, indent, level + 1, out)?;
-            }
-            newline(indent, level, out);
-            out.push('}');
+                py_json(&v.get_item(k)?, indent, level + 1, out)
+            })?;
         }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, x) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(indent, level + 1, out);
-                py_json(x, indent, level + 1, out)?;
-            }
-            newline(indent, level, out);
-            out.push(']');
+            py_json_items(&items, ('[', ']'), indent, level, out, |x, out| {
+                py_json(x, indent, level + 1, out)
+            })?;
         }
         _ => json_string(&v.to_string(), out),
     }

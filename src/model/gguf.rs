@@ -3,8 +3,9 @@
 //! `tokenizer_config.json` with the chat template) that the rest of rlcr, and transformers, load.
 //!
 //! Layers, each its own file:
-//! - [`reader`]: the container (header, metadata of every value type, tensor infos, alignment,
-//!   data), memory-mapped, bounds-checked, never panicking on a malformed file.
+//! - [`reader`]: the container (header, tensor infos, alignment, data), memory-mapped,
+//!   bounds-checked, never panicking on a malformed file; [`metadata`] its key/value section (every
+//!   value type), [`ggml_type`] the tensor storage types.
 //! - [`dequant`]: F32, F16, BF16, Q8_0, Q4_0, Q4_1 → f32, bit for bit as ggml/gguf-py.
 //! - [`tensors`]: llama.cpp → HF tensor names, and the inverse of llama.cpp's q/k row permutation
 //!   (what transformers' GGUF loader does).
@@ -17,7 +18,9 @@
 //! gives (the SmolLM2 reference log-probs were computed on exactly those), so dequantization does
 //! what gguf-py does, in the same float order.
 pub mod dequant;
+pub mod ggml_type;
 pub mod import;
+pub mod metadata;
 pub mod reader;
 pub mod tensors;
 pub mod tokenizer;

@@ -236,15 +236,10 @@ impl Model {
                 (t, d, None)
             }
             Some(a) => {
-                let (spec, at) = lora::read_adapter(&a)?;
-                let file = a.join(lora::WEIGHTS_FILE).display().to_string();
-                lora::check_tensors(&config, &spec, &at, &file)?;
+                let (spec, at) = lora::read_checked(&a, &config)?;
                 let (t, d) = match how {
                     AdapterUse::Merge => {
-                        let mut tensors = weights::read_checkpoint(dir)?;
-                        weights::check_tensors(&config, &tensors)
-                            .with_context(|| format!("loading weights from {}", dir.display()))?;
-                        lora::merge_into(&mut tensors, &config, &spec, &at)?;
+                        let tensors = lora::merged_checkpoint(dir, &config, &spec, &at)?;
                         weights::build_with(&config, tensors, device, storage)?
                     }
                     AdapterUse::Train => {

@@ -94,20 +94,19 @@ impl Critic {
     pub fn load(dir: &Path, device: &Device) -> Result<Critic> {
         let (base, adapter) = super::lora::resolve(dir, None)?;
         let config = ModelConfig::load(&base)?;
-        let mut tensors = weights::read_checkpoint(&base)?;
-        if let Some(a) = &adapter {
-            let (spec, at) = super::lora::read_adapter(a)?;
-            let file = a.join(super::lora::WEIGHTS_FILE).display().to_string();
-            super::lora::check_tensors(&config, &spec, &at, &file)?;
-            weights::check_tensors(&config, &tensors)
-                .with_context(|| format!("loading weights from {}", base.display()))?;
-            super::lora::merge_into(&mut tensors, &config, &spec, &at)?;
-            crate::info!(
-                "{}: critic from the LoRA adapter merged into {}",
-                a.display(),
-                base.display()
-            );
-        }
+        let mut tensors = match &adapter {
+            None => weights::read_checkpoint(&base)?,
+            Some(a) => {
+                let (spec, at) = super::lora::read_checked(a, &config)?;
+                let merged = super::lora::merged_checkpoint(&base, &config, &spec, &at)?;
+                crate::info!(
+                    "{}: critic from the LoRA adapter merged into {}",
+                    a.display(),
+                    base.display()
+                );
+                merged
+            }
+        };
         let dir = base.as_path();
         let h = config.hidden_size;
         let w = tensors.remove("score.weight");

@@ -234,7 +234,20 @@ fn ignorable(name: &str, c: &ModelConfig) -> bool {
 
 /// Check names and shapes; the error lists every missing, unknown and mis-shaped tensor.
 pub fn check_tensors(c: &ModelConfig, tensors: &BTreeMap<String, HostTensor>) -> Result<()> {
-    let expected = expected_tensors(c);
+    match mismatch(&expected_tensors(c), tensors, |n| ignorable(n, c)) {
+        None => Ok(()),
+        Some(m) => bail!("checkpoint does not match its config.json{m}"),
+    }
+}
+
+/// What keeps `tensors` from being `expected` (names and shapes, in `expected`'s order): a line
+/// each, `\n  `-prefixed, for the missing, the unknown (those `ignore` does not excuse) and the
+/// mis-shaped tensors; `None` when they match.
+pub fn mismatch(
+    expected: &[(String, Vec<usize>)],
+    tensors: &BTreeMap<String, HostTensor>,
+    ignore: impl Fn(&str) -> bool,
+) -> Option<String> {
     let names: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
     let missing: Vec<&str> = expected
         .iter()
@@ -244,7 +257,7 @@ pub fn check_tensors(c: &ModelConfig, tensors: &BTreeMap<String, HostTensor>) ->
     let unknown: Vec<&str> = tensors
         .keys()
         .map(String::as_str)
-        .filter(|n| !names.contains(n) && !ignorable(n, c))
+        .filter(|n| !names.contains(n) && !ignore(n))
         .collect();
     let wrong: Vec<String> = expected
         .iter()
@@ -254,9 +267,9 @@ pub fn check_tensors(c: &ModelConfig, tensors: &BTreeMap<String, HostTensor>) ->
         })
         .collect();
     if missing.is_empty() && unknown.is_empty() && wrong.is_empty() {
-        return Ok(());
+        return None;
     }
-    let mut msg = String::from("checkpoint does not match its config.json");
+    let mut msg = String::new();
     if !missing.is_empty() {
         msg += &format!("\n  missing tensors: {}", missing.join(", "));
     }
@@ -266,7 +279,7 @@ pub fn check_tensors(c: &ModelConfig, tensors: &BTreeMap<String, HostTensor>) ->
     if !wrong.is_empty() {
         msg += &format!("\n  wrong shapes: {}", wrong.join("; "));
     }
-    bail!(msg)
+    Some(msg)
 }
 
 // ---------------------------------------------------------------------------------------------

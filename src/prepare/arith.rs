@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use super::split::{key_bucket, Split};
+use super::split::{draw_rows, key_bucket, task_id, Split};
 use super::PromptRow;
 
 /// The shape of synthetic arithmetic tasks.
@@ -144,22 +144,18 @@ pub fn arithmetic_synth(
         Split::Hard => ("arithmetic-hard", "arithmetic-hard"),
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6172_6974_686d_6574);
-    let width = count.max(1).to_string().len().max(6);
-    let mut rows = Vec::with_capacity(count);
-    let mut attempts = 0u64;
-    while rows.len() < count {
-        attempts += 1;
-        if attempts > 10_000 + 10_000 * count as u64 {
-            bail!(
-                "arithmetic-synth: cannot make {} {} tasks with {}..={} digits and ops {} (held out: {} %)",
-                count,
-                split.name(),
-                lo_d,
-                hi_d,
-                shape.ops.iter().collect::<String>(),
-                shape.heldout_percent
-            );
-        }
+    let give_up = || {
+        format!(
+            "arithmetic-synth: cannot make {} {} tasks with {}..={} digits and ops {} (held out: {} %)",
+            count,
+            split.name(),
+            lo_d,
+            hi_d,
+            shape.ops.iter().collect::<String>(),
+            shape.heldout_percent
+        )
+    };
+    draw_rows(count, give_up, |n| {
         let d = rng.random_range(lo_d..=hi_d);
         let op = shape.ops[rng.random_range(0..shape.ops.len())];
         let lo = if d == 1 { 1 } else { 10i128.pow(d - 1) };
@@ -177,11 +173,11 @@ pub fn arithmetic_synth(
             Split::Heldout => held,
         };
         if !keep {
-            continue;
+            return None;
         }
         let c = arith_value(a, op, b);
-        rows.push(PromptRow {
-            prompt_id: format!("{prefix}-{:0width$}", rows.len()),
+        Some(PromptRow {
+            prompt_id: task_id(prefix, n, count),
             messages: json!([{"role": "user", "content": arith_prompt(a, op, b, shape.short_prompt)}]),
             data_source: data_source.into(),
             ground_truth: json!(c.to_string()),
@@ -192,9 +188,8 @@ pub fn arithmetic_synth(
                 "difficulty": d,
                 "split": split.name(),
             })),
-        });
-    }
-    Ok(rows)
+        })
+    })
 }
 
 /// A plausibly wrong result: `c` with one digit changed (never a leading zero), so that it keeps

@@ -149,24 +149,24 @@ impl SftPlan {
     }
 }
 
+/// A synthetic source and the shape of its tasks.
+#[derive(Clone, Debug)]
+pub enum SynthTask {
+    /// Countdown: reach a target with the given numbers ([`countdown_synth`]).
+    Countdown(SynthShape),
+    /// Arithmetic: the value of `A op B` ([`arithmetic_synth`]).
+    Arithmetic(ArithShape),
+}
+
 /// What to build: a validated plan (the CLI checks the flags and builds it).
 #[derive(Clone, Debug)]
 pub enum Build {
-    /// `count` synthetic countdown tasks of `shape` in `split`, drawn from `seed`; with `sft`,
-    /// warm-start examples of those tasks.
+    /// `count` synthetic tasks of `task` in `split`, drawn from `seed`; with `sft`, warm-start
+    /// examples of those tasks.
     Synth {
         seed: u64,
         count: usize,
-        shape: SynthShape,
-        split: Split,
-        sft: Option<SftPlan>,
-    },
-    /// `count` synthetic arithmetic tasks of `shape` in `split`, drawn from `seed`; with `sft`,
-    /// warm-start examples of those tasks.
-    Arith {
-        seed: u64,
-        count: usize,
-        shape: ArithShape,
+        task: SynthTask,
         split: Split,
         sft: Option<SftPlan>,
     },
@@ -304,21 +304,14 @@ pub fn load(build: &Build) -> Result<Loaded> {
         Build::Synth {
             seed,
             count,
-            shape,
+            task,
             split,
             sft,
         } => {
-            let tasks = countdown_synth(*seed, *count, *shape, *split)?;
-            with_sft(*seed, tasks, sft.as_ref())?
-        }
-        Build::Arith {
-            seed,
-            count,
-            shape,
-            split,
-            sft,
-        } => {
-            let tasks = arithmetic_synth(*seed, *count, shape, *split)?;
+            let tasks = match task {
+                SynthTask::Countdown(shape) => countdown_synth(*seed, *count, *shape, *split)?,
+                SynthTask::Arithmetic(shape) => arithmetic_synth(*seed, *count, shape, *split)?,
+            };
             with_sft(*seed, tasks, sft.as_ref())?
         }
         Build::File {
@@ -340,9 +333,7 @@ pub fn load(build: &Build) -> Result<Loaded> {
     if rows.is_empty() {
         match build {
             Build::File { .. } => bail!("{shown}: the input has no rows; nothing was written"),
-            Build::Synth { .. } | Build::Arith { .. } => {
-                bail!("no prompts to write; nothing was written")
-            }
+            Build::Synth { .. } => bail!("no prompts to write; nothing was written"),
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -378,7 +369,7 @@ pub fn load(build: &Build) -> Result<Loaded> {
                 order[..keep].iter().map(|&i| rows[i].clone()).collect()
             }
         },
-        Build::Synth { .. } | Build::Arith { .. } => rows,
+        Build::Synth { .. } => rows,
     };
     Ok(Loaded {
         rows,

@@ -3,6 +3,10 @@
 //! when [`key_bucket`] of its canonical problem falls in the first `heldout_percent` of 100
 //! buckets, so no held-out problem can appear in training under any seed.
 
+use anyhow::{bail, Result};
+
+use super::PromptRow;
+
 /// Which tasks of a shape a table holds.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -27,6 +31,36 @@ impl Split {
             Split::Hard => "hard",
         }
     }
+}
+
+/// `count` rows of `draw`, which gets the number of rows kept so far (a row's id is
+/// [`task_id`] of it) and returns `None` for a draw it does not keep (no task, or a task outside
+/// the split). After 10 000 + 10 000 · `count` draws it gives up with the error `give_up` words:
+/// the shape cannot fill the split.
+pub fn draw_rows(
+    count: usize,
+    give_up: impl Fn() -> String,
+    mut draw: impl FnMut(usize) -> Option<PromptRow>,
+) -> Result<Vec<PromptRow>> {
+    let mut rows = Vec::with_capacity(count);
+    let mut attempts = 0u64;
+    while rows.len() < count {
+        attempts += 1;
+        if attempts > 10_000 + 10_000 * count as u64 {
+            bail!("{}", give_up());
+        }
+        if let Some(row) = draw(rows.len()) {
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The id of the `n`-th task of a table of `count`: `prefix-` and `n` zero-padded to the digits
+/// of `count` (at least 6), so that ids sort in task order.
+pub fn task_id(prefix: &str, n: usize, count: usize) -> String {
+    let width = count.max(1).to_string().len().max(6);
+    format!("{prefix}-{n:0width$}")
 }
 
 /// The bucket (0..100) of a canonical key: FNV-1a 64 of its UTF-8 bytes (offset

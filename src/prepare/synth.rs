@@ -13,13 +13,13 @@
 //! (out of domain, like the RLCR paper's MATH-500 column). Held-out rows carry
 //! `data_source = "countdown-heldout"`, hard ones `"countdown-hard"`, so that reports break them
 //! out (the countdown verifier still scores them; `--verifier auto` picks it by substring).
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
-use super::split::key_bucket;
 pub use super::split::Split;
+use super::split::{draw_rows, key_bucket, task_id};
 use super::PromptRow;
 use crate::reward::countdown::{judge_equation, Task, Verdict};
 
@@ -138,22 +138,18 @@ pub fn countdown_synth(
         _ => (shape.min_numbers, shape.max_numbers),
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x636f_756e_7464_6f77);
-    let mut rows = Vec::with_capacity(count);
-    let width = count.max(1).to_string().len().max(6);
-    let mut attempts = 0u64;
-    while rows.len() < count {
-        attempts += 1;
-        if attempts > 10_000 + 10_000 * count as u64 {
-            bail!(
-                "countdown-synth: cannot make {} tasks with {}..={} numbers in 1..={} and targets in 1..={} (held out: {} %)",
-                split.name(),
-                min_numbers,
-                max_numbers,
-                shape.max_number,
-                shape.max_target,
-                shape.heldout_percent
-            );
-        }
+    let give_up = || {
+        format!(
+            "countdown-synth: cannot make {} tasks with {}..={} numbers in 1..={} and targets in 1..={} (held out: {} %)",
+            split.name(),
+            min_numbers,
+            max_numbers,
+            shape.max_number,
+            shape.max_target,
+            shape.heldout_percent
+        )
+    };
+    draw_rows(count, give_up, |kept| {
         let n = rng.random_range(min_numbers..=max_numbers);
         let nums: Vec<i64> = (0..n)
             .map(|_| rng.random_range(1..=shape.max_number))
@@ -195,11 +191,11 @@ pub fn countdown_synth(
             items.push((v, e, false));
         }
         if !ok || items.len() != 1 {
-            continue;
+            return None;
         }
         let (target, expr, _) = items.remove(0);
         if !(1..=shape.max_target).contains(&target) {
-            continue;
+            return None;
         }
         let held = heldout_bucket(&nums, target, shape.heldout_percent);
         let (keep, prefix) = match split {
@@ -209,9 +205,9 @@ pub fn countdown_synth(
             Split::Hard => (true, "countdown-hard"),
         };
         if !keep {
-            continue;
+            return None;
         }
-        let id = format!("{prefix}-{:0width$}", rows.len());
+        let id = task_id(prefix, kept, count);
         let difficulty = nums.len();
         let mut row = countdown_row_styled(
             id,
@@ -225,9 +221,8 @@ pub fn countdown_synth(
             Split::Hard => row.data_source = "countdown-hard".into(),
             Split::All | Split::Train => {}
         }
-        rows.push(row);
-    }
-    Ok(rows)
+        Some(row)
+    })
 }
 
 /// Supervised warm-start conversations for synthetic countdown tasks (for `rlcr sft`): per task an
@@ -611,16 +606,22 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn sft_confidence_follows_the_difficulty() {
-        let shape = SynthShape {
+    /// Two or three numbers up to 3, targets up to 9, a fifth held out: few enough tasks that
+    /// every split and difficulty is drawn often.
+    fn mixed_shape() -> SynthShape {
+        SynthShape {
             min_numbers: 2,
             max_numbers: 3,
             max_number: 3,
             max_target: 9,
             short_prompt: true,
             heldout_percent: 20,
-        };
+        }
+    }
+
+    #[test]
+    fn sft_confidence_follows_the_difficulty() {
+        let shape = mixed_shape();
         let tasks = countdown_synth(11, 600, shape, Split::Train).unwrap();
         // Without ranges: every tenth 1..=9 for every count (the default, unchanged).
         let plain = confidences(&sft_examples(11, &tasks, 0.5, None, "", "?").unwrap());
@@ -705,14 +706,7 @@ mod tests {
     #[test]
     fn splits_are_disjoint_and_record_difficulty() {
         use std::collections::{BTreeMap, HashSet};
-        let mixed = SynthShape {
-            min_numbers: 2,
-            max_numbers: 3,
-            max_number: 3,
-            max_target: 9,
-            short_prompt: true,
-            heldout_percent: 20,
-        };
+        let mixed = mixed_shape();
         let mut train = HashSet::new();
         let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
         for seed in 0..8 {

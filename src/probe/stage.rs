@@ -22,7 +22,6 @@ use crate::reward::external::{ExternalVerifier, Request};
 use crate::reward::rows::{self, CountdownCompat, GroundTruth, Settings};
 use crate::reward::{auto_verifier, VerifierChoice, VerifierKind};
 use crate::sample::logits::SamplingParams;
-use crate::sample::policy::Policy;
 use crate::sample::sampler::SampleId;
 use crate::sample::stage::{self, ModelJob};
 use crate::sample::stop::offsets_of;
@@ -255,12 +254,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
     }
 
-    let policy = Policy::open(
-        &plan.job.model,
-        plan.job.adapter.as_deref(),
-        &device,
-        &plan.job.chat,
-    )?;
+    let policy = plan.job.open_policy(&device)?;
     let cfg = stage::gen_config(
         &policy,
         plan.params,

@@ -104,50 +104,25 @@ impl Rows {
     pub fn push_batch(&mut self, batch: &RecordBatch) -> Result<()> {
         let base = self.len();
         let n = batch.num_rows();
-        let col = |name: &str| batch.column_by_name(name);
-        let mut note_missing = |name: &str, present: bool| {
-            if !present {
-                self.missing_columns.insert(name.to_string());
-            }
-        };
         // Text columns stay borrowed from the batch.
-        let st = col("sample_type")
+        let st = batch
+            .column_by_name("sample_type")
             .context("the table has no `sample_type` column (is it a trajectory table?)")?;
         let st = text(st, "sample_type")?;
-        let prompt = col("prompt_id").map(|a| text(a, "prompt_id")).transpose()?;
-        note_missing("prompt_id", prompt.is_some());
-        let aidx = col("answer_idx")
-            .map(|a| ints(a, "answer_idx"))
-            .transpose()?;
-        note_missing("answer_idx", aidx.is_some());
-        let source = col("data_source")
-            .map(|a| text(a, "data_source"))
-            .transpose()?;
-        note_missing("data_source", source.is_some());
-        let ids = col("response_ids");
-        note_missing("response_ids", ids.is_some());
-        let lens = ids.map(|a| list_lens(a, "response_ids")).transpose()?;
-        let response = col("response_text")
-            .map(|a| text(a, "response_text"))
-            .transpose()?;
-        note_missing("response_text", response.is_some());
-        let fmt = col("format_ok");
-        note_missing("format_ok", fmt.is_some());
-        let fmt = match fmt {
-            Some(a) => Some(a.as_boolean_opt().with_context(|| {
-                format!("column `format_ok`: expected bool, found {}", a.data_type())
-            })?),
-            None => None,
-        };
-        let mut floats = |name: &str| -> Result<Option<Vec<Option<f64>>>> {
-            let a = col(name);
-            note_missing(name, a.is_some());
-            a.map(|a| f64s(a, name)).transpose()
-        };
-        let acc = floats("acc_reward")?;
-        let conf = floats("confidence")?;
-        let conf_reward = floats("conf_reward")?;
-        let reward = floats("reward")?;
+        let m = &mut self.missing_columns;
+        let prompt = optional(batch, m, "prompt_id", text)?;
+        let aidx = optional(batch, m, "answer_idx", ints)?;
+        let source = optional(batch, m, "data_source", text)?;
+        let lens = optional(batch, m, "response_ids", list_lens)?;
+        let response = optional(batch, m, "response_text", text)?;
+        let fmt = optional(batch, m, "format_ok", |a, name| {
+            a.as_boolean_opt()
+                .with_context(|| format!("column `{name}`: expected bool, found {}", a.data_type()))
+        })?;
+        let acc = optional(batch, m, "acc_reward", f64s)?;
+        let conf = optional(batch, m, "confidence", f64s)?;
+        let conf_reward = optional(batch, m, "conf_reward", f64s)?;
+        let reward = optional(batch, m, "reward", f64s)?;
 
         for i in 0..n {
             let row = base + i;
@@ -316,6 +291,22 @@ pub fn f64s(a: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
 }
 
 /// An integer column as optional i64.
+/// Column `name` of `batch` read by `read`; `None`, noted in `missing`, when the table lacks it.
+fn optional<'b, T>(
+    batch: &'b RecordBatch,
+    missing: &mut BTreeSet<String>,
+    name: &str,
+    read: impl FnOnce(&'b ArrayRef, &str) -> Result<T>,
+) -> Result<Option<T>> {
+    match batch.column_by_name(name) {
+        Some(a) => read(a, name).map(Some),
+        None => {
+            missing.insert(name.to_string());
+            Ok(None)
+        }
+    }
+}
+
 fn ints(a: &ArrayRef, name: &str) -> Result<Vec<Option<i64>>> {
     if !a.data_type().is_integer() {
         bail!(

@@ -435,23 +435,16 @@ fn tokenize(s: &str) -> R<Vec<Tok<'_>>> {
                 out.push(Tok::Minus);
                 i += 1
             }
-            b'*' => {
-                if b.get(i + 1) == Some(&b'*') {
-                    out.push(Tok::DStar);
-                    i += 2
-                } else {
-                    out.push(Tok::Star);
-                    i += 1
-                }
-            }
-            b'/' => {
-                if b.get(i + 1) == Some(&b'/') {
-                    out.push(Tok::DSlash);
-                    i += 2
-                } else {
-                    out.push(Tok::Slash);
-                    i += 1
-                }
+            // `**` and `//` before `*` and `/`.
+            c @ (b'*' | b'/') => {
+                let doubled = b.get(i + 1) == Some(&c);
+                out.push(match (c, doubled) {
+                    (b'*', true) => Tok::DStar,
+                    (b'*', false) => Tok::Star,
+                    (_, true) => Tok::DSlash,
+                    (_, false) => Tok::Slash,
+                });
+                i += 1 + usize::from(doubled)
             }
             b'(' => {
                 level += 1;

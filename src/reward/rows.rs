@@ -24,6 +24,8 @@ use std::borrow::Cow;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
 
 use super::countdown::{self, Task};
 use super::rlcr::{self, FormatPattern, RlcrTerms};
@@ -33,17 +35,7 @@ use super::{math, qa, VerifierChoice, VerifierKind};
 use crate::usage::{as_usage, usage};
 
 /// How countdown answers are read.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum CountdownCompat {
     /// Response only, last `<answer>` anywhere, exact rationals.
@@ -54,17 +46,7 @@ pub enum CountdownCompat {
 }
 
 /// The reward presets.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Preset {
     #[default]
@@ -74,7 +56,7 @@ pub enum Preset {
 }
 
 /// `--answer-format` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AnswerFormat {
     Ta,
@@ -86,7 +68,7 @@ pub enum AnswerFormat {
 }
 
 /// `--format-gate` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FormatGate {
     /// On with the built-in verifiers; off with --verifier-cmd and --reward-preset tinyzero.

@@ -27,7 +27,7 @@ use arrow::datatypes::{DataType, Field};
 
 use super::env::ExternalEnv;
 use super::multiturn::{rollout, Episode, Limits, Rollout};
-use super::policy::Policy;
+use super::prompts::{assemble, without_system};
 use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
@@ -68,21 +68,10 @@ pub fn conversation(
     system: Option<&str>,
     prefix: Option<&str>,
 ) -> Vec<Message> {
-    let has_system = prompt.first().is_some_and(|m| m.role == "system");
-    let mut m = Vec::with_capacity(prompt.len() + 2);
     match system {
-        Some(s) => {
-            if !s.is_empty() {
-                m.push(Message::new("system", s));
-            }
-            m.extend_from_slice(if has_system { &prompt[1..] } else { prompt });
-        }
-        None => m.extend_from_slice(prompt),
+        Some(s) => assemble(Some(s), without_system(prompt), prefix),
+        None => assemble(None, prompt, prefix),
     }
-    if let Some(p) = prefix.filter(|p| !p.is_empty()) {
-        m.push(Message::new("assistant", p));
-    }
-    m
 }
 
 struct Prompt {
@@ -113,12 +102,7 @@ pub fn run(plan: &Plan) -> Result<String> {
     if batches.iter().all(|b| b.num_rows() == 0) {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = Policy::open(
-        &plan.job.model,
-        plan.job.adapter.as_deref(),
-        &device,
-        &plan.job.chat,
-    )?;
+    let policy = plan.job.open_policy(&device)?;
     let cfg = stage::gen_config(
         &policy,
         plan.sampling.params,

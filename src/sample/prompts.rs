@@ -45,16 +45,29 @@ pub fn answer_messages(
     system: Option<&str>,
     prefix: Option<&str>,
 ) -> Vec<Message> {
-    let has_system = prompt.first().is_some_and(|m| m.role == "system");
-    let rest = if has_system { &prompt[1..] } else { prompt };
+    let rest = without_system(prompt);
     let system = match system {
         Some(s) => s,
-        None if has_system => prompt[0].content.as_str(),
+        None if rest.len() < prompt.len() => prompt[0].content.as_str(),
         None => DEFAULT_SYSTEM_PROMPT,
     };
-    let mut m = Vec::with_capacity(prompt.len() + 2);
-    if !system.is_empty() {
-        m.push(Message::new("system", system));
+    assemble(Some(system), rest, prefix)
+}
+
+/// The messages of `prompt` after its own system message, if it opens with one.
+pub fn without_system(prompt: &[Message]) -> &[Message] {
+    match prompt.first() {
+        Some(m) if m.role == "system" => &prompt[1..],
+        _ => prompt,
+    }
+}
+
+/// A conversation to sample from: the `system` message (left out when `None` or empty), the
+/// `rest`, and a response `prefix` as a final partial assistant message (left out when empty).
+pub fn assemble(system: Option<&str>, rest: &[Message], prefix: Option<&str>) -> Vec<Message> {
+    let mut m = Vec::with_capacity(rest.len() + 2);
+    if let Some(s) = system.filter(|s| !s.is_empty()) {
+        m.push(Message::new("system", s));
     }
     m.extend_from_slice(rest);
     if let Some(p) = prefix.filter(|p| !p.is_empty()) {

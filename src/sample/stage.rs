@@ -87,6 +87,13 @@ pub struct ModelJob {
     pub chat: crate::model::ChatOptions,
 }
 
+impl ModelJob {
+    /// The job's policy (its model, with its adapter merged in) on `device`.
+    pub fn open_policy(&self, device: &burn::tensor::Device) -> Result<Policy> {
+        Policy::open(&self.model, self.adapter.as_deref(), device, &self.chat)
+    }
+}
+
 /// The sampling settings of a generation stage (the validated form of its sampling flags).
 #[derive(Debug, Clone)]
 pub struct SamplingPlan {
@@ -111,17 +118,16 @@ impl SamplingPlan {
         device: &burn::tensor::Device,
         stage_name: &str,
     ) -> Result<(Policy, GenConfig, serde_json::Value)> {
-        let (model, seed) = (&job.model, job.seed);
-        let policy = Policy::open(model, job.adapter.as_deref(), device, &job.chat)?;
+        let policy = job.open_policy(device)?;
         let cfg = gen_config(
             &policy,
             self.params,
             self.max_new_tokens,
             self.stop.clone(),
-            seed,
+            job.seed,
             self.batch_size,
         )?;
-        let mut config = sampling_meta(&cfg, &policy, model);
+        let mut config = sampling_meta(&cfg, &policy, &job.model);
         config["stage"] = stage_name.into();
         Ok((policy, cfg, config))
     }

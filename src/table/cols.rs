@@ -8,10 +8,11 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{
     Array, ArrayRef, BooleanArray, BooleanBuilder, DictionaryArray, Float32Array, Int32Array,
-    LargeStringArray, ListArray, RecordBatch, StringArray, StringViewArray, StructArray,
+    LargeStringArray, ListArray, PrimitiveArray, RecordBatch, StringArray, StringViewArray,
+    StructArray,
 };
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, Int32Type, Schema};
+use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Float32Type, Int32Type, Schema};
 
 use super::schema::{span_fields, TableSpec};
 
@@ -406,13 +407,7 @@ where
     I: IntoIterator<Item = R>,
     R: AsRef<[i32]>,
 {
-    let mut offsets: Vec<i32> = vec![0];
-    let mut values: Vec<i32> = Vec::new();
-    for r in rows {
-        values.extend_from_slice(r.as_ref());
-        offsets.push(values.len() as i32);
-    }
-    list_array(DataType::Int32, Arc::new(Int32Array::from(values)), offsets)
+    build_list_primitive::<Int32Type, _, _>(rows)
 }
 
 /// Build a `list<float32>` array.
@@ -421,15 +416,25 @@ where
     I: IntoIterator<Item = R>,
     R: AsRef<[f32]>,
 {
+    build_list_primitive::<Float32Type, _, _>(rows)
+}
+
+/// Build a `list<T>` array of a primitive Arrow type.
+fn build_list_primitive<T, I, R>(rows: I) -> ArrayRef
+where
+    T: ArrowPrimitiveType,
+    I: IntoIterator<Item = R>,
+    R: AsRef<[T::Native]>,
+{
     let mut offsets: Vec<i32> = vec![0];
-    let mut values: Vec<f32> = Vec::new();
+    let mut values: Vec<T::Native> = Vec::new();
     for r in rows {
         values.extend_from_slice(r.as_ref());
         offsets.push(values.len() as i32);
     }
     list_array(
-        DataType::Float32,
-        Arc::new(Float32Array::from(values)),
+        T::DATA_TYPE,
+        Arc::new(PrimitiveArray::<T>::new(values.into(), None)),
         offsets,
     )
 }

@@ -457,6 +457,24 @@ pub fn by_name(name: &str) -> Option<&'static TableSpec> {
         .map(|(_, s)| s)
 }
 
+/// `rlcr schema`'s output: the JSON of `spec` (the same as its file in `schemas/`), or without
+/// one a line per table kind (short name, full name, version, what it holds).
+pub fn describe(spec: Option<&TableSpec>, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    match spec {
+        Some(spec) => writeln!(out, "{}", serde_json::to_string_pretty(&spec.to_json())?)?,
+        None => {
+            for (short, spec) in all() {
+                writeln!(
+                    out,
+                    "{short:<12} {} v{}: {}",
+                    spec.name, spec.version, spec.doc
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

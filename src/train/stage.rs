@@ -31,26 +31,6 @@ use super::session::{self, ResumeMode, Session};
 use super::sft::{read_sft_rows, SftFilter};
 use super::trainer::{Objective, StepMetrics, TrainConfig, ValueTokens};
 
-/// The [`Session`] of a `$stage` call that trains `$model` on `$table` as `$plan` (an
-/// [`UpdatePlan`] or an [`SftPlan`], whose output, optimizer and TensorBoard fields are the same)
-/// says; the trainer state's `$config` completed with the model's LoRA settings and the loop's
-/// configuration `$train` ([`completed_config`]).
-macro_rules! session {
-    ($plan:expr, $stage:literal, $model:expr, $train:expr, $config:expr, $table:expr) => {{
-        let train: TrainConfig = $train;
-        Session {
-            stage: $stage.into(),
-            out: $plan.out.clone(),
-            resume: $plan.resume,
-            adamw: $plan.adamw,
-            config: completed_config($config, $model, &train)?,
-            train,
-            inputs: vec![$plan.model.display().to_string(), $table],
-            tensorboard: $plan.tensorboard.clone(),
-        }
-    }};
-}
-
 /// `config` (an object) with the model's LoRA settings as `lora` and `train` as `train`.
 fn completed_config(
     mut config: serde_json::Value,
@@ -67,19 +47,19 @@ fn completed_config(
     Ok(config)
 }
 
-/// A validated `update` call.
-pub struct UpdatePlan {
-    /// Policy folder (a model or a LoRA adapter folder).
+/// What a validated `update` and `sft` call share: the model to train, the table, the output,
+/// the loop and optimizer settings, the device, the seed and the configuration to record.
+pub struct TrainJob {
+    /// Model folder (a model or a LoRA adapter folder).
     pub model: PathBuf,
-    /// The adapter and LoRA settings the policy is loaded with.
+    /// The adapter and LoRA settings the model is loaded with.
     pub lora: TrainLora,
-    /// Training table.
+    /// Training table (`update`), or table of assistant targets or trajectory table (`sft`).
     pub input: PathBuf,
     /// Output folder.
     pub out: PathBuf,
-    /// The loop's configuration. Its `agg_len` is replaced by [`UpdatePlan::agg_len`] or, when
-    /// that is `None`, by the table's longest response; its objective's value tokens are read
-    /// from the policy's tokenizer when the confidence value bonus is on.
+    /// The loop's configuration. Its `agg_len` is replaced by [`TrainJob::agg_len`] or, when
+    /// that is `None`, by the table's longest response; each stage says what else it fills in.
     pub train: TrainConfig,
     /// `--agg-len` as given.
     pub agg_len: Option<usize>,
@@ -89,19 +69,59 @@ pub struct UpdatePlan {
     pub resume: ResumeMode,
     /// Live TensorBoard run folder.
     pub tensorboard: Option<PathBuf>,
+    /// Device to train on (opened first; the autodiff device is derived from it).
+    pub device: crate::model::DeviceSpec,
+    /// Seed (LoRA initialisation, shuffle).
+    pub seed: u64,
+    /// The trainer state's `config` as the caller records it (flags, argv); the engine adds
+    /// `lora` and `train` (and `sft` its `source` and `chat`).
+    pub config: serde_json::Value,
+}
+
+impl TrainJob {
+    /// The model to train, loaded on the autodiff device over `device` (`what` names it in
+    /// errors).
+    fn load(&self, device: &Device, what: &str) -> Result<Model> {
+        (self.lora)
+            .load(&self.model, &device.clone().autodiff(), self.seed)
+            .with_context(|| format!("loading {what}{}", self.model.display()))
+    }
+
+    /// The [`Session`] of a `stage` call that trains `model` on `table` with the loop
+    /// configuration `train`; the trainer state's `config` completed with the model's LoRA
+    /// settings and `train` ([`completed_config`]).
+    fn session(
+        &self,
+        stage: &str,
+        model: &Model,
+        train: TrainConfig,
+        config: serde_json::Value,
+        table: String,
+    ) -> Result<Session> {
+        Ok(Session {
+            stage: stage.into(),
+            out: self.out.clone(),
+            resume: self.resume,
+            adamw: self.adamw,
+            config: completed_config(config, model, &train)?,
+            train,
+            inputs: vec![self.model.display().to_string(), table],
+            tensorboard: self.tensorboard.clone(),
+        })
+    }
+}
+
+/// A validated `update` call.
+pub struct UpdatePlan {
+    /// The policy, the training table, the output and the loop. The loop's objective's value
+    /// tokens are read from the policy's tokenizer when the confidence value bonus is on.
+    pub job: TrainJob,
     /// Reference model folder (KL loss, KL diagnostic).
     pub ref_model: Option<PathBuf>,
     /// Recompute the behaviour log-probs with the policy before training.
     pub recompute_old_logprobs: bool,
     /// Checks before the first optimizer step.
     pub guards: Guards,
-    /// Device to train on (opened first; the autodiff device is derived from it).
-    pub device: crate::model::DeviceSpec,
-    /// Seed (LoRA initialisation, shuffle).
-    pub seed: u64,
-    /// The trainer state's `config` as the caller records it (flags, argv); the engine adds
-    /// `lora` and `train`.
-    pub config: serde_json::Value,
     /// A critic trained on the same table once the policy is written.
     pub critic: Option<CriticPlan>,
 }
@@ -116,8 +136,9 @@ pub struct UpdateSummary {
 
 /// Run one `update` call (then the critic's, when the plan has one).
 pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
-    let device: Device = plan.device.open()?;
-    let (kl_coef, conf_entropy_coef, conf_value_entropy_coef) = match plan.train.objective {
+    let job = &plan.job;
+    let device: Device = job.device.open()?;
+    let (kl_coef, conf_entropy_coef, conf_value_entropy_coef) = match job.train.objective {
         Objective::Policy {
             kl_coef,
             conf_entropy_coef,
@@ -132,11 +153,11 @@ pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
         (true, false) => RefColumn::Required,
         (false, false) => RefColumn::IfPresent,
     };
-    let mut rows = read_update_rows_with(&plan.input, ref_mode)?;
+    let mut rows = read_update_rows_with(&job.input, ref_mode)?;
     if rows.is_empty() {
         bail!(
             "{}: the table has no rows to train on; nothing was written",
-            plan.input.display()
+            job.input.display()
         );
     }
     for (flag, coef) in [
@@ -147,23 +168,21 @@ pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
             bail!(
                 "{}: {flag} {coef} needs confidence rows (sample_type \"confidence\"), and the \
                  table has none; nothing was written",
-                plan.input.display(),
+                job.input.display(),
             );
         }
     }
-    crate::info!("{}: {} rows", plan.input.display(), rows.len());
-    let model = (plan.lora)
-        .load(&plan.model, &device.clone().autodiff(), plan.seed)
-        .with_context(|| format!("loading the policy {}", plan.model.display()))?;
-    let table = plan.input.display().to_string();
+    crate::info!("{}: {} rows", job.input.display(), rows.len());
+    let model = job.load(&device, "the policy ")?;
+    let table = job.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
     check_positions(&rows, model.config.max_position_embeddings, &table)?;
-    let mut train = plan.train.clone();
+    let mut train = job.train.clone();
     if conf_value_entropy_coef > 0.0 {
         let vt = value_tokens(&model.tokenizer).with_context(|| {
             format!(
                 "--conf-value-entropy-coef: the tokenizer of {}",
-                plan.model.display()
+                job.model.display()
             )
         })?;
         let n = rows
@@ -212,9 +231,9 @@ pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
             r.old_logp = lp;
         }
     }
-    train.agg_len = plan.agg_len.unwrap_or_else(|| longest(&rows));
+    train.agg_len = job.agg_len.unwrap_or_else(|| longest(&rows));
     let warning = zero_advantage_warning(&rows, &table);
-    let s = session!(plan, "update", &model, train, plan.config.clone(), table);
+    let s = job.session("update", &model, train, job.config.clone(), table)?;
     let steps = session::run_guarded(model, &rows, &s, &plan.guards)?;
     if let Some(c) = &plan.critic {
         let line = super::critic::run_critic(c)?;
@@ -225,55 +244,31 @@ pub fn update(plan: &UpdatePlan) -> Result<UpdateSummary> {
 
 /// A validated `sft` call.
 pub struct SftPlan {
-    /// Model folder (a model or a LoRA adapter folder).
-    pub model: PathBuf,
-    /// The adapter and LoRA settings the model is loaded with.
-    pub lora: TrainLora,
-    /// Table of assistant targets or trajectory table.
-    pub input: PathBuf,
-    /// Output folder.
-    pub out: PathBuf,
-    /// The loop's configuration (SFT objective). Its `mini_batches` is replaced by the number of
-    /// `batch_size` batches of the rows kept, its `agg_len` as in [`UpdatePlan::train`].
-    pub train: TrainConfig,
-    /// `--agg-len` as given.
-    pub agg_len: Option<usize>,
+    /// The model, the targets table, the output and the loop (SFT objective). The loop's
+    /// `mini_batches` is replaced by the number of `batch_size` batches of the rows kept.
+    pub job: TrainJob,
     /// Rows per optimizer step.
     pub batch_size: usize,
     /// Which trajectory rows are targets.
     pub filter: SftFilter,
     /// Chat-template options of the targets' contexts.
     pub chat: crate::model::ChatOptions,
-    /// AdamW hyper-parameters.
-    pub adamw: AdamWConfig,
-    /// Optimizer resume mode.
-    pub resume: ResumeMode,
-    /// Live TensorBoard run folder.
-    pub tensorboard: Option<PathBuf>,
-    /// Device to train on (opened first; the autodiff device is derived from it).
-    pub device: crate::model::DeviceSpec,
-    /// Seed (LoRA initialisation, shuffle).
-    pub seed: u64,
-    /// The trainer state's `config` as the caller records it; the engine adds `source`, `chat`,
-    /// `lora` and `train`.
-    pub config: serde_json::Value,
 }
 
 /// Run one `sft` call.
 pub fn sft(plan: &SftPlan) -> Result<Vec<StepMetrics>> {
-    let device: Device = plan.device.open()?;
-    let mut model = (plan.lora)
-        .load(&plan.model, &device.clone().autodiff(), plan.seed)
-        .with_context(|| format!("loading {}", plan.model.display()))?;
+    let job = &plan.job;
+    let device: Device = job.device.open()?;
+    let mut model = job.load(&device, "")?;
     model.set_chat_options(&plan.chat)?;
-    let (source, rows) = read_sft_rows(&plan.input, &model, plan.filter)?;
+    let (source, rows) = read_sft_rows(&job.input, &model, plan.filter)?;
     if rows.is_empty() {
         bail!(
             "{}: no rows to train on (after filtering)",
-            plan.input.display()
+            job.input.display()
         );
     }
-    let table = plan.input.display().to_string();
+    let table = job.input.display().to_string();
     check_vocab(&rows, model.transformer.dims.vocab, &table)?;
     check_positions(&rows, model.config.max_position_embeddings, &table)?;
     let tokens: usize = rows.iter().map(|r| r.response.len()).sum();
@@ -281,16 +276,16 @@ pub fn sft(plan: &SftPlan) -> Result<Vec<StepMetrics>> {
         "{table}: {} rows ({source:?}), {tokens} target tokens",
         rows.len()
     );
-    let mut train = plan.train.clone();
+    let mut train = job.train.clone();
     train.mini_batches = rows.len().div_ceil(plan.batch_size.max(1));
-    train.agg_len = plan.agg_len.unwrap_or_else(|| longest(&rows));
+    train.agg_len = job.agg_len.unwrap_or_else(|| longest(&rows));
     train.validate()?;
-    let mut config = plan.config.clone();
+    let mut config = job.config.clone();
     if let Some(o) = config.as_object_mut() {
         o.insert("source".into(), format!("{source:?}").into());
         o.insert("chat".into(), plan.chat.meta());
     }
-    let s = session!(plan, "sft", &model, train, config, table);
+    let s = job.session("sft", &model, train, config, table)?;
     session::run(model, &rows, &s)
 }
 

@@ -13,6 +13,7 @@ use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, Float32Type, Schema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
+use rlcr::table::cols::{build_list_f32 as f32_list, build_list_i32 as i32_list};
 
 /// One input row.
 #[derive(Clone)]
@@ -45,17 +46,6 @@ fn row(
         values: None,
         info: None,
     }
-}
-
-fn f32_list(rows: &[Vec<f32>]) -> ArrayRef {
-    let offs = OffsetBuffer::from_lengths(rows.iter().map(|r| r.len()));
-    let vals: Vec<f32> = rows.iter().flatten().copied().collect();
-    Arc::new(ListArray::new(
-        Arc::new(Field::new("item", DataType::Float32, true)),
-        offs,
-        Arc::new(Float32Array::from(vals)),
-        None,
-    ))
 }
 
 fn span_col(spans: Vec<Option<(i32, i32)>>) -> ArrayRef {
@@ -159,8 +149,7 @@ fn write_part(path: &Path, rows: &[Row], extra: Vec<(Field, ArrayRef)>, first: u
             false,
         ));
         cols.push(f32_list(
-            &rows
-                .iter()
+            rows.iter()
                 .map(|r| r.values.clone().unwrap_or_default())
                 .collect::<Vec<_>>(),
         ));
@@ -625,17 +614,6 @@ fn list_field(name: &str, item: DataType) -> Field {
         DataType::List(Arc::new(Field::new("item", item, true))),
         false,
     )
-}
-
-fn i32_list(rows: &[Vec<i32>]) -> ArrayRef {
-    Arc::new(ListArray::new(
-        Arc::new(Field::new("item", DataType::Int32, true)),
-        OffsetBuffer::from_lengths(rows.iter().map(|r| r.len())),
-        Arc::new(Int32Array::from(
-            rows.iter().flatten().copied().collect::<Vec<_>>(),
-        )),
-        None,
-    ))
 }
 
 /// `reward_components` rows of (name, turn or None for global, value, weight).

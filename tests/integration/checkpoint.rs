@@ -170,9 +170,7 @@ fn update_with_checkpointing_writes_the_same_weights() {
         moved |= f(bytes) != f(&tensors(&model)[k].2);
     }
     assert!(moved, "the update moved the weights");
-    let cfg: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(w.path("ckpt/rlcr-train/trainer_state.json")).unwrap(),
-    )
-    .unwrap();
+    let cfg: serde_json::Value =
+        crate::support::json::read(w.path("ckpt/rlcr-train/trainer_state.json"));
     assert_eq!(cfg["config"]["train"]["checkpoint_activations"], true);
 }

@@ -212,10 +212,8 @@ fn update_killed_during_checkpoint_save() {
             "auto",
         ],
     );
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("ck2/rlcr-train/trainer_state.json")).unwrap(),
-    )
-    .unwrap();
+    let state: serde_json::Value =
+        crate::support::json::read(dir.join("ck2/rlcr-train/trainer_state.json"));
     assert_eq!(state["global_step"], 2, "resumed from step 1: {state}");
     // Saving `ck` again removes the killed run's temp folder.
     run_ok(dir, &second);

@@ -132,8 +132,7 @@ fn critic_trains_gae_matches_numpy_and_the_folder_loads_back() {
         loss[0]
     );
     // The folder is a token-classification checkpoint with one label.
-    let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(w.path("c1/config.json")).unwrap()).unwrap();
+    let cfg: serde_json::Value = crate::support::json::read(w.path("c1/config.json"));
     assert_eq!(cfg["architectures"][0], "Qwen2ForTokenClassification");
     assert_eq!(cfg["id2label"].as_object().unwrap().len(), 1);
 

@@ -628,6 +628,106 @@ fn every_stage_is_deterministic() {
         ],
         &["imported"],
     );
+
+    outputs_match_the_committed_fingerprints(&wd);
+}
+
+/// Where the fingerprints of the pipeline above are committed.
+const FINGERPRINTS: &str = "fixtures/refs/main_job.fingerprints.json";
+
+/// The pipeline's outputs match the fingerprints committed in [`FINGERPRINTS`]: FNV-1a 64 of each
+/// table's data section (every row group; not the footer, which records the command line) and of
+/// each trained or imported model's weights file. A change meant to alter no output (a refactor)
+/// that alters one fails here, naming it; after a change meant to alter outputs, `RLCR_BLESS=1`
+/// rewrites the file. The figures hold where rlcr's CPU kernels run (AVX2 or AVX-512: the same
+/// bits) with every numeric switch at its default; elsewhere the check is skipped, said on stderr.
+fn outputs_match_the_committed_fingerprints(wd: &Workdir) {
+    use rlcr::switches::{Isa, Switches};
+    let now = Switches::from_env().unwrap().recorded();
+    let mut defaults = Switches::parse(|_| None).unwrap().recorded();
+    defaults.insert("RLCR_CPU_ISA", now["RLCR_CPU_ISA"].clone());
+    let isa = rlcr::switches::get().isa;
+    if now != defaults || !matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        eprintln!(
+            "skipped: the committed fingerprints hold for rlcr's AVX2/AVX-512 kernels with the \
+             default switches; this run has {now:?}"
+        );
+        return;
+    }
+    // The synthetic sources' other splits and warm-start rows (milliseconds each).
+    for (out, args) in [
+        (
+            "arith-train.parquet",
+            &[
+                "--from",
+                "arithmetic-synth",
+                "--ops",
+                "+-*",
+                "--split",
+                "train",
+                "--sft",
+            ][..],
+        ),
+        (
+            "arith-hard.parquet",
+            &["--from", "arithmetic-synth", "--split", "hard"][..],
+        ),
+        (
+            "countdown-heldout.parquet",
+            &["--from", "countdown-synth", "--split", "heldout", "--sft"][..],
+        ),
+    ] {
+        let mut all = vec!["--seed", "4", "prepare", "--count", "40", "-o", out];
+        all.extend_from_slice(args);
+        run_threads(wd, &all, "2");
+    }
+    let tables = [
+        "arith-train.parquet",
+        "arith-hard.parquet",
+        "countdown-heldout.parquet",
+        "prompts.parquet",
+        "answers.parquet",
+        "trajectory.parquet",
+        "closed-traj.parquet",
+        "scored.parquet",
+        "train.parquet",
+        "ref.parquet",
+        "probe.parquet",
+        "report/calibration.parquet",
+    ];
+    let weights = [
+        "ckpt/model.safetensors",
+        "sft/model.safetensors",
+        "imported/model.safetensors",
+    ];
+    let mut got = BTreeMap::new();
+    for t in tables {
+        let h = rlcr::hash::fnv1a64(&data_section(&wd.path(t)));
+        got.insert(t.to_string(), format!("{h:016x}"));
+    }
+    for w in weights {
+        let h = rlcr::hash::fnv1a64(&std::fs::read(wd.path(w)).unwrap());
+        got.insert(w.to_string(), format!("{h:016x}"));
+    }
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(FINGERPRINTS);
+    if std::env::var_os("RLCR_BLESS").is_some() {
+        let text = serde_json::to_string_pretty(&got).unwrap() + "\n";
+        std::fs::write(&file, text).unwrap();
+        return;
+    }
+    let text = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{FINGERPRINTS}: {e} (RLCR_BLESS=1 writes it)"));
+    let want: BTreeMap<String, String> = serde_json::from_str(&text).unwrap();
+    let changed: Vec<&String> = got
+        .iter()
+        .filter(|(k, v)| want.get(*k) != Some(v))
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        changed.is_empty() && want.len() == got.len(),
+        "the pipeline's outputs differ from {FINGERPRINTS} in {changed:?} (RLCR_BLESS=1 rewrites \
+         the file after a change meant to alter them)"
+    );
 }
 
 /// The tables a stage writes do not depend on where they are written: the same command with

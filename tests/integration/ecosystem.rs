@@ -146,9 +146,7 @@ fn loop_tables_open_in_polars_and_duckdb_and_recipes_match_report() {
     let Some(v) = inspect_json(&wd.path("known.parquet")) else {
         return;
     };
-    let metrics: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(wd.path("report/metrics.json")).unwrap())
-            .unwrap();
+    let metrics: serde_json::Value = crate::support::json::read(wd.path("report/metrics.json"));
     let overall = &metrics["reports"][0]["overall"];
     for side in ["polars", "duckdb"] {
         let rows = v[side].as_array().unwrap();

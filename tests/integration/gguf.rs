@@ -676,12 +676,7 @@ fn smollm2_import_matches_transformers() {
             .unwrap()
             .get_ids()
             .to_vec();
-        let want: Vec<u32> = seq["input_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want = crate::support::json::u32s(&seq["input_ids"]);
         assert_eq!(ids, want, "{prompt}");
         // Also with add_special_tokens: SmolLM2 adds no BOS of its own.
         assert_eq!(
@@ -698,22 +693,8 @@ fn smollm2_import_matches_transformers() {
     assert_eq!(vocab, 49152);
     let (mut worst_lp, mut worst_other) = (0f64, 0f64);
     for (k, seq) in seqs.iter().enumerate() {
-        let nums = |key: &str| -> Vec<f64> {
-            seq[key]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect()
-        };
-        let ints = |key: &str| -> Vec<u32> {
-            seq[key]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect()
-        };
+        let nums = |key: &str| crate::support::json::f64s(&seq[key]);
+        let ints = |key: &str| crate::support::json::u32s(&seq[key]);
         let (rendered, ids) = m
             .encode_chat(&[Message::new("user", seq["text"].as_str().unwrap())], true)
             .unwrap();

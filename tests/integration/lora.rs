@@ -3,6 +3,7 @@
 //! only the adapter trains.
 use std::path::{Path, PathBuf};
 
+use super::support::json::read as json;
 use super::support::python::{script, Needs, Py};
 use super::support::table::column_f32;
 use super::support::train::{metrics, train_rows, write_rows};
@@ -37,10 +38,6 @@ fn max_gap(a: &[Vec<f32>], b: &[Vec<f64>]) -> f64 {
         }
     }
     gap
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Tensor names of a safetensors file.
@@ -94,7 +91,7 @@ fn peft_loads_what_update_writes_with_lora() {
         );
         assert!(!dir.join("config.json").exists());
         assert!(dir.join("tokenizer.json").is_file());
-        let cfg = json(&dir.join("adapter_config.json"));
+        let cfg = json(dir.join("adapter_config.json"));
         assert_eq!(cfg["peft_type"], "LORA");
         assert_eq!(cfg["task_type"], "CAUSAL_LM");
         assert_eq!(cfg["r"], 4);
@@ -111,7 +108,7 @@ fn peft_loads_what_update_writes_with_lora() {
         let opt = names(&dir.join("rlcr-train/optimizer.safetensors"));
         assert_eq!(opt.len(), layers * n_targets * 2 * 2, "{opt:?}");
         assert!(opt.iter().all(|n| n.contains(".lora.")), "{opt:?}");
-        let state = json(&dir.join("rlcr-train/trainer_state.json"));
+        let state = json(dir.join("rlcr-train/trainer_state.json"));
         assert_eq!(state["config"]["lora"]["config"]["r"], 4);
         // Every model stage reads the adapter folder (merged at load).
         w.run(&[
@@ -182,7 +179,7 @@ fn peft_loads_what_update_writes_with_lora() {
             .map(|m| m["step"].as_u64().unwrap())
             .collect();
         assert_eq!(steps, vec![1, 2, 3]);
-        let cfg2 = json(&w.path(&next).join("adapter_config.json"));
+        let cfg2 = json(w.path(&next).join("adapter_config.json"));
         assert_eq!(
             cfg2["base_model_name_or_path"],
             cfg["base_model_name_or_path"]
@@ -212,79 +209,44 @@ fn lora_flags_and_errors() {
     write_rows(&w.path("train.parquet"), &train_rows());
     let qwen = fixtures().join("tiny-qwen2");
     let q = qwen.to_str().unwrap();
-    let e = w.fail(
-        &[
-            "update",
-            "--model",
-            q,
-            "--input",
-            "train.parquet",
-            "-o",
-            "x",
-            "--lora-alpha",
-            "4",
-        ],
-        2,
-    );
-    assert!(e.contains("need --lora-rank"), "{e}");
-    let e = w.fail(
-        &[
-            "update",
-            "--model",
-            q,
-            "--input",
-            "train.parquet",
-            "-o",
-            "x",
-            "--lora-rank",
-            "4",
-            "--lora-target",
-            "q_proj,qkv",
-        ],
-        2,
-    );
-    assert!(e.contains("unknown LoRA target `qkv`"), "{e}");
-    let e = w.fail(
-        &[
-            "update",
-            "--model",
-            q,
-            "--input",
-            "train.parquet",
-            "-o",
-            "x",
-            "--lora-rank",
-            "4",
-            "--lora-dropout",
-            "1.5",
-        ],
-        2,
-    );
-    assert!(e.contains("--lora-dropout"), "{e}");
-    assert!(!w.path("x").exists());
+    // Usage errors (exit 2) that write nothing: each flag set with the text its error names.
     let peft_dir = fixtures().join("lora/tiny-qwen2-peft");
-    let e = w.fail(
-        &[
+    let peft = peft_dir.to_str().unwrap();
+    for (model, flags, needle) in [
+        (q, &["--lora-alpha", "4"][..], "need --lora-rank"),
+        (
+            q,
+            &["--lora-rank", "4", "--lora-target", "q_proj,qkv"][..],
+            "unknown LoRA target `qkv`",
+        ),
+        (
+            q,
+            &["--lora-rank", "4", "--lora-dropout", "1.5"][..],
+            "--lora-dropout",
+        ),
+        (peft, &["--lora-rank", "4"][..], "is an adapter with r = 8"),
+    ] {
+        let mut args = vec![
             "update",
             "--model",
-            peft_dir.to_str().unwrap(),
+            model,
             "--input",
             "train.parquet",
             "-o",
             "x",
-            "--lora-rank",
-            "4",
-        ],
-        2,
-    );
-    assert!(e.contains("is an adapter with r = 8"), "{e}");
+        ];
+        args.extend_from_slice(flags);
+        let e = w.fail(&args, 2);
+        assert!(e.contains(needle), "{flags:?}: {e}");
+        assert!(!w.path("x").exists());
+    }
     // A copy of the PEFT adapter away from its base: the error names what was tried.
     let lost = w.path("lost");
     std::fs::create_dir(&lost).unwrap();
     for f in ["adapter_config.json", "adapter_model.safetensors"] {
         std::fs::copy(peft_dir.join(f), lost.join(f)).unwrap();
     }
-    let e = w.fail(
+    w.refuse(
         &[
             "logprobs",
             "--model",
@@ -295,9 +257,9 @@ fn lora_flags_and_errors() {
             "lp.parquet",
         ],
         1,
+        "is not a model folder here",
+        "lp.parquet",
     );
-    assert!(e.contains("is not a model folder here"), "{e}");
-    assert!(!w.path("lp.parquet").exists());
     // Continuing the PEFT adapter with rlcr: its settings carry over (rsLoRA, r = 8).
     w.run(&[
         "update",
@@ -310,7 +272,7 @@ fn lora_flags_and_errors() {
         "--lr",
         "1e-2",
     ]);
-    let cfg = json(&w.path("cont/adapter_config.json"));
+    let cfg = json(w.path("cont/adapter_config.json"));
     assert_eq!(cfg["use_rslora"], true);
     assert_eq!(cfg["r"], 8);
     // Its base recorded as found from here (the fixture's own path is relative to its folder).
@@ -368,7 +330,7 @@ fn adapters_load_from_any_working_directory() {
             "16",
         ],
     );
-    let cfg = json(&proj.join("runs/a/adapter_config.json"));
+    let cfg = json(proj.join("runs/a/adapter_config.json"));
     let recorded = cfg["base_model_name_or_path"].as_str().unwrap();
     assert_eq!(
         Path::new(recorded),

@@ -107,6 +107,15 @@ impl Workdir {
         String::from_utf8_lossy(&o.stderr).to_string()
     }
 
+    /// Run and require a refusal: exit code `code`, an error naming `needle`, nothing written at
+    /// `out`; return stderr.
+    pub fn refuse(&self, args: &[&str], code: i32, needle: &str, out: &str) -> String {
+        let e = self.fail(args, code);
+        assert!(e.contains(needle), "{e}");
+        assert!(!self.path(out).exists(), "{out} written");
+        e
+    }
+
     /// Names of the entries in the folder (sorted), for "nothing written" checks.
     pub fn listing(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.dir.path())

@@ -6,8 +6,9 @@ use std::path::Path;
 
 use arrow::array::{Array, StringArray};
 
+use crate::support::pipeline::answers_responding;
 use crate::support::python::{Needs, Py};
-use crate::support::table::{read, set_str, write};
+use crate::support::table::{read, write};
 use crate::{fixtures, Workdir};
 
 fn data(name: &str) -> String {
@@ -50,10 +51,8 @@ const TEMPLATE: &str = r"{question}\n\nPut the final answer in <answer></answer>
 /// row equals the one the generator computed from the same records.
 #[test]
 fn prepare_maps_trl_verl_and_plain_columns_like_the_python_reference() {
-    let expected: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("data/expected.json")).unwrap(),
-    )
-    .unwrap();
+    let expected: serde_json::Value =
+        crate::support::json::read(fixtures().join("data/expected.json"));
     let glob = format!("{}/train-*.parquet", data("gsm"));
     let cases: Vec<(&str, Vec<String>)> = vec![
         (
@@ -312,38 +311,15 @@ fn answers_with_responses(
     special: &[(usize, &str)],
     out: &str,
 ) {
-    let model = crate::support::pipeline::tiny_qwen2();
-    wd.run(&[
-        "generate-answers",
-        "--model",
-        &model,
-        "--input",
-        prompts,
-        "-o",
-        "raw.parquet",
-        "--num-answers",
-        "2",
-        "--max-new-tokens",
-        "2",
-    ]);
-    let mut b = read(&wd.path("raw.parquet"));
-    let gt = b
-        .column_by_name("ground_truth")
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .unwrap()
-        .clone();
-    for i in 0..b.num_rows() {
-        let g: serde_json::Value = serde_json::from_str(gt.value(i)).unwrap();
-        let text = match special.iter().find(|(r, _)| *r == i) {
+    let b = answers_responding(wd, prompts, 2, |i, gt| {
+        let g: serde_json::Value = serde_json::from_str(gt).unwrap();
+        match special.iter().find(|(r, _)| *r == i) {
             Some((_, t)) => t.to_string(),
             None if i % 3 == 2 => "no idea".to_string(),
             None if i % 2 == 0 => format!("<think>ok</think><answer>{}</answer>", label(&g)),
             None => "<think>hm</think><answer>-1</answer>".to_string(),
-        };
-        b = set_str(&b, "response_text", i, &text);
-    }
+        }
+    });
     write(&b, &wd.path(out), "rlcr.trajectory");
 }
 

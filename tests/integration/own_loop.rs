@@ -39,27 +39,17 @@ const EVALS: [i64; 3] = [0, 2, 4];
 /// `make … summary` of run `run` with `vars`, the user's module on PYTHONPATH; then every check.
 fn run_and_check(wd: &Workdir, run: &str, vars: &[&str], reward: &[&str]) {
     wd.write("my_rewards.py", MY_REWARDS);
-    let mut all = vec![
-        format!("RUN={run}"),
-        "SFT=0".into(),
-        format!("ITERS={ITERS}"),
-        "PROMPTS_PER_ITER=2".into(),
-        "G_A=2".into(),
-        "G_C=1".into(),
-        "MAX_NEW=4".into(),
-        "MAX_NEW_CONF=4".into(),
-        "EPOCHS=1".into(),
-        "MINI_BATCHES=1".into(),
+    let mut all = rlmk::small_loop(ITERS as u32, 1, &[&format!("RUN={run}")]);
+    all.extend([
         "EVAL_EVERY=2".into(),
         "EVAL_G_A=1".into(),
         "EVAL_G_C=1".into(),
         // Every response to the user's function (the tiny model never writes rlcr's answer
         // format, which the default gate requires before asking the function).
         "SCORE_FLAGS=--format-gate off".into(),
-    ];
+    ]);
     all.extend(vars.iter().map(|v| v.to_string()));
-    let args: Vec<&str> = all.iter().map(String::as_str).collect();
-    let o = rlmk::command(wd, &args)
+    let o = rlmk::command(wd, &all)
         .arg("summary")
         .env("PYTHONPATH", wd.root())
         .output()

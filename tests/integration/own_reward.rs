@@ -11,7 +11,8 @@ use arrow::array::{Array, Float32Array, StringArray};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{Field, Schema};
 
-use crate::support::table::{read, set_str, write};
+use crate::support::pipeline::answers_responding;
+use crate::support::table::{read, strs, write};
 use crate::Workdir;
 
 /// Labels stored as text that would parse as JSON (a number, a float, a boolean, null, a list).
@@ -71,33 +72,13 @@ fn trajectory(wd: &Workdir, response: &dyn Fn(usize, &str) -> String, out: &str)
         "-o",
         "p.parquet",
     ]);
-    wd.run(&[
-        "generate-answers",
-        "--model",
-        &crate::support::pipeline::tiny_qwen2(),
-        "--input",
-        "p.parquet",
-        "-o",
-        "raw.parquet",
-        "--num-answers",
-        "1",
-        "--max-new-tokens",
-        "2",
-    ]);
-    let mut b = read(&wd.path("raw.parquet"));
-    let gt = b
-        .column_by_name("ground_truth")
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .unwrap()
-        .clone();
     let mut notes = Vec::new();
-    for i in 0..b.num_rows() {
-        let label: String = serde_json::from_str(gt.value(i)).expect("a label stored as text");
-        b = set_str(&b, "response_text", i, &response(i, &label));
+    let b = answers_responding(wd, "p.parquet", 1, |i, gt| {
+        let label: String = serde_json::from_str(gt).expect("a label stored as text");
+        let text = response(i, &label);
         notes.push(label);
-    }
+        text
+    });
     let b = with_column(&b, "note", Arc::new(StringArray::from(notes)));
     write(&b, &wd.path(out), "rlcr.trajectory");
 }
@@ -250,14 +231,7 @@ fn a_raising_reward_is_named_at_the_same_row_by_adapter_and_rlcr() {
         "t.parquet",
     );
     let b = read(&wd.path("t.parquet"));
-    let sid = b
-        .column_by_name("sample_id")
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .unwrap()
-        .value(bad)
-        .to_string();
+    let sid = strs(&b, "sample_id")[bad].clone();
     for (a, f) in [
         ("verl_reward.py", "my_rewards:raises_on_13"),
         ("trl_reward.py", "my_rewards:trl_raises_on_13"),

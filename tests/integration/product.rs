@@ -50,10 +50,8 @@ fn switches_in_force_are_recorded_in_tables_and_model_folders() {
         .env("RLCR_FUSED_HEAD", "0");
     let o = c.output().expect("run");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(w.path("new/rlcr-train/trainer_state.json")).unwrap(),
-    )
-    .unwrap();
+    let state: serde_json::Value =
+        crate::support::json::read(w.path("new/rlcr-train/trainer_state.json"));
     assert_eq!(state["switches"]["RLCR_FUSED_HEAD"], "0");
     assert_eq!(state["switches"]["RLCR_GEMM"], "rlcr");
     // Informative advantages: no warning.

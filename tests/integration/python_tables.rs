@@ -111,14 +111,7 @@ fn floats(rows: &[Value], key: &str, t: Types) -> ArrayRef {
 fn lists(rows: &[Value], key: &str, t: Types, int: bool) -> ArrayRef {
     let items: Vec<Vec<f64>> = rows
         .iter()
-        .map(|r| {
-            r[key]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap())
-                .collect()
-        })
+        .map(|r| crate::support::json::f64s(&r[key]))
         .collect();
     let offsets = OffsetBuffer::<i32>::from_lengths(items.iter().map(Vec::len));
     let flat = items.iter().flatten().copied();
@@ -250,10 +243,7 @@ fn outputs(wd: &Workdir, input: &str) -> Outputs {
         .collect();
     let dir = format!("{input}.report");
     wd.run(&["report", "--input", input, "-o", &dir, "--examples", "0"]);
-    let m: Value = serde_json::from_str(
-        &std::fs::read_to_string(wd.path(&format!("{dir}/metrics.json"))).unwrap(),
-    )
-    .unwrap();
+    let m: Value = crate::support::json::read(wd.path(&format!("{dir}/metrics.json")));
     Outputs {
         advantage: adv,
         token_advantages: tok,

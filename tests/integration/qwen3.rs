@@ -7,7 +7,7 @@
 //! head_dim 128, tied embeddings; ~60 MB, not committed) in a temporary folder for
 //! [`qwen3_at_real_head_shapes_matches_transformers`].
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor};
@@ -15,24 +15,10 @@ use rlcr::model::{self, weights, ChatOptions, Message, Model, ModelConfig};
 use rlcr::train::data::TrainRow;
 use rlcr::train::trainer::{batch_gradients, grads_to_host, TrainConfig};
 
+use super::fixtures;
 use super::model::check_refs;
+use super::support::json::{read as json, u32s as ints};
 use super::support::python::{script, Needs, Py};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ints(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Every parameter of a module by its module path (the layout [`grads_to_host`] uses).
 fn params_by_path<M: Module>(m: &M) -> BTreeMap<String, Vec<f32>> {
@@ -72,7 +58,7 @@ fn policy_config() -> TrainConfig {
 pub(crate) fn check_update_gradient(model_dir: &Path, refs: &Path, name: &str) -> f64 {
     let device = Device::flex().autodiff();
     let m = Model::load(model_dir, &device).unwrap();
-    let upd = json(&refs.join(format!("{name}.update.f64.json")));
+    let upd = json(refs.join(format!("{name}.update.f64.json")));
     let mut rows: Vec<TrainRow> = upd["rows"]
         .as_array()
         .unwrap()
@@ -185,7 +171,7 @@ fn tiny_qwen3_matches_transformers() {
 #[test]
 fn qwen3_chat_template_with_enable_thinking_matches_transformers() {
     let mut m = Model::load(&fixtures().join("tiny-qwen3"), &Device::flex()).unwrap();
-    let refs = json(&fixtures().join("refs/tiny-qwen3.chat.f64.json"));
+    let refs = json(fixtures().join("refs/tiny-qwen3.chat.f64.json"));
     let mut seen_off = 0;
     for s in refs["sequences"].as_array().unwrap() {
         let messages: Vec<Message> = serde_json::from_value(s["messages"].clone()).unwrap();

@@ -2,10 +2,11 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::support::rlmk::small_loop;
 use crate::Workdir;
 
 /// Run `make -f scripts/rl.mk` with the test binary as RLCR (nothing is rebuilt) and `vars`.
-fn rl_make(wd: &Workdir, vars: &[&str]) -> std::process::Output {
+fn rl_make(wd: &Workdir, vars: &[impl AsRef<std::ffi::OsStr>]) -> std::process::Output {
     crate::support::rlmk::command(wd, vars)
         .output()
         .expect("make runs")
@@ -18,20 +19,7 @@ fn rl_make(wd: &Workdir, vars: &[&str]) -> std::process::Output {
 #[test]
 fn keep_checkpoints_drops_old_weights_and_stays_resumable() {
     let wd = Workdir::new();
-    let vars = [
-        "RUN=k",
-        "SFT=0",
-        "ITERS=4",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=2",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "KEEP_CHECKPOINTS=2",
-        "loop",
-    ];
+    let vars = small_loop(4, 2, &["RUN=k", "KEEP_CHECKPOINTS=2", "loop"]);
     let o = rl_make(&wd, &vars);
     let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
@@ -86,20 +74,7 @@ fn keep_checkpoints_drops_old_weights_and_stays_resumable() {
 #[test]
 fn lora_rank_runs_the_loop_on_adapters() {
     let wd = Workdir::new();
-    let vars = [
-        "RUN=l",
-        "SFT=0",
-        "ITERS=2",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=2",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "LORA_RANK=4",
-        "loop",
-    ];
+    let vars = small_loop(2, 2, &["RUN=l", "LORA_RANK=4", "loop"]);
     let o = rl_make(&wd, &vars);
     let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
@@ -108,9 +83,7 @@ fn lora_rank_runs_the_loop_on_adapters() {
         let m = wd.path(&format!("l/iter-{i:04}/model"));
         assert!(m.join("adapter_model.safetensors").exists(), "{i}: {log}");
         assert!(!m.join("model.safetensors").exists(), "{i}: full weights");
-        let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(m.join("adapter_config.json")).unwrap())
-                .unwrap();
+        let cfg: serde_json::Value = crate::support::json::read(m.join("adapter_config.json"));
         assert_eq!(cfg["r"], 4);
         assert!(
             cfg["base_model_name_or_path"]
@@ -192,28 +165,20 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
         "VERIFIER_CMD=python3 {} user_rewards:compute_score",
         root.join("scripts/rewards/verl_reward.py").display()
     );
-    let vars: Vec<String> = [
-        "SFT=0",
-        "ITERS=6",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=1",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "PROMPTS=train.jsonl",
-        "EVAL_PROMPTS=test.jsonl",
-        "EVAL_EVERY=3",
-        "EVAL_G_A=1",
-        "EVAL_G_C=1",
-        "PREPARE_FLAGS=--input-template '{question} Put the answer in <answer></answer>.' --label-key answer",
-        "SHUFFLE_SEED=11",
-        &verifier,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let vars = small_loop(
+        6,
+        1,
+        &[
+            "PROMPTS=train.jsonl",
+            "EVAL_PROMPTS=test.jsonl",
+            "EVAL_EVERY=3",
+            "EVAL_G_A=1",
+            "EVAL_G_C=1",
+            "PREPARE_FLAGS=--input-template '{question} Put the answer in <answer></answer>.' --label-key answer",
+            "SHUFFLE_SEED=11",
+            verifier.as_str(),
+        ],
+    );
     let make = |run: &str, targets: &[&str]| {
         let mut c = crate::support::rlmk::command(&wd, &[&format!("RUN={run}")]);
         c.args(&vars)
@@ -313,10 +278,7 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
             "evaluation {i}: {log}"
         );
     }
-    let m: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(wd.path("d/eval/report/metrics.json")).unwrap(),
-    )
-    .unwrap();
+    let m: serde_json::Value = crate::support::json::read(wd.path("d/eval/report/metrics.json"));
     let reports = m["reports"].as_array().unwrap();
     assert_eq!(reports.len(), 3);
     let its: Vec<&serde_json::Value> = reports.iter().map(|r| &r["iteration"]).collect();
@@ -337,22 +299,17 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
 #[test]
 fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
     let wd = Workdir::new();
-    let vars = [
-        "RUN=h",
-        "SFT=0",
-        "ITERS=2",
-        "PROMPTS_PER_ITER=2",
-        "G_A=2",
-        "G_C=2",
-        "MAX_NEW=4",
-        "MAX_NEW_CONF=4",
-        "EPOCHS=1",
-        "MINI_BATCHES=1",
-        "HELDIN=4",
-        "HELDIN_G_A=2",
-        "MAX_MISMATCH=1e-4",
-        "summary",
-    ];
+    let vars = small_loop(
+        2,
+        2,
+        &[
+            "RUN=h",
+            "HELDIN=4",
+            "HELDIN_G_A=2",
+            "MAX_MISMATCH=1e-4",
+            "summary",
+        ],
+    );
     let o = rl_make(&wd, &vars);
     let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
@@ -362,19 +319,14 @@ fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
         let d = wd.path(&format!("h/iter-{i:04}/heldin"));
         assert_eq!(rows(&d.join("greedy.parquet")), 4, "{log}");
         assert_eq!(rows(&d.join("sampled.parquet")), 8, "{log}");
-        let it: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(wd.path(&format!("h/iter-{i:04}/report/metrics.json")))
-                .unwrap(),
-        )
-        .unwrap();
+        let it: serde_json::Value =
+            crate::support::json::read(wd.path(&format!("h/iter-{i:04}/report/metrics.json")));
         for k in ["greedy", "sampled"] {
             let h = &it["reports"][0]["held_in"][k];
             assert!(h["accuracy"].is_number(), "{it}");
         }
     }
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(wd.path("h/report/metrics.json")).unwrap())
-            .unwrap();
+    let m: serde_json::Value = crate::support::json::read(wd.path("h/report/metrics.json"));
     let calls = m["update_calls"].as_array().expect("update_calls");
     assert_eq!(calls.len(), 2, "{m}");
     for (i, c) in calls.iter().enumerate() {

@@ -10,12 +10,12 @@ use arrow::array::{
     Array, ArrayRef, BooleanArray, Float32Array, Int32Array, ListArray, RecordBatch, StringArray,
     StructArray,
 };
-use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Fields, Schema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
+use rlcr::table::cols::{build_list_f32 as list_f32, build_list_i32 as list_i32};
 
 use crate::{rlcr, rlcr_ok as ok};
 
@@ -40,36 +40,6 @@ impl Row {
             Some(h) => format!("{}/a{}/c{}", self.prompt_id, self.answer_idx, h),
         }
     }
-}
-
-fn list_i32(rows: &[Vec<i32>]) -> ArrayRef {
-    let mut off = vec![0i32];
-    let mut vals = Vec::new();
-    for r in rows {
-        vals.extend_from_slice(r);
-        off.push(vals.len() as i32);
-    }
-    Arc::new(ListArray::new(
-        Arc::new(Field::new("item", DataType::Int32, true)),
-        OffsetBuffer::new(off.into()),
-        Arc::new(Int32Array::from(vals)),
-        None,
-    ))
-}
-
-fn list_f32(rows: &[Vec<f32>]) -> ArrayRef {
-    let mut off = vec![0i32];
-    let mut vals = Vec::new();
-    for r in rows {
-        vals.extend_from_slice(r);
-        off.push(vals.len() as i32);
-    }
-    Arc::new(ListArray::new(
-        Arc::new(Field::new("item", DataType::Float32, true)),
-        OffsetBuffer::new(off.into()),
-        Arc::new(Float32Array::from(vals)),
-        None,
-    ))
 }
 
 /// `answer_span`: the whole response on answers, null on confidences.
@@ -136,23 +106,26 @@ fn write_table_with(
         (
             "context_ids",
             list_i32(
-                &rows
-                    .iter()
+                rows.iter()
                     .map(|r| vec![1, 2, r.answer_idx])
                     .collect::<Vec<_>>(),
             ),
         ),
         (
             "response_ids",
-            list_i32(&rows.iter().map(|r| r.tokens.clone()).collect::<Vec<_>>()),
+            list_i32(rows.iter().map(|r| r.tokens.clone()).collect::<Vec<_>>()),
         ),
         ("response_text", s(&|r| r.response.clone())),
         (
             "response_logprobs",
             list_f32(
-                &rows
-                    .iter()
-                    .map(|r| r.tokens.iter().map(|&t| -(t as f32) / 100.0).collect())
+                rows.iter()
+                    .map(|r| {
+                        r.tokens
+                            .iter()
+                            .map(|&t| -(t as f32) / 100.0)
+                            .collect::<Vec<f32>>()
+                    })
                     .collect::<Vec<_>>(),
             ),
         ),

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use arrow::array::{Array, RecordBatch, StringArray};
+use arrow::array::RecordBatch;
 use arrow::compute::{lexsort_to_indices, take_record_batch, SortColumn};
 use rlcr::table::{cols, Reader, Shard};
 
@@ -35,13 +35,9 @@ fn read_all(paths: &[String], wd: &Workdir) -> RecordBatch {
 }
 
 fn prompt_ids(b: &RecordBatch) -> BTreeSet<String> {
-    let p = b
-        .column_by_name("prompt_id")
-        .unwrap()
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .unwrap();
-    (0..p.len()).map(|i| p.value(i).to_string()).collect()
+    crate::support::table::strs(b, "prompt_id")
+        .into_iter()
+        .collect()
 }
 
 /// Run `args(shard, out)` for every shard `i/N` into `dir/part-i.parquet`; check that each part

@@ -107,30 +107,7 @@ pub(crate) fn assert_run_equals(run: &Run, want: &BTreeMap<String, Vec<(i64, f32
 #[test]
 fn tensorboard_reads_what_update_and_report_write() {
     let w = Workdir::new();
-    let rows = crate::support::train::train_rows();
-    crate::support::train::write_rows(&w.path("train.parquet"), &rows);
-    let model = crate::fixtures().join("tiny-qwen2");
-    let base = [
-        "--input",
-        "train.parquet",
-        "--lr",
-        "3e-3",
-        "--micro-batch",
-        "4",
-        "--epochs",
-        "2",
-        "--resume",
-        "auto",
-        "--tensorboard",
-        "tb/update",
-    ];
-    let mut a1 = vec!["update", "--model", model.to_str().unwrap(), "-o", "it1"];
-    a1.extend(base);
-    w.run(&a1);
-    let mut a2 = vec!["update", "--model", "it1", "-o", "it2"];
-    a2.extend(base);
-    w.run(&a2);
-    let lines = crate::support::train::metrics(&w.path("it2"));
+    let lines = crate::support::train::update_twice(&w, &["--tensorboard", "tb/update"]);
     assert_eq!(lines.len(), 4);
     let want = expected_from_metrics(&lines);
     assert!(want.contains_key("grad_norm") && want.contains_key("clip_frac_high"));
@@ -216,9 +193,7 @@ fn tensorboard_reads_what_update_and_report_write() {
         .collect();
     assert_run_equals(&runs[2], &first, "it1/runs/update");
     // The report's scalars: metrics.json's `overall` figures (as f32), at iterations 5 and 10.
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(w.path("rep/metrics.json")).unwrap())
-            .unwrap();
+    let m: Value = crate::support::json::read(w.path("rep/metrics.json"));
     assert_eq!(m["reports"][0]["iteration"], 5);
     assert_eq!(m["reports"][1]["iteration"], 10);
     let rep = &runs[3];

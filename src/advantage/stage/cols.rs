@@ -9,7 +9,10 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int32Array, RecordBatch, StructArray};
+use arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, GenericListArray, Int32Array, OffsetSizeTrait,
+    RecordBatch, StructArray,
+};
 use arrow::compute::cast;
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int32Type};
 
@@ -74,23 +77,17 @@ impl<T> Flat<T> {
 
 /// The offsets (rebased to 0) and the child values of a `List` or `LargeList` column.
 fn list_parts(col: &ArrayRef, name: &str) -> Result<(Vec<usize>, ArrayRef)> {
+    /// The offsets and child values of one list array, whatever its offset width.
+    fn parts<O: OffsetSizeTrait>(l: &GenericListArray<O>) -> (Vec<usize>, ArrayRef) {
+        let o = l.value_offsets();
+        let first = o[0].as_usize();
+        let last = o[o.len() - 1].as_usize();
+        let offs = o.iter().map(|&x| x.as_usize() - first).collect();
+        (offs, l.values().slice(first, last - first))
+    }
     match col.data_type() {
-        DataType::List(_) => {
-            let l = col.as_list::<i32>();
-            let o = l.value_offsets();
-            let first = o[0] as usize;
-            let last = o[o.len() - 1] as usize;
-            let offs = o.iter().map(|&x| x as usize - first).collect();
-            Ok((offs, l.values().slice(first, last - first)))
-        }
-        DataType::LargeList(_) => {
-            let l = col.as_list::<i64>();
-            let o = l.value_offsets();
-            let first = o[0] as usize;
-            let last = o[o.len() - 1] as usize;
-            let offs = o.iter().map(|&x| x as usize - first).collect();
-            Ok((offs, l.values().slice(first, last - first)))
-        }
+        DataType::List(_) => Ok(parts(col.as_list::<i32>())),
+        DataType::LargeList(_) => Ok(parts(col.as_list::<i64>())),
         other => bail!("column `{name}`: expected a list, found {other}"),
     }
 }

@@ -13,6 +13,8 @@
 //! failure names the byte offset; counts and lengths are checked against the bytes that remain
 //! before anything is allocated, so a corrupt count cannot make us allocate gigabytes, and array
 //! nesting is capped, so a crafted file cannot overflow the stack. Nothing here panics on input.
+//! The metadata values and their parsing are in [`super::metadata`], the tensor storage types in
+//! [`super::ggml_type`].
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
@@ -20,407 +22,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+pub use super::ggml_type::GgmlType;
+pub use super::metadata::{f32_to_f64_decimal, Array, Value};
+
 /// The four magic bytes at the start of every GGUF file.
 pub const MAGIC: &[u8; 4] = b"GGUF";
 /// Default alignment of the data section and of every tensor's offset.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
-/// Deepest array nesting accepted (arrays of arrays of ...); real files use 1.
-const MAX_ARRAY_DEPTH: usize = 8;
 /// At most this many dimensions per tensor (`GGML_MAX_DIMS`).
 const MAX_DIMS: u32 = 4;
-
-/// A ggml tensor type, with ggml's numeric ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-pub enum GgmlType {
-    F32,
-    F16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q8_1,
-    Q2_K,
-    Q3_K,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-    Q8_K,
-    IQ2_XXS,
-    IQ2_XS,
-    IQ3_XXS,
-    IQ1_S,
-    IQ4_NL,
-    IQ3_S,
-    IQ2_S,
-    IQ4_XS,
-    I8,
-    I16,
-    I32,
-    I64,
-    F64,
-    IQ1_M,
-    BF16,
-    TQ1_0,
-    TQ2_0,
-    MXFP4,
-}
-
-impl GgmlType {
-    /// The type for a ggml id; `None` for ids that never existed or were removed (4, 5, 31–33, 36–38).
-    pub fn from_id(id: u32) -> Option<GgmlType> {
-        use GgmlType::*;
-        Some(match id {
-            0 => F32,
-            1 => F16,
-            2 => Q4_0,
-            3 => Q4_1,
-            6 => Q5_0,
-            7 => Q5_1,
-            8 => Q8_0,
-            9 => Q8_1,
-            10 => Q2_K,
-            11 => Q3_K,
-            12 => Q4_K,
-            13 => Q5_K,
-            14 => Q6_K,
-            15 => Q8_K,
-            16 => IQ2_XXS,
-            17 => IQ2_XS,
-            18 => IQ3_XXS,
-            19 => IQ1_S,
-            20 => IQ4_NL,
-            21 => IQ3_S,
-            22 => IQ2_S,
-            23 => IQ4_XS,
-            24 => I8,
-            25 => I16,
-            26 => I32,
-            27 => I64,
-            28 => F64,
-            29 => IQ1_M,
-            30 => BF16,
-            34 => TQ1_0,
-            35 => TQ2_0,
-            39 => MXFP4,
-            _ => return None,
-        })
-    }
-
-    /// ggml's numeric id.
-    pub fn id(self) -> u32 {
-        use GgmlType::*;
-        match self {
-            F32 => 0,
-            F16 => 1,
-            Q4_0 => 2,
-            Q4_1 => 3,
-            Q5_0 => 6,
-            Q5_1 => 7,
-            Q8_0 => 8,
-            Q8_1 => 9,
-            Q2_K => 10,
-            Q3_K => 11,
-            Q4_K => 12,
-            Q5_K => 13,
-            Q6_K => 14,
-            Q8_K => 15,
-            IQ2_XXS => 16,
-            IQ2_XS => 17,
-            IQ3_XXS => 18,
-            IQ1_S => 19,
-            IQ4_NL => 20,
-            IQ3_S => 21,
-            IQ2_S => 22,
-            IQ4_XS => 23,
-            I8 => 24,
-            I16 => 25,
-            I32 => 26,
-            I64 => 27,
-            F64 => 28,
-            IQ1_M => 29,
-            BF16 => 30,
-            TQ1_0 => 34,
-            TQ2_0 => 35,
-            MXFP4 => 39,
-        }
-    }
-
-    /// `(elements per block, bytes per block)`, as ggml's type traits (`ggml.c`) define them.
-    pub fn block_layout(self) -> (u64, u64) {
-        use GgmlType::*;
-        match self {
-            F32 => (1, 4),
-            F16 => (1, 2),
-            BF16 => (1, 2),
-            F64 => (1, 8),
-            I8 => (1, 1),
-            I16 => (1, 2),
-            I32 => (1, 4),
-            I64 => (1, 8),
-            Q4_0 => (32, 18),
-            Q4_1 => (32, 20),
-            Q5_0 => (32, 22),
-            Q5_1 => (32, 24),
-            Q8_0 => (32, 34),
-            Q8_1 => (32, 36),
-            IQ4_NL => (32, 18),
-            MXFP4 => (32, 17),
-            Q2_K => (256, 84),
-            Q3_K => (256, 110),
-            Q4_K => (256, 144),
-            Q5_K => (256, 176),
-            Q6_K => (256, 210),
-            Q8_K => (256, 292),
-            IQ2_XXS => (256, 66),
-            IQ2_XS => (256, 74),
-            IQ3_XXS => (256, 98),
-            IQ1_S => (256, 50),
-            IQ3_S => (256, 110),
-            IQ2_S => (256, 82),
-            IQ4_XS => (256, 136),
-            IQ1_M => (256, 56),
-            TQ1_0 => (256, 54),
-            TQ2_0 => (256, 66),
-        }
-    }
-
-    /// ggml's name of the type (`Q4_1`, `BF16`, ...).
-    pub fn name(self) -> &'static str {
-        use GgmlType::*;
-        match self {
-            F32 => "F32",
-            F16 => "F16",
-            Q4_0 => "Q4_0",
-            Q4_1 => "Q4_1",
-            Q5_0 => "Q5_0",
-            Q5_1 => "Q5_1",
-            Q8_0 => "Q8_0",
-            Q8_1 => "Q8_1",
-            Q2_K => "Q2_K",
-            Q3_K => "Q3_K",
-            Q4_K => "Q4_K",
-            Q5_K => "Q5_K",
-            Q6_K => "Q6_K",
-            Q8_K => "Q8_K",
-            IQ2_XXS => "IQ2_XXS",
-            IQ2_XS => "IQ2_XS",
-            IQ3_XXS => "IQ3_XXS",
-            IQ1_S => "IQ1_S",
-            IQ4_NL => "IQ4_NL",
-            IQ3_S => "IQ3_S",
-            IQ2_S => "IQ2_S",
-            IQ4_XS => "IQ4_XS",
-            I8 => "I8",
-            I16 => "I16",
-            I32 => "I32",
-            I64 => "I64",
-            F64 => "F64",
-            IQ1_M => "IQ1_M",
-            BF16 => "BF16",
-            TQ1_0 => "TQ1_0",
-            TQ2_0 => "TQ2_0",
-            MXFP4 => "MXFP4",
-        }
-    }
-}
-
-impl fmt::Display for GgmlType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A metadata value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    U64(u64),
-    I64(i64),
-    F32(f32),
-    F64(f64),
-    Bool(bool),
-    String(String),
-    Array(Array),
-}
-
-/// A metadata array: homogeneous, typed by its element type.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Array {
-    U8(Vec<u8>),
-    I8(Vec<i8>),
-    U16(Vec<u16>),
-    I16(Vec<i16>),
-    U32(Vec<u32>),
-    I32(Vec<i32>),
-    U64(Vec<u64>),
-    I64(Vec<i64>),
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    Bool(Vec<bool>),
-    String(Vec<String>),
-    Array(Vec<Array>),
-}
-
-impl Value {
-    /// The GGUF name of the value's type (`uint32`, `string`, `array[string]`, ...).
-    pub fn type_name(&self) -> String {
-        match self {
-            Value::U8(_) => "uint8".into(),
-            Value::I8(_) => "int8".into(),
-            Value::U16(_) => "uint16".into(),
-            Value::I16(_) => "int16".into(),
-            Value::U32(_) => "uint32".into(),
-            Value::I32(_) => "int32".into(),
-            Value::U64(_) => "uint64".into(),
-            Value::I64(_) => "int64".into(),
-            Value::F32(_) => "float32".into(),
-            Value::F64(_) => "float64".into(),
-            Value::Bool(_) => "bool".into(),
-            Value::String(_) => "string".into(),
-            Value::Array(a) => format!("array[{}]", a.elem_type_name()),
-        }
-    }
-
-    /// The value as an integer, if it is one of the integer types (any width or sign).
-    pub fn as_i128(&self) -> Option<i128> {
-        Some(match *self {
-            Value::U8(v) => v.into(),
-            Value::I8(v) => v.into(),
-            Value::U16(v) => v.into(),
-            Value::I16(v) => v.into(),
-            Value::U32(v) => v.into(),
-            Value::I32(v) => v.into(),
-            Value::U64(v) => v.into(),
-            Value::I64(v) => v.into(),
-            _ => return None,
-        })
-    }
-
-    /// The value as a float: floats as they are, integers converted. An `f32` becomes the `f64`
-    /// with the same shortest decimal form (`1e-5f32` → `1e-5`, not `9.99999974737875e-6`), which
-    /// is the number the model's authors wrote before llama.cpp stored it as `f32`.
-    pub fn as_f64(&self) -> Option<f64> {
-        match *self {
-            Value::F64(v) => Some(v),
-            Value::F32(v) => Some(f32_to_f64_decimal(v)),
-            _ => self.as_i128().map(|v| v as f64),
-        }
-    }
-
-    /// The value as a string slice, if it is a string.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Value::String(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    /// The value as a bool, if it is one.
-    pub fn as_bool(&self) -> Option<bool> {
-        match *self {
-            Value::Bool(b) => Some(b),
-            _ => None,
-        }
-    }
-
-    /// The value as an array, if it is one.
-    pub fn as_array(&self) -> Option<&Array> {
-        match self {
-            Value::Array(a) => Some(a),
-            _ => None,
-        }
-    }
-}
-
-/// `f32` → `f64` through the shortest decimal that round-trips the `f32`.
-pub fn f32_to_f64_decimal(v: f32) -> f64 {
-    if !v.is_finite() {
-        return v as f64;
-    }
-    // ok: Rust's Display of a finite f32 is always a valid f64 literal.
-    format!("{v}").parse::<f64>().unwrap_or(v as f64)
-}
-
-impl Array {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            Array::U8(v) => v.len(),
-            Array::I8(v) => v.len(),
-            Array::U16(v) => v.len(),
-            Array::I16(v) => v.len(),
-            Array::U32(v) => v.len(),
-            Array::I32(v) => v.len(),
-            Array::U64(v) => v.len(),
-            Array::I64(v) => v.len(),
-            Array::F32(v) => v.len(),
-            Array::F64(v) => v.len(),
-            Array::Bool(v) => v.len(),
-            Array::String(v) => v.len(),
-            Array::Array(v) => v.len(),
-        }
-    }
-
-    /// True when the array has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The GGUF name of the element type.
-    pub fn elem_type_name(&self) -> String {
-        match self {
-            Array::U8(_) => "uint8".into(),
-            Array::I8(_) => "int8".into(),
-            Array::U16(_) => "uint16".into(),
-            Array::I16(_) => "int16".into(),
-            Array::U32(_) => "uint32".into(),
-            Array::I32(_) => "int32".into(),
-            Array::U64(_) => "uint64".into(),
-            Array::I64(_) => "int64".into(),
-            Array::F32(_) => "float32".into(),
-            Array::F64(_) => "float64".into(),
-            Array::Bool(_) => "bool".into(),
-            Array::String(_) => "string".into(),
-            Array::Array(v) => match v.first() {
-                Some(a) => format!("array[{}]", a.elem_type_name()),
-                None => "array".into(),
-            },
-        }
-    }
-
-    /// The elements as strings, if this is a string array.
-    pub fn as_strings(&self) -> Option<&[String]> {
-        match self {
-            Array::String(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// The elements as integers, if this is an integer array (any width or sign).
-    pub fn to_i128s(&self) -> Option<Vec<i128>> {
-        fn conv<T: Copy + Into<i128>>(v: &[T]) -> Vec<i128> {
-            v.iter().map(|&x| x.into()).collect()
-        }
-        Some(match self {
-            Array::U8(v) => conv(v),
-            Array::I8(v) => conv(v),
-            Array::U16(v) => conv(v),
-            Array::I16(v) => conv(v),
-            Array::U32(v) => conv(v),
-            Array::I32(v) => conv(v),
-            Array::U64(v) => conv(v),
-            Array::I64(v) => conv(v),
-            _ => return None,
-        })
-    }
-}
 
 /// One tensor's description from the tensor-info table.
 #[derive(Debug, Clone, PartialEq)]
@@ -709,62 +319,59 @@ impl GgufFile {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }
 
-    /// An optional string value; an error when present with another type.
-    pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
+    /// An optional value converted by `f`; an error naming `expected` when present and `f`
+    /// refuses it.
+    fn get_as<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &str,
+        f: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<Option<T>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| wrong_type(key, "a string", v)),
+            Some(v) => f(v).map(Some).ok_or_else(|| {
+                anyhow!(
+                    "metadata `{key}` must be {expected}, found {}",
+                    v.type_name()
+                )
+            }),
         }
+    }
+
+    /// An optional string value; an error when present with another type.
+    pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
+        self.get_as(key, "a string", Value::as_str)
     }
 
     /// An optional non-negative integer value; an error when present with another type or
     /// negative.
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>> {
-        match self.get(key) {
+        match self.get_as(key, "an integer", Value::as_i128)? {
             None => Ok(None),
-            Some(v) => match v.as_i128() {
-                Some(i) => u64::try_from(i)
-                    .map(Some)
-                    .map_err(|_| anyhow!("metadata `{key}` must not be negative, found {i}")),
-                None => Err(wrong_type(key, "an integer", v)),
-            },
+            Some(i) => u64::try_from(i)
+                .map(Some)
+                .map_err(|_| anyhow!("metadata `{key}` must not be negative, found {i}")),
         }
     }
 
     /// An optional float value (integers accepted); an error when present with another type.
     pub fn get_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| wrong_type(key, "a number", v)),
-        }
+        self.get_as(key, "a number", Value::as_f64)
     }
 
     /// An optional bool value; an error when present with another type.
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| wrong_type(key, "a bool", v)),
-        }
+        self.get_as(key, "a bool", Value::as_bool)
+    }
+
+    /// An optional array of strings; an error when present with another type.
+    pub fn get_strings(&self, key: &str) -> Result<Option<&[String]>> {
+        self.get_as(key, "an array of strings", |v| v.as_array()?.as_strings())
     }
 
     /// An optional array value; an error when present with another type.
     pub fn get_array(&self, key: &str) -> Result<Option<&Array>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_array()
-                .map(Some)
-                .ok_or_else(|| wrong_type(key, "an array", v)),
-        }
+        self.get_as(key, "an array", Value::as_array)
     }
 
     /// All tensor infos, in file order.
@@ -785,25 +392,18 @@ impl GgufFile {
     }
 }
 
-fn wrong_type(key: &str, expected: &str, found: &Value) -> anyhow::Error {
-    anyhow!(
-        "metadata `{key}` must be {expected}, found {}",
-        found.type_name()
-    )
-}
-
 /// A bounds-checked little-endian reader over the file's bytes.
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
+pub(super) struct Cursor<'a> {
+    pub(super) buf: &'a [u8],
+    pub(super) pos: usize,
 }
 
 impl<'a> Cursor<'a> {
-    fn remaining(&self) -> usize {
+    pub(super) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+    pub(super) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
         match self
             .pos
             .checked_add(n)
@@ -822,23 +422,23 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+    pub(super) fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
         let s = self.take(N, what)?;
         let mut a = [0u8; N];
         a.copy_from_slice(s);
         Ok(a)
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32> {
+    pub(super) fn u32(&mut self, what: &str) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64> {
+    pub(super) fn u64(&mut self, what: &str) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
     /// Refuse a count whose minimal encoding would not fit in the remaining bytes.
-    fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<()> {
+    pub(super) fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<()> {
         if count.saturating_mul(min_size) > self.remaining() as u64 {
             bail!(
                 "truncated or corrupt GGUF: {count} {what} at offset {} cannot fit in the {} remaining bytes",
@@ -861,124 +461,12 @@ impl<'a> Cursor<'a> {
         Ok(n as usize)
     }
 
-    fn string(&mut self, what: &str) -> Result<String> {
+    pub(super) fn string(&mut self, what: &str) -> Result<String> {
         let n = self.len(what)?;
         let at = self.pos;
         let bytes = self.take(n, what)?;
         String::from_utf8(bytes.to_vec())
             .map_err(|e| anyhow!("{what} at offset {at} is not valid UTF-8: {e}"))
-    }
-
-    fn value(&mut self, depth: usize) -> Result<Value> {
-        let at = self.pos;
-        let ty = self.u32("a value type")?;
-        self.value_of(ty, at, depth)
-    }
-
-    fn value_of(&mut self, ty: u32, at: usize, depth: usize) -> Result<Value> {
-        Ok(match ty {
-            0 => Value::U8(self.array::<1>("a uint8")?[0]),
-            1 => Value::I8(i8::from_le_bytes(self.array("an int8")?)),
-            2 => Value::U16(u16::from_le_bytes(self.array("a uint16")?)),
-            3 => Value::I16(i16::from_le_bytes(self.array("an int16")?)),
-            4 => Value::U32(u32::from_le_bytes(self.array("a uint32")?)),
-            5 => Value::I32(i32::from_le_bytes(self.array("an int32")?)),
-            6 => Value::F32(f32::from_le_bytes(self.array("a float32")?)),
-            7 => Value::Bool(self.bool()?),
-            8 => Value::String(self.string("a string value")?),
-            9 => Value::Array(self.array_value(depth + 1)?),
-            10 => Value::U64(u64::from_le_bytes(self.array("a uint64")?)),
-            11 => Value::I64(i64::from_le_bytes(self.array("an int64")?)),
-            12 => Value::F64(f64::from_le_bytes(self.array("a float64")?)),
-            _ => bail!("unknown metadata value type {ty} at offset {at}"),
-        })
-    }
-
-    fn bool(&mut self) -> Result<bool> {
-        let at = self.pos;
-        match self.array::<1>("a bool")?[0] {
-            0 => Ok(false),
-            1 => Ok(true),
-            b => bail!("invalid bool byte {b} at offset {at} (expected 0 or 1)"),
-        }
-    }
-
-    fn array_value(&mut self, depth: usize) -> Result<Array> {
-        if depth > MAX_ARRAY_DEPTH {
-            bail!(
-                "arrays nested deeper than {MAX_ARRAY_DEPTH} levels at offset {}",
-                self.pos
-            );
-        }
-        let at = self.pos;
-        let ty = self.u32("an array element type")?;
-        let n = self.u64("an array length")?;
-        // Smallest encoding of one element, to refuse impossible counts before allocating.
-        let min_size = match ty {
-            0 | 1 | 7 => 1,
-            2 | 3 => 2,
-            4..=6 => 4,
-            8 | 10..=12 => 8,
-            9 => 12,
-            _ => bail!("unknown array element type {ty} at offset {at}"),
-        };
-        self.check_count(n, min_size, "array elements")?;
-        let n = n as usize;
-        macro_rules! prim {
-            ($variant:ident, $t:ty, $what:expr) => {{
-                let bytes = self.take(n * std::mem::size_of::<$t>(), $what)?;
-                Array::$variant(
-                    bytes
-                        .chunks_exact(std::mem::size_of::<$t>())
-                        .map(|c| {
-                            let mut a = [0u8; std::mem::size_of::<$t>()];
-                            a.copy_from_slice(c);
-                            <$t>::from_le_bytes(a)
-                        })
-                        .collect(),
-                )
-            }};
-        }
-        Ok(match ty {
-            0 => Array::U8(self.take(n, "a uint8 array")?.to_vec()),
-            1 => prim!(I8, i8, "an int8 array"),
-            2 => prim!(U16, u16, "a uint16 array"),
-            3 => prim!(I16, i16, "an int16 array"),
-            4 => prim!(U32, u32, "a uint32 array"),
-            5 => prim!(I32, i32, "an int32 array"),
-            6 => prim!(F32, f32, "a float32 array"),
-            7 => {
-                let mut v = Vec::with_capacity(n);
-                for _ in 0..n {
-                    v.push(self.bool()?);
-                }
-                Array::Bool(v)
-            }
-            8 => {
-                let mut v = Vec::with_capacity(n);
-                for i in 0..n {
-                    v.push(
-                        self.string("a string array element")
-                            .with_context(|| format!("element {i} of the array at offset {at}"))?,
-                    );
-                }
-                Array::String(v)
-            }
-            9 => {
-                let mut v = Vec::with_capacity(n);
-                for i in 0..n {
-                    v.push(
-                        self.array_value(depth + 1)
-                            .with_context(|| format!("element {i} of the array at offset {at}"))?,
-                    );
-                }
-                Array::Array(v)
-            }
-            10 => prim!(U64, u64, "a uint64 array"),
-            11 => prim!(I64, i64, "an int64 array"),
-            12 => prim!(F64, f64, "a float64 array"),
-            _ => bail!("unknown array element type {ty} at offset {at}"),
-        })
     }
 }
 

@@ -53,30 +53,35 @@ pub fn permutation_heads(gguf: &str, n_head: usize, n_head_kv: usize) -> Option<
     }
 }
 
-fn check(len: usize, rows: usize, cols: usize, n_head: usize) -> Result<usize> {
+/// The row pairs of llama.cpp's q/k permutation: `(HF row, GGUF row)` for every row of a
+/// `len`-value `[rows, cols]` buffer of `n_head` heads, `(h·2d + i·d + j, h·2d + 2j + i)` with
+/// `d = rows / n_head / 2`, `i ∈ {0,1}`, `j < d`.
+fn row_pairs(
+    len: usize,
+    rows: usize,
+    cols: usize,
+    n_head: usize,
+) -> Result<impl Iterator<Item = (usize, usize)>> {
     if rows.checked_mul(cols) != Some(len) {
         bail!("{len} values are not {rows} rows of {cols}");
     }
     if n_head == 0 || !rows.is_multiple_of(2 * n_head) {
         bail!("{rows} rows cannot be split into {n_head} heads of an even size");
     }
-    Ok(rows / n_head / 2)
+    let d = rows / n_head / 2;
+    Ok((0..n_head).flat_map(move |h| {
+        (0..2)
+            .flat_map(move |i| (0..d).map(move |j| (h * 2 * d + i * d + j, h * 2 * d + 2 * j + i)))
+    }))
 }
 
 /// llama.cpp's permutation: HF row `h·2d + i·d + j` goes to GGUF row `h·2d + 2j + i`
 /// (`d = rows / n_head / 2`, `i ∈ {0,1}`, `j < d`). `data` is row-major `[rows, cols]`
 /// (`cols = 1` for a bias).
 pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Result<Vec<f32>> {
-    let d = check(data.len(), rows, cols, n_head)?;
     let mut out = vec![0f32; data.len()];
-    for h in 0..n_head {
-        for i in 0..2 {
-            for j in 0..d {
-                let hf = h * 2 * d + i * d + j;
-                let gg = h * 2 * d + 2 * j + i;
-                out[gg * cols..(gg + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
-            }
-        }
+    for (hf, gg) in row_pairs(data.len(), rows, cols, n_head)? {
+        out[gg * cols..(gg + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
     }
     Ok(out)
 }
@@ -84,16 +89,9 @@ pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Re
 /// The inverse of [`permute_rows`] (transformers' `reverse_permute_weights`): GGUF row
 /// `h·2d + 2j + i` goes back to HF row `h·2d + i·d + j`.
 pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Result<Vec<f32>> {
-    let d = check(data.len(), rows, cols, n_head)?;
     let mut out = vec![0f32; data.len()];
-    for h in 0..n_head {
-        for i in 0..2 {
-            for j in 0..d {
-                let hf = h * 2 * d + i * d + j;
-                let gg = h * 2 * d + 2 * j + i;
-                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gg * cols..(gg + 1) * cols]);
-            }
-        }
+    for (hf, gg) in row_pairs(data.len(), rows, cols, n_head)? {
+        out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gg * cols..(gg + 1) * cols]);
     }
     Ok(out)
 }

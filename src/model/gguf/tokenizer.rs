@@ -134,21 +134,15 @@ impl HfTokenizer {
                  as in GPT-2, SmolLM2, Llama 3, Qwen2)"
             );
         }
-        let tokens = g
-            .get_array("tokenizer.ggml.tokens")?
-            .ok_or_else(|| anyhow!("missing `tokenizer.ggml.tokens`"))?
-            .as_strings()
-            .ok_or_else(|| anyhow!("`tokenizer.ggml.tokens` must be an array of strings"))?
-            .to_vec();
+        let strings = |key: &str, why: &str| -> Result<Vec<String>> {
+            let v = g.get_strings(key)?;
+            Ok(v.ok_or_else(|| anyhow!("missing `{key}`{why}"))?.to_vec())
+        };
+        let tokens = strings("tokenizer.ggml.tokens", "")?;
         if tokens.is_empty() || tokens.len() > u32::MAX as usize {
             bail!("`tokenizer.ggml.tokens` has {} entries", tokens.len());
         }
-        let merges = g
-            .get_array("tokenizer.ggml.merges")?
-            .ok_or_else(|| anyhow!("missing `tokenizer.ggml.merges` (a BPE tokenizer needs them)"))?
-            .as_strings()
-            .ok_or_else(|| anyhow!("`tokenizer.ggml.merges` must be an array of strings"))?
-            .to_vec();
+        let merges = strings("tokenizer.ggml.merges", " (a BPE tokenizer needs them)")?;
         let n = tokens.len();
         let id = |key: &str| -> Result<Option<u32>> {
             match g.get_u64(key)? {

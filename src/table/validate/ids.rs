@@ -44,16 +44,13 @@ impl H128 {
             .wrapping_add(0x082E_FA98_EC4E_6C89);
     }
     pub(super) fn bytes(&mut self, s: &[u8]) {
-        let mut chunks = s.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.word(u64::from_le_bytes(w));
+        for w in crate::hash::le_words(s) {
+            self.word(w);
         }
-        let r = chunks.remainder();
-        let mut w = [0u8; 8];
-        w[..r.len()].copy_from_slice(r);
-        self.word(u64::from_le_bytes(w));
+        // A zero word closes a whole number of words too (the digest's format).
+        if s.len().is_multiple_of(8) {
+            self.word(0);
+        }
         self.word(s.len() as u64);
     }
     pub(super) fn finish(&self) -> u128 {

@@ -94,7 +94,9 @@ pub(crate) fn config(agg: LossAgg, micro: usize) -> TrainConfig {
     }
 }
 
-fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (f32, f32) {
+/// The largest |a − b| over two lists of named gradients (same names, same order) and the
+/// largest |a|.
+pub(crate) fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (f32, f32) {
     assert_eq!(a.len(), b.len());
     let mut diff = 0f32;
     let mut scale = 0f32;

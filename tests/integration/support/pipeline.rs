@@ -1,5 +1,8 @@
 //! The start of the loop most tests share: easy countdown prompts (`prepare`), then answers from
 //! the tiny Qwen2 fixture (`generate-answers`), each one command line built in one place.
+use arrow::array::RecordBatch;
+
+use super::table::{read, set_str, strs};
 use crate::{fixtures, Workdir};
 
 /// A fixture model folder (`fixtures/NAME`), as an argument.
@@ -74,6 +77,27 @@ pub fn answers_args(
     .collect();
     v.extend(extra.iter().map(|s| s.to_string()));
     v
+}
+
+/// Answers of the tiny Qwen2 fixture to the prompts table `prompts` (`num_answers` each, two
+/// tokens long, written to `raw.parquet`), each row's `response_text` then replaced by
+/// `response(row, ground_truth)` (the row's label as stored: JSON text): the tables of the tests
+/// whose responses are chosen, not sampled. The caller writes the batch.
+pub fn answers_responding(
+    wd: &Workdir,
+    prompts: &str,
+    num_answers: usize,
+    mut response: impl FnMut(usize, &str) -> String,
+) -> RecordBatch {
+    run(
+        wd,
+        &answers_args(&tiny_qwen2(), prompts, "raw.parquet", num_answers, 2, &[]),
+    );
+    let mut b = read(&wd.path("raw.parquet"));
+    for (i, gt) in strs(&b, "ground_truth").iter().enumerate() {
+        b = set_str(&b, "response_text", i, &response(i, gt));
+    }
+    b
 }
 
 /// Run owned arguments (from the builders above) in `wd`; stdout.

@@ -12,6 +12,8 @@ use rlcr::train::policy::host_logprobs;
 use rlcr::train::schedule::{Schedule, ScheduleKind};
 use rlcr::train::trainer::{Objective, TrainConfig};
 
+use crate::Workdir;
+
 /// The policy loss with every coefficient zero but `kl_coef` and `entropy_coef` (K3 KL, the
 /// default clip range, no value tokens).
 pub fn policy(kl_coef: f64, entropy_coef: f64) -> Objective {
@@ -104,6 +106,34 @@ pub fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
         }
     }
     out
+}
+
+/// Two `update` calls on [`train_rows`] (written to `train.parquet`): the tiny Qwen2 fixture into
+/// `it1`, then `it1` into `it2` resuming its optimizer (`--resume auto`), two epochs of 4-row
+/// micro-batches at lr 3e-3 each, with `extra` flags; the lines of `it2`'s `train_metrics.jsonl`
+/// (the four steps of both calls).
+pub fn update_twice(w: &Workdir, extra: &[&str]) -> Vec<serde_json::Value> {
+    write_rows(&w.path("train.parquet"), &train_rows());
+    let model = crate::fixtures().join("tiny-qwen2");
+    let mut base = vec![
+        "--input",
+        "train.parquet",
+        "--lr",
+        "3e-3",
+        "--micro-batch",
+        "4",
+        "--epochs",
+        "2",
+        "--resume",
+        "auto",
+    ];
+    base.extend_from_slice(extra);
+    for (from, to) in [(model.to_str().unwrap(), "it1"), ("it1", "it2")] {
+        let mut args = vec!["update", "--model", from, "-o", to];
+        args.extend(&base);
+        w.run(&args);
+    }
+    metrics(&w.path("it2"))
 }
 
 /// The lines of a model folder's `train_metrics.jsonl`.

@@ -30,15 +30,17 @@
 //! - Reading is strict: an adapter whose config asks for something this implementation does not
 //!   compute (DoRA, biases, per-module ranks, layer subsets, extra saved modules) is refused by
 //!   name, as are missing, unknown or mis-shaped tensors.
+//!
+//! Layout: this file holds the targets, the configuration, the module and its dropout;
+//! [`peft`] reads and writes adapter folders (PEFT's two files, the recorded base);
+//! [`merge`] folds an adapter into its base's tensors (`merge-lora`'s engine).
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, TensorData};
 use safetensors::Dtype;
-use serde_json::{json, Value};
 
 use super::config::ModelConfig;
 use super::transformer::Transformer;
@@ -48,6 +50,15 @@ use super::weights::{self, HostTensor};
 pub const CONFIG_FILE: &str = "adapter_config.json";
 /// The adapter's weights file.
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+
+pub mod merge;
+pub mod peft;
+
+pub use merge::{merge_into, merged_checkpoint, MergePlan};
+pub use peft::{
+    check_tensors, is_adapter_dir, normalize, read_adapter, read_checked, read_config,
+    recorded_base, resolve, resolve_base, save_adapter, write_adapter_files,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Targets and configuration
@@ -206,125 +217,6 @@ impl LoraSpec {
         }
     }
 
-    /// PEFT's `adapter_config.json` for this adapter.
-    pub fn to_peft_json(&self) -> Value {
-        let targets: Vec<&str> = self.targets.iter().map(|t| t.name()).collect();
-        json!({
-            "alpha_pattern": {},
-            "auto_mapping": null,
-            "base_model_name_or_path": self.base,
-            "bias": "none",
-            "exclude_modules": null,
-            "fan_in_fan_out": false,
-            "inference_mode": true,
-            "init_lora_weights": true,
-            "layer_replication": null,
-            "layers_pattern": null,
-            "layers_to_transform": null,
-            "lora_alpha": self.alpha,
-            "lora_bias": false,
-            "lora_dropout": self.dropout,
-            "modules_to_save": null,
-            "peft_type": "LORA",
-            "r": self.r,
-            "rank_pattern": {},
-            "revision": null,
-            "target_modules": targets,
-            "task_type": "CAUSAL_LM",
-            "use_dora": false,
-            "use_rslora": self.rslora,
-        })
-    }
-
-    /// Read PEFT's `adapter_config.json` text (`file` names it in errors). Settings that change
-    /// the function and that this implementation does not compute are refused by name.
-    pub fn from_peft_json(text: &str, file: &str) -> Result<Self> {
-        let v: Value = serde_json::from_str(text).with_context(|| format!("parsing {file}"))?;
-        let o = v
-            .as_object()
-            .with_context(|| format!("{file}: not a JSON object"))?;
-        let get = |k: &str| o.get(k).filter(|x| !x.is_null());
-        match get("peft_type").and_then(Value::as_str) {
-            Some("LORA") => {}
-            other => bail!("{file}: peft_type {other:?} is not supported (only \"LORA\")"),
-        }
-        let r = get("r")
-            .and_then(Value::as_u64)
-            .with_context(|| format!("{file}: `r` must be a positive integer"))?
-            as usize;
-        let num = |k: &str, default: f64| -> Result<f64> {
-            match get(k) {
-                None => Ok(default),
-                Some(x) => x
-                    .as_f64()
-                    .with_context(|| format!("{file}: `{k}` must be a number, got {x}")),
-            }
-        };
-        let flag = |k: &str| get(k).and_then(Value::as_bool).unwrap_or(false);
-        let alpha = num("lora_alpha", 8.0)?;
-        let dropout = num("lora_dropout", 0.0)?;
-        let targets = match get("target_modules") {
-            Some(Value::String(s)) if s == "all-linear" => Target::ALL.to_vec(),
-            Some(Value::Array(a)) => {
-                let mut set = BTreeSet::new();
-                for t in a {
-                    let s = t
-                        .as_str()
-                        .with_context(|| format!("{file}: target_modules holds {t}"))?;
-                    set.insert(s.parse::<Target>().with_context(|| file.to_string())?);
-                }
-                set.into_iter().collect()
-            }
-            other => bail!(
-                "{file}: target_modules {other:?} is not supported (a list of q_proj, k_proj, \
-                 v_proj, o_proj, gate_proj, up_proj, down_proj, or \"all-linear\")"
-            ),
-        };
-        for k in ["use_dora", "fan_in_fan_out", "lora_bias", "use_qalora"] {
-            ensure!(!flag(k), "{file}: `{k}: true` is not supported");
-        }
-        if let Some(b) = get("bias").and_then(Value::as_str) {
-            ensure!(
-                b == "none",
-                "{file}: bias \"{b}\" is not supported (only \"none\")"
-            );
-        }
-        for k in ["rank_pattern", "alpha_pattern"] {
-            if let Some(m) = get(k) {
-                ensure!(
-                    m.as_object().is_none_or(|m| m.is_empty()),
-                    "{file}: a non-empty `{k}` (per-module ranks or alphas) is not supported"
-                );
-            }
-        }
-        for k in [
-            "layers_to_transform",
-            "layers_pattern",
-            "modules_to_save",
-            "exclude_modules",
-            "layer_replication",
-            "target_parameters",
-            "trainable_token_indices",
-        ] {
-            if let Some(x) = get(k) {
-                let empty = x.as_array().is_some_and(|a| a.is_empty());
-                ensure!(empty, "{file}: `{k}` = {x} is not supported");
-            }
-        }
-        let spec = LoraSpec {
-            r,
-            alpha,
-            dropout,
-            targets,
-            rslora: flag("use_rslora"),
-            base: get("base_model_name_or_path")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-        };
-        spec.validate().with_context(|| file.to_string())?;
-        Ok(spec)
-    }
-
     /// Every tensor of the adapter for model `c`: PEFT name and PEFT shape (`[r, in]`,
     /// `[out, r]`), layer by layer.
     pub fn expected_tensors(&self, c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
@@ -339,318 +231,6 @@ impl LoraSpec {
         }
         out
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Adapter folders
-// ---------------------------------------------------------------------------------------------
-
-/// Whether `dir` is an adapter folder (has `adapter_config.json`).
-pub fn is_adapter_dir(dir: &Path) -> bool {
-    dir.join(CONFIG_FILE).is_file()
-}
-
-/// Read an adapter folder: its configuration and its tensors (f32 on the host, PEFT names).
-pub fn read_adapter(dir: &Path) -> Result<(LoraSpec, BTreeMap<String, HostTensor>)> {
-    let cp = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&cp).with_context(|| format!("reading {}", cp.display()))?;
-    let spec = LoraSpec::from_peft_json(&text, &cp.display().to_string())?;
-    let wp = dir.join(WEIGHTS_FILE);
-    ensure!(
-        wp.is_file(),
-        "{}: no {WEIGHTS_FILE} (PyTorch adapter_model.bin files are not supported; save the \
-         adapter with safe_serialization=True)",
-        dir.display()
-    );
-    let tensors = weights::read_safetensors_file(&wp)?;
-    Ok((spec, tensors))
-}
-
-/// The base model folder of an adapter folder, from its `base_model_name_or_path`:
-/// - an absolute path (what [`save_adapter`] writes) is taken as it is;
-/// - a relative one is tried, in order, relative to the working directory (how transformers and
-///   PEFT take it), then relative to the adapter folder and to each of its ancestors, nearest
-///   first. An adapter whose base was recorded relative to the directory it was written from
-///   (PEFT's `save_pretrained` after `from_pretrained("ckpt/sft")`) thus loads from any working
-///   directory as long as that directory is an ancestor of the adapter folder, which is where
-///   a run's checkpoints live.
-///
-/// The first candidate holding a `config.json` wins; none is an error naming every path tried
-/// and the `--model BASE --adapter DIR` form that needs no lookup.
-pub fn resolve_base(adapter: &Path, spec: &LoraSpec) -> Result<PathBuf> {
-    let Some(base) = spec.base.as_deref() else {
-        bail!(
-            "{}: base_model_name_or_path is not set; give the base model folder with --model \
-             and the adapter with --adapter",
-            adapter.join(CONFIG_FILE).display()
-        );
-    };
-    let candidates = base_candidates(adapter, Path::new(base));
-    for c in &candidates {
-        if c.join("config.json").is_file() {
-            return Ok(c.clone());
-        }
-    }
-    let tried: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-    bail!(
-        "{}: the base model `{base}` is not a model folder here (tried {}); give it with --model \
-         BASE --adapter {}",
-        adapter.join(CONFIG_FILE).display(),
-        tried.join(", "),
-        adapter.display()
-    )
-}
-
-/// The folders [`resolve_base`] tries for the recorded base `p`, in order, without repeats.
-fn base_candidates(adapter: &Path, p: &Path) -> Vec<PathBuf> {
-    if p.is_absolute() {
-        return vec![p.to_path_buf()];
-    }
-    let mut out = vec![p.to_path_buf()];
-    // The adapter's real location, so that `..` and a relative --model both climb correctly.
-    let here = adapter
-        .canonicalize()
-        .unwrap_or_else(|_| normalize(adapter));
-    for dir in here.ancestors() {
-        let c = normalize(&dir.join(p));
-        if !out.contains(&c) {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The `base_model_name_or_path` an adapter on the base folder `base` records: its canonical
-/// absolute path (symlinks resolved). PEFT's `AutoPeftModelForCausalLM` and transformers take a
-/// relative path relative to the working directory, and offline they then look for a Hub
-/// repository of that name; an absolute path loads the base from any working directory, in
-/// rlcr and in PEFT. A base that moves afterwards is given with `--model BASE --adapter DIR`.
-pub fn recorded_base(base: &Path) -> Result<String> {
-    let abs = base
-        .canonicalize()
-        .with_context(|| format!("resolving the base model folder {}", base.display()))?;
-    abs.to_str().map(str::to_string).with_context(|| {
-        format!(
-            "the base model folder {} is not valid UTF-8; PEFT's adapter_config.json cannot \
-             record it",
-            abs.display()
-        )
-    })
-}
-
-/// `p` with `x/..` pairs and `.` removed (lexically; a path through a symlinked folder keeps
-/// working as long as its `..` are not crossed).
-pub fn normalize(p: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir
-                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
-            {
-                out.pop();
-            }
-            c => out.push(c.as_os_str()),
-        }
-    }
-    if out.as_os_str().is_empty() {
-        out.push(".");
-    }
-    out
-}
-
-/// `(base folder, adapter folder)` of a `--model` / `--adapter` pair: an explicit adapter on
-/// the base `model`; else `model` itself when it is an adapter folder (its base resolved with
-/// [`resolve_base`]); else no adapter.
-pub fn resolve(model: &Path, adapter: Option<&Path>) -> Result<(PathBuf, Option<PathBuf>)> {
-    match adapter {
-        Some(a) => {
-            ensure!(
-                !is_adapter_dir(model),
-                "--model {} is an adapter folder; with --adapter give the base model folder",
-                model.display()
-            );
-            ensure!(
-                is_adapter_dir(a),
-                "--adapter {}: no {CONFIG_FILE} in it",
-                a.display()
-            );
-            Ok((model.to_path_buf(), Some(a.to_path_buf())))
-        }
-        None if is_adapter_dir(model) => {
-            let cp = model.join(CONFIG_FILE);
-            let text = std::fs::read_to_string(&cp)
-                .with_context(|| format!("reading {}", cp.display()))?;
-            let spec = LoraSpec::from_peft_json(&text, &cp.display().to_string())?;
-            Ok((resolve_base(model, &spec)?, Some(model.to_path_buf())))
-        }
-        None => Ok((model.to_path_buf(), None)),
-    }
-}
-
-/// Check the adapter's tensors against the model's shapes: the error lists every missing,
-/// unknown and mis-shaped tensor.
-pub fn check_tensors(
-    c: &ModelConfig,
-    spec: &LoraSpec,
-    tensors: &BTreeMap<String, HostTensor>,
-    file: &str,
-) -> Result<()> {
-    let expected = spec.expected_tensors(c);
-    let names: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-    let missing: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| !tensors.contains_key(*n))
-        .collect();
-    let unknown: Vec<&str> = tensors
-        .keys()
-        .map(String::as_str)
-        .filter(|n| !names.contains(n))
-        .collect();
-    let wrong: Vec<String> = expected
-        .iter()
-        .filter_map(|(n, s)| {
-            let t = tensors.get(n)?;
-            (t.shape != *s).then(|| format!("{n}: shape {:?}, expected {s:?}", t.shape))
-        })
-        .collect();
-    if missing.is_empty() && unknown.is_empty() && wrong.is_empty() {
-        return Ok(());
-    }
-    let mut msg = format!(
-        "{file}: the adapter does not fit the base model (r = {})",
-        spec.r
-    );
-    if !missing.is_empty() {
-        msg += &format!("\n  missing tensors: {}", missing.join(", "));
-    }
-    if !unknown.is_empty() {
-        msg += &format!("\n  unknown tensors: {}", unknown.join(", "));
-    }
-    if !wrong.is_empty() {
-        msg += &format!("\n  wrong shapes: {}", wrong.join("; "));
-    }
-    bail!(msg)
-}
-
-/// Write an adapter folder's two files into `dir` (which exists): the config and the tensors
-/// (f32, PEFT names and layouts).
-pub fn write_adapter_files(
-    dir: &Path,
-    spec: &LoraSpec,
-    tensors: &[(String, HostTensor)],
-) -> Result<()> {
-    let cp = dir.join(CONFIG_FILE);
-    let text = serde_json::to_string_pretty(&spec.to_peft_json())? + "\n";
-    std::fs::write(&cp, text).with_context(|| format!("writing {}", cp.display()))?;
-    weights::write_safetensors_file(&dir.join(WEIGHTS_FILE), tensors)
-}
-
-/// Save the adapter of `model` as an adapter folder at `out` (atomic): the two PEFT files and
-/// the tokenizer and chat-template files of the base folder `base` (as TRL saves them; the base's
-/// `config.json` is not copied, so the folder is not mistaken for a full model). The config
-/// records `base` as [`recorded_base`] writes it (whatever `spec.base` says), so the folder
-/// loads from any working directory.
-pub fn save_adapter(model: &Transformer, spec: &LoraSpec, base: &Path, out: &Path) -> Result<()> {
-    let tensors = export(model)?;
-    let spec = LoraSpec {
-        base: Some(recorded_base(base)?),
-        ..spec.clone()
-    };
-    crate::fs::write_folder(out, |tmp| {
-        write_adapter_files(tmp, &spec, &tensors)?;
-        for name in weights::COPIED_FILES {
-            let from = base.join(name);
-            if from.is_file() && !matches!(*name, "config.json" | "generation_config.json") {
-                std::fs::copy(&from, tmp.join(name))
-                    .with_context(|| format!("copying {}", from.display()))?;
-            }
-        }
-        Ok(())
-    })
-    .with_context(|| format!("saving the adapter to {}", out.display()))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Merging (host)
-// ---------------------------------------------------------------------------------------------
-
-/// `W ← W + s·B·A` for every adapted projection of the base tensors `base` (Hugging Face names
-/// and layouts, f32 on the host; dtypes kept). `ΔW = B·A` is formed one output row at a time in
-/// f32 and scaled before it is added, as PEFT's `merge`.
-pub fn merge_into(
-    base: &mut BTreeMap<String, HostTensor>,
-    c: &ModelConfig,
-    spec: &LoraSpec,
-    adapter: &BTreeMap<String, HostTensor>,
-) -> Result<()> {
-    let s = spec.scaling() as f32;
-    let r = spec.r;
-    for l in 0..c.num_hidden_layers {
-        for &t in &spec.targets {
-            let (an, bn) = t.peft_names(l);
-            let (i, o) = t.shape(c);
-            let a = &adapter
-                .get(&an)
-                .with_context(|| format!("missing {an}"))?
-                .data;
-            let b = &adapter
-                .get(&bn)
-                .with_context(|| format!("missing {bn}"))?
-                .data;
-            let wn = t.weight_name(l);
-            let w = base
-                .get_mut(&wn)
-                .with_context(|| format!("the base model has no `{wn}`"))?;
-            ensure!(
-                w.shape == [o, i] && a.len() == r * i && b.len() == o * r,
-                "`{wn}`: shape {:?} does not fit the adapter's [{o}, {i}]",
-                w.shape
-            );
-            let mut row = vec![0f32; i];
-            for oo in 0..o {
-                row.fill(0.0);
-                for k in 0..r {
-                    let coef = b[oo * r + k];
-                    let ak = &a[k * i..(k + 1) * i];
-                    for (x, &y) in row.iter_mut().zip(ak) {
-                        *x += coef * y;
-                    }
-                }
-                for (x, &d) in w.data[oo * i..(oo + 1) * i].iter_mut().zip(&row) {
-                    *x += d * s;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `merge-lora`: write the full model folder `base + adapter` at `out` (atomic; every tensor in
-/// the base's dtype; the base's config, tokenizer and template files copied).
-pub fn merge_folder(base: &Path, adapter: &Path, out: &Path) -> Result<()> {
-    let c = ModelConfig::load(base)?;
-    let (spec, at) = read_adapter(adapter)?;
-    check_tensors(&c, &spec, &at, &adapter.display().to_string())?;
-    let mut tensors = weights::read_checkpoint(base)?;
-    weights::check_tensors(&c, &tensors)
-        .with_context(|| format!("loading weights from {}", base.display()))?;
-    merge_into(&mut tensors, &c, &spec, &at)?;
-    // The checkpoint's own order (embedding, layers, norm, head), then anything tolerated.
-    let mut ordered = Vec::with_capacity(tensors.len());
-    for (n, _) in weights::expected_tensors(&c) {
-        if let Some(t) = tensors.remove(&n) {
-            ordered.push((n, t));
-        }
-    }
-    ordered.extend(tensors);
-    crate::fs::write_folder(out, |tmp| {
-        weights::write_safetensors(tmp, &ordered, weights::MAX_SHARD_BYTES)?;
-        weights::copy_side_files(base, tmp)
-    })
-    .with_context(|| format!("writing the merged model {}", out.display()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -970,94 +550,11 @@ fn mix(parts: &[u64]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use serde_json::Value;
+
     use super::*;
-
-    #[test]
-    fn peft_config_round_trips_and_refuses_what_it_cannot_compute() {
-        let spec = LoraSpec {
-            r: 4,
-            alpha: 16.0,
-            dropout: 0.05,
-            targets: parse_targets("v_proj,q_proj,down_proj").unwrap(),
-            rslora: false,
-            base: Some("fixtures/tiny-llama".into()),
-        };
-        assert_eq!(spec.targets, vec![Target::Q, Target::V, Target::Down]);
-        assert_eq!(spec.scaling(), 4.0);
-        let text = spec.to_peft_json().to_string();
-        assert_eq!(LoraSpec::from_peft_json(&text, "x").unwrap(), spec);
-        let mut v = spec.to_peft_json();
-        v["use_rslora"] = true.into();
-        let rs = LoraSpec::from_peft_json(&v.to_string(), "x").unwrap();
-        assert_eq!(rs.scaling(), 8.0);
-        for (k, bad) in [
-            ("use_dora", json!(true)),
-            ("bias", json!("all")),
-            ("rank_pattern", json!({"q_proj": 2})),
-            ("layers_to_transform", json!([0])),
-            ("modules_to_save", json!(["lm_head"])),
-            ("peft_type", json!("IA3")),
-            ("target_modules", json!(".*proj")),
-            ("target_modules", json!(["q_proj", "fc1"])),
-            ("r", json!(0)),
-        ] {
-            let mut v = spec.to_peft_json();
-            v[k] = bad.clone();
-            let e = LoraSpec::from_peft_json(&v.to_string(), "cfg.json").unwrap_err();
-            assert!(format!("{e:#}").contains("cfg.json"), "{k}: {e:#}");
-        }
-        assert_eq!(parse_targets("all-linear").unwrap().len(), 7);
-        assert!(parse_targets("q_proj,qkv").is_err());
-    }
-
-    /// The base an adapter records is found from any working directory: an absolute path as it
-    /// is, a relative one (adapters written elsewhere) next to the adapter folder or one of its
-    /// ancestors, nearest first; a base found nowhere names every path tried.
-    #[test]
-    fn adapter_base_resolves_from_any_working_directory() {
-        let d = tempfile::tempdir().unwrap();
-        let root = d.path().canonicalize().unwrap();
-        let base = root.join("ckpt/sft");
-        let adapter = root.join("runs/x/iter-0001/model");
-        for f in [&base, &adapter] {
-            std::fs::create_dir_all(f).unwrap();
-        }
-        std::fs::write(base.join("config.json"), "{}").unwrap();
-        let spec = |b: &str| LoraSpec {
-            r: 2,
-            alpha: 8.0,
-            dropout: 0.0,
-            targets: vec![Target::Q],
-            rslora: false,
-            base: Some(b.into()),
-        };
-        // What save_adapter records: absolute and canonical, through a relative spelling.
-        let written = recorded_base(&root.join("runs/../ckpt/./sft")).unwrap();
-        assert_eq!(Path::new(&written), base);
-        assert_eq!(resolve_base(&adapter, &spec(&written)).unwrap(), base);
-        // Recorded relative to the directory the adapter was written from (an ancestor).
-        assert_eq!(resolve_base(&adapter, &spec("ckpt/sft")).unwrap(), base);
-        // The nearest ancestor wins.
-        let near = root.join("runs/ckpt/sft");
-        std::fs::create_dir_all(&near).unwrap();
-        std::fs::write(near.join("config.json"), "{}").unwrap();
-        assert_eq!(resolve_base(&adapter, &spec("ckpt/sft")).unwrap(), near);
-        let e = format!(
-            "{:#}",
-            resolve_base(&adapter, &spec("nowhere/base")).unwrap_err()
-        );
-        assert!(e.contains("--model BASE --adapter"), "{e}");
-        assert!(
-            e.contains(&root.join("runs/nowhere/base").display().to_string()),
-            "{e}"
-        );
-        let e = format!(
-            "{:#}",
-            resolve_base(&adapter, &spec("/no/such/base")).unwrap_err()
-        );
-        assert!(e.contains("(tried /no/such/base)"), "{e}");
-        assert!(recorded_base(&root.join("missing")).is_err());
-    }
 
     /// Adapters PEFT wrote (random non-zero B; all seven targets on the Llama fixture, three
     /// with rsLoRA on the Qwen2 one) give PEFT's float64 log-probs within 1e-4, merged at load
@@ -1194,7 +691,7 @@ mod tests {
         use crate::model::{AdapterUse, Model};
         use crate::train::loss::LossAgg;
         use crate::train::optim::{AdamW, AdamWConfig};
-        use crate::train::trainer::tests::{config, rows};
+        use crate::train::trainer::tests::{config, max_abs_diff as diff, rows};
         use crate::train::trainer::{batch_gradients, grads_to_host};
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lora/tiny-qwen2-peft");
         let mut m = Model::open(&dir, None, &Device::flex().autodiff(), AdapterUse::Train)
@@ -1207,18 +704,6 @@ mod tests {
             cfg.checkpoint_activations = ckpt;
             let (g, _) = batch_gradients(m, &refs, &cfg).unwrap();
             grads_to_host(m, &g)
-        };
-        let diff = |a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]| -> (f32, f32) {
-            assert_eq!(a.len(), b.len());
-            let (mut d, mut s) = (0f32, 0f32);
-            for ((na, va), (nb, vb)) in a.iter().zip(b) {
-                assert_eq!(na, nb);
-                for (x, y) in va.iter().zip(vb) {
-                    d = d.max((x - y).abs());
-                    s = s.max(x.abs());
-                }
-            }
-            (d, s)
         };
         for p in [0.0, 0.3] {
             for l in m.layers.iter_mut() {
@@ -1250,37 +735,17 @@ mod tests {
         let cfg = config(LossAgg::TokenMean, 6);
         let (g, _) = batch_gradients(&m, &refs, &cfg).unwrap();
         let base_before = super::super::read_f32(m.layers[0].attn.qkv.val().inner()).unwrap();
-        let b_before = super::super::read_f32(
-            m.layers[0]
-                .lora
-                .as_ref()
-                .unwrap()
-                .q_proj
-                .as_ref()
-                .unwrap()
-                .b
-                .val()
-                .inner(),
-        )
-        .unwrap();
+        let q_b = |m: &Transformer| {
+            let lora = m.layers[0].lora.as_ref().unwrap();
+            super::super::read_f32(lora.q_proj.as_ref().unwrap().b.val().inner()).unwrap()
+        };
+        let b_before = q_b(&m);
         let mut opt = AdamW::new(AdamWConfig::default());
         let m2 = opt.step(m, g, 1e-2, 1.0);
         assert_eq!(opt.len(), 2 * 3 * 2);
         let base_after = super::super::read_f32(m2.layers[0].attn.qkv.val().inner()).unwrap();
         assert!(base_before == base_after, "a frozen weight moved");
-        let b_after = super::super::read_f32(
-            m2.layers[0]
-                .lora
-                .as_ref()
-                .unwrap()
-                .q_proj
-                .as_ref()
-                .unwrap()
-                .b
-                .val()
-                .inner(),
-        )
-        .unwrap();
+        let b_after = q_b(&m2);
         assert!(b_before != b_after, "the adapter did not move");
     }
 
