@@ -82,6 +82,62 @@ pub fn attention(
     Some(tensor(out))
 }
 
+/// The scale-free softmax of `scores[0..keys]` (hidden keys hold [`LOWEST`]; `mx` this unit's
+/// largest score) applied to the values, `v[vb + j·v2 + i·v3]` for key `j`, written to
+/// `out[ob + i·o3]` for `i < d`: the weights `exp(s − max)` (0 for hidden keys) replace the
+/// scores, the weighted values are summed in key order and divided by the weights' sum once.
+/// Called by every unit of the cube together.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn weigh_values(
+    scores: &mut Shared<[f32]>,
+    red: &mut Shared<[f32]>,
+    mx: f32,
+    keys: usize,
+    v: &Tensor<f32>,
+    vb: usize,
+    out: &mut Tensor<f32>,
+    ob: usize,
+) {
+    let tid = UNIT_POS_X as usize;
+    let nt = CUBE_DIM_X as usize;
+    let lowest = f32::new(LOWEST);
+    let m = block_max(red, mx);
+    let mut acc = f32::new(0.0);
+    let mut s = tid;
+    while s < keys {
+        let score = scores[s];
+        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
+        scores[s] = w;
+        acc += w;
+        s += nt;
+    }
+    // The sum's barriers also publish every unit's weights.
+    let total = block_sum(red, acc);
+    let (d, v2, v3) = (v.shape(3), v.stride(2), v.stride(3));
+    let o3 = out.stride(3);
+    let mut i = tid;
+    while i < d {
+        let mut y = f32::new(0.0);
+        for j in 0..keys {
+            y += scores[j] * v[vb + j * v2 + i * v3];
+        }
+        out[ob + i * o3] = y / total;
+        i += nt;
+    }
+}
+
+/// `q[qb + i·q3] · k[kb + s·k2 + i·k3]` over `i < d`, in the order of the head dimension.
+#[cube]
+fn dot(q: &Tensor<f32>, qb: usize, k: &Tensor<f32>, kb: usize, s: usize) -> f32 {
+    let (q3, k2, k3) = (q.stride(3), k.stride(2), k.stride(3));
+    let mut acc = f32::new(0.0);
+    for i in 0..q.shape(3) {
+        acc += q[qb + i * q3] * k[kb + s * k2 + i * k3];
+    }
+    acc
+}
+
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn attention_kernel<M: Int>(
@@ -96,7 +152,7 @@ fn attention_kernel<M: Int>(
     #[define(M)] _mask_store: ElemType,
 ) {
     let row = cube_row();
-    let (heads, rows, d) = (out.shape(1), out.shape(2), out.shape(3));
+    let (heads, rows) = (out.shape(1), out.shape(2));
     if row >= out.shape(0) * heads * rows {
         terminate!();
     }
@@ -104,59 +160,137 @@ fn attention_kernel<M: Int>(
     let head = (row / rows) % heads;
     let batch = row / (rows * heads);
     let keys = k.shape(2);
-    let tid = UNIT_POS_X as usize;
-    let nt = CUBE_DIM_X as usize;
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
     let lowest = f32::new(LOWEST);
     let qb = batch * q.stride(0) + head * q.stride(1) + r * q.stride(2);
     let kb = batch * k.stride(0) + head * k.stride(1);
-    let vb = batch * v.stride(0) + head * v.stride(1);
     let mb = batch * mask.stride(0) + r * mask.stride(2);
-    let (q3, k2, k3) = (q.stride(3), k.stride(2), k.stride(3));
-    let (v2, v3, m3) = (v.stride(2), v.stride(3), mask.stride(3));
+    let m3 = mask.stride(3);
 
     // Scores, each unit whole dot products for its keys.
     let mut mx = lowest;
-    let mut s = tid;
+    let mut s = UNIT_POS_X as usize;
     while s < keys {
-        let mut dot = f32::new(0.0);
-        for i in 0..d {
-            dot += q[qb + i * q3] * k[kb + s * k2 + i * k3];
-        }
         let hidden = (u32::cast_from(mask[mb + s * m3]) & 1u32) == 1u32;
-        let score = select(hidden, lowest, dot * scale);
+        let score = select(hidden, lowest, dot(q, qb, k, kb, s) * scale);
         scores[s] = score;
         mx = mx.max(score);
-        s += nt;
+        s += CUBE_DIM_X as usize;
     }
-    let m = block_max(&mut red, mx);
-    let mut acc = f32::new(0.0);
-    s = tid;
-    while s < keys {
-        let score = scores[s];
-        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
-        scores[s] = w;
-        acc += w;
-        s += nt;
-    }
-    // The sum's barriers also publish every unit's weights.
-    let total = block_sum(&mut red, acc);
+    let vb = batch * v.stride(0) + head * v.stride(1);
+    let ob = batch * out.stride(0) + head * out.stride(1) + r * out.stride(2);
+    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
+}
 
-    // The weighted values, each unit a share of the head dimension.
-    let (o3, ob) = (
-        out.stride(3),
-        batch * out.stride(0) + head * out.stride(1) + r * out.stride(2),
-    );
-    let mut i = tid;
-    while i < d {
-        let mut y = f32::new(0.0);
-        for j in 0..keys {
-            y += scores[j] * v[vb + j * v2 + i * v3];
-        }
-        out[ob + i * o3] = y / total;
-        i += nt;
+/// Attention over a KV cache whose slots the device describes, for the queries of a call of `T`
+/// tokens a row: `q: [B, K, g·T, d]` (row `j·T + t` of key/value head `h` is query head
+/// `h·g + j` of token `t`), `k`, `v`: `[B, K, capacity, d]`, `flags: [B, capacity]` (1 where a
+/// slot holds a real token) and `step` (`[1 + B·T]`, the call's first slot first). Token `t` sits
+/// at slot `step[0] + t`; a real one sees the real slots up to its own, a padding one only its
+/// own, the keys after it are not read. Returns `[B, T, H, d]` (`[B·T, H·d]` by a free
+/// reshape, the layout of the output projection), in one launch; `None` as for [`attention`].
+pub fn slot_attention(
+    q: &BurnTensor<4>,
+    k: &BurnTensor<4>,
+    v: &BurnTensor<4>,
+    flags: &BurnTensor<2>,
+    step: &BurnTensor<1>,
+    t: usize,
+    scale: f32,
+) -> Option<BurnTensor<4>> {
+    let [b, kv, rows, d] = q.dims();
+    let [_, _, keys, _] = k.dims();
+    if t == 0
+        || rows % t != 0
+        || k.dims() != [b, kv, keys, d]
+        || v.dims() != k.dims()
+        || flags.dims() != [b, keys]
+        || step.dims() != [1 + b * t]
+        || keys == 0
+        || keys > MAX_KEYS
+        || b * kv * rows * d == 0
+    {
+        return None;
     }
+    let (qp, kp, vp) = (plain(q)?, plain(k)?, plain(v)?);
+    let (fp, sp) = (plain(flags)?, plain(step)?);
+    let client = qp.client.clone();
+    let units = row_units(&client, keys.max(d));
+    let capacity = keys.next_power_of_two();
+    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
+    if shared > client.properties().hardware.max_shared_memory_size {
+        return None;
+    }
+    let heads = kv * (rows / t);
+    let out = output(&qp, &[b, t, heads, d]);
+    slot_attention_kernel::launch(
+        &client,
+        row_grid(&client, b * kv * rows),
+        CubeDim::new_1d(units),
+        qp.into_tensor_arg(),
+        kp.into_tensor_arg(),
+        vp.into_tensor_arg(),
+        fp.into_tensor_arg(),
+        sp.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        scale,
+        capacity,
+        units,
+    );
+    Some(tensor(out))
+}
+
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn slot_attention_kernel(
+    q: &Tensor<f32>,
+    k: &Tensor<f32>,
+    v: &Tensor<f32>,
+    flags: &Tensor<f32>,
+    step: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] capacity: usize,
+    #[comptime] units: u32,
+) {
+    let row = cube_row();
+    let (kv, rows) = (q.shape(1), q.shape(2));
+    if row >= q.shape(0) * kv * rows {
+        terminate!();
+    }
+    let r = row % rows;
+    let h = (row / rows) % kv;
+    let batch = row / (rows * kv);
+    let slots = out.shape(1);
+    let t = r % slots;
+    let head = h * (rows / slots) + r / slots;
+    let own = u32::cast_from(step[0]) as usize + t;
+    let (f0, f1) = (batch * flags.stride(0), flags.stride(1));
+    let real = flags[f0 + own * f1] > f32::new(0.5);
+    let mut scores = Shared::<[f32]>::new_slice(capacity);
+    let mut red = Shared::<[f32]>::new_slice(units as usize);
+    let lowest = f32::new(LOWEST);
+    let qb = batch * q.stride(0) + h * q.stride(1) + r * q.stride(2);
+    let kb = batch * k.stride(0) + h * k.stride(1);
+
+    // Scores of the keys up to the query's own slot, each unit whole dot products.
+    let keys = own + 1;
+    let mut mx = lowest;
+    let mut s = UNIT_POS_X as usize;
+    while s < keys {
+        let visible = select(real, flags[f0 + s * f1] > f32::new(0.5), s == own);
+        let mut score = lowest;
+        if visible {
+            score = dot(q, qb, k, kb, s) * scale;
+        }
+        scores[s] = score;
+        mx = mx.max(score);
+        s += CUBE_DIM_X as usize;
+    }
+    let vb = batch * v.stride(0) + h * v.stride(1);
+    let ob = batch * out.stride(0) + t * out.stride(1) + head * out.stride(2);
+    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
 }
 
 #[cfg(all(test, feature = "wgpu"))]

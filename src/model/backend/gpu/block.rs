@@ -60,6 +60,30 @@ pub fn plain<const D: usize>(t: &BurnTensor<D>) -> Option<CubeTensor> {
     Some(burn_cubecl::kernel::untile(p))
 }
 
+/// Runs `f` on the primitive of `t` (a plain f32 tensor on a GPU) for a kernel that writes it in
+/// place, and leaves `t` holding that primitive. A buffer that another tensor shares (a clone)
+/// is copied first, as burn's own in-place ops do, so that the clone never sees the writes.
+/// `None`, with `t` as it was and `f` not run, where [`plain`] gives none.
+pub fn in_place<const D: usize, R>(
+    t: &mut BurnTensor<D>,
+    f: impl FnOnce(&CubeTensor) -> Option<R>,
+) -> Option<R> {
+    let mut out = None;
+    t.inplace(|x| {
+        let Some(p) = plain(&x) else { return x };
+        // The clone `plain` took is the only holder once `x` is gone.
+        drop(x);
+        let p = if p.can_mut() && p.is_nonoverlapping() {
+            p
+        } else {
+            p.copy()
+        };
+        out = f(&p);
+        tensor(p)
+    });
+    out
+}
+
 /// A new f32 tensor of `shape` on `like`'s device.
 pub fn output(like: &CubeTensor, shape: &[usize]) -> CubeTensor {
     empty_device_dtype(
