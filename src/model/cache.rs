@@ -72,6 +72,7 @@ struct DeviceSlots {
 pub(crate) struct SlotStep {
     /// `[1 + B·T]` f32 (exact below 2²⁴): the call's first slot, then the RoPE position of each
     /// of its `B·T` tokens, −1 for padding.
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     pub(crate) info: Tensor<1>,
     /// [`DeviceSlots::table`].
     pub(crate) table: Tensor<2>,
@@ -287,7 +288,7 @@ impl KvCache {
 
     /// Stop describing the slots on the device, as after a step that fell back: the RoPE
     /// tables and the mask are built on the host from then on.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "wgpu"))]
     pub(crate) fn describe_slots_on_host(&mut self) {
         self.slots = None;
     }

@@ -238,7 +238,7 @@ pub(crate) fn slot_kernels(device: &Device, head_dim: usize) -> bool {
     cfg!(any(feature = "wgpu", feature = "cuda"))
         && !on_host(device)
         && device.clone().inner() == *device
-        && head_dim % 2 == 0
+        && head_dim.is_multiple_of(2)
 }
 
 /// A RoPE table on `device` covering positions `0..len` at least, `[n, d]` with `n ≥ len`: each
@@ -279,20 +279,20 @@ pub(crate) fn rope_table(inv_freq: &[f32], len: usize, device: &Device) -> Tenso
 /// (the fused product; `bias`, `[(H + 2K)·d]`, added first when given) is rotated at the
 /// positions of `slots.info`, its keys and values written into `kc`, `vc` in place at the call's
 /// slots, their flags set, and the `heads` rotated queries returned in attention's grouped
-/// layout, `[B, K, g·T, d]`. `Err(qkv)` where the kernel does not apply (nothing written).
+/// layout, `[B, K, g·T, d]`. `None` where the kernel does not apply (nothing written).
 pub(crate) fn rope_cache_write(
-    qkv: Tensor<4>,
+    qkv: &Tensor<4>,
     bias: Option<Tensor<1>>,
     heads: usize,
     kc: &mut Tensor<4>,
     vc: &mut Tensor<4>,
     slots: &SlotStep,
-) -> std::result::Result<Tensor<4>, Tensor<4>> {
+) -> Option<Tensor<4>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if !on_host(&qkv.device()) {
         let mut flags = slots.flags.borrow_mut();
-        if let Some(q) = gpu::rope::rope_cache_write(
-            &qkv,
+        return gpu::rope::rope_cache_write(
+            qkv,
             bias.as_ref(),
             heads,
             &slots.table,
@@ -300,12 +300,10 @@ pub(crate) fn rope_cache_write(
             kc,
             vc,
             &mut flags,
-        ) {
-            return Ok(q);
-        }
+        );
     }
-    let _ = (bias, heads, kc, vc, slots);
-    Err(qkv)
+    let _ = (qkv, bias, heads, kc, vc, slots);
+    None
 }
 
 /// Attention of the queries `q: [B, K, g·T, d]` that [`rope_cache_write`] wrote over the cache
@@ -333,6 +331,7 @@ pub(crate) fn slot_attention(
             return out.reshape([b * t, heads * d]);
         }
     }
+    let _ = slots;
     device_attention(q, kc.clone(), vc.clone(), &mask(), options)
         .reshape([b, heads, t, d])
         .swap_dims(1, 2)

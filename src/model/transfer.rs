@@ -239,6 +239,7 @@ mod transfer_counts {
     /// top-k and top-p on (about 310 a step for a 30-layer model).
     const LAYER_CEILING: u64 = 10;
     const HEAD_CEILING: u64 = 10;
+    const _: () = assert!(LAYER_LAUNCHES <= LAYER_CEILING && HEAD_LAUNCHES <= HEAD_CEILING);
 
     /// Kernel launches and host transfers of each decode step (between two consecutive step
     /// reports) of 4 rows sampling 6 tokens from `p` with `params`.
@@ -288,7 +289,6 @@ mod transfer_counts {
     /// its first layer; the head's and the draw's are the rest.
     #[test]
     fn launches_per_decode_step() {
-        assert!(LAYER_LAUNCHES <= LAYER_CEILING && HEAD_LAUNCHES <= HEAD_CEILING);
         for spec in devices().into_iter().filter(|s| s != "cpu") {
             for name in ["tiny-qwen2", "tiny-llama"] {
                 for cut in [true, false] {

@@ -284,21 +284,17 @@ impl Attention {
                 v: vc,
                 start,
             } => {
-                let fused = match slots {
-                    Some(sl) => ops::rope_cache_write(qkv, bias(), h, kc, vc, sl)
-                        .map(|q| (q, sl))
-                        .map_err(|qkv| {
-                            sl.fell_back.set(true);
-                            qkv
-                        }),
-                    None => Err(qkv),
-                };
+                let fused = slots.and_then(|sl| {
+                    let q = ops::rope_cache_write(&qkv, bias(), h, kc, vc, sl);
+                    sl.fell_back.set(sl.fell_back.get() || q.is_none());
+                    Some((q?, sl))
+                });
                 match fused {
-                    Ok((q, sl)) => {
+                    Some((q, sl)) => {
                         let mask = || s.inputs.mask().0.clone();
                         ops::slot_attention(q, kc, vc, sl, t, mask, options)
                     }
-                    Err(qkv) => {
+                    None => {
                         let qkv = match bias() {
                             Some(w) => qkv + w.reshape([1, 1, h + 2 * k, d]),
                             None => qkv,

@@ -87,7 +87,7 @@ pub fn rope_cache_write(
         || b * t * d == 0
         || kv == 0
         || n != heads + 2 * kv
-        || heads % kv != 0
+        || !heads.is_multiple_of(kv)
         || kc.dims() != [b, kv, cap, d]
         || vc.dims() != kc.dims()
         || flags.dims() != [b, cap]
