@@ -23,9 +23,10 @@ use std::cell::{Cell, RefCell};
 use anyhow::{ensure, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use super::batch::TokenBatch;
 use super::ops;
 use super::transfer::upload;
-use super::transformer::{TokenBatch, Transformer};
+use super::transformer::Transformer;
 
 /// Keys and values of every layer for a batch of rows, outside the module.
 ///

@@ -3,8 +3,8 @@
 //! `Qwen3ForCausalLM`.
 //!
 //! Reads top to bottom: dimensions → rotary embedding → RMSNorm and linear helpers → MLP →
-//! attention → layer → model → LM head, then the batch descriptions (the KV cache is
-//! [`super::cache`]).
+//! attention → layer → model → LM head, then the host-built inputs of a call (RoPE tables, the
+//! mask). Token batches are [`super::batch`], the KV cache [`super::cache`].
 //!
 //! Design decisions:
 //! - **Weights stored `[in, out]`** (transposed from Hugging Face's `[out, in]` at load, back at
@@ -46,13 +46,14 @@
 //!   or, through a cache on a GPU, the first slot and the tokens' positions (`1 + B·T` floats);
 //!   nothing is read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the
 //!   bus").
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use burn::module::{Module, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::Gradients;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
+use super::batch::{ResponseBatch, TokenBatch};
 use super::cache::{KvCache, SlotStep};
 use super::config::ModelConfig;
 use super::cpu;
@@ -105,10 +106,6 @@ impl Dims {
         self.heads / self.kv_heads
     }
 }
-
-// ---------------------------------------------------------------------------------------------
-// Rotary embedding
-// ---------------------------------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // Helpers: RMSNorm and linear
@@ -530,84 +527,6 @@ pub struct DecodeWeights {
 /// `RLCR_DECODE_BF16=0` keeps f32 panels (see [`cpu::PackPrecision`]).
 #[derive(Debug, Clone, Default)]
 pub struct DecodePack(OnceLock<Option<Arc<DecodeWeights>>>);
-
-/// Token ids of a batch with a validity flag per slot (`false` = padding).
-///
-/// Rows are usually left-padded (then every row's last slot is a real token, which is what
-/// sampling needs), but any pattern of padding works: real tokens are numbered 0, 1, … in order
-/// and padding is invisible to them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenBatch {
-    pub batch: usize,
-    pub len: usize,
-    /// `batch · len` ids, row-major (padding slots hold any id, conventionally 0).
-    pub ids: Vec<u32>,
-    /// `batch · len` flags, `false` for padding.
-    pub valid: Vec<bool>,
-}
-
-impl TokenBatch {
-    /// A batch from explicit parts (lengths are checked).
-    pub fn new(batch: usize, len: usize, ids: Vec<u32>, valid: Vec<bool>) -> Result<Self> {
-        ensure!(
-            ids.len() == batch * len && valid.len() == batch * len,
-            "token batch: {} ids and {} flags for {batch}×{len} slots",
-            ids.len(),
-            valid.len()
-        );
-        Ok(TokenBatch {
-            batch,
-            len,
-            ids,
-            valid,
-        })
-    }
-
-    /// Left-pad `rows` to the longest one.
-    pub fn left_padded<R: AsRef<[u32]>>(rows: &[R]) -> Self {
-        let len = rows.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(rows.len() * len);
-        let mut valid = Vec::with_capacity(rows.len() * len);
-        for r in rows {
-            let r = r.as_ref();
-            let pad = len - r.len();
-            ids.extend(std::iter::repeat_n(0u32, pad));
-            valid.extend(std::iter::repeat_n(false, pad));
-            ids.extend_from_slice(r);
-            valid.extend(std::iter::repeat_n(true, r.len()));
-        }
-        TokenBatch {
-            batch: rows.len(),
-            len,
-            ids,
-            valid,
-        }
-    }
-
-    /// One token per row, all real (a decode step).
-    pub fn step(ids: &[u32]) -> Self {
-        TokenBatch {
-            batch: ids.len(),
-            len: 1,
-            ids: ids.to_vec(),
-            valid: vec![true; ids.len()],
-        }
-    }
-
-    fn check_vocab(&self, vocab: usize) -> Result<()> {
-        for (i, (&id, &ok)) in self.ids.iter().zip(&self.valid).enumerate() {
-            if ok && id as usize >= vocab {
-                bail!(
-                    "token id {id} (row {}, position {}) is outside the model's vocabulary of \
-                     {vocab}",
-                    i / self.len.max(1),
-                    i % self.len.max(1)
-                );
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Build the attention mask `[B, 1, g·T, S]` (true = masked). Query `t` of row `b` sits at key
 /// index `start + t`; a real query sees real keys at or before it, a padding query sees itself.
@@ -1102,92 +1021,9 @@ fn ids_len(input: &TokenBatch) -> usize {
     input.batch * input.len
 }
 
-// ---------------------------------------------------------------------------------------------
-// Response batches (training and log-prob scoring)
-// ---------------------------------------------------------------------------------------------
-
-/// Rows of (context, response) ids laid out for [`Transformer::response_logprobs`]: each
-/// `context ++ response` left-padded to the longest, so responses end at the last slot.
-#[derive(Debug, Clone)]
-pub struct ResponseBatch {
-    pub tokens: TokenBatch,
-    /// Response length of every row.
-    pub resp_lens: Vec<usize>,
-    /// Longest response (R).
-    pub max_resp: usize,
-    /// `[B·R]` response ids right-aligned (padding 0), the targets of the R predicted slots.
-    targets_right: Vec<u32>,
-}
-
-impl ResponseBatch {
-    /// Lay out `(context, response)` rows. Every row needs a non-empty context.
-    pub fn new<C: AsRef<[u32]>, R: AsRef<[u32]>>(rows: &[(C, R)]) -> Result<Self> {
-        let mut seqs = Vec::with_capacity(rows.len());
-        let mut resp_lens = Vec::with_capacity(rows.len());
-        for (i, (c, r)) in rows.iter().enumerate() {
-            let (c, r) = (c.as_ref(), r.as_ref());
-            ensure!(
-                !c.is_empty(),
-                "row {i}: empty context (the first response token has nothing to condition on)"
-            );
-            let mut s = Vec::with_capacity(c.len() + r.len());
-            s.extend_from_slice(c);
-            s.extend_from_slice(r);
-            seqs.push(s);
-            resp_lens.push(r.len());
-        }
-        let max_resp = resp_lens.iter().copied().max().unwrap_or(0);
-        let mut targets_right = vec![0u32; rows.len() * max_resp];
-        for (i, (_, r)) in rows.iter().enumerate() {
-            let r = r.as_ref();
-            let off = i * max_resp + (max_resp - r.len());
-            targets_right[off..off + r.len()].copy_from_slice(r);
-        }
-        Ok(ResponseBatch {
-            tokens: TokenBatch::left_padded(&seqs),
-            resp_lens,
-            max_resp,
-            targets_right,
-        })
-    }
-
-    /// `[B·R]` gather index turning right-aligned columns into left-aligned ones.
-    fn left_align_index(&self) -> Vec<i32> {
-        let r = self.max_resp;
-        let mut idx = Vec::with_capacity(self.resp_lens.len() * r);
-        for &len in &self.resp_lens {
-            let shift = r - len;
-            for i in 0..r {
-                idx.push((i + shift).min(r - 1) as i32);
-            }
-        }
-        idx
-    }
-
-    /// `[B·R]` row-major mask of the left-aligned output: true for real response tokens.
-    pub fn mask(&self) -> Vec<bool> {
-        let r = self.max_resp;
-        let mut m = Vec::with_capacity(self.resp_lens.len() * r);
-        for &len in &self.resp_lens {
-            m.extend((0..r).map(|i| i < len));
-        }
-        m
-    }
-
-    /// Split a left-aligned `[B·R]` host buffer into one vector per row.
-    pub fn split_rows(&self, flat: &[f32]) -> Vec<Vec<f32>> {
-        let r = self.max_resp;
-        self.resp_lens
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| flat[i * r..i * r + len].to_vec())
-            .collect()
-    }
-}
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::backend::split_matmul;
     use crate::model::{read_f32, weights, ModelConfig};
 
     pub(crate) fn load(name: &str, device: &Device) -> Transformer {
@@ -1228,44 +1064,6 @@ pub(crate) mod tests {
     /// Logits of one row alone: `[T·V]`.
     pub(crate) fn alone(m: &Transformer, row: &[u32]) -> Vec<f32> {
         read_f32(m.forward(&TokenBatch::left_padded(&[row])).unwrap()).unwrap()
-    }
-
-    /// The split product of [`split_matmul`] against float64 on values spanning several
-    /// binades, on a plain and a 4-D batched product: each output within (K + 3)·2⁻²⁴ of the sum
-    /// of |terms| (f32 rounding over K = 96 terms and the three additions; the four pieces are
-    /// exact f32 products on the CPU), 80 times tighter than TF32's 2⁻¹¹ per operand. This checks
-    /// the algebra; scripts/gpu_check.sh measures it on CUDA against float64.
-    #[test]
-    fn split_matmul_is_f32_accurate() {
-        let (m, k, n) = (5, 96, 7);
-        let val = |i: usize, s: f64| {
-            ((i as f64 * 0.7391 + s).sin() * 10f64.powf((i % 5) as f64 - 2.0)) as f32
-        };
-        let a: Vec<f32> = (0..m * k).map(|i| val(i, 0.3)).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| val(i, 1.1)).collect();
-        let dev = cpu();
-        let at = Tensor::<2>::from_data(TensorData::new(a.clone(), [m, k]), &dev);
-        let bt = Tensor::<2>::from_data(TensorData::new(b.clone(), [k, n]), &dev);
-        let got = read_f32(split_matmul(at.clone(), bt.clone())).unwrap();
-        let got4 = read_f32(split_matmul(
-            at.reshape([1, 1, m, k]).repeat_dim(1, 2),
-            bt.reshape([1, 1, k, n]).repeat_dim(1, 2),
-        ))
-        .unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let terms = (0..k).map(|t| a[i * k + t] as f64 * b[t * n + j] as f64);
-                let (exact, size) = terms.fold((0.0, 0.0), |(s, z), x| (s + x, z + x.abs()));
-                for g in [got[i * n + j], got4[i * n + j], got4[m * n + i * n + j]] {
-                    let err = (g as f64 - exact).abs() / size;
-                    let bound = (k + 3) as f64 * 2f64.powi(-24);
-                    assert!(
-                        err < bound,
-                        "({i}, {j}): {g} vs {exact}: {err:.2e} of Σ|terms|"
-                    );
-                }
-            }
-        }
     }
 
     #[test]
