@@ -313,6 +313,12 @@ pub(crate) mod tests {
     use crate::model::read_f32;
     use crate::model::transformer::tests::{alone, cpu, ids, load, max_diff};
 
+    /// On a GPU the cache still describes its slots on the device: no step fell back.
+    fn kept_on_device(cache: &KvCache, device: &Device) {
+        let gpu = !ops::on_host(device);
+        assert_eq!(cache.slots_on_device(), gpu, "slots on the device");
+    }
+
     /// Decoding through the cache equals the cache-free forward of each whole sequence, also
     /// across a growth of the buffers; the same on `device` (`cpu()` here; the GPU kernels'
     /// tests call it on wgpu against the CPU).
@@ -345,11 +351,7 @@ pub(crate) mod tests {
         assert!(cache.capacity() >= 128, "cache grew");
         assert_eq!(cache.len(), 70);
         assert_eq!(cache.positions(), &[70, 51]);
-        assert_eq!(
-            cache.slots_on_device(),
-            !ops::on_host(device),
-            "no step fell back"
-        );
+        kept_on_device(&cache, device);
         worst
     }
 
@@ -375,43 +377,33 @@ pub(crate) mod tests {
         // Drop row 1, duplicate row 2 three times, keep row 0 last.
         cache.select_rows(&[2, 2, 2, 0]).unwrap();
         let next = [10u32, 11, 12, 13];
-        let got = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
-        let mut worst = [0f32; 3];
-        for (k, (&src, &tok)) in [2usize, 2, 2, 0].iter().zip(&next).enumerate() {
+        // Row k's logits in `got` against the cache-free forward of its prompt, its next token
+        // and `tail`.
+        let against = |got: &[f32], k: usize, tail: &[u32]| {
+            let (src, tok) = ([2usize, 2, 2, 0][k], next[k]);
             let mut s = prompts[src].clone();
             s.push(tok);
+            s.extend_from_slice(tail);
             let full = alone(&m, &s);
-            worst[0] = worst[0].max(max_diff(
-                &got[k * v..(k + 1) * v],
-                &full[(s.len() - 1) * v..],
-            ));
+            max_diff(&got[k * v..(k + 1) * v], &full[(s.len() - 1) * v..])
+        };
+        let mut worst = [0f32; 3];
+        let got = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
+        for k in 0..4 {
+            worst[0] = worst[0].max(against(&got, k, &[]));
         }
         // A multi-token chunk with its own left padding appended to the cache.
-        let chunk = TokenBatch::left_padded(&[vec![5u32, 6], vec![7], vec![8, 9], vec![1]]);
-        let got = read_f32(m.step(&mut cache, &chunk).unwrap()).unwrap();
         let tails: [&[u32]; 4] = [&[5, 6], &[7], &[8, 9], &[1]];
-        for (k, (&src, &tok)) in [2usize, 2, 2, 0].iter().zip(&next).enumerate() {
-            let mut s = prompts[src].clone();
-            s.push(tok);
-            s.extend_from_slice(tails[k]);
-            let full = alone(&m, &s);
-            worst[1] = worst[1].max(max_diff(
-                &got[k * v..(k + 1) * v],
-                &full[(s.len() - 1) * v..],
-            ));
+        let chunk = TokenBatch::left_padded(&tails);
+        let got = read_f32(m.step(&mut cache, &chunk).unwrap()).unwrap();
+        for (k, tail) in tails.iter().enumerate() {
+            worst[1] = worst[1].max(against(&got, k, tail));
         }
         // Truncating back to the prefix and continuing equals the first continuation.
         cache.truncate(12);
         let again = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
-        let mut s = prompts[0].clone();
-        s.push(13);
-        let full = alone(&m, &s);
-        worst[2] = max_diff(&again[3 * v..], &full[(s.len() - 1) * v..]);
-        assert_eq!(
-            cache.slots_on_device(),
-            !ops::on_host(device),
-            "no step fell back"
-        );
+        worst[2] = against(&again, 3, &[]);
+        kept_on_device(&cache, device);
         worst
     }
 

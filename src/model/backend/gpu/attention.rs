@@ -17,7 +17,9 @@ use burn_cubecl::Cube;
 use cubecl::ir::{ElemType, UIntKind};
 use cubecl::prelude::*;
 
-use super::block::{block_max, block_sum, cube_row, output, plain, row_grid, row_units, tensor};
+use super::block::{
+    block_max, block_sum, cube_row, offset3, output, plain, row_grid, row_units, tensor, unravel,
+};
 
 /// The most keys a row may have: its scores, 4 bytes each, fill 32 KiB of shared memory.
 pub const MAX_KEYS: usize = 8192;
@@ -37,14 +39,8 @@ pub fn attention(
     scale: f32,
 ) -> Option<BurnTensor<4>> {
     let [b, heads, rows, d] = q.dims();
-    let [_, _, keys, _] = k.dims();
-    if k.dims() != [b, heads, keys, d]
-        || v.dims() != k.dims()
-        || mask.dims() != [b, 1, rows, keys]
-        || keys == 0
-        || keys > MAX_KEYS
-        || b * heads * rows * d == 0
-    {
+    let keys = keys_of(q, k, v)?;
+    if mask.dims() != [b, 1, rows, keys] {
         return None;
     }
     let (qp, kp, vp) = (plain(q)?, plain(k)?, plain(v)?);
@@ -57,13 +53,7 @@ pub fn attention(
         _ => return None,
     };
     let client = qp.client.clone();
-    let units = row_units(&client, keys.max(d));
-    let capacity = keys.next_power_of_two();
-    // The scores and the reduction's scratch must fit the shared memory the device gives a cube.
-    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
-    if shared > client.properties().hardware.max_shared_memory_size {
-        return None;
-    }
+    let (units, capacity) = cube_for(&client, keys, d)?;
     let out = output(&qp, &[b, heads, rows, d]);
     attention_kernel::launch(
         &client,
@@ -80,6 +70,25 @@ pub fn attention(
         ElemType::UInt(store),
     );
     Some(tensor(out))
+}
+
+/// The number of keys of `k` (and `v`) when `q: [B, n, R, d]`, `k`, `v`: `[B, n, S, d]` are
+/// non-empty and `S` is at most [`MAX_KEYS`].
+fn keys_of(q: &BurnTensor<4>, k: &BurnTensor<4>, v: &BurnTensor<4>) -> Option<usize> {
+    let [b, n, rows, d] = q.dims();
+    let keys = k.dims()[2];
+    let fits = k.dims() == [b, n, keys, d] && v.dims() == k.dims();
+    (fits && keys > 0 && keys <= MAX_KEYS && b * n * rows * d > 0).then_some(keys)
+}
+
+/// The units of a cube for rows of `keys` scores over heads of `d` values, and the scores'
+/// shared capacity (a power of two); `None` when the scores and the reduction's scratch do not
+/// fit the shared memory the device gives a cube.
+fn cube_for(client: &Client, keys: usize, d: usize) -> Option<(u32, usize)> {
+    let units = row_units(client, keys.max(d));
+    let capacity = keys.next_power_of_two();
+    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
+    (shared <= client.properties().hardware.max_shared_memory_size).then_some((units, capacity))
 }
 
 /// The scale-free softmax of `scores[0..keys]` (hidden keys hold [`LOWEST`]; `mx` this unit's
@@ -156,16 +165,13 @@ fn attention_kernel<M: Int>(
     if row >= out.shape(0) * heads * rows {
         terminate!();
     }
-    let r = row % rows;
-    let head = (row / rows) % heads;
-    let batch = row / (rows * heads);
+    let (batch, head, r) = unravel(row, heads, rows);
     let keys = k.shape(2);
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
     let lowest = f32::new(LOWEST);
-    let qb = batch * q.stride(0) + head * q.stride(1) + r * q.stride(2);
-    let kb = batch * k.stride(0) + head * k.stride(1);
-    let mb = batch * mask.stride(0) + r * mask.stride(2);
+    let (qb, kb) = (offset3(q, batch, head, r), offset3(k, batch, head, 0));
+    let mb = offset3(mask, batch, 0, r);
     let m3 = mask.stride(3);
 
     // Scores, each unit whole dot products for its keys.
@@ -178,8 +184,7 @@ fn attention_kernel<M: Int>(
         mx = mx.max(score);
         s += CUBE_DIM_X as usize;
     }
-    let vb = batch * v.stride(0) + head * v.stride(1);
-    let ob = batch * out.stride(0) + head * out.stride(1) + r * out.stride(2);
+    let (vb, ob) = (offset3(v, batch, head, 0), offset3(&*out, batch, head, r));
     weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
 }
 
@@ -200,28 +205,15 @@ pub fn slot_attention(
     scale: f32,
 ) -> Option<BurnTensor<4>> {
     let [b, kv, rows, d] = q.dims();
-    let [_, _, keys, _] = k.dims();
-    if t == 0
-        || rows % t != 0
-        || k.dims() != [b, kv, keys, d]
-        || v.dims() != k.dims()
-        || flags.dims() != [b, keys]
-        || step.dims() != [1 + b * t]
-        || keys == 0
-        || keys > MAX_KEYS
-        || b * kv * rows * d == 0
+    let keys = keys_of(q, k, v)?;
+    if t == 0 || !rows.is_multiple_of(t) || flags.dims() != [b, keys] || step.dims() != [1 + b * t]
     {
         return None;
     }
     let (qp, kp, vp) = (plain(q)?, plain(k)?, plain(v)?);
     let (fp, sp) = (plain(flags)?, plain(step)?);
     let client = qp.client.clone();
-    let units = row_units(&client, keys.max(d));
-    let capacity = keys.next_power_of_two();
-    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
-    if shared > client.properties().hardware.max_shared_memory_size {
-        return None;
-    }
+    let (units, capacity) = cube_for(&client, keys, d)?;
     let heads = kv * (rows / t);
     let out = output(&qp, &[b, t, heads, d]);
     slot_attention_kernel::launch(
@@ -259,9 +251,7 @@ fn slot_attention_kernel(
     if row >= q.shape(0) * kv * rows {
         terminate!();
     }
-    let r = row % rows;
-    let h = (row / rows) % kv;
-    let batch = row / (rows * kv);
+    let (batch, h, r) = unravel(row, kv, rows);
     let slots = out.shape(1);
     let t = r % slots;
     let head = h * (rows / slots) + r / slots;
@@ -271,8 +261,7 @@ fn slot_attention_kernel(
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
     let lowest = f32::new(LOWEST);
-    let qb = batch * q.stride(0) + h * q.stride(1) + r * q.stride(2);
-    let kb = batch * k.stride(0) + h * k.stride(1);
+    let (qb, kb) = (offset3(q, batch, h, r), offset3(k, batch, h, 0));
 
     // Scores of the keys up to the query's own slot, each unit whole dot products.
     let keys = own + 1;
@@ -288,8 +277,7 @@ fn slot_attention_kernel(
         mx = mx.max(score);
         s += CUBE_DIM_X as usize;
     }
-    let vb = batch * v.stride(0) + h * v.stride(1);
-    let ob = batch * out.stride(0) + t * out.stride(1) + head * out.stride(2);
+    let (vb, ob) = (offset3(v, batch, h, 0), offset3(&*out, batch, t, head));
     weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
 }
 

@@ -7,7 +7,9 @@ use burn::cubecl;
 use burn::tensor::Tensor as BurnTensor;
 use cubecl::prelude::*;
 
-use super::block::{cube_row, in_place, output, plain, row_grid, row_units, tensor};
+use super::block::{
+    cube_row, in_place, offset3, output, plain, row_grid, row_units, tensor, unravel,
+};
 
 /// RoPE on `x: [B, n, T, d]` (any strides) with `cos = [c, c]` and `sin = [−s, s]`
 /// (`[B, 1, T, d]`), in one launch; `None` on the CPU, for autodiff tensors, another dtype or
@@ -40,14 +42,12 @@ fn rope_kernel(x: &Tensor<f32>, cos: &Tensor<f32>, sin: &Tensor<f32>, out: &mut 
     if row >= out.shape(0) * heads * slots {
         terminate!();
     }
-    let slot = row % slots;
-    let head = (row / slots) % heads;
-    let batch = row / (slots * heads);
+    let (batch, head, slot) = unravel(row, heads, slots);
     let half = d / 2;
-    let xb = batch * x.stride(0) + head * x.stride(1) + slot * x.stride(2);
-    let cb = batch * cos.stride(0) + slot * cos.stride(2);
-    let sb = batch * sin.stride(0) + slot * sin.stride(2);
-    let ob = batch * out.stride(0) + head * out.stride(1) + slot * out.stride(2);
+    let xb = offset3(x, batch, head, slot);
+    let cb = offset3(cos, batch, 0, slot);
+    let sb = offset3(sin, batch, 0, slot);
+    let ob = offset3(&*out, batch, head, slot);
     let (x3, c3, s3, o3) = (x.stride(3), cos.stride(3), sin.stride(3), out.stride(3));
     let mut i = UNIT_POS_X as usize;
     while i < d {
@@ -166,16 +166,14 @@ fn rope_cache_kernel(
     if row >= qkv.shape(0) * slots * n {
         terminate!();
     }
-    let head = row % n;
-    let t = (row / n) % slots;
-    let batch = row / (n * slots);
+    let (batch, t, head) = unravel(row, slots, n);
     let (heads, kv) = (q.shape(1), kc.shape(1));
     let pos = step[(1 + batch * slots + t) * step.stride(0)];
     let slot = u32::cast_from(step[0]) as usize + t;
     // Padding rotates at position 0, as on the host.
     let p = u32::cast_from(pos.max(f32::new(0.0))) as usize;
     let half = d / 2;
-    let xb = batch * qkv.stride(0) + t * qkv.stride(1) + head * qkv.stride(2);
+    let xb = offset3(qkv, batch, t, head);
     let (tb, t1) = (p * table.stride(0), table.stride(1));
     let mut i = UNIT_POS_X as usize;
     if head < heads + kv {
@@ -186,20 +184,16 @@ fn rope_cache_kernel(
             let s = table[tb + (half + f) * t1];
             let y = x * table[tb + f * t1] + swapped * select(i < half, -s, s);
             if head < heads {
-                let at = batch * q.stride(0) + head * q.stride(1) + t * q.stride(2);
-                let at = at + i * q.stride(3);
+                let at = offset3(&*q, batch, head, t) + i * q.stride(3);
                 q[at] = y;
             } else {
-                let k = head - heads;
-                let at = batch * kc.stride(0) + k * kc.stride(1) + slot * kc.stride(2);
-                let at = at + i * kc.stride(3);
+                let at = offset3(&*kc, batch, head - heads, slot) + i * kc.stride(3);
                 kc[at] = y;
             }
             i += CUBE_DIM_X as usize;
         }
     } else {
-        let v = head - heads - kv;
-        let at = batch * vc.stride(0) + v * vc.stride(1) + slot * vc.stride(2);
+        let at = offset3(&*vc, batch, head - heads - kv, slot);
         let v3 = vc.stride(3);
         while i < d {
             vc[at + i * v3] = qkv_at(qkv, bias, xb, head, i, has_bias);
