@@ -283,10 +283,77 @@ fn slot_attention_kernel(
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
-    //! The kernel on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
+    //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against an f64 evaluation and the CPU's composite on the same values.
     use super::*;
     use burn::tensor::{Device, TensorData};
+
+    /// Attention over a cache described by slot flags: two rows of three tokens at slots 5..8 of
+    /// a 300-slot cache (more keys than a cube's units), query heads grouped two to a key/value
+    /// head, flags with holes (padding slots) before and inside the call, one padding query;
+    /// each output within 1e-5 of f64's softmax over the slots the rule makes visible (a real
+    /// query: real slots up to its own; a padding one: its own), the slots after the query's
+    /// own ignored whatever they hold.
+    #[test]
+    fn slot_attention_matches_f64() {
+        let dev = super::super::test_device();
+        let (b, kv, g, t, d, cap, start) = (2usize, 2usize, 2usize, 3usize, 8usize, 300usize, 5);
+        let rows = g * t;
+        let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
+        let qs: Vec<f32> = (0..b * kv * rows * d).map(|k| val(k, 0.3)).collect();
+        let ks: Vec<f32> = (0..b * kv * cap * d).map(|k| val(k, 1.1)).collect();
+        let vs: Vec<f32> = (0..b * kv * cap * d).map(|k| val(k, 2.7)).collect();
+        // Row 0: slot 2 is padding, the call's second token (slot 6) too; row 1: slot 0.
+        let real = |bi: usize, s: usize| !matches!((bi, s), (0, 2) | (0, 6) | (1, 0));
+        let flags: Vec<f32> = (0..b * cap)
+            .map(|k| (k % cap < start + t && real(k / cap, k % cap)) as u8 as f32)
+            .collect();
+        let mut info = vec![start as f32];
+        info.extend((0..b * t).map(|k| k as f32));
+        let f32s = |v: &[f32], shape: [usize; 4]| {
+            BurnTensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &dev).reshape(shape)
+        };
+        let q = f32s(&qs, [b, kv, rows, d]);
+        let (k, v) = (f32s(&ks, [b, kv, cap, d]), f32s(&vs, [b, kv, cap, d]));
+        let fl = BurnTensor::<2>::from_data(TensorData::new(flags, [b, cap]), &dev);
+        let step = BurnTensor::<1>::from_data(TensorData::new(info, [1 + b * t]), &dev);
+        let scale = 1.0 / (d as f64).sqrt();
+        let out = slot_attention(&q, &k, &v, &fl, &step, t, scale as f32).expect("runs on wgpu");
+        assert_eq!(out.dims(), [b, t, kv * g, d]);
+        let got = crate::model::read_f32(out).unwrap();
+        for bi in 0..b {
+            for h in 0..kv {
+                for r in 0..rows {
+                    let (j, ti) = (r / t, r % t);
+                    let own = start + ti;
+                    let visible: Vec<usize> = (0..=own)
+                        .filter(|&s| if real(bi, own) { real(bi, s) } else { s == own })
+                        .collect();
+                    let at = |x: &[f32], s: usize, i: usize| x[((bi * kv + h) * cap + s) * d + i];
+                    let qrow = |i: usize| qs[((bi * kv + h) * rows + r) * d + i] as f64;
+                    let sc: Vec<f64> = visible
+                        .iter()
+                        .map(|&s| (0..d).map(|i| qrow(i) * at(&ks, s, i) as f64).sum::<f64>())
+                        .map(|x| x * scale)
+                        .collect();
+                    let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                    let total: f64 = w.iter().sum();
+                    for i in 0..d {
+                        let exact: f64 = visible
+                            .iter()
+                            .zip(&w)
+                            .map(|(&s, wi)| wi * at(&vs, s, i) as f64)
+                            .sum::<f64>()
+                            / total;
+                        let o = ((bi * t + ti) * kv * g + h * g + j) * d + i;
+                        let diff = (got[o] as f64 - exact).abs();
+                        assert!(diff < 1e-5, "{bi} {h} {r} {i}: {} vs {exact}", got[o]);
+                    }
+                }
+            }
+        }
+    }
 
     /// Strided queries (a head slice), more keys than a cube's units (300 > 256) and fewer,
     /// masks hiding some keys per row (never all); within 1e-5 of f64 and of the CPU.

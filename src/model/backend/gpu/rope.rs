@@ -208,15 +208,126 @@ fn rope_cache_kernel(
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
-    //! The kernel on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
+    //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against the CPU's RoPE (through [`crate::model::ops::Rope`], as the model calls it) and
-    //! an f64 evaluation.
+    //! an f64 evaluation, and the cache write within the model against the cache-free forward.
     use burn::tensor::{Device, Tensor, TensorData};
 
     use crate::model::cache::tests::{decode_and_grow, select_chunk_truncate};
     use crate::model::transfer::{thread_counts, thread_launches};
     use crate::model::transformer::tests::{ids, load};
     use crate::model::{read_f32, KvCache, TokenBatch};
+
+    /// RoPE and the cache write on a strided `qkv` with a bias, two rows of three tokens at slots
+    /// 4..7 of an 8-slot cache, one of them padding: the queries and the written keys within
+    /// 1e-5 of f64's rotation of the same f32 angles (padding at position 0), the values equal
+    /// to `qkv + bias` in f32, the flags 1/0 at the written slots, every other slot of the cache
+    /// and its flags as they were, and a clone of the cache taken before untouched.
+    #[test]
+    fn rope_cache_write_matches_f64() {
+        let dev = super::super::test_device();
+        let (b, t, heads, kv, d, cap, start) = (2usize, 3usize, 4, 2, 8usize, 8usize, 4usize);
+        let n = heads + 2 * kv;
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| 10000f32.powf(-(2.0 * i as f32) / d as f32))
+            .collect();
+        let positions: [f32; 6] = [5.0, -1.0, 6.0, 0.0, 1.0, 2.0];
+        let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
+        let wide: Vec<f32> = (0..b * t * (n + 1) * d).map(|k| val(k, 0.3)).collect();
+        let bias: Vec<f32> = (0..n * d).map(|k| val(k, 1.9)).collect();
+        let before: Vec<f32> = (0..b * kv * cap * d).map(|k| 100.0 + k as f32).collect();
+        let flags0: Vec<f32> = (0..b * cap).map(|k| (k % 3 == 0) as u8 as f32).collect();
+        fn f32s<const D: usize>(v: &[f32], shape: [usize; D], dev: &Device) -> Tensor<D> {
+            Tensor::from_data(TensorData::new(v.to_vec(), shape), dev)
+        }
+        let qkv = f32s(&wide, [b, t, n + 1, d], &dev).slice([0..b, 0..t, 1..n + 1, 0..d]);
+        let bias_t = f32s(&bias, [n * d], &dev);
+        let mut info = vec![start as f32];
+        info.extend_from_slice(&positions);
+        let step = f32s(&info, [1 + b * t], &dev);
+        let table = crate::model::ops::rope_table(&inv_freq, cap, &dev);
+        let mut kc = f32s(&before, [b, kv, cap, d], &dev);
+        let mut vc = f32s(&before, [b, kv, cap, d], &dev);
+        let mut flags = f32s(&flags0, [b, cap], &dev);
+        let kept = kc.clone();
+        let q = super::rope_cache_write(
+            &qkv,
+            Some(&bias_t),
+            heads,
+            &table,
+            &step,
+            &mut kc,
+            &mut vc,
+            &mut flags,
+        )
+        .expect("the kernel runs on wgpu");
+        assert_eq!(q.dims(), [b, kv, heads / kv * t, d]);
+        let (q, k, v) = (
+            read_f32(q).unwrap(),
+            read_f32(kc).unwrap(),
+            read_f32(vc).unwrap(),
+        );
+        let (fl, kept) = (read_f32(flags).unwrap(), read_f32(kept).unwrap());
+        assert_eq!(kept, before, "the clone was written through");
+        let x = |bi: usize, ti: usize, h: usize, i: usize| {
+            wide[((bi * t + ti) * (n + 1) + 1 + h) * d + i] as f64 + bias[h * d + i] as f64
+        };
+        let half = d / 2;
+        let mut written = vec![false; b * kv * cap * d];
+        for bi in 0..b {
+            for ti in 0..t {
+                let pos = positions[bi * t + ti].max(0.0);
+                let slot = start + ti;
+                assert_eq!(
+                    fl[bi * cap + slot],
+                    (positions[bi * t + ti] >= 0.0) as u8 as f32
+                );
+                for h in 0..heads + kv {
+                    for i in 0..d {
+                        let angle = (pos * inv_freq[i % half]) as f64;
+                        let (c, sn) = (angle.cos(), angle.sin());
+                        let exact = if i < half {
+                            x(bi, ti, h, i) * c - x(bi, ti, h, i + half) * sn
+                        } else {
+                            x(bi, ti, h, i) * c + x(bi, ti, h, i - half) * sn
+                        };
+                        let got = if h < heads {
+                            q[((bi * heads + h) * t + ti) * d + i]
+                        } else {
+                            let at = ((bi * kv + h - heads) * cap + slot) * d + i;
+                            written[at] = true;
+                            k[at]
+                        };
+                        assert!(
+                            (got as f64 - exact).abs() < 1e-5,
+                            "{bi} {ti} {h} {i}: {got}"
+                        );
+                    }
+                }
+                for h in 0..kv {
+                    for i in 0..d {
+                        let at = ((bi * kv + h) * cap + slot) * d + i;
+                        let src = ((bi * t + ti) * (n + 1) + 1 + heads + kv + h) * d + i;
+                        assert_eq!(v[at], wide[src] + bias[(heads + kv + h) * d + i]);
+                    }
+                }
+            }
+        }
+        for (at, &w) in written.iter().enumerate() {
+            if !w {
+                assert_eq!(k[at], before[at], "key slot {at} untouched");
+            }
+            let slot = (at / d) % cap;
+            if !(start..start + t).contains(&slot) {
+                assert_eq!(v[at], before[at], "value slot {at} untouched");
+            }
+        }
+        for (at, (&got, &was)) in fl.iter().zip(&flags0).enumerate() {
+            if !(start..start + t).contains(&(at % cap)) {
+                assert_eq!(got, was, "flag {at} untouched");
+            }
+        }
+    }
 
     /// The cache's tests on the wgpu device, where RoPE, the cache write and attention run as
     /// the slot kernels: decoding across a growth of the buffers, row selection, a multi-token
