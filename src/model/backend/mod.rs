@@ -6,7 +6,7 @@
 //!   ([`cpu::fused`]).
 //! - [`gpu`]: what wgpu and CUDA run, one source for both: burn composites chosen for fewer
 //!   kernel launches, and `#[cube]` kernels launched on burn's tensors (RMSNorm with the
-//!   residual add, the sampler's draw).
+//!   residual add, SwiGLU, RoPE with the KV-cache write, attention, the sampler's draw).
 //! - [`cuda`]: opening a CUDA device (driver, NVRTC and headers checked first); opening a wgpu
 //!   adapter is [`open_wgpu`].
 //!

@@ -11,6 +11,11 @@
 //! multiply-adds in the order of the head dimension, never TF32. Rows of up to
 //! [`MAX_KEYS`] keys, as far as the device's shared memory holds their scores (a power of two
 //! of them); longer ones keep the composite.
+//!
+//! Through a KV cache whose slots the device describes, [`slot_attention`] takes no mask: each
+//! query's visible keys follow from the slots' validity flags and its own slot (read on the
+//! device), the keys after its own are not read, and the output is written in the layout of the
+//! output projection.
 use burn::cubecl;
 use burn::tensor::{Bool, DType, Tensor as BurnTensor};
 use burn_cubecl::Cube;

@@ -3,6 +3,13 @@
 //! log-probs); training's autodiff tensors keep the composite, whose backward burn derives. The
 //! composite's formula, `x·[c, c] + swap(x)·[−s, s]` over the whole head (`swap` exchanges the
 //! halves), in f32 (a compiler may fuse the products and the sum into one rounding).
+//!
+//! Through a KV cache, [`rope_cache_write`] does a layer's whole share of the step between the
+//! q/k/v product and attention in one launch: the bias, the rotation of q and k at positions read
+//! on the device (cos/sin from a table, the values [`crate::model::ops::Rope`] computes), the keys
+//! and values written into the cache in place, the slots' validity flags, and q in the layout
+//! attention reads. In place of the bias add, the rotation, the queries' copy and burn's three
+//! launches of the cache write.
 use burn::cubecl;
 use burn::tensor::Tensor as BurnTensor;
 use cubecl::prelude::*;
@@ -330,7 +337,8 @@ mod tests {
     }
 
     /// The cache's tests on the wgpu device, where RoPE, the cache write and attention run as
-    /// the slot kernels: decoding across a growth of the buffers, row selection, a multi-token
+    /// the slot kernels: decoding across a growth of the buffers (also with Qwen3's per-head
+    /// norms between the product and the rotation), row selection, a multi-token
     /// chunk with its own left padding and a truncation, each against the cache-free forward on
     /// the same device (other kernels: RoPE from host tables, attention from a host mask) within
     /// the CPU tests' 1e-5. The cache keeps describing its slots on the device throughout, so
@@ -338,7 +346,7 @@ mod tests {
     #[test]
     fn slot_kernels_keep_the_cache_semantics() {
         let dev = super::super::test_device();
-        for name in ["tiny-qwen2", "tiny-llama"] {
+        for name in ["tiny-qwen2", "tiny-llama", "tiny-qwen3"] {
             let worst = decode_and_grow(&dev, name);
             eprintln!("{name}: cached vs full on wgpu: {worst:.2e}");
             assert!(worst < 1e-5, "{name}: cached vs full differ by {worst}");
