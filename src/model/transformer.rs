@@ -224,7 +224,8 @@ trait HostInputs {
     fn mask(&self) -> (&Tensor<4, Bool>, &[bool]);
 }
 
-/// What every layer of one forward call shares: dimensions, batch shape, RoPE and the mask.
+/// What every layer of one forward call shares: dimensions, batch shape, the host-built inputs
+/// and, through a cache on a GPU, the device's description of its slots.
 struct Step<'a> {
     dims: &'a Dims,
     /// `(B, T)`.
