@@ -2,7 +2,9 @@
 //! transformers, with its weights, tokenizer and chat template.
 //!
 //! - [`config`]: `config.json` with HF key names (transformers 4 and 5 spellings).
-//! - [`transformer`]: the decoder (a burn `Module`), the KV cache, token batches.
+//! - [`transformer`]: the decoder (a burn `Module`); [`batch`]: its inputs (token batches,
+//!   response batches).
+//! - [`cache`]: the KV cache, and on a GPU its slots described on the device.
 //! - [`weights`]: safetensors in (f32/bf16/f16, sharded or not) and out (atomic, same layout and
 //!   dtypes).
 //! - [`tokenizer`]: `tokenizer.json`, special tokens, token ↔ text offsets for spans.
@@ -25,6 +27,8 @@ use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
 pub mod backend;
+pub mod batch;
+pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod gguf;
@@ -39,10 +43,12 @@ pub mod weights;
 
 pub use backend::cpu::decode as cpu;
 pub use backend::cpu::{attention, fused, head, sgemm};
+pub use batch::{ResponseBatch, TokenBatch};
+pub use cache::KvCache;
 pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::ModelConfig;
 pub use tokenizer::{DecodedText, Tokenizer};
-pub use transformer::{KvCache, LayerCheckpoints, ResponseBatch, TokenBatch, Transformer};
+pub use transformer::{LayerCheckpoints, Transformer};
 pub use weights::WeightDtypes;
 
 use crate::progress::Progress;

@@ -10,6 +10,7 @@
 //! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; the composite when training) |
 //! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; a burn composite with fewer launches when training) |
 //! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; a gather and two products over the whole head when training) |
+//! | [`rope_cache_write`], [`slot_attention`] (calls through a cache) | [`Rope`], burn's `slice_assign`, [`cached_attention`] | one `#[cube]` kernel each, at positions and slot flags held on the device ([`gpu::rope`], [`gpu::attention`]) |
 //! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; a nine-kernel composite, [`backend::composite_attention`], when training or past its key limit) |
 //! | [`logprob_entropy`] | the fused LM head ([`cpu::head`]) | burn's composite |
 //! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
@@ -22,6 +23,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::backend::{self, cpu, gpu};
+use super::cache::SlotStep;
 use super::transfer::upload;
 
 pub use super::backend::cpu::decode::PackedMatrix;
@@ -172,10 +174,9 @@ impl Rope {
         let mut sin = Vec::with_capacity(positions.len() * width);
         for &p in positions {
             let start = cos.len();
-            for &f in inv_freq {
-                let angle = (p as f32 * f) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+            for (c, s) in rope_angles(inv_freq, p) {
+                cos.push(c);
+                sin.push(s);
             }
             if gpu {
                 cos.extend_from_within(start..start + half);
@@ -220,6 +221,121 @@ impl Rope {
             None => cpu::fused::rope(x, &self.cos, &self.sin),
         }
     }
+}
+
+/// cos and sin of the RoPE angles of position `p`: `f32(p) · inv_freq` rounded to f32, as
+/// transformers' f32 outer product, then evaluated in f64 and rounded once.
+fn rope_angles(inv_freq: &[f32], p: usize) -> impl Iterator<Item = (f32, f32)> + '_ {
+    inv_freq.iter().map(move |&f| {
+        let angle = (p as f32 * f) as f64;
+        (angle.cos() as f32, angle.sin() as f32)
+    })
+}
+
+/// Whether caches on `device` describe their slots on the device for the GPU kernels
+/// ([`super::cache::SlotStep`]): plain (non-autodiff) tensors on a GPU, heads of even size.
+pub(crate) fn slot_kernels(device: &Device, head_dim: usize) -> bool {
+    cfg!(any(feature = "wgpu", feature = "cuda"))
+        && !on_host(device)
+        && device.clone().inner() == *device
+        && head_dim.is_multiple_of(2)
+}
+
+/// A RoPE table on `device` covering positions `0..len` at least, `[n, d]` with `n ≥ len`: each
+/// row the cos of the position's `d/2` angles, then their sin (as [`Rope::new`] computes them);
+/// the GPU's cache-write kernel looks positions up in it. One table per device and frequencies
+/// for the process, read-only, shared by every cache: it is uploaded when a longer one is first
+/// needed (at least 4,096 positions, then powers of two), so neither a step nor a new cache
+/// uploads it again.
+pub(crate) fn rope_table(inv_freq: &[f32], len: usize, device: &Device) -> Tensor<2> {
+    type Cache = Vec<(Device, Vec<f32>, Tensor<2>)>;
+    static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let known = cache
+        .iter()
+        .position(|(dev, f, _)| dev == device && f == inv_freq);
+    if let Some(t) = known.map(|i| &cache[i].2).filter(|t| t.dims()[0] >= len) {
+        return t.clone();
+    }
+    let n = len.max(4096).next_power_of_two();
+    let half = inv_freq.len();
+    let mut t = vec![0f32; n * 2 * half];
+    for (p, row) in t.chunks_exact_mut(2 * half).enumerate() {
+        for (f, (c, s)) in rope_angles(inv_freq, p).enumerate() {
+            row[f] = c;
+            row[half + f] = s;
+        }
+    }
+    let table: Tensor<2> = upload(TensorData::new(t, [n, 2 * half]), device);
+    match known {
+        Some(i) => cache[i].2 = table.clone(),
+        None => cache.push((device.clone(), inv_freq.to_vec(), table.clone())),
+    }
+    table
+}
+
+/// RoPE and the cache write of a call through a cache whose slots the device describes
+/// (`slots`), in one kernel on a GPU ([`gpu::rope::rope_cache_write`]): `qkv: [B, T, H + 2K, d]`
+/// (the fused product; `bias`, `[(H + 2K)·d]`, added first when given) is rotated at the
+/// positions of `slots.info`, its keys and values written into `kc`, `vc` in place at the call's
+/// slots, their flags set, and the `heads` rotated queries returned in attention's grouped
+/// layout, `[B, K, g·T, d]`. `None` where the kernel does not apply (nothing written).
+pub(crate) fn rope_cache_write(
+    qkv: &Tensor<4>,
+    bias: Option<Tensor<1>>,
+    heads: usize,
+    kc: &mut Tensor<4>,
+    vc: &mut Tensor<4>,
+    slots: &SlotStep,
+) -> Option<Tensor<4>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&qkv.device()) {
+        let mut flags = slots.flags.borrow_mut();
+        return gpu::rope::rope_cache_write(
+            qkv,
+            bias.as_ref(),
+            heads,
+            &slots.table,
+            &slots.info,
+            kc,
+            vc,
+            &mut flags,
+        );
+    }
+    let _ = (qkv, bias, heads, kc, vc, slots);
+    None
+}
+
+/// Attention of the queries `q: [B, K, g·T, d]` that [`rope_cache_write`] wrote over the cache
+/// `kc`, `vc`, each query seeing the slots the device flags mark real up to its own (a padding
+/// query only itself): one kernel on a GPU ([`gpu::attention::slot_attention`]), else
+/// [`device_attention`] with `mask()`. `t` tokens a row; returns `[B·T, H·d]`, rows in token
+/// order.
+pub(crate) fn slot_attention(
+    q: Tensor<4>,
+    kc: &Tensor<4>,
+    vc: &Tensor<4>,
+    slots: &SlotStep,
+    t: usize,
+    mask: impl FnOnce() -> Tensor<4, Bool>,
+    options: AttentionModuleOptions,
+) -> Tensor<2> {
+    let [b, k, rows, d] = q.dims();
+    let heads = k * rows / t;
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&q.device()) {
+        let flags = slots.flags.borrow();
+        let scale = scale(&q, &options);
+        if let Some(out) = gpu::attention::slot_attention(&q, kc, vc, &flags, &slots.info, t, scale)
+        {
+            return out.reshape([b * t, heads * d]);
+        }
+    }
+    let _ = slots;
+    device_attention(q, kc.clone(), vc.clone(), &mask(), options)
+        .reshape([b, heads, t, d])
+        .swap_dims(1, 2)
+        .reshape([b * t, heads * d])
 }
 
 /// Masked attention over this call's own keys (`mask`: true = hidden, `[B, 1, R, S]`;

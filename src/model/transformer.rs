@@ -3,7 +3,8 @@
 //! `Qwen3ForCausalLM`.
 //!
 //! Reads top to bottom: dimensions → rotary embedding → RMSNorm and linear helpers → MLP →
-//! attention → layer → model → LM head, then the KV cache and the batch descriptions.
+//! attention → layer → model → LM head, then the host-built inputs of a call (RoPE tables, the
+//! mask). Token batches are [`super::batch`], the KV cache [`super::cache`].
 //!
 //! Design decisions:
 //! - **Weights stored `[in, out]`** (transposed from Hugging Face's `[out, in]` at load, back at
@@ -17,7 +18,7 @@
 //!   `[B, h] × [h, out]` product rather than `B` matrix-vector products.
 //! - **RoPE is HF's rotate-half** (`x·cos + rotate_half(x)·sin`), with `inv_freq` and the angles
 //!   computed in f32 exactly as transformers does (see [`ModelConfig::inv_freq`]); cos/sin are
-//!   evaluated on the host per call for the explicit positions of every row.
+//!   evaluated on the host (in f64, rounded once) for the explicit positions of every row.
 //! - **Grouped-query attention without copying K/V**: the `g = H/K` query heads that share a
 //!   key/value head are stacked along the query axis (`[B, K, g·T, d]`, a free reshape), so the
 //!   attention is plain multi-head attention over the K key/value heads on every backend, fused
@@ -27,11 +28,12 @@
 //!   itself (so no softmax row is empty and no NaN can appear); real tokens are numbered from 0
 //!   in every row. A batch of ragged left-padded rows therefore computes, row by row, the same
 //!   function as each row alone.
-//! - **The KV cache lives outside the module** ([`KvCache`], passed as `&mut`): `[B, K, capacity,
-//!   d]` tensors written in place with `slice_assign`; attention reads the whole buffer
-//!   (contiguous, no copy) and the mask hides unwritten slots. Capacity grows in chunks of 64
-//!   slots; rows can be dropped, reordered or duplicated (`select_rows`), which covers finished
-//!   rows, sharing one prompt's cache across several continuations, and expanding batch 1 to n.
+//! - **The KV cache lives outside the module** ([`KvCache`], passed as `&mut`, in
+//!   [`super::cache`]): `[B, K, capacity, d]` buffers written in place; attention reads the whole
+//!   buffer and the mask hides unwritten slots. On a GPU one kernel a layer rotates q and k and
+//!   writes the cache at positions and a slot held on the device, and attention derives its mask
+//!   from per-slot flags kept there ([`super::cache::SlotStep`]); elsewhere RoPE tables and the
+//!   mask are built on the host per call.
 //! - **Decode steps use CPU kernels** when they apply ([`super::cpu`]: packed weight panels
 //!   built on the first cached step, ≤ 64 rows, and a host attention over the cache for one
 //!   token per row); prefill, training and every other device use their backend's products and
@@ -40,15 +42,19 @@
 //!   and on an autodiff device for training. Every operation goes through [`super::ops`], the
 //!   one place that picks a backend's code (rlcr's CPU kernels, or burn ops and `#[cube]`
 //!   kernels on a GPU); [`ops::host_decode`] says whether the host's decode paths apply. Per call,
-//!   the host sends the token ids, RoPE cos/sin (`B·T·d` floats) and the boolean mask; nothing is
-//!   read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the bus").
-use anyhow::{bail, ensure, Context, Result};
+//!   the host sends the token ids and either RoPE cos/sin (`B·T·d` floats) and the boolean mask,
+//!   or, through a cache on a GPU, the first slot and the tokens' positions (`1 + B·T` floats);
+//!   nothing is read back inside the forward pass (see BENCHMARKS.md, "GPU: what crosses the
+//!   bus").
+use anyhow::{ensure, Context, Result};
 use burn::module::{Module, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::Gradients;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
+use super::batch::{ResponseBatch, TokenBatch};
+use super::cache::{KvCache, SlotStep};
 use super::config::ModelConfig;
 use super::cpu;
 use super::lora::{Dropout, LayerLora, Target};
@@ -56,6 +62,7 @@ use super::lora::{Dropout, LayerLora, Target};
 pub(crate) use super::ops::matmul;
 use super::ops::{self, PackedMatrix, Rope};
 use super::transfer::upload;
+use std::cell::OnceCell;
 use std::sync::{Arc, OnceLock};
 
 // ---------------------------------------------------------------------------------------------
@@ -99,10 +106,6 @@ impl Dims {
         self.heads / self.kv_heads
     }
 }
-
-// ---------------------------------------------------------------------------------------------
-// Rotary embedding
-// ---------------------------------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // Helpers: RMSNorm and linear
@@ -212,15 +215,25 @@ enum KvSource<'a> {
     },
 }
 
-/// What every layer of one forward call shares: dimensions, batch shape, RoPE and the mask.
+/// The host-built inputs of a forward call that the layers may need: RoPE tables and the
+/// attention mask (`[B, 1, g·T, S]`, true = hidden, with the same on the host, `[B, g·T, S]`,
+/// for rlcr's attention kernels). A call through a cache whose slots the device describes
+/// builds them only if a kernel does not apply.
+trait HostInputs {
+    fn rope(&self) -> &Rope;
+    fn mask(&self) -> (&Tensor<4, Bool>, &[bool]);
+}
+
+/// What every layer of one forward call shares: dimensions, batch shape, the host-built inputs
+/// and, through a cache on a GPU, the device's description of its slots.
 struct Step<'a> {
     dims: &'a Dims,
     /// `(B, T)`.
     shape: (usize, usize),
-    rope: &'a Rope,
-    mask: &'a Tensor<4, Bool>,
-    /// The same mask on the host (`[B, g·T, S]`, true = hidden), for rlcr's attention kernels.
-    mask_host: &'a [bool],
+    inputs: &'a dyn HostInputs,
+    /// Calls through a cache on a GPU: the device's description of the cache's slots, which the
+    /// RoPE/cache-write and attention kernels read instead of `inputs`.
+    slots: Option<&'a SlotStep>,
     /// Decode steps (one token per row, through the cache): which of the cache's first `start
     /// + 1` slots each row may attend to (`[B · (start + 1)]`), for the host attention kernel.
     decode_keys: Option<&'a [bool]>,
@@ -239,13 +252,101 @@ impl Attention {
         lora: Option<&LayerLora>,
     ) -> Tensor<2> {
         let (b, t) = s.shape;
-        let (rope, mask) = (s.rope, s.mask);
         let (h, k, d) = (s.dims.heads, s.dims.kv_heads, s.dims.head_dim);
-        let g = h / k;
+        let options = AttentionModuleOptions {
+            scale: Some(1.0 / (d as f64).sqrt()),
+            softcap: None,
+            is_causal: false,
+        };
+        // Through a cache whose slots the device describes, one kernel rotates q and k and
+        // writes the cache, adding the q/k/v bias as it reads (the same f32 addition), unless
+        // an adapter or a per-head norm comes between the bias and the rotation.
+        let slots = match kv {
+            KvSource::Cache { .. } => s.slots,
+            KvSource::Fresh => None,
+        };
+        let late_bias = slots.is_some() && lora.is_none() && self.q_norm.is_none();
+        let qkv = self.qkv(x.clone(), s, packed, lora, !late_bias);
+        let bias = || {
+            let w = self.qkv_bias.as_ref().filter(|_| late_bias)?;
+            Some(w.val())
+        };
+        let out = match kv {
+            KvSource::Fresh => {
+                let (q, k_new, v) = rotate(qkv, s);
+                let (mask, host) = s.inputs.mask();
+                heads_to_rows(ops::attention(q, k_new, v, mask, host, options), t)
+            }
+            KvSource::Cache {
+                k: kc,
+                v: vc,
+                start,
+            } => {
+                let fused = slots.and_then(|sl| {
+                    let q = ops::rope_cache_write(&qkv, bias(), h, kc, vc, sl);
+                    sl.fell_back.set(sl.fell_back.get() || q.is_none());
+                    Some((q?, sl))
+                });
+                match fused {
+                    Some((q, sl)) => {
+                        let mask = || s.inputs.mask().0.clone();
+                        ops::slot_attention(q, kc, vc, sl, t, mask, options)
+                    }
+                    None => {
+                        let qkv = match bias() {
+                            Some(w) => qkv + w.reshape([1, 1, h + 2 * k, d]),
+                            None => qkv,
+                        };
+                        let (q, k_new, v) = rotate(qkv, s);
+                        let ranges = [0..b, 0..k, start..start + t, 0..d];
+                        kc.inplace(|c| c.slice_assign(ranges.clone(), k_new));
+                        vc.inplace(|c| c.slice_assign(ranges, v));
+                        let (mask, host) = s.inputs.mask();
+                        let out = ops::cached_attention(
+                            q,
+                            kc,
+                            vc,
+                            start,
+                            t,
+                            s.decode_keys,
+                            mask,
+                            host,
+                            options,
+                        );
+                        heads_to_rows(out, t)
+                    }
+                }
+            }
+        };
+        let y = linear(
+            out.clone(),
+            &self.o,
+            &self.o_bias,
+            packed.and_then(|p| p.o.as_ref()),
+        );
+        match lora {
+            Some(l) => l.add(y, &out, Target::O, s.lora_drop),
+            None => y,
+        }
+    }
+
+    /// The fused q/k/v product of `x` as `[B, T, H + 2K, d]`: with the adapter's share, the
+    /// bias when `with_bias`, and Qwen3's per-head norms of q and k.
+    fn qkv(
+        &self,
+        x: Tensor<2>,
+        s: &Step<'_>,
+        packed: Option<&LayerPacked>,
+        lora: Option<&LayerLora>,
+        with_bias: bool,
+    ) -> Tensor<4> {
+        let (b, t) = s.shape;
+        let (h, k, d) = (s.dims.heads, s.dims.kv_heads, s.dims.head_dim);
+        let bias = if with_bias { &self.qkv_bias } else { &None };
         let qkv = linear(
             x.clone(),
             &self.qkv,
-            &self.qkv_bias,
+            bias,
             packed.and_then(|p| p.qkv.as_ref()),
         );
         let qkv = match lora {
@@ -255,9 +356,9 @@ impl Attention {
             }
             None => qkv,
         };
-        // [B·T, (H+2K)·d] → [B, T, H+2K, d] (free) → [B, H+2K, T, d] (view).
+        // [B·T, (H+2K)·d] → [B, T, H+2K, d] (free).
         let qkv = qkv.reshape([b, t, h + 2 * k, d]);
-        let qkv = match (&self.q_norm, &self.k_norm) {
+        match (&self.q_norm, &self.k_norm) {
             // Qwen3: RMSNorm over each head's d values (queries with q_norm, keys with k_norm),
             // then RoPE, as transformers' `q_norm(q_proj(x).view(..., d))`.
             (Some(qn), Some(kn)) => {
@@ -272,59 +373,38 @@ impl Attention {
             }
             _ => qkv,
         }
-        .swap_dims(1, 2);
-        let qk = rope.apply(qkv.clone().slice([0..b, 0..h + k, 0..t, 0..d]));
-        let v = qkv.slice([0..b, h + k..h + 2 * k, 0..t, 0..d]);
-        // Query heads sharing a KV head stacked along the query axis: [B, K, g·T, d].
-        let q = qk
-            .clone()
-            .slice([0..b, 0..h, 0..t, 0..d])
-            .reshape([b, k, g * t, d]);
-        let k_new = qk.slice([0..b, h..h + k, 0..t, 0..d]);
-        let options = AttentionModuleOptions {
-            scale: Some(1.0 / (d as f64).sqrt()),
-            softcap: None,
-            is_causal: false,
-        };
-        let out = match kv {
-            KvSource::Fresh => ops::attention(q, k_new, v, mask, s.mask_host, options),
-            KvSource::Cache {
-                k: kc,
-                v: vc,
-                start,
-            } => {
-                let ranges = [0..b, 0..k, start..start + t, 0..d];
-                kc.inplace(|c| c.slice_assign(ranges.clone(), k_new));
-                vc.inplace(|c| c.slice_assign(ranges, v));
-                ops::cached_attention(
-                    q,
-                    kc,
-                    vc,
-                    start,
-                    t,
-                    s.decode_keys,
-                    mask,
-                    s.mask_host,
-                    options,
-                )
-            }
-        };
-        // [B, K, g·T, d] = [B, H, T, d] → [B, T, H, d] → [B·T, H·d].
-        let out = out
-            .reshape([b, h, t, d])
-            .swap_dims(1, 2)
-            .reshape([b * t, h * d]);
-        let y = linear(
-            out.clone(),
-            &self.o,
-            &self.o_bias,
-            packed.and_then(|p| p.o.as_ref()),
-        );
-        match lora {
-            Some(l) => l.add(y, &out, Target::O, s.lora_drop),
-            None => y,
-        }
     }
+}
+
+/// RoPE from the call's host tables on q and k of `qkv: [B, T, H + 2K, d]`: the queries with
+/// the heads sharing a key/value head stacked along the query axis (`[B, K, g·T, d]`), the
+/// rotated keys and the values (`[B, K, T, d]`).
+fn rotate(qkv: Tensor<4>, s: &Step<'_>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let [b, t, _, d] = qkv.dims();
+    let (h, k) = (s.dims.heads, s.dims.kv_heads);
+    // [B, T, H+2K, d] → [B, H+2K, T, d] (view).
+    let qkv = qkv.swap_dims(1, 2);
+    let qk = s
+        .inputs
+        .rope()
+        .apply(qkv.clone().slice([0..b, 0..h + k, 0..t, 0..d]));
+    let v = qkv.slice([0..b, h + k..h + 2 * k, 0..t, 0..d]);
+    let q = qk
+        .clone()
+        .slice([0..b, 0..h, 0..t, 0..d])
+        .reshape([b, k, h / k * t, d]);
+    let k_new = qk.slice([0..b, h..h + k, 0..t, 0..d]);
+    (q, k_new, v)
+}
+
+/// Attention's output `[B, K, g·T, d]` = `[B, H, T, d]` as the output projection's input,
+/// `[B·T, H·d]` (`t` = T).
+fn heads_to_rows(out: Tensor<4>, t: usize) -> Tensor<2> {
+    let [b, k, rows, d] = out.dims();
+    let h = k * rows / t;
+    out.reshape([b, h, t, d])
+        .swap_dims(1, 2)
+        .reshape([b * t, h * d])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -448,84 +528,6 @@ pub struct DecodeWeights {
 /// `RLCR_DECODE_BF16=0` keeps f32 panels (see [`cpu::PackPrecision`]).
 #[derive(Debug, Clone, Default)]
 pub struct DecodePack(OnceLock<Option<Arc<DecodeWeights>>>);
-
-/// Token ids of a batch with a validity flag per slot (`false` = padding).
-///
-/// Rows are usually left-padded (then every row's last slot is a real token, which is what
-/// sampling needs), but any pattern of padding works: real tokens are numbered 0, 1, … in order
-/// and padding is invisible to them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenBatch {
-    pub batch: usize,
-    pub len: usize,
-    /// `batch · len` ids, row-major (padding slots hold any id, conventionally 0).
-    pub ids: Vec<u32>,
-    /// `batch · len` flags, `false` for padding.
-    pub valid: Vec<bool>,
-}
-
-impl TokenBatch {
-    /// A batch from explicit parts (lengths are checked).
-    pub fn new(batch: usize, len: usize, ids: Vec<u32>, valid: Vec<bool>) -> Result<Self> {
-        ensure!(
-            ids.len() == batch * len && valid.len() == batch * len,
-            "token batch: {} ids and {} flags for {batch}×{len} slots",
-            ids.len(),
-            valid.len()
-        );
-        Ok(TokenBatch {
-            batch,
-            len,
-            ids,
-            valid,
-        })
-    }
-
-    /// Left-pad `rows` to the longest one.
-    pub fn left_padded<R: AsRef<[u32]>>(rows: &[R]) -> Self {
-        let len = rows.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(rows.len() * len);
-        let mut valid = Vec::with_capacity(rows.len() * len);
-        for r in rows {
-            let r = r.as_ref();
-            let pad = len - r.len();
-            ids.extend(std::iter::repeat_n(0u32, pad));
-            valid.extend(std::iter::repeat_n(false, pad));
-            ids.extend_from_slice(r);
-            valid.extend(std::iter::repeat_n(true, r.len()));
-        }
-        TokenBatch {
-            batch: rows.len(),
-            len,
-            ids,
-            valid,
-        }
-    }
-
-    /// One token per row, all real (a decode step).
-    pub fn step(ids: &[u32]) -> Self {
-        TokenBatch {
-            batch: ids.len(),
-            len: 1,
-            ids: ids.to_vec(),
-            valid: vec![true; ids.len()],
-        }
-    }
-
-    fn check_vocab(&self, vocab: usize) -> Result<()> {
-        for (i, (&id, &ok)) in self.ids.iter().zip(&self.valid).enumerate() {
-            if ok && id as usize >= vocab {
-                bail!(
-                    "token id {id} (row {}, position {}) is outside the model's vocabulary of \
-                     {vocab}",
-                    i / self.len.max(1),
-                    i % self.len.max(1)
-                );
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Build the attention mask `[B, 1, g·T, S]` (true = masked). Query `t` of row `b` sits at key
 /// index `start + t`; a real query sees real keys at or before it, a padding query sees itself.
@@ -731,9 +733,9 @@ impl Transformer {
         input.check_vocab(self.dims.vocab)?;
         let (b, t) = (input.batch, input.len);
         ensure!(
-            b == cache.batch,
+            b == cache.batch(),
             "batch of {b} rows against a cache of {} rows",
-            cache.batch
+            cache.batch()
         );
         ensure!(t > 0, "empty input");
         ensure!(
@@ -743,47 +745,33 @@ impl Transformer {
             self.layers.len()
         );
         let device = self.device();
-        let start = cache.len;
-        cache.reserve(t);
-        let mut positions = vec![0usize; b * t];
-        for r in 0..b {
-            for s in 0..t {
-                let ok = input.valid[r * t + s];
-                if ok {
-                    positions[r * t + s] = cache.next_pos[r];
-                    cache.next_pos[r] += 1;
-                }
-                cache.valid[r].push(ok);
-            }
-        }
-        cache.len += t;
-        let rope = Rope::new(&self.dims.inv_freq, &positions, b, t, &device);
-        let keys = cache.cap;
-        let (mask, mask_host) = build_mask(
-            b,
-            t,
-            self.dims.group(),
-            keys,
+        let (start, positions) = cache.advance(input);
+        let slots = cache.slot_step(input, start, &positions);
+        let inputs = CachedInputs {
+            dims: &self.dims,
+            input,
+            positions: &positions,
+            valid: &cache.valid,
             start,
-            |r, s| cache.valid[r].get(s).copied().unwrap_or(false),
-            |r, s| input.valid[r * t + s],
-            &device,
-        );
+            keys: cache.capacity(),
+            device: &device,
+            rope: OnceCell::new(),
+            mask: OnceCell::new(),
+        };
         let packed = if b * t <= cpu::MAX_PACKED_ROWS {
             self.decode_weights()
         } else {
             None
         };
-        // Decode steps on Flex: the same mask on the host, one flag per (row, used slot), for the
+        // Decode steps on Flex: the mask on the host, one flag per (row, used slot), for the
         // host attention kernel; a padding query attends only to itself, as in `build_mask`.
-        // Other devices use burn's attention with `mask`.
         let host = ops::host_decode(&device);
         let decode_keys: Option<Vec<bool>> = (t == 1 && host).then(|| {
             let len = start + 1;
             let mut ok = Vec::with_capacity(b * len);
             for r in 0..b {
                 if input.valid[r] {
-                    ok.extend((0..len).map(|s| cache.valid[r].get(s).copied().unwrap_or(false)));
+                    ok.extend((0..len).map(|s| inputs.key_valid(r, s)));
                 } else {
                     ok.extend((0..len).map(|s| s == start));
                 }
@@ -793,9 +781,8 @@ impl Transformer {
         let step = Step {
             dims: &self.dims,
             shape: (b, t),
-            rope: &rope,
-            mask: &mask,
-            mask_host: &mask_host,
+            inputs: &inputs,
+            slots: slots.as_ref(),
             decode_keys: decode_keys.as_deref(),
             lora_drop: None,
         };
@@ -808,6 +795,7 @@ impl Transformer {
         let h = layer_stack(&self.layers, &self.norm, x, &step, kv, |k| {
             packed.and_then(|p| p.layers.get(k))
         });
+        cache.end_step(slots);
         Ok(h.reshape([b, t, self.dims.hidden]))
     }
 
@@ -876,6 +864,56 @@ impl Transformer {
     }
 }
 
+/// The host inputs of a call through a cache, built on first use (a GPU whose kernels read the
+/// cache's slots on the device needs neither).
+struct CachedInputs<'a> {
+    dims: &'a Dims,
+    input: &'a TokenBatch,
+    /// `[B·T]` RoPE positions of the call's tokens.
+    positions: &'a [usize],
+    /// The cache's validity flags per row, this call's slots included.
+    valid: &'a [Vec<bool>],
+    /// The call's first slot.
+    start: usize,
+    /// The cache's capacity (the mask's key axis).
+    keys: usize,
+    device: &'a Device,
+    rope: OnceCell<Rope>,
+    mask: OnceCell<(Tensor<4, Bool>, Vec<bool>)>,
+}
+
+impl CachedInputs<'_> {
+    /// Whether slot `s` of row `r` holds a real token.
+    fn key_valid(&self, r: usize, s: usize) -> bool {
+        self.valid[r].get(s).copied().unwrap_or(false)
+    }
+}
+
+impl HostInputs for CachedInputs<'_> {
+    fn rope(&self) -> &Rope {
+        let (b, t) = (self.input.batch, self.input.len);
+        self.rope
+            .get_or_init(|| Rope::new(&self.dims.inv_freq, self.positions, b, t, self.device))
+    }
+
+    fn mask(&self) -> (&Tensor<4, Bool>, &[bool]) {
+        let (b, t) = (self.input.batch, self.input.len);
+        let (mask, host) = self.mask.get_or_init(|| {
+            build_mask(
+                b,
+                t,
+                self.dims.group(),
+                self.keys,
+                self.start,
+                |r, s| self.key_valid(r, s),
+                |r, s| self.input.valid[r * t + s],
+                self.device,
+            )
+        });
+        (mask, host)
+    }
+}
+
 /// Positions, RoPE tables and the attention mask of a cache-free forward call.
 struct FreshBatch {
     /// `(B, T)`.
@@ -885,6 +923,16 @@ struct FreshBatch {
     mask_host: Vec<bool>,
     /// Adapter dropout keys (training steps with LoRA dropout only).
     drop: Option<Dropout>,
+}
+
+impl HostInputs for FreshBatch {
+    fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    fn mask(&self) -> (&Tensor<4, Bool>, &[bool]) {
+        (&self.mask, &self.mask_host)
+    }
 }
 
 impl FreshBatch {
@@ -919,9 +967,8 @@ impl FreshBatch {
         Step {
             dims,
             shape: self.shape,
-            rope: &self.rope,
-            mask: &self.mask,
-            mask_host: &self.mask_host,
+            inputs: self,
+            slots: None,
             decode_keys: None,
             lora_drop: self.drop.as_ref(),
         }
@@ -975,238 +1022,12 @@ fn ids_len(input: &TokenBatch) -> usize {
     input.batch * input.len
 }
 
-// ---------------------------------------------------------------------------------------------
-// Response batches (training and log-prob scoring)
-// ---------------------------------------------------------------------------------------------
-
-/// Rows of (context, response) ids laid out for [`Transformer::response_logprobs`]: each
-/// `context ++ response` left-padded to the longest, so responses end at the last slot.
-#[derive(Debug, Clone)]
-pub struct ResponseBatch {
-    pub tokens: TokenBatch,
-    /// Response length of every row.
-    pub resp_lens: Vec<usize>,
-    /// Longest response (R).
-    pub max_resp: usize,
-    /// `[B·R]` response ids right-aligned (padding 0), the targets of the R predicted slots.
-    targets_right: Vec<u32>,
-}
-
-impl ResponseBatch {
-    /// Lay out `(context, response)` rows. Every row needs a non-empty context.
-    pub fn new<C: AsRef<[u32]>, R: AsRef<[u32]>>(rows: &[(C, R)]) -> Result<Self> {
-        let mut seqs = Vec::with_capacity(rows.len());
-        let mut resp_lens = Vec::with_capacity(rows.len());
-        for (i, (c, r)) in rows.iter().enumerate() {
-            let (c, r) = (c.as_ref(), r.as_ref());
-            ensure!(
-                !c.is_empty(),
-                "row {i}: empty context (the first response token has nothing to condition on)"
-            );
-            let mut s = Vec::with_capacity(c.len() + r.len());
-            s.extend_from_slice(c);
-            s.extend_from_slice(r);
-            seqs.push(s);
-            resp_lens.push(r.len());
-        }
-        let max_resp = resp_lens.iter().copied().max().unwrap_or(0);
-        let mut targets_right = vec![0u32; rows.len() * max_resp];
-        for (i, (_, r)) in rows.iter().enumerate() {
-            let r = r.as_ref();
-            let off = i * max_resp + (max_resp - r.len());
-            targets_right[off..off + r.len()].copy_from_slice(r);
-        }
-        Ok(ResponseBatch {
-            tokens: TokenBatch::left_padded(&seqs),
-            resp_lens,
-            max_resp,
-            targets_right,
-        })
-    }
-
-    /// `[B·R]` gather index turning right-aligned columns into left-aligned ones.
-    fn left_align_index(&self) -> Vec<i32> {
-        let r = self.max_resp;
-        let mut idx = Vec::with_capacity(self.resp_lens.len() * r);
-        for &len in &self.resp_lens {
-            let shift = r - len;
-            for i in 0..r {
-                idx.push((i + shift).min(r - 1) as i32);
-            }
-        }
-        idx
-    }
-
-    /// `[B·R]` row-major mask of the left-aligned output: true for real response tokens.
-    pub fn mask(&self) -> Vec<bool> {
-        let r = self.max_resp;
-        let mut m = Vec::with_capacity(self.resp_lens.len() * r);
-        for &len in &self.resp_lens {
-            m.extend((0..r).map(|i| i < len));
-        }
-        m
-    }
-
-    /// Split a left-aligned `[B·R]` host buffer into one vector per row.
-    pub fn split_rows(&self, flat: &[f32]) -> Vec<Vec<f32>> {
-        let r = self.max_resp;
-        self.resp_lens
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| flat[i * r..i * r + len].to_vec())
-            .collect()
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// KV cache
-// ---------------------------------------------------------------------------------------------
-
-/// Keys and values of every layer for a batch of rows, outside the module.
-///
-/// Buffers are `[B, K, capacity, d]`; slots `0..len` are written (padding slots included, masked
-/// out), the rest is free. Every row advances by the same number of slots per call; each row has
-/// its own RoPE position counter (real tokens only) and validity flags.
-#[derive(Debug, Clone)]
-pub struct KvCache {
-    layers: Vec<(Tensor<4>, Tensor<4>)>,
-    batch: usize,
-    len: usize,
-    cap: usize,
-    chunk: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    valid: Vec<Vec<bool>>,
-    next_pos: Vec<usize>,
-    device: Device,
-}
-
-impl KvCache {
-    /// Slots are added in multiples of this many when the buffer grows.
-    pub const CHUNK: usize = 64;
-
-    /// An empty cache for `batch` rows of `model`. `capacity` (the longest sequence expected) is
-    /// only a hint for host-side bookkeeping: device buffers grow by [`Self::CHUNK`] slots as
-    /// tokens arrive (one copy of the cache per chunk), because attention reads the whole buffer
-    /// and a buffer sized for the longest possible sequence would make every decode step attend
-    /// over all of its unused slots; this way at most `CHUNK − 1` are.
-    pub fn new(model: &Transformer, batch: usize, capacity: usize) -> Self {
-        let d = &model.dims;
-        let device = model.device();
-        let shape = [batch, d.kv_heads, 0, d.head_dim];
-        let layers = (0..d.layers)
-            .map(|_| (Tensor::zeros(shape, &device), Tensor::zeros(shape, &device)))
-            .collect();
-        KvCache {
-            layers,
-            batch,
-            len: 0,
-            cap: 0,
-            chunk: Self::CHUNK,
-            kv_heads: d.kv_heads,
-            head_dim: d.head_dim,
-            valid: vec![Vec::with_capacity(capacity); batch],
-            next_pos: vec![0; batch],
-            device,
-        }
-    }
-
-    /// Rows.
-    pub fn batch(&self) -> usize {
-        self.batch
-    }
-
-    /// Slots written so far (the same for every row).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// No slot written yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Allocated slots.
-    pub fn capacity(&self) -> usize {
-        self.cap
-    }
-
-    /// The RoPE position the next real token of each row will get (= real tokens so far).
-    pub fn positions(&self) -> &[usize] {
-        &self.next_pos
-    }
-
-    /// Make room for `extra` more slots (grows by whole chunks, copying once).
-    pub fn reserve(&mut self, extra: usize) {
-        let need = self.len + extra;
-        if need <= self.cap {
-            return;
-        }
-        let new_cap = need.div_ceil(self.chunk) * self.chunk;
-        let add = [self.batch, self.kv_heads, new_cap - self.cap, self.head_dim];
-        for (k, v) in self.layers.iter_mut() {
-            let z = Tensor::zeros(add, &self.device);
-            if self.cap == 0 || self.batch == 0 {
-                *k = z.clone();
-                *v = z;
-            } else {
-                k.inplace(|k| Tensor::cat(vec![k, z.clone()], 2));
-                v.inplace(|v| Tensor::cat(vec![v, z], 2));
-            }
-        }
-        self.cap = new_cap;
-    }
-
-    /// Keep rows `rows` in that order (indices may repeat): drop finished rows, reorder, or
-    /// duplicate a shared prefix (`[0; n]` expands a batch of one to n rows).
-    pub fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
-        for &r in rows {
-            ensure!(
-                r < self.batch,
-                "row {r} out of range for a cache of {}",
-                self.batch
-            );
-        }
-        if rows.is_empty() {
-            self.layers.iter_mut().for_each(|(k, v)| {
-                let shape = [0, self.kv_heads, self.cap, self.head_dim];
-                *k = Tensor::zeros(shape, &self.device);
-                *v = Tensor::zeros(shape, &self.device);
-            });
-        } else {
-            let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
-            let idx: Tensor<1, Int> = upload(TensorData::new(idx, [rows.len()]), &self.device);
-            for (k, v) in self.layers.iter_mut() {
-                k.inplace(|k| k.select(0, idx.clone()));
-                v.inplace(|v| v.select(0, idx.clone()));
-            }
-        }
-        self.valid = rows.iter().map(|&r| self.valid[r].clone()).collect();
-        self.next_pos = rows.iter().map(|&r| self.next_pos[r]).collect();
-        self.batch = rows.len();
-        Ok(())
-    }
-
-    /// Forget every slot from `len` on (e.g. to reuse a prefix for another continuation).
-    pub fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
-        }
-        for (row, pos) in self.valid.iter_mut().zip(self.next_pos.iter_mut()) {
-            row.truncate(len);
-            *pos = row.iter().filter(|&&v| v).count();
-        }
-        self.len = len;
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::model::backend::split_matmul;
     use crate::model::{read_f32, weights, ModelConfig};
 
-    fn load(name: &str, device: &Device) -> Transformer {
+    pub(crate) fn load(name: &str, device: &Device) -> Transformer {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures")
             .join(name);
@@ -1214,12 +1035,12 @@ mod tests {
         weights::load(&c, &dir, device).unwrap().0
     }
 
-    fn cpu() -> Device {
+    pub(crate) fn cpu() -> Device {
         Device::flex()
     }
 
     /// Deterministic pseudo-random ids in 0..vocab.
-    fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    pub(crate) fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
         let mut x = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
@@ -1233,7 +1054,7 @@ mod tests {
             .collect()
     }
 
-    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    pub(crate) fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
         a.iter()
             .zip(b)
@@ -1242,46 +1063,8 @@ mod tests {
     }
 
     /// Logits of one row alone: `[T·V]`.
-    fn alone(m: &Transformer, row: &[u32]) -> Vec<f32> {
+    pub(crate) fn alone(m: &Transformer, row: &[u32]) -> Vec<f32> {
         read_f32(m.forward(&TokenBatch::left_padded(&[row])).unwrap()).unwrap()
-    }
-
-    /// The split product of [`split_matmul`] against float64 on values spanning several
-    /// binades, on a plain and a 4-D batched product: each output within (K + 3)·2⁻²⁴ of the sum
-    /// of |terms| (f32 rounding over K = 96 terms and the three additions; the four pieces are
-    /// exact f32 products on the CPU), 80 times tighter than TF32's 2⁻¹¹ per operand. This checks
-    /// the algebra; scripts/gpu_check.sh measures it on CUDA against float64.
-    #[test]
-    fn split_matmul_is_f32_accurate() {
-        let (m, k, n) = (5, 96, 7);
-        let val = |i: usize, s: f64| {
-            ((i as f64 * 0.7391 + s).sin() * 10f64.powf((i % 5) as f64 - 2.0)) as f32
-        };
-        let a: Vec<f32> = (0..m * k).map(|i| val(i, 0.3)).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| val(i, 1.1)).collect();
-        let dev = cpu();
-        let at = Tensor::<2>::from_data(TensorData::new(a.clone(), [m, k]), &dev);
-        let bt = Tensor::<2>::from_data(TensorData::new(b.clone(), [k, n]), &dev);
-        let got = read_f32(split_matmul(at.clone(), bt.clone())).unwrap();
-        let got4 = read_f32(split_matmul(
-            at.reshape([1, 1, m, k]).repeat_dim(1, 2),
-            bt.reshape([1, 1, k, n]).repeat_dim(1, 2),
-        ))
-        .unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let terms = (0..k).map(|t| a[i * k + t] as f64 * b[t * n + j] as f64);
-                let (exact, size) = terms.fold((0.0, 0.0), |(s, z), x| (s + x, z + x.abs()));
-                for g in [got[i * n + j], got4[i * n + j], got4[m * n + i * n + j]] {
-                    let err = (g as f64 - exact).abs() / size;
-                    let bound = (k + 3) as f64 * 2f64.powi(-24);
-                    assert!(
-                        err < bound,
-                        "({i}, {j}): {g} vs {exact}: {err:.2e} of Σ|terms|"
-                    );
-                }
-            }
-        }
     }
 
     #[test]
@@ -1306,81 +1089,6 @@ mod tests {
             }
             assert!(worst < 1e-5, "{name}: batched vs alone differ by {worst}");
         }
-    }
-
-    #[test]
-    fn kv_cache_decoding_equals_full_forward_and_grows() {
-        for name in ["tiny-qwen2", "tiny-llama"] {
-            let m = load(name, &cpu());
-            let v = m.dims.vocab;
-            let prompts: Vec<Vec<u32>> = vec![ids(7, 60, 360), ids(8, 41, 360)];
-            // Buffers grow by chunks of 64 slots: the 60-slot prompt takes one, decoding past 64
-            // forces a growth.
-            let mut cache = KvCache::new(&m, 2, 8);
-            let mut seqs = prompts.clone();
-            let mut logits = read_f32(
-                m.step(&mut cache, &TokenBatch::left_padded(&prompts))
-                    .unwrap(),
-            )
-            .unwrap();
-            let mut worst = 0f32;
-            for step in 0..10 {
-                for (b, s) in seqs.iter().enumerate() {
-                    let full = alone(&m, s);
-                    let last = &full[(s.len() - 1) * v..s.len() * v];
-                    worst = worst.max(max_diff(&logits[b * v..(b + 1) * v], last));
-                }
-                let next: Vec<u32> = (0..2).map(|b| ((step * 31 + b * 7) % 360) as u32).collect();
-                for (s, &n) in seqs.iter_mut().zip(&next) {
-                    s.push(n);
-                }
-                logits = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
-            }
-            assert!(cache.capacity() >= 128, "cache grew");
-            assert_eq!(cache.len(), 70);
-            assert_eq!(cache.positions(), &[70, 51]);
-            assert!(worst < 1e-5, "{name}: cached vs full differ by {worst}");
-        }
-    }
-
-    #[test]
-    fn shared_prefix_and_row_selection() {
-        let m = load("tiny-qwen2", &cpu());
-        let v = m.dims.vocab;
-        let prompts: Vec<Vec<u32>> = vec![ids(1, 5, 360), ids(2, 12, 360), ids(3, 8, 360)];
-        let mut cache = KvCache::new(&m, 3, 32);
-        m.step(&mut cache, &TokenBatch::left_padded(&prompts))
-            .unwrap();
-        // Drop row 1, duplicate row 2 three times, keep row 0 last.
-        cache.select_rows(&[2, 2, 2, 0]).unwrap();
-        let next = [10u32, 11, 12, 13];
-        let got = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
-        for (k, (&src, &tok)) in [2usize, 2, 2, 0].iter().zip(&next).enumerate() {
-            let mut s = prompts[src].clone();
-            s.push(tok);
-            let full = alone(&m, &s);
-            let d = max_diff(&got[k * v..(k + 1) * v], &full[(s.len() - 1) * v..]);
-            assert!(d < 1e-5, "row {k}: {d}");
-        }
-        // A multi-token chunk with its own left padding appended to the cache.
-        let chunk = TokenBatch::left_padded(&[vec![5u32, 6], vec![7], vec![8, 9], vec![1]]);
-        let got = read_f32(m.step(&mut cache, &chunk).unwrap()).unwrap();
-        let tails: [&[u32]; 4] = [&[5, 6], &[7], &[8, 9], &[1]];
-        for (k, (&src, &tok)) in [2usize, 2, 2, 0].iter().zip(&next).enumerate() {
-            let mut s = prompts[src].clone();
-            s.push(tok);
-            s.extend_from_slice(tails[k]);
-            let full = alone(&m, &s);
-            let d = max_diff(&got[k * v..(k + 1) * v], &full[(s.len() - 1) * v..]);
-            assert!(d < 1e-5, "chunk row {k}: {d}");
-        }
-        // Truncating back to the prefix and continuing equals the first continuation.
-        cache.truncate(12);
-        let again = read_f32(m.step(&mut cache, &TokenBatch::step(&next)).unwrap()).unwrap();
-        let mut s = prompts[0].clone();
-        s.push(13);
-        let full = alone(&m, &s);
-        assert!(max_diff(&again[3 * v..], &full[(s.len() - 1) * v..]) < 1e-5);
     }
 
     #[test]

@@ -11,13 +11,20 @@
 //! multiply-adds in the order of the head dimension, never TF32. Rows of up to
 //! [`MAX_KEYS`] keys, as far as the device's shared memory holds their scores (a power of two
 //! of them); longer ones keep the composite.
+//!
+//! Through a KV cache whose slots the device describes, [`slot_attention`] takes no mask: each
+//! query's visible keys follow from the slots' validity flags and its own slot (read on the
+//! device), the keys after its own are not read, and the output is written in the layout of the
+//! output projection.
 use burn::cubecl;
 use burn::tensor::{Bool, DType, Tensor as BurnTensor};
 use burn_cubecl::Cube;
 use cubecl::ir::{ElemType, UIntKind};
 use cubecl::prelude::*;
 
-use super::block::{block_max, block_sum, cube_row, output, plain, row_grid, row_units, tensor};
+use super::block::{
+    block_max, block_sum, cube_row, offset3, output, plain, row_grid, row_units, tensor, unravel,
+};
 
 /// The most keys a row may have: its scores, 4 bytes each, fill 32 KiB of shared memory.
 pub const MAX_KEYS: usize = 8192;
@@ -37,14 +44,8 @@ pub fn attention(
     scale: f32,
 ) -> Option<BurnTensor<4>> {
     let [b, heads, rows, d] = q.dims();
-    let [_, _, keys, _] = k.dims();
-    if k.dims() != [b, heads, keys, d]
-        || v.dims() != k.dims()
-        || mask.dims() != [b, 1, rows, keys]
-        || keys == 0
-        || keys > MAX_KEYS
-        || b * heads * rows * d == 0
-    {
+    let keys = keys_of(q, k, v)?;
+    if mask.dims() != [b, 1, rows, keys] {
         return None;
     }
     let (qp, kp, vp) = (plain(q)?, plain(k)?, plain(v)?);
@@ -57,13 +58,7 @@ pub fn attention(
         _ => return None,
     };
     let client = qp.client.clone();
-    let units = row_units(&client, keys.max(d));
-    let capacity = keys.next_power_of_two();
-    // The scores and the reduction's scratch must fit the shared memory the device gives a cube.
-    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
-    if shared > client.properties().hardware.max_shared_memory_size {
-        return None;
-    }
+    let (units, capacity) = cube_for(&client, keys, d)?;
     let out = output(&qp, &[b, heads, rows, d]);
     attention_kernel::launch(
         &client,
@@ -82,6 +77,81 @@ pub fn attention(
     Some(tensor(out))
 }
 
+/// The number of keys of `k` (and `v`) when `q: [B, n, R, d]`, `k`, `v`: `[B, n, S, d]` are
+/// non-empty and `S` is at most [`MAX_KEYS`].
+fn keys_of(q: &BurnTensor<4>, k: &BurnTensor<4>, v: &BurnTensor<4>) -> Option<usize> {
+    let [b, n, rows, d] = q.dims();
+    let keys = k.dims()[2];
+    let fits = k.dims() == [b, n, keys, d] && v.dims() == k.dims();
+    (fits && keys > 0 && keys <= MAX_KEYS && b * n * rows * d > 0).then_some(keys)
+}
+
+/// The units of a cube for rows of `keys` scores over heads of `d` values, and the scores'
+/// shared capacity (a power of two); `None` when the scores and the reduction's scratch do not
+/// fit the shared memory the device gives a cube.
+fn cube_for(client: &Client, keys: usize, d: usize) -> Option<(u32, usize)> {
+    let units = row_units(client, keys.max(d));
+    let capacity = keys.next_power_of_two();
+    let shared = (capacity + units as usize) * std::mem::size_of::<f32>();
+    (shared <= client.properties().hardware.max_shared_memory_size).then_some((units, capacity))
+}
+
+/// The scale-free softmax of `scores[0..keys]` (hidden keys hold [`LOWEST`]; `mx` this unit's
+/// largest score) applied to the values, `v[vb + j·v2 + i·v3]` for key `j`, written to
+/// `out[ob + i·o3]` for `i < d`: the weights `exp(s − max)` (0 for hidden keys) replace the
+/// scores, the weighted values are summed in key order and divided by the weights' sum once.
+/// Called by every unit of the cube together.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn weigh_values(
+    scores: &mut Shared<[f32]>,
+    red: &mut Shared<[f32]>,
+    mx: f32,
+    keys: usize,
+    v: &Tensor<f32>,
+    vb: usize,
+    out: &mut Tensor<f32>,
+    ob: usize,
+) {
+    let tid = UNIT_POS_X as usize;
+    let nt = CUBE_DIM_X as usize;
+    let lowest = f32::new(LOWEST);
+    let m = block_max(red, mx);
+    let mut acc = f32::new(0.0);
+    let mut s = tid;
+    while s < keys {
+        let score = scores[s];
+        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
+        scores[s] = w;
+        acc += w;
+        s += nt;
+    }
+    // The sum's barriers also publish every unit's weights.
+    let total = block_sum(red, acc);
+    let (d, v2, v3) = (v.shape(3), v.stride(2), v.stride(3));
+    let o3 = out.stride(3);
+    let mut i = tid;
+    while i < d {
+        let mut y = f32::new(0.0);
+        for j in 0..keys {
+            y += scores[j] * v[vb + j * v2 + i * v3];
+        }
+        out[ob + i * o3] = y / total;
+        i += nt;
+    }
+}
+
+/// `q[qb + i·q3] · k[kb + s·k2 + i·k3]` over `i < d`, in the order of the head dimension.
+#[cube]
+fn dot(q: &Tensor<f32>, qb: usize, k: &Tensor<f32>, kb: usize, s: usize) -> f32 {
+    let (q3, k2, k3) = (q.stride(3), k.stride(2), k.stride(3));
+    let mut acc = f32::new(0.0);
+    for i in 0..q.shape(3) {
+        acc += q[qb + i * q3] * k[kb + s * k2 + i * k3];
+    }
+    acc
+}
+
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn attention_kernel<M: Int>(
@@ -96,75 +166,199 @@ fn attention_kernel<M: Int>(
     #[define(M)] _mask_store: ElemType,
 ) {
     let row = cube_row();
-    let (heads, rows, d) = (out.shape(1), out.shape(2), out.shape(3));
+    let (heads, rows) = (out.shape(1), out.shape(2));
     if row >= out.shape(0) * heads * rows {
         terminate!();
     }
-    let r = row % rows;
-    let head = (row / rows) % heads;
-    let batch = row / (rows * heads);
+    let (batch, head, r) = unravel(row, heads, rows);
     let keys = k.shape(2);
-    let tid = UNIT_POS_X as usize;
-    let nt = CUBE_DIM_X as usize;
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
     let lowest = f32::new(LOWEST);
-    let qb = batch * q.stride(0) + head * q.stride(1) + r * q.stride(2);
-    let kb = batch * k.stride(0) + head * k.stride(1);
-    let vb = batch * v.stride(0) + head * v.stride(1);
-    let mb = batch * mask.stride(0) + r * mask.stride(2);
-    let (q3, k2, k3) = (q.stride(3), k.stride(2), k.stride(3));
-    let (v2, v3, m3) = (v.stride(2), v.stride(3), mask.stride(3));
+    let (qb, kb) = (offset3(q, batch, head, r), offset3(k, batch, head, 0));
+    let mb = offset3(mask, batch, 0, r);
+    let m3 = mask.stride(3);
 
     // Scores, each unit whole dot products for its keys.
     let mut mx = lowest;
-    let mut s = tid;
+    let mut s = UNIT_POS_X as usize;
     while s < keys {
-        let mut dot = f32::new(0.0);
-        for i in 0..d {
-            dot += q[qb + i * q3] * k[kb + s * k2 + i * k3];
-        }
         let hidden = (u32::cast_from(mask[mb + s * m3]) & 1u32) == 1u32;
-        let score = select(hidden, lowest, dot * scale);
+        let score = select(hidden, lowest, dot(q, qb, k, kb, s) * scale);
         scores[s] = score;
         mx = mx.max(score);
-        s += nt;
+        s += CUBE_DIM_X as usize;
     }
-    let m = block_max(&mut red, mx);
-    let mut acc = f32::new(0.0);
-    s = tid;
-    while s < keys {
-        let score = scores[s];
-        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
-        scores[s] = w;
-        acc += w;
-        s += nt;
-    }
-    // The sum's barriers also publish every unit's weights.
-    let total = block_sum(&mut red, acc);
+    let (vb, ob) = (offset3(v, batch, head, 0), offset3(&*out, batch, head, r));
+    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
+}
 
-    // The weighted values, each unit a share of the head dimension.
-    let (o3, ob) = (
-        out.stride(3),
-        batch * out.stride(0) + head * out.stride(1) + r * out.stride(2),
-    );
-    let mut i = tid;
-    while i < d {
-        let mut y = f32::new(0.0);
-        for j in 0..keys {
-            y += scores[j] * v[vb + j * v2 + i * v3];
-        }
-        out[ob + i * o3] = y / total;
-        i += nt;
+/// Attention over a KV cache whose slots the device describes, for the queries of a call of `T`
+/// tokens a row: `q: [B, K, g·T, d]` (row `j·T + t` of key/value head `h` is query head
+/// `h·g + j` of token `t`), `k`, `v`: `[B, K, capacity, d]`, `flags: [B, capacity]` (1 where a
+/// slot holds a real token) and `step` (`[1 + B·T]`, the call's first slot first). Token `t` sits
+/// at slot `step[0] + t`; a real one sees the real slots up to its own, a padding one only its
+/// own, the keys after it are not read. Returns `[B, T, H, d]` (`[B·T, H·d]` by a free
+/// reshape, the layout of the output projection), in one launch; `None` as for [`attention`].
+pub fn slot_attention(
+    q: &BurnTensor<4>,
+    k: &BurnTensor<4>,
+    v: &BurnTensor<4>,
+    flags: &BurnTensor<2>,
+    step: &BurnTensor<1>,
+    t: usize,
+    scale: f32,
+) -> Option<BurnTensor<4>> {
+    let [b, kv, rows, d] = q.dims();
+    let keys = keys_of(q, k, v)?;
+    if t == 0 || !rows.is_multiple_of(t) || flags.dims() != [b, keys] || step.dims() != [1 + b * t]
+    {
+        return None;
     }
+    let (qp, kp, vp) = (plain(q)?, plain(k)?, plain(v)?);
+    let (fp, sp) = (plain(flags)?, plain(step)?);
+    let client = qp.client.clone();
+    let (units, capacity) = cube_for(&client, keys, d)?;
+    let heads = kv * (rows / t);
+    let out = output(&qp, &[b, t, heads, d]);
+    slot_attention_kernel::launch(
+        &client,
+        row_grid(&client, b * kv * rows),
+        CubeDim::new_1d(units),
+        qp.into_tensor_arg(),
+        kp.into_tensor_arg(),
+        vp.into_tensor_arg(),
+        fp.into_tensor_arg(),
+        sp.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        scale,
+        capacity,
+        units,
+    );
+    Some(tensor(out))
+}
+
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn slot_attention_kernel(
+    q: &Tensor<f32>,
+    k: &Tensor<f32>,
+    v: &Tensor<f32>,
+    flags: &Tensor<f32>,
+    step: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] capacity: usize,
+    #[comptime] units: u32,
+) {
+    let row = cube_row();
+    let (kv, rows) = (q.shape(1), q.shape(2));
+    if row >= q.shape(0) * kv * rows {
+        terminate!();
+    }
+    let (batch, h, r) = unravel(row, kv, rows);
+    let slots = out.shape(1);
+    let t = r % slots;
+    let head = h * (rows / slots) + r / slots;
+    let own = u32::cast_from(step[0]) as usize + t;
+    let (f0, f1) = (batch * flags.stride(0), flags.stride(1));
+    let real = flags[f0 + own * f1] > f32::new(0.5);
+    let mut scores = Shared::<[f32]>::new_slice(capacity);
+    let mut red = Shared::<[f32]>::new_slice(units as usize);
+    let lowest = f32::new(LOWEST);
+    let (qb, kb) = (offset3(q, batch, h, r), offset3(k, batch, h, 0));
+
+    // Scores of the keys up to the query's own slot, each unit whole dot products.
+    let keys = own + 1;
+    let mut mx = lowest;
+    let mut s = UNIT_POS_X as usize;
+    while s < keys {
+        let visible = select(real, flags[f0 + s * f1] > f32::new(0.5), s == own);
+        let mut score = lowest;
+        if visible {
+            score = dot(q, qb, k, kb, s) * scale;
+        }
+        scores[s] = score;
+        mx = mx.max(score);
+        s += CUBE_DIM_X as usize;
+    }
+    let (vb, ob) = (offset3(v, batch, h, 0), offset3(&*out, batch, t, head));
+    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
 }
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
-    //! The kernel on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
+    //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against an f64 evaluation and the CPU's composite on the same values.
     use super::*;
     use burn::tensor::{Device, TensorData};
+
+    /// Attention over a cache described by slot flags: two rows of three tokens at slots 5..8 of
+    /// a 300-slot cache (more keys than a cube's units), query heads grouped two to a key/value
+    /// head, flags with holes (padding slots) before and inside the call, one padding query;
+    /// each output within 1e-5 of f64's softmax over the slots the rule makes visible (a real
+    /// query: real slots up to its own; a padding one: its own), the slots after the query's
+    /// own ignored whatever they hold.
+    #[test]
+    fn slot_attention_matches_f64() {
+        let dev = super::super::test_device();
+        let (b, kv, g, t, d, cap, start) = (2usize, 2usize, 2usize, 3usize, 8usize, 300usize, 5);
+        let rows = g * t;
+        let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
+        let qs: Vec<f32> = (0..b * kv * rows * d).map(|k| val(k, 0.3)).collect();
+        let ks: Vec<f32> = (0..b * kv * cap * d).map(|k| val(k, 1.1)).collect();
+        let vs: Vec<f32> = (0..b * kv * cap * d).map(|k| val(k, 2.7)).collect();
+        // Row 0: slot 2 is padding, the call's second token (slot 6) too; row 1: slot 0.
+        let real = |bi: usize, s: usize| !matches!((bi, s), (0, 2) | (0, 6) | (1, 0));
+        let flags: Vec<f32> = (0..b * cap)
+            .map(|k| (k % cap < start + t && real(k / cap, k % cap)) as u8 as f32)
+            .collect();
+        let mut info = vec![start as f32];
+        info.extend((0..b * t).map(|k| k as f32));
+        let f32s = |v: &[f32], shape: [usize; 4]| {
+            BurnTensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &dev).reshape(shape)
+        };
+        let q = f32s(&qs, [b, kv, rows, d]);
+        let (k, v) = (f32s(&ks, [b, kv, cap, d]), f32s(&vs, [b, kv, cap, d]));
+        let fl = BurnTensor::<2>::from_data(TensorData::new(flags, [b, cap]), &dev);
+        let step = BurnTensor::<1>::from_data(TensorData::new(info, [1 + b * t]), &dev);
+        let scale = 1.0 / (d as f64).sqrt();
+        let out = slot_attention(&q, &k, &v, &fl, &step, t, scale as f32).expect("runs on wgpu");
+        assert_eq!(out.dims(), [b, t, kv * g, d]);
+        let got = crate::model::read_f32(out).unwrap();
+        for bi in 0..b {
+            for h in 0..kv {
+                for r in 0..rows {
+                    let (j, ti) = (r / t, r % t);
+                    let own = start + ti;
+                    let visible: Vec<usize> = (0..=own)
+                        .filter(|&s| if real(bi, own) { real(bi, s) } else { s == own })
+                        .collect();
+                    let at = |x: &[f32], s: usize, i: usize| x[((bi * kv + h) * cap + s) * d + i];
+                    let qrow = |i: usize| qs[((bi * kv + h) * rows + r) * d + i] as f64;
+                    let sc: Vec<f64> = visible
+                        .iter()
+                        .map(|&s| (0..d).map(|i| qrow(i) * at(&ks, s, i) as f64).sum::<f64>())
+                        .map(|x| x * scale)
+                        .collect();
+                    let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                    let total: f64 = w.iter().sum();
+                    for i in 0..d {
+                        let exact: f64 = visible
+                            .iter()
+                            .zip(&w)
+                            .map(|(&s, wi)| wi * at(&vs, s, i) as f64)
+                            .sum::<f64>()
+                            / total;
+                        let o = ((bi * t + ti) * kv * g + h * g + j) * d + i;
+                        let diff = (got[o] as f64 - exact).abs();
+                        assert!(diff < 1e-5, "{bi} {h} {r} {i}: {} vs {exact}", got[o]);
+                    }
+                }
+            }
+        }
+    }
 
     /// Strided queries (a head slice), more keys than a cube's units (300 > 256) and fewer,
     /// masks hiding some keys per row (never all); within 1e-5 of f64 and of the CPU.

@@ -1,6 +1,8 @@
 //! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
-//! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, [`rope`];
-//! attention, [`attention`]; the sampler's draw, [`draw`]), and burn composites written for
+//! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, and RoPE
+//! with the KV-cache write at positions held on the device, [`rope`]; attention from a mask or
+//! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]), and burn composites
+//! written for
 //! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
 //! H200) where no kernel applies: autodiff tensors (training keeps the composites, whose
 //! backward burn derives).

@@ -70,6 +70,38 @@ pub fn add_rms_norm(
     Some((tensor(sum), tensor(out)))
 }
 
+/// Row `row` of `src` (`[N, h]`) normalised with gains `w` into `out`: the units' strided
+/// shares of the sum of squares, the tree over them, then each unit its share of the row (the
+/// elements it read, so a unit reading back what it wrote itself needs no barrier).
+#[cube]
+fn normalise_row(
+    src: &Tensor<f32>,
+    row: usize,
+    w: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    eps: f32,
+    #[comptime] units: u32,
+) {
+    let h = src.shape(1);
+    let (r0, r1) = (row * src.stride(0), src.stride(1));
+    let mut red = Shared::<[f32]>::new_slice(units as usize);
+    let mut acc = f32::new(0.0);
+    let mut i = UNIT_POS_X as usize;
+    while i < h {
+        let v = src[r0 + i * r1];
+        acc += v * v;
+        i += CUBE_DIM_X as usize;
+    }
+    let squares = block_sum(&mut red, acc);
+    let rms = (squares / f32::cast_from(h as u32) + eps).sqrt();
+    let (o0, o1) = (out.stride(0), out.stride(1));
+    i = UNIT_POS_X as usize;
+    while i < h {
+        out[row * o0 + i * o1] = src[r0 + i * r1] / rms * w[i * w.stride(0)];
+        i += CUBE_DIM_X as usize;
+    }
+}
+
 #[cube(launch)]
 fn rms_norm_kernel(
     x: &Tensor<f32>,
@@ -82,26 +114,10 @@ fn rms_norm_kernel(
     if row >= x.shape(0) {
         terminate!();
     }
-    let h = x.shape(1);
-    let mut red = Shared::<[f32]>::new_slice(units as usize);
-    let mut acc = f32::new(0.0);
-    let mut i = UNIT_POS_X as usize;
-    while i < h {
-        let v = x[row * x.stride(0) + i * x.stride(1)];
-        acc += v * v;
-        i += CUBE_DIM_X as usize;
-    }
-    let squares = block_sum(&mut red, acc);
-    let rms = (squares / f32::cast_from(h as u32) + eps).sqrt();
-    let (o0, o1) = (out.stride(0), out.stride(1));
-    i = UNIT_POS_X as usize;
-    while i < h {
-        let v = x[row * x.stride(0) + i * x.stride(1)];
-        out[row * o0 + i * o1] = v / rms * w[i * w.stride(0)];
-        i += CUBE_DIM_X as usize;
-    }
+    normalise_row(x, row, w, out, eps, units);
 }
 
+/// The residual sum into `sum`, then [`normalise_row`] of it.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn add_rms_norm_kernel(
@@ -117,26 +133,14 @@ fn add_rms_norm_kernel(
     if row >= x.shape(0) {
         terminate!();
     }
-    let h = x.shape(1);
     let (s0, s1) = (sum.stride(0), sum.stride(1));
-    let mut red = Shared::<[f32]>::new_slice(units as usize);
-    let mut acc = f32::new(0.0);
     let mut i = UNIT_POS_X as usize;
-    while i < h {
+    while i < x.shape(1) {
         let v = x[row * x.stride(0) + i * x.stride(1)] + a[row * a.stride(0) + i * a.stride(1)];
         sum[row * s0 + i * s1] = v;
-        acc += v * v;
         i += CUBE_DIM_X as usize;
     }
-    let squares = block_sum(&mut red, acc);
-    let rms = (squares / f32::cast_from(h as u32) + eps).sqrt();
-    let (o0, o1) = (out.stride(0), out.stride(1));
-    // Each unit reads back only the sums it wrote.
-    i = UNIT_POS_X as usize;
-    while i < h {
-        out[row * o0 + i * o1] = sum[row * s0 + i * s1] / rms * w[i * w.stride(0)];
-        i += CUBE_DIM_X as usize;
-    }
+    normalise_row(&*sum, row, w, out, eps, units);
 }
 
 #[cfg(all(test, feature = "wgpu"))]

@@ -3,11 +3,20 @@
 //! log-probs); training's autodiff tensors keep the composite, whose backward burn derives. The
 //! composite's formula, `x·[c, c] + swap(x)·[−s, s]` over the whole head (`swap` exchanges the
 //! halves), in f32 (a compiler may fuse the products and the sum into one rounding).
+//!
+//! Through a KV cache, [`rope_cache_write`] does a layer's whole share of the step between the
+//! q/k/v product and attention in one launch: the bias, the rotation of q and k at positions read
+//! on the device (cos/sin from a table, the values [`crate::model::ops::Rope`] computes), the keys
+//! and values written into the cache in place, the slots' validity flags, and q in the layout
+//! attention reads. In place of the bias add, the rotation, the queries' copy and burn's three
+//! launches of the cache write.
 use burn::cubecl;
 use burn::tensor::Tensor as BurnTensor;
 use cubecl::prelude::*;
 
-use super::block::{cube_row, output, plain, row_grid, row_units, tensor};
+use super::block::{
+    cube_row, in_place, offset3, output, plain, row_grid, row_units, tensor, unravel,
+};
 
 /// RoPE on `x: [B, n, T, d]` (any strides) with `cos = [c, c]` and `sin = [−s, s]`
 /// (`[B, 1, T, d]`), in one launch; `None` on the CPU, for autodiff tensors, another dtype or
@@ -40,14 +49,12 @@ fn rope_kernel(x: &Tensor<f32>, cos: &Tensor<f32>, sin: &Tensor<f32>, out: &mut 
     if row >= out.shape(0) * heads * slots {
         terminate!();
     }
-    let slot = row % slots;
-    let head = (row / slots) % heads;
-    let batch = row / (slots * heads);
+    let (batch, head, slot) = unravel(row, heads, slots);
     let half = d / 2;
-    let xb = batch * x.stride(0) + head * x.stride(1) + slot * x.stride(2);
-    let cb = batch * cos.stride(0) + slot * cos.stride(2);
-    let sb = batch * sin.stride(0) + slot * sin.stride(2);
-    let ob = batch * out.stride(0) + head * out.stride(1) + slot * out.stride(2);
+    let xb = offset3(x, batch, head, slot);
+    let cb = offset3(cos, batch, 0, slot);
+    let sb = offset3(sin, batch, 0, slot);
+    let ob = offset3(&*out, batch, head, slot);
     let (x3, c3, s3, o3) = (x.stride(3), cos.stride(3), sin.stride(3), out.stride(3));
     let mut i = UNIT_POS_X as usize;
     while i < d {
@@ -58,12 +65,356 @@ fn rope_kernel(x: &Tensor<f32>, cos: &Tensor<f32>, sin: &Tensor<f32>, out: &mut 
     }
 }
 
+/// RoPE and the KV-cache write of one layer for a call of `T` tokens a row through a cache, in
+/// one launch: `qkv: [B, T, H + 2K, d]` (any strides; `bias`, `[(H + 2K)·d]`, added to each
+/// element first when given, the same f32 addition as a separate one) holds the `heads` query
+/// heads, then the keys, then the values. Each token's position is `step[1 + b·T + t]` (−1:
+/// padding, rotated at position 0 as the host's tables do) and its slot `step[0] + t`; cos and
+/// sin come from `table` (`[n, d]`, `n ≥ capacity`, cos then sin per position). The rotated keys and the
+/// values go into the cache buffers `kc`, `vc` (`[B, K, capacity, d]`) in place, each slot's
+/// flag into `flags` (`[B, capacity]`: 1 real, 0 padding), and the rotated queries are returned
+/// as `[B, K, g·T, d]` (contiguous `[B, H, T, d]`, the layout attention reads). Positions and
+/// the slot are read on the device, so the launch is the same every step (see
+/// [`crate::model::cache::SlotStep`] for what a replayed graph needs besides). `None` (nothing
+/// written) on the CPU, for autodiff tensors, another dtype or inconsistent shapes.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_cache_write(
+    qkv: &BurnTensor<4>,
+    bias: Option<&BurnTensor<1>>,
+    heads: usize,
+    table: &BurnTensor<2>,
+    step: &BurnTensor<1>,
+    kc: &mut BurnTensor<4>,
+    vc: &mut BurnTensor<4>,
+    flags: &mut BurnTensor<2>,
+) -> Option<BurnTensor<4>> {
+    let [b, t, n, d] = qkv.dims();
+    let [_, kv, cap, _] = kc.dims();
+    if d % 2 != 0
+        || b * t * d == 0
+        || kv == 0
+        || n != heads + 2 * kv
+        || !heads.is_multiple_of(kv)
+        || kc.dims() != [b, kv, cap, d]
+        || vc.dims() != kc.dims()
+        || flags.dims() != [b, cap]
+        || table.dims()[0] < cap
+        || table.dims()[1] != d
+        || step.dims() != [1 + b * t]
+        || bias.is_some_and(|w| w.dims() != [n * d])
+    {
+        return None;
+    }
+    let (xp, tp, sp) = (plain(qkv)?, plain(table)?, plain(step)?);
+    // Without a bias the kernel reads none: any f32 tensor stands in for the argument.
+    let bp = match bias {
+        Some(w) => plain(w)?,
+        None => tp.clone(),
+    };
+    let client = xp.client.clone();
+    let q = output(&xp, &[b, heads, t, d]);
+    in_place(kc, |kp| {
+        in_place(vc, |vp| {
+            in_place(flags, |fp| {
+                rope_cache_kernel::launch(
+                    &client,
+                    row_grid(&client, b * t * n),
+                    CubeDim::new_1d(row_units(&client, d)),
+                    xp.into_tensor_arg(),
+                    bp.into_tensor_arg(),
+                    tp.into_tensor_arg(),
+                    sp.into_tensor_arg(),
+                    q.clone().into_tensor_arg(),
+                    kp.clone().into_tensor_arg(),
+                    vp.clone().into_tensor_arg(),
+                    fp.clone().into_tensor_arg(),
+                    bias.is_some(),
+                );
+                Some(())
+            })
+        })
+    })?;
+    Some(tensor::<4>(q).reshape([b, kv, heads / kv * t, d]))
+}
+
+/// `qkv[row]` element `i` (the bias added when there is one).
+#[cube]
+fn qkv_at(
+    qkv: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    base: usize,
+    head: usize,
+    i: usize,
+    #[comptime] has_bias: bool,
+) -> f32 {
+    let mut x = qkv[base + i * qkv.stride(3)];
+    if has_bias {
+        x += bias[(head * qkv.shape(3) + i) * bias.stride(0)];
+    }
+    x
+}
+
+/// One cube per (batch row, token, head of q, k or v), its units striding over the head.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn rope_cache_kernel(
+    qkv: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    table: &Tensor<f32>,
+    step: &Tensor<f32>,
+    q: &mut Tensor<f32>,
+    kc: &mut Tensor<f32>,
+    vc: &mut Tensor<f32>,
+    flags: &mut Tensor<f32>,
+    #[comptime] has_bias: bool,
+) {
+    let row = cube_row();
+    let (slots, n, d) = (qkv.shape(1), qkv.shape(2), qkv.shape(3));
+    if row >= qkv.shape(0) * slots * n {
+        terminate!();
+    }
+    let (batch, t, head) = unravel(row, slots, n);
+    let (heads, kv) = (q.shape(1), kc.shape(1));
+    let pos = step[(1 + batch * slots + t) * step.stride(0)];
+    let slot = u32::cast_from(step[0]) as usize + t;
+    // Padding rotates at position 0, as on the host.
+    let p = u32::cast_from(pos.max(f32::new(0.0))) as usize;
+    let half = d / 2;
+    let xb = offset3(qkv, batch, t, head);
+    let (tb, t1) = (p * table.stride(0), table.stride(1));
+    let mut i = UNIT_POS_X as usize;
+    if head < heads + kv {
+        while i < d {
+            let f = i % half;
+            let x = qkv_at(qkv, bias, xb, head, i, has_bias);
+            let swapped = qkv_at(qkv, bias, xb, head, (i + half) % d, has_bias);
+            let s = table[tb + (half + f) * t1];
+            let y = x * table[tb + f * t1] + swapped * select(i < half, -s, s);
+            if head < heads {
+                let at = offset3(&*q, batch, head, t) + i * q.stride(3);
+                q[at] = y;
+            } else {
+                let at = offset3(&*kc, batch, head - heads, slot) + i * kc.stride(3);
+                kc[at] = y;
+            }
+            i += CUBE_DIM_X as usize;
+        }
+    } else {
+        let at = offset3(&*vc, batch, head - heads - kv, slot);
+        let v3 = vc.stride(3);
+        while i < d {
+            vc[at + i * v3] = qkv_at(qkv, bias, xb, head, i, has_bias);
+            i += CUBE_DIM_X as usize;
+        }
+    }
+    if head == 0 && UNIT_POS_X == 0 {
+        let at = batch * flags.stride(0) + slot * flags.stride(1);
+        flags[at] = select(pos >= f32::new(0.0), f32::new(1.0), f32::new(0.0));
+    }
+}
+
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
-    //! The kernel on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
+    //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against the CPU's RoPE (through [`crate::model::ops::Rope`], as the model calls it) and
-    //! an f64 evaluation.
+    //! an f64 evaluation, and the cache write within the model against the cache-free forward.
     use burn::tensor::{Device, Tensor, TensorData};
+
+    use crate::model::cache::tests::{decode_and_grow, select_chunk_truncate};
+    use crate::model::transfer::{thread_counts, thread_launches};
+    use crate::model::transformer::tests::{ids, load};
+    use crate::model::{read_f32, KvCache, TokenBatch};
+
+    /// RoPE and the cache write on a strided `qkv` with a bias, two rows of three tokens at slots
+    /// 4..7 of an 8-slot cache, one of them padding: the queries and the written keys within
+    /// 1e-5 of f64's rotation of the same f32 angles (padding at position 0), the values equal
+    /// to `qkv + bias` in f32, the flags 1/0 at the written slots, every other slot of the cache
+    /// and its flags as they were, and a clone of the cache taken before untouched.
+    #[test]
+    fn rope_cache_write_matches_f64() {
+        let dev = super::super::test_device();
+        let (b, t, heads, kv, d, cap, start) = (2usize, 3usize, 4, 2, 8usize, 8usize, 4usize);
+        let n = heads + 2 * kv;
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| 10000f32.powf(-(2.0 * i as f32) / d as f32))
+            .collect();
+        let positions: [f32; 6] = [5.0, -1.0, 6.0, 0.0, 1.0, 2.0];
+        let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
+        let wide: Vec<f32> = (0..b * t * (n + 1) * d).map(|k| val(k, 0.3)).collect();
+        let bias: Vec<f32> = (0..n * d).map(|k| val(k, 1.9)).collect();
+        let before: Vec<f32> = (0..b * kv * cap * d).map(|k| 100.0 + k as f32).collect();
+        let flags0: Vec<f32> = (0..b * cap).map(|k| (k % 3 == 0) as u8 as f32).collect();
+        fn f32s<const D: usize>(v: &[f32], shape: [usize; D], dev: &Device) -> Tensor<D> {
+            Tensor::from_data(TensorData::new(v.to_vec(), shape), dev)
+        }
+        let qkv = f32s(&wide, [b, t, n + 1, d], &dev).slice([0..b, 0..t, 1..n + 1, 0..d]);
+        let bias_t = f32s(&bias, [n * d], &dev);
+        let mut info = vec![start as f32];
+        info.extend_from_slice(&positions);
+        let step = f32s(&info, [1 + b * t], &dev);
+        let table = crate::model::ops::rope_table(&inv_freq, cap, &dev);
+        let mut kc = f32s(&before, [b, kv, cap, d], &dev);
+        let mut vc = f32s(&before, [b, kv, cap, d], &dev);
+        let mut flags = f32s(&flags0, [b, cap], &dev);
+        let kept = kc.clone();
+        let q = super::rope_cache_write(
+            &qkv,
+            Some(&bias_t),
+            heads,
+            &table,
+            &step,
+            &mut kc,
+            &mut vc,
+            &mut flags,
+        )
+        .expect("the kernel runs on wgpu");
+        assert_eq!(q.dims(), [b, kv, heads / kv * t, d]);
+        let (q, k, v) = (
+            read_f32(q).unwrap(),
+            read_f32(kc).unwrap(),
+            read_f32(vc).unwrap(),
+        );
+        let (fl, kept) = (read_f32(flags).unwrap(), read_f32(kept).unwrap());
+        assert_eq!(kept, before, "the clone was written through");
+        let x = |bi: usize, ti: usize, h: usize, i: usize| {
+            wide[((bi * t + ti) * (n + 1) + 1 + h) * d + i] as f64 + bias[h * d + i] as f64
+        };
+        let half = d / 2;
+        let mut written = vec![false; b * kv * cap * d];
+        for bi in 0..b {
+            for ti in 0..t {
+                let pos = positions[bi * t + ti].max(0.0);
+                let slot = start + ti;
+                assert_eq!(
+                    fl[bi * cap + slot],
+                    (positions[bi * t + ti] >= 0.0) as u8 as f32
+                );
+                for h in 0..heads + kv {
+                    for i in 0..d {
+                        let angle = (pos * inv_freq[i % half]) as f64;
+                        let (c, sn) = (angle.cos(), angle.sin());
+                        let exact = if i < half {
+                            x(bi, ti, h, i) * c - x(bi, ti, h, i + half) * sn
+                        } else {
+                            x(bi, ti, h, i) * c + x(bi, ti, h, i - half) * sn
+                        };
+                        let got = if h < heads {
+                            q[((bi * heads + h) * t + ti) * d + i]
+                        } else {
+                            let at = ((bi * kv + h - heads) * cap + slot) * d + i;
+                            written[at] = true;
+                            k[at]
+                        };
+                        assert!(
+                            (got as f64 - exact).abs() < 1e-5,
+                            "{bi} {ti} {h} {i}: {got}"
+                        );
+                    }
+                }
+                for h in 0..kv {
+                    for i in 0..d {
+                        let at = ((bi * kv + h) * cap + slot) * d + i;
+                        let src = ((bi * t + ti) * (n + 1) + 1 + heads + kv + h) * d + i;
+                        assert_eq!(v[at], wide[src] + bias[(heads + kv + h) * d + i]);
+                    }
+                }
+            }
+        }
+        for (at, &w) in written.iter().enumerate() {
+            if !w {
+                assert_eq!(k[at], before[at], "key slot {at} untouched");
+            }
+            let slot = (at / d) % cap;
+            if !(start..start + t).contains(&slot) {
+                assert_eq!(v[at], before[at], "value slot {at} untouched");
+            }
+        }
+        for (at, (&got, &was)) in fl.iter().zip(&flags0).enumerate() {
+            if !(start..start + t).contains(&(at % cap)) {
+                assert_eq!(got, was, "flag {at} untouched");
+            }
+        }
+    }
+
+    /// The cache's tests on the wgpu device, where RoPE, the cache write and attention run as
+    /// the slot kernels: decoding across a growth of the buffers (also with Qwen3's per-head
+    /// norms between the product and the rotation), row selection, a multi-token
+    /// chunk with its own left padding and a truncation, each against the cache-free forward on
+    /// the same device (other kernels: RoPE from host tables, attention from a host mask) within
+    /// the CPU tests' 1e-5. The cache keeps describing its slots on the device throughout, so
+    /// no step fell back to the host's description.
+    #[test]
+    fn slot_kernels_keep_the_cache_semantics() {
+        let dev = super::super::test_device();
+        for name in ["tiny-qwen2", "tiny-llama", "tiny-qwen3"] {
+            let worst = decode_and_grow(&dev, name);
+            eprintln!("{name}: cached vs full on wgpu: {worst:.2e}");
+            assert!(worst < 1e-5, "{name}: cached vs full differ by {worst}");
+        }
+        let [rows, chunk, truncated] = select_chunk_truncate(&dev);
+        eprintln!("rows {rows:.2e}, chunk {chunk:.2e}, truncated {truncated:.2e}");
+        assert!(rows < 1e-5, "selected rows: {rows}");
+        assert!(chunk < 1e-5, "chunk rows: {chunk}");
+        assert!(truncated < 1e-5, "after truncation: {truncated}");
+    }
+
+    /// A decode step through a cache on wgpu uploads the ids and the slot description only (no
+    /// RoPE tables, no mask), writes the cache in place (a clone of the cache taken before the
+    /// step keeps its contents: the kernel copies a shared buffer first), and gives the logits
+    /// the CPU gives, and those of the same step with the slots described on the host (the path
+    /// a cache takes after a kernel did not apply: RoPE from host tables, burn's `slice_assign`,
+    /// attention from a host mask).
+    #[test]
+    fn a_cached_step_uploads_the_slots_and_writes_in_place() {
+        let dev = super::super::test_device();
+        let cpu = Device::flex();
+        let (gpu_model, cpu_model) = (load("tiny-llama", &dev), load("tiny-llama", &cpu));
+        let prompts = [ids(5, 7, 360), ids(6, 3, 360)];
+        let run = |m: &crate::model::Transformer| {
+            let mut cache = KvCache::new(m, 2, 16);
+            m.step(&mut cache, &TokenBatch::left_padded(&prompts))
+                .unwrap();
+            cache
+        };
+        let (mut cache, mut cpu_cache) = (run(&gpu_model), run(&cpu_model));
+        assert!(cache.slots_on_device() && !cpu_cache.slots_on_device());
+        let kept = cache.clone();
+        let before = (thread_counts(), thread_launches());
+        let next = TokenBatch::step(&[3, 4]);
+        let got = read_f32(gpu_model.step(&mut cache, &next).unwrap()).unwrap();
+        let ups = thread_counts().uploads - before.0.uploads;
+        assert_eq!(ups, 2, "uploads of a cached step: the ids and the slots");
+        assert!(thread_launches() > before.1);
+        let want = read_f32(cpu_model.step(&mut cpu_cache, &next).unwrap()).unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "wgpu vs CPU logits: {worst}");
+        // The clone still continues from the prompts alone.
+        let mut host = kept.clone();
+        let mut again = kept;
+        let replay = read_f32(gpu_model.step(&mut again, &next).unwrap()).unwrap();
+        assert_eq!(replay, got, "a clone of the cache was written through");
+        host.describe_slots_on_host();
+        // Uploaded once per process, by whichever test needs it first.
+        super::super::rope_swap_index(gpu_model.dims.head_dim, &dev);
+        let before = thread_counts().uploads;
+        let on_host = read_f32(gpu_model.step(&mut host, &next).unwrap()).unwrap();
+        assert_eq!(
+            thread_counts().uploads - before,
+            4,
+            "ids, cos, sin and the mask"
+        );
+        let worst = got
+            .iter()
+            .zip(&on_host)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-5, "slots on the device vs on the host: {worst}");
+        assert!(!host.slots_on_device());
+    }
 
     /// A strided input (a head slice of a wider tensor, as q and k are cut from the fused QKV
     /// product), positions up to 4,000; within 1e-5 (absolute, values of order 1) of the CPU's
