@@ -7,6 +7,7 @@ use serde_json::json;
 
 use super::common::{Global, UsageError};
 use crate::prepare::dataset::{Mapping, Template};
+use crate::prepare::pass_rate::PassRateFilter;
 use crate::prepare::{
     parse_ops, ArithShape, Build, Draw, Plan, SftPlan, Source, Split, SynthShape, SynthTask,
 };
@@ -62,7 +63,16 @@ task, a size training never sees. Held-out rows have data_source `countdown-held
 `arithmetic-heldout`, hard ones `countdown-hard` / `arithmetic-hard` (reports break them out).
 `all` (the default) draws every task.
 
-Reads: --input (not for the synthetic sources). Writes: -o (atomically; never an input).
+Pass-rate filter (--pass-rates SCORED): sample answers to a pool of prompts with the starting
+policy (`generate-answers --num-answers 8`), judge them (`score`), and keep the prompts whose
+pass rate lies strictly between --min-pass-rate and --max-pass-rate (default 0 and 1: neither
+always right nor always wrong). A prompt every answer gets right, or none does, gives all its
+answers the same reward and a group-relative advantage of 0: it teaches nothing. The filter
+applies to the rows this call selects (after --count and --draw); a prompt without answers in
+SCORED is an error.
+
+Reads: --input (not for the synthetic sources), --pass-rates. Writes: -o (atomically; never an
+input).
 Example:
   rlcr prepare --input gsm8k/train-00000-of-00001.parquet --input-template \
     \"{question}\\n\\nPut the final answer in <answer></answer>.\" --label-key answer -o prompts.parquet
@@ -71,7 +81,8 @@ Example:
   rlcr --seed 1 prepare --from countdown-synth --count 512 -o prompts.parquet
   rlcr --seed 1 prepare --from arithmetic-synth --count 512 --min-digits 1 --max-digits 3 --ops '+*' \
     --split train -o arith.parquet
-  rlcr --seed 9 prepare --from countdown-synth --count 256 --split heldout -o heldout.parquet";
+  rlcr --seed 9 prepare --from countdown-synth --count 256 --split heldout -o heldout.parquet
+  rlcr prepare --input pool.parquet --pass-rates pool-scored.parquet -o learnable.parquet";
 
 #[derive(clap::Args, Debug, serde::Serialize)]
 pub struct Args {
@@ -171,6 +182,19 @@ pub struct Args {
     /// With --sft: the confidence query of the examples (default: generate-confidence's).
     #[arg(long)]
     pub confidence_prompt: Option<String>,
+    /// Keep only the prompts whose pass rate in this scored table (`rlcr score`'s output for
+    /// answers sampled from these prompts) lies strictly between --min-pass-rate and
+    /// --max-pass-rate: by default the prompts that were neither always right nor always wrong,
+    /// the only ones whose answers get a non-zero group-relative advantage. A prompt's pass rate
+    /// is the mean acc_reward of its answer rows.
+    #[arg(long, value_name = "SCORED")]
+    pub pass_rates: Option<PathBuf>,
+    /// With --pass-rates: keep rows whose pass rate is above this.
+    #[arg(long, default_value_t = 0.0, requires = "pass_rates")]
+    pub min_pass_rate: f64,
+    /// With --pass-rates: keep rows whose pass rate is below this.
+    #[arg(long, default_value_t = 1.0, requires = "pass_rates")]
+    pub max_pass_rate: f64,
 }
 
 /// The user message of countdown tasks.
@@ -336,11 +360,25 @@ impl TryFrom<(&Global, &Args)> for Plan {
                 }
             }
         };
+        let pass_rates = match &a.pass_rates {
+            Some(p) => Some(PassRateFilter::new(
+                p.clone(),
+                a.min_pass_rate,
+                a.max_pass_rate,
+            )?),
+            None => None,
+        };
+        if a.sft && pass_rates.is_some() {
+            return Err(usage(
+                "--pass-rates filters prompts; --sft writes warm-start examples".into(),
+            ));
+        }
         let mut config = serde_json::to_value(a)?;
         config["seed"] = json!(g.seed);
         config["argv"] = json!(g.argv);
         Ok(Plan {
             build,
+            pass_rates,
             out: a.out.clone(),
             config,
         })

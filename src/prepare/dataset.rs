@@ -12,8 +12,9 @@
 //! `.jsonl`/`.ndjson` (one object per line), `.json` (JSON lines, which is what `datasets`'
 //! `to_json` writes; an array of records; or an object of equal-length column lists, what
 //! `to_dict` gives). A Parquet file written by `rlcr prepare` itself (`rlcr.schema` =
-//! `rlcr.prompts` in its metadata) is read back row for row, with no mapping: the loop prepares a
-//! dataset once and draws its iterations from that table.
+//! `rlcr.prompts` in its metadata, or exactly a prompts table's columns: the same table filtered
+//! by pandas, polars or pyarrow, which drop that metadata) is read back row for row, with no
+//! mapping: the loop prepares a dataset once and draws its iterations from that table.
 //!
 //! Mapping, per row:
 //! - the prompt: the column `--prompt-key` (default `prompt`, else `messages`), text (one user
@@ -350,6 +351,25 @@ fn keys_of(rows: &[(usize, Map<String, Value>)]) -> Vec<String> {
 
 type Rows = Vec<(usize, Map<String, Value>)>;
 
+/// Whether `columns` are a prompts table's: `prompt_id`, `messages`, `data_source` and
+/// `ground_truth`, and besides them only `extra_info` and pandas' index columns
+/// (`__index_level_N__`). A prompts table filtered or rewritten by pandas, polars or pyarrow keeps
+/// its columns but loses rlcr's file metadata; read through the column mapping instead, its
+/// `prompt_id` would be replaced and its `ground_truth` (JSON text) encoded a second time, and a
+/// verifier would judge every answer against a quoted string.
+fn prompts_shaped(columns: &[String]) -> bool {
+    let required = ["prompt_id", "messages", "data_source", "ground_truth"];
+    let pandas_index = |c: &str| {
+        c.strip_prefix("__index_level_")
+            .and_then(|r| r.strip_suffix("__"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    required.iter().all(|r| columns.iter().any(|c| c == r))
+        && columns
+            .iter()
+            .all(|c| required.contains(&c.as_str()) || c == "extra_info" || pandas_index(c))
+}
+
 fn parquet_records(path: &Path) -> Result<(Rows, Vec<String>, bool)> {
     let r = Reader::open(path)?.as_written();
     let columns: Vec<String> = r
@@ -358,7 +378,8 @@ fn parquet_records(path: &Path) -> Result<(Rows, Vec<String>, bool)> {
         .iter()
         .map(|f| f.name().clone())
         .collect();
-    let prompts = r.metadata().get("rlcr.schema").map(String::as_str) == Some(PROMPTS.name)
+    let prompts = (r.metadata().get("rlcr.schema").map(String::as_str) == Some(PROMPTS.name)
+        || prompts_shaped(&columns))
         && ["prompt_id", "messages", "data_source"]
             .iter()
             .all(|c| columns.iter().any(|x| x == c));

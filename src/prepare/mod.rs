@@ -16,10 +16,13 @@
 //!   files, folders, globs), the column mapping onto prompt rows, and the seeded per-epoch draws
 //!   of the loop over a dataset.
 //! - [`sources`]: the reader of TinyZero's countdown files.
+//! - [`pass_rate`]: keeping the prompts whose pass rate in a scored table lies between two bounds
+//!   (those a group-relative advantage learns from).
 //!
 //! [`Plan`] is the stage's validated, clap-free input; [`run`] does the work and writes the table.
 pub mod arith;
 pub mod dataset;
+pub mod pass_rate;
 pub mod sources;
 pub mod split;
 pub mod synth;
@@ -188,6 +191,9 @@ pub enum Build {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub build: Build,
+    /// Keep only the rows whose pass rate in a scored table lies between two bounds (applied to
+    /// the rows the build selects, after `--count` and `--draw`).
+    pub pass_rates: Option<pass_rate::PassRateFilter>,
     /// Output prompts table.
     pub out: PathBuf,
     /// Resolved configuration recorded in the output's metadata.
@@ -204,6 +210,8 @@ pub struct Summary {
     pub mapped: Option<dataset::Resolved>,
     /// The draw's epoch and index within it (with `--draw`).
     pub epoch: Option<(u64, u64)>,
+    /// What the pass-rate filter kept and dropped (with `--pass-rates`).
+    pub filtered: Option<pass_rate::Filtered>,
 }
 
 impl Summary {
@@ -219,6 +227,12 @@ impl Summary {
         }
         if let Some((e, b)) = self.epoch {
             how.push_str(&format!(", epoch {e} draw {b}"));
+        }
+        if let Some(f) = self.filtered {
+            how.push_str(&format!(
+                "; kept {} of {} by pass rate ({} too hard, {} too easy)",
+                f.kept, f.rows, f.too_hard, f.too_easy
+            ));
         }
         let from = match self.inputs.len() {
             0 => String::new(),
@@ -381,9 +395,17 @@ pub fn load(build: &Build) -> Result<Loaded> {
 
 /// Build the rows of `plan` and write them atomically to `plan.out`.
 pub fn run(plan: &Plan) -> Result<Summary> {
-    let loaded = load(&plan.build)?;
+    let mut loaded = load(&plan.build)?;
+    let mut filtered = None;
+    let mut read = loaded.inputs.clone();
+    if let Some(f) = &plan.pass_rates {
+        let (rows, n) = pass_rate::filter(std::mem::take(&mut loaded.rows), f)?;
+        loaded.rows = rows;
+        filtered = Some(n);
+        read.push(f.scored.clone());
+    }
     let batch = to_batch(&loaded.rows)?;
-    let inputs: Vec<&Path> = loaded.inputs.iter().map(PathBuf::as_path).collect();
+    let inputs: Vec<&Path> = read.iter().map(PathBuf::as_path).collect();
     let mut config = plan.config.clone();
     if let Some((e, b)) = loaded.epoch {
         config["epoch"] = e.into();
@@ -396,6 +418,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         inputs: loaded.inputs,
         mapped: loaded.mapped,
         epoch: loaded.epoch,
+        filtered,
     })
 }
 

@@ -119,7 +119,52 @@ fn prepare_maps_trl_verl_and_plain_columns_like_the_python_reference() {
         let again = format!("{name}-again.parquet");
         wd.run(&["prepare", "--input", &out, "-o", &again]);
         assert_eq!(prompt_rows(&wd.path(&again)), got, "{name} read back");
+        // ... and so does the same table rewritten without rlcr's file metadata (what pandas,
+        // polars or pyarrow write after a filter), with pandas' index column or without
+        for index in [false, true] {
+            let bare = format!("{name}-bare-{index}.parquet");
+            rewrite_without_metadata(&wd.path(&out), &wd.path(&bare), index);
+            let back = format!("{name}-bare-{index}-again.parquet");
+            wd.run(&["prepare", "--input", &bare, "-o", &back]);
+            assert_eq!(
+                prompt_rows(&wd.path(&back)),
+                got,
+                "{name} rewritten, read back"
+            );
+        }
     }
+}
+
+/// `from` written again to `to` with its columns and values but none of rlcr's file metadata,
+/// plus pandas' `__index_level_0__` column when `index`.
+fn rewrite_without_metadata(from: &std::path::Path, to: &std::path::Path, index: bool) {
+    use std::sync::Arc;
+    let f = std::fs::File::open(from).unwrap();
+    let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<arrow::array::RecordBatch> = r.map(|b| b.unwrap()).collect();
+    let b = arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+    let mut fields: Vec<arrow::datatypes::FieldRef> = b.schema().fields().iter().cloned().collect();
+    let mut columns = b.columns().to_vec();
+    if index {
+        fields.push(Arc::new(arrow::datatypes::Field::new(
+            "__index_level_0__",
+            arrow::datatypes::DataType::Int64,
+            false,
+        )));
+        columns.push(Arc::new(arrow::array::Int64Array::from_iter_values(
+            (0..b.num_rows() as i64).map(|i| 3 * i + 1),
+        )));
+    }
+    let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+    let b = arrow::array::RecordBatch::try_new(schema.clone(), columns).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(to).unwrap(), schema, None)
+            .unwrap();
+    w.write(&b).unwrap();
+    w.close().unwrap();
 }
 
 /// A mapped column that does not exist, a value of the wrong type, an empty prompt, a null
@@ -582,4 +627,135 @@ fn extra_info_reaches_reward_code_exactly() {
         want.sort();
         assert_eq!(got, want, "{name}");
     }
+}
+
+/// `prepare --pass-rates`: a pool's prompts kept by the pass rate of their scored answers (the
+/// mean `acc_reward` of the answer rows; confidence rows ignored), strictly between the bounds;
+/// the summary counts the dropped ones; bad bounds are usage errors and a prompt without answers
+/// an error naming its row, nothing written either way.
+#[test]
+fn pass_rate_filter_keeps_the_learnable_prompts() {
+    use std::sync::Arc;
+    let wd = Workdir::new();
+    wd.run(&[
+        "--seed",
+        "3",
+        "prepare",
+        "--from",
+        "arithmetic-synth",
+        "--count",
+        "4",
+        "-o",
+        "pool.parquet",
+    ]);
+    let ids: Vec<String> = prompt_rows(&wd.path("pool.parquet"))
+        .iter()
+        .map(|r| r["prompt_id"].as_str().unwrap().to_string())
+        .collect();
+    // Pass rates: ids[0] 1, ids[1] 0.5, ids[2] 0, ids[3] 0.25.
+    let answers: [&[f32]; 4] = [&[1.0, 1.0], &[0.0, 1.0], &[0.0, 0.0], &[1.0, 0.0, 0.0, 0.0]];
+    let (mut pid, mut kind, mut acc) = (vec![], vec![], vec![]);
+    for (id, rs) in ids.iter().zip(answers) {
+        for &r in rs {
+            pid.push(id.clone());
+            kind.push("answer");
+            acc.push(r);
+        }
+        // a confidence row rewarded 1 does not count
+        pid.push(id.clone());
+        kind.push("confidence");
+        acc.push(1.0);
+    }
+    let b = arrow::array::RecordBatch::try_from_iter([
+        (
+            "prompt_id",
+            Arc::new(StringArray::from(pid)) as arrow::array::ArrayRef,
+        ),
+        ("sample_type", Arc::new(StringArray::from(kind))),
+        (
+            "acc_reward",
+            Arc::new(arrow::array::Float32Array::from(acc)),
+        ),
+    ])
+    .unwrap();
+    write(&b, &wd.path("scored.parquet"), "rlcr.trajectory");
+    let o = wd.output(&[
+        "prepare",
+        "--input",
+        "pool.parquet",
+        "--pass-rates",
+        "scored.parquet",
+        "-o",
+        "learnable.parquet",
+    ]);
+    let log = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{log}");
+    assert!(
+        log.contains("kept 2 of 4 by pass rate (1 too hard, 1 too easy)"),
+        "{log}"
+    );
+    let kept: Vec<String> = prompt_rows(&wd.path("learnable.parquet"))
+        .iter()
+        .map(|r| r["prompt_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kept, [ids[1].clone(), ids[3].clone()]);
+    wd.run(&[
+        "prepare",
+        "--input",
+        "pool.parquet",
+        "--pass-rates",
+        "scored.parquet",
+        "--min-pass-rate",
+        "0.25",
+        "-o",
+        "half.parquet",
+    ]);
+    let kept: Vec<serde_json::Value> = prompt_rows(&wd.path("half.parquet"));
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0]["prompt_id"], ids[1].as_str());
+    wd.refuse(
+        &[
+            "prepare",
+            "--input",
+            "pool.parquet",
+            "--pass-rates",
+            "scored.parquet",
+            "--min-pass-rate",
+            "0.6",
+            "--max-pass-rate",
+            "0.4",
+            "-o",
+            "x.parquet",
+        ],
+        2,
+        "--min-pass-rate 0.6 and --max-pass-rate 0.4",
+        "x.parquet",
+    );
+    wd.run(&[
+        "--seed",
+        "4",
+        "prepare",
+        "--from",
+        "arithmetic-synth",
+        "--count",
+        "2",
+        "--split",
+        "heldout",
+        "-o",
+        "other.parquet",
+    ]);
+    wd.refuse(
+        &[
+            "prepare",
+            "--input",
+            "other.parquet",
+            "--pass-rates",
+            "scored.parquet",
+            "-o",
+            "y.parquet",
+        ],
+        1,
+        "has no answer in",
+        "y.parquet",
+    );
 }
