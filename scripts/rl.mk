@@ -360,17 +360,52 @@ prompts_inputs = $(foreach p,$(1),--input '$(p)')
 $(DATASET):
 	$(RLCR) $(G) prepare $(call prompts_inputs,$(PROMPTS)) $(PREPARE_FLAGS) -o $@
 
+# --- pass-rate filter (FILTER_G=N): before iteration 1 the starting policy answers every prompt
+# of a pool N times (FILTER_POOL synthetic training prompts, or the whole dataset of PROMPTS), the
+# answers are judged, and the iterations draw from the prompts that were neither always right nor
+# always wrong (`prepare --pass-rates`): a prompt every answer gets right, or none does, gives its
+# group an advantage of 0 and teaches nothing (docs/own-data.md). The held-in probe set stays
+# drawn from the unfiltered distribution.
+#   runs/$(RUN)/pool/prompts.parquet, scored.parquet, learnable.parquet
+FILTER_G ?=
+FILTER_POOL ?= 256
+FILTER_SEED ?= 900000
+POOL := $(DIR)/pool
+ifneq ($(FILTER_G),)
+DRAWS := $(POOL)/learnable.parquet
+ifeq ($(PROMPTS),)
+$(POOL)/prompts.parquet:
+	mkdir -p $(POOL)
+	$(RLCR) --seed $$(($(FILTER_SEED) + $(SEED))) --device $(DEVICE) prepare --from $(SOURCE) \
+	  --count $(FILTER_POOL) $(TASK_FLAGS) $(TRAIN_SPLIT) -o $@
+else
+$(POOL)/prompts.parquet: | $(DATASET)
+	mkdir -p $(POOL)
+	$(RLCR) $(G) prepare --input $(DATASET) -o $@
+endif
+$(POOL)/scored.parquet: $(POOL)/prompts.parquet $(call policy_mark,$(START))
+	$(RLCR) $(G) generate-answers --model $(START) --input $< -o $(POOL)/answers.parquet \
+	  --num-answers $(FILTER_G) --max-new-tokens $(MAX_NEW) --temperature $(TEMPERATURE) \
+	  --top-p $(TOP_P) --batch-size $(BATCH) $(SYS_FLAG)
+	$(RLCR) $(G) score --input $(POOL)/answers.parquet -o $@ $(VERIFY_FLAGS) $(SCORE_FLAGS)
+	rm -f $(POOL)/answers.parquet
+$(POOL)/learnable.parquet: $(POOL)/scored.parquet
+	$(RLCR) $(G) prepare --input $(POOL)/prompts.parquet --pass-rates $< -o $@
+else
+DRAWS := $(DATASET)
+endif
+
 # --- one iteration: $(1) = iteration id, $(2) = policy folder
 define ITER
-ifeq ($(PROMPTS),)
+ifeq ($(PROMPTS)$(FILTER_G),)
 $(DIR)/iter-$(1)/prompts.parquet:
 	$$(RLCR) --seed $$$$((10#$(1) + 1000 * $(SEED))) --device $(DEVICE) prepare --from $(SOURCE) \
 	  --count $(PROMPTS_PER_ITER) $(TASK_FLAGS) $(TRAIN_SPLIT) -o $$@
 else
 # Draw i-1 of PROMPTS_PER_ITER rows (`prepare --draw`): a function of (SHUFFLE_SEED, i) only. The
 # dataset is an order-only prerequisite: rebuilding it does not redo finished iterations.
-$(DIR)/iter-$(1)/prompts.parquet: | $(DATASET)
-	$$(RLCR) $$(G) prepare --input $(DATASET) --shuffle-seed $(SHUFFLE_SEED) \
+$(DIR)/iter-$(1)/prompts.parquet: | $(DRAWS)
+	$$(RLCR) $$(G) prepare --input $(DRAWS) --shuffle-seed $(SHUFFLE_SEED) \
 	  --count $(PROMPTS_PER_ITER) --draw $$$$((10#$(1) - 1)) -o $$@
 endif
 

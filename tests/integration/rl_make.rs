@@ -375,3 +375,54 @@ fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
         assert_eq!(steps, vec![1, 2], "{tag}");
     }
 }
+
+/// `FILTER_G=4`: the warm start answers a 32-prompt pool 4 times each, and iteration 1 draws only
+/// from the prompts whose answers were neither all right nor all wrong (each one's mean
+/// `acc_reward` in the pool's scored table strictly between 0 and 1), none of the others.
+#[test]
+fn pass_rate_filter_feeds_the_loop_learnable_prompts() {
+    let wd = Workdir::new();
+    let first = wd.path("f/iter-0001/prompts.parquet");
+    let o = rl_make(
+        &wd,
+        &[
+            "RUN=f",
+            "ITERS=1",
+            "FILTER_G=4",
+            "FILTER_POOL=32",
+            "PROMPTS_PER_ITER=4",
+            &first.display().to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", crate::support::rlmk::log(&o));
+    let pool = prompt_ids(&wd.path("f/pool/prompts.parquet"));
+    assert_eq!(pool.len(), 32);
+    let b = crate::support::table::read(&wd.path("f/pool/scored.parquet"));
+    let ids = rlcr::table::cols::str_col(&b, "scored", "prompt_id").unwrap();
+    let acc = rlcr::table::cols::f32_col(&b, "scored", "acc_reward").unwrap();
+    let mut rate: std::collections::HashMap<String, (f64, f64)> = Default::default();
+    for i in 0..b.num_rows() {
+        let r = rate.entry(ids.value(i).to_string()).or_default();
+        r.0 += 1.0;
+        r.1 += acc.value(i) as f64;
+    }
+    let learnable: Vec<String> = pool
+        .iter()
+        .filter(|id| {
+            let (n, s) = rate[id.as_str()];
+            assert_eq!(n, 4.0, "{id}: 4 answers");
+            s > 0.0 && s < n
+        })
+        .cloned()
+        .collect();
+    assert!(
+        !learnable.is_empty() && learnable.len() < pool.len(),
+        "{} of {} learnable",
+        learnable.len(),
+        pool.len()
+    );
+    assert_eq!(prompt_ids(&wd.path("f/pool/learnable.parquet")), learnable);
+    let drawn = prompt_ids(&first);
+    assert_eq!(drawn.len(), 4.min(learnable.len()));
+    assert!(drawn.iter().all(|id| learnable.contains(id)), "{drawn:?}");
+}
