@@ -21,24 +21,26 @@ use cubecl::client::Graph;
 
 use crate::model::transfer;
 
-/// `p` when it is a contiguous buffer of its own (what an in-place write of all of it needs).
+/// `p` when it is a contiguous tensor at the start of its buffer (what an in-place write of all
+/// of it from the host needs; the buffer may be padded past its end).
 fn whole(p: Result<CubeTensor, impl std::fmt::Debug>) -> Result<CubeTensor> {
     let p = p.map_err(|e| anyhow!("internal: a fixed buffer off the GPU: {e:?}"))?;
+    let bytes = p.meta.shape().num_elements() * p.dtype.size();
     ensure!(
-        p.is_contiguous_buffer(),
+        p.is_contiguous() && bytes as u64 <= p.handle.size_in_used(),
         "internal: a fixed buffer that is a view of a larger one"
     );
     Ok(p)
 }
 
-/// Write `bytes` over the whole buffer of `p` (in place: the same device address), counted as
+/// Write `bytes` over the whole tensor `p` (in place: the same device address), counted as
 /// an upload ([`transfer::count_write`]).
 fn write(p: &CubeTensor, bytes: Vec<u8>) -> Result<()> {
+    let size = p.meta.shape().num_elements() * p.dtype.size();
     ensure!(
-        bytes.len() as u64 == p.handle.size(),
-        "internal: {} bytes for a buffer of {}",
-        bytes.len(),
-        p.handle.size()
+        bytes.len() == size,
+        "internal: {} bytes for a tensor of {size}",
+        bytes.len()
     );
     transfer::count_write(bytes.len() as u64);
     p.client.write(&p.handle, Bytes::from_bytes_vec(bytes));
