@@ -765,6 +765,7 @@ impl Transformer {
     /// ([`super::graph`]). `input` and `positions` serve only a layer whose kernel does not
     /// apply (the host then describes the slots, and the cache stops describing them on the
     /// device).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub(super) fn step_on_device(
         &self,
         cache: &mut KvCache,
