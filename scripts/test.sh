@@ -31,7 +31,7 @@ if [ "${RLCR_TEST_GPU:-0}" = 1 ]; then
   # No NVIDIA device here (CI): the no-driver test must see no driver.
   [ -e /dev/nvidiactl ] || export RLCR_TEST_NO_CUDA_DRIVER=1
   cargo test --features wgpu,cuda --lib --test integration -- \
-    devices device_strings transfer_counts sample::draw cuda backend::gpu::
+    devices device_strings transfer_counts sample::draw cuda backend::gpu:: graph
   if python3 -c 'import torch, transformers, pyarrow' 2>/dev/null || [ "${RLCR_REQUIRE_TORCH:-0}" = 1 ]; then
     scripts/gpu_check.sh --dry-run --rlcr "${CARGO_TARGET_DIR:-target}/debug/rlcr" \
       --out "${CARGO_TARGET_DIR:-target}/gpu-check-dry"

@@ -65,11 +65,11 @@ struct DeviceSlots {
 /// The device inputs of one call through a cache on a GPU: what the RoPE and cache-write kernel
 /// and the attention kernel read instead of RoPE tables and a mask built on the host.
 ///
-/// A CUDA graph replaying the step would need these buffers fixed: `info` written in place
-/// (`client.write` into one buffer allocated with the cache) instead of uploaded anew each call,
-/// and `flags`, `table` and the key/value buffers never reallocated inside the step (growth,
-/// row selection and a copy of a shared buffer all happen outside it; the kernels write in place
-/// only into unshared buffers).
+/// A replayed step ([`super::graph::DecodeGraph`]) keeps these buffers fixed: `info` is written
+/// in place into one buffer allocated with the graph instead of uploaded anew each call, and
+/// `flags`, `table` and the key/value buffers are never reallocated inside the step (growth,
+/// row selection and a copy of a shared buffer all happen before the capture; the kernels write
+/// in place into unshared buffers).
 pub(crate) struct SlotStep {
     /// `[1 + B·T]` f32 (exact below 2²⁴): the call's first slot, then the RoPE position of each
     /// of its `B·T` tokens, −1 for padding.
@@ -256,31 +256,37 @@ impl KvCache {
     }
 
     /// The device inputs of the call [`Self::advance`] just appended (`start`, `positions`,
-    /// validity from `input`), when the device describes the slots; one upload. The flags and
-    /// the table move into the step until [`Self::end_step`] (a call that fails in between
-    /// leaves the cache describing its slots on the host).
+    /// validity from `input`), when the device describes the slots; one upload of
+    /// [`slot_info`]. The flags and the table move into the step until [`Self::end_step`]
+    /// (a call that fails in between leaves the cache describing its slots on the host).
     pub(super) fn slot_step(
         &mut self,
         input: &TokenBatch,
         start: usize,
         positions: &[usize],
     ) -> Option<SlotStep> {
+        if input.batch == 0 || self.slots.is_none() {
+            return None;
+        }
+        let info = slot_info(input, start, positions);
+        let n = info.len();
+        self.slot_step_with(input, upload(TensorData::new(info, [n]), &self.device))
+    }
+
+    /// [`Self::slot_step`] with the slot description already on the device (`info`, `[1 + B·T]`,
+    /// as [`slot_info`] gives it): a replayed step writes it into the same buffer every step.
+    pub(super) fn slot_step_with(
+        &mut self,
+        input: &TokenBatch,
+        info: Tensor<1>,
+    ) -> Option<SlotStep> {
         if input.batch == 0 {
             return None;
         }
         // Moved, not cloned: a buffer held twice would be copied before each in-place write.
         let s = self.slots.take()?;
-        let mut info = Vec::with_capacity(1 + positions.len());
-        info.push(start as f32);
-        info.extend(
-            positions
-                .iter()
-                .zip(&input.valid)
-                .map(|(&p, &ok)| if ok { p as f32 } else { -1.0 }),
-        );
-        let n = info.len();
         Some(SlotStep {
-            info: upload(TensorData::new(info, [n]), &self.device),
+            info,
             table: s.table,
             flags: RefCell::new(s.flags),
             fell_back: Cell::new(false),
@@ -305,6 +311,21 @@ impl KvCache {
             });
         }
     }
+}
+
+/// The slot description of a call through a cache that [`KvCache::advance`] appended at `start`
+/// with `positions` (validity from `input`): the first slot, then the RoPE position of each of
+/// its `B·T` tokens, −1 for padding (f32, exact below 2²⁴).
+pub(super) fn slot_info(input: &TokenBatch, start: usize, positions: &[usize]) -> Vec<f32> {
+    let mut info = Vec::with_capacity(1 + positions.len());
+    info.push(start as f32);
+    info.extend(
+        positions
+            .iter()
+            .zip(&input.valid)
+            .map(|(&p, &ok)| if ok { p as f32 } else { -1.0 }),
+    );
+    info
 }
 
 #[cfg(test)]

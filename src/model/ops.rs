@@ -427,6 +427,12 @@ pub(crate) fn logprob_entropy(
     cpu::head::logprob_entropy(logits, targets, temperature, entropy)
 }
 
+/// Fixed input buffers written in place and a decode step captured once and replayed, for
+/// [`super::graph::DecodeGraph`]: the GPU backends' graph API ([`gpu::graph`]; CUDA replays a
+/// hardware graph, wgpu a software one).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub(crate) use super::backend::gpu::graph::{capture, write_f32, write_ids, StepGraph};
+
 /// The sampling settings of [`draw`] (the sampler's, as plain numbers).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DrawParams {

@@ -129,6 +129,13 @@ pub fn upload<const D: usize, K: Basic>(data: TensorData, device: &Device) -> Te
     Tensor::from_data(data, device)
 }
 
+/// Count an in-place write of `bytes` into an existing device buffer as one upload (a replayed
+/// step refreshes its inputs so instead of uploading new tensors).
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+pub(crate) fn count_write(bytes: u64) {
+    count(false, bytes);
+}
+
 /// Read a tensor to the host (counted as one read of its bytes; one synchronisation on a GPU).
 pub fn read<const D: usize, K: Basic>(t: Tensor<D, K>) -> Result<TensorData> {
     let data = t

@@ -576,13 +576,13 @@ impl Transformer {
 
     /// Embedding lookup: `[B·T, h]`.
     fn embed_tokens(&self, input: &TokenBatch, device: &Device) -> Tensor<2> {
-        let ids: Vec<i32> = input
-            .ids
-            .iter()
-            .zip(&input.valid)
-            .map(|(&id, &ok)| if ok { id as i32 } else { 0 })
-            .collect();
-        let ids: Tensor<1, Int> = upload(TensorData::new(ids, [ids_len(input)]), device);
+        let ids: Tensor<1, Int> =
+            upload(TensorData::new(embed_ids(input), [ids_len(input)]), device);
+        self.embed_ids(ids)
+    }
+
+    /// Embedding lookup of ids on the device: `[N, h]`.
+    fn embed_ids(&self, ids: Tensor<1, Int>) -> Tensor<2> {
         // A bf16 embedding gives f32 activations (exact).
         self.embed
             .val()
@@ -730,6 +730,16 @@ impl Transformer {
     /// Run `input` through the cache: its keys/values are appended to `cache` (all rows advance
     /// by `input.len` slots) and the final-normed hidden states `[B, T, h]` are returned.
     pub fn hidden_cached(&self, cache: &mut KvCache, input: &TokenBatch) -> Result<Tensor<3>> {
+        self.check_cached(cache, input)?;
+        let device = self.device();
+        let (start, positions) = cache.advance(input);
+        let slots = cache.slot_step(input, start, &positions);
+        let x = self.embed_tokens(input, &device);
+        Ok(self.cached_layers(cache, input, start, &positions, slots, x))
+    }
+
+    /// Whether `input` can run through `cache`.
+    pub(super) fn check_cached(&self, cache: &KvCache, input: &TokenBatch) -> Result<()> {
         input.check_vocab(self.dims.vocab)?;
         let (b, t) = (input.batch, input.len);
         ensure!(
@@ -744,13 +754,52 @@ impl Transformer {
             cache.layers.len(),
             self.layers.len()
         );
+        Ok(())
+    }
+
+    /// A decode step (one token a row) through `cache` from inputs already on the device: the
+    /// ids `ids` (`[B]`, 0 for padding) and the slot description `info` (`[1 + B]`, as
+    /// [`super::cache::slot_info`] gives it for the call `input` that [`KvCache::advance`] appended at
+    /// `start` with `positions`). Returns the logits `[B, V]`. Nothing is uploaded or read: the
+    /// same launches on the same buffers every step, as a replayed graph needs
+    /// ([`super::graph`]). `input` and `positions` serve only a layer whose kernel does not
+    /// apply (the host then describes the slots, and the cache stops describing them on the
+    /// device).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub(super) fn step_on_device(
+        &self,
+        cache: &mut KvCache,
+        input: &TokenBatch,
+        start: usize,
+        positions: &[usize],
+        ids: &Tensor<1, Int>,
+        info: &Tensor<1>,
+    ) -> Tensor<2> {
+        let slots = cache.slot_step_with(input, info.clone());
+        let x = self.embed_ids(ids.clone());
+        let h = self.cached_layers(cache, input, start, positions, slots, x);
+        let [b, _, hd] = h.dims();
+        self.lm_head(h.reshape([b, hd]))
+    }
+
+    /// The layers of a call through `cache` that [`KvCache::advance`] appended at `start` with
+    /// `positions`, on the embedded tokens `x` (`[B·T, h]`), the device's description of the
+    /// slots `slots` handed back to the cache at the end: final-normed hidden states `[B, T, h]`.
+    fn cached_layers(
+        &self,
+        cache: &mut KvCache,
+        input: &TokenBatch,
+        start: usize,
+        positions: &[usize],
+        slots: Option<SlotStep>,
+        x: Tensor<2>,
+    ) -> Tensor<3> {
+        let (b, t) = (input.batch, input.len);
         let device = self.device();
-        let (start, positions) = cache.advance(input);
-        let slots = cache.slot_step(input, start, &positions);
         let inputs = CachedInputs {
             dims: &self.dims,
             input,
-            positions: &positions,
+            positions,
             valid: &cache.valid,
             start,
             keys: cache.capacity(),
@@ -786,7 +835,6 @@ impl Transformer {
             decode_keys: decode_keys.as_deref(),
             lora_drop: None,
         };
-        let x = self.embed_tokens(input, &device);
         let kv = cache.layers.iter_mut().map(|lc| KvSource::Cache {
             k: &mut lc.0,
             v: &mut lc.1,
@@ -796,7 +844,7 @@ impl Transformer {
             packed.and_then(|p| p.layers.get(k))
         });
         cache.end_step(slots);
-        Ok(h.reshape([b, t, self.dims.hidden]))
+        h.reshape([b, t, self.dims.hidden])
     }
 
     /// Run `input` through the cache and return the logits `[B, V]` of each row's last slot (the
@@ -1016,6 +1064,16 @@ impl LayerCheckpoints {
         }
         Ok(acc.grads())
     }
+}
+
+/// The ids the embedding looks up for `input`: its ids, 0 for padding.
+pub(super) fn embed_ids(input: &TokenBatch) -> Vec<i32> {
+    input
+        .ids
+        .iter()
+        .zip(&input.valid)
+        .map(|(&id, &ok)| if ok { id as i32 } else { 0 })
+        .collect()
 }
 
 fn ids_len(input: &TokenBatch) -> usize {

@@ -1,7 +1,8 @@
 //! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
 //! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, and RoPE
 //! with the KV-cache write at positions held on the device, [`rope`]; attention from a mask or
-//! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]), and burn composites
+//! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]; fixed input buffers
+//! and a decode step captured once and replayed, [`graph`]), and burn composites
 //! written for
 //! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
 //! H200) where no kernel applies: autodiff tensors (training keeps the composites, whose
@@ -17,6 +18,8 @@ mod block;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod draw;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod graph;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod rope;
@@ -25,7 +28,7 @@ pub mod swiglu;
 
 /// The wgpu device the kernels' tests run on: `RLCR_WGPU_DEVICE` (default `wgpu`: lavapipe in CI).
 #[cfg(all(test, feature = "wgpu"))]
-fn test_device() -> burn::tensor::Device {
+pub(crate) fn test_device() -> burn::tensor::Device {
     let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
     spec.parse::<crate::model::DeviceSpec>()
         .unwrap()
