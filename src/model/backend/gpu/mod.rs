@@ -1,7 +1,8 @@
 //! What the GPU backends (wgpu, CUDA) run, one source for both: `#[cube]` kernels launched on
 //! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, and RoPE
 //! with the KV-cache write at positions held on the device, [`rope`]; attention from a mask or
-//! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]), and burn composites
+//! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]; the LM head's
+//! log-probs and entropies in chunks of tokens, with their backward, [`head`]), and burn composites
 //! written for
 //! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
 //! H200) where no kernel applies: autodiff tensors (training keeps the composites, whose
@@ -16,6 +17,8 @@ pub mod attention;
 mod block;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod draw;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod head;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
