@@ -585,7 +585,7 @@ mod tests {
 
     /// Largest error of log-probs and entropies (absolute, values of order 1–10) and of the
     /// gradients (relative to the largest entry) from float64 and between wgpu and the CPU.
-    const F64_BOUND: f64 = 2e-5;
+    const F64_BOUND: f64 = 5e-6;
 
     fn fixture(name: &str) -> std::path::PathBuf {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -682,8 +682,11 @@ mod tests {
     }
 
     /// The most launches a training micro-batch of tiny-qwen2 or tiny-llama (2 layers) may
-    /// take on wgpu through the chunked head (measured: see `training_micro_batch_launches`).
-    const MICRO_BATCH_LAUNCHES: u64 = 0;
+    /// take on wgpu through the chunked head. Measured on lavapipe (layers forward, head with
+    /// the loss, backward): tiny-qwen2 94 + 11 + 262 = 367 (390 through the composite head),
+    /// tiny-llama 92 + 11 + 259 = 362 (385). The rest is the layers' autodiff composites
+    /// (RMSNorm, SwiGLU, RoPE, attention) and the backward passes burn derives for them.
+    const MICRO_BATCH_LAUNCHES: u64 = 367;
 
     /// The pool's bytes in use on a head with a large vocabulary against the hidden size (512
     /// tokens, h = 64, V = 32,768: 64 MiB of logits): after the forward pass (what autodiff
