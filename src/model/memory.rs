@@ -117,7 +117,7 @@ mod tests {
         let mut w = PoolWatch::new(&device).expect("wgpu reports its pool");
         let before = w.peak();
         let x = burn::tensor::Tensor::<1>::ones([1 << 20], &device);
-        let _ = crate::model::read_f32(x.clone().slice([0..1])).unwrap();
+        let _ = crate::model::read_f32(x.clone().slice(0..1)).unwrap();
         w.sample();
         let held = w.peak();
         assert!(

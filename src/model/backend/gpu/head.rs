@@ -712,7 +712,7 @@ mod tests {
             let wt =
                 BurnTensor::<2>::from_data(TensorData::new(w.clone(), [h, v]), &ad).require_grad();
             let wl = BurnTensor::<1>::from_data(TensorData::new(weights(n).0, [n]), &ad);
-            let _ = read_f32(wl.clone().slice([0..1])).unwrap();
+            let _ = read_f32(wl.clone().slice(0..1)).unwrap();
             let mut watch = PoolWatch::new(&dev).expect("wgpu reports its pool");
             let base = dev.memory_pool_usage().unwrap().bytes_in_use;
             let (lp, ent) = if chunked {
