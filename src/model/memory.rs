@@ -94,6 +94,14 @@ pub fn line(watch: &mut Option<PoolWatch>, stage: &str) -> Option<String> {
     watch.as_mut().map(|w| w.line(stage))
 }
 
+/// Serialises the tests that read a GPU pool or allocate much from it: the pool is the
+/// process's, so one such test's allocations would show in another's readings.
+#[cfg(test)]
+pub(crate) fn pool_test_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +116,7 @@ mod tests {
     #[cfg(feature = "wgpu")]
     #[test]
     fn gpu_devices_report_their_pool() {
+        let _pool = pool_test_lock();
         let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
         let device = spec
             .parse::<crate::model::DeviceSpec>()

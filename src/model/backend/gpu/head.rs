@@ -525,6 +525,7 @@ mod tests {
     /// and 0.7; two runs give the same bits, and plain tensors the autodiff forward's bits.
     #[test]
     fn head_matches_the_cpu_and_float64_with_gradients() {
+        let _pool = crate::model::memory::pool_test_lock();
         let gpu = super::super::test_device();
         let cpu = Device::flex();
         for (n, h, v, chunk) in [(23usize, 64usize, 384usize, 5usize), (30, 48, 1000, 7)] {
@@ -646,6 +647,7 @@ mod tests {
     /// summed with the embedding lookup's).
     #[test]
     fn training_micro_batch_launches() {
+        let _pool = crate::model::memory::pool_test_lock();
         let dev = super::super::test_device().autodiff();
         for name in ["tiny-qwen2", "tiny-llama"] {
             let m = crate::model::Model::load(&fixture(name), &dev).unwrap();
@@ -698,6 +700,7 @@ mod tests {
     /// reserved bytes, which grow to the largest allocation, are printed too.
     #[test]
     fn head_memory_stays_below_the_logits() {
+        let _pool = crate::model::memory::pool_test_lock();
         let dev = super::super::test_device();
         let ad = dev.clone().autodiff();
         let (n, h, v) = (512usize, 64usize, 32768usize);
