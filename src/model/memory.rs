@@ -96,7 +96,7 @@ pub fn line(watch: &mut Option<PoolWatch>, stage: &str) -> Option<String> {
 
 /// Serialises the tests that read a GPU pool or allocate much from it: the pool is the
 /// process's, so one such test's allocations would show in another's readings.
-#[cfg(test)]
+#[cfg(all(test, feature = "wgpu"))]
 pub(crate) fn pool_test_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
