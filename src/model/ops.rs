@@ -12,7 +12,7 @@
 //! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; a gather and two products over the whole head when training) |
 //! | [`rope_cache_write`], [`slot_attention`] (calls through a cache) | [`Rope`], burn's `slice_assign`, [`cached_attention`] | one `#[cube]` kernel each, at positions and slot flags held on the device ([`gpu::rope`], [`gpu::attention`]) |
 //! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; a nine-kernel composite, [`backend::composite_attention`], when training or past its key limit) |
-//! | [`logprob_entropy`] | the fused LM head ([`cpu::head`]) | burn's composite |
+//! | [`head_logprob_entropy`] (the LM head with [`logprob_entropy`]) | the product, then the fused LM head ([`cpu::head`]) | chunks of tokens, a product and one `#[cube]` kernel each, with a `Backward` that recomputes the chunk ([`gpu::head`]) |
 //! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
 //!
 //! Each CPU kernel returns `None` where it does not apply (a switch off, another dtype, a CPU
@@ -413,6 +413,31 @@ fn device_attention(
         return burn_attention(q, k, v, Some(mask.clone()), None, options);
     }
     backend::composite_attention(q, k, v, mask, options, split)
+}
+
+/// Log-probs of `targets` and (when `entropy`) entropies of the rows of the logits `x · w`
+/// (`x: [n, h]` final-normed hidden states, `w: [h, V]` the LM head) at `temperature`. On a GPU
+/// the head in chunks of tokens ([`gpu::head`]: the logits of the whole batch never exist at
+/// once, forward or backward); on the CPU the product ([`matmul`]) and the fused head
+/// ([`logprob_entropy`]).
+pub(crate) fn head_logprob_entropy(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    targets: &[u32],
+    temperature: f64,
+    entropy: bool,
+) -> Result<(Tensor<1>, Option<Tensor<1>>)> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&x.device()) {
+        let split = split_f32(&x.device());
+        let chunk = gpu::head::CHUNK_BYTES;
+        if let Some(out) =
+            gpu::head::logprob_entropy(&x, &w, targets, temperature, entropy, split, chunk)?
+        {
+            return Ok(out);
+        }
+    }
+    logprob_entropy(matmul(x, w, None), targets, temperature, entropy)
 }
 
 /// Log-probs of `targets` and (when `entropy`) entropies of the rows of `logits: [n, V]` at

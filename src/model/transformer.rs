@@ -597,11 +597,33 @@ impl Transformer {
     }
 
     fn lm_head_packed(&self, hidden: Tensor<2>, packed: Option<&DecodeWeights>) -> Tensor<2> {
-        let w = match &self.lm_head {
+        matmul(
+            hidden,
+            self.head_weight(),
+            packed.and_then(|p| p.lm_head.as_ref()),
+        )
+    }
+
+    /// The LM head's weight `[h, V]`: its own, or the embedding when tied.
+    fn head_weight(&self) -> Tensor<2> {
+        match &self.lm_head {
             Some(w) => w.val(),
             None => self.embed.val(),
-        };
-        matmul(hidden, w, packed.and_then(|p| p.lm_head.as_ref()))
+        }
+    }
+
+    /// Log-probs of `targets` and (when `entropy`) entropies of the next-token distributions
+    /// of `hidden` (`[N, h]`, final-normed) at `temperature`, through the LM head, without
+    /// returning the logits (on a GPU they are formed a chunk of tokens at a time, see
+    /// [`ops::head_logprob_entropy`]). Differentiable on an autodiff device.
+    pub fn head_logprobs(
+        &self,
+        hidden: Tensor<2>,
+        targets: &[u32],
+        temperature: f64,
+        entropy: bool,
+    ) -> Result<(Tensor<1>, Option<Tensor<1>>)> {
+        ops::head_logprob_entropy(hidden, self.head_weight(), targets, temperature, entropy)
     }
 
     /// The packed decode weights, built on first use (plain Flex devices only; `None` elsewhere
@@ -894,8 +916,8 @@ impl Transformer {
         let mut s = 0;
         while s < n {
             let e = (s + chunk).min(n);
-            let logits = self.lm_head(hs.clone().slice([s..e, 0..hd]));
-            let (lp, ent) = ops::logprob_entropy(logits, &batch.targets_right[s..e], 1.0, entropy)?;
+            let rows = hs.clone().slice([s..e, 0..hd]);
+            let (lp, ent) = self.head_logprobs(rows, &batch.targets_right[s..e], 1.0, entropy)?;
             lps.push(lp);
             ents.extend(ent);
             s = e;

@@ -87,7 +87,6 @@ pub fn response_logprobs_subset<C: AsRef<[u32]>, R: AsRef<[u32]>>(
     let hs = h
         .slice([0..b, t - r - 1..t - 1, 0..hd])
         .reshape([b * r, hd]);
-    let logits = model.lm_head(hs);
     // Right-aligned targets `[B·R]` (padding columns ask for token 0; their weight is 0).
     let mut targets = vec![0u32; b * r];
     for (i, (_, resp)) in rows.iter().enumerate() {
@@ -95,15 +94,22 @@ pub fn response_logprobs_subset<C: AsRef<[u32]>, R: AsRef<[u32]>>(
         let off = i * r + (r - resp.len());
         targets[off..off + resp.len()].copy_from_slice(resp);
     }
-    let subset_entropy = match subset {
-        Some(ids) => {
-            Some(super::tensor::subset_entropy(logits.clone(), ids, temperature)?.reshape([b, r]))
-        }
-        None => None,
-    };
-    // Log-softmax, gather and entropy in one pass over the logits (crate::model::head).
     let want_entropy = entropy != EntropyMode::Off;
-    let (logp, ent) = head::logprob_entropy(logits, &targets, temperature, want_entropy)?;
+    let (subset_entropy, (logp, ent)) = match subset {
+        // The subset's entropy reads the logits: the head forms them for the whole batch.
+        Some(ids) => {
+            let logits = model.lm_head(hs);
+            let sub = super::tensor::subset_entropy(logits.clone(), ids, temperature)?;
+            let head = head::logprob_entropy(logits, &targets, temperature, want_entropy)?;
+            (Some(sub.reshape([b, r])), head)
+        }
+        // Log-softmax, gather and entropy without returning the logits (on a GPU never all
+        // at once: `Transformer::head_logprobs`).
+        None => (
+            None,
+            model.head_logprobs(hs, &targets, temperature, want_entropy)?,
+        ),
+    };
     let logp = logp.reshape([b, r]);
     let ent = ent.map(|h| {
         let h = h.reshape([b, r]);

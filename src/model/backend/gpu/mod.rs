@@ -2,7 +2,8 @@
 //! burn's tensors (RMSNorm with the residual add, [`norm`]; SwiGLU, [`swiglu`]; RoPE, and RoPE
 //! with the KV-cache write at positions held on the device, [`rope`]; attention from a mask or
 //! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]; fixed input buffers
-//! and a decode step captured once and replayed, [`graph`]), and burn composites
+//! and a decode step captured once and replayed, [`graph`]; the LM head's log-probs and entropies
+//! in chunks of tokens, with their backward, [`head`]), and burn composites
 //! written for
 //! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
 //! H200) where no kernel applies: autodiff tensors (training keeps the composites, whose
@@ -19,6 +20,8 @@ mod block;
 pub mod draw;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod graph;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod head;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
