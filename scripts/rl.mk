@@ -97,17 +97,21 @@ endif
 SYSTEM_PROMPT ?= Think in <think> </think> tags, then give the final answer in <answer> </answer> tags.
 CONFIDENCE_PROMPT ?= default
 EPOCHS ?= 1
-# Four optimizer steps per iteration, 36 iterations. lr 1e-6: at 1e-5 (the comparison table of
-# docs/results.md: RLCR's held-out AUROC 0.720 against RLVR's 0.518, ECE 0.077 against 0.249, both
-# arms' accuracy below the warm start's) the held-in accuracy fell from 0.438 to 0.333 within six
-# updates with the KL to the warm start at 0.01-0.05 a token, while 1e-6 kept it at a KL of 1e-4
-# (docs/results.md, "Why RL lowered accuracy"); at 5e-5 the arithmetic broke within 4 iterations.
+# Four optimizer steps per iteration, 36 iterations. lr 3e-6 on prompts the warm start neither
+# always nor never gets right (FILTER_G=8 over a 256-prompt pool: 67 kept): SmolLM2's verdict on
+# 70 % of the problems is the same in 16 of 16 samples, so an unfiltered batch of 8 prompts x 4
+# answers carries a signal in 14 % of its groups; filtered, 25-75 %, and 12 RLVR iterations raised
+# the held-in accuracy from 0.438 to 0.583 (greedy) and 0.531 (sampled), where the unfiltered runs
+# at 1e-6, 3e-6 and G_A=16 stayed within 0.44-0.48 (docs/results.md, "Why RL has so little to learn
+# from"). At 1e-5 the held-in accuracy fell from 0.438 to 0.333 within six updates (a KL to the
+# warm start of 0.01-0.12 a token); at 5e-5 the arithmetic broke within 4 iterations.
+FILTER_G ?= 8
 MINI_BATCHES ?= 4
 MAX_NEW ?= 64
 MAX_NEW_CONF ?= 48
 BATCH ?= 8
 MICRO_BATCH ?= 4
-LR ?= 1e-6
+LR ?= 3e-6
 PROMPTS_PER_ITER ?= 8
 ITERS ?= 36
 # One confidence per evaluation answer: the long confidence request makes its prefill most of an
