@@ -233,7 +233,8 @@ impl DecodeGraph {
     }
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
 mod tests {
     //! On the wgpu device (lavapipe in CI): steps replayed from one capture against the same
     //! steps run eagerly on the same buffers, and against the model's ordinary cached step.

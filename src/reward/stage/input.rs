@@ -175,8 +175,7 @@ impl TextCol {
     /// The column as text.
     #[inline]
     fn view(&self) -> table::StrCol<'_> {
-        // ok: built only from arrays `StrCol` reads (checked in `str_col`)
-        table::StrCol::of_array(self.0.as_ref()).expect("a text column")
+        table::StrCol::of_array(self.0.as_ref()).expect("a text column") // ok: built only from arrays `StrCol` reads (checked in `str_col`)
     }
 
     pub(super) fn len(&self) -> usize {

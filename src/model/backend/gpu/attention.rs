@@ -286,7 +286,8 @@ fn slot_attention_kernel(
     weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
 mod tests {
     //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against an f64 evaluation and the CPU's composite on the same values.

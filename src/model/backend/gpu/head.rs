@@ -397,7 +397,8 @@ fn backward_kernel(
     }
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
 mod tests {
     //! The chunked head on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the
     //! adapter) against the CPU's product and fused head and against float64, values and

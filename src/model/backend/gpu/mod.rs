@@ -30,7 +30,8 @@ pub mod rope;
 pub mod swiglu;
 
 /// The wgpu device the kernels' tests run on: `RLCR_WGPU_DEVICE` (default `wgpu`: lavapipe in CI).
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
 pub(crate) fn test_device() -> burn::tensor::Device {
     let spec = std::env::var("RLCR_WGPU_DEVICE").unwrap_or_else(|_| "wgpu".into());
     spec.parse::<crate::model::DeviceSpec>()

@@ -143,7 +143,8 @@ fn add_rms_norm_kernel(
     normalise_row(&*sum, row, w, out, eps, units);
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
 mod tests {
     //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against the CPU's fused RMSNorm on the same values and an f64 evaluation.

@@ -213,7 +213,8 @@ fn rope_cache_kernel(
     }
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
 mod tests {
     //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against the CPU's RoPE (through [`crate::model::ops::Rope`], as the model calls it) and

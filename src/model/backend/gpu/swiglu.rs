@@ -47,7 +47,8 @@ fn swiglu_kernel(gu: &Tensor<f32>, out: &mut Tensor<f32>) {
     }
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
 mod tests {
     //! The kernel on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
     //! against the CPU's fused SwiGLU on the same values and an f64 evaluation.
