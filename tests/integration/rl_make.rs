@@ -426,3 +426,38 @@ fn pass_rate_filter_feeds_the_loop_learnable_prompts() {
     assert_eq!(drawn.len(), 4.min(learnable.len()));
     assert!(drawn.iter().all(|id| learnable.contains(id)), "{drawn:?}");
 }
+
+/// `compare` hands the pass-rate filter's settings to both arms, the model's defaults included
+/// (`MODEL=smollm2` sets `FILTER_G=8` in the makefile, which a sub-make would not see otherwise):
+/// the arms' command lines, printed by `make -n`, carry them.
+#[test]
+fn compare_passes_the_pass_rate_filter_to_its_arms() {
+    let wd = Workdir::new();
+    let warm = crate::fixtures().join("tiny-qwen2");
+    let o = crate::support::rlmk::command(
+        &wd,
+        &[
+            "-n".to_string(),
+            "compare".into(),
+            "MODEL=smollm2".into(),
+            format!("SMOL_DIR={}", wd.path("smol").display()),
+            format!("WARM_START={}", warm.display()),
+            "RUN=c".into(),
+        ],
+    )
+    .output()
+    .expect("make runs");
+    let log = crate::support::rlmk::log(&o);
+    assert!(o.status.success(), "{log}");
+    let arms: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("RUN=rlvr") || l.contains("RUN=rlcr"))
+        .collect();
+    assert_eq!(arms.len(), 2, "{log}");
+    for a in arms {
+        assert!(
+            a.contains("FILTER_G=8") && a.contains("FILTER_POOL=256"),
+            "{a}"
+        );
+    }
+}
