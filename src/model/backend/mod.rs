@@ -22,6 +22,29 @@ pub mod cuda;
 pub mod draw;
 pub mod gpu;
 
+/// The inputs of an LM head's per-token log-probs, checked alike on every backend: one target
+/// id per row of `n`, each inside the vocabulary of `v` ids, and a finite temperature above 0.
+pub(crate) fn check_head_inputs(
+    n: usize,
+    v: usize,
+    targets: &[u32],
+    temperature: f64,
+) -> Result<()> {
+    anyhow::ensure!(
+        targets.len() == n,
+        "{} target ids for {n} rows of logits",
+        targets.len()
+    );
+    anyhow::ensure!(
+        temperature > 0.0 && temperature.is_finite(),
+        "temperature must be > 0, got {temperature}"
+    );
+    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
+        bail!("target id {bad} is outside the vocabulary of {v} ids");
+    }
+    Ok(())
+}
+
 /// Open a wgpu adapter: wgpu's own pick, or the `index`-th it enumerates. The adapter is looked
 /// up now, so that a machine without one (no Vulkan/Metal/GL driver) gets an error here instead
 /// of a panic at the first tensor.

@@ -33,7 +33,7 @@
 //! conversions, the autodiff `Backward` op) and the composite.
 use std::sync::Arc;
 
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -59,18 +59,7 @@ pub fn logprob_entropy(
     entropy: bool,
 ) -> Result<(Tensor<1>, Option<Tensor<1>>)> {
     let [n, v] = logits.dims();
-    ensure!(
-        targets.len() == n,
-        "{} target ids for {n} rows of logits",
-        targets.len()
-    );
-    ensure!(
-        temperature > 0.0 && temperature.is_finite(),
-        "temperature must be > 0, got {temperature}"
-    );
-    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
-        anyhow::bail!("target id {bad} is outside the vocabulary of {v} ids");
-    }
+    super::super::check_head_inputs(n, v, targets, temperature)?;
     if fused_enabled() {
         if let Some(out) = fused(&logits, targets, (1.0 / temperature) as f32, cpu::isa()) {
             return Ok(split(out, n, entropy));

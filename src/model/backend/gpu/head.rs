@@ -85,18 +85,7 @@ pub fn logprob_entropy(
         hw == h,
         "internal: hidden states [{n}, {h}] against a head [{hw}, {v}]"
     );
-    ensure!(
-        targets.len() == n,
-        "{} target ids for {n} rows of logits",
-        targets.len()
-    );
-    ensure!(
-        temperature > 0.0 && temperature.is_finite(),
-        "temperature must be > 0, got {temperature}"
-    );
-    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
-        anyhow::bail!("target id {bad} is outside the vocabulary of {v} ids");
-    }
+    super::super::check_head_inputs(n, v, targets, temperature)?;
     if n == 0 || v == 0 || v >= 1 << 24 || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
         return Ok(None);
     }
