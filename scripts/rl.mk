@@ -371,10 +371,14 @@ $(DATASET):
 # group an advantage of 0 and teaches nothing (docs/own-data.md). The held-in probe set stays
 # drawn from the unfiltered distribution.
 #   runs/$(RUN)/pool/prompts.parquet, scored.parquet, learnable.parquet
+# (FILTER_DIR moves that folder: `compare` filters once in its own run folder and hands the same
+# pool to both arms, which start from the same policy with the same seed and would sample the
+# same 2,048 answers twice on the SmolLM2 defaults.)
 FILTER_G ?=
 FILTER_POOL ?= 256
 FILTER_SEED ?= 900000
-POOL := $(DIR)/pool
+FILTER_DIR ?= $(DIR)/pool
+POOL := $(FILTER_DIR)
 ifneq ($(FILTER_G),)
 DRAWS := $(POOL)/learnable.parquet
 ifeq ($(PROMPTS),)
@@ -629,15 +633,18 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   LORA_RANK=$(LORA_RANK) LORA_ALPHA=$(LORA_ALPHA) LORA_DROPOUT=$(LORA_DROPOUT) \
   LORA_TARGET=$(LORA_TARGET) LORA_LR=$(LORA_LR) KL_COEF=$(KL_COEF) REF_KL=$(REF_KL) \
   MAX_MISMATCH=$(MAX_MISMATCH) HELDIN=$(HELDIN) HELDIN_G_A=$(HELDIN_G_A) HELDIN_SEED=$(HELDIN_SEED) \
-  FILTER_G=$(FILTER_G) FILTER_POOL=$(FILTER_POOL) FILTER_SEED=$(FILTER_SEED)
+  FILTER_G=$(FILTER_G) FILTER_POOL=$(FILTER_POOL) FILTER_SEED=$(FILTER_SEED) \
+  FILTER_DIR=$(abspath $(POOL))
+# With the pass-rate filter, the pool is judged once here (the arms' sub-makes find it done).
+ARM_POOL := $(if $(FILTER_G),$(POOL)/learnable.parquet)
 # RLVR_CONF_TURN=0: the RLVR arm samples no confidence at all in its loop (CONF_TURN=0) instead of
 # sampling it untrained; its evaluation still asks for one.
 RLVR_CONF_TURN ?= 1
 
-$(DIR)/rlvr/report/metrics.json: $(START)/config.json
+$(DIR)/rlvr/report/metrics.json: $(START)/config.json $(ARM_POOL)
 	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 \
 	  CONF_TURN=$(RLVR_CONF_TURN) summary
-$(DIR)/rlcr/report/metrics.json: $(START)/config.json
+$(DIR)/rlcr/report/metrics.json: $(START)/config.json $(ARM_POOL)
 	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) \
 	  CONF_VALUE_ENTROPY_COEF=$(CONF_VALUE_ENTROPY_COEF) summary
 

@@ -461,3 +461,46 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
         );
     }
 }
+
+/// `compare` judges the pass-rate pool once, in its own run folder, and both arms draw their
+/// prompts from that one pool: they start from the same policy with the same seed, so a pool of
+/// their own would be the same answers sampled twice.
+#[test]
+fn compare_judges_one_pool_for_both_arms() {
+    let wd = Workdir::new();
+    let warm = crate::fixtures().join("tiny-qwen2");
+    let arms = ["rlvr", "rlcr"].map(|a| wd.path(&format!("c/{a}/report/metrics.json")));
+    let o = rl_make(
+        &wd,
+        &[
+            "RUN=c",
+            "ITERS=1",
+            "FILTER_G=4",
+            "FILTER_POOL=24",
+            "PROMPTS_PER_ITER=4",
+            &format!("WARM_START={}", warm.display()),
+            &arms[0].display().to_string(),
+            &arms[1].display().to_string(),
+        ],
+    );
+    let log = crate::support::rlmk::log(&o);
+    assert!(o.status.success(), "{log}");
+    let pool_runs = log
+        .lines()
+        .filter(|l| l.contains("generate-answers") && l.contains("pool/prompts.parquet"))
+        .count();
+    assert_eq!(pool_runs, 1, "the pool is answered once:\n{log}");
+    for a in ["rlvr", "rlcr"] {
+        assert!(
+            !wd.path(&format!("c/{a}/pool")).exists(),
+            "{a} judged a pool of its own"
+        );
+    }
+    let learnable = prompt_ids(&wd.path("c/pool/learnable.parquet"));
+    assert!(!learnable.is_empty());
+    for a in ["rlvr", "rlcr"] {
+        let drawn = prompt_ids(&wd.path(&format!("c/{a}/iter-0001/prompts.parquet")));
+        assert_eq!(drawn.len(), 4.min(learnable.len()), "{a}");
+        assert!(drawn.iter().all(|id| learnable.contains(id)), "{a}: {drawn:?}");
+    }
+}
