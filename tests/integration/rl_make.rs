@@ -501,6 +501,9 @@ fn compare_judges_one_pool_for_both_arms() {
     for a in ["rlvr", "rlcr"] {
         let drawn = prompt_ids(&wd.path(&format!("c/{a}/iter-0001/prompts.parquet")));
         assert_eq!(drawn.len(), 4.min(learnable.len()), "{a}");
-        assert!(drawn.iter().all(|id| learnable.contains(id)), "{a}: {drawn:?}");
+        assert!(
+            drawn.iter().all(|id| learnable.contains(id)),
+            "{a}: {drawn:?}"
+        );
     }
 }
