@@ -468,17 +468,16 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
 #[test]
 fn compare_judges_one_pool_for_both_arms() {
     let wd = Workdir::new();
-    let warm = crate::fixtures().join("tiny-qwen2");
     let arms = ["rlvr", "rlcr"].map(|a| wd.path(&format!("c/{a}/report/metrics.json")));
+    // From the tiny model's own warm start (the untrained fixture gets every pool prompt wrong).
     let o = rl_make(
         &wd,
         &[
             "RUN=c",
             "ITERS=1",
             "FILTER_G=4",
-            "FILTER_POOL=24",
+            "FILTER_POOL=32",
             "PROMPTS_PER_ITER=4",
-            &format!("WARM_START={}", warm.display()),
             &arms[0].display().to_string(),
             &arms[1].display().to_string(),
         ],
