@@ -24,7 +24,9 @@
 #              in bf16) against float64, and with `--precision bf16` against torch.autocast bf16
 #              on the GPU: max |Δ log-prob| against float64
 #   sampling   `generate-answers` on the SmolLM2 shape, 64 and 256 rows x 256 new tokens, against
-#              transformers `generate` (float32, temperature 1, EOS ignored): tokens/s
+#              transformers `generate` (float32, temperature 1, EOS ignored): tokens/s; again with
+#              RLCR_DECODE_GRAPH=1 (recorded, replayed decode steps): tokens/s, launches, and the
+#              share of answers unlike the launched run's
 #   training   one `update` step (the second of two: the first compiles the kernels) on the
 #              SmolLM2 shape (16 x 512 tokens) and the Qwen2.5-0.5B shape (8 x 512), f32 and
 #              `--precision bf16`, against torch's same full step (PPO loss, clipping, AdamW;
@@ -351,7 +353,27 @@ sampling() {
   fi
   row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s vs hf" "$r" "$h" ratio 5
   if [ "$rows" = "$SAMPLE_B1" ]; then row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s" "$r" null min 10000; fi
+  # The same run with the decode step recorded once per batch width and replayed
+  # (RLCR_DECODE_GRAPH=1): its rate, its launches, and whether it drew the same answers.
+  local g=null glog="$LOGS/sample-rlcr-graph-$rows.log"
+  if step "sample-rlcr-graph-$rows" 150 env RLCR_DECODE_GRAPH=1 "$RLCR" --device "$DEVICE" --seed 4 \
+    generate-answers --model "$M/smollm2" --input "$d/prompts.parquet" -o "$d/answers-graph.parquet" \
+    --num-answers 8 --max-new-tokens $SAMPLE_NEW --batch-size $rows --temperature 1; then
+    g=$(rlcr_rate "$glog")
+  fi
+  row "sample smollm2 ${rows}x$SAMPLE_NEW, decode graph: tokens/s vs hf" "$g" "$h" ratio 5
+  row "sample smollm2 ${rows}x$SAMPLE_NEW, decode graph: kernel launches per decode step" "$(rlcr_launches "$glog")" null info
+  row "sample smollm2 ${rows}x$SAMPLE_NEW, decode graph: share of answers unlike the launched run's" \
+    "$(differing "$d/answers.parquet" "$d/answers-graph.parquet")" null max 0.01
 }
+# differing A B: the share of rows whose response_text differs between two answers tables of the
+# same prompts (null when either is missing).
+differing() { "$PY" -c 'import sys
+import pyarrow.parquet as pq
+a, b = (pq.read_table(f, columns=["sample_id", "response_text"]).to_pylist() for f in sys.argv[1:3])
+a = {r["sample_id"]: r["response_text"] for r in a}
+b = {r["sample_id"]: r["response_text"] for r in b}
+print(sum(a[k] != b.get(k) for k in a) / max(len(a), 1) if a.keys() == b.keys() else 1.0)' "$1" "$2" 2>/dev/null || echo null; }
 want sampling && [[ " ${models[*]} " == *" smollm2 "* ]] && sampling $SAMPLE_B1
 
 # profile NAME STEPS CMD...: CMD (an rlcr run) under cubecl's kernel profiler, which times every

@@ -32,7 +32,6 @@ pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod gguf;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod graph;
 pub mod lora;
 pub mod memory;

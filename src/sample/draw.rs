@@ -46,6 +46,16 @@ pub fn cdf_tolerance(n: usize) -> f64 {
     (n as f64 + 2.0) * f64::from(f32::EPSILON) / 2.0
 }
 
+/// The sampler's settings as the device draw's ([`ops::draw`]).
+pub(crate) fn draw_params(params: &SamplingParams) -> ops::DrawParams {
+    ops::DrawParams {
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        min_p: params.min_p,
+    }
+}
+
 /// Draw one token per sample row from `logits` (`[n, V]`, on any device): row `r` reads logits
 /// row `src[r]` and the uniform `u[r]` (in [0, 1)); only ids below `allowed` are drawn. Returns
 /// `(token, behaviour log-prob)` per row. One upload (the draws and the row map) and one read;
@@ -79,13 +89,7 @@ pub fn draw(
     host.extend(src.iter().map(|&k| k as f32));
     let rows: Tensor<2> = transfer::upload(TensorData::new(host, [2, r]), &device);
     let identity = r == n && src.iter().enumerate().all(|(i, &k)| i == k);
-    let draw_params = ops::DrawParams {
-        temperature: params.temperature,
-        top_k: params.top_k,
-        top_p: params.top_p,
-        min_p: params.min_p,
-    };
-    let out = ops::draw(logits, &rows, identity, &draw_params, a)?;
+    let out = ops::draw(logits, &rows, identity, &draw_params(params), a)?;
     let out = transfer::read(out)?
         .convert::<f32>()
         .try_into_vec::<f32>()

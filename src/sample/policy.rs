@@ -24,7 +24,10 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-use super::sampler::StepModel;
+use super::sampler::{GenConfig, ReplayedStep, StepModel};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use crate::model::graph::DecodeGraph;
+use crate::model::graph::GraphMode;
 use crate::model::{self, ChatOptions, KvCache, Message, Model, TokenBatch};
 
 /// A model ready to sample from.
@@ -35,6 +38,10 @@ pub struct Policy {
     /// Sample on the model's device ([`super::draw`]); `false`: on the host (the default on the
     /// CPU, where the host sampler is the reference and nothing needs to cross).
     pub device_draw: bool,
+    /// Decode steps recorded once per batch width and replayed ([`crate::model::graph`];
+    /// `RLCR_DECODE_GRAPH=1` on a GPU device), or launched step by step (`None`). `Eager` runs
+    /// the recorded path's steps without a recording: the reference a replay is tested against.
+    pub decode_graph: Option<GraphMode>,
     /// How its prompts are rendered (recorded in the outputs' metadata).
     pub chat: ChatOptions,
 }
@@ -71,6 +78,9 @@ impl Policy {
             model,
             fingerprint,
             device_draw: crate::model::ops::draws_on_device(device),
+            decode_graph: (crate::model::ops::draws_on_device(device)
+                && crate::switches::get().decode_graph)
+                .then_some(GraphMode::Replay),
             chat: chat.clone(),
         })
     }
@@ -204,6 +214,70 @@ impl StepModel for Policy {
     ) -> Result<burn::tensor::Tensor<2>> {
         let input = TokenBatch::new(batch, len, ids.to_vec(), valid.to_vec())?;
         self.model.transformer.step(cache, &input)
+    }
+
+    fn replays(&self) -> bool {
+        self.device_draw && self.decode_graph.is_some()
+    }
+
+    fn decode_graph(
+        &self,
+        cache: KvCache,
+        steps: usize,
+        cfg: &GenConfig,
+    ) -> Result<std::result::Result<Box<dyn ReplayedStep<KvCache>>, KvCache>> {
+        // A cache whose slots fell back to the host's description cannot run from fixed
+        // buffers: the wave goes on step by step.
+        let mode = match self.decode_graph {
+            Some(mode) if cache.slots_on_device() => mode,
+            _ => return Ok(Err(cache)),
+        };
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            let draw = (super::draw::draw_params(&cfg.params), cfg.allowed_vocab);
+            let g = DecodeGraph::new(&self.model.transformer, cache, steps, Some(draw), mode)?;
+            Ok(Ok(Box::new(g)))
+        }
+        // Without a GPU backend no cache describes its slots on the device.
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (mode, steps, cfg);
+            Ok(Err(cache))
+        }
+    }
+}
+
+/// The sampler's view of a [`DecodeGraph`] with its draw: the drawn ids and log-probs read back
+/// (`[rows, 2]`, one read a step).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl ReplayedStep<KvCache> for DecodeGraph {
+    fn rows(&self) -> usize {
+        self.batch()
+    }
+
+    fn room(&self) -> usize {
+        DecodeGraph::room(self)
+    }
+
+    fn step(&mut self, tokens: &[u32], live: &[bool], uniforms: &[f64]) -> Result<Vec<(u32, f32)>> {
+        // The draws in f32, as the step-by-step device draw uploads them.
+        let u: Vec<f32> = uniforms.iter().map(|&x| x as f32).collect();
+        let out = DecodeGraph::step(self, tokens, live, &u)?;
+        let drawn = out
+            .drawn
+            .context("internal: a sampler's decode step without its draw")?;
+        let v = model::read_f32(drawn)?;
+        anyhow::ensure!(
+            v.len() == 2 * tokens.len(),
+            "internal: {} values for {} sampled tokens",
+            v.len(),
+            tokens.len()
+        );
+        Ok(v.chunks_exact(2).map(|c| (c[0] as u32, c[1])).collect())
+    }
+
+    fn into_cache(self: Box<Self>) -> KvCache {
+        DecodeGraph::into_cache(*self)
     }
 }
 
@@ -427,6 +501,71 @@ mod tests {
                 assert!(
                     worst < 1e-5,
                     "{model} {params:?}: log-probs differ by {worst}"
+                );
+            }
+        }
+    }
+
+    /// `RLCR_DECODE_GRAPH=1` on wgpu (lavapipe in CI): the sampler decoding through recorded
+    /// and replayed steps, finished rows kept as padding until half of a batch has finished,
+    /// gives the tokens, log-probs and texts of the same steps launched one by one, bit for bit,
+    /// and the tokens and texts of the step-by-step sampler that compacts its batch every step
+    /// (log-probs within f32 rounding: the batch widths differ). The replayed run launches
+    /// fewer kernels than either.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn decode_graph_replays_generate_the_step_by_step_samples() {
+        use crate::model::transfer::thread_launches;
+        let dev = crate::model::backend::gpu::test_device();
+        for model in ["tiny-qwen2", "tiny-llama"] {
+            let mut p = Policy::load(&fixture(model), &dev, &ChatOptions::default()).unwrap();
+            assert!(p.device_draw);
+            let contexts = chat_contexts(model);
+            for params in [
+                SamplingParams::default(),
+                SamplingParams {
+                    temperature: 0.7,
+                    top_p: 0.9,
+                    top_k: 50,
+                    min_p: 0.01,
+                },
+            ] {
+                let c = cfg(&p, params, 12, 6);
+                let mut runs = Vec::new();
+                for mode in [None, Some(GraphMode::Eager), Some(GraphMode::Replay)] {
+                    p.decode_graph = mode;
+                    assert_eq!(p.replays(), mode.is_some());
+                    let l0 = thread_launches();
+                    let out = run(&p, &groups(&contexts, 3), &c);
+                    runs.push((out, thread_launches() - l0));
+                }
+                let [(steps, l_steps), (eager, l_eager), (replay, l_replay)] =
+                    <[_; 3]>::try_from(runs).unwrap();
+                let lens: std::collections::BTreeSet<usize> =
+                    steps.iter().flatten().map(|g| g.ids.len()).collect();
+                eprintln!(
+                    "{model} {params:?}: launches step by step {l_steps}, recorded path eager \
+                     {l_eager}, replayed {l_replay}; response lengths {lens:?}"
+                );
+                let mut worst = 0f32;
+                for ((s, e), r) in steps.iter().zip(&eager).zip(&replay) {
+                    for ((s, e), r) in s.iter().zip(e).zip(r) {
+                        assert_eq!(r, e, "{model} {params:?}: replayed vs eager");
+                        assert_eq!(
+                            (&r.ids, &r.text, &r.finish),
+                            (&s.ids, &s.text, &s.finish),
+                            "{model} {params:?}: replayed vs step by step"
+                        );
+                        for (x, y) in r.logprobs.iter().zip(&s.logprobs) {
+                            worst = worst.max((x - y).abs());
+                        }
+                    }
+                }
+                eprintln!("{model} {params:?}: max |replayed - step by step| log-prob {worst:e}");
+                assert!(worst < 1e-5, "{model} {params:?}: {worst}");
+                assert!(
+                    l_replay < l_eager && l_replay < l_steps,
+                    "{model}: {l_replay} launches replayed"
                 );
             }
         }

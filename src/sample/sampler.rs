@@ -15,7 +15,12 @@
 //!    the rows' uniforms as one small upload and returns only the sampled ids and log-probs
 //!    ([`super::draw`]), so the logits and the KV cache never leave the device;
 //! 4. rows that finish **leave the batch** (the cache is compacted with `select_rows`) and the
-//!    rest keeps going until every row is done.
+//!    rest keeps going until every row is done. A model that [replays](StepModel::replays) a
+//!    recorded decode step (`RLCR_DECODE_GRAPH=1` on a GPU: one dispatch a step instead of a
+//!    launch a kernel) keeps finished rows in the batch as padding, since a recording is for one
+//!    batch width, until half of the batch has finished or its cache is full; the cache is then
+//!    compacted and grown and the step recorded again ([`ReplayedStep`]). The rows compute what
+//!    they would step by step: padding rows take no token and no other row sees them.
 //!
 //! Determinism: a row's tokens depend on its own logits and its own ChaCha20 stream (see
 //! [`super::rng`]); host-side choices run on rayon per row with no shared state; results are
@@ -70,6 +75,22 @@ pub trait StepModel: Sync {
     fn draws_on_device(&self) -> bool {
         false
     }
+    /// Whether decode steps replay a recorded step ([`Self::decode_graph`]; `RLCR_DECODE_GRAPH`).
+    fn replays(&self) -> bool {
+        false
+    }
+    /// A decode step over the rows of `cache` (moved in) with room for `steps` more tokens a
+    /// row, recorded once and replayed, its draw at `cfg`'s settings; `Err(cache)` (the cache
+    /// back) when this cache cannot run from fixed buffers, and the wave goes on step by step.
+    #[allow(clippy::type_complexity)]
+    fn decode_graph(
+        &self,
+        cache: Self::Cache,
+        _steps: usize,
+        _cfg: &GenConfig,
+    ) -> Result<std::result::Result<Box<dyn ReplayedStep<Self::Cache>>, Self::Cache>> {
+        Ok(Err(cache))
+    }
     /// [`Self::step`] with the logits `[batch, vocab]` left on the model's device.
     fn step_device(
         &self,
@@ -81,6 +102,21 @@ pub trait StepModel: Sync {
     ) -> Result<Tensor<2>> {
         bail!("internal: this model samples on the host")
     }
+}
+
+/// A decode step recorded once and replayed ([`crate::model::graph`]): a fixed batch of rows
+/// over a cache of fixed capacity, the draw inside the step.
+pub trait ReplayedStep<C> {
+    /// Rows of the batch (finished ones included).
+    fn rows(&self) -> usize;
+    /// Steps left before the cache is full.
+    fn room(&self) -> usize;
+    /// One step: row `r` takes `tokens[r]` when `live[r]` (a finished row takes none and stays
+    /// in the batch) and draws with the uniform `uniforms[r]`. Returns `(token, behaviour
+    /// log-prob)` per row (a finished row's is meaningless).
+    fn step(&mut self, tokens: &[u32], live: &[bool], uniforms: &[f64]) -> Result<Vec<(u32, f32)>>;
+    /// The cache back (the recording is dropped).
+    fn into_cache(self: Box<Self>) -> C;
 }
 
 /// The last step's logits: on the host, or on the model's device ([`StepModel::draws_on_device`]).
@@ -601,6 +637,13 @@ fn prefill_with<C, T>(
     Ok(logits)
 }
 
+/// Where a wave's rows decode: step by step through the model (its cache holding `width` rows),
+/// or through a recorded step ([`StepModel::decode_graph`]).
+enum Decoder<C> {
+    Steps { cache: C, width: usize },
+    Replay(Box<dyn ReplayedStep<C>>),
+}
+
 /// One wave: prefill the parts' contexts, expand, decode until all rows finish. Results in the
 /// order of the wave's samples.
 fn run_wave<M: StepModel>(
@@ -617,7 +660,7 @@ fn run_wave<M: StepModel>(
     // model grows it in chunks) rather than paying for max_new_tokens empty slots from step one.
     let room = cfg.stop.max_new_tokens.min(INITIAL_ROOM);
     // 1. Prefill (left-padded, in column chunks); 2. expand to one row per sample.
-    let (mut cache, mut logits, mut rows, expand) = start_wave(
+    let (cache, logits, mut rows, expand) = start_wave(
         model,
         groups,
         parts,
@@ -638,14 +681,18 @@ fn run_wave<M: StepModel>(
         },
     )?;
     let n_rows = rows.len();
-    // Row r reads logits row `src[r]` of the last model output.
-    let mut model_rows = expand.len();
-    let mut src: Vec<usize> = expand;
     let mut results: Vec<Option<Generated>> = vec![None; n_rows];
+    let mut replay = model.replays();
+    // Where the rows decode, and `slot[r]`: the batch row of sample row `r` there.
+    let mut dec = Decoder::Steps {
+        cache,
+        width: expand.len(),
+    };
+    let mut slot: Vec<usize> = (0..n_rows).collect();
 
-    // 3. Decode.
+    // 3. Decode. The first draw reads the prefill's logits (row r its context's, `expand[r]`).
+    let mut drawn = draw_rows(&logits, &mut rows, &expand, vocab, cfg)?;
     loop {
-        let drawn = draw_rows(&logits, &mut rows, &src, vocab, cfg)?;
         rows.par_iter_mut()
             .zip(drawn.par_iter())
             .try_for_each(|(row, &(tok, lp))| row.record(tok, lp, cfg, decode))?;
@@ -665,6 +712,7 @@ fn run_wave<M: StepModel>(
                 });
             },
         );
+        slot = keep.iter().map(|&i| slot[i]).collect();
         on_step(StepReport {
             tokens: before,
             finished: before - rows.len(),
@@ -672,16 +720,68 @@ fn run_wave<M: StepModel>(
         if rows.is_empty() {
             break;
         }
-        reselect(model, &mut cache, model_rows, &keep)?;
-        model_rows = keep.len();
-        let mut next: Vec<u32> = rows.iter().map(|r| *r.ids.last().unwrap_or(&0)).collect();
-        while next.len() < model_rows {
-            next.push(next[0]);
-        }
-        let valid = vec![true; next.len()];
-        let _t = crate::trace::span_with("decode step", || vec![("rows", next.len().into())]);
-        logits = step_logits(model, &mut cache, next.len(), 1, &next, &valid)?;
-        src = (0..rows.len()).collect();
+        // A recorded step keeps its finished rows as padding until half of its batch has
+        // finished or its cache is full; then the cache is compacted to the live rows (and
+        // grown) and the step recorded again for the new width.
+        dec = match dec {
+            Decoder::Replay(g) if g.room() > 0 && 2 * rows.len() > g.rows() => Decoder::Replay(g),
+            other => {
+                let (mut cache, width) = match other {
+                    Decoder::Replay(g) => {
+                        let width = g.rows();
+                        (g.into_cache(), width)
+                    }
+                    Decoder::Steps { cache, width } => (cache, width),
+                };
+                reselect(model, &mut cache, width, &slot)?;
+                slot = (0..rows.len()).collect();
+                let width = rows.len();
+                if replay {
+                    let steps = rows
+                        .iter()
+                        .map(|r| r.limit - r.ids.len())
+                        .max()
+                        .unwrap_or(1);
+                    match model.decode_graph(cache, steps, cfg)? {
+                        Ok(g) => Decoder::Replay(g),
+                        Err(cache) => {
+                            replay = false;
+                            Decoder::Steps { cache, width }
+                        }
+                    }
+                } else {
+                    Decoder::Steps { cache, width }
+                }
+            }
+        };
+        let next = |r: &Row| *r.ids.last().unwrap_or(&0);
+        drawn = match &mut dec {
+            Decoder::Steps { cache, .. } => {
+                let ids: Vec<u32> = rows.iter().map(next).collect();
+                let valid = vec![true; ids.len()];
+                let _t =
+                    crate::trace::span_with("decode step", || vec![("rows", ids.len().into())]);
+                let logits = step_logits(model, cache, ids.len(), 1, &ids, &valid)?;
+                draw_rows(&logits, &mut rows, &slot, vocab, cfg)?
+            }
+            Decoder::Replay(g) => {
+                let b = g.rows();
+                let (mut ids, mut live, mut u) = (vec![0u32; b], vec![false; b], vec![0f64; b]);
+                for (row, &s) in rows.iter_mut().zip(&slot) {
+                    ids[s] = next(row);
+                    live[s] = true;
+                    u[s] = uniform(&mut row.rng);
+                }
+                let _t = crate::trace::span_with("replayed decode step", || {
+                    vec![("rows", b.into()), ("live", slot.len().into())]
+                });
+                let out = g.step(&ids, &live, &u)?;
+                slot.iter()
+                    .map(|&s| out.get(s).copied())
+                    .collect::<Option<Vec<_>>>()
+                    .context("internal: a replayed step returned too few rows")?
+            }
+        };
     }
     wave_results(results)
 }
