@@ -25,7 +25,7 @@
 #              on the GPU: max |Δ log-prob| against float64
 #   sampling   `generate-answers` on the SmolLM2 shape, 64 and 256 rows x 256 new tokens, against
 #              transformers `generate` (float32, temperature 1, EOS ignored): tokens/s; again with
-#              RLCR_DECODE_GRAPH=1 (recorded, replayed decode steps): tokens/s, launches, and the
+#              RLCR_CUDA_GRAPH=on (recorded, replayed decode steps): tokens/s, launches, and the
 #              share of answers unlike the launched run's
 #   training   one `update` step (the second of two: the first compiles the kernels) on the
 #              SmolLM2 shape (16 x 512 tokens) and the Qwen2.5-0.5B shape (8 x 512), f32 and
@@ -354,9 +354,9 @@ sampling() {
   row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s vs hf" "$r" "$h" ratio 5
   if [ "$rows" = "$SAMPLE_B1" ]; then row "sample smollm2 ${rows}x$SAMPLE_NEW: tokens/s" "$r" null min 10000; fi
   # The same run with the decode step recorded once per batch width and replayed
-  # (RLCR_DECODE_GRAPH=1): its rate, its launches, and whether it drew the same answers.
+  # (RLCR_CUDA_GRAPH=on): its rate, its launches, and whether it drew the same answers.
   local g=null glog="$LOGS/sample-rlcr-graph-$rows.log"
-  if step "sample-rlcr-graph-$rows" 150 env RLCR_DECODE_GRAPH=1 "$RLCR" --device "$DEVICE" --seed 4 \
+  if step "sample-rlcr-graph-$rows" 150 env RLCR_CUDA_GRAPH=on "$RLCR" --device "$DEVICE" --seed 4 \
     generate-answers --model "$M/smollm2" --input "$d/prompts.parquet" -o "$d/answers-graph.parquet" \
     --num-answers 8 --max-new-tokens $SAMPLE_NEW --batch-size $rows --temperature 1; then
     g=$(rlcr_rate "$glog")

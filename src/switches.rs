@@ -69,6 +69,18 @@ pub enum GpuF32 {
     Split,
 }
 
+/// `RLCR_CUDA_GRAPH`: whether the sampler records its decode step once per batch width and
+/// replays it ([`crate::model::graph`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaGraph {
+    /// Every step launches its kernels (the default until the replay is timed on CUDA).
+    Off,
+    /// Replayed on a CUDA device (a CUDA graph), launched elsewhere.
+    Auto,
+    /// Replayed on any GPU device (on wgpu, cubecl's software graph: the tests' path).
+    On,
+}
+
 /// The switches in force, parsed from the environment ([`get`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Switches {
@@ -96,8 +108,8 @@ pub struct Switches {
     pub weights_bf16: bool,
     /// `RLCR_GPU_F32`.
     pub gpu_f32: GpuF32,
-    /// `RLCR_DECODE_GRAPH`.
-    pub decode_graph: bool,
+    /// `RLCR_CUDA_GRAPH`.
+    pub cuda_graph: CudaGraph,
     /// `RLCR_MALLOC`.
     pub malloc: Malloc,
     /// `RLCR_CONFIG`: the run configuration file used when `--config` is not given.
@@ -239,18 +251,19 @@ pub const VARIABLES: &[Variable] = &[
         recorded: true,
     },
     Variable {
-        name: "RLCR_DECODE_GRAPH",
-        values: "0, 1",
-        default: "0",
-        doc: "Sampling on a GPU device: 1 records a decode step (every layer, the LM head and \
-              the draw) once per batch width and replays it at every later step of the wave, \
-              writing only the step's tokens, positions and uniforms into buffers the recording \
-              saw: one dispatch a step on CUDA instead of a launch a kernel (about 27 µs of host \
-              time each on an H200). Rows that finish stay in the batch, masked, until half of \
-              it has finished; the cache is then compacted and the step recorded again. The \
-              replayed steps equal the same steps launched one by one bit for bit (tested on \
-              wgpu's software graph); off by default until timed on CUDA. No effect on the CPU, \
-              which has no launches to save.",
+        name: "RLCR_CUDA_GRAPH",
+        values: "off, auto, on",
+        default: "off",
+        doc: "Sampling on a GPU: `auto` records a decode step (every layer, the LM head and the \
+              draw) once per batch width on a CUDA device and replays it as a CUDA graph at \
+              every later step of the wave, writing only the step's tokens, positions and \
+              uniforms into buffers the recording saw: one dispatch a step instead of a launch \
+              a kernel (about 27 µs of host time each on an H200). Rows that finish stay in the \
+              batch, masked, until half of it has finished; the cache is then compacted and the \
+              step recorded again. `on` replays on any GPU device (on wgpu, cubecl's software \
+              graph), `off` launches every step. The replayed steps equal the same steps \
+              launched one by one bit for bit on wgpu; `off` is the default until the replay \
+              has been timed on CUDA. No effect on the CPU, which has no launches to save.",
         recorded: true,
     },
     Variable {
@@ -367,10 +380,11 @@ impl Switches {
             Some("split") => GpuF32::Split,
             Some(v) => return Err(bad("RLCR_GPU_F32", v)),
         };
-        let decode_graph = match get("RLCR_DECODE_GRAPH")?.as_deref() {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(v) => return Err(bad("RLCR_DECODE_GRAPH", v)),
+        let cuda_graph = match get("RLCR_CUDA_GRAPH")?.as_deref() {
+            None | Some("off") => CudaGraph::Off,
+            Some("auto") => CudaGraph::Auto,
+            Some("on") => CudaGraph::On,
+            Some(v) => return Err(bad("RLCR_CUDA_GRAPH", v)),
         };
         let malloc = match get("RLCR_MALLOC")?.as_deref() {
             None | Some("retain") => Malloc::Retain,
@@ -398,7 +412,7 @@ impl Switches {
             decode_bf16,
             weights_bf16,
             gpu_f32,
-            decode_graph,
+            cuda_graph,
             malloc,
             config,
             test_slow_write_ms,
@@ -443,7 +457,15 @@ impl Switches {
                 }
                 .to_string(),
             ),
-            ("RLCR_DECODE_GRAPH", flag(self.decode_graph)),
+            (
+                "RLCR_CUDA_GRAPH",
+                match self.cuda_graph {
+                    CudaGraph::Off => "off",
+                    CudaGraph::Auto => "auto",
+                    CudaGraph::On => "on",
+                }
+                .to_string(),
+            ),
             (
                 "RLCR_MALLOC",
                 match self.malloc {
@@ -521,7 +543,7 @@ mod tests {
         assert_eq!(unset.decode_bf16, PackPrecision::Bf16IfExact);
         assert_eq!(unset.malloc, Malloc::Retain);
         assert_eq!(unset.gpu_f32, GpuF32::Auto);
-        assert!(!unset.decode_graph);
+        assert_eq!(unset.cuda_graph, CudaGraph::Off);
         assert_eq!(unset.config, None);
         assert_eq!(unset.test_slow_write_ms, 0);
         // The documented defaults are the parsed ones.
@@ -547,7 +569,7 @@ mod tests {
             ("RLCR_DECODE_BF16", "round"),
             ("RLCR_WEIGHTS_BF16", "0"),
             ("RLCR_GPU_F32", "split"),
-            ("RLCR_DECODE_GRAPH", "1"),
+            ("RLCR_CUDA_GRAPH", "on"),
             ("RLCR_MALLOC", "default"),
             ("RLCR_CONFIG", "run.toml"),
             ("RLCR_TEST_SLOW_WRITE", "25"),
@@ -562,7 +584,11 @@ mod tests {
         assert_eq!(s.decode_bf16, PackPrecision::Bf16Rounded);
         assert_eq!(s.malloc, Malloc::Default);
         assert_eq!(s.gpu_f32, GpuF32::Split);
-        assert!(s.decode_graph);
+        assert_eq!(s.cuda_graph, CudaGraph::On);
+        assert_eq!(
+            parse(&[("RLCR_CUDA_GRAPH", "auto")]).unwrap().cuda_graph,
+            CudaGraph::Auto
+        );
         assert_eq!(s.config, Some(PathBuf::from("run.toml")));
         assert_eq!(s.test_slow_write_ms, 25);
         let rec = s.recorded();
@@ -571,7 +597,7 @@ mod tests {
         assert_eq!(rec["RLCR_DECODE_BF16"], "round");
         assert_eq!(rec["RLCR_FUSED_HEAD"], "0");
         assert_eq!(rec["RLCR_GPU_F32"], "split");
-        assert_eq!(rec["RLCR_DECODE_GRAPH"], "1");
+        assert_eq!(rec["RLCR_CUDA_GRAPH"], "on");
         assert_eq!(
             parse(&[("RLCR_GPU_F32", "fast")]).unwrap().gpu_f32,
             GpuF32::Fast
@@ -607,7 +633,7 @@ mod tests {
             ("RLCR_DECODE_PACK", "false"),
             ("RLCR_DECODE_BF16", "yes"),
             ("RLCR_GPU_F32", "tf32"),
-            ("RLCR_DECODE_GRAPH", "on"),
+            ("RLCR_CUDA_GRAPH", "1"),
             ("RLCR_MALLOC", "jemalloc"),
             ("RLCR_TEST_SLOW_WRITE", "soon"),
         ] {

@@ -53,6 +53,22 @@ pub fn draws_on_device(device: &Device) -> bool {
     !plain_host(device)
 }
 
+/// Whether the sampler records its decode step on `device` once per batch width and replays it
+/// ([`super::graph`]; `RLCR_CUDA_GRAPH`): `auto` on a CUDA device (a process opens one device,
+/// so "a CUDA device was opened and `device` is not the CPU" identifies it), `on` on any GPU
+/// device (wgpu's software graph), never on the CPU (no launches to save).
+pub fn replays_decode(device: &Device) -> bool {
+    use crate::switches::CudaGraph;
+    if plain_host(device) {
+        return false;
+    }
+    match crate::switches::get().cuda_graph {
+        CudaGraph::Off => false,
+        CudaGraph::Auto => backend::cuda_opened(),
+        CudaGraph::On => true,
+    }
+}
+
 /// Whether burn's f32 products on `device` (plain or autodiff) are split products
 /// ([`backend::split_matmul`]): with `RLCR_GPU_F32=auto` (the default) on a CUDA device, whose
 /// f32 matmul runs in TF32 (a process opens one device, so "a CUDA device was opened and `device`

@@ -39,7 +39,7 @@ pub struct Policy {
     /// CPU, where the host sampler is the reference and nothing needs to cross).
     pub device_draw: bool,
     /// Decode steps recorded once per batch width and replayed ([`crate::model::graph`];
-    /// `RLCR_DECODE_GRAPH=1` on a GPU device), or launched step by step (`None`). `Eager` runs
+    /// `RLCR_CUDA_GRAPH`), or launched step by step (`None`). `Eager` runs
     /// the recorded path's steps without a recording: the reference a replay is tested against.
     pub decode_graph: Option<GraphMode>,
     /// How its prompts are rendered (recorded in the outputs' metadata).
@@ -78,9 +78,7 @@ impl Policy {
             model,
             fingerprint,
             device_draw: crate::model::ops::draws_on_device(device),
-            decode_graph: (crate::model::ops::draws_on_device(device)
-                && crate::switches::get().decode_graph)
-                .then_some(GraphMode::Replay),
+            decode_graph: crate::model::ops::replays_decode(device).then_some(GraphMode::Replay),
             chat: chat.clone(),
         })
     }
@@ -506,7 +504,7 @@ mod tests {
         }
     }
 
-    /// `RLCR_DECODE_GRAPH=1` on wgpu (lavapipe in CI): the sampler decoding through recorded
+    /// `RLCR_CUDA_GRAPH=on` on wgpu (lavapipe in CI): the sampler decoding through recorded
     /// and replayed steps, finished rows kept as padding until half of a batch has finished,
     /// gives the tokens, log-probs and texts of the same steps launched one by one, bit for bit,
     /// and the tokens and texts of the step-by-step sampler that compacts its batch every step

@@ -16,7 +16,7 @@
 //!    ([`super::draw`]), so the logits and the KV cache never leave the device;
 //! 4. rows that finish **leave the batch** (the cache is compacted with `select_rows`) and the
 //!    rest keeps going until every row is done. A model that [replays](StepModel::replays) a
-//!    recorded decode step (`RLCR_DECODE_GRAPH=1` on a GPU: one dispatch a step instead of a
+//!    recorded decode step (`RLCR_CUDA_GRAPH`; on CUDA one dispatch a step instead of a
 //!    launch a kernel) keeps finished rows in the batch as padding, since a recording is for one
 //!    batch width, until half of the batch has finished or its cache is full; the cache is then
 //!    compacted and grown and the step recorded again ([`ReplayedStep`]). The rows compute what
@@ -75,7 +75,7 @@ pub trait StepModel: Sync {
     fn draws_on_device(&self) -> bool {
         false
     }
-    /// Whether decode steps replay a recorded step ([`Self::decode_graph`]; `RLCR_DECODE_GRAPH`).
+    /// Whether decode steps replay a recorded step ([`Self::decode_graph`]; `RLCR_CUDA_GRAPH`).
     fn replays(&self) -> bool {
         false
     }
