@@ -528,7 +528,11 @@ mod tests {
                     min_p: 0.01,
                 },
             ] {
-                let c = cfg(&p, params, 12, 6);
+                let mut c = cfg(&p, params, 12, 6);
+                // One id in eight ends a row, so rows finish at different steps: the recorded
+                // path keeps them as padding, records again at half its width, and the
+                // step-by-step sampler compacts every step.
+                c.stop.eos = (5..p.allowed_vocab() as u32).step_by(8).collect();
                 let mut runs = Vec::new();
                 for mode in [None, Some(GraphMode::Eager), Some(GraphMode::Replay)] {
                     p.decode_graph = mode;
@@ -541,6 +545,7 @@ mod tests {
                     <[_; 3]>::try_from(runs).unwrap();
                 let lens: std::collections::BTreeSet<usize> =
                     steps.iter().flatten().map(|g| g.ids.len()).collect();
+                assert!(lens.len() > 1, "{model}: rows finish at {lens:?} tokens");
                 eprintln!(
                     "{model} {params:?}: launches step by step {l_steps}, recorded path eager \
                      {l_eager}, replayed {l_replay}; response lengths {lens:?}"

@@ -117,6 +117,13 @@ pub fn capture<R>(
             return Err(e);
         }
     };
+    // Wait until the warm-up has run on the device: a buffer still in flight is not the pool's
+    // to hand out, and inside the window the pool may not add a page (lavapipe under load
+    // refused the recording "no room for 0 bytes ... no page may be added" without this wait).
+    if let Err(e) = cubecl::future::block_on(client.sync()) {
+        let _ = client.stop_capture();
+        return Err(anyhow!("waiting for a graph capture's warm-up: {e}"));
+    }
     client
         .start_capture()
         .map_err(|e| anyhow!("starting a graph capture: {e}"))?;
