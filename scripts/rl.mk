@@ -637,14 +637,20 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   FILTER_DIR=$(abspath $(POOL))
 # With the pass-rate filter, the pool is judged once here (the arms' sub-makes find it done).
 ARM_POOL := $(if $(FILTER_G),$(POOL)/learnable.parquet)
+# The arms' sub-makes always run (FORCE): each is a no-op when its loop is done, and a larger
+# ITERS on a finished run goes on from its last iteration (the evaluations and the comparison
+# then redo with the new last policy).
+FORCE:
+.PHONY: FORCE
+
 # RLVR_CONF_TURN=0: the RLVR arm samples no confidence at all in its loop (CONF_TURN=0) instead of
 # sampling it untrained; its evaluation still asks for one.
 RLVR_CONF_TURN ?= 1
 
-$(DIR)/rlvr/report/metrics.json: $(START)/config.json $(ARM_POOL)
+$(DIR)/rlvr/report/metrics.json: $(START)/config.json $(ARM_POOL) FORCE
 	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 \
 	  CONF_TURN=$(RLVR_CONF_TURN) summary
-$(DIR)/rlcr/report/metrics.json: $(START)/config.json $(ARM_POOL)
+$(DIR)/rlcr/report/metrics.json: $(START)/config.json $(ARM_POOL) FORCE
 	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) \
 	  CONF_VALUE_ENTROPY_COEF=$(CONF_VALUE_ENTROPY_COEF) summary
 

@@ -464,7 +464,8 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
 
 /// `compare` judges the pass-rate pool once, in its own run folder, and both arms draw their
 /// prompts from that one pool: they start from the same policy with the same seed, so a pool of
-/// their own would be the same answers sampled twice.
+/// their own would be the same answers sampled twice. A larger `ITERS` on the finished run goes
+/// on from its last iteration (the pool not judged again), and `make` again is then a no-op.
 #[test]
 fn compare_judges_one_pool_for_both_arms() {
     let wd = Workdir::new();
@@ -505,4 +506,51 @@ fn compare_judges_one_pool_for_both_arms() {
             "{a}: {drawn:?}"
         );
     }
+
+    let more = |iters: &str| {
+        let vars = [
+            "RUN=c".to_string(),
+            format!("ITERS={iters}"),
+            "FILTER_G=4".into(),
+            "FILTER_POOL=32".into(),
+            "PROMPTS_PER_ITER=4".into(),
+            arms[0].display().to_string(),
+            arms[1].display().to_string(),
+        ];
+        let o = rl_make(&wd, &vars);
+        let log = crate::support::rlmk::log(&o);
+        assert!(o.status.success(), "{log}");
+        // The stages run (the sub-makes' own command lines name the binary too).
+        let stages: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(env!("CARGO_BIN_EXE_rlcr")) && !l.contains("rl.mk"))
+            .map(str::to_string)
+            .collect();
+        (log, stages)
+    };
+    let (log, stages) = more("2");
+    for a in ["rlvr", "rlcr"] {
+        let it = wd.path(&format!("c/{a}/iter-0002"));
+        assert!(it.join("model/config.json").exists(), "{a}:\n{log}");
+        assert!(
+            stages.iter().any(|l| l.contains(&format!(
+                " update --model {}",
+                wd.path(&format!("c/{a}/iter-0001/model")).display()
+            ))),
+            "{a}: iteration 2 does not start from iteration 1:\n{log}"
+        );
+    }
+    assert!(
+        !stages.iter().any(|l| l.contains("pool/prompts.parquet")),
+        "the pool was judged again:\n{log}"
+    );
+    assert!(
+        !stages.iter().any(|l| l
+            .split(" -o ")
+            .nth(1)
+            .is_some_and(|o| o.contains("iter-0001/"))),
+        "iteration 1 ran again:\n{log}"
+    );
+    let (log, stages) = more("2");
+    assert!(stages.is_empty(), "make again re-ran a stage:\n{log}");
 }
