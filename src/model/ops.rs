@@ -7,9 +7,9 @@
 //! | op | CPU (Flex, plain or autodiff) | GPU (wgpu, CUDA) |
 //! |---|---|---|
 //! | [`matmul`] | packed / small decode kernels, then rlcr's GEMM ([`cpu::sgemm`]) | burn's matmul, split into exact bf16 parts where f32 would run in TF32 ([`split_f32`]) |
-//! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; the composite when training) |
-//! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; a burn composite with fewer launches when training) |
-//! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; a gather and two products over the whole head when training) |
+//! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; when training, RMSNorm with a backward of two kernels, the residual add apart) |
+//! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; when training, with a backward of one kernel) |
+//! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; when training, with a backward of one kernel) |
 //! | [`rope_cache_write`], [`slot_attention`] (calls through a cache) | [`Rope`], burn's `slice_assign`, [`cached_attention`] | one `#[cube]` kernel each, at positions and slot flags held on the device ([`gpu::rope`], [`gpu::attention`]) |
 //! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; a nine-kernel composite, [`backend::composite_attention`], when training or past its key limit) |
 //! | [`head_logprob_entropy`] (the LM head with [`logprob_entropy`]) | the product, then the fused LM head ([`cpu::head`]) | chunks of tokens, a product and one `#[cube]` kernel each, with a `Backward` that recomputes the chunk ([`gpu::head`]) |
@@ -146,8 +146,8 @@ pub(crate) fn add_rms_norm(
 }
 
 /// `silu(gate) · up` for `gu = [gate | up]: [N, 2I]`, `silu(g) = g · sigmoid(g)` as torch's:
-/// `[N, I]`. On a GPU one `#[cube]` kernel ([`gpu::swiglu`]) for plain tensors, the composite for
-/// autodiff ones.
+/// `[N, I]`. On a GPU one `#[cube]` kernel ([`gpu::swiglu`]), with a backward kernel of its own
+/// on autodiff tensors.
 pub(crate) fn swiglu(gu: Tensor<2>) -> Tensor<2> {
     if on_host(&gu.device()) {
         return cpu::fused::swiglu(gu);
@@ -175,7 +175,7 @@ impl Rope {
     /// transformers' f32 outer product; cos/sin are evaluated in f64 and rounded once. On the CPU
     /// the tables are `[B, 1, T, d/2]` (the fused op and the composite read them so); on a GPU
     /// they span the head dimension, `[c, c]` and `[−s, s]`, for [`gpu::rope`]'s kernel (and the
-    /// composite's four when training).
+    /// composite's four where it does not apply).
     pub(crate) fn new(
         inv_freq: &[f32],
         positions: &[usize],

@@ -337,6 +337,16 @@ mod tests {
         }
     }
 
+    /// Sampling with every filter on: temperature 0.7, top-k 50, top-p 0.9, min-p 0.01.
+    fn filtered() -> SamplingParams {
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 50,
+            min_p: 0.01,
+        }
+    }
+
     fn groups(contexts: &[Vec<u32>], n: u32) -> Vec<Group> {
         groups_of(contexts, n, "q")
     }
@@ -408,15 +418,7 @@ mod tests {
         for model in ["tiny-qwen2", "tiny-llama"] {
             let p = policy(model);
             let contexts = chat_contexts(model);
-            for params in [
-                SamplingParams::default(),
-                SamplingParams {
-                    temperature: 0.7,
-                    top_p: 0.9,
-                    top_k: 50,
-                    min_p: 0.01,
-                },
-            ] {
+            for params in [SamplingParams::default(), filtered()] {
                 let got = run(&p, &groups(&contexts, 3), &cfg(&p, params, 24, 4));
                 let mut rows: Vec<(&[u32], &[u32])> = Vec::new();
                 let mut ours: Vec<&[f32]> = Vec::new();
@@ -476,12 +478,7 @@ mod tests {
             for params in [
                 SamplingParams::default(),
                 SamplingParams::greedy(),
-                SamplingParams {
-                    temperature: 0.7,
-                    top_p: 0.9,
-                    top_k: 50,
-                    min_p: 0.01,
-                },
+                filtered(),
             ] {
                 let c = cfg(&p, params, 16, 5);
                 p.device_draw = false;
@@ -519,15 +516,7 @@ mod tests {
             let mut p = Policy::load(&fixture(model), &dev, &ChatOptions::default()).unwrap();
             assert!(p.device_draw);
             let contexts = chat_contexts(model);
-            for params in [
-                SamplingParams::default(),
-                SamplingParams {
-                    temperature: 0.7,
-                    top_p: 0.9,
-                    top_k: 50,
-                    min_p: 0.01,
-                },
-            ] {
+            for params in [SamplingParams::default(), filtered()] {
                 let mut c = cfg(&p, params, 12, 6);
                 // One id in eight ends a row, so rows finish at different steps: the recorded
                 // path keeps them as padding, records again at half its width, and the

@@ -3,11 +3,10 @@
 //! with the KV-cache write at positions held on the device, [`rope`]; attention from a mask or
 //! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]; fixed input buffers
 //! and a decode step captured once and replayed, [`graph`]; the LM head's log-probs and entropies
-//! in chunks of tokens, with their backward, [`head`]), and burn composites
-//! written for
-//! fewer kernel launches (every burn op is a launch there, about 27 µs of host time each on an
-//! H200) where no kernel applies: autodiff tensors (training keeps the composites, whose
-//! backward burn derives).
+//! in chunks of tokens, with their backward, [`head`]; RMSNorm, SwiGLU and RoPE have backward
+//! kernels too), and burn composites written for fewer kernel launches (every burn op is a
+//! launch there, about 27 µs of host time each on an H200) where no kernel applies: attention
+//! on autodiff tensors (training), whose backward burn derives.
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
@@ -40,9 +39,8 @@ pub(crate) fn test_device() -> burn::tensor::Device {
         .unwrap()
 }
 
-/// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; [`norm`]'s one kernel on
-/// plain tensors, this on autodiff ones) instead of burn's
-/// composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
+/// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; where [`norm`]'s kernels
+/// do not apply: another dtype) instead of burn's composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
 /// reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third way, within the
 /// same parity bound).
 pub fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
@@ -50,8 +48,8 @@ pub fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     x / rms * w.unsqueeze_dim(0)
 }
 
-/// SwiGLU's gate in five kernels ([`swiglu`]'s one kernel on plain tensors, this on autodiff
-/// ones), `gate / (1 + exp(−gate)) · up`, where burn's
+/// SwiGLU's gate in five kernels (where [`swiglu`]'s kernels do not apply: another dtype),
+/// `gate / (1 + exp(−gate)) · up`, where burn's
 /// `gate · sigmoid(gate) · up` takes eight (its sigmoid is `exp(−log(1 + exp(−x)))`, six). Large
 /// negative gates give `exp(−gate) = ∞` and a quotient of −0, never a NaN.
 pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {

@@ -1,8 +1,10 @@
 //! HF's rotate-half RoPE as one `#[cube]` kernel: one cube per (batch, head, slot) row of the
-//! head dimension. In place of [`super::rope`]'s four launches, on plain GPU tensors (sampling,
-//! log-probs); training's autodiff tensors keep the composite, whose backward burn derives. The
-//! composite's formula, `x·[c, c] + swap(x)·[−s, s]` over the whole head (`swap` exchanges the
-//! halves), in f32 (a compiler may fuse the products and the sum into one rounding).
+//! head dimension. In place of [`super::rope`]'s four launches. The composite's formula,
+//! `x·[c, c] + swap(x)·[−s, s]` over the whole head (`swap` exchanges the halves), in f32 (a
+//! compiler may fuse the products and the sum into one rounding). On autodiff tensors
+//! (training) with a backward kernel of its own, one launch where burn derives about eight for
+//! the composite: `swap` is its own inverse, so with `C = [c, c]`, `S = [−s, s]` and the
+//! upstream gradient `g`, `∂L/∂x_j = g_j·C_j + g_swap(j)·S_swap(j)`.
 //!
 //! Through a KV cache, [`rope_cache_write`] does a layer's whole share of the step between the
 //! q/k/v product and attention in one launch: the bias, the rotation of q and k at positions read
@@ -10,8 +12,15 @@
 //! and values written into the cache in place, the slots' validity flags, and q in the layout
 //! attention reads. In place of the bias add, the rotation, the queries' copy and burn's three
 //! launches of the cache write.
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
 use burn::cubecl;
-use burn::tensor::Tensor as BurnTensor;
+use burn::tensor::{DType, Tensor as BurnTensor};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::Cube;
 use cubecl::prelude::*;
 
 use super::block::{
@@ -19,31 +28,90 @@ use super::block::{
 };
 
 /// RoPE on `x: [B, n, T, d]` (any strides) with `cos = [c, c]` and `sin = [−s, s]`
-/// (`[B, 1, T, d]`), in one launch; `None` on the CPU, for autodiff tensors, another dtype or
-/// other shapes.
+/// (`[B, 1, T, d]`), in one launch; on autodiff tensors differentiable in `x` (one launch
+/// backward; the tables are constants). `None` on the CPU, for another dtype or other shapes.
 pub fn rope(x: &BurnTensor<4>, cos: &BurnTensor<4>, sin: &BurnTensor<4>) -> Option<BurnTensor<4>> {
     let [b, n, t, d] = x.dims();
     if d % 2 != 0 || b * n * t * d == 0 || cos.dims() != [b, 1, t, d] || sin.dims() != [b, 1, t, d]
     {
         return None;
     }
+    if [x.dtype(), cos.dtype(), sin.dtype()] != [DType::F32; 3] {
+        return None;
+    }
+    if let Ok(xa) = x.clone().try_into_primitive::<Autodiff<Cube>>() {
+        let table = |t: &BurnTensor<4>| -> Option<CubeTensor> {
+            let p = t.clone().try_into_primitive::<Autodiff<Cube>>().ok()?;
+            Some(burn_cubecl::kernel::untile(p.into_parts().0))
+        };
+        let (cp, sp) = (table(cos)?, table(sin)?);
+        let (xp, node) = xa.into_parts();
+        let y = rotate(&burn_cubecl::kernel::untile(xp), &cp, &sp, false);
+        let y = match RopeBackward
+            .prepare::<NoCheckpointing>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((cp, sp), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(y));
+    }
     let (xp, cp, sp) = (plain(x)?, plain(cos)?, plain(sin)?);
-    let client = xp.client.clone();
-    let out = output(&xp, &[b, n, t, d]);
+    Some(tensor(rotate(&xp, &cp, &sp, false)))
+}
+
+/// `x·C + swap(x)·S` (`backward` false), or the gradient `g·C + swap(g·S)` of a rotation for
+/// `x = g` (`backward` true): `[B, n, T, d]`, contiguous.
+fn rotate(x: &CubeTensor, cos: &CubeTensor, sin: &CubeTensor, backward: bool) -> CubeTensor {
+    let shape = x.meta.shape();
+    let (b, n, t, d) = (shape[0], shape[1], shape[2], shape[3]);
+    let client = x.client.clone();
+    let out = output(x, &[b, n, t, d]);
     rope_kernel::launch(
         &client,
         row_grid(&client, b * n * t),
         CubeDim::new_1d(row_units(&client, d)),
-        xp.into_tensor_arg(),
-        cp.into_tensor_arg(),
-        sp.into_tensor_arg(),
+        x.clone().into_tensor_arg(),
+        cos.clone().into_tensor_arg(),
+        sin.clone().into_tensor_arg(),
         out.clone().into_tensor_arg(),
+        backward,
     );
-    Some(tensor(out))
+    out
 }
 
+#[derive(Debug)]
+struct RopeBackward;
+
+impl Backward<Cube, 1> for RopeBackward {
+    /// The tables `cos`, `sin`.
+    type State = (CubeTensor, CubeTensor);
+
+    fn backward(
+        self,
+        ops: Ops<(CubeTensor, CubeTensor), 1>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let g = burn_cubecl::kernel::untile(grads.consume::<Cube>(&ops.node));
+        let [parent] = ops.parents;
+        let Some(node) = parent else { return };
+        let (cos, sin) = ops.state;
+        grads.register::<Cube>(node.id, rotate(&g, &cos, &sin, true));
+    }
+}
+
+/// One row of [`rotate`]: `out_i = x_i·C_i + x_swap(i)·S_i`, or with `backward`
+/// `out_i = x_i·C_i + x_swap(i)·S_swap(i)`.
 #[cube(launch)]
-fn rope_kernel(x: &Tensor<f32>, cos: &Tensor<f32>, sin: &Tensor<f32>, out: &mut Tensor<f32>) {
+fn rope_kernel(
+    x: &Tensor<f32>,
+    cos: &Tensor<f32>,
+    sin: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    #[comptime] backward: bool,
+) {
     let row = cube_row();
     let (heads, slots, d) = (out.shape(1), out.shape(2), out.shape(3));
     if row >= out.shape(0) * heads * slots {
@@ -59,8 +127,9 @@ fn rope_kernel(x: &Tensor<f32>, cos: &Tensor<f32>, sin: &Tensor<f32>, out: &mut 
     let mut i = UNIT_POS_X as usize;
     while i < d {
         let swapped = (i + half) % d;
+        let si = if backward { swapped } else { i };
         out[ob + i * o3] =
-            x[xb + i * x3] * cos[cb + i * c3] + x[xb + swapped * x3] * sin[sb + i * s3];
+            x[xb + i * x3] * cos[cb + i * c3] + x[xb + swapped * x3] * sin[sb + si * s3];
         i += CUBE_DIM_X as usize;
     }
 }
@@ -415,6 +484,106 @@ mod tests {
             .fold(0f32, f32::max);
         assert!(worst < 1e-5, "slots on the device vs on the host: {worst}");
         assert!(!host.slots_on_device());
+    }
+
+    /// Training's RoPE (autodiff tensors, a strided input of 3 of 5 heads) against float64 and
+    /// burn's derived backward of the composite ([`super::super::rope`]): `y` and `∂L/∂x` of
+    /// `L = Σ y·c` within 1e-5; one launch forward and one backward (the composite: four and
+    /// more); the same bits twice.
+    #[test]
+    fn training_rope_matches_float64_and_the_composite() {
+        let _pool = crate::model::memory::pool_test_lock();
+        let ad = super::super::test_device().autodiff();
+        let (b, n, wide, t, d) = (2usize, 3usize, 5usize, 4usize, 8usize);
+        let half = d / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 10000f32.powf(-(2.0 * i as f32) / d as f32))
+            .collect();
+        let positions: Vec<usize> = (0..b * t).map(|k| k * 997 % 4001).collect();
+        let angle = |bi: usize, ti: usize, i: usize| {
+            (positions[bi * t + ti] as f32 * inv_freq[i % half]) as f64
+        };
+        let (mut cs, mut ss) = (vec![0f32; b * t * d], vec![0f32; b * t * d]);
+        for bi in 0..b {
+            for ti in 0..t {
+                for i in 0..d {
+                    let a = angle(bi, ti, i);
+                    cs[(bi * t + ti) * d + i] = a.cos() as f32;
+                    ss[(bi * t + ti) * d + i] = if i < half { -a.sin() } else { a.sin() } as f32;
+                }
+            }
+        }
+        let vals: Vec<f32> = (0..b * wide * t * d)
+            .map(|k| (k as f32 * 0.37).sin())
+            .collect();
+        let gs: Vec<f32> = (0..b * n * t * d)
+            .map(|k| (k as f32 * 0.23).cos())
+            .collect();
+        let run = |fused: bool| {
+            let whole = Tensor::<4>::from_data(TensorData::new(vals.clone(), [b, wide, t, d]), &ad)
+                .require_grad();
+            let x = whole.clone().slice([0..b, 1..1 + n, 0..t, 0..d]);
+            let cos = Tensor::<4>::from_data(TensorData::new(cs.clone(), [b, 1, t, d]), &ad);
+            let sin = Tensor::<4>::from_data(TensorData::new(ss.clone(), [b, 1, t, d]), &ad);
+            let swap = super::super::rope_swap_index(d, &ad);
+            let c = Tensor::<4>::from_data(TensorData::new(gs.clone(), [b, n, t, d]), &ad);
+            let l0 = thread_launches();
+            let y = if fused {
+                super::rope(&x, &cos, &sin).expect("the kernel runs on autodiff wgpu tensors")
+            } else {
+                super::super::rope(x, &cos, &sin, &swap)
+            };
+            let l1 = thread_launches();
+            let loss = (y.clone() * c).sum();
+            let l2 = thread_launches();
+            let grads = loss.backward();
+            let l3 = thread_launches();
+            let dwhole = crate::model::read_f32(whole.grad(&grads).unwrap()).unwrap();
+            let dx: Vec<f32> = (0..b)
+                .flat_map(|bi| {
+                    let per = t * d;
+                    dwhole[(bi * wide + 1) * per..(bi * wide + 1 + n) * per].to_vec()
+                })
+                .collect();
+            (crate::model::read_f32(y).unwrap(), dx, l1 - l0, l3 - l2)
+        };
+        let (y, dx, fwd, bwd) = run(true);
+        let (cy, cdx, cfwd, cbwd) = run(false);
+        for bi in 0..b {
+            for h in 0..n {
+                for ti in 0..t {
+                    let row = |v: &[f32], k0: usize| -> Vec<f64> {
+                        (0..d).map(|j| v[k0 + j] as f64).collect()
+                    };
+                    let xr = row(&vals, ((bi * wide + 1 + h) * t + ti) * d);
+                    let gr = row(&gs, ((bi * n + h) * t + ti) * d);
+                    let cr = row(&cs, (bi * t + ti) * d);
+                    let sr = row(&ss, (bi * t + ti) * d);
+                    for i in 0..d {
+                        let sw = (i + half) % d;
+                        let ey = xr[i] * cr[i] + xr[sw] * sr[i];
+                        let edx = gr[i] * cr[i] + gr[sw] * sr[sw];
+                        let k = ((bi * n + h) * t + ti) * d + i;
+                        assert!((y[k] as f64 - ey).abs() < 1e-5, "{k}: y {} vs {ey}", y[k]);
+                        assert!(
+                            (dx[k] as f64 - edx).abs() < 1e-5,
+                            "{k}: dx {} vs {edx}",
+                            dx[k]
+                        );
+                        assert!((y[k] - cy[k]).abs() < 1e-5, "{k}: y vs composite");
+                        assert!((dx[k] - cdx[k]).abs() < 1e-5, "{k}: dx vs composite");
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "launches forward / backward (with the loss's): kernel {fwd} / {bwd}, \
+             composite {cfwd} / {cbwd}"
+        );
+        assert_eq!(fwd, 1, "one launch forward");
+        assert!(bwd + 3 <= cbwd, "backward {bwd} vs the composite's {cbwd}");
+        let (y2, dx2, _, _) = run(true);
+        assert_eq!((y2, dx2), (y, dx), "the same bits again");
     }
 
     /// A strided input (a head slice of a wider tensor, as q and k are cut from the fused QKV
