@@ -39,6 +39,26 @@ pub(crate) fn test_device() -> burn::tensor::Device {
         .unwrap()
 }
 
+/// `y = f()` and the backward pass of `L = Σ y·c` on an autodiff device: `(y, the gradients,
+/// launches of `f`, launches of the backward pass)` (the loss's own product and sum are in the
+/// second count). For the training kernels' tests.
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+pub(crate) fn loss_backward<const D: usize>(
+    f: impl FnOnce() -> Tensor<D>,
+    c: Tensor<D>,
+) -> (Tensor<D>, burn::tensor::Gradients, u64, u64) {
+    use crate::model::transfer::thread_launches;
+    let l0 = thread_launches();
+    let y = f();
+    let l1 = thread_launches();
+    let loss = (y.clone() * c).sum();
+    let l2 = thread_launches();
+    let grads = loss.backward();
+    let l3 = thread_launches();
+    (y, grads, l1 - l0, l3 - l2)
+}
+
 /// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; where [`norm`]'s kernels
 /// do not apply: another dtype) instead of burn's composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
 /// reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third way, within the

@@ -450,7 +450,6 @@ mod tests {
         fused: bool,
         w_grad: bool,
     ) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>, u64, u64) {
-        use crate::model::transfer::thread_launches;
         let ad = wgpu().autodiff();
         let wide = BurnTensor::<2>::from_data(TensorData::new(xs.to_vec(), [n, 2 * h]), &ad)
             .require_grad();
@@ -460,23 +459,17 @@ mod tests {
         }
         let c = BurnTensor::<2>::from_data(TensorData::new(cs.to_vec(), [n, h]), &ad);
         let x = wide.clone().slice([0..n, h..2 * h]);
-        let l0 = thread_launches();
-        let y = if fused {
-            rms_norm(&x, &w, 1e-6).expect("the kernel runs on autodiff wgpu tensors")
-        } else {
-            super::super::rms_norm(x, w.clone(), 1e-6)
+        let norm = || match fused {
+            true => rms_norm(&x, &w, 1e-6).expect("the kernel runs on autodiff wgpu tensors"),
+            false => super::super::rms_norm(x.clone(), w.clone(), 1e-6),
         };
-        let l1 = thread_launches();
-        let loss = (y.clone() * c).sum();
-        let l2 = thread_launches();
-        let grads = loss.backward();
-        let l3 = thread_launches();
+        let (y, grads, fwd, bwd) = super::super::loss_backward(norm, c);
         let dwide = crate::model::read_f32(wide.grad(&grads).unwrap()).unwrap();
         let dx = (0..n)
             .flat_map(|r| dwide[r * 2 * h + h..(r + 1) * 2 * h].to_vec())
             .collect();
         let dw = w.grad(&grads).map(|g| crate::model::read_f32(g).unwrap());
-        (read(y), dx, dw, l1 - l0, l3 - l2)
+        (read(y), dx, dw, fwd, bwd)
     }
 
     /// Training's RMSNorm (autodiff tensors, a strided input, rows wider and narrower than the

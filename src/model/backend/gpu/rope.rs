@@ -527,17 +527,13 @@ mod tests {
             let sin = Tensor::<4>::from_data(TensorData::new(ss.clone(), [b, 1, t, d]), &ad);
             let swap = super::super::rope_swap_index(d, &ad);
             let c = Tensor::<4>::from_data(TensorData::new(gs.clone(), [b, n, t, d]), &ad);
-            let l0 = thread_launches();
-            let y = if fused {
-                super::rope(&x, &cos, &sin).expect("the kernel runs on autodiff wgpu tensors")
-            } else {
-                super::super::rope(x, &cos, &sin, &swap)
+            let rotate = || match fused {
+                true => {
+                    super::rope(&x, &cos, &sin).expect("the kernel runs on autodiff wgpu tensors")
+                }
+                false => super::super::rope(x.clone(), &cos, &sin, &swap),
             };
-            let l1 = thread_launches();
-            let loss = (y.clone() * c).sum();
-            let l2 = thread_launches();
-            let grads = loss.backward();
-            let l3 = thread_launches();
+            let (y, grads, fwd, bwd) = super::super::loss_backward(rotate, c);
             let dwhole = crate::model::read_f32(whole.grad(&grads).unwrap()).unwrap();
             let dx: Vec<f32> = (0..b)
                 .flat_map(|bi| {
@@ -545,7 +541,7 @@ mod tests {
                     dwhole[(bi * wide + 1) * per..(bi * wide + 1 + n) * per].to_vec()
                 })
                 .collect();
-            (crate::model::read_f32(y).unwrap(), dx, l1 - l0, l3 - l2)
+            (crate::model::read_f32(y).unwrap(), dx, fwd, bwd)
         };
         let (y, dx, fwd, bwd) = run(true);
         let (cy, cdx, cfwd, cbwd) = run(false);

@@ -190,29 +190,22 @@ mod tests {
         [n, i]: [usize; 2],
         fused: bool,
     ) -> (Vec<f32>, Vec<f32>, u64, u64) {
-        use crate::model::transfer::thread_launches;
         let ad = super::super::test_device().autodiff();
         let width = 2 * i + 5;
         let wide = BurnTensor::<2>::from_data(TensorData::new(vals.to_vec(), [n, width]), &ad)
             .require_grad();
         let c = BurnTensor::<2>::from_data(TensorData::new(cs.to_vec(), [n, i]), &ad);
         let gu = wide.clone().slice([0..n, 5..width]);
-        let l0 = thread_launches();
-        let y = if fused {
-            swiglu(&gu).expect("the kernel runs on autodiff wgpu tensors")
-        } else {
-            super::super::swiglu(gu)
+        let gate = || match fused {
+            true => swiglu(&gu).expect("the kernel runs on autodiff wgpu tensors"),
+            false => super::super::swiglu(gu.clone()),
         };
-        let l1 = thread_launches();
-        let loss = (y.clone() * c).sum();
-        let l2 = thread_launches();
-        let grads = loss.backward();
-        let l3 = thread_launches();
+        let (y, grads, fwd, bwd) = super::super::loss_backward(gate, c);
         let dwide = crate::model::read_f32(wide.grad(&grads).unwrap()).unwrap();
         let dgu = (0..n)
             .flat_map(|r| dwide[r * width + 5..(r + 1) * width].to_vec())
             .collect();
-        (crate::model::read_f32(y).unwrap(), dgu, l1 - l0, l3 - l2)
+        (crate::model::read_f32(y).unwrap(), dgu, fwd, bwd)
     }
 
     /// Training's SwiGLU (autodiff tensors, a strided input, gates from −40 to 40) against
