@@ -11,7 +11,7 @@
 //! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; when training, with a backward of one kernel) |
 //! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; when training, with a backward of one kernel) |
 //! | [`rope_cache_write`], [`slot_attention`] (calls through a cache) | [`Rope`], burn's `slice_assign`, [`cached_attention`] | one `#[cube]` kernel each, at positions and slot flags held on the device ([`gpu::rope`], [`gpu::attention`]) |
-//! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; a nine-kernel composite, [`backend::composite_attention`], when training or past its key limit) |
+//! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; when training, with a backward of two kernels; past its key limit the nine-kernel composite, [`backend::composite_attention`]) |
 //! | [`head_logprob_entropy`] (the LM head with [`logprob_entropy`]) | the product, then the fused LM head ([`cpu::head`]) | chunks of tokens, a product and one `#[cube]` kernel each, with a `Backward` that recomputes the chunk ([`gpu::head`]) |
 //! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
 //!
@@ -406,10 +406,11 @@ fn scale(q: &Tensor<4>, options: &AttentionModuleOptions) -> f32 {
     options.scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32
 }
 
-/// Attention off the CPU kernels: on a GPU one kernel for plain tensors ([`gpu::attention`]);
-/// on the CPU (reached only with `RLCR_ATTENTION=burn` or `RLCR_GEMM=burn`) burn's attention,
-/// as named; with split f32 products ([`split_f32`], f32 precision), on a GPU for autodiff
-/// tensors or past the kernel's key limit, the composite ([`backend::composite_attention`]).
+/// Attention off the CPU kernels: on a GPU one kernel ([`gpu::attention`], with a backward of
+/// its own on autodiff tensors); on the CPU (reached only with `RLCR_ATTENTION=burn` or
+/// `RLCR_GEMM=burn`) burn's attention, as named; with split f32 products ([`split_f32`], f32
+/// precision) or on a GPU past the kernel's key limit, the composite
+/// ([`backend::composite_attention`]).
 fn device_attention(
     q: Tensor<4>,
     k: Tensor<4>,

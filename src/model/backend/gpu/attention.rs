@@ -3,7 +3,8 @@
 //! the softmax through tree reductions ([`super::block`]), then the weighted values (each unit a
 //! share of the head dimension). In place of [`crate::model::backend::composite_attention`]'s
 //! nine launches (and the split products' more on CUDA), on plain GPU tensors (sampling,
-//! log-probs); training's autodiff tensors keep the composite, whose backward burn derives.
+//! log-probs) and on autodiff tensors (training), where a `Backward` of its own takes two
+//! launches in place of the dozen or more burn derives for the composite.
 //!
 //! The composite's formula in f32: scores `q·k · scale`, hidden keys excluded, `exp(s − max)`,
 //! the weighted values summed in key order and divided by the weights' sum once (the composite
@@ -12,12 +13,31 @@
 //! [`MAX_KEYS`] keys, as far as the device's shared memory holds their scores (a power of two
 //! of them); longer ones keep the composite.
 //!
+//! **Backward** with the upstream gradient `G = ∂L/∂O` and `P` the softmax weights (recomputed
+//! from `q` and `k`; nothing but the inputs is kept from the forward pass):
+//!
+//! ```text
+//! dP_ij = G_i · v_j        D_i = Σ_j P_ij · dP_ij        dS_ij = P_ij · (dP_ij − D_i)
+//! ∂L/∂q_i = scale · Σ_j dS_ij · k_j                       (one cube per query row)
+//! ∂L/∂k_j = scale · Σ_i dS_ij · q_i    ∂L/∂v_j = Σ_i P_ij · G_i   (one cube per key)
+//! ```
+//!
+//! The first kernel writes `P` and `dS` (`[B, H, R, S]`, as large as the composite's scores);
+//! hidden keys have `P = dS = 0`. Every sum runs in a fixed order, no atomics: the same inputs
+//! give the same bits.
+//!
 //! Through a KV cache whose slots the device describes, [`slot_attention`] takes no mask: each
 //! query's visible keys follow from the slots' validity flags and its own slot (read on the
 //! device), the keys after its own are not read, and the output is written in the layout of the
 //! output projection.
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
 use burn::cubecl;
 use burn::tensor::{Bool, DType, Tensor as BurnTensor};
+use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::Cube;
 use cubecl::ir::{ElemType, UIntKind};
 use cubecl::prelude::*;
@@ -33,9 +53,9 @@ pub const MAX_KEYS: usize = 8192;
 const LOWEST: f32 = -3.0e38;
 
 /// `softmax(q·kᵀ · scale, hidden keys excluded) · v` for `q: [B, H, R, d]`, `k`, `v`:
-/// `[B, H, S, d]` and `mask: [B, 1, R, S]` (true = hidden), in one launch; `None` on the CPU,
-/// for autodiff tensors, other dtypes or shapes, or more than [`MAX_KEYS`] keys (or than the
-/// device's shared memory holds).
+/// `[B, H, S, d]` and `mask: [B, 1, R, S]` (true = hidden), in one launch; on autodiff tensors
+/// differentiable in `q`, `k` and `v` (two launches backward). `None` on the CPU, for other
+/// dtypes or shapes, or more than [`MAX_KEYS`] keys (or than the device's shared memory holds).
 pub fn attention(
     q: &BurnTensor<4>,
     k: &BurnTensor<4>,
@@ -43,38 +63,168 @@ pub fn attention(
     mask: &BurnTensor<4, Bool>,
     scale: f32,
 ) -> Option<BurnTensor<4>> {
-    let [b, heads, rows, d] = q.dims();
+    let [b, _, rows, d] = q.dims();
     let keys = keys_of(q, k, v)?;
-    if mask.dims() != [b, 1, rows, keys] {
+    if mask.dims() != [b, 1, rows, keys] || [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
         return None;
     }
-    let (qp, kp, vp) = (plain(q)?, plain(k)?, plain(v)?);
-    let mp = mask.clone().try_into_primitive::<Cube>().ok()?;
+    if let Ok(qa) = q.clone().try_into_primitive::<Autodiff<Cube>>() {
+        let parts = |t: &BurnTensor<4>| t.clone().try_into_primitive::<Autodiff<Cube>>().ok();
+        let (ka, va) = (parts(k)?, parts(v)?);
+        let mp = mask.clone().try_into_primitive::<Autodiff<Cube>>().ok()?;
+        let (mp, store) = mask_store(mp)?;
+        let (qp, qn) = qa.into_parts();
+        let (kp, kn) = ka.into_parts();
+        let (vp, vn) = va.into_parts();
+        let (units, capacity) = cube_for(&qp.client, keys, d)?;
+        let untile = burn_cubecl::kernel::untile;
+        let s = AttentionState {
+            q: untile(qp),
+            k: untile(kp),
+            v: untile(vp),
+            mask: mp,
+            store,
+            scale,
+            units,
+            capacity,
+        };
+        let out = s.forward();
+        let out = match AttentionBackward
+            .prepare::<NoCheckpointing>([qn, kn, vn])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(s, out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(out));
+    }
+    let (mp, store) = mask_store(mask.clone().try_into_primitive::<Cube>().ok()?)?;
+    let (q, k, v) = (plain(q)?, plain(k)?, plain(v)?);
+    let (units, capacity) = cube_for(&q.client, keys, d)?;
+    let s = AttentionState {
+        q,
+        k,
+        v,
+        mask: mp,
+        store,
+        scale,
+        units,
+        capacity,
+    };
+    Some(tensor(s.forward()))
+}
+
+/// The mask's primitive laid out in rows and how it stores a bool: burn's GPU backends store
+/// bools as u8 or u32 (the lowest bit is the value).
+fn mask_store(mp: CubeTensor) -> Option<(CubeTensor, UIntKind)> {
     let mp = burn_cubecl::kernel::untile(mp);
-    // burn's GPU backends store bools as u8 or u32 (the lowest bit is the value).
     let store = match mp.dtype {
         DType::Bool(burn::tensor::BoolStore::U8) => UIntKind::U8,
         DType::Bool(burn::tensor::BoolStore::U32) => UIntKind::U32,
         _ => return None,
     };
-    let client = qp.client.clone();
-    let (units, capacity) = cube_for(&client, keys, d)?;
-    let out = output(&qp, &[b, heads, rows, d]);
-    attention_kernel::launch(
-        &client,
-        row_grid(&client, b * heads * rows),
-        CubeDim::new_1d(units),
-        qp.into_tensor_arg(),
-        kp.into_tensor_arg(),
-        vp.into_tensor_arg(),
-        mp.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        scale,
-        capacity,
-        units,
-        ElemType::UInt(store),
-    );
-    Some(tensor(out))
+    Some((mp, store))
+}
+
+/// An attention call's inputs (the primitives, rows in any strides) and launch shape; what the
+/// backward pass keeps (the inputs are alive in the graph anyway).
+#[derive(Debug, Clone)]
+struct AttentionState {
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    mask: CubeTensor,
+    store: UIntKind,
+    scale: f32,
+    units: u32,
+    capacity: usize,
+}
+
+impl AttentionState {
+    /// The attention's output, `[B, H, R, d]`: one launch.
+    fn forward(&self) -> CubeTensor {
+        let shape = self.q.meta.shape();
+        let (b, heads, rows, d) = (shape[0], shape[1], shape[2], shape[3]);
+        let client = self.q.client.clone();
+        let out = output(&self.q, &[b, heads, rows, d]);
+        attention_kernel::launch(
+            &client,
+            row_grid(&client, b * heads * rows),
+            CubeDim::new_1d(self.units),
+            self.q.clone().into_tensor_arg(),
+            self.k.clone().into_tensor_arg(),
+            self.v.clone().into_tensor_arg(),
+            self.mask.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            self.scale,
+            self.capacity,
+            self.units,
+            ElemType::UInt(self.store),
+        );
+        out
+    }
+
+    /// `(∂L/∂q, ∂L/∂k, ∂L/∂v)` for the upstream gradient `g`: two launches (the module
+    /// documentation's formulas).
+    fn backward(&self, g: &CubeTensor) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let shape = self.q.meta.shape();
+        let (b, heads, rows, d) = (shape[0], shape[1], shape[2], shape[3]);
+        let keys = self.k.meta.shape()[2];
+        let client = g.client.clone();
+        let p = output(g, &[b, heads, rows, keys]);
+        let ds = output(g, &[b, heads, rows, keys]);
+        let dq = output(g, &[b, heads, rows, d]);
+        attention_rows_backward_kernel::launch(
+            &client,
+            row_grid(&client, b * heads * rows),
+            CubeDim::new_1d(self.units),
+            self.q.clone().into_tensor_arg(),
+            self.k.clone().into_tensor_arg(),
+            self.v.clone().into_tensor_arg(),
+            self.mask.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            p.clone().into_tensor_arg(),
+            ds.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            self.scale,
+            self.capacity,
+            self.units,
+            ElemType::UInt(self.store),
+        );
+        let dk = output(g, &[b, heads, keys, d]);
+        let dv = output(g, &[b, heads, keys, d]);
+        attention_keys_backward_kernel::launch(
+            &client,
+            row_grid(&client, b * heads * keys),
+            CubeDim::new_1d(row_units(&client, d)),
+            self.q.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            p.into_tensor_arg(),
+            ds.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            self.scale,
+        );
+        (dq, dk, dv)
+    }
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl Backward<Cube, 3> for AttentionBackward {
+    type State = AttentionState;
+
+    fn backward(self, ops: Ops<AttentionState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = burn_cubecl::kernel::untile(grads.consume::<Cube>(&ops.node));
+        let (dq, dk, dv) = ops.state.backward(&g);
+        for (node, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+            if let Some(node) = node {
+                grads.register::<Cube>(node.id, grad);
+            }
+        }
+    }
 }
 
 /// The number of keys of `k` (and `v`) when `q: [B, n, R, d]`, `k`, `v`: `[B, n, S, d]` are
@@ -152,6 +302,37 @@ fn dot(q: &Tensor<f32>, qb: usize, k: &Tensor<f32>, kb: usize, s: usize) -> f32 
     acc
 }
 
+/// The scores of query row `r` (of `(batch, head)`) over the `keys` keys into `scores`, hidden
+/// ones [`LOWEST`] (each unit whole dot products for its keys); returns this unit's largest.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn row_scores<M: Int>(
+    scores: &mut Shared<[f32]>,
+    q: &Tensor<f32>,
+    k: &Tensor<f32>,
+    mask: &Tensor<M>,
+    batch: usize,
+    head: usize,
+    r: usize,
+    scale: f32,
+) -> f32 {
+    let keys = k.shape(2);
+    let lowest = f32::new(LOWEST);
+    let (qb, kb) = (offset3(q, batch, head, r), offset3(k, batch, head, 0));
+    let mb = offset3(mask, batch, 0, r);
+    let m3 = mask.stride(3);
+    let mut mx = lowest;
+    let mut s = UNIT_POS_X as usize;
+    while s < keys {
+        let hidden = (u32::cast_from(mask[mb + s * m3]) & 1u32) == 1u32;
+        let score = select(hidden, lowest, dot(q, qb, k, kb, s) * scale);
+        scores[s] = score;
+        mx = mx.max(score);
+        s += CUBE_DIM_X as usize;
+    }
+    mx
+}
+
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn attention_kernel<M: Int>(
@@ -171,26 +352,136 @@ fn attention_kernel<M: Int>(
         terminate!();
     }
     let (batch, head, r) = unravel(row, heads, rows);
-    let keys = k.shape(2);
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
-    let lowest = f32::new(LOWEST);
-    let (qb, kb) = (offset3(q, batch, head, r), offset3(k, batch, head, 0));
-    let mb = offset3(mask, batch, 0, r);
-    let m3 = mask.stride(3);
-
-    // Scores, each unit whole dot products for its keys.
-    let mut mx = lowest;
-    let mut s = UNIT_POS_X as usize;
-    while s < keys {
-        let hidden = (u32::cast_from(mask[mb + s * m3]) & 1u32) == 1u32;
-        let score = select(hidden, lowest, dot(q, qb, k, kb, s) * scale);
-        scores[s] = score;
-        mx = mx.max(score);
-        s += CUBE_DIM_X as usize;
-    }
+    let mx = row_scores(&mut scores, q, k, mask, batch, head, r, scale);
     let (vb, ob) = (offset3(v, batch, head, 0), offset3(&*out, batch, head, r));
-    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
+    weigh_values(&mut scores, &mut red, mx, k.shape(2), v, vb, out, ob);
+}
+
+/// The backward pass's first half, one cube per query row: the row's weights `P` and `dS`
+/// (written to `p` and `ds`, `[B, H, R, S]`) and `∂L/∂q` (module documentation).
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn attention_rows_backward_kernel<M: Int>(
+    q: &Tensor<f32>,
+    k: &Tensor<f32>,
+    v: &Tensor<f32>,
+    mask: &Tensor<M>,
+    g: &Tensor<f32>,
+    p: &mut Tensor<f32>,
+    ds: &mut Tensor<f32>,
+    dq: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] capacity: usize,
+    #[comptime] units: u32,
+    #[define(M)] _mask_store: ElemType,
+) {
+    let row = cube_row();
+    let (heads, rows) = (q.shape(1), q.shape(2));
+    if row >= q.shape(0) * heads * rows {
+        terminate!();
+    }
+    let (batch, head, r) = unravel(row, heads, rows);
+    let keys = k.shape(2);
+    let tid = UNIT_POS_X as usize;
+    let nt = CUBE_DIM_X as usize;
+    let lowest = f32::new(LOWEST);
+    let mut scores = Shared::<[f32]>::new_slice(capacity);
+    let mut red = Shared::<[f32]>::new_slice(units as usize);
+    let mx = row_scores(&mut scores, q, k, mask, batch, head, r, scale);
+
+    // The weights exp(s − max) (0 for hidden keys) and their sum.
+    let m = block_max(&mut red, mx);
+    let mut acc = f32::new(0.0);
+    let mut s = tid;
+    while s < keys {
+        let score = scores[s];
+        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
+        scores[s] = w;
+        acc += w;
+        s += nt;
+    }
+    let total = block_sum(&mut red, acc);
+
+    // P and dP = G·v per key (each unit its own keys: it reads back only what it wrote), and
+    // D = Σ P·dP over the row.
+    let (gb, vb) = (offset3(g, batch, head, r), offset3(v, batch, head, 0));
+    let (pb, p3) = (offset3(&*p, batch, head, r), p.stride(3));
+    let (db, d3) = (offset3(&*ds, batch, head, r), ds.stride(3));
+    let mut dacc = f32::new(0.0);
+    s = tid;
+    while s < keys {
+        let pj = scores[s] / total;
+        let dp = dot(g, gb, v, vb, s);
+        p[pb + s * p3] = pj;
+        ds[db + s * d3] = dp;
+        scores[s] = pj;
+        dacc += pj * dp;
+        s += nt;
+    }
+    let delta = block_sum(&mut red, dacc);
+    s = tid;
+    while s < keys {
+        let dsj = scores[s] * (ds[db + s * d3] - delta);
+        ds[db + s * d3] = dsj;
+        scores[s] = dsj;
+        s += nt;
+    }
+    sync_cube();
+
+    // ∂L/∂q: each unit a share of the head dimension, keys in order.
+    let (kb, k2, k3) = (offset3(k, batch, head, 0), k.stride(2), k.stride(3));
+    let (qo, q3) = (offset3(&*dq, batch, head, r), dq.stride(3));
+    let mut i = tid;
+    while i < q.shape(3) {
+        let mut y = f32::new(0.0);
+        for j in 0..keys {
+            y += scores[j] * k[kb + j * k2 + i * k3];
+        }
+        dq[qo + i * q3] = y * scale;
+        i += nt;
+    }
+}
+
+/// The backward pass's second half, one cube per key `j`: `∂L/∂k_j` and `∂L/∂v_j` summed over
+/// the query rows in order, each unit a share of the head dimension.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn attention_keys_backward_kernel(
+    q: &Tensor<f32>,
+    g: &Tensor<f32>,
+    p: &Tensor<f32>,
+    ds: &Tensor<f32>,
+    dk: &mut Tensor<f32>,
+    dv: &mut Tensor<f32>,
+    scale: f32,
+) {
+    let row = cube_row();
+    let (heads, keys) = (dk.shape(1), dk.shape(2));
+    if row >= dk.shape(0) * heads * keys {
+        terminate!();
+    }
+    let (batch, head, j) = unravel(row, heads, keys);
+    let rows = q.shape(2);
+    let (qb, q2, q3) = (offset3(q, batch, head, 0), q.stride(2), q.stride(3));
+    let (gb, g2, g3) = (offset3(g, batch, head, 0), g.stride(2), g.stride(3));
+    let (pb, p2) = (offset3(p, batch, head, 0) + j * p.stride(3), p.stride(2));
+    let (db, d2) = (offset3(ds, batch, head, 0) + j * ds.stride(3), ds.stride(2));
+    let (kb, k3) = (offset3(&*dk, batch, head, j), dk.stride(3));
+    let (vb, v3) = (offset3(&*dv, batch, head, j), dv.stride(3));
+    let mut i = UNIT_POS_X as usize;
+    while i < q.shape(3) {
+        let mut a = f32::new(0.0);
+        let mut c = f32::new(0.0);
+        for r in 0..rows {
+            a += ds[db + r * d2] * q[qb + r * q2 + i * q3];
+            c += p[pb + r * p2] * g[gb + r * g2 + i * g3];
+        }
+        dk[kb + i * k3] = a * scale;
+        dv[vb + i * v3] = c;
+        i += CUBE_DIM_X as usize;
+    }
 }
 
 /// Attention over a KV cache whose slots the device describes, for the queries of a call of `T`
@@ -474,10 +765,167 @@ mod tests {
             &dev,
         );
         assert!(attention(&q, &kv, &kv, &m, 0.5).is_none());
-        // Autodiff tensors (training) keep the composite.
-        let ad = dev.autodiff();
-        let t = BurnTensor::<4>::from_data(TensorData::new(vec![1.0f32; 4], [1, 1, 1, 4]), &ad);
-        let m = BurnTensor::<4, Bool>::from_data(TensorData::new(vec![false], [1, 1, 1, 1]), &ad);
-        assert!(attention(&t, &t, &t, &m, 0.5).is_none());
+    }
+
+    /// `(y, ∂L/∂q, ∂L/∂k, ∂L/∂v, launches forward, launches backward)` of `L = Σ y·c` on the
+    /// autodiff wgpu device, `q` a head slice of a wider tensor; `fused`: [`attention`], else
+    /// the composite ([`crate::model::backend::composite_attention`]).
+    #[allow(clippy::type_complexity)]
+    fn train(
+        (qs, ks, vs, ms, cs): (&[f32], &[f32], &[f32], &[bool], &[f32]),
+        [b, heads, rows, keys, d]: [usize; 5],
+        fused: bool,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, u64, u64) {
+        let ad = super::super::test_device().autodiff();
+        let wide =
+            BurnTensor::<4>::from_data(TensorData::new(qs.to_vec(), [b, heads + 1, rows, d]), &ad)
+                .require_grad();
+        let k = BurnTensor::<4>::from_data(TensorData::new(ks.to_vec(), [b, heads, keys, d]), &ad)
+            .require_grad();
+        let v = BurnTensor::<4>::from_data(TensorData::new(vs.to_vec(), [b, heads, keys, d]), &ad)
+            .require_grad();
+        let m =
+            BurnTensor::<4, Bool>::from_data(TensorData::new(ms.to_vec(), [b, 1, rows, keys]), &ad);
+        let c = BurnTensor::<4>::from_data(TensorData::new(cs.to_vec(), [b, heads, rows, d]), &ad);
+        let q = wide.clone().slice([0..b, 1..heads + 1, 0..rows, 0..d]);
+        let scale = 1.0 / (d as f64).sqrt();
+        let run = || match fused {
+            true => attention(&q, &k, &v, &m, scale as f32).expect("runs on autodiff wgpu"),
+            false => {
+                let options = burn::tensor::ops::AttentionModuleOptions {
+                    scale: Some(scale),
+                    softcap: None,
+                    is_causal: false,
+                };
+                crate::model::backend::composite_attention(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    &m,
+                    options,
+                    false,
+                )
+            }
+        };
+        let (y, grads, fwd, bwd) = super::super::loss_backward(run, c);
+        let read = |t: BurnTensor<4>| crate::model::read_f32(t).unwrap();
+        let dwide = read(wide.grad(&grads).unwrap());
+        let dq = (0..b * heads)
+            .flat_map(|bh| {
+                let at = ((bh / heads) * (heads + 1) + bh % heads + 1) * rows * d;
+                dwide[at..at + rows * d].to_vec()
+            })
+            .collect();
+        let (dk, dv) = (read(k.grad(&grads).unwrap()), read(v.grad(&grads).unwrap()));
+        (read(y), dq, dk, dv, fwd, bwd)
+    }
+
+    /// Training's attention (autodiff tensors, a strided `q`, more keys than a cube's units and
+    /// fewer, masks hiding some keys, a row that sees only itself) against float64 (`y`, `∂L/∂q`,
+    /// `∂L/∂k`, `∂L/∂v` within 1e-5 of each one's largest value, from the module
+    /// documentation's formulas) and against burn's derived backward of the composite (the
+    /// same bound); one launch forward, two backward where the composite takes nine and more.
+    /// Twice the same inputs: the same bits (no atomics).
+    #[test]
+    fn training_attention_matches_float64_and_the_composite() {
+        let _pool = crate::model::memory::pool_test_lock();
+        for dims in [[2usize, 2, 3, 300, 16], [1, 3, 5, 7, 8]] {
+            let [b, heads, rows, keys, d] = dims;
+            let scale = 1.0 / (d as f64).sqrt();
+            let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
+            let qs: Vec<f32> = (0..b * (heads + 1) * rows * d)
+                .map(|k| val(k, 0.3))
+                .collect();
+            let ks: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 1.1)).collect();
+            let vs: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 2.7)).collect();
+            let cs: Vec<f32> = (0..b * heads * rows * d).map(|k| val(k, 0.9)).collect();
+            // Row r of batch bi hides keys s with (s + r + bi) % 3 == 0 except its own slot;
+            // the last row of the last batch sees only its own slot.
+            let ms: Vec<bool> = (0..b * rows * keys)
+                .map(|k| {
+                    let (bi, r, s) = (k / (rows * keys), (k / keys) % rows, k % keys);
+                    let alone = bi == b - 1 && r == rows - 1;
+                    s != r && (alone || (s + r + bi) % 3 == 0)
+                })
+                .collect();
+            let inputs = (&qs[..], &ks[..], &vs[..], &ms[..], &cs[..]);
+            let (y, dq, dk, dv, fwd, bwd) = train(inputs, dims, true);
+            let (cy, cdq, cdk, cdv, cfwd, cbwd) = train(inputs, dims, false);
+            // float64
+            let (mut ey, mut edq) = (vec![0f64; y.len()], vec![0f64; y.len()]);
+            let (mut edk, mut edv) = (vec![0f64; dk.len()], vec![0f64; dv.len()]);
+            for bi in 0..b {
+                for h in 0..heads {
+                    let kv = |t: &[f32], s: usize, i: usize| {
+                        t[((bi * heads + h) * keys + s) * d + i] as f64
+                    };
+                    for r in 0..rows {
+                        let qrow: Vec<f64> = (0..d)
+                            .map(|i| qs[((bi * (heads + 1) + h + 1) * rows + r) * d + i] as f64)
+                            .collect();
+                        let o = ((bi * heads + h) * rows + r) * d;
+                        let grow: Vec<f64> = (0..d).map(|i| cs[o + i] as f64).collect();
+                        let visible: Vec<usize> = (0..keys)
+                            .filter(|&s| !ms[(bi * rows + r) * keys + s])
+                            .collect();
+                        let sc: Vec<f64> = visible
+                            .iter()
+                            .map(|&s| (0..d).map(|i| qrow[i] * kv(&ks, s, i)).sum::<f64>() * scale)
+                            .collect();
+                        let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                        let total: f64 = w.iter().sum();
+                        let p: Vec<f64> = w.iter().map(|x| x / total).collect();
+                        let dp: Vec<f64> = visible
+                            .iter()
+                            .map(|&s| (0..d).map(|i| grow[i] * kv(&vs, s, i)).sum::<f64>())
+                            .collect();
+                        let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                        for (n, &s) in visible.iter().enumerate() {
+                            let ds = p[n] * (dp[n] - delta);
+                            let kb = ((bi * heads + h) * keys + s) * d;
+                            for i in 0..d {
+                                ey[o + i] += p[n] * kv(&vs, s, i);
+                                edq[o + i] += scale * ds * kv(&ks, s, i);
+                                edk[kb + i] += scale * ds * qrow[i];
+                                edv[kb + i] += p[n] * grow[i];
+                            }
+                        }
+                    }
+                }
+            }
+            let near = |got: &[f32], want: &[f64], what: &str| {
+                let size = want.iter().fold(0f64, |a, b| a.max(b.abs()));
+                for (k, (&a, &b)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (a as f64 - b).abs() <= 1e-5 * size,
+                        "{dims:?} {what}[{k}]: {a} vs {b} (largest {size})"
+                    );
+                }
+            };
+            let wide = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
+            for (got, exact, composite, what) in [
+                (&y, &ey, &cy, "y"),
+                (&dq, &edq, &cdq, "dq"),
+                (&dk, &edk, &cdk, "dk"),
+                (&dv, &edv, &cdv, "dv"),
+            ] {
+                near(got, exact, what);
+                near(got, &wide(composite), what);
+            }
+            eprintln!(
+                "{dims:?} launches forward / backward (with the loss's): \
+                 kernel {fwd} / {bwd}, composite {cfwd} / {cbwd}"
+            );
+            assert_eq!(fwd, 1, "one launch forward");
+            // The loss's own backward (the product with c and the sum) is in both counts.
+            assert!(bwd + 8 <= cbwd, "backward {bwd} vs the composite's {cbwd}");
+            let again = train(inputs, dims, true);
+            assert_eq!(
+                (again.0, again.1, again.2, again.3),
+                (y, dq, dk, dv),
+                "the same bits again"
+            );
+        }
     }
 }

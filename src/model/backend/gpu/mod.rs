@@ -3,10 +3,10 @@
 //! with the KV-cache write at positions held on the device, [`rope`]; attention from a mask or
 //! from the cache's slot flags, [`attention`]; the sampler's draw, [`draw`]; fixed input buffers
 //! and a decode step captured once and replayed, [`graph`]; the LM head's log-probs and entropies
-//! in chunks of tokens, with their backward, [`head`]; RMSNorm, SwiGLU and RoPE have backward
-//! kernels too), and burn composites written for fewer kernel launches (every burn op is a
-//! launch there, about 27 µs of host time each on an H200) where no kernel applies: attention
-//! on autodiff tensors (training), whose backward burn derives.
+//! in chunks of tokens, with their backward, [`head`]; RMSNorm, SwiGLU, RoPE and attention have
+//! backward kernels too), and burn composites written for fewer kernel launches (every burn op
+//! is a launch there, about 27 µs of host time each on an H200) where no kernel applies
+//! (another dtype, rows past the attention kernel's key limit).
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::model::transfer::upload;
