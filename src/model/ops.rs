@@ -11,6 +11,7 @@
 //! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; when training, with a backward of one kernel) |
 //! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; when training, with a backward of one kernel) |
 //! | [`rope_cache_write`], [`slot_attention`] (calls through a cache) | [`Rope`], burn's `slice_assign`, [`cached_attention`] | one `#[cube]` kernel each, at positions and slot flags held on the device ([`gpu::rope`], [`gpu::attention`]) |
+//! | [`qkv_attention`] (a call's own keys, from the q/k/v product) | `None`: RoPE, the split and [`attention`] | RoPE into one head-major tensor, then one `#[cube]` kernel reading q, k and v out of it ([`gpu::attention`]; when training, backward kernels writing one gradient) |
 //! | [`attention`], [`cached_attention`] | rlcr's attention and decode attention kernels | one `#[cube]` kernel ([`gpu::attention`]; when training, with a backward of two kernels; past its key limit the nine-kernel composite, [`backend::composite_attention`]) |
 //! | [`head_logprob_entropy`] (the LM head with [`logprob_entropy`]) | the product, then the fused LM head ([`cpu::head`]) | chunks of tokens, a product and one `#[cube]` kernel each, with a `Backward` that recomputes the chunk ([`gpu::head`]) |
 //! | [`draw`] | burn ops ([`backend::draw`]) | one `#[cube]` kernel per step ([`gpu::draw`]) |
@@ -370,6 +371,31 @@ pub(crate) fn attention(
         }
     }
     device_attention(q, k, v, mask, options)
+}
+
+/// Attention over this call's own keys straight from the q/k/v product (`qkv: [B, T, H + 2K,
+/// d]`, the `heads` query heads first) with RoPE on the queries and keys: `[B·T, H·d]`, the
+/// output projection's input. On a GPU two kernels ([`gpu::attention::qkv_attention`]: RoPE
+/// into one head-major tensor, attention reading q, k and v out of it), in place of RoPE, the
+/// split and [`attention`] with the layout copies between them (and on autodiff tensors the
+/// split's backward). `None` where it does not apply (the CPU, other dtypes, rows past the
+/// kernel's key limit): the caller rotates, splits and calls [`attention`].
+pub(crate) fn qkv_attention(
+    qkv: &Tensor<4>,
+    rope: &Rope,
+    heads: usize,
+    mask: &Tensor<4, Bool>,
+    options: &AttentionModuleOptions,
+) -> Option<Tensor<2>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if !on_host(&qkv.device()) && rope.swap.is_some() {
+        let [b, t, _, d] = qkv.dims();
+        let scale = options.scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32;
+        let out = gpu::attention::qkv_attention(qkv, &rope.cos, &rope.sin, heads, mask, scale)?;
+        return Some(out.reshape([b * t, heads * d]));
+    }
+    let _ = (qkv, rope, heads, mask, options);
+    None
 }
 
 /// Masked attention over the cache buffers `kc`, `vc` (`[B, K, capacity, d]`) for a call of `t`

@@ -274,9 +274,14 @@ impl Attention {
         };
         let out = match kv {
             KvSource::Fresh => {
-                let (q, k_new, v) = rotate(qkv, s);
                 let (mask, host) = s.inputs.mask();
-                heads_to_rows(ops::attention(q, k_new, v, mask, host, options), t)
+                match ops::qkv_attention(&qkv, s.inputs.rope(), h, mask, &options) {
+                    Some(out) => out,
+                    None => {
+                        let (q, k_new, v) = rotate(qkv, s);
+                        heads_to_rows(ops::attention(q, k_new, v, mask, host, options), t)
+                    }
+                }
             }
             KvSource::Cache {
                 k: kc,

@@ -72,22 +72,12 @@ pub fn attention(
         let parts = |t: &BurnTensor<4>| t.clone().try_into_primitive::<Autodiff<Cube>>().ok();
         let (ka, va) = (parts(k)?, parts(v)?);
         let mp = mask.clone().try_into_primitive::<Autodiff<Cube>>().ok()?;
-        let (mp, store) = mask_store(mp)?;
         let (qp, qn) = qa.into_parts();
         let (kp, kn) = ka.into_parts();
         let (vp, vn) = va.into_parts();
-        let (units, capacity) = cube_for(&qp.client, keys, d)?;
         let untile = burn_cubecl::kernel::untile;
-        let s = AttentionState {
-            q: untile(qp),
-            k: untile(kp),
-            v: untile(vp),
-            mask: mp,
-            store,
-            scale,
-            units,
-            capacity,
-        };
+        let inputs = Inputs::Separate(untile(qp), untile(kp), untile(vp));
+        let s = AttentionState::new(inputs, mp, keys, d, scale)?;
         let out = s.forward();
         let out = match AttentionBackward
             .prepare::<NoCheckpointing>([qn, kn, vn])
@@ -99,19 +89,64 @@ pub fn attention(
         };
         return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(out));
     }
-    let (mp, store) = mask_store(mask.clone().try_into_primitive::<Cube>().ok()?)?;
-    let (q, k, v) = (plain(q)?, plain(k)?, plain(v)?);
-    let (units, capacity) = cube_for(&q.client, keys, d)?;
-    let s = AttentionState {
-        q,
-        k,
-        v,
-        mask: mp,
-        store,
-        scale,
-        units,
-        capacity,
-    };
+    let mp = mask.clone().try_into_primitive::<Cube>().ok()?;
+    let inputs = Inputs::Separate(plain(q)?, plain(k)?, plain(v)?);
+    Some(tensor(
+        AttentionState::new(inputs, mp, keys, d, scale)?.forward(),
+    ))
+}
+
+/// Attention over a call's own keys straight from its q/k/v product, `qkv: [B, T, H + 2K, d]`
+/// (any strides: the `heads` query heads, then the K key heads, then the K value heads), with
+/// RoPE (`cos = [c, c]`, `sin = [−s, s]`, `[B, 1, T, d]`) on the queries and keys and
+/// `mask: [B, 1, g·T, T]` (row `j·T + t`: query head `h·g + j` of key/value head `h`, token
+/// `t`): `[B, T, H, d]`, the layout of the output projection (`[B·T, H·d]` by a free reshape).
+/// Two launches (RoPE with the values copied into one head-major tensor, then attention
+/// reading q, k and v out of it), where RoPE, the split of q, k and v and [`attention`] take
+/// four with the layout copies; on autodiff tensors three backward (attention's two, writing
+/// the gradients of q, k and v into one tensor, and RoPE's), where the split takes about ten
+/// more (each slice's backward a fill and a `slice_assign`, then the sums). `None` as for
+/// [`attention`].
+pub fn qkv_attention(
+    qkv: &BurnTensor<4>,
+    cos: &BurnTensor<4>,
+    sin: &BurnTensor<4>,
+    heads: usize,
+    mask: &BurnTensor<4, Bool>,
+    scale: f32,
+) -> Option<BurnTensor<4>> {
+    let [b, t, n, d] = qkv.dims();
+    let kv = n.checked_sub(heads)? / 2;
+    if kv == 0 || n != heads + 2 * kv || !heads.is_multiple_of(kv) || t == 0 || t > MAX_KEYS {
+        return None;
+    }
+    if mask.dims() != [b, 1, heads / kv * t, t] || qkv.dtype() != DType::F32 {
+        return None;
+    }
+    let x = qkv.clone().swap_dims(1, 2);
+    if let Ok(xa) = qkv.clone().try_into_primitive::<Autodiff<Cube>>() {
+        let mp = mask.clone().try_into_primitive::<Autodiff<Cube>>().ok()?;
+        let client = xa.into_parts().0.client;
+        cube_for(&client, t, d)?;
+        let x = super::rope::rope_heads(&x, cos, sin, heads + kv)?;
+        let (xp, node) = x.try_into_primitive::<Autodiff<Cube>>().ok()?.into_parts();
+        let inputs = Inputs::Combined(burn_cubecl::kernel::untile(xp), heads);
+        let s = AttentionState::new(inputs, mp, t, d, scale)?;
+        let out = s.forward();
+        let out = match QkvAttentionBackward
+            .prepare::<NoCheckpointing>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(s, out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(out));
+    }
+    let mp = mask.clone().try_into_primitive::<Cube>().ok()?;
+    cube_for(&plain(qkv)?.client, t, d)?;
+    let x = plain(&super::rope::rope_heads(&x, cos, sin, heads + kv)?)?;
+    let s = AttentionState::new(Inputs::Combined(x, heads), mp, t, d, scale)?;
     Some(tensor(s.forward()))
 }
 
@@ -127,13 +162,23 @@ fn mask_store(mp: CubeTensor) -> Option<(CubeTensor, UIntKind)> {
     Some((mp, store))
 }
 
-/// An attention call's inputs (the primitives, rows in any strides) and launch shape; what the
-/// backward pass keeps (the inputs are alive in the graph anyway).
+/// Where an attention call's queries, keys and values lie (primitives, rows in any strides).
+// One per attention call, moved into the backward pass's state: the size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+enum Inputs {
+    /// `q: [B, K, g·T, d]`, `k`, `v`: `[B, K, S, d]`; the output is `[B, K, g·T, d]`.
+    Separate(CubeTensor, CubeTensor, CubeTensor),
+    /// One `[B, H + 2K, T, d]` tensor, its first `H` heads the queries (query head `h·g + j`
+    /// of key/value head `h`), then the keys, then the values; the output is `[B, T, H, d]`.
+    Combined(CubeTensor, usize),
+}
+
+/// An attention call's inputs, mask and launch shape; what the backward pass keeps (the inputs
+/// are alive in the graph anyway).
 #[derive(Debug, Clone)]
 struct AttentionState {
-    q: CubeTensor,
-    k: CubeTensor,
-    v: CubeTensor,
+    inputs: Inputs,
     mask: CubeTensor,
     store: UIntKind,
     scale: f32,
@@ -142,71 +187,178 @@ struct AttentionState {
 }
 
 impl AttentionState {
-    /// The attention's output, `[B, H, R, d]`: one launch.
-    fn forward(&self) -> CubeTensor {
-        let shape = self.q.meta.shape();
-        let (b, heads, rows, d) = (shape[0], shape[1], shape[2], shape[3]);
-        let client = self.q.client.clone();
-        let out = output(&self.q, &[b, heads, rows, d]);
-        attention_kernel::launch(
-            &client,
-            row_grid(&client, b * heads * rows),
-            CubeDim::new_1d(self.units),
-            self.q.clone().into_tensor_arg(),
-            self.k.clone().into_tensor_arg(),
-            self.v.clone().into_tensor_arg(),
-            self.mask.clone().into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            self.scale,
-            self.capacity,
-            self.units,
-            ElemType::UInt(self.store),
-        );
-        out
+    /// `None` when the mask is not a bool tensor of the GPU backends or a row of `keys` scores
+    /// does not fit a cube ([`cube_for`]).
+    fn new(inputs: Inputs, mask: CubeTensor, keys: usize, d: usize, scale: f32) -> Option<Self> {
+        let (mask, store) = mask_store(mask)?;
+        let (units, capacity) = cube_for(&mask.client, keys, d)?;
+        Some(AttentionState {
+            inputs,
+            mask,
+            store,
+            scale,
+            units,
+            capacity,
+        })
     }
 
-    /// `(∂L/∂q, ∂L/∂k, ∂L/∂v)` for the upstream gradient `g`: two launches (the module
-    /// documentation's formulas).
-    fn backward(&self, g: &CubeTensor) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let shape = self.q.meta.shape();
-        let (b, heads, rows, d) = (shape[0], shape[1], shape[2], shape[3]);
-        let keys = self.k.meta.shape()[2];
-        let client = g.client.clone();
-        let p = output(g, &[b, heads, rows, keys]);
-        let ds = output(g, &[b, heads, rows, keys]);
-        let dq = output(g, &[b, heads, rows, d]);
-        attention_rows_backward_kernel::launch(
-            &client,
-            row_grid(&client, b * heads * rows),
+    /// `(B, K, g·T or R, S, d)`: batch, key/value heads, query rows per key/value head, keys
+    /// and the head dimension.
+    fn dims(&self) -> (usize, usize, usize, usize, usize) {
+        match &self.inputs {
+            Inputs::Separate(q, k, _) => {
+                let (qs, ks) = (q.meta.shape(), k.meta.shape());
+                (qs[0], qs[1], qs[2], ks[2], qs[3])
+            }
+            Inputs::Combined(x, heads) => {
+                let s = x.meta.shape();
+                let kv = (s[1] - heads) / 2;
+                (s[0], kv, heads / kv * s[2], s[2], s[3])
+            }
+        }
+    }
+
+    /// The attention's output: one launch.
+    fn forward(&self) -> CubeTensor {
+        let (b, kv, rows, _, d) = self.dims();
+        let client = self.mask.client.clone();
+        let (grid, cube) = (
+            row_grid(&client, b * kv * rows),
             CubeDim::new_1d(self.units),
-            self.q.clone().into_tensor_arg(),
-            self.k.clone().into_tensor_arg(),
-            self.v.clone().into_tensor_arg(),
+        );
+        let (mask, store) = (
             self.mask.clone().into_tensor_arg(),
-            g.clone().into_tensor_arg(),
-            p.clone().into_tensor_arg(),
-            ds.clone().into_tensor_arg(),
-            dq.clone().into_tensor_arg(),
-            self.scale,
-            self.capacity,
-            self.units,
             ElemType::UInt(self.store),
         );
-        let dk = output(g, &[b, heads, keys, d]);
-        let dv = output(g, &[b, heads, keys, d]);
-        attention_keys_backward_kernel::launch(
-            &client,
-            row_grid(&client, b * heads * keys),
-            CubeDim::new_1d(row_units(&client, d)),
-            self.q.clone().into_tensor_arg(),
-            g.clone().into_tensor_arg(),
-            p.into_tensor_arg(),
-            ds.into_tensor_arg(),
-            dk.clone().into_tensor_arg(),
-            dv.clone().into_tensor_arg(),
-            self.scale,
+        let (scale, capacity, units) = (self.scale, self.capacity, self.units);
+        match &self.inputs {
+            Inputs::Separate(q, k, v) => {
+                let out = output(q, &[b, kv, rows, d]);
+                attention_kernel::launch(
+                    &client,
+                    grid,
+                    cube,
+                    q.clone().into_tensor_arg(),
+                    k.clone().into_tensor_arg(),
+                    v.clone().into_tensor_arg(),
+                    mask,
+                    out.clone().into_tensor_arg(),
+                    scale,
+                    capacity,
+                    units,
+                    store,
+                );
+                out
+            }
+            Inputs::Combined(x, heads) => {
+                let out = output(x, &[b, x.meta.shape()[2], *heads, d]);
+                qkv_attention_kernel::launch(
+                    &client,
+                    grid,
+                    cube,
+                    x.clone().into_tensor_arg(),
+                    mask,
+                    out.clone().into_tensor_arg(),
+                    *heads,
+                    scale,
+                    capacity,
+                    units,
+                    store,
+                );
+                out
+            }
+        }
+    }
+
+    /// The gradients of the inputs for the upstream gradient `g`, in the order of
+    /// [`Inputs`]'s tensors: two launches (the module documentation's formulas).
+    fn backward(&self, g: &CubeTensor) -> Vec<CubeTensor> {
+        let (b, kv, rows, keys, d) = self.dims();
+        let client = g.client.clone();
+        let p = output(g, &[b, kv, rows, keys]);
+        let ds = output(g, &[b, kv, rows, keys]);
+        let (row_cubes, cube) = (
+            row_grid(&client, b * kv * rows),
+            CubeDim::new_1d(self.units),
         );
-        (dq, dk, dv)
+        let (key_cubes, key_cube) = (
+            row_grid(&client, b * kv * keys),
+            CubeDim::new_1d(row_units(&client, d)),
+        );
+        let (mask, store) = (
+            self.mask.clone().into_tensor_arg(),
+            ElemType::UInt(self.store),
+        );
+        let (scale, capacity, units) = (self.scale, self.capacity, self.units);
+        match &self.inputs {
+            Inputs::Separate(q, k, v) => {
+                let dq = output(g, &[b, kv, rows, d]);
+                attention_rows_backward_kernel::launch(
+                    &client,
+                    row_cubes,
+                    cube,
+                    q.clone().into_tensor_arg(),
+                    k.clone().into_tensor_arg(),
+                    v.clone().into_tensor_arg(),
+                    mask,
+                    g.clone().into_tensor_arg(),
+                    p.clone().into_tensor_arg(),
+                    ds.clone().into_tensor_arg(),
+                    dq.clone().into_tensor_arg(),
+                    scale,
+                    capacity,
+                    units,
+                    store,
+                );
+                let dk = output(g, &[b, kv, keys, d]);
+                let dv = output(g, &[b, kv, keys, d]);
+                attention_keys_backward_kernel::launch(
+                    &client,
+                    key_cubes,
+                    key_cube,
+                    q.clone().into_tensor_arg(),
+                    g.clone().into_tensor_arg(),
+                    p.into_tensor_arg(),
+                    ds.into_tensor_arg(),
+                    dk.clone().into_tensor_arg(),
+                    dv.clone().into_tensor_arg(),
+                    scale,
+                );
+                vec![dq, dk, dv]
+            }
+            Inputs::Combined(x, heads) => {
+                let dx = output(g, &x.meta.shape().to_vec());
+                qkv_attention_rows_backward_kernel::launch(
+                    &client,
+                    row_cubes,
+                    cube,
+                    x.clone().into_tensor_arg(),
+                    mask,
+                    g.clone().into_tensor_arg(),
+                    p.clone().into_tensor_arg(),
+                    ds.clone().into_tensor_arg(),
+                    dx.clone().into_tensor_arg(),
+                    *heads,
+                    scale,
+                    capacity,
+                    units,
+                    store,
+                );
+                qkv_attention_keys_backward_kernel::launch(
+                    &client,
+                    key_cubes,
+                    key_cube,
+                    x.clone().into_tensor_arg(),
+                    g.clone().into_tensor_arg(),
+                    p.into_tensor_arg(),
+                    ds.into_tensor_arg(),
+                    dx.clone().into_tensor_arg(),
+                    *heads,
+                    scale,
+                );
+                vec![dx]
+            }
+        }
     }
 }
 
@@ -218,11 +370,26 @@ impl Backward<Cube, 3> for AttentionBackward {
 
     fn backward(self, ops: Ops<AttentionState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let g = burn_cubecl::kernel::untile(grads.consume::<Cube>(&ops.node));
-        let (dq, dk, dv) = ops.state.backward(&g);
-        for (node, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+        let dx = ops.state.backward(&g);
+        for (node, grad) in ops.parents.into_iter().zip(dx) {
             if let Some(node) = node {
                 grads.register::<Cube>(node.id, grad);
             }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct QkvAttentionBackward;
+
+impl Backward<Cube, 1> for QkvAttentionBackward {
+    type State = AttentionState;
+
+    fn backward(self, ops: Ops<AttentionState, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = burn_cubecl::kernel::untile(grads.consume::<Cube>(&ops.node));
+        let [parent] = ops.parents;
+        if let (Some(node), Some(dx)) = (parent, ops.state.backward(&g).pop()) {
+            grads.register::<Cube>(node.id, dx);
         }
     }
 }
@@ -265,19 +432,8 @@ fn weigh_values(
 ) {
     let tid = UNIT_POS_X as usize;
     let nt = CUBE_DIM_X as usize;
-    let lowest = f32::new(LOWEST);
     let m = block_max(red, mx);
-    let mut acc = f32::new(0.0);
-    let mut s = tid;
-    while s < keys {
-        let score = scores[s];
-        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
-        scores[s] = w;
-        acc += w;
-        s += nt;
-    }
-    // The sum's barriers also publish every unit's weights.
-    let total = block_sum(red, acc);
+    let total = softmax_weights(scores, red, m, keys);
     let (d, v2, v3) = (v.shape(3), v.stride(2), v.stride(3));
     let o3 = out.stride(3);
     let mut i = tid;
@@ -291,6 +447,29 @@ fn weigh_values(
     }
 }
 
+/// The weights `exp(s − m)` (0 for hidden keys) in place of `scores[0..keys]`, each unit its
+/// own keys; returns their sum to every unit (whose barriers also publish every unit's
+/// weights).
+#[cube]
+fn softmax_weights(
+    scores: &mut Shared<[f32]>,
+    red: &mut Shared<[f32]>,
+    m: f32,
+    keys: usize,
+) -> f32 {
+    let lowest = f32::new(LOWEST);
+    let mut acc = f32::new(0.0);
+    let mut s = UNIT_POS_X as usize;
+    while s < keys {
+        let score = scores[s];
+        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
+        scores[s] = w;
+        acc += w;
+        s += CUBE_DIM_X as usize;
+    }
+    block_sum(red, acc)
+}
+
 /// `q[qb + i·q3] · k[kb + s·k2 + i·k3]` over `i < d`, in the order of the head dimension.
 #[cube]
 fn dot(q: &Tensor<f32>, qb: usize, k: &Tensor<f32>, kb: usize, s: usize) -> f32 {
@@ -302,24 +481,23 @@ fn dot(q: &Tensor<f32>, qb: usize, k: &Tensor<f32>, kb: usize, s: usize) -> f32 
     acc
 }
 
-/// The scores of query row `r` (of `(batch, head)`) over the `keys` keys into `scores`, hidden
-/// ones [`LOWEST`] (each unit whole dot products for its keys); returns this unit's largest.
+/// The scores of the query at `q[qb..]` over the `keys` keys at `k[kb + s·k2..]` into `scores`,
+/// the ones the mask row at `mask[mb..]` hides [`LOWEST`] (each unit whole dot products for its
+/// keys); returns this unit's largest.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn row_scores<M: Int>(
     scores: &mut Shared<[f32]>,
     q: &Tensor<f32>,
+    qb: usize,
     k: &Tensor<f32>,
+    kb: usize,
+    keys: usize,
     mask: &Tensor<M>,
-    batch: usize,
-    head: usize,
-    r: usize,
+    mb: usize,
     scale: f32,
 ) -> f32 {
-    let keys = k.shape(2);
     let lowest = f32::new(LOWEST);
-    let (qb, kb) = (offset3(q, batch, head, r), offset3(k, batch, head, 0));
-    let mb = offset3(mask, batch, 0, r);
     let m3 = mask.stride(3);
     let mut mx = lowest;
     let mut s = UNIT_POS_X as usize;
@@ -331,6 +509,25 @@ fn row_scores<M: Int>(
         s += CUBE_DIM_X as usize;
     }
     mx
+}
+
+/// Where one query row of a [`Inputs::Combined`] tensor `x` (`[B, H + 2K, T, d]`, `heads` = H)
+/// and its key/value heads lie, for the cube of row `row` of the `[B, K, g·T]` grid:
+/// `(batch, key/value head, row r = j·T + t, query head h·g + j, token t, q's offset, k's, v's)`.
+#[cube]
+fn combined_row(
+    x: &Tensor<f32>,
+    heads: usize,
+    row: usize,
+) -> (usize, usize, usize, usize, usize, usize, usize, usize) {
+    let (slots, kv) = (x.shape(2), (x.shape(1) - heads) / 2);
+    let group = heads / kv;
+    let (batch, h, r) = unravel(row, kv, group * slots);
+    let (qh, t) = (h * group + r / slots, r % slots);
+    let qb = offset3(x, batch, qh, t);
+    let kb = offset3(x, batch, heads + h, 0);
+    let vb = offset3(x, batch, heads + kv + h, 0);
+    (batch, h, r, qh, t, qb, kb, vb)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -354,13 +551,119 @@ fn attention_kernel<M: Int>(
     let (batch, head, r) = unravel(row, heads, rows);
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
-    let mx = row_scores(&mut scores, q, k, mask, batch, head, r, scale);
-    let (vb, ob) = (offset3(v, batch, head, 0), offset3(&*out, batch, head, r));
-    weigh_values(&mut scores, &mut red, mx, k.shape(2), v, vb, out, ob);
+    let (qb, kb, vb) = (
+        offset3(q, batch, head, r),
+        offset3(k, batch, head, 0),
+        offset3(v, batch, head, 0),
+    );
+    let mb = offset3(mask, batch, 0, r);
+    let keys = k.shape(2);
+    let mx = row_scores(&mut scores, q, qb, k, kb, keys, mask, mb, scale);
+    let ob = offset3(&*out, batch, head, r);
+    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
 }
 
-/// The backward pass's first half, one cube per query row: the row's weights `P` and `dS`
-/// (written to `p` and `ds`, `[B, H, R, S]`) and `∂L/∂q` (module documentation).
+/// [`attention_kernel`] on a [`Inputs::Combined`] tensor, the output `[B, T, H, d]`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn qkv_attention_kernel<M: Int>(
+    x: &Tensor<f32>,
+    mask: &Tensor<M>,
+    out: &mut Tensor<f32>,
+    heads: usize,
+    scale: f32,
+    #[comptime] capacity: usize,
+    #[comptime] units: u32,
+    #[define(M)] _mask_store: ElemType,
+) {
+    let row = cube_row();
+    let slots = x.shape(2);
+    if row >= x.shape(0) * heads * slots {
+        terminate!();
+    }
+    let (batch, _h, r, qh, t, qb, kb, vb) = combined_row(x, heads, row);
+    let mut scores = Shared::<[f32]>::new_slice(capacity);
+    let mut red = Shared::<[f32]>::new_slice(units as usize);
+    let mb = offset3(mask, batch, 0, r);
+    let mx = row_scores(&mut scores, x, qb, x, kb, slots, mask, mb, scale);
+    let ob = offset3(&*out, batch, t, qh);
+    weigh_values(&mut scores, &mut red, mx, slots, x, vb, out, ob);
+}
+
+/// The backward pass's first half for the query at `q[qb..]` (keys at `k[kb..]`, values at
+/// `v[vb..]`, its mask row at `mask[mb..]`, its upstream gradient at `g[gb..]`): the row's
+/// weights `P` and `dS` written at `p[pb..]` and `ds[db..]` (along their last axis) and
+/// `∂L/∂q` at `dq[qo..]` (module documentation). Called by every unit of the cube together.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn row_backward<M: Int>(
+    q: &Tensor<f32>,
+    qb: usize,
+    k: &Tensor<f32>,
+    kb: usize,
+    v: &Tensor<f32>,
+    vb: usize,
+    keys: usize,
+    mask: &Tensor<M>,
+    mb: usize,
+    g: &Tensor<f32>,
+    gb: usize,
+    p: &mut Tensor<f32>,
+    pb: usize,
+    ds: &mut Tensor<f32>,
+    db: usize,
+    dq: &mut Tensor<f32>,
+    qo: usize,
+    scale: f32,
+    #[comptime] capacity: usize,
+    #[comptime] units: u32,
+) {
+    let tid = UNIT_POS_X as usize;
+    let nt = CUBE_DIM_X as usize;
+    let mut scores = Shared::<[f32]>::new_slice(capacity);
+    let mut red = Shared::<[f32]>::new_slice(units as usize);
+    let mx = row_scores(&mut scores, q, qb, k, kb, keys, mask, mb, scale);
+    let m = block_max(&mut red, mx);
+    let total = softmax_weights(&mut scores, &mut red, m, keys);
+
+    // P and dP = G·v per key (each unit its own keys: it reads back only what it wrote), and
+    // D = Σ P·dP over the row.
+    let (p3, d3) = (p.stride(3), ds.stride(3));
+    let mut dacc = f32::new(0.0);
+    let mut s = tid;
+    while s < keys {
+        let pj = scores[s] / total;
+        let dp = dot(g, gb, v, vb, s);
+        p[pb + s * p3] = pj;
+        ds[db + s * d3] = dp;
+        scores[s] = pj;
+        dacc += pj * dp;
+        s += nt;
+    }
+    let delta = block_sum(&mut red, dacc);
+    s = tid;
+    while s < keys {
+        let dsj = scores[s] * (ds[db + s * d3] - delta);
+        ds[db + s * d3] = dsj;
+        scores[s] = dsj;
+        s += nt;
+    }
+    sync_cube();
+
+    // ∂L/∂q: each unit a share of the head dimension, keys in order.
+    let (k2, k3, q3) = (k.stride(2), k.stride(3), dq.stride(3));
+    let mut i = tid;
+    while i < q.shape(3) {
+        let mut y = f32::new(0.0);
+        for j in 0..keys {
+            y += scores[j] * k[kb + j * k2 + i * k3];
+        }
+        dq[qo + i * q3] = y * scale;
+        i += nt;
+    }
+}
+
+/// The backward pass's first half, one cube per query row ([`row_backward`]).
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn attention_rows_backward_kernel<M: Int>(
@@ -383,69 +686,90 @@ fn attention_rows_backward_kernel<M: Int>(
         terminate!();
     }
     let (batch, head, r) = unravel(row, heads, rows);
+    let (qb, kb, vb) = (
+        offset3(q, batch, head, r),
+        offset3(k, batch, head, 0),
+        offset3(v, batch, head, 0),
+    );
+    let (mb, gb) = (offset3(mask, batch, 0, r), offset3(g, batch, head, r));
+    let (pb, db) = (offset3(&*p, batch, head, r), offset3(&*ds, batch, head, r));
+    let qo = offset3(&*dq, batch, head, r);
     let keys = k.shape(2);
-    let tid = UNIT_POS_X as usize;
-    let nt = CUBE_DIM_X as usize;
-    let lowest = f32::new(LOWEST);
-    let mut scores = Shared::<[f32]>::new_slice(capacity);
-    let mut red = Shared::<[f32]>::new_slice(units as usize);
-    let mx = row_scores(&mut scores, q, k, mask, batch, head, r, scale);
+    row_backward(
+        q, qb, k, kb, v, vb, keys, mask, mb, g, gb, p, pb, ds, db, dq, qo, scale, capacity, units,
+    );
+}
 
-    // The weights exp(s − max) (0 for hidden keys) and their sum.
-    let m = block_max(&mut red, mx);
-    let mut acc = f32::new(0.0);
-    let mut s = tid;
-    while s < keys {
-        let score = scores[s];
-        let w = select(score <= lowest, f32::new(0.0), (score - m).exp());
-        scores[s] = w;
-        acc += w;
-        s += nt;
+/// [`attention_rows_backward_kernel`] on a [`Inputs::Combined`] tensor: `∂L/∂q` into the query
+/// heads of `dx` (`[B, H + 2K, T, d]`), the upstream gradient `[B, T, H, d]`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn qkv_attention_rows_backward_kernel<M: Int>(
+    x: &Tensor<f32>,
+    mask: &Tensor<M>,
+    g: &Tensor<f32>,
+    p: &mut Tensor<f32>,
+    ds: &mut Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    heads: usize,
+    scale: f32,
+    #[comptime] capacity: usize,
+    #[comptime] units: u32,
+    #[define(M)] _mask_store: ElemType,
+) {
+    let row = cube_row();
+    let slots = x.shape(2);
+    if row >= x.shape(0) * heads * slots {
+        terminate!();
     }
-    let total = block_sum(&mut red, acc);
+    let (batch, h, r, qh, t, qb, kb, vb) = combined_row(x, heads, row);
+    let (mb, gb) = (offset3(mask, batch, 0, r), offset3(g, batch, t, qh));
+    let (pb, db) = (offset3(&*p, batch, h, r), offset3(&*ds, batch, h, r));
+    let qo = offset3(&*dx, batch, qh, t);
+    row_backward(
+        x, qb, x, kb, x, vb, slots, mask, mb, g, gb, p, pb, ds, db, dx, qo, scale, capacity, units,
+    );
+}
 
-    // P and dP = G·v per key (each unit its own keys: it reads back only what it wrote), and
-    // D = Σ P·dP over the row.
-    let (gb, vb) = (offset3(g, batch, head, r), offset3(v, batch, head, 0));
-    let (pb, p3) = (offset3(&*p, batch, head, r), p.stride(3));
-    let (db, d3) = (offset3(&*ds, batch, head, r), ds.stride(3));
-    let mut dacc = f32::new(0.0);
-    s = tid;
-    while s < keys {
-        let pj = scores[s] / total;
-        let dp = dot(g, gb, v, vb, s);
-        p[pb + s * p3] = pj;
-        ds[db + s * d3] = dp;
-        scores[s] = pj;
-        dacc += pj * dp;
-        s += nt;
-    }
-    let delta = block_sum(&mut red, dacc);
-    s = tid;
-    while s < keys {
-        let dsj = scores[s] * (ds[db + s * d3] - delta);
-        ds[db + s * d3] = dsj;
-        scores[s] = dsj;
-        s += nt;
-    }
-    sync_cube();
-
-    // ∂L/∂q: each unit a share of the head dimension, keys in order.
-    let (kb, k2, k3) = (offset3(k, batch, head, 0), k.stride(2), k.stride(3));
-    let (qo, q3) = (offset3(&*dq, batch, head, r), dq.stride(3));
-    let mut i = tid;
-    while i < q.shape(3) {
-        let mut y = f32::new(0.0);
-        for j in 0..keys {
-            y += scores[j] * k[kb + j * k2 + i * k3];
+/// `(∂L/∂k_j, ∂L/∂v_j)` at element `i` of the head dimension: the query rows `j'·T + t`
+/// (`j' < group`, `t < slots`) of `q` at `qb + j'·qh + t·qr` and of the upstream gradient at
+/// `gb + j'·gh + t·gr` summed in row order, with the key's column of `P` and `dS` at
+/// `p[pb + r·p2]`, `ds[db + r·d2]`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn key_grads(
+    q: &Tensor<f32>,
+    qs: (usize, usize, usize),
+    g: &Tensor<f32>,
+    gs: (usize, usize, usize),
+    rows: (usize, usize),
+    p: &Tensor<f32>,
+    ps: (usize, usize),
+    ds: &Tensor<f32>,
+    dss: (usize, usize),
+    i: usize,
+    scale: f32,
+) -> (f32, f32) {
+    let (qb, qh, qr) = qs;
+    let (gb, gh, gr) = gs;
+    let (group, slots) = rows;
+    let (pb, p2) = ps;
+    let (db, d2) = dss;
+    let (q3, g3) = (q.stride(3), g.stride(3));
+    let mut a = f32::new(0.0);
+    let mut c = f32::new(0.0);
+    for j in 0..group {
+        for t in 0..slots {
+            let r = j * slots + t;
+            a += ds[db + r * d2] * q[qb + j * qh + t * qr + i * q3];
+            c += p[pb + r * p2] * g[gb + j * gh + t * gr + i * g3];
         }
-        dq[qo + i * q3] = y * scale;
-        i += nt;
     }
+    (a * scale, c)
 }
 
 /// The backward pass's second half, one cube per key `j`: `∂L/∂k_j` and `∂L/∂v_j` summed over
-/// the query rows in order, each unit a share of the head dimension.
+/// the query rows in order ([`key_grads`]), each unit a share of the head dimension.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 fn attention_keys_backward_kernel(
@@ -463,23 +787,53 @@ fn attention_keys_backward_kernel(
         terminate!();
     }
     let (batch, head, j) = unravel(row, heads, keys);
-    let rows = q.shape(2);
-    let (qb, q2, q3) = (offset3(q, batch, head, 0), q.stride(2), q.stride(3));
-    let (gb, g2, g3) = (offset3(g, batch, head, 0), g.stride(2), g.stride(3));
-    let (pb, p2) = (offset3(p, batch, head, 0) + j * p.stride(3), p.stride(2));
-    let (db, d2) = (offset3(ds, batch, head, 0) + j * ds.stride(3), ds.stride(2));
+    let qs = (offset3(q, batch, head, 0), 0usize, q.stride(2));
+    let gs = (offset3(g, batch, head, 0), 0usize, g.stride(2));
+    let ps = (offset3(p, batch, head, 0) + j * p.stride(3), p.stride(2));
+    let dss = (offset3(ds, batch, head, 0) + j * ds.stride(3), ds.stride(2));
     let (kb, k3) = (offset3(&*dk, batch, head, j), dk.stride(3));
     let (vb, v3) = (offset3(&*dv, batch, head, j), dv.stride(3));
     let mut i = UNIT_POS_X as usize;
     while i < q.shape(3) {
-        let mut a = f32::new(0.0);
-        let mut c = f32::new(0.0);
-        for r in 0..rows {
-            a += ds[db + r * d2] * q[qb + r * q2 + i * q3];
-            c += p[pb + r * p2] * g[gb + r * g2 + i * g3];
-        }
-        dk[kb + i * k3] = a * scale;
+        let (a, c) = key_grads(q, qs, g, gs, (1usize, q.shape(2)), p, ps, ds, dss, i, scale);
+        dk[kb + i * k3] = a;
         dv[vb + i * v3] = c;
+        i += CUBE_DIM_X as usize;
+    }
+}
+
+/// [`attention_keys_backward_kernel`] on a [`Inputs::Combined`] tensor: `∂L/∂k` and `∂L/∂v`
+/// into the key and value heads of `dx`, the upstream gradient `[B, T, H, d]`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn qkv_attention_keys_backward_kernel(
+    x: &Tensor<f32>,
+    g: &Tensor<f32>,
+    p: &Tensor<f32>,
+    ds: &Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    heads: usize,
+    scale: f32,
+) {
+    let row = cube_row();
+    let (slots, kv) = (x.shape(2), (x.shape(1) - heads) / 2);
+    if row >= x.shape(0) * kv * slots {
+        terminate!();
+    }
+    let group = heads / kv;
+    let (batch, h, j) = unravel(row, kv, slots);
+    let qs = (offset3(x, batch, h * group, 0), x.stride(1), x.stride(2));
+    let gs = (offset3(g, batch, 0, h * group), g.stride(2), g.stride(1));
+    let ps = (offset3(p, batch, h, 0) + j * p.stride(3), p.stride(2));
+    let dss = (offset3(ds, batch, h, 0) + j * ds.stride(3), ds.stride(2));
+    let kb = offset3(&*dx, batch, heads + h, j);
+    let vb = offset3(&*dx, batch, heads + kv + h, j);
+    let x3 = dx.stride(3);
+    let mut i = UNIT_POS_X as usize;
+    while i < x.shape(3) {
+        let (a, c) = key_grads(x, qs, g, gs, (group, slots), p, ps, ds, dss, i, scale);
+        dx[kb + i * x3] = a;
+        dx[vb + i * x3] = c;
         i += CUBE_DIM_X as usize;
     }
 }
@@ -927,5 +1281,143 @@ mod tests {
                 "the same bits again"
             );
         }
+    }
+
+    /// Attention from the q/k/v product ([`qkv_attention`]: RoPE on q and k, then attention
+    /// over the head-major tensor) against the path it replaces, burn's composites for RoPE
+    /// and attention after the split, on the same values: a strided `[B, T, H + 2K, d]`
+    /// product (query heads grouped three to a key/value head), a causal mask with a padding
+    /// token (which sees only itself); the output (`[B, T, H, d]`) and, on autodiff tensors,
+    /// `∂L/∂qkv` within 1e-5 of each one's largest value. Two launches forward, three backward
+    /// with the loss's own; the same bits twice.
+    #[test]
+    fn qkv_attention_matches_the_split_path() {
+        let _pool = crate::model::memory::pool_test_lock();
+        let (b, t, heads, kv, d) = (2usize, 5usize, 6usize, 2usize, 8usize);
+        let (n, g) = (heads + 2 * kv, heads / kv);
+        let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
+        let xs: Vec<f32> = (0..b * t * (n + 1) * d).map(|k| val(k, 0.3)).collect();
+        let cs: Vec<f32> = (0..b * t * heads * d).map(|k| val(k, 0.9)).collect();
+        // Tables in the GPU layout: cos = [c, c], sin = [−s, s] per position.
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for _ in 0..b {
+            for p in 0..t {
+                let ang: Vec<f64> = (0..d / 2)
+                    .map(|i| p as f64 / 10000f64.powf(2.0 * i as f64 / d as f64))
+                    .collect();
+                let c: Vec<f32> = ang.iter().map(|a| a.cos() as f32).collect();
+                let s: Vec<f32> = ang.iter().map(|a| a.sin() as f32).collect();
+                cos.extend(c.iter().chain(&c));
+                sin.extend(s.iter().map(|v| -v).chain(s.iter().copied()));
+            }
+        }
+        // Causal; token 3 of row 1 is padding (it sees itself, and nobody sees it).
+        let pad = |bi: usize, k: usize| bi == 1 && k == 3;
+        let ms: Vec<bool> = (0..b * g * t * t)
+            .map(|k| {
+                let (bi, r, s) = (k / (g * t * t), (k / t) % (g * t), k % t);
+                let q = r % t;
+                if pad(bi, q) {
+                    s != q
+                } else {
+                    s > q || pad(bi, s)
+                }
+            })
+            .collect();
+        let run = |ad: bool, fused: bool| {
+            let base = super::super::test_device();
+            let dev = if ad { base.autodiff() } else { base };
+            let mut wide =
+                BurnTensor::<4>::from_data(TensorData::new(xs.clone(), [b, t, n + 1, d]), &dev);
+            if ad {
+                wide = wide.require_grad();
+            }
+            let qkv = wide.clone().slice([0..b, 0..t, 1..n + 1, 0..d]);
+            let table = |v: &[f32]| {
+                BurnTensor::<4>::from_data(TensorData::new(v.to_vec(), [b, 1, t, d]), &dev)
+            };
+            let (ct, st) = (table(&cos), table(&sin));
+            let m = BurnTensor::<4, Bool>::from_data(
+                TensorData::new(ms.clone(), [b, 1, g * t, t]),
+                &dev,
+            );
+            let scale = 1.0 / (d as f64).sqrt();
+            let f = || match fused {
+                true => {
+                    qkv_attention(&qkv, &ct, &st, heads, &m, scale as f32).expect("runs on wgpu")
+                }
+                false => {
+                    let x = qkv.clone().swap_dims(1, 2);
+                    let swap = super::super::rope_swap_index(d, &dev);
+                    let qk =
+                        super::super::rope(x.clone().slice([0..b, 0..heads + kv]), &ct, &st, &swap);
+                    let q = qk
+                        .clone()
+                        .slice([0..b, 0..heads])
+                        .reshape([b, kv, g * t, d]);
+                    let k = qk.slice([0..b, heads..heads + kv]);
+                    let v = x.slice([0..b, heads + kv..n]);
+                    let options = burn::tensor::ops::AttentionModuleOptions {
+                        scale: Some(scale),
+                        softcap: None,
+                        is_causal: false,
+                    };
+                    crate::model::backend::composite_attention(q, k, v, &m, options, false)
+                        .reshape([b, heads, t, d])
+                        .swap_dims(1, 2)
+                }
+            };
+            let c = BurnTensor::<4>::from_data(TensorData::new(cs.clone(), [b, t, heads, d]), &dev);
+            let read = |x: BurnTensor<4>| crate::model::read_f32(x).unwrap();
+            if !ad {
+                let l0 = crate::model::transfer::thread_launches();
+                let y = f();
+                return (
+                    read(y),
+                    None,
+                    crate::model::transfer::thread_launches() - l0,
+                    0,
+                );
+            }
+            let (y, grads, fwd, bwd) = super::super::loss_backward(f, c);
+            let dx = read(wide.grad(&grads).unwrap());
+            (read(y), Some(dx), fwd, bwd)
+        };
+        let near = |got: &[f32], want: &[f32], what: &str| {
+            let size = want.iter().fold(0f32, |a, b| a.max(b.abs()));
+            for (k, (a, b)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * size,
+                    "{what}[{k}]: {a} vs {b} (largest {size})"
+                );
+            }
+        };
+        let (y, dx, fwd, bwd) = run(true, true);
+        let (cy, cdx, cfwd, cbwd) = run(true, false);
+        assert_eq!(y.len(), b * t * heads * d);
+        near(&y, &cy, "y");
+        let (dx, cdx) = (dx.unwrap(), cdx.unwrap());
+        // The first head of each token is not part of the product: no gradient.
+        near(&dx, &cdx, "dqkv");
+        assert!(dx.iter().step_by(d * (n + 1)).all(|&v| v == 0.0));
+        eprintln!(
+            "launches forward / backward (with the loss's): fused {fwd} / {bwd}, \
+             split path {cfwd} / {cbwd}"
+        );
+        assert_eq!(fwd, 2, "RoPE and attention");
+        assert!(
+            bwd + 10 <= cbwd,
+            "backward {bwd} vs the split path's {cbwd}"
+        );
+        let again = run(true, true);
+        assert_eq!(
+            (again.0, again.1.unwrap()),
+            (y.clone(), dx),
+            "the same bits again"
+        );
+        // Plain tensors (log-probs): the same output as the autodiff path.
+        let (py, _, pfwd, _) = run(false, true);
+        assert_eq!(py, y, "plain and autodiff tensors: the same kernels");
+        assert_eq!(pfwd, 2);
     }
 }

@@ -675,12 +675,13 @@ mod tests {
 
     /// The most launches a training micro-batch of tiny-qwen2 or tiny-llama (2 layers) may
     /// take on wgpu through the chunked head. Measured on lavapipe (layers forward, head with
-    /// the loss, backward): tiny-qwen2 31 + 11 + 85 = 127 (150 through the composite head),
-    /// tiny-llama 29 + 11 + 82 = 122 (145); 185 and 180 with burn's composite attention, 367
-    /// and 362 with its composite RMSNorm, SwiGLU and RoPE too. The rest is the products, the
-    /// split of q, k and v out of one product (a slice's backward is a fill and a
-    /// `slice_assign`, and the pieces' gradients are added), layout copies and the residual adds.
-    const MICRO_BATCH_LAUNCHES: u64 = 127;
+    /// the loss, backward): tiny-qwen2 27 + 11 + 63 = 101 (124 through the composite head),
+    /// tiny-llama 25 + 11 + 60 = 96 (119). Before the kernels: 367 and 362 with burn's
+    /// composites for RMSNorm, SwiGLU, RoPE and attention; 185 and 180 with attention's
+    /// composite alone; 127 and 122 with attention's kernel after the split of q, k and v. The
+    /// rest is the products (three launches each with the backward pass), the residual adds and
+    /// the gradient sums where a tensor feeds two ops.
+    const MICRO_BATCH_LAUNCHES: u64 = 101;
 
     /// The pool's bytes in use on a head with a large vocabulary against the hidden size (512
     /// tokens, h = 64, V = 32,768: 64 MiB of logits): after the forward pass (what autodiff

@@ -31,9 +31,23 @@ use super::block::{
 /// (`[B, 1, T, d]`), in one launch; on autodiff tensors differentiable in `x` (one launch
 /// backward; the tables are constants). `None` on the CPU, for another dtype or other shapes.
 pub fn rope(x: &BurnTensor<4>, cos: &BurnTensor<4>, sin: &BurnTensor<4>) -> Option<BurnTensor<4>> {
+    rope_heads(x, cos, sin, x.dims()[1])
+}
+
+/// [`rope`] on the first `rotated` heads of `x`, the others copied (the values after the
+/// queries and keys of one product): the same launches, `[B, n, T, d]` contiguous.
+pub fn rope_heads(
+    x: &BurnTensor<4>,
+    cos: &BurnTensor<4>,
+    sin: &BurnTensor<4>,
+    rotated: usize,
+) -> Option<BurnTensor<4>> {
     let [b, n, t, d] = x.dims();
     if d % 2 != 0 || b * n * t * d == 0 || cos.dims() != [b, 1, t, d] || sin.dims() != [b, 1, t, d]
     {
+        return None;
+    }
+    if rotated > n {
         return None;
     }
     if [x.dtype(), cos.dtype(), sin.dtype()] != [DType::F32; 3] {
@@ -46,24 +60,31 @@ pub fn rope(x: &BurnTensor<4>, cos: &BurnTensor<4>, sin: &BurnTensor<4>) -> Opti
         };
         let (cp, sp) = (table(cos)?, table(sin)?);
         let (xp, node) = xa.into_parts();
-        let y = rotate(&burn_cubecl::kernel::untile(xp), &cp, &sp, false);
+        let y = rotate(&burn_cubecl::kernel::untile(xp), &cp, &sp, rotated, false);
         let y = match RopeBackward
             .prepare::<NoCheckpointing>([node])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish((cp, sp), y),
+            OpsKind::Tracked(prep) => prep.finish((cp, sp, rotated), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         };
         return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(y));
     }
     let (xp, cp, sp) = (plain(x)?, plain(cos)?, plain(sin)?);
-    Some(tensor(rotate(&xp, &cp, &sp, false)))
+    Some(tensor(rotate(&xp, &cp, &sp, rotated, false)))
 }
 
 /// `x·C + swap(x)·S` (`backward` false), or the gradient `g·C + swap(g·S)` of a rotation for
-/// `x = g` (`backward` true): `[B, n, T, d]`, contiguous.
-fn rotate(x: &CubeTensor, cos: &CubeTensor, sin: &CubeTensor, backward: bool) -> CubeTensor {
+/// `x = g` (`backward` true), on the first `rotated` heads, the others copied: `[B, n, T, d]`,
+/// contiguous.
+fn rotate(
+    x: &CubeTensor,
+    cos: &CubeTensor,
+    sin: &CubeTensor,
+    rotated: usize,
+    backward: bool,
+) -> CubeTensor {
     let shape = x.meta.shape();
     let (b, n, t, d) = (shape[0], shape[1], shape[2], shape[3]);
     let client = x.client.clone();
@@ -76,6 +97,7 @@ fn rotate(x: &CubeTensor, cos: &CubeTensor, sin: &CubeTensor, backward: bool) ->
         cos.clone().into_tensor_arg(),
         sin.clone().into_tensor_arg(),
         out.clone().into_tensor_arg(),
+        rotated,
         backward,
     );
     out
@@ -85,31 +107,32 @@ fn rotate(x: &CubeTensor, cos: &CubeTensor, sin: &CubeTensor, backward: bool) ->
 struct RopeBackward;
 
 impl Backward<Cube, 1> for RopeBackward {
-    /// The tables `cos`, `sin`.
-    type State = (CubeTensor, CubeTensor);
+    /// The tables `cos`, `sin` and the rotated heads.
+    type State = (CubeTensor, CubeTensor, usize);
 
     fn backward(
         self,
-        ops: Ops<(CubeTensor, CubeTensor), 1>,
+        ops: Ops<(CubeTensor, CubeTensor, usize), 1>,
         grads: &mut Gradients,
         _: &mut Checkpointer,
     ) {
         let g = burn_cubecl::kernel::untile(grads.consume::<Cube>(&ops.node));
         let [parent] = ops.parents;
         let Some(node) = parent else { return };
-        let (cos, sin) = ops.state;
-        grads.register::<Cube>(node.id, rotate(&g, &cos, &sin, true));
+        let (cos, sin, rotated) = ops.state;
+        grads.register::<Cube>(node.id, rotate(&g, &cos, &sin, rotated, true));
     }
 }
 
 /// One row of [`rotate`]: `out_i = x_i·C_i + x_swap(i)·S_i`, or with `backward`
-/// `out_i = x_i·C_i + x_swap(i)·S_swap(i)`.
+/// `out_i = x_i·C_i + x_swap(i)·S_swap(i)`; `out_i = x_i` in heads from `rotated` on.
 #[cube(launch)]
 fn rope_kernel(
     x: &Tensor<f32>,
     cos: &Tensor<f32>,
     sin: &Tensor<f32>,
     out: &mut Tensor<f32>,
+    rotated: usize,
     #[comptime] backward: bool,
 ) {
     let row = cube_row();
@@ -125,6 +148,13 @@ fn rope_kernel(
     let ob = offset3(&*out, batch, head, slot);
     let (x3, c3, s3, o3) = (x.stride(3), cos.stride(3), sin.stride(3), out.stride(3));
     let mut i = UNIT_POS_X as usize;
+    if head >= rotated {
+        while i < d {
+            out[ob + i * o3] = x[xb + i * x3];
+            i += CUBE_DIM_X as usize;
+        }
+        terminate!();
+    }
     while i < d {
         let swapped = (i + half) % d;
         let si = if backward { swapped } else { i };
