@@ -380,6 +380,11 @@ $(DATASET):
 FILTER_G ?=
 FILTER_POOL ?= 256
 FILTER_SEED ?= 900000
+# FILTER_KEEP_DECIDED=SHARE: keep that share of the always- and never-right prompts too
+# (`prepare --keep-decided`): their answers teach nothing, but RLCR's confidence turn learns from
+# them what sure and unsure mean; on coin-flip problems alone it learns one number.
+FILTER_KEEP_DECIDED ?=
+KEEP_DECIDED = $(if $(FILTER_KEEP_DECIDED),--keep-decided $(FILTER_KEEP_DECIDED))
 FILTER_DIR ?= $(DIR)/pool
 POOL := $(FILTER_DIR)
 ifneq ($(FILTER_G),)
@@ -401,7 +406,7 @@ $(POOL)/scored.parquet: $(POOL)/prompts.parquet $(call policy_mark,$(START))
 	$(RLCR) $(G) score --input $(POOL)/answers.parquet -o $@ $(VERIFY_FLAGS) $(SCORE_FLAGS)
 	rm -f $(POOL)/answers.parquet
 $(POOL)/learnable.parquet: $(POOL)/scored.parquet
-	$(RLCR) $(G) prepare --input $(POOL)/prompts.parquet --pass-rates $< -o $@
+	$(RLCR) $(G) prepare --input $(POOL)/prompts.parquet --pass-rates $< $(KEEP_DECIDED) -o $@
 else
 DRAWS := $(DATASET)
 endif
@@ -637,7 +642,7 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   LORA_TARGET=$(LORA_TARGET) LORA_LR=$(LORA_LR) KL_COEF=$(KL_COEF) REF_KL=$(REF_KL) \
   MAX_MISMATCH=$(MAX_MISMATCH) HELDIN=$(HELDIN) HELDIN_G_A=$(HELDIN_G_A) HELDIN_SEED=$(HELDIN_SEED) \
   FILTER_G=$(FILTER_G) FILTER_POOL=$(FILTER_POOL) FILTER_SEED=$(FILTER_SEED) \
-  FILTER_DIR=$(abspath $(POOL))
+  FILTER_KEEP_DECIDED=$(FILTER_KEEP_DECIDED) FILTER_DIR=$(abspath $(POOL))
 # With the pass-rate filter, the pool is judged once here (the arms' sub-makes find it done).
 ARM_POOL := $(if $(FILTER_G),$(POOL)/learnable.parquet)
 # The arms' sub-makes always run (FORCE): each is a no-op when its loop is done, and a larger

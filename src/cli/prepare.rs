@@ -67,9 +67,11 @@ Pass-rate filter (--pass-rates SCORED): sample answers to a pool of prompts with
 policy (`generate-answers --num-answers 8`), judge them (`score`), and keep the prompts whose
 pass rate lies strictly between --min-pass-rate and --max-pass-rate (default 0 and 1: neither
 always right nor always wrong). A prompt every answer gets right, or none does, gives all its
-answers the same reward and a group-relative advantage of 0: it teaches nothing. The filter
-applies to the rows this call selects (after --count and --draw); a prompt without answers in
-SCORED is an error.
+answers the same reward and a group-relative advantage of 0: it teaches the answers nothing.
+Its confidences still differ in reward, and --keep-decided SHARE keeps that share of the
+always- and never-right prompts for an RLCR loop's confidence turn (evenly through each class,
+no draw). The filter applies to the rows this call selects (after --count and --draw); a prompt
+without answers in SCORED is an error.
 
 Reads: --input (not for the synthetic sources), --pass-rates. Writes: -o (atomically; never an
 input).
@@ -195,6 +197,17 @@ pub struct Args {
     /// With --pass-rates: keep rows whose pass rate is below this.
     #[arg(long, default_value_t = 1.0, requires = "pass_rates")]
     pub max_pass_rate: f64,
+    /// With --pass-rates: keep this share (0..=1) of the always-right and of the never-right
+    /// prompts as well, spread evenly through each in input order. Their answers get no
+    /// advantage, but an RLCR loop's confidence turn learns from them what "sure" and "unsure"
+    /// should mean; on in-between prompts alone it learns only the pool's mean accuracy.
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        requires = "pass_rates",
+        value_name = "SHARE"
+    )]
+    pub keep_decided: f64,
 }
 
 /// The user message of countdown tasks.
@@ -365,6 +378,7 @@ impl TryFrom<(&Global, &Args)> for Plan {
                 p.clone(),
                 a.min_pass_rate,
                 a.max_pass_rate,
+                a.keep_decided,
             )?),
             None => None,
         };

@@ -230,9 +230,13 @@ impl Summary {
         }
         if let Some(f) = self.filtered {
             how.push_str(&format!(
-                "; kept {} of {} by pass rate ({} too hard, {} too easy)",
+                "; kept {} of {} by pass rate ({} too hard, {} too easy",
                 f.kept, f.rows, f.too_hard, f.too_easy
             ));
+            if f.decided_kept > 0 {
+                how.push_str(&format!("; {} of those kept all the same", f.decided_kept));
+            }
+            how.push(')');
         }
         let from = match self.inputs.len() {
             0 => String::new(),

@@ -713,6 +713,47 @@ fn pass_rate_filter_keeps_the_learnable_prompts() {
     let kept: Vec<serde_json::Value> = prompt_rows(&wd.path("half.parquet"));
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0]["prompt_id"], ids[1].as_str());
+    // --keep-decided 1: the always- and never-right prompts are kept too, in input order.
+    let o = wd.output(&[
+        "prepare",
+        "--input",
+        "pool.parquet",
+        "--pass-rates",
+        "scored.parquet",
+        "--keep-decided",
+        "1",
+        "-o",
+        "mixed.parquet",
+    ]);
+    let log = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{log}");
+    assert!(
+        log.contains(
+            "kept 4 of 4 by pass rate (1 too hard, 1 too easy; 2 of those kept all the same)"
+        ),
+        "{log}"
+    );
+    let mixed: Vec<String> = prompt_rows(&wd.path("mixed.parquet"))
+        .iter()
+        .map(|r| r["prompt_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(mixed, ids);
+    wd.refuse(
+        &[
+            "prepare",
+            "--input",
+            "pool.parquet",
+            "--pass-rates",
+            "scored.parquet",
+            "--keep-decided",
+            "1.5",
+            "-o",
+            "x.parquet",
+        ],
+        2,
+        "--keep-decided 1.5",
+        "x.parquet",
+    );
     wd.refuse(
         &[
             "prepare",

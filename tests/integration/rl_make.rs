@@ -428,8 +428,9 @@ fn pass_rate_filter_feeds_the_loop_learnable_prompts() {
 }
 
 /// `compare` hands the pass-rate filter's settings to both arms, the model's defaults included
-/// (`MODEL=smollm2` sets `FILTER_G=8` in the makefile, which a sub-make would not see otherwise):
-/// the arms' command lines, printed by `make -n`, carry them.
+/// (`MODEL=smollm2` sets `FILTER_G=8` in the makefile, which a sub-make would not see otherwise)
+/// and `FILTER_KEEP_DECIDED`: the arms' command lines, printed by `make -n`, carry them, and the
+/// pool's filter keeps the share of decided prompts.
 #[test]
 fn compare_passes_the_pass_rate_filter_to_its_arms() {
     let wd = Workdir::new();
@@ -443,6 +444,7 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
             format!("SMOL_DIR={}", wd.path("smol").display()),
             format!("WARM_START={}", warm.display()),
             "RUN=c".into(),
+            "FILTER_KEEP_DECIDED=0.25".into(),
         ],
     )
     .output()
@@ -456,10 +458,18 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
     assert_eq!(arms.len(), 2, "{log}");
     for a in arms {
         assert!(
-            a.contains("FILTER_G=8") && a.contains("FILTER_POOL=256"),
+            a.contains("FILTER_G=8")
+                && a.contains("FILTER_POOL=256")
+                && a.contains("FILTER_KEEP_DECIDED=0.25"),
             "{a}"
         );
     }
+    // The pool is filtered with the share of decided prompts kept.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("--pass-rates") && l.contains("--keep-decided 0.25")),
+        "{log}"
+    );
 }
 
 /// `compare` judges the pass-rate pool once, in its own run folder, and both arms draw their
