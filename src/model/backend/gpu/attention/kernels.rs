@@ -105,25 +105,114 @@ fn row_scores<M: Int>(
     mx
 }
 
-/// Where one query row of a [`Inputs::Combined`] tensor `x` (`[B, H + 2K, T, d]`, `heads` = H)
-/// and its key/value heads lie, for the cube of row `row` of the `[B, K, g·T]` grid:
-/// `(batch, key/value head, row r = j·T + t, query head h·g + j, token t, q's offset, k's, v's)`.
+/// Where the query row of the cube numbered `row` lies: `(batch, key/value head h, its row r,
+/// query head, token)`. Separate inputs (`q: [B, K, R, d]`): row `r` of head `h`, the query
+/// head and token unused (`h`, `r`). `combined` (`q` the `[B, H + 2K, T, d]` tensor, `heads` =
+/// H): row `r = j·T + t` of key/value head `h` is query head `h·g + j` of token `t`.
 #[cube]
-fn combined_row(
-    x: &Tensor<f32>,
+fn query_row(
+    q: &Tensor<f32>,
     heads: usize,
     row: usize,
-) -> (usize, usize, usize, usize, usize, usize, usize, usize) {
-    let (slots, kv) = (x.shape(2), (x.shape(1) - heads) / 2);
-    let group = heads / kv;
-    let (batch, h, r) = unravel(row, kv, group * slots);
-    let (qh, t) = (h * group + r / slots, r % slots);
-    let qb = offset3(x, batch, qh, t);
-    let kb = offset3(x, batch, heads + h, 0);
-    let vb = offset3(x, batch, heads + kv + h, 0);
-    (batch, h, r, qh, t, qb, kb, vb)
+    #[comptime] combined: bool,
+) -> (usize, usize, usize, usize, usize) {
+    if combined {
+        let (slots, kv) = (q.shape(2), (q.shape(1) - heads) / 2);
+        let group = heads / kv;
+        let (batch, h, r) = unravel(row, kv, group * slots);
+        (batch, h, r, h * group + r / slots, r % slots)
+    } else {
+        let (batch, h, r) = unravel(row, q.shape(1), q.shape(2));
+        (batch, h, r, h, r)
+    }
 }
 
+/// The query rows of the grid: `B·K·R` (separate inputs) or `B·H·T` (`combined`).
+#[cube]
+fn query_rows(q: &Tensor<f32>, heads: usize, #[comptime] combined: bool) -> usize {
+    if combined {
+        q.shape(0) * heads * q.shape(2)
+    } else {
+        q.shape(0) * q.shape(1) * q.shape(2)
+    }
+}
+
+/// The offset of a query row (`at` from [`query_row`]) in a tensor laid out as the queries
+/// (`query`: q, ∂q) or as the output (not `query`: the output, its gradient; `[B, T, H, d]`
+/// when `combined`).
+#[cube]
+fn row_at(
+    t: &Tensor<f32>,
+    at: (usize, usize, usize, usize, usize),
+    #[comptime] query: bool,
+    #[comptime] combined: bool,
+) -> usize {
+    let (batch, h, r, qh, tok) = at;
+    if combined {
+        if query {
+            offset3(t, batch, qh, tok)
+        } else {
+            offset3(t, batch, tok, qh)
+        }
+    } else {
+        offset3(t, batch, h, r)
+    }
+}
+
+/// The offset of key `j` of key/value head `h` in the keys (`part` 0) or the values (`part` 1):
+/// separate tensors, or heads `H + h` and `H + K + h` of the `combined` tensor.
+#[cube]
+fn key_at(
+    t: &Tensor<f32>,
+    batch: usize,
+    h: usize,
+    j: usize,
+    heads: usize,
+    #[comptime] part: u32,
+    #[comptime] combined: bool,
+) -> usize {
+    if combined {
+        let kv = (t.shape(1) - heads) / 2;
+        offset3(t, batch, heads + kv * (part as usize) + h, j)
+    } else {
+        offset3(t, batch, h, j)
+    }
+}
+
+/// The cube's query row and where its inputs lie: `(batch, key/value head h, its row r, query
+/// head, token` ([`query_row`])`, q's offset, the keys', the values', the mask row's)`.
+#[cube]
+fn row_inputs<M: Int>(
+    q: &Tensor<f32>,
+    k: &Tensor<f32>,
+    v: &Tensor<f32>,
+    mask: &Tensor<M>,
+    heads: usize,
+    row: usize,
+    #[comptime] combined: bool,
+) -> (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+) {
+    let at = query_row(q, heads, row, combined);
+    let (batch, h, r, qh, t) = at;
+    let qb = row_at(q, at, true, combined);
+    let kb = key_at(k, batch, h, 0, heads, 0u32, combined);
+    let vb = key_at(v, batch, h, 0, heads, 1u32, combined);
+    let mb = offset3(mask, batch, 0, r);
+    (batch, h, r, qh, t, qb, kb, vb, mb)
+}
+
+/// One cube per query row: its scores, their softmax and the weighted values. `q`, `k`, `v` are
+/// three tensors, or (`combined`) the same `[B, H + 2K, T, d]` tensor three times, the output
+/// then `[B, T, H, d]`.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub(super) fn attention_kernel<M: Int>(
@@ -132,88 +221,61 @@ pub(super) fn attention_kernel<M: Int>(
     v: &Tensor<f32>,
     mask: &Tensor<M>,
     out: &mut Tensor<f32>,
-    scale: f32,
-    #[comptime] capacity: usize,
-    #[comptime] units: u32,
-    #[define(M)] _mask_store: ElemType,
-) {
-    let row = cube_row();
-    let (heads, rows) = (out.shape(1), out.shape(2));
-    if row >= out.shape(0) * heads * rows {
-        terminate!();
-    }
-    let (batch, head, r) = unravel(row, heads, rows);
-    let mut scores = Shared::<[f32]>::new_slice(capacity);
-    let mut red = Shared::<[f32]>::new_slice(units as usize);
-    let (qb, kb, vb) = (
-        offset3(q, batch, head, r),
-        offset3(k, batch, head, 0),
-        offset3(v, batch, head, 0),
-    );
-    let mb = offset3(mask, batch, 0, r);
-    let keys = k.shape(2);
-    let mx = row_scores(&mut scores, q, qb, k, kb, keys, mask, mb, scale);
-    let ob = offset3(&*out, batch, head, r);
-    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
-}
-
-/// [`attention_kernel`] on a [`Inputs::Combined`] tensor, the output `[B, T, H, d]`.
-#[allow(clippy::too_many_arguments)]
-#[cube(launch)]
-pub(super) fn qkv_attention_kernel<M: Int>(
-    x: &Tensor<f32>,
-    mask: &Tensor<M>,
-    out: &mut Tensor<f32>,
     heads: usize,
     scale: f32,
     #[comptime] capacity: usize,
     #[comptime] units: u32,
+    #[comptime] combined: bool,
     #[define(M)] _mask_store: ElemType,
 ) {
     let row = cube_row();
-    let slots = x.shape(2);
-    if row >= x.shape(0) * heads * slots {
+    if row >= query_rows(q, heads, combined) {
         terminate!();
     }
-    let (batch, _h, r, qh, t, qb, kb, vb) = combined_row(x, heads, row);
+    let (batch, h, r, qh, t, qb, kb, vb, mb) = row_inputs(q, k, v, mask, heads, row, combined);
+    let at = (batch, h, r, qh, t);
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
-    let mb = offset3(mask, batch, 0, r);
-    let mx = row_scores(&mut scores, x, qb, x, kb, slots, mask, mb, scale);
-    let ob = offset3(&*out, batch, t, qh);
-    weigh_values(&mut scores, &mut red, mx, slots, x, vb, out, ob);
+    let keys = k.shape(2);
+    let mx = row_scores(&mut scores, q, qb, k, kb, keys, mask, mb, scale);
+    let ob = row_at(&*out, at, false, combined);
+    weigh_values(&mut scores, &mut red, mx, keys, v, vb, out, ob);
 }
 
-/// The backward pass's first half for the query at `q[qb..]` (keys at `k[kb..]`, values at
-/// `v[vb..]`, its mask row at `mask[mb..]`, its upstream gradient at `g[gb..]`): the row's
-/// weights `P` and `dS` written at `p[pb..]` and `ds[db..]` (along their last axis) and
-/// `∂L/∂q` at `dq[qo..]` (module documentation). Called by every unit of the cube together.
+/// The backward pass's first half, one cube per query row: the row's weights `P` and `dS`
+/// (written to `p` and `ds`, `[B, K, R, S]`) and `∂L/∂q` (module documentation), the tensors
+/// as in [`attention_kernel`] (`combined`: `dq` the gradient of the whole `[B, H + 2K, T, d]`
+/// tensor, of which this kernel writes the query heads).
 #[allow(clippy::too_many_arguments)]
-#[cube]
-fn row_backward<M: Int>(
+#[cube(launch)]
+pub(super) fn attention_rows_backward_kernel<M: Int>(
     q: &Tensor<f32>,
-    qb: usize,
     k: &Tensor<f32>,
-    kb: usize,
     v: &Tensor<f32>,
-    vb: usize,
-    keys: usize,
     mask: &Tensor<M>,
-    mb: usize,
     g: &Tensor<f32>,
-    gb: usize,
     p: &mut Tensor<f32>,
-    pb: usize,
     ds: &mut Tensor<f32>,
-    db: usize,
     dq: &mut Tensor<f32>,
-    qo: usize,
+    heads: usize,
     scale: f32,
     #[comptime] capacity: usize,
     #[comptime] units: u32,
+    #[comptime] combined: bool,
+    #[define(M)] _mask_store: ElemType,
 ) {
+    let row = cube_row();
+    if row >= query_rows(q, heads, combined) {
+        terminate!();
+    }
+    let (batch, h, r, qh, t, qb, kb, vb, mb) = row_inputs(q, k, v, mask, heads, row, combined);
+    let at = (batch, h, r, qh, t);
     let tid = UNIT_POS_X as usize;
     let nt = CUBE_DIM_X as usize;
+    let keys = k.shape(2);
+    let gb = row_at(g, at, false, combined);
+    let (pb, db) = (offset3(&*p, batch, h, r), offset3(&*ds, batch, h, r));
+    let qo = row_at(&*dq, at, true, combined);
     let mut scores = Shared::<[f32]>::new_slice(capacity);
     let mut red = Shared::<[f32]>::new_slice(units as usize);
     let mx = row_scores(&mut scores, q, qb, k, kb, keys, mask, mb, scale);
@@ -257,113 +319,11 @@ fn row_backward<M: Int>(
     }
 }
 
-/// The backward pass's first half, one cube per query row ([`row_backward`]).
-#[allow(clippy::too_many_arguments)]
-#[cube(launch)]
-pub(super) fn attention_rows_backward_kernel<M: Int>(
-    q: &Tensor<f32>,
-    k: &Tensor<f32>,
-    v: &Tensor<f32>,
-    mask: &Tensor<M>,
-    g: &Tensor<f32>,
-    p: &mut Tensor<f32>,
-    ds: &mut Tensor<f32>,
-    dq: &mut Tensor<f32>,
-    scale: f32,
-    #[comptime] capacity: usize,
-    #[comptime] units: u32,
-    #[define(M)] _mask_store: ElemType,
-) {
-    let row = cube_row();
-    let (heads, rows) = (q.shape(1), q.shape(2));
-    if row >= q.shape(0) * heads * rows {
-        terminate!();
-    }
-    let (batch, head, r) = unravel(row, heads, rows);
-    let (qb, kb, vb) = (
-        offset3(q, batch, head, r),
-        offset3(k, batch, head, 0),
-        offset3(v, batch, head, 0),
-    );
-    let (mb, gb) = (offset3(mask, batch, 0, r), offset3(g, batch, head, r));
-    let (pb, db) = (offset3(&*p, batch, head, r), offset3(&*ds, batch, head, r));
-    let qo = offset3(&*dq, batch, head, r);
-    let keys = k.shape(2);
-    row_backward(
-        q, qb, k, kb, v, vb, keys, mask, mb, g, gb, p, pb, ds, db, dq, qo, scale, capacity, units,
-    );
-}
-
-/// [`attention_rows_backward_kernel`] on a [`Inputs::Combined`] tensor: `∂L/∂q` into the query
-/// heads of `dx` (`[B, H + 2K, T, d]`), the upstream gradient `[B, T, H, d]`.
-#[allow(clippy::too_many_arguments)]
-#[cube(launch)]
-pub(super) fn qkv_attention_rows_backward_kernel<M: Int>(
-    x: &Tensor<f32>,
-    mask: &Tensor<M>,
-    g: &Tensor<f32>,
-    p: &mut Tensor<f32>,
-    ds: &mut Tensor<f32>,
-    dx: &mut Tensor<f32>,
-    heads: usize,
-    scale: f32,
-    #[comptime] capacity: usize,
-    #[comptime] units: u32,
-    #[define(M)] _mask_store: ElemType,
-) {
-    let row = cube_row();
-    let slots = x.shape(2);
-    if row >= x.shape(0) * heads * slots {
-        terminate!();
-    }
-    let (batch, h, r, qh, t, qb, kb, vb) = combined_row(x, heads, row);
-    let (mb, gb) = (offset3(mask, batch, 0, r), offset3(g, batch, t, qh));
-    let (pb, db) = (offset3(&*p, batch, h, r), offset3(&*ds, batch, h, r));
-    let qo = offset3(&*dx, batch, qh, t);
-    row_backward(
-        x, qb, x, kb, x, vb, slots, mask, mb, g, gb, p, pb, ds, db, dx, qo, scale, capacity, units,
-    );
-}
-
-/// `(∂L/∂k_j, ∂L/∂v_j)` at element `i` of the head dimension: the query rows `j'·T + t`
-/// (`j' < group`, `t < slots`) of `q` at `qb + j'·qh + t·qr` and of the upstream gradient at
-/// `gb + j'·gh + t·gr` summed in row order, with the key's column of `P` and `dS` at
-/// `p[pb + r·p2]`, `ds[db + r·d2]`.
-#[allow(clippy::too_many_arguments)]
-#[cube]
-fn key_grads(
-    q: &Tensor<f32>,
-    qs: (usize, usize, usize),
-    g: &Tensor<f32>,
-    gs: (usize, usize, usize),
-    rows: (usize, usize),
-    p: &Tensor<f32>,
-    ps: (usize, usize),
-    ds: &Tensor<f32>,
-    dss: (usize, usize),
-    i: usize,
-    scale: f32,
-) -> (f32, f32) {
-    let (qb, qh, qr) = qs;
-    let (gb, gh, gr) = gs;
-    let (group, slots) = rows;
-    let (pb, p2) = ps;
-    let (db, d2) = dss;
-    let (q3, g3) = (q.stride(3), g.stride(3));
-    let mut a = f32::new(0.0);
-    let mut c = f32::new(0.0);
-    for j in 0..group {
-        for t in 0..slots {
-            let r = j * slots + t;
-            a += ds[db + r * d2] * q[qb + j * qh + t * qr + i * q3];
-            c += p[pb + r * p2] * g[gb + j * gh + t * gr + i * g3];
-        }
-    }
-    (a * scale, c)
-}
-
 /// The backward pass's second half, one cube per key `j`: `∂L/∂k_j` and `∂L/∂v_j` summed over
-/// the query rows in order ([`key_grads`]), each unit a share of the head dimension.
+/// the query rows in order, each unit a share of the head dimension. The query rows of key/value
+/// head `h` are `j'·T + t` (`j' < g`, `t < T`; separate inputs: `g` = 1, `T` = R). `combined`:
+/// `dk` and `dv` are the same gradient of the `[B, H + 2K, T, d]` tensor, of which this kernel
+/// writes the key and value heads.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
 pub(super) fn attention_keys_backward_kernel(
@@ -373,61 +333,47 @@ pub(super) fn attention_keys_backward_kernel(
     ds: &Tensor<f32>,
     dk: &mut Tensor<f32>,
     dv: &mut Tensor<f32>,
-    scale: f32,
-) {
-    let row = cube_row();
-    let (heads, keys) = (dk.shape(1), dk.shape(2));
-    if row >= dk.shape(0) * heads * keys {
-        terminate!();
-    }
-    let (batch, head, j) = unravel(row, heads, keys);
-    let qs = (offset3(q, batch, head, 0), 0usize, q.stride(2));
-    let gs = (offset3(g, batch, head, 0), 0usize, g.stride(2));
-    let ps = (offset3(p, batch, head, 0) + j * p.stride(3), p.stride(2));
-    let dss = (offset3(ds, batch, head, 0) + j * ds.stride(3), ds.stride(2));
-    let (kb, k3) = (offset3(&*dk, batch, head, j), dk.stride(3));
-    let (vb, v3) = (offset3(&*dv, batch, head, j), dv.stride(3));
-    let mut i = UNIT_POS_X as usize;
-    while i < q.shape(3) {
-        let (a, c) = key_grads(q, qs, g, gs, (1usize, q.shape(2)), p, ps, ds, dss, i, scale);
-        dk[kb + i * k3] = a;
-        dv[vb + i * v3] = c;
-        i += CUBE_DIM_X as usize;
-    }
-}
-
-/// [`attention_keys_backward_kernel`] on a [`Inputs::Combined`] tensor: `∂L/∂k` and `∂L/∂v`
-/// into the key and value heads of `dx`, the upstream gradient `[B, T, H, d]`.
-#[allow(clippy::too_many_arguments)]
-#[cube(launch)]
-pub(super) fn qkv_attention_keys_backward_kernel(
-    x: &Tensor<f32>,
-    g: &Tensor<f32>,
-    p: &Tensor<f32>,
-    ds: &Tensor<f32>,
-    dx: &mut Tensor<f32>,
     heads: usize,
     scale: f32,
+    #[comptime] combined: bool,
 ) {
     let row = cube_row();
-    let (slots, kv) = (x.shape(2), (x.shape(1) - heads) / 2);
-    if row >= x.shape(0) * kv * slots {
+    let (kv, keys) = (p.shape(1), p.shape(3));
+    if row >= p.shape(0) * kv * keys {
         terminate!();
     }
-    let group = heads / kv;
-    let (batch, h, j) = unravel(row, kv, slots);
-    let qs = (offset3(x, batch, h * group, 0), x.stride(1), x.stride(2));
-    let gs = (offset3(g, batch, 0, h * group), g.stride(2), g.stride(1));
-    let ps = (offset3(p, batch, h, 0) + j * p.stride(3), p.stride(2));
-    let dss = (offset3(ds, batch, h, 0) + j * ds.stride(3), ds.stride(2));
-    let kb = offset3(&*dx, batch, heads + h, j);
-    let vb = offset3(&*dx, batch, heads + kv + h, j);
-    let x3 = dx.stride(3);
+    let (batch, h, j) = unravel(row, kv, keys);
+    // (first row's offset, step to the next query head, step to the next token) of q and g.
+    let mut group = 1usize;
+    let mut slots = q.shape(2);
+    let mut qs = (offset3(q, batch, h, 0), 0usize, q.stride(2));
+    let mut gs = (offset3(g, batch, h, 0), 0usize, g.stride(2));
+    if combined {
+        group = heads / kv;
+        slots = keys;
+        qs = (offset3(q, batch, h * group, 0), q.stride(1), q.stride(2));
+        gs = (offset3(g, batch, 0, h * group), g.stride(2), g.stride(1));
+    }
+    let (qb, qh, qr) = qs;
+    let (gb, gh, gr) = gs;
+    let (pb, p2) = (offset3(p, batch, h, 0) + j * p.stride(3), p.stride(2));
+    let (db, d2) = (offset3(ds, batch, h, 0) + j * ds.stride(3), ds.stride(2));
+    let kb = key_at(&*dk, batch, h, j, heads, 0u32, combined);
+    let vb = key_at(&*dv, batch, h, j, heads, 1u32, combined);
+    let (q3, g3, k3, v3) = (q.stride(3), g.stride(3), dk.stride(3), dv.stride(3));
     let mut i = UNIT_POS_X as usize;
-    while i < x.shape(3) {
-        let (a, c) = key_grads(x, qs, g, gs, (group, slots), p, ps, ds, dss, i, scale);
-        dx[kb + i * x3] = a;
-        dx[vb + i * x3] = c;
+    while i < q.shape(3) {
+        let mut a = f32::new(0.0);
+        let mut c = f32::new(0.0);
+        for jh in 0..group {
+            for t in 0..slots {
+                let r = jh * slots + t;
+                a += ds[db + r * d2] * q[qb + jh * qh + t * qr + i * q3];
+                c += p[pb + r * p2] * g[gb + jh * gh + t * gr + i * g3];
+            }
+        }
+        dk[kb + i * k3] = a * scale;
+        dv[vb + i * v3] = c;
         i += CUBE_DIM_X as usize;
     }
 }

@@ -33,7 +33,7 @@
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::cubecl;
 use burn::tensor::{Bool, DType, Tensor as BurnTensor};
@@ -83,16 +83,7 @@ pub fn attention(
         let untile = burn_cubecl::kernel::untile;
         let inputs = Inputs::Separate(untile(qp), untile(kp), untile(vp));
         let s = AttentionState::new(inputs, mp, keys, d, scale)?;
-        let out = s.forward();
-        let out = match AttentionBackward
-            .prepare::<NoCheckpointing>([qn, kn, vn])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(s, out),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
-        return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(out));
+        return Some(tracked(AttentionBackward, [qn, kn, vn], s));
     }
     let mp = mask.clone().try_into_primitive::<Cube>().ok()?;
     let inputs = Inputs::Separate(plain(q)?, plain(k)?, plain(v)?);
@@ -137,22 +128,31 @@ pub fn qkv_attention(
         let (xp, node) = x.try_into_primitive::<Autodiff<Cube>>().ok()?.into_parts();
         let inputs = Inputs::Combined(burn_cubecl::kernel::untile(xp), heads);
         let s = AttentionState::new(inputs, mp, t, d, scale)?;
-        let out = s.forward();
-        let out = match QkvAttentionBackward
-            .prepare::<NoCheckpointing>([node])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(s, out),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
-        return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(out));
+        return Some(tracked(QkvAttentionBackward, [node], s));
     }
     let mp = mask.clone().try_into_primitive::<Cube>().ok()?;
     cube_for(&plain(qkv)?.client, t, d)?;
     let x = plain(&super::rope::rope_heads(&x, cos, sin, heads + kv)?)?;
     let s = AttentionState::new(Inputs::Combined(x, heads), mp, t, d, scale)?;
     Some(tensor(s.forward()))
+}
+
+/// `s`'s forward pass on autodiff tensors, the output tracked with `op`'s backward pass when one
+/// of the `nodes` needs a gradient.
+fn tracked<const N: usize, O>(op: O, nodes: [NodeGuard; N], s: AttentionState) -> BurnTensor<4>
+where
+    O: Backward<Cube, N, State = AttentionState>,
+{
+    let out = s.forward();
+    let out = match op
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(s, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(out)
 }
 
 /// The mask's primitive laid out in rows and how it stores a bool: burn's GPU backends store
@@ -223,146 +223,100 @@ impl AttentionState {
         }
     }
 
-    /// The attention's output: one launch.
-    fn forward(&self) -> CubeTensor {
-        let (b, kv, rows, _, d) = self.dims();
-        let client = self.mask.client.clone();
-        let (grid, cube) = (
-            row_grid(&client, b * kv * rows),
-            CubeDim::new_1d(self.units),
-        );
-        let (mask, store) = (
-            self.mask.clone().into_tensor_arg(),
-            ElemType::UInt(self.store),
-        );
-        let (scale, capacity, units) = (self.scale, self.capacity, self.units);
+    /// The tensors the kernels read as `q`, `k` and `v` (the combined tensor three times), the
+    /// number of query heads (combined; 0 otherwise) and whether the inputs are combined.
+    fn qkv(&self) -> (&CubeTensor, &CubeTensor, &CubeTensor, usize, bool) {
         match &self.inputs {
-            Inputs::Separate(q, k, v) => {
-                let out = output(q, &[b, kv, rows, d]);
-                attention_kernel::launch(
-                    &client,
-                    grid,
-                    cube,
-                    q.clone().into_tensor_arg(),
-                    k.clone().into_tensor_arg(),
-                    v.clone().into_tensor_arg(),
-                    mask,
-                    out.clone().into_tensor_arg(),
-                    scale,
-                    capacity,
-                    units,
-                    store,
-                );
-                out
-            }
-            Inputs::Combined(x, heads) => {
-                let out = output(x, &[b, x.meta.shape()[2], *heads, d]);
-                qkv_attention_kernel::launch(
-                    &client,
-                    grid,
-                    cube,
-                    x.clone().into_tensor_arg(),
-                    mask,
-                    out.clone().into_tensor_arg(),
-                    *heads,
-                    scale,
-                    capacity,
-                    units,
-                    store,
-                );
-                out
-            }
+            Inputs::Separate(q, k, v) => (q, k, v, 0, false),
+            Inputs::Combined(x, heads) => (x, x, x, *heads, true),
         }
     }
 
+    /// The attention's output: one launch.
+    fn forward(&self) -> CubeTensor {
+        let (b, kv, rows, _, d) = self.dims();
+        let (q, k, v, heads, combined) = self.qkv();
+        let out = match combined {
+            true => output(q, &[b, q.meta.shape()[2], heads, d]),
+            false => output(q, &[b, kv, rows, d]),
+        };
+        let client = self.mask.client.clone();
+        attention_kernel::launch(
+            &client,
+            row_grid(&client, b * kv * rows),
+            CubeDim::new_1d(self.units),
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            self.mask.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            heads,
+            self.scale,
+            self.capacity,
+            self.units,
+            combined,
+            ElemType::UInt(self.store),
+        );
+        out
+    }
+
     /// The gradients of the inputs for the upstream gradient `g`, in the order of
-    /// [`Inputs`]'s tensors: two launches (the module documentation's formulas).
+    /// [`Inputs`]'s tensors: two launches (the module documentation's formulas). The combined
+    /// tensor's one gradient is written by both: the query heads by the first, the key and
+    /// value heads by the second.
     fn backward(&self, g: &CubeTensor) -> Vec<CubeTensor> {
         let (b, kv, rows, keys, d) = self.dims();
+        let (q, k, v, heads, combined) = self.qkv();
         let client = g.client.clone();
         let p = output(g, &[b, kv, rows, keys]);
         let ds = output(g, &[b, kv, rows, keys]);
-        let (row_cubes, cube) = (
+        let (dq, dk, dv) = match combined {
+            true => {
+                let dx = output(g, q.meta.shape());
+                (dx.clone(), dx.clone(), dx)
+            }
+            false => (
+                output(g, &[b, kv, rows, d]),
+                output(g, &[b, kv, keys, d]),
+                output(g, &[b, kv, keys, d]),
+            ),
+        };
+        attention_rows_backward_kernel::launch(
+            &client,
             row_grid(&client, b * kv * rows),
             CubeDim::new_1d(self.units),
-        );
-        let (key_cubes, key_cube) = (
-            row_grid(&client, b * kv * keys),
-            CubeDim::new_1d(row_units(&client, d)),
-        );
-        let (mask, store) = (
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
             self.mask.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            p.clone().into_tensor_arg(),
+            ds.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            heads,
+            self.scale,
+            self.capacity,
+            self.units,
+            combined,
             ElemType::UInt(self.store),
         );
-        let (scale, capacity, units) = (self.scale, self.capacity, self.units);
-        match &self.inputs {
-            Inputs::Separate(q, k, v) => {
-                let dq = output(g, &[b, kv, rows, d]);
-                attention_rows_backward_kernel::launch(
-                    &client,
-                    row_cubes,
-                    cube,
-                    q.clone().into_tensor_arg(),
-                    k.clone().into_tensor_arg(),
-                    v.clone().into_tensor_arg(),
-                    mask,
-                    g.clone().into_tensor_arg(),
-                    p.clone().into_tensor_arg(),
-                    ds.clone().into_tensor_arg(),
-                    dq.clone().into_tensor_arg(),
-                    scale,
-                    capacity,
-                    units,
-                    store,
-                );
-                let dk = output(g, &[b, kv, keys, d]);
-                let dv = output(g, &[b, kv, keys, d]);
-                attention_keys_backward_kernel::launch(
-                    &client,
-                    key_cubes,
-                    key_cube,
-                    q.clone().into_tensor_arg(),
-                    g.clone().into_tensor_arg(),
-                    p.into_tensor_arg(),
-                    ds.into_tensor_arg(),
-                    dk.clone().into_tensor_arg(),
-                    dv.clone().into_tensor_arg(),
-                    scale,
-                );
-                vec![dq, dk, dv]
-            }
-            Inputs::Combined(x, heads) => {
-                let dx = output(g, &x.meta.shape().to_vec());
-                qkv_attention_rows_backward_kernel::launch(
-                    &client,
-                    row_cubes,
-                    cube,
-                    x.clone().into_tensor_arg(),
-                    mask,
-                    g.clone().into_tensor_arg(),
-                    p.clone().into_tensor_arg(),
-                    ds.clone().into_tensor_arg(),
-                    dx.clone().into_tensor_arg(),
-                    *heads,
-                    scale,
-                    capacity,
-                    units,
-                    store,
-                );
-                qkv_attention_keys_backward_kernel::launch(
-                    &client,
-                    key_cubes,
-                    key_cube,
-                    x.clone().into_tensor_arg(),
-                    g.clone().into_tensor_arg(),
-                    p.into_tensor_arg(),
-                    ds.into_tensor_arg(),
-                    dx.clone().into_tensor_arg(),
-                    *heads,
-                    scale,
-                );
-                vec![dx]
-            }
+        attention_keys_backward_kernel::launch(
+            &client,
+            row_grid(&client, b * kv * keys),
+            CubeDim::new_1d(row_units(&client, d)),
+            q.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            p.into_tensor_arg(),
+            ds.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            heads,
+            self.scale,
+            combined,
+        );
+        match combined {
+            true => vec![dq],
+            false => vec![dq, dk, dv],
         }
     }
 }
