@@ -7,7 +7,7 @@
 //! | op | CPU (Flex, plain or autodiff) | GPU (wgpu, CUDA) |
 //! |---|---|---|
 //! | [`matmul`] | packed / small decode kernels, then rlcr's GEMM ([`cpu::sgemm`]) | burn's matmul, split into exact bf16 parts where f32 would run in TF32 ([`split_f32`]) |
-//! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; when training, RMSNorm with a backward of two kernels, the residual add apart) |
+//! | [`rms_norm`], [`add_rms_norm`] | fused row kernels ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::norm`]; when training, with a backward of two kernels, the residual sum's gradient handed to both terms) |
 //! | [`swiglu`] | fused row kernel ([`cpu::fused`]) | one `#[cube]` kernel ([`gpu::swiglu`]; when training, with a backward of one kernel) |
 //! | [`Rope`] | the fused rotate-half op | one `#[cube]` kernel ([`gpu::rope`]; when training, with a backward of one kernel) |
 //! | [`rope_cache_write`], [`slot_attention`] (calls through a cache) | [`Rope`], burn's `slice_assign`, [`cached_attention`] | one `#[cube]` kernel each, at positions and slot flags held on the device ([`gpu::rope`], [`gpu::attention`]) |
@@ -114,8 +114,8 @@ pub(crate) fn matmul(x: Tensor<2>, w: Tensor<2>, packed: Option<&PackedMatrix>) 
 }
 
 /// HF's RMSNorm, `w · x / sqrt(mean(x²) + eps)` over the last axis of `x: [N, h]`: rlcr's fused
-/// row kernel on the CPU; on a GPU one `#[cube]` kernel ([`gpu::norm`]) for plain tensors, the
-/// composite for autodiff ones (training).
+/// row kernel on the CPU; on a GPU one `#[cube]` kernel ([`gpu::norm`]; on autodiff tensors
+/// with a backward of two kernels).
 pub(crate) fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     if on_host(&x.device()) {
         return cpu::fused::rms_norm(x, w, eps);
@@ -127,8 +127,8 @@ pub(crate) fn rms_norm(x: Tensor<2>, w: Tensor<1>, eps: f64) -> Tensor<2> {
     gpu::rms_norm(x, w, eps)
 }
 
-/// The residual add and the next RMSNorm: `(s, rms_norm(s))` for `s = x + a` (one kernel on a GPU
-/// for plain tensors, [`gpu::norm::add_rms_norm`]).
+/// The residual add and the next RMSNorm: `(s, rms_norm(s))` for `s = x + a` (one kernel on a GPU,
+/// [`gpu::norm::add_rms_norm`], the norm's backward kernels on autodiff tensors).
 pub(crate) fn add_rms_norm(
     x: Tensor<2>,
     a: Tensor<2>,

@@ -79,7 +79,10 @@ pub fn rms_norm(x: &BurnTensor<2>, w: &BurnTensor<1>, eps: f64) -> Option<BurnTe
 }
 
 /// `(s, rms_norm(s))` for `s = x + a` (`[N, h]`: the residual stream and a block's output) with
-/// gains `w`, in one launch; `None` as for [`rms_norm`].
+/// gains `w`, in one launch; on autodiff tensors differentiable in `x`, `a` and `w`: `s` is a
+/// node of its own whose backward hands its gradient to both terms (no launch), `rms_norm(s)`
+/// has [`rms_norm`]'s backward (where an add and the norm took two launches forward). `None`
+/// as for [`rms_norm`].
 pub fn add_rms_norm(
     x: &BurnTensor<2>,
     a: &BurnTensor<2>,
@@ -89,6 +92,36 @@ pub fn add_rms_norm(
     let [n, h] = x.dims();
     if a.dims() != [n, h] || w.dims() != [h] || n == 0 {
         return None;
+    }
+    if [x.dtype(), a.dtype(), w.dtype()] != [DType::F32; 3] {
+        return None;
+    }
+    if let (Ok(xa), Ok(aa), Ok(wa)) = (
+        x.clone().try_into_primitive::<Autodiff<Cube>>(),
+        a.clone().try_into_primitive::<Autodiff<Cube>>(),
+        w.clone().try_into_primitive::<Autodiff<Cube>>(),
+    ) {
+        let untile = burn_cubecl::kernel::untile;
+        let (xp, xg) = xa.into_parts();
+        let (ap, ag) = aa.into_parts();
+        let (wp, wg) = wa.into_parts();
+        let wp = untile(wp);
+        let (sum, y, r) = add_forward(&untile(xp), &untile(ap), &wp, eps as f32);
+        let s = SumBackward
+            .prepare::<NoCheckpointing>([xg, ag])
+            .compute_bound()
+            .stateless(sum.clone());
+        let sg = s.clone().into_parts().1;
+        let y = match NormBackward
+            .prepare::<NoCheckpointing>([sg, wg])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(NormState { x: sum, w: wp, r }, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        let ad = |t| BurnTensor::<2>::from_primitive::<Autodiff<Cube>>(t);
+        return Some((ad(s), ad(y)));
     }
     let (xp, ap, wp) = (plain(x)?, plain(a)?, plain(w)?);
     let client = xp.client.clone();
@@ -108,6 +141,55 @@ pub fn add_rms_norm(
         units,
     );
     Some((tensor(sum), tensor(out)))
+}
+
+/// The training forward pass of the residual add and RMSNorm: `(s, y, r)`, `s = x + a`, `y`
+/// its normalised rows, `r` (`[N]`) their `1/sqrt(mean(s²) + eps)`; one launch.
+fn add_forward(
+    x: &CubeTensor,
+    a: &CubeTensor,
+    w: &CubeTensor,
+    eps: f32,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let (n, h) = (x.meta.shape()[0], x.meta.shape()[1]);
+    let client = x.client.clone();
+    let (sum, out, r) = (output(x, &[n, h]), output(x, &[n, h]), output(x, &[n]));
+    let units = row_units(&client, h);
+    add_rms_norm_train_kernel::launch(
+        &client,
+        row_grid(&client, n),
+        CubeDim::new_1d(units),
+        x.clone().into_tensor_arg(),
+        a.clone().into_tensor_arg(),
+        w.clone().into_tensor_arg(),
+        sum.clone().into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        r.clone().into_tensor_arg(),
+        eps,
+        units,
+    );
+    (sum, out, r)
+}
+
+/// The residual sum's node: its gradient goes to both terms as it is.
+#[derive(Debug)]
+struct SumBackward;
+
+impl Backward<Cube, 2> for SumBackward {
+    type State = ();
+
+    fn backward(self, ops: Ops<(), 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = grads.consume::<Cube>(&ops.node);
+        let [px, pa] = ops.parents;
+        // Both hold the same buffer: burn adds a later gradient into a new one (a shared
+        // buffer is never written in place).
+        if let Some(node) = px {
+            grads.register::<Cube>(node.id, g.clone());
+        }
+        if let Some(node) = pa {
+            grads.register::<Cube>(node.id, g);
+        }
+    }
 }
 
 /// The training forward pass: `(y, r)`, `r` (`[N]`) the rows' `1/sqrt(mean(x²) + eps)`.
@@ -308,6 +390,54 @@ fn weight_grad_kernel(x: &Tensor<f32>, r: &Tensor<f32>, g: &Tensor<f32>, dw: &mu
     dw[at] = acc;
 }
 
+/// [`add_rms_norm_kernel`] that also writes the row's `1/sqrt(mean(s²) + eps)` into `r`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn add_rms_norm_train_kernel(
+    x: &Tensor<f32>,
+    a: &Tensor<f32>,
+    w: &Tensor<f32>,
+    sum: &mut Tensor<f32>,
+    out: &mut Tensor<f32>,
+    r: &mut Tensor<f32>,
+    eps: f32,
+    #[comptime] units: u32,
+) {
+    let row = cube_row();
+    if row >= x.shape(0) {
+        terminate!();
+    }
+    let rms = add_normalise_row(x, a, w, sum, out, row, eps, units);
+    if UNIT_POS_X == 0 {
+        let at = row * r.stride(0);
+        r[at] = f32::new(1.0) / rms;
+    }
+}
+
+/// The residual sum of row `row` into `sum`, then [`normalise_row`] of it; returns the row's
+/// `sqrt(mean(s²) + eps)`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn add_normalise_row(
+    x: &Tensor<f32>,
+    a: &Tensor<f32>,
+    w: &Tensor<f32>,
+    sum: &mut Tensor<f32>,
+    out: &mut Tensor<f32>,
+    row: usize,
+    eps: f32,
+    #[comptime] units: u32,
+) -> f32 {
+    let (s0, s1) = (sum.stride(0), sum.stride(1));
+    let mut i = UNIT_POS_X as usize;
+    while i < x.shape(1) {
+        let v = x[row * x.stride(0) + i * x.stride(1)] + a[row * a.stride(0) + i * a.stride(1)];
+        sum[row * s0 + i * s1] = v;
+        i += CUBE_DIM_X as usize;
+    }
+    normalise_row(&*sum, row, w, out, eps, units)
+}
+
 /// The residual sum into `sum`, then [`normalise_row`] of it.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -324,14 +454,7 @@ fn add_rms_norm_kernel(
     if row >= x.shape(0) {
         terminate!();
     }
-    let (s0, s1) = (sum.stride(0), sum.stride(1));
-    let mut i = UNIT_POS_X as usize;
-    while i < x.shape(1) {
-        let v = x[row * x.stride(0) + i * x.stride(1)] + a[row * a.stride(0) + i * a.stride(1)];
-        sum[row * s0 + i * s1] = v;
-        i += CUBE_DIM_X as usize;
-    }
-    normalise_row(&*sum, row, w, out, eps, units);
+    add_normalise_row(x, a, w, sum, out, row, eps, units);
 }
 
 #[cfg(test)]
@@ -534,5 +657,55 @@ mod tests {
             assert_eq!((fy, fdx), (y, dx), "frozen gains: the same y and dx");
             assert_eq!(fbwd + 1, bwd, "frozen gains: no weight-gradient launch");
         }
+    }
+
+    /// Training's residual add and RMSNorm ([`add_rms_norm`] on autodiff tensors, a loss on both
+    /// the sum and the normalised rows, as a layer's residual stream uses them) against the add
+    /// and [`rms_norm`] apart: the same `s`, `y`, `∂L/∂x`, `∂L/∂a` and `∂L/∂w`, bit for bit (the
+    /// same f32 sums; the sum's two gradients are added in either order, which f32 addition does
+    /// not see); one launch forward where the two took two, the same backward launches.
+    #[test]
+    fn training_add_norm_matches_the_add_and_the_norm() {
+        let _pool = crate::model::memory::pool_test_lock();
+        let (n, h) = (5usize, 300usize);
+        let val = |i: usize, s: f32| (i as f32 * 0.37 + s).sin() * (1.0 + (i % 7) as f32);
+        let run = |fused: bool| {
+            let ad = wgpu().autodiff();
+            let t = |s: f32, k: usize, shape: [usize; 2]| {
+                let v: Vec<f32> = (0..k).map(|i| val(i, s)).collect();
+                BurnTensor::<2>::from_data(TensorData::new(v, shape), &ad)
+            };
+            let x = t(0.1, n * h, [n, h]).require_grad();
+            let a = t(2.0, n * h, [n, h]).require_grad();
+            let wv: Vec<f32> = (0..h).map(|i| 0.5 + val(i, 1.0) / 10.0).collect();
+            let w = BurnTensor::<1>::from_data(TensorData::new(wv, [h]), &ad).require_grad();
+            let (c1, c2) = (t(0.7, n * h, [n, h]), t(1.3, n * h, [n, h]));
+            let l0 = crate::model::transfer::thread_launches();
+            let (s, y) = match fused {
+                true => add_rms_norm(&x, &a, &w, 1e-6).expect("runs on autodiff wgpu"),
+                false => {
+                    let s = x.clone() + a.clone();
+                    let y = rms_norm(&s, &w, 1e-6).expect("runs on autodiff wgpu");
+                    (s, y)
+                }
+            };
+            let fwd = crate::model::transfer::thread_launches() - l0;
+            let loss = (s.clone() * c1).sum() + (y.clone() * c2).sum();
+            let l1 = crate::model::transfer::thread_launches();
+            let grads = loss.backward();
+            let bwd = crate::model::transfer::thread_launches() - l1;
+            let g2 = |t: &BurnTensor<2>| read(t.grad(&grads).unwrap());
+            let dw = crate::model::read_f32(w.grad(&grads).unwrap()).unwrap();
+            ([read(s), read(y), g2(&x), g2(&a), dw], fwd, bwd)
+        };
+        let (got, fwd, bwd) = run(true);
+        let (want, ufwd, ubwd) = run(false);
+        for (k, what) in ["s", "y", "dx", "da", "dw"].iter().enumerate() {
+            assert_eq!(got[k], want[k], "{what}");
+        }
+        assert!(got[2].iter().any(|&v| v != 0.0));
+        eprintln!("launches forward / backward: fused {fwd} / {bwd}, apart {ufwd} / {ubwd}");
+        assert_eq!((fwd, ufwd), (1, 2));
+        assert!(bwd <= ubwd, "{bwd} vs {ubwd}");
     }
 }
