@@ -60,35 +60,48 @@ pub fn rope_heads(
         };
         let (cp, sp) = (table(cos)?, table(sin)?);
         let (xp, node) = xa.into_parts();
-        let y = rotate(&burn_cubecl::kernel::untile(xp), &cp, &sp, rotated, false);
+        let xp = burn_cubecl::kernel::untile(xp);
+        let y = rotate(&xp, &cp, &sp, rotated, false, false);
+        // `x` a `[B, T, n, d]` tensor seen as `[B, n, T, d]` (the q/k/v product): its gradient
+        // laid out the same way, so that the product's backward needs no copy.
+        let s = xp.meta.strides();
+        let swapped = s[..] == [t * n * d, d, n * d, 1];
         let y = match RopeBackward
             .prepare::<NoCheckpointing>([node])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish((cp, sp, rotated), y),
+            OpsKind::Tracked(prep) => prep.finish((cp, sp, rotated, swapped), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         };
         return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(y));
     }
     let (xp, cp, sp) = (plain(x)?, plain(cos)?, plain(sin)?);
-    Some(tensor(rotate(&xp, &cp, &sp, rotated, false)))
+    Some(tensor(rotate(&xp, &cp, &sp, rotated, false, false)))
 }
 
 /// `x·C + swap(x)·S` (`backward` false), or the gradient `g·C + swap(g·S)` of a rotation for
 /// `x = g` (`backward` true), on the first `rotated` heads, the others copied: `[B, n, T, d]`,
-/// contiguous.
+/// contiguous, or (`swapped`) a contiguous `[B, T, n, d]` seen as `[B, n, T, d]`.
 fn rotate(
     x: &CubeTensor,
     cos: &CubeTensor,
     sin: &CubeTensor,
     rotated: usize,
     backward: bool,
+    swapped: bool,
 ) -> CubeTensor {
     let shape = x.meta.shape();
     let (b, n, t, d) = (shape[0], shape[1], shape[2], shape[3]);
     let client = x.client.clone();
-    let out = output(x, &[b, n, t, d]);
+    let out = match swapped {
+        true => {
+            let mut out = output(x, &[b, t, n, d]);
+            out.meta.swap(1, 2);
+            out
+        }
+        false => output(x, &[b, n, t, d]),
+    };
     rope_kernel::launch(
         &client,
         row_grid(&client, b * n * t),
@@ -107,20 +120,22 @@ fn rotate(
 struct RopeBackward;
 
 impl Backward<Cube, 1> for RopeBackward {
-    /// The tables `cos`, `sin` and the rotated heads.
-    type State = (CubeTensor, CubeTensor, usize);
+    /// The tables `cos`, `sin`, the rotated heads and whether the gradient is laid out as
+    /// `[B, T, n, d]` (the input's layout).
+    type State = (CubeTensor, CubeTensor, usize, bool);
 
     fn backward(
         self,
-        ops: Ops<(CubeTensor, CubeTensor, usize), 1>,
+        ops: Ops<(CubeTensor, CubeTensor, usize, bool), 1>,
         grads: &mut Gradients,
         _: &mut Checkpointer,
     ) {
         let g = burn_cubecl::kernel::untile(grads.consume::<Cube>(&ops.node));
         let [parent] = ops.parents;
         let Some(node) = parent else { return };
-        let (cos, sin, rotated) = ops.state;
-        grads.register::<Cube>(node.id, rotate(&g, &cos, &sin, rotated, true));
+        let (cos, sin, rotated, swapped) = ops.state;
+        let dx = rotate(&g, &cos, &sin, rotated, true, swapped);
+        grads.register::<Cube>(node.id, dx);
     }
 }
 

@@ -341,8 +341,8 @@ fn training_attention_matches_float64_and_the_composite() {
 /// and attention after the split, on the same values: a strided `[B, T, H + 2K, d]`
 /// product (query heads grouped three to a key/value head), a causal mask with a padding
 /// token (which sees only itself); the output (`[B, T, H, d]`) and, on autodiff tensors,
-/// `∂L/∂qkv` within 1e-5 of each one's largest value. Two launches forward, three backward
-/// with the loss's own; the same bits twice.
+/// `∂L/∂qkv` within 1e-5 of each one's largest value, and again for a contiguous product. Two
+/// launches forward, three backward with the loss's own; the same bits twice.
 #[test]
 fn qkv_attention_matches_the_split_path() {
     let _pool = crate::model::memory::pool_test_lock();
@@ -350,6 +350,7 @@ fn qkv_attention_matches_the_split_path() {
     let (n, g) = (heads + 2 * kv, heads / kv);
     let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
     let xs: Vec<f32> = (0..b * t * (n + 1) * d).map(|k| val(k, 0.3)).collect();
+    let xs0: Vec<f32> = xs[..b * t * n * d].to_vec();
     let cs: Vec<f32> = (0..b * t * heads * d).map(|k| val(k, 0.9)).collect();
     // Tables in the GPU layout: cos = [c, c], sin = [−s, s] per position.
     let (mut cos, mut sin) = (Vec::new(), Vec::new());
@@ -377,15 +378,19 @@ fn qkv_attention_matches_the_split_path() {
             }
         })
         .collect();
-    let run = |ad: bool, fused: bool| {
+    // `extra`: 1, the product a slice of a wider tensor (strided); 0, the whole tensor.
+    let run = |ad: bool, fused: bool, extra: usize| {
         let base = super::super::test_device();
         let dev = if ad { base.autodiff() } else { base };
         let mut wide =
             BurnTensor::<4>::from_data(TensorData::new(xs.clone(), [b, t, n + 1, d]), &dev);
+        if extra == 0 {
+            wide = BurnTensor::<4>::from_data(TensorData::new(xs0.clone(), [b, t, n, d]), &dev);
+        }
         if ad {
             wide = wide.require_grad();
         }
-        let qkv = wide.clone().slice([0..b, 0..t, 1..n + 1, 0..d]);
+        let qkv = wide.clone().slice([0..b, 0..t, extra..n + extra, 0..d]);
         let table =
             |v: &[f32]| BurnTensor::<4>::from_data(TensorData::new(v.to_vec(), [b, 1, t, d]), &dev);
         let (ct, st) = (table(&cos), table(&sin));
@@ -440,8 +445,8 @@ fn qkv_attention_matches_the_split_path() {
             );
         }
     };
-    let (y, dx, fwd, bwd) = run(true, true);
-    let (cy, cdx, cfwd, cbwd) = run(true, false);
+    let (y, dx, fwd, bwd) = run(true, true, 1);
+    let (cy, cdx, cfwd, cbwd) = run(true, false, 1);
     assert_eq!(y.len(), b * t * heads * d);
     near(&y, &cy, "y");
     let (dx, cdx) = (dx.unwrap(), cdx.unwrap());
@@ -457,14 +462,20 @@ fn qkv_attention_matches_the_split_path() {
         bwd + 10 <= cbwd,
         "backward {bwd} vs the split path's {cbwd}"
     );
-    let again = run(true, true);
+    let again = run(true, true, 1);
     assert_eq!(
         (again.0, again.1.unwrap()),
         (y.clone(), dx),
         "the same bits again"
     );
     // Plain tensors (log-probs): the same output as the autodiff path.
-    let (py, _, pfwd, _) = run(false, true);
+    let (py, _, pfwd, _) = run(false, true, 1);
     assert_eq!(py, y, "plain and autodiff tensors: the same kernels");
     assert_eq!(pfwd, 2);
+    // The whole product, contiguous (as a projection writes it): RoPE's backward writes the
+    // gradient in the product's own layout.
+    let (y0, dx0, _, _) = run(true, true, 0);
+    let (cy0, cdx0, _, _) = run(true, false, 0);
+    near(&y0, &cy0, "y, contiguous product");
+    near(&dx0.unwrap(), &cdx0.unwrap(), "dqkv, contiguous product");
 }
