@@ -1,5 +1,7 @@
 //! The kernels on the wgpu device (lavapipe in CI; `RLCR_WGPU_DEVICE` picks the adapter)
 //! against an f64 evaluation and the CPU's composite on the same values.
+//!
+//! A test-only file: its parent declares it `#[cfg(test)] #[cfg(feature = "wgpu")] mod tests;`.
 use super::*;
 use burn::tensor::{Device, TensorData};
 
