@@ -110,24 +110,26 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         inputs: a.input,
         iterations: a.iterations,
         held_in: a.held_in,
-        probe: a.probe,
-        train_metrics: a.train_metrics,
-        tensorboard: a.tensorboard,
-        out: a.out,
-        opts: Options {
-            bins: a.bins as usize,
-            ece_rule: a.ece_rule,
-            missing_confidence: a.missing_confidence,
+        settings: report::stage::Settings {
+            probe: a.probe,
+            train_metrics: a.train_metrics,
+            tensorboard: a.tensorboard,
+            out: a.out,
+            opts: Options {
+                bins: a.bins as usize,
+                ece_rule: a.ece_rule,
+                missing_confidence: a.missing_confidence,
+            },
+            examples: a.examples,
+            config,
         },
-        examples: a.examples,
-        config,
     }
     .plan()?;
     let done = report::stage::run(&plan)?;
     crate::info!(
         "report: wrote {} files to {} ({})",
         done.files,
-        plan.out.display(),
+        plan.settings.out.display(),
         done.headline
     );
     Ok(())

@@ -23,13 +23,20 @@ pub struct Plan {
     pub iterations: Vec<u64>,
     /// Fixed probe sets: a name and one scored table per input.
     pub held_in: Vec<(String, Vec<PathBuf>)>,
+    /// The other inputs, the output folder and the settings, as the request gave them.
+    pub settings: Settings,
+}
+
+/// The parts of a report that a [`Request`] passes to its [`Plan`] as given, once checked.
+#[derive(Clone, Debug)]
+pub struct Settings {
     /// A probe table (`rlcr probe` output).
     pub probe: Option<PathBuf>,
     /// A `train_metrics.jsonl` or the folder that holds one.
     pub train_metrics: Option<PathBuf>,
-    /// A TensorBoard run folder to write the `overall` figures into.
+    /// A TensorBoard run folder to write the `overall` figures into (not with labelled inputs).
     pub tensorboard: Option<PathBuf>,
-    /// The output folder.
+    /// The output folder: a folder, neither a file nor an input's folder.
     pub out: PathBuf,
     /// Bins, ECE rule, missing-confidence rule.
     pub opts: Options,
@@ -49,20 +56,8 @@ pub struct Request {
     pub iterations: Vec<u64>,
     /// `NAME=PATH`: a fixed probe set's scored table per input, in input order.
     pub held_in: Vec<String>,
-    /// As [`Plan::probe`].
-    pub probe: Option<PathBuf>,
-    /// As [`Plan::train_metrics`].
-    pub train_metrics: Option<PathBuf>,
-    /// As [`Plan::tensorboard`] (not with labelled inputs).
-    pub tensorboard: Option<PathBuf>,
-    /// As [`Plan::out`]: a folder, neither a file nor an input's folder.
-    pub out: PathBuf,
-    /// As [`Plan::opts`].
-    pub opts: Options,
-    /// As [`Plan::examples`].
-    pub examples: usize,
-    /// As [`Plan::config`].
-    pub config: serde_json::Value,
+    /// As [`Plan::settings`].
+    pub settings: Settings,
 }
 
 impl Request {
@@ -70,38 +65,39 @@ impl Request {
     /// numbers, the held-in sets, the TensorBoard folder and the training metrics file.
     pub fn plan(self) -> Result<Plan> {
         let (paths, labels) = inputs(&self.inputs)?;
-        for p in paths.iter().chain(self.probe.iter()) {
+        let s = &self.settings;
+        for p in paths.iter().chain(s.probe.iter()) {
             if !p.exists() {
                 return Err(usage(format!("{}: no such input", p.display())));
             }
         }
-        if self.out.is_file() {
+        if s.out.is_file() {
             return Err(usage(format!(
                 "-o {}: is a file; report writes a folder of files",
-                self.out.display()
+                s.out.display()
             )));
         }
         // The folder must not be (or hold) an input: calibration.parquet would become a part file.
         let ins: Vec<&Path> = paths
             .iter()
-            .chain(self.probe.iter())
+            .chain(s.probe.iter())
             .map(|p| p.as_path())
             .collect();
-        if crate::fs::folder_is_one_of(&self.out, &ins)? {
+        if crate::fs::folder_is_one_of(&s.out, &ins)? {
             return Err(usage(format!(
                 "-o {}: is an input folder; write the report somewhere else",
-                self.out.display()
+                s.out.display()
             )));
         }
         let labelled = !labels.is_empty();
         let iterations = iteration_numbers(&self.iterations, paths.len(), labelled)?;
         let held_in = held_in_sets(&self.held_in, paths.len(), labelled)?;
-        if self.tensorboard.is_some() && labelled {
+        if s.tensorboard.is_some() && labelled {
             return Err(usage(
                 "--tensorboard: labelled inputs are arms, not steps; report them one at a time",
             ));
         }
-        if let Some(p) = &self.train_metrics {
+        if let Some(p) = &s.train_metrics {
             let f = super::training::metrics_path(p);
             if !f.is_file() {
                 return Err(usage(format!(
@@ -116,13 +112,7 @@ impl Request {
             labels,
             iterations,
             held_in,
-            probe: self.probe,
-            train_metrics: self.train_metrics,
-            tensorboard: self.tensorboard,
-            out: self.out,
-            opts: self.opts,
-            examples: self.examples,
-            config: self.config,
+            settings: self.settings,
         })
     }
 }
@@ -261,17 +251,18 @@ pub struct Summary {
 /// Analyse the plan's inputs and write the report folder (and the TensorBoard events).
 pub fn run(plan: &Plan) -> Result<Summary> {
     let training = plan
+        .settings
         .train_metrics
         .as_deref()
         .map(super::training::read)
         .transpose()?;
-    let opts = &plan.opts;
+    let opts = &plan.settings.opts;
     let mut analyses = Vec::with_capacity(plan.inputs.len());
     let mut examples = None;
     for (i, path) in plan.inputs.iter().enumerate() {
         // Examples (and their second pass) only for the last input, which report.md details.
         let k = if i + 1 == plan.inputs.len() {
-            plan.examples
+            plan.settings.examples
         } else {
             0
         };
@@ -286,7 +277,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         analyses.push(an);
         examples = ex;
     }
-    let probe = match &plan.probe {
+    let probe = match &plan.settings.probe {
         Some(p) => {
             let rows = super::read_probe(p)?;
             let s = super::probe::summarize(&rows, opts.bins, opts.ece_rule);
@@ -294,7 +285,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
         None => None,
     };
-    let written = crate::fs::fill_folder(&plan.out, |staging| {
+    let written = crate::fs::fill_folder(&plan.settings.out, |staging| {
         let probe_ref = probe.as_ref().map(|(r, s)| (r, s));
         let mut w = super::write_outputs(
             staging,
@@ -307,7 +298,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         w.push(write_calibration(plan, &analyses, staging)?);
         Ok(w)
     })?;
-    if let Some(dir) = &plan.tensorboard {
+    if let Some(dir) = &plan.settings.tensorboard {
         write_tensorboard(dir, &analyses)?;
     }
     Ok(Summary {
@@ -360,11 +351,11 @@ fn write_calibration(plan: &Plan, analyses: &[Analysis], dir: &Path) -> Result<S
         schema_name: "rlcr.calibration".to_string(),
         schema_version: 1,
         stage: "report".to_string(),
-        config: plan.config.clone(),
+        config: plan.settings.config.clone(),
         inputs: plan
             .inputs
             .iter()
-            .chain(plan.probe.iter())
+            .chain(plan.settings.probe.iter())
             .cloned()
             .collect(),
         extra: Default::default(),
