@@ -372,12 +372,7 @@ fn prompts_shaped(columns: &[String]) -> bool {
 
 fn parquet_records(path: &Path) -> Result<(Rows, Vec<String>, bool)> {
     let r = Reader::open(path)?.as_written();
-    let columns: Vec<String> = r
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
+    let columns = table::cols::names(&r.schema());
     let prompts = (r.metadata().get("rlcr.schema").map(String::as_str) == Some(PROMPTS.name)
         || prompts_shaped(&columns))
         && ["prompt_id", "messages", "data_source"]

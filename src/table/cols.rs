@@ -609,6 +609,11 @@ pub fn conform(b: &RecordBatch, spec: &TableSpec, table: &str) -> Result<RecordB
     )?)
 }
 
+/// The column names of `schema`, in order.
+pub fn names(schema: &Schema) -> Vec<String> {
+    schema.fields().iter().map(|f| f.name().clone()).collect()
+}
+
 /// Drop columns by name (missing names are ignored).
 pub fn drop_columns(b: &RecordBatch, names: &[&str]) -> Result<RecordBatch> {
     let keep: Vec<usize> = b
@@ -804,13 +809,10 @@ mod tests {
             ],
         )
         .unwrap();
-        let names: Vec<_> = out
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-        assert_eq!(names, ["prompt_id", "zzz_extra", "acc_reward", "reward"]);
+        assert_eq!(
+            names(&out.schema()),
+            ["prompt_id", "zzz_extra", "acc_reward", "reward"]
+        );
         assert_eq!(f32_col(&out, "t", "reward").unwrap().value(0), 2.0);
         let sp = build_spans(&[Some((3, 9))]);
         let out = set_columns(&out, &TRAJECTORY, vec![("answer_span", sp)]).unwrap();

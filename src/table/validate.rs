@@ -72,24 +72,18 @@ pub fn check_schema(
 
 /// The columns the row rules read: identities, links, token lists and spans. A stage that reads
 /// only some columns for its own work reads these (those present) for validation.
-pub const RULE_COLUMNS: [&str; 16] = [
-    "sample_id",
-    "sample_type",
-    "prompt_id",
-    "answer_idx",
-    "confidence_idx",
-    "response_ids",
-    "response_logprobs",
-    "token_advantages",
-    "loss_mask",
-    "ref_logprobs",
-    "values",
-    "returns",
-    "token_turn_ids",
-    "info_mask",
-    "answer_span",
-    "confidence_span",
-];
+pub const RULE_COLUMNS: [&str; 16] = concat(&[
+    &[
+        "sample_id",
+        "sample_type",
+        "prompt_id",
+        "answer_idx",
+        "confidence_idx",
+        "response_ids",
+    ],
+    &PER_TOKEN,
+    &["answer_span", "confidence_span"],
+]);
 
 /// List columns that hold one value per response token.
 pub const PER_TOKEN: [&str; 8] = [
@@ -102,6 +96,24 @@ pub const PER_TOKEN: [&str; 8] = [
     "token_turn_ids",
     "info_mask",
 ];
+
+/// The names of `parts` one after the other, in a list of their total length `N` (checked when
+/// the constant is evaluated).
+const fn concat<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut n, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            out[n] = parts[p][i];
+            n += 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    assert!(n == N, "the parts' lengths do not add up to N");
+    out
+}
 
 /// Column `name` of `b` as a `T`, if it is there and of that type (no error built when not: the
 /// row rules ask for columns a table may not have, on every batch).
