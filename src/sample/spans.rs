@@ -52,31 +52,38 @@ pub fn byte_range_to_tokens(ends: &[usize], start: usize, end: usize) -> Option<
 /// The answer span of a response (`text` with per-token `ends`); `think_prefilled` when the
 /// context ends inside an opened `<think>` block.
 pub fn answer_span(text: &str, ends: &[usize], think_prefilled: bool) -> Option<Span> {
-    let close = text.rfind(ANSWER_CLOSE)?;
-    let close_end = close + ANSWER_CLOSE.len();
-    if think_prefilled {
-        // Token 0 even if it adds no text of its own.
-        let end = token_at(ends, close_end - 1)? + 1;
-        return Some(Span { start: 0, end });
-    }
-    let open = text[..close].find(THINK_OPEN)?;
-    byte_range_to_tokens(ends, open, close_end)
+    tagged_span(text, ends, ANSWER_CLOSE, think_prefilled, |head| {
+        head.find(THINK_OPEN)
+    })
 }
 
 /// The confidence span of a response; `opened` when the context already opened `<analysis>` or
 /// `<confidence>` (the span then starts at token 0).
 pub fn confidence_span(text: &str, ends: &[usize], opened: bool) -> Option<Span> {
-    let close = text.rfind(CONFIDENCE_CLOSE)?;
-    let close_end = close + CONFIDENCE_CLOSE.len();
+    tagged_span(text, ends, CONFIDENCE_CLOSE, opened, |head| {
+        head.find(ANALYSIS_OPEN)
+            .or_else(|| head.find(CONFIDENCE_OPEN))
+    })
+}
+
+/// The span from an opening tag to the end of the last `close` tag of `text`: from token 0 when
+/// the context `opened` it, else from the byte `open` finds in the text before `close`.
+fn tagged_span(
+    text: &str,
+    ends: &[usize],
+    close: &str,
+    opened: bool,
+    open: impl Fn(&str) -> Option<usize>,
+) -> Option<Span> {
+    let at = text.rfind(close)?;
+    let close_end = at + close.len();
     if opened {
+        // Token 0 even if it adds no text of its own.
         let end = token_at(ends, close_end - 1)? + 1;
         return Some(Span { start: 0, end });
     }
-    let head = &text[..close];
-    let open = head
-        .find(ANALYSIS_OPEN)
-        .or_else(|| head.find(CONFIDENCE_OPEN))?;
-    byte_range_to_tokens(ends, open, close_end)
+    let start = open(&text[..at])?;
+    byte_range_to_tokens(ends, start, close_end)
 }
 
 /// Does the rendered context leave the model inside an opened `open` tag: its last `open`
@@ -106,6 +113,13 @@ mod tests {
 
     fn spans_of(ids: &[u32]) -> (String, Vec<usize>) {
         offsets_of(ids, None, &toy_decode).unwrap()
+    }
+
+    /// `text` encoded a token per byte, then decoded: the ids, the text and each token's end.
+    fn byte_tokens(text: &str) -> (Vec<u32>, String, Vec<usize>) {
+        let ids = toy_encode_bytes(text);
+        let (text, ends) = spans_of(&ids);
+        (ids, text, ends)
     }
 
     fn decode_span(ids: &[u32], s: Span) -> String {
@@ -174,11 +188,9 @@ mod tests {
 
     #[test]
     fn missing_tags_give_null() {
-        let ids = toy_encode_bytes("<think>no answer here");
-        let (text, ends) = spans_of(&ids);
+        let (_, text, ends) = byte_tokens("<think>no answer here");
         assert_eq!(answer_span(&text, &ends, false), None);
-        let ids = toy_encode_bytes("</answer> before <think>");
-        let (text, ends) = spans_of(&ids);
+        let (_, text, ends) = byte_tokens("</answer> before <think>");
         assert_eq!(answer_span(&text, &ends, false), None);
         assert_eq!(confidence_span("", &[], false), None);
         assert_eq!(confidence_span("", &[], true), None);
@@ -187,8 +199,7 @@ mod tests {
 
     #[test]
     fn last_closing_tag_wins() {
-        let ids = toy_encode_bytes("<think>a</think><answer>1</answer><answer>2</answer> x");
-        let (text, ends) = spans_of(&ids);
+        let (_, text, ends) = byte_tokens("<think>a</think><answer>1</answer><answer>2</answer> x");
         let s = answer_span(&text, &ends, false).unwrap();
         // byte-per-token: span = bytes 0 .. index of end of the second </answer>
         let end = text.rfind("</answer>").unwrap() + 9;
@@ -197,35 +208,30 @@ mod tests {
 
     #[test]
     fn confidence_span_rules() {
-        let ids =
-            toy_encode_bytes("Sure. <analysis>maybe</analysis> <confidence>0.7</confidence>\n");
-        let (text, ends) = spans_of(&ids);
+        let (_, text, ends) =
+            byte_tokens("Sure. <analysis>maybe</analysis> <confidence>0.7</confidence>\n");
         let s = confidence_span(&text, &ends, false).unwrap();
         assert_eq!(
             &text[s.start..s.end],
             "<analysis>maybe</analysis> <confidence>0.7</confidence>"
         );
         // no analysis → from <confidence>
-        let ids = toy_encode_bytes("ok <confidence>0.7</confidence>");
-        let (text, ends) = spans_of(&ids);
+        let (_, text, ends) = byte_tokens("ok <confidence>0.7</confidence>");
         let s = confidence_span(&text, &ends, false).unwrap();
         assert_eq!(&text[s.start..s.end], "<confidence>0.7</confidence>");
         // an <analysis> after the confidence does not count
-        let ids = toy_encode_bytes("<confidence>1</confidence><analysis>");
-        let (text, ends) = spans_of(&ids);
+        let (_, text, ends) = byte_tokens("<confidence>1</confidence><analysis>");
         let s = confidence_span(&text, &ends, false).unwrap();
         assert_eq!(&text[s.start..s.end], "<confidence>1</confidence>");
         // no closing tag → null
-        let ids = toy_encode_bytes("<analysis>x</analysis><confidence>0.2");
-        let (text, ends) = spans_of(&ids);
+        let (_, text, ends) = byte_tokens("<analysis>x</analysis><confidence>0.2");
         assert_eq!(confidence_span(&text, &ends, false), None);
     }
 
     #[test]
     fn confidence_span_when_the_context_opened_the_tag() {
         // context ended with "<confidence>": the response is "0.8</confidence>\n"
-        let ids = toy_encode_bytes("0.8</confidence>\n");
-        let (text, ends) = spans_of(&ids);
+        let (ids, text, ends) = byte_tokens("0.8</confidence>\n");
         let s = confidence_span(&text, &ends, true).unwrap();
         assert_eq!(
             s,
@@ -241,8 +247,7 @@ mod tests {
     #[test]
     fn span_with_multibyte_text_before() {
         // "é" spans two byte-tokens; the first adds no text. Tag starts at token 2.
-        let ids = toy_encode_bytes("é<confidence>1</confidence>");
-        let (text, ends) = spans_of(&ids);
+        let (ids, text, ends) = byte_tokens("é<confidence>1</confidence>");
         let s = confidence_span(&text, &ends, false).unwrap();
         assert_eq!(s.start, 2);
         assert_eq!(s.end, ids.len());
