@@ -714,6 +714,12 @@ mod tests {
         p
     }
 
+    /// [`read`] of one file named `name` holding `text`, in a folder of its own.
+    fn read_text(name: &str, text: &str, format: Format) -> Result<Records> {
+        let d = tempfile::tempdir().unwrap();
+        read(&[write(d.path(), name, text)], &opts(format))
+    }
+
     #[test]
     fn malformed_lines_name_file_and_line() {
         let d = tempfile::tempdir().unwrap();
@@ -745,13 +751,12 @@ mod tests {
 
     #[test]
     fn verl_dump_reads_its_keys() {
-        let d = tempfile::tempdir().unwrap();
-        let f = write(
-            d.path(),
+        let r = read_text(
             "12.jsonl",
             "{\"input\": \"user\\nq\\nassistant\\n\", \"output\": \"<answer>4</answer>\", \"gts\": \"4\", \"score\": 1.0, \"step\": 12, \"acc\": true}\n",
-        );
-        let r = read(&[f], &opts(Format::Verl)).unwrap();
+            Format::Verl,
+        )
+        .unwrap();
         assert_eq!(r.records.len(), 1);
         let x = &r.records[0];
         assert_eq!(x.prompt, Prompt::Text("user\nq\nassistant\n".into()));
@@ -762,28 +767,27 @@ mod tests {
 
     #[test]
     fn trl_table_json_and_lines_agree() {
-        let d = tempfile::tempdir().unwrap();
-        let t = write(
-            d.path(),
+        let a = read_text(
             "completions.table.json",
             r#"{"_type": "table", "columns": ["step", "prompt", "completion", "accuracy_reward", "advantage", "ground_truth"], "data": [["5", "p", "c", 1.0, 0.5, "7"]]}"#,
-        );
-        let l = write(
-            d.path(),
+            Format::Trl,
+        )
+        .unwrap();
+        let b = read_text(
             "rows.jsonl",
             r#"{"step": "5", "prompt": "p", "completion": "c", "accuracy_reward": 1.0, "advantage": 0.5, "ground_truth": "7"}"#,
-        );
-        let a = read(std::slice::from_ref(&t), &opts(Format::Trl)).unwrap();
-        let b = read(&[l], &opts(Format::Trl)).unwrap();
+            Format::Trl,
+        )
+        .unwrap();
         assert_eq!(a.records[0].prompt, b.records[0].prompt);
         assert_eq!(a.records[0].step, Some(5));
         assert_eq!(a.records[0].ground_truth, b.records[0].ground_truth);
-        let bad = write(
-            d.path(),
+        let bad = read_text(
             "bad.table.json",
             r#"{"columns": ["step", "prompt", "completion"], "data": [["1", "p", "c"], ["1", "p"]]}"#,
+            Format::Trl,
         );
-        let e = format!("{:#}", read(&[bad], &opts(Format::Trl)).unwrap_err());
+        let e = format!("{:#}", bad.unwrap_err());
         assert!(
             e.contains("bad.table.json, row 1: 2 cells for 3 columns"),
             "{e}"
@@ -792,13 +796,12 @@ mod tests {
 
     #[test]
     fn openai_text_completions_with_logprobs() {
-        let d = tempfile::tempdir().unwrap();
-        let f = write(
-            d.path(),
+        let r = read_text(
             "c.jsonl",
             r#"{"request": {"model": "m", "prompt": ["Q: 2+2?\nA:"], "logprobs": 1}, "response": {"object": "text_completion", "choices": [{"index": 0, "text": " 4", "logprobs": {"tokens": [" ", "4"], "token_logprobs": [-0.25, -0.5], "top_logprobs": null, "text_offset": [0, 1]}, "finish_reason": "length"}]}, "ground_truth": 4}"#,
-        );
-        let r = read(&[f], &opts(Format::Openai)).unwrap();
+            Format::Openai,
+        )
+        .unwrap();
         let x = &r.records[0];
         assert_eq!(x.prompt, Prompt::Text("Q: 2+2?\nA:".into()));
         let lp = x.completions[0].logprobs.as_ref().unwrap();

@@ -439,14 +439,19 @@ mod tests {
         v.finish().unwrap();
     }
 
+    /// The error of verifying `answers` (ground truth "Paris") with the verifier `cmd`.
+    fn verify_error(cmd: &str, timeout: Duration, answers: &[&'static str]) -> String {
+        let mut v = ExternalVerifier::spawn(cmd, timeout).unwrap();
+        let rq = reqs(&serde_json::json!("Paris"), answers);
+        format!("{:#}", v.verify(&rq).unwrap_err())
+    }
+
     #[test]
     fn child_dies_error_names_ids() {
         let cmd = format!(
             r#"IFS= read -r line; {ID}; printf '{{"id":%s,"correct":true}}\n' "$id"; exit 3"#
         );
-        let mut v = ExternalVerifier::spawn(&cmd, Duration::from_secs(20)).unwrap();
-        let rq = reqs(&serde_json::json!("Paris"), &["a", "b", "c"]);
-        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+        let err = verify_error(&cmd, Duration::from_secs(20), &["a", "b", "c"]);
         assert!(err.contains("request id 10 (sample_id p1/a0)"), "{err}");
         assert!(err.contains("last id answered: 0"), "{err}");
         assert!(err.contains("exit status: 3"), "{err}");
@@ -454,14 +459,12 @@ mod tests {
 
     #[test]
     fn timeout_kills_and_names_the_request() {
-        let mut v = ExternalVerifier::spawn(
+        let t = Instant::now();
+        let err = verify_error(
             "IFS= read -r line; exec sleep 30",
             Duration::from_millis(300),
-        )
-        .unwrap();
-        let rq = reqs(&serde_json::json!("Paris"), &["a"]);
-        let t = Instant::now();
-        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+            &["a"],
+        );
         assert!(t.elapsed() < Duration::from_secs(10));
         assert!(err.contains("no reply within 0.3s"), "{err}");
         assert!(err.contains("request id 0 (sample_id p0/a0)"), "{err}");
@@ -469,13 +472,11 @@ mod tests {
 
     #[test]
     fn garbage_on_stdout_is_an_error() {
-        let mut v = ExternalVerifier::spawn(
+        let err = verify_error(
             "IFS= read -r line; echo hello; exec sleep 5",
             Duration::from_secs(20),
-        )
-        .unwrap();
-        let rq = reqs(&serde_json::json!("Paris"), &["a"]);
-        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+            &["a"],
+        );
         assert!(err.contains("not a reply"), "{err}");
         assert!(err.contains("hello"), "{err}");
     }
@@ -498,13 +499,11 @@ mod tests {
                 .1,
             Answered::Failed("ValueError: x".into())
         );
-        let mut v = ExternalVerifier::spawn(
+        let err = verify_error(
             r#"IFS= read -r line; echo '{"id": 999, "correct": true}'; exec sleep 5"#,
             Duration::from_secs(20),
-        )
-        .unwrap();
-        let rq = reqs(&serde_json::json!("Paris"), &["a"]);
-        let err = format!("{:#}", v.verify(&rq).unwrap_err());
+            &["a"],
+        );
         assert!(err.contains("id 999"), "{err}");
     }
 

@@ -461,6 +461,18 @@ mod tests {
         Two { a, b }
     }
 
+    /// The test model and a default AdamW after `steps` steps at learning rate `lr` (no
+    /// clipping).
+    fn trained(d: &Device, steps: usize, lr: f64) -> (Two, AdamW) {
+        let mut m = model(d);
+        let mut opt = AdamW::new(AdamWConfig::default());
+        for _ in 0..steps {
+            let g = GradientsParams::from_grads(loss(&m, d).backward(), &m);
+            m = opt.step(m, g, lr, 1.0);
+        }
+        (m, opt)
+    }
+
     fn loss(m: &Two, d: &Device) -> Tensor<1> {
         let x = Tensor::<2>::from_data(
             TensorData::new(vec![1.0f32, 2.0, -1.0, 0.5, -0.5, 2.0], [2, 3]),
@@ -581,10 +593,7 @@ mod tests {
         let d = Device::flex().autodiff();
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join(STATE_FILE);
-        let mut m = model(&d);
-        let mut opt = AdamW::new(AdamWConfig::default());
-        let g = GradientsParams::from_grads(loss(&m, &d).backward(), &m);
-        m = opt.step(m, g, 0.05, 1.0);
+        let (m, mut opt) = trained(&d, 1, 0.05);
         opt.save(&path).expect("save");
         let mut opt2 = AdamW::load(&path, AdamWConfig::default(), &Device::flex()).expect("load");
         assert_eq!(opt2.step, 1);
@@ -606,10 +615,7 @@ mod tests {
     fn saved_state_is_byte_identical() {
         let d = Device::flex().autodiff();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut m = model(&d);
-        let mut opt = AdamW::new(AdamWConfig::default());
-        let g = GradientsParams::from_grads(loss(&m, &d).backward(), &m);
-        m = opt.step(m, g, 0.05, 1.0);
+        let (m, opt) = trained(&d, 1, 0.05);
         drop(m);
         let mut files = Vec::new();
         for k in 0..8 {
@@ -643,12 +649,7 @@ mod tests {
     fn saved_state_equals_the_safetensors_crate_image() {
         let d = Device::flex().autodiff();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut m = model(&d);
-        let mut opt = AdamW::new(AdamWConfig::default());
-        for _ in 0..2 {
-            let g = GradientsParams::from_grads(loss(&m, &d).backward(), &m);
-            m = opt.step(m, g, 0.05, 1.0);
-        }
+        let (_, opt) = trained(&d, 2, 0.05);
         let p = dir.path().join("s.safetensors");
         opt.save(&p).expect("save");
         let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -726,10 +727,7 @@ mod tests {
     #[test]
     fn state_that_does_not_fit_is_an_error() {
         let d = Device::flex().autodiff();
-        let m = model(&d);
-        let mut opt = AdamW::new(AdamWConfig::default());
-        let g = GradientsParams::from_grads(loss(&m, &d).backward(), &m);
-        let _ = opt.step(m, g, 0.1, 1.0);
+        let (_, opt) = trained(&d, 1, 0.1);
         let other = Two {
             a: LinearConfig::new(4, 2).init(&d),
             b: LinearConfig::new(2, 1).init(&d),
