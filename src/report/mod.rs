@@ -236,6 +236,16 @@ pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
         name: name.to_string(),
         values: reports.iter().map(|r| f(&r.overall)).collect(),
     };
+    // A figure of both turns: the answers' beside the confidences'.
+    let per_turn = |title: &str, y_label: &str, f: fn(&TurnStats) -> Option<f64>| plot::LinePanel {
+        title: title.into(),
+        y_label: y_label.into(),
+        y_range: None,
+        series: vec![
+            s("answers", &|m| f(&m.answer_turn)),
+            s("confidences", &|m| f(&m.confidence_turn)),
+        ],
+    };
     let held_in: Vec<plot::Series> = held_in_names(reports)
         .into_iter()
         .map(|n| plot::Series {
@@ -282,24 +292,8 @@ pub fn iteration_figure(reports: &[Report]) -> plot::LineCharts {
                     }),
                 ],
             },
-            plot::LinePanel {
-                title: "Mean reward".into(),
-                y_label: "reward".into(),
-                y_range: None,
-                series: vec![
-                    s("answers", &|m| m.answer_turn.reward_mean),
-                    s("confidences", &|m| m.confidence_turn.reward_mean),
-                ],
-            },
-            plot::LinePanel {
-                title: "Mean response length".into(),
-                y_label: "tokens".into(),
-                y_range: None,
-                series: vec![
-                    s("answers", &|m| m.answer_turn.length_mean),
-                    s("confidences", &|m| m.confidence_turn.length_mean),
-                ],
-            },
+            per_turn("Mean reward", "reward", |t| t.reward_mean),
+            per_turn("Mean response length", "tokens", |t| t.length_mean),
         ],
     }
 }
