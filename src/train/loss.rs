@@ -206,37 +206,20 @@ pub fn agg_weights(mask: &[Vec<bool>], mode: LossAgg, l_max: usize) -> Vec<Vec<f
         .collect();
     let total: usize = counts.iter().sum();
     let valid_rows = counts.iter().filter(|&&c| c > 0).count();
+    // The weight `w`, or 0 when `empty`: a row (or batch) without learnable tokens.
+    let unless = |empty: bool, w: f64| if empty { 0.0 } else { w };
     mask.iter()
         .zip(&counts)
         .map(|(row, &cnt)| {
             let w = match mode {
-                LossAgg::TokenMean => {
-                    if total == 0 {
-                        0.0
-                    } else {
-                        1.0 / total as f64
-                    }
-                }
-                LossAgg::SeqMeanTokenMean => {
-                    if cnt == 0 {
-                        0.0
-                    } else {
-                        1.0 / (cnt as f64 + SEQ_MEAN_EPS) / valid_rows as f64
-                    }
-                }
-                LossAgg::SeqMeanTokenSum => {
-                    if cnt == 0 {
-                        0.0
-                    } else {
-                        1.0 / valid_rows as f64
-                    }
-                }
+                LossAgg::TokenMean => unless(total == 0, 1.0 / total as f64),
+                LossAgg::SeqMeanTokenMean => unless(
+                    cnt == 0,
+                    1.0 / (cnt as f64 + SEQ_MEAN_EPS) / valid_rows as f64,
+                ),
+                LossAgg::SeqMeanTokenSum => unless(cnt == 0, 1.0 / valid_rows as f64),
                 LossAgg::SeqMeanTokenSumNorm => {
-                    if n == 0 || l_max == 0 {
-                        0.0
-                    } else {
-                        1.0 / (n as f64 * l_max as f64)
-                    }
+                    unless(n == 0 || l_max == 0, 1.0 / (n as f64 * l_max as f64))
                 }
             };
             row.iter().map(|&m| if m { w } else { 0.0 }).collect()
