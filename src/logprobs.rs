@@ -232,10 +232,7 @@ pub(crate) fn token_ids(
     col: &str,
     vocab: usize,
 ) -> Result<Vec<u32>> {
-    if v.is_null(i) {
-        bail!("{}: null", at(col));
-    }
-    v.values.values()[v.range(i)]
+    v.values.values()[v.present(i, || at(col))?]
         .iter()
         .enumerate()
         .map(|(k, &x)| match u32::try_from(x) {

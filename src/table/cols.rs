@@ -338,6 +338,14 @@ impl<'a, T: ?Sized> ListView<'a, T> {
     pub fn is_null(&self, i: usize) -> bool {
         self.list.is_null(i)
     }
+    /// The value range of row `i`; a null row is the error `{at()}: null` (`at` names the file,
+    /// row and column).
+    pub fn present(&self, i: usize, at: impl FnOnce() -> String) -> Result<std::ops::Range<usize>> {
+        if self.is_null(i) {
+            bail!("{}: null", at());
+        }
+        Ok(self.range(i))
+    }
 }
 
 fn list_values<'a, T: 'static>(

@@ -257,10 +257,7 @@ fn floats(
     col: &str,
     len: usize,
 ) -> Result<Vec<f32>> {
-    if v.is_null(i) {
-        bail!("{}: null", at(col));
-    }
-    let x = &v.values.values()[v.range(i)];
+    let x = &v.values.values()[v.present(i, || at(col))?];
     ensure!(
         x.len() == len,
         "{}: {} values for a response of {len} tokens",
@@ -320,10 +317,7 @@ pub fn read_critic_rows(path: &Path, vocab: usize, max_pos: usize) -> Result<Vec
             }
             let returns = floats(&ret, i, &at, "returns", n)?;
             let old_values = floats(&val, i, &at, "values", n)?;
-            if mask.is_null(i) {
-                bail!("{}: null", at("loss_mask"));
-            }
-            let r = mask.range(i);
+            let r = mask.present(i, || at("loss_mask"))?;
             ensure!(
                 r.len() == n,
                 "{}: {} flags for a response of {n} tokens",
