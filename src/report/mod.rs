@@ -37,7 +37,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use arrow::array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
 use serde::Serialize;
 
 pub use data::{MissingConfidence, RowText, Rows, SampleType};
@@ -342,43 +341,34 @@ pub fn calibration_batch(reports: &[Report]) -> Result<RecordBatch> {
         .iter()
         .flat_map(|r| r.reliability.iter().map(move |b| (r.iteration, r, b)))
         .collect();
-    let schema = Schema::new(vec![
-        Field::new("iteration", DataType::Int32, false),
-        Field::new("input", DataType::Utf8, false),
-        Field::new("bin", DataType::Int32, false),
-        Field::new("lower", DataType::Float64, false),
-        Field::new("upper", DataType::Float64, false),
-        Field::new("count", DataType::Int64, false),
-        Field::new("mean_confidence", DataType::Float64, true),
-        Field::new("accuracy", DataType::Float64, true),
-        Field::new("gap", DataType::Float64, true),
-    ]);
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(Int32Array::from_iter_values(
-            rows.iter().map(|r| r.0 as i32),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            rows.iter().map(|r| r.1.input.as_str()),
-        )),
-        Arc::new(Int32Array::from_iter_values(
-            rows.iter().map(|r| r.2.index as i32),
-        )),
-        Arc::new(Float64Array::from_iter_values(
-            rows.iter().map(|r| r.2.lower),
-        )),
-        Arc::new(Float64Array::from_iter_values(
-            rows.iter().map(|r| r.2.upper),
-        )),
-        Arc::new(Int64Array::from_iter_values(
-            rows.iter().map(|r| r.2.count as i64),
-        )),
-        Arc::new(Float64Array::from_iter(
-            rows.iter().map(|r| r.2.mean_confidence),
-        )),
-        Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.2.accuracy))),
-        Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.2.gap()))),
+    let ints = |f: fn(&(u64, &Report, &Bin)) -> i32| -> ArrayRef {
+        Arc::new(Int32Array::from_iter_values(rows.iter().map(f)))
+    };
+    let floats = |f: fn(&Bin) -> f64| -> ArrayRef {
+        Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| f(r.2))))
+    };
+    let opt_floats = |f: fn(&Bin) -> Option<f64>| -> ArrayRef {
+        Arc::new(Float64Array::from_iter(rows.iter().map(|r| f(r.2))))
+    };
+    let input: ArrayRef = Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| r.1.input.as_str()),
+    ));
+    let count: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        rows.iter().map(|r| r.2.count as i64),
+    ));
+    // (name, values, nullable); the schema takes each column's type from its values.
+    let columns = [
+        ("iteration", ints(|r| r.0 as i32), false),
+        ("input", input, false),
+        ("bin", ints(|r| r.2.index as i32), false),
+        ("lower", floats(|b| b.lower), false),
+        ("upper", floats(|b| b.upper), false),
+        ("count", count, false),
+        ("mean_confidence", opt_floats(|b| b.mean_confidence), true),
+        ("accuracy", opt_floats(|b| b.accuracy), true),
+        ("gap", opt_floats(Bin::gap), true),
     ];
-    RecordBatch::try_new(Arc::new(schema), cols).context("building the calibration table")
+    RecordBatch::try_from_iter_with_nullable(columns).context("building the calibration table")
 }
 
 /// Write everything but `calibration.parquet` into `dir` (created if needed): `metrics.json`,
