@@ -251,7 +251,11 @@ REF_KL ?= 1
 # the trainer's log-prob| on the first update batch, before any step) is above it
 # (`update --max-mismatch`); empty = reported only. rlcr's CPU rollouts in f32 stay below 1e-4.
 MAX_MISMATCH ?=
-UPDATE_DIAG_FLAGS = $(if $(filter-out gae,$(ESTIMATOR)),$(if $(or $(filter 1,$(REF_KL)),$(filter-out 0,$(KL_COEF))),--ref-model $(START))) \
+# TURN_GRADS=1 (default): every update also reports the answer and confidence turns' parts of its
+# first batch's gradient (`update --turn-grad-norms`: one more pass over that batch's confidence
+# rows, none when they have no advantage); 0 = off.
+TURN_GRADS ?= 1
+UPDATE_DIAG_FLAGS = $(if $(filter 1,$(TURN_GRADS)),--turn-grad-norms) $(if $(filter-out gae,$(ESTIMATOR)),$(if $(or $(filter 1,$(REF_KL)),$(filter-out 0,$(KL_COEF))),--ref-model $(START))) \
   $(if $(filter-out 0,$(KL_COEF)),--kl-coef $(KL_COEF)) $(if $(MAX_MISMATCH),--max-mismatch $(MAX_MISMATCH))
 # CONF_TURN=0: no confidence turn in the loop (the trajectory is the answers alone): RLVR with its
 # confidence never sampled, rather than sampled and left untrained (LAMBDA_CONF=0). Evaluations
@@ -640,7 +644,7 @@ arm_make = $(MAKE) -f $(ROOT)/scripts/rl.mk RUNS=$(DIR) RUN=$(1) SFT=0 MODEL=$(a
   VERIFIER=$(VERIFIER) SCORE_FLAGS="$(SCORE_FLAGS)" KEEP_CHECKPOINTS=$(KEEP_CHECKPOINTS) \
   LORA_RANK=$(LORA_RANK) LORA_ALPHA=$(LORA_ALPHA) LORA_DROPOUT=$(LORA_DROPOUT) \
   LORA_TARGET=$(LORA_TARGET) LORA_LR=$(LORA_LR) KL_COEF=$(KL_COEF) REF_KL=$(REF_KL) \
-  MAX_MISMATCH=$(MAX_MISMATCH) HELDIN=$(HELDIN) HELDIN_G_A=$(HELDIN_G_A) HELDIN_SEED=$(HELDIN_SEED) \
+  MAX_MISMATCH=$(MAX_MISMATCH) TURN_GRADS=$(TURN_GRADS) HELDIN=$(HELDIN) HELDIN_G_A=$(HELDIN_G_A) HELDIN_SEED=$(HELDIN_SEED) \
   FILTER_G=$(FILTER_G) FILTER_POOL=$(FILTER_POOL) FILTER_SEED=$(FILTER_SEED) \
   FILTER_KEEP_DECIDED=$(FILTER_KEEP_DECIDED) FILTER_DIR=$(abspath $(POOL))
 # With the pass-rate filter, the pool is judged once here (the arms' sub-makes find it done).

@@ -36,7 +36,11 @@ the trainer's log-prob| over its learnable tokens, `mismatch/logp_max`, `mismatc
 of the ratio's deviation |exp(Δ) − 1|, `mismatch/ratio_max`, `mismatch/ratio_mean`; --max-mismatch
 refuses a table above a limit); the KL of the behaviour policy to the reference (k3, verl's
 low_var_kl, over every learnable token: `ref_kl`) when --ref-model or a ref_logprobs column gives
-reference log-probs; and each step's mean response length of answer and confidence rows.
+reference log-probs; each step's mean response length of answer and confidence rows; with
+--turn-grad-norms, the first update batch's gradient split by turn (`grad/answer_norm`,
+`grad/confidence_norm`, `grad/turn_cosine`): with Adam each step moves a weight by about the
+learning rate along the sum of the two, so a confidence turn whose part is a small fraction of the
+answers' learns little, and a negative cosine means the turns pull the shared weights apart.
 
 Costs: one forward and backward pass per row per epoch, activations of one micro-batch at a time.
 rlcr's samplers record response_logprobs at temperature 1, which is what update compares against by
@@ -113,6 +117,11 @@ pub struct Args {
     /// reported either way; rlcr's own rollouts on the CPU in f32 stay below 1e-4.
     #[arg(long, value_name = "NATS")]
     pub max_mismatch: Option<f64>,
+    /// Split the first update batch's gradient into its answer rows' and confidence rows' parts
+    /// and report their norms and cosine (one more forward and backward pass over the first
+    /// batch's confidence rows; the training is unchanged).
+    #[arg(long)]
+    pub turn_grad_norms: bool,
     #[command(flatten)]
     pub optim: OptimArgs,
     #[command(flatten)]
@@ -149,12 +158,15 @@ fn plan(g: &Global, a: &Args) -> Result<UpdatePlan> {
     let lora = a.lora.resolve(&a.model)?;
     let o = &a.optim;
     let train = o.train_config(objective, a.lr, a.mini_batches, a.temperature, g.seed)?;
-    let guards = Guards::new(a.max_mismatch)?;
+    let guards = Guards::new(a.max_mismatch, a.turn_grad_norms)?;
     let mut job = o.job(g, &a.model, lora, &a.input, &a.out, a.lr, train);
     job.config["ref_model"] = json!(a.ref_model);
     job.config["recompute_old_logprobs"] = json!(a.recompute_old_logprobs);
     if let Some(m) = a.max_mismatch {
         job.config["max_mismatch"] = json!(m);
+    }
+    if a.turn_grad_norms {
+        job.config["turn_grad_norms"] = json!(true);
     }
     Ok(UpdatePlan {
         job,

@@ -288,14 +288,39 @@ fn update_section(out: &mut String, calls: &[CallDiagnostics]) {
          trainer agree), the mean approximate KL to the behaviour policy and the mean response \
          lengths over the call's steps.\n"
     );
-    let _ = writeln!(
-        out,
-        "| call | first step | steps | KL to ref. | max abs Δ logp | mean abs Δ logp | max abs(r − 1) | mean abs(r − 1) | approx. KL | len. answers | len. conf. |\n|---|---|---|---|---|---|---|---|---|---|---|"
-    );
-    for c in calls {
+    // The turns' gradients only when measured (`update --turn-grad-norms`).
+    let turns = calls.iter().any(|c| c.grad_answer_norm.is_some());
+    if turns {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "`grad answers` and `grad conf.` are the norms of the answer rows' and the confidence \
+             rows' parts of the first update batch's gradient, `cos` the cosine between them \
+             (below 0: the turns pull the shared weights apart).\n"
+        );
+    }
+    let (head, rule) = if turns {
+        (" grad answers | grad conf. | cos |", "---|---|---|")
+    } else {
+        ("", "")
+    };
+    let _ = writeln!(
+        out,
+        "| call | first step | steps | KL to ref. | max abs Δ logp | mean abs Δ logp | max abs(r − 1) | mean abs(r − 1) | approx. KL | len. answers | len. conf. |{head}\n|---|---|---|---|---|---|---|---|---|---|---|{rule}"
+    );
+    for c in calls {
+        let tail = if turns {
+            format!(
+                " {} | {} | {} |",
+                fmt_opt(c.grad_answer_norm, 4),
+                fmt_opt(c.grad_confidence_norm, 4),
+                fmt_opt(c.grad_turn_cosine, 3)
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |{tail}",
             c.call,
             c.first_step,
             c.steps,

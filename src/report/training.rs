@@ -52,6 +52,11 @@ pub struct CallDiagnostics {
     /// max and mean |exp(Δ) − 1|.
     pub mismatch_ratio_max: Option<f64>,
     pub mismatch_ratio_mean: Option<f64>,
+    /// The first update batch's gradient split by turn (`update --turn-grad-norms`): the answer
+    /// rows' and the confidence rows' norms and the cosine between the two.
+    pub grad_answer_norm: Option<f64>,
+    pub grad_confidence_norm: Option<f64>,
+    pub grad_turn_cosine: Option<f64>,
     /// Mean response length of answer and confidence rows over the call's steps.
     pub response_length: Option<f64>,
     pub confidence_length: Option<f64>,
@@ -83,6 +88,9 @@ pub fn per_call(c: &TrainingCurves) -> Vec<CallDiagnostics> {
             mismatch_logp_mean: first_of("mismatch/logp_mean"),
             mismatch_ratio_max: first_of("mismatch/ratio_max"),
             mismatch_ratio_mean: first_of("mismatch/ratio_mean"),
+            grad_answer_norm: first_of("grad/answer_norm"),
+            grad_confidence_norm: first_of("grad/confidence_norm"),
+            grad_turn_cosine: first_of("grad/turn_cosine"),
             response_length: mean_of("response_length"),
             confidence_length: mean_of("confidence_length"),
             approx_kl: mean_of("approx_kl"),
@@ -195,6 +203,12 @@ pub fn figure(c: &TrainingCurves) -> plot::LineCharts {
         y_range,
         series,
     };
+    // The turns' parts of the first batch's gradient only when measured (`--turn-grad-norms`).
+    let mut grad_series = vec![s("grad norm", "grad_norm")];
+    if c.series.contains_key("grad/answer_norm") {
+        grad_series.push(s("answers' part (first batch)", "grad/answer_norm"));
+        grad_series.push(s("confidences' part (first batch)", "grad/confidence_norm"));
+    }
     let stage = if c.stages.is_empty() {
         String::new()
     } else {
@@ -242,12 +256,7 @@ pub fn figure(c: &TrainingCurves) -> plot::LineCharts {
                     s("confidence rows", "confidence_entropy"),
                 ],
             ),
-            panel(
-                "Gradient norm",
-                "norm before clipping",
-                None,
-                vec![s("grad norm", "grad_norm")],
-            ),
+            panel("Gradient norm", "norm before clipping", None, grad_series),
             panel("Learning rate", "lr", None, vec![s("lr", "lr")]),
             panel(
                 "Rollout/trainer mismatch (before the first step)",
@@ -307,7 +316,7 @@ mod tests {
     fn diagnostics_per_call() {
         let text = r#"{"step":1,"epoch":0,"mini_batch":0,"approx_kl":0.0,"response_length":10.0,"ref_kl":0.0,"mismatch/logp_max":2e-6,"mismatch/logp_mean":1e-7,"mismatch/ratio_max":2e-6,"mismatch/ratio_mean":1e-7,"skipped":false}
 {"step":2,"epoch":0,"mini_batch":1,"approx_kl":0.02,"response_length":14.0,"skipped":false}
-{"step":3,"epoch":0,"mini_batch":0,"approx_kl":0.01,"response_length":20.0,"confidence_length":6.0,"ref_kl":0.004,"mismatch/logp_max":3e-6,"mismatch/logp_mean":2e-7,"mismatch/ratio_max":3e-6,"mismatch/ratio_mean":2e-7,"skipped":false}
+{"step":3,"epoch":0,"mini_batch":0,"approx_kl":0.01,"response_length":20.0,"confidence_length":6.0,"ref_kl":0.004,"mismatch/logp_max":3e-6,"mismatch/logp_mean":2e-7,"mismatch/ratio_max":3e-6,"mismatch/ratio_mean":2e-7,"grad/answer_norm":0.3,"grad/confidence_norm":0.05,"grad/turn_cosine":-0.2,"skipped":false}
 {"step":3,"epoch":0,"mini_batch":1,"skipped":true}
 {"step":4,"epoch":1,"mini_batch":0,"approx_kl":0.03,"response_length":22.0,"confidence_length":8.0,"skipped":false}
 "#;
@@ -324,6 +333,34 @@ mod tests {
         assert_eq!((d[1].call, d[1].first_step, d[1].steps), (2, 3, 2));
         assert_eq!(d[1].ref_kl, Some(0.004));
         assert_eq!(d[1].mismatch_ratio_mean, Some(2e-7));
+        assert_eq!(
+            (
+                d[0].grad_answer_norm,
+                d[0].grad_confidence_norm,
+                d[0].grad_turn_cosine
+            ),
+            (None, None, None)
+        );
+        assert_eq!(
+            (
+                d[1].grad_answer_norm,
+                d[1].grad_confidence_norm,
+                d[1].grad_turn_cosine
+            ),
+            (Some(0.3), Some(0.05), Some(-0.2))
+        );
+        // The gradient panel draws the turns' parts only where they were measured.
+        let grad_panel = |c: &TrainingCurves| {
+            let f = figure(c);
+            let p = f
+                .panels
+                .iter()
+                .find(|p| p.title == "Gradient norm")
+                .cloned();
+            p.map(|p| p.series.len())
+        };
+        assert_eq!(grad_panel(&c), Some(3));
+        assert_eq!(grad_panel(&parse(LINES, "m.jsonl").unwrap()), Some(1));
         assert_eq!(d[1].response_length, Some(21.0));
         assert_eq!(d[1].confidence_length, Some(7.0));
         assert!((d[1].approx_kl.unwrap() - 0.02).abs() < 1e-15);

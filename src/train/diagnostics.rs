@@ -19,6 +19,12 @@
 //!   start. It needs no forward pass of the policy (only the reference log-probs).
 //! - **Response length** ([`mean_lengths`]): mean tokens of the answer rows and of the confidence
 //!   rows of an update batch.
+//! - **The turns' gradients** ([`TurnGrads`], `update --turn-grad-norms`): the first update
+//!   batch's gradient is the answer rows' part plus the confidence rows' part (the loss is a sum
+//!   over rows with fixed aggregation weights); their norms and the cosine between them say which
+//!   turn moves the shared weights and whether the two pull against each other. A confidence
+//!   turn whose part is a small fraction of the answers' learns little: Adam's step is about the
+//!   learning rate per weight, spent along the sum.
 use anyhow::{bail, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -128,6 +134,44 @@ fn nan_max(a: f64, b: f64) -> f64 {
     }
 }
 
+/// The first update batch's gradient `g` split by turn: `g = g_a + g_c`, `g_c` the gradient of
+/// the confidence rows' terms alone and `g_a` the answer rows'. From `‖g‖²`, `⟨g, g_c⟩` and
+/// `‖g_c‖²` (one extra pass over the confidence rows):
+/// `‖g_a‖² = ‖g‖² − 2⟨g, g_c⟩ + ‖g_c‖²` (held at 0 or above against rounding) and
+/// `cos(g_a, g_c) = (⟨g, g_c⟩ − ‖g_c‖²) / (‖g_a‖ ‖g_c‖)`, undefined when either part is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TurnGrads {
+    /// ‖g_a‖: the answer rows' part.
+    #[serde(rename = "grad/answer_norm")]
+    pub answer_norm: f64,
+    /// ‖g_c‖: the confidence rows' part.
+    #[serde(rename = "grad/confidence_norm")]
+    pub confidence_norm: f64,
+    /// cos(g_a, g_c), below 0 when the turns pull the shared weights apart; `None` when either
+    /// part is 0.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "grad/turn_cosine"
+    )]
+    pub cosine: Option<f64>,
+}
+
+impl TurnGrads {
+    /// The split from `‖g‖²`, `⟨g, g_c⟩` and `‖g_c‖²` (formulas above).
+    pub fn from_products(full_sq: f64, dot: f64, conf_sq: f64) -> TurnGrads {
+        let answer_sq = (full_sq - 2.0 * dot + conf_sq).max(0.0);
+        let (answer_norm, confidence_norm) = (answer_sq.sqrt(), conf_sq.max(0.0).sqrt());
+        let cosine = (answer_norm > 0.0 && confidence_norm > 0.0)
+            .then(|| ((dot - conf_sq) / (answer_norm * confidence_norm)).clamp(-1.0, 1.0));
+        TurnGrads {
+            answer_norm,
+            confidence_norm,
+            cosine,
+        }
+    }
+}
+
 /// The diagnostics of one optimizer step, flattened into its metrics line
 /// ([`super::trainer::StepMetrics`]); each key is absent when not measured. TensorBoard groups
 /// the `mismatch/…` tags in a section of their own.
@@ -170,14 +214,20 @@ pub struct StepDiagnostics {
         rename = "mismatch/ratio_mean"
     )]
     pub mismatch_ratio_mean: Option<f64>,
+    /// The first batch's gradient split by turn (`grad/answer_norm`, `grad/confidence_norm`,
+    /// `grad/turn_cosine`); first step of a call only, when asked for.
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<TurnGrads>,
 }
 
 impl StepDiagnostics {
-    /// The figures of one update batch: its lengths, and the call's KL and mismatch when given.
+    /// The figures of one update batch: its lengths, and the call's KL, mismatch and turn
+    /// gradients when given.
     pub fn of<'a>(
         batch: impl IntoIterator<Item = &'a TrainRow>,
         ref_kl: Option<f64>,
         mismatch: Option<&Mismatch>,
+        turns: Option<&TurnGrads>,
     ) -> StepDiagnostics {
         let (response_length, confidence_length) = mean_lengths(batch);
         StepDiagnostics {
@@ -188,6 +238,7 @@ impl StepDiagnostics {
             mismatch_logp_mean: mismatch.map(Mismatch::logp_mean),
             mismatch_ratio_max: mismatch.map(|m| m.ratio_max),
             mismatch_ratio_mean: mismatch.map(Mismatch::ratio_mean),
+            turns: turns.copied(),
         }
     }
 }
@@ -229,22 +280,30 @@ pub fn mean_lengths<'a>(
     (mean(a, na), mean(c, nc))
 }
 
-/// Checks that stop a call before its first optimizer step.
+/// What the first update batch of a call is checked and measured for: checks that stop the call
+/// before its first optimizer step, and measurements that cost a pass of their own.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Guards {
     /// Largest rollout/trainer log-prob gap accepted on the first update batch
     /// ([`Mismatch::exceeds`]); `None`: measured and reported only.
     pub max_mismatch: Option<f64>,
+    /// Split the first batch's gradient by turn ([`TurnGrads`]): one more forward and backward
+    /// pass over its confidence rows.
+    pub turn_grad_norms: bool,
 }
 
 impl Guards {
-    /// The guards of a `--max-mismatch` limit (a number ≥ 0; anything else is a usage error).
-    pub fn new(max_mismatch: Option<f64>) -> anyhow::Result<Guards> {
+    /// The guards of a `--max-mismatch` limit (a number ≥ 0; anything else is a usage error)
+    /// and of `--turn-grad-norms`.
+    pub fn new(max_mismatch: Option<f64>, turn_grad_norms: bool) -> anyhow::Result<Guards> {
         match max_mismatch {
             Some(m) if m.is_nan() || m < 0.0 => Err(crate::usage::usage(format!(
                 "--max-mismatch must be a number >= 0, got {m}"
             ))),
-            max_mismatch => Ok(Guards { max_mismatch }),
+            max_mismatch => Ok(Guards {
+                max_mismatch,
+                turn_grad_norms,
+            }),
         }
     }
 }
@@ -383,6 +442,7 @@ mod tests {
         cfg.mini_batches = 2;
         let strict = Guards {
             max_mismatch: Some(1e-4),
+            ..Guards::default()
         };
         let mut opt = AdamW::new(AdamWConfig::default());
         let (_, steps) = train_guarded(
@@ -447,6 +507,7 @@ mod tests {
         let mut opt = AdamW::new(AdamWConfig::default());
         let guard = Guards {
             max_mismatch: Some(1e-3),
+            ..Guards::default()
         };
         let e = train_guarded(m.transformer.clone(), &mut opt, &rows, &cfg, &guard, |_| {
             Ok(())
@@ -499,5 +560,132 @@ mod tests {
         assert_eq!(mean_lengths(&rows), (Some(5.0), Some(3.0)));
         assert_eq!(mean_lengths(&rows[..2]), (Some(5.0), None));
         assert_eq!(mean_lengths(&[]), (None, None));
+    }
+
+    /// By hand: g = (3, 4), g_c = (1, 0), so g_a = (2, 4): ‖g‖² = 25, ⟨g, g_c⟩ = 3, ‖g_c‖² = 1,
+    /// ‖g_a‖ = √20 = 4.472135955, cos(g_a, g_c) = 2 / √20 = 0.4472135955. Opposed parts
+    /// g_a = (−1, 0), g_c = (2, 0): g = (1, 0), cosine −1. No confidence part: no cosine.
+    #[test]
+    fn turn_grads_by_hand() {
+        let t = TurnGrads::from_products(25.0, 3.0, 1.0);
+        assert!((t.answer_norm - 4.472_135_955).abs() < 1e-9, "{t:?}");
+        assert!((t.confidence_norm - 1.0).abs() < 1e-12);
+        assert!((t.cosine.expect("both parts") - 0.447_213_595_5).abs() < 1e-9);
+        let t = TurnGrads::from_products(1.0, 2.0, 4.0);
+        assert!((t.answer_norm - 1.0).abs() < 1e-12 && (t.confidence_norm - 2.0).abs() < 1e-12);
+        assert!((t.cosine.expect("both parts") + 1.0).abs() < 1e-12);
+        let t = TurnGrads::from_products(9.0, 0.0, 0.0);
+        assert_eq!(
+            (t.answer_norm, t.confidence_norm, t.cosine),
+            (3.0, 0.0, None)
+        );
+        // Rounding that would make ‖g_a‖² negative is held at 0.
+        let t = TurnGrads::from_products(4.0, 4.0 + 1e-12, 4.0);
+        assert_eq!((t.answer_norm, t.cosine), (0.0, None));
+    }
+
+    /// The split the trainer reports equals each turn measured alone on the tiny model: the
+    /// gradient of the table with the confidence rows' advantages set to 0 (the answers' part)
+    /// and with the answers' set to 0 (the confidences' part), norms and cosine computed on the
+    /// host in f64. The measurement leaves the training as it was (every step's loss and
+    /// gradient norm the same bits), and with the confidence rows inert (RLVR's) it reports a
+    /// zero confidence part and no cosine.
+    #[test]
+    fn turn_grad_norms_equal_each_turn_alone() {
+        use crate::train::loss::LossAgg;
+        use crate::train::optim::{AdamW, AdamWConfig};
+        use crate::train::trainer::tests::{config, rows, tiny};
+        use crate::train::trainer::{batch_gradients, train_guarded, Objective, StepMetrics};
+        let m = tiny();
+        let rows = rows(&m.transformer, 12, 21, 0.0);
+        let mut cfg = config(LossAgg::TokenMean, 2);
+        // Two update batches of 6 rows (rows 2 and 5 of the first are confidence rows).
+        cfg.mini_batches = 2;
+        // No KL or entropy term: a row whose advantages are all 0 then has no gradient at all.
+        if let Objective::Policy {
+            kl_coef,
+            entropy_coef,
+            conf_entropy_coef,
+            ..
+        } = &mut cfg.objective
+        {
+            (*kl_coef, *entropy_coef, *conf_entropy_coef) = (0.0, 0.0, 0.0);
+        }
+        let on = Guards {
+            turn_grad_norms: true,
+            ..Guards::default()
+        };
+        let train = |rows: &[TrainRow], g: &Guards| {
+            let mut opt = AdamW::new(AdamWConfig::default());
+            train_guarded(m.transformer.clone(), &mut opt, rows, &cfg, g, |_| Ok(()))
+                .expect("train")
+                .1
+        };
+        let steps = train(&rows, &on);
+        let d = &steps[0].diag;
+        let zeroed = |confidence: bool| -> Vec<f64> {
+            let kept: Vec<TrainRow> = rows[..6]
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    if r.is_confidence != confidence {
+                        r.adv.iter_mut().for_each(|a| *a = 0.0);
+                    }
+                    r
+                })
+                .collect();
+            let refs: Vec<&TrainRow> = kept.iter().collect();
+            let (g, _) = batch_gradients(&m.transformer, &refs, &cfg).expect("grads");
+            grads_to_host(&m.transformer, &g)
+                .into_iter()
+                .flat_map(|(_, v)| v)
+                .map(f64::from)
+                .collect()
+        };
+        let (ga, gc) = (zeroed(false), zeroed(true));
+        let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let (na, nc) = (norm(&ga), norm(&gc));
+        let cos = ga.iter().zip(&gc).map(|(a, c)| a * c).sum::<f64>() / (na * nc);
+        let t = d.turns.expect("measured");
+        let (ra, rc, rcos) = (
+            t.answer_norm,
+            t.confidence_norm,
+            t.cosine.expect("both parts"),
+        );
+        eprintln!("turns: answers {ra} ({na}), confidences {rc} ({nc}), cosine {rcos} ({cos})");
+        assert!(na > 0.0 && nc > 0.0);
+        assert!((ra - na).abs() <= 1e-4 * na, "{ra} vs {na}");
+        assert!((rc - nc).abs() <= 1e-4 * nc, "{rc} vs {nc}");
+        assert!((rcos - cos).abs() <= 1e-3, "{rcos} vs {cos}");
+        // The training is the same with the measurement off.
+        let plain = train(&rows, &Guards::default());
+        assert_eq!(plain.len(), steps.len());
+        for (a, b) in plain.iter().zip(&steps) {
+            let bits = |m: &StepMetrics| (m.loss.to_bits(), m.grad_norm.to_bits());
+            assert_eq!(bits(a), bits(b));
+        }
+        assert!(plain[0].diag.turns.is_none());
+        // In the metrics line under the keys TensorBoard and the report read.
+        let line = crate::train::checkpoint::metrics_value("update", &steps[0]).expect("json");
+        assert_eq!(line["grad/answer_norm"], serde_json::json!(ra));
+        assert_eq!(line["grad/turn_cosine"], serde_json::json!(rcos));
+        assert!(crate::train::checkpoint::metrics_value("update", &steps[1])
+            .expect("json")
+            .get("grad/answer_norm")
+            .is_none());
+        // Confidence rows with nothing to learn (RLVR's): no confidence part, no cosine.
+        let rlvr: Vec<TrainRow> = rows
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                if r.is_confidence {
+                    r.adv.iter_mut().for_each(|a| *a = 0.0);
+                }
+                r
+            })
+            .collect();
+        let t = train(&rlvr, &on)[0].diag.turns.expect("measured");
+        assert_eq!((t.confidence_norm, t.cosine), (0.0, None));
+        assert!((t.answer_norm - na).abs() <= 1e-4 * na);
     }
 }

@@ -287,15 +287,50 @@ pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
         sums: Vec::new(),
     };
     module.visit(&mut v);
-    if v.sums.is_empty() {
+    host_sum(v.sums).sqrt()
+}
+
+/// `(⟨g, c⟩, ‖c‖²)` over the float parameters of `module`: per parameter `Σ g·c` and `Σ c²` on
+/// the device, summed on the host in f64. A parameter missing from `c` adds 0 to both.
+pub fn grad_products<M: Module>(
+    module: &M,
+    g: &GradientsParams,
+    c: &GradientsParams,
+) -> (f64, f64) {
+    struct V<'a> {
+        g: &'a GradientsParams,
+        c: &'a GradientsParams,
+        dots: Vec<Tensor<1>>,
+        squares: Vec<Tensor<1>>,
+    }
+    impl ModuleVisitor for V<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let (Some(g), Some(c)) = (self.g.get::<D>(param.id), self.c.get::<D>(param.id)) {
+                self.dots.push((g * c.clone()).sum());
+                self.squares.push(c.square().sum());
+            }
+        }
+    }
+    let mut v = V {
+        g,
+        c,
+        dots: Vec::new(),
+        squares: Vec::new(),
+    };
+    module.visit(&mut v);
+    (host_sum(v.dots), host_sum(v.squares))
+}
+
+/// The sum in f64 of one-element device tensors (0 for none; NaN when the read fails).
+fn host_sum(parts: Vec<Tensor<1>>) -> f64 {
+    if parts.is_empty() {
         return 0.0;
     }
-    let sq: f64 = crate::model::transfer::read(Tensor::cat(v.sums, 0))
+    crate::model::transfer::read(Tensor::cat(parts, 0))
         .ok()
         .and_then(|d| d.convert::<f64>().try_into_vec::<f64>().ok())
         .map(|s| s.iter().sum())
-        .unwrap_or(f64::NAN);
-    sq.sqrt()
+        .unwrap_or(f64::NAN)
 }
 
 /// PyTorch's clip coefficient: `min(1, max_norm / (norm + 1e-6))`; 1 when clipping is off

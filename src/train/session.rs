@@ -234,7 +234,8 @@ pub fn run_guarded(
 }
 
 /// The first step's diagnostics for the summary line: `, logp mismatch max … mean …, ratio
-/// |r − 1| max …, KL to reference …` (each part only when measured).
+/// |r − 1| max …, KL to reference …, grad norm answers … confidences … (cosine …)` (each part
+/// only when measured).
 pub fn diagnostics_text(first: Option<&StepMetrics>) -> String {
     let Some(m) = first else {
         return String::new();
@@ -248,6 +249,13 @@ pub fn diagnostics_text(first: Option<&StepMetrics>) -> String {
     }
     if let Some(k) = m.diag.ref_kl {
         out += &format!(", KL to reference {k:.4e}");
+    }
+    if let Some(t) = m.diag.turns {
+        let (a, c) = (t.answer_norm, t.confidence_norm);
+        out += &format!(", grad norm answers {a:.4} confidences {c:.4}");
+        if let Some(cos) = t.cosine {
+            out += &format!(" (cosine {cos:.3})");
+        }
     }
     out
 }

@@ -28,9 +28,9 @@ use crate::model::Transformer;
 
 use super::data::TrainRow;
 pub use super::diagnostics::{grads_to_host, Guards};
-use super::diagnostics::{ref_kl, Mismatch, StepDiagnostics};
+use super::diagnostics::{ref_kl, Mismatch, StepDiagnostics, TurnGrads};
 use super::loss::{self, ClipConfig, KlEstimator, LossAgg};
-use super::optim::{clip_coef, global_grad_norm, AdamW};
+use super::optim::{clip_coef, global_grad_norm, grad_products, AdamW};
 use super::policy::{response_logprobs_subset, right_align, EntropyMode};
 use super::schedule::Schedule;
 use super::tensor::{micro_loss, LossCoefs, MicroInputs};
@@ -368,6 +368,28 @@ pub fn batch_gradients_measured(
     cfg: &TrainConfig,
     measure: bool,
 ) -> Result<(GradientsParams, BatchSums)> {
+    batch_gradients_of(model, rows, cfg, measure, false)
+}
+
+/// The gradient of the confidence rows' terms alone: the loss of [`batch_gradients`] restricted
+/// to the confidence rows, every row keeping its place in the aggregation weights, so that the
+/// whole batch's gradient is this plus the answer rows' one. Empty (no parameter) when no
+/// confidence row has a term that reaches the weights (RLVR's, trained with `--lambda-conf 0`).
+pub fn confidence_gradients(
+    model: &Transformer,
+    rows: &[&TrainRow],
+    cfg: &TrainConfig,
+) -> Result<GradientsParams> {
+    Ok(batch_gradients_of(model, rows, cfg, false, true)?.0)
+}
+
+fn batch_gradients_of(
+    model: &Transformer,
+    rows: &[&TrainRow],
+    cfg: &TrainConfig,
+    measure: bool,
+    confidence_only: bool,
+) -> Result<(GradientsParams, BatchSums)> {
     let masks: Vec<Vec<bool>> = rows.iter().map(|r| r.mask.clone()).collect();
     let weights = loss::agg_weights(&masks, cfg.loss_agg, cfg.agg_len);
     let tokens: usize = rows.iter().map(|r| r.n_learnable()).sum();
@@ -416,8 +438,11 @@ pub fn batch_gradients_measured(
     let learnable = |i: usize| !rows[i].response.is_empty() && rows[i].n_learnable() > 0;
     let inert = |i: usize| cfg.row_is_inert(rows[i]);
     let mut live: Vec<usize> = (0..rows.len())
-        .filter(|&i| learnable(i) && !inert(i))
+        .filter(|&i| learnable(i) && !inert(i) && (rows[i].is_confidence || !confidence_only))
         .collect();
+    if confidence_only && live.is_empty() {
+        return Ok((GradientsParams::new(), sums));
+    }
     if live.is_empty() {
         live.extend((0..rows.len()).find(|&i| learnable(i)));
     }
@@ -671,11 +696,20 @@ pub fn train_guarded(
             let dropout = crate::model::lora::dropout_scope(cfg.seed, opt.step);
             let first = all.is_empty();
             let (grads, sums) = batch_gradients_measured(&model, &batch, cfg, first && policy)?;
-            drop(dropout);
             if let (Some(mm), Some(limit)) = (&sums.mismatch, guards.max_mismatch) {
                 mm.check(limit)?;
             }
             let norm = global_grad_norm(&model, &grads);
+            // The turns' shares of the first batch's gradient: one more forward and backward pass
+            // over its confidence rows (under the same dropout masks), the weights unchanged.
+            let turns = if first && policy && guards.turn_grad_norms {
+                let conf = confidence_gradients(&model, &batch, cfg)?;
+                let (dot, conf_sq) = grad_products(&model, &grads, &conf);
+                Some(TurnGrads::from_products(norm * norm, dot, conf_sq))
+            } else {
+                None
+            };
+            drop(dropout);
             let lr = cfg.schedule.lr_at(opt.step);
             let skipped = !norm.is_finite() || grads.is_empty() || sums.tokens == 0;
             if skipped {
@@ -716,6 +750,7 @@ pub fn train_guarded(
                     batch.iter().copied(),
                     first.then_some(kl_to_ref).flatten(),
                     sums.mismatch.as_ref(),
+                    turns.as_ref(),
                 ),
             };
             on_step(&m)?;

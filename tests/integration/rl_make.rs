@@ -295,7 +295,8 @@ fn dataset_loop_draws_each_prompt_once_per_epoch_and_resumes() {
 /// report, the summary report and TensorBoard beside the sampled batch's accuracy; and per update
 /// the rollout/trainer mismatch (sampler against trainer on the CPU: at rounding level, and
 /// `MAX_MISMATCH=1e-4` would have stopped the loop otherwise) and the KL to the starting policy
-/// (`REF_KL=1`, the default: 0 in iteration 1, whose policy is the starting one).
+/// (`REF_KL=1`, the default: 0 in iteration 1, whose policy is the starting one), and the answer
+/// and confidence turns' parts of the first batch's gradient (`TURN_GRADS=1`, the default).
 #[test]
 fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
     let wd = Workdir::new();
@@ -338,6 +339,19 @@ fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
         );
         assert!(mm <= 1e-4 && rm <= 1e-4, "iteration {}: {c}", i + 1);
         assert!(c["ref_kl"].as_f64().expect("KL to the start") >= 0.0);
+        // TURN_GRADS=1 (the default): the first batch's gradient split by turn; the RLCR loop's
+        // confidence rows carry advantages, so their part is not 0.
+        let ga = c["grad_answer_norm"]
+            .as_f64()
+            .expect("answers' part measured");
+        let gc = c["grad_confidence_norm"]
+            .as_f64()
+            .expect("confidences' part measured");
+        eprintln!(
+            "iteration {}: gradient parts: answers {ga:.4}, confidences {gc:.4}",
+            i + 1
+        );
+        assert!(ga >= 0.0 && gc >= 0.0, "iteration {}: {c}", i + 1);
     }
     assert!(calls[0]["ref_kl"].as_f64().unwrap() < 1e-6, "{}", calls[0]);
     for i in 0..2 {
@@ -350,6 +364,10 @@ fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
         "{page}"
     );
     assert!(page.contains("KL to ref. | mismatch max |"), "{page}");
+    assert!(
+        page.contains("| grad answers | grad conf. | cos |"),
+        "{page}"
+    );
     // TensorBoard: the held-in accuracies in the rollouts run at steps 1 and 2, next to the
     // batch's accuracy; the mismatch and KL in the update run at each iteration's first step.
     let dirs = [wd.path("h/tb/rollouts"), wd.path("h/tb/update")];
@@ -370,6 +388,8 @@ fn loop_shows_held_in_accuracy_mismatch_and_kl_per_iteration() {
         "mismatch/ratio_max",
         "ref_kl",
         "response_length",
+        "grad/answer_norm",
+        "grad/confidence_norm",
     ] {
         let steps: Vec<i64> = runs[1][tag].iter().map(|p| p.0).collect();
         assert_eq!(steps, vec![1, 2], "{tag}");
