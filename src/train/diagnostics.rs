@@ -137,8 +137,10 @@ fn nan_max(a: f64, b: f64) -> f64 {
 /// The first update batch's gradient `g` split by turn: `g = g_a + g_c`, `g_c` the gradient of
 /// the confidence rows' terms alone and `g_a` the answer rows'. From `‖g‖²`, `⟨g, g_c⟩` and
 /// `‖g_c‖²` (one extra pass over the confidence rows):
-/// `‖g_a‖² = ‖g‖² − 2⟨g, g_c⟩ + ‖g_c‖²` (held at 0 or above against rounding) and
-/// `cos(g_a, g_c) = (⟨g, g_c⟩ − ‖g_c‖²) / (‖g_a‖ ‖g_c‖)`, undefined when either part is 0.
+/// `‖g_a‖² = ‖g‖² − 2⟨g, g_c⟩ + ‖g_c‖²` and `cos(g_a, g_c) = (⟨g, g_c⟩ − ‖g_c‖²) / (‖g_a‖ ‖g_c‖)`,
+/// undefined when either part is 0. The three products are f32 sums, so `‖g_a‖²` is known to
+/// about 1e-6 of `‖g‖² + ‖g_c‖²`: below that it is 0 (the answers' part is below the measurement's
+/// resolution, as when every answer group scored alike and `g = g_c`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TurnGrads {
     /// ‖g_a‖: the answer rows' part.
@@ -157,10 +159,18 @@ pub struct TurnGrads {
     pub cosine: Option<f64>,
 }
 
+/// Relative resolution of `‖g_a‖²` in [`TurnGrads::from_products`].
+const ROUNDING: f64 = 1e-6;
+
 impl TurnGrads {
     /// The split from `‖g‖²`, `⟨g, g_c⟩` and `‖g_c‖²` (formulas above).
     pub fn from_products(full_sq: f64, dot: f64, conf_sq: f64) -> TurnGrads {
-        let answer_sq = (full_sq - 2.0 * dot + conf_sq).max(0.0);
+        let answer_sq = full_sq - 2.0 * dot + conf_sq;
+        let answer_sq = if answer_sq <= ROUNDING * (full_sq + conf_sq) {
+            0.0
+        } else {
+            answer_sq
+        };
         let (answer_norm, confidence_norm) = (answer_sq.sqrt(), conf_sq.max(0.0).sqrt());
         let cosine = (answer_norm > 0.0 && confidence_norm > 0.0)
             .then(|| ((dot - conf_sq) / (answer_norm * confidence_norm)).clamp(-1.0, 1.0));
@@ -579,9 +589,13 @@ mod tests {
             (t.answer_norm, t.confidence_norm, t.cosine),
             (3.0, 0.0, None)
         );
-        // Rounding that would make ‖g_a‖² negative is held at 0.
-        let t = TurnGrads::from_products(4.0, 4.0 + 1e-12, 4.0);
-        assert_eq!((t.answer_norm, t.cosine), (0.0, None));
+        // g = g_c up to rounding: ‖g_a‖² within 1e-6 of ‖g‖² + ‖g_c‖² of 0, either sign, is 0.
+        for dot in [4.0 + 1e-12, 4.0 - 1e-6] {
+            let t = TurnGrads::from_products(4.0, dot, 4.0);
+            assert_eq!((t.answer_norm, t.cosine), (0.0, None), "{dot}");
+        }
+        let t = TurnGrads::from_products(4.0, 4.0 - 1e-4, 4.0);
+        assert!((t.answer_norm - 2e-4f64.sqrt()).abs() < 1e-12 && t.cosine.is_some());
     }
 
     /// The split the trainer reports equals each turn measured alone on the tiny model: the
@@ -687,5 +701,20 @@ mod tests {
         let t = train(&rlvr, &on)[0].diag.turns.expect("measured");
         assert_eq!((t.confidence_norm, t.cosine), (0.0, None));
         assert!((t.answer_norm - na).abs() <= 1e-4 * na);
+        // Answers with nothing to learn (every group scored alike): the gradient is the
+        // confidences' alone, no answers' part and no cosine.
+        let alike: Vec<TrainRow> = rows
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                if !r.is_confidence {
+                    r.adv.iter_mut().for_each(|a| *a = 0.0);
+                }
+                r
+            })
+            .collect();
+        let t = train(&alike, &on)[0].diag.turns.expect("measured");
+        assert_eq!((t.answer_norm, t.cosine), (0.0, None), "{t:?}");
+        assert!((t.confidence_norm - nc).abs() <= 1e-4 * nc);
     }
 }

@@ -290,35 +290,39 @@ pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
     host_sum(v.sums).sqrt()
 }
 
-/// `(⟨g, c⟩, ‖c‖²)` over the float parameters of `module`: per parameter `Σ g·c` and `Σ c²` on
-/// the device, summed on the host in f64. A parameter missing from `c` adds 0 to both.
+/// `(‖g‖², ⟨g, c⟩, ‖c‖²)` over the float parameters of `module`: per parameter `Σ g²`, `Σ g·c`
+/// and `Σ c²` on the device, summed on the host in f64. A parameter missing from `c` adds 0 to the
+/// last two.
 pub fn grad_products<M: Module>(
     module: &M,
     g: &GradientsParams,
     c: &GradientsParams,
-) -> (f64, f64) {
+) -> (f64, f64, f64) {
     struct V<'a> {
         g: &'a GradientsParams,
         c: &'a GradientsParams,
-        dots: Vec<Tensor<1>>,
-        squares: Vec<Tensor<1>>,
+        sums: [Vec<Tensor<1>>; 3],
     }
     impl ModuleVisitor for V<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let (Some(g), Some(c)) = (self.g.get::<D>(param.id), self.c.get::<D>(param.id)) {
-                self.dots.push((g * c.clone()).sum());
-                self.squares.push(c.square().sum());
+            let Some(g) = self.g.get::<D>(param.id) else {
+                return;
+            };
+            self.sums[0].push(g.clone().square().sum());
+            if let Some(c) = self.c.get::<D>(param.id) {
+                self.sums[1].push((g * c.clone()).sum());
+                self.sums[2].push(c.square().sum());
             }
         }
     }
     let mut v = V {
         g,
         c,
-        dots: Vec::new(),
-        squares: Vec::new(),
+        sums: Default::default(),
     };
     module.visit(&mut v);
-    (host_sum(v.dots), host_sum(v.squares))
+    let [gg, gc, cc] = v.sums;
+    (host_sum(gg), host_sum(gc), host_sum(cc))
 }
 
 /// The sum in f64 of one-element device tensors (0 for none; NaN when the read fails).

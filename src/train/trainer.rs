@@ -704,8 +704,8 @@ pub fn train_guarded(
             // over its confidence rows (under the same dropout masks), the weights unchanged.
             let turns = if first && policy && guards.turn_grad_norms {
                 let conf = confidence_gradients(&model, &batch, cfg)?;
-                let (dot, conf_sq) = grad_products(&model, &grads, &conf);
-                Some(TurnGrads::from_products(norm * norm, dot, conf_sq))
+                let (full_sq, dot, conf_sq) = grad_products(&model, &grads, &conf);
+                Some(TurnGrads::from_products(full_sq, dot, conf_sq))
             } else {
                 None
             };
