@@ -107,7 +107,9 @@ EPOCHS ?= 1
 # warm start of 0.01-0.12 a token); at 5e-5 the arithmetic broke within 4 iterations. The filter
 # costs RLCR its calibration: trained on the kept problems only, its confidence learns their mean
 # accuracy (0.8 once the 67 are learned) and states 0.74 on held-out problems it gets right 42 %
-# of the time after 36 iterations (docs/results.md, "Held out with the filter").
+# of the time after 36 iterations (docs/results.md, "Held out with the filter"): on a filtered
+# batch the confidence turn's part of the gradient is a small fraction of the answers' (`update
+# --turn-grad-norms`, in every iteration's summary line), and Adam spends each step along the sum.
 FILTER_G ?= 8
 MINI_BATCHES ?= 4
 MAX_NEW ?= 64
