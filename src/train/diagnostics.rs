@@ -637,17 +637,20 @@ mod tests {
         };
         let steps = train(&rows, &on);
         let d = &steps[0].diag;
-        let zeroed = |confidence: bool| -> Vec<f64> {
-            let kept: Vec<TrainRow> = rows[..6]
-                .iter()
+        // The rows with the advantages of one kind (confidence rows or answer rows) set to 0.
+        let zero_adv = |rows: &[TrainRow], confidence: bool| -> Vec<TrainRow> {
+            rows.iter()
                 .map(|r| {
                     let mut r = r.clone();
-                    if r.is_confidence != confidence {
+                    if r.is_confidence == confidence {
                         r.adv.iter_mut().for_each(|a| *a = 0.0);
                     }
                     r
                 })
-                .collect();
+                .collect()
+        };
+        let zeroed = |confidence: bool| -> Vec<f64> {
+            let kept = zero_adv(&rows[..6], !confidence);
             let refs: Vec<&TrainRow> = kept.iter().collect();
             let (g, _) = batch_gradients(&m.transformer, &refs, &cfg).expect("grads");
             grads_to_host(&m.transformer, &g)
@@ -688,32 +691,18 @@ mod tests {
             .get("grad/answer_norm")
             .is_none());
         // Confidence rows with nothing to learn (RLVR's): no confidence part, no cosine.
-        let rlvr: Vec<TrainRow> = rows
-            .iter()
-            .map(|r| {
-                let mut r = r.clone();
-                if r.is_confidence {
-                    r.adv.iter_mut().for_each(|a| *a = 0.0);
-                }
-                r
-            })
-            .collect();
-        let t = train(&rlvr, &on)[0].diag.turns.expect("measured");
+        let t = train(&zero_adv(&rows, true), &on)[0]
+            .diag
+            .turns
+            .expect("measured");
         assert_eq!((t.confidence_norm, t.cosine), (0.0, None));
         assert!((t.answer_norm - na).abs() <= 1e-4 * na);
         // Answers with nothing to learn (every group scored alike): the gradient is the
         // confidences' alone, no answers' part and no cosine.
-        let alike: Vec<TrainRow> = rows
-            .iter()
-            .map(|r| {
-                let mut r = r.clone();
-                if !r.is_confidence {
-                    r.adv.iter_mut().for_each(|a| *a = 0.0);
-                }
-                r
-            })
-            .collect();
-        let t = train(&alike, &on)[0].diag.turns.expect("measured");
+        let t = train(&zero_adv(&rows, false), &on)[0]
+            .diag
+            .turns
+            .expect("measured");
         assert_eq!((t.answer_norm, t.cosine), (0.0, None), "{t:?}");
         assert!((t.confidence_norm - nc).abs() <= 1e-4 * nc);
     }
