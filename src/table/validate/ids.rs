@@ -131,11 +131,32 @@ pub(super) fn view_key(a: &arrow::array::StringViewArray, i: usize) -> u128 {
 /// whatever the round function, so distinct inputs always give distinct outputs.
 #[inline]
 pub(super) fn short_key(x: u128) -> u128 {
+    feistel(x, 0..ROUNDS.len())
+}
+
+/// The round keys of [`short_key`]: per round, the constant xored into the half that goes
+/// through [`fold`] and the multiplier.
+pub(super) const ROUNDS: [(u64, u64); 4] = [
+    (0xA409_3822_299F_31D0, 0x9E37_79B9_7F4A_7C15),
+    (0x082E_FA98_EC4E_6C89, 0xC2B2_AE3D_27D4_EB4F),
+    (0x4528_21E6_38D0_1377, 0xFF51_AFD7_ED55_8CCD),
+    (0xBE54_66CF_34E9_0C6C, 0xC4CE_B9FE_1A85_EC53),
+];
+
+/// The [`ROUNDS`] numbered `rounds`, in that order: even rounds xor the folded low half into the
+/// high one, odd rounds the folded high half into the low one. Each round undoes itself, so the
+/// rounds in reverse order invert [`short_key`].
+#[inline]
+pub(super) fn feistel(x: u128, rounds: impl Iterator<Item = usize>) -> u128 {
     let (mut lo, mut hi) = (x as u64, (x >> 64) as u64);
-    hi ^= fold(lo ^ 0xA409_3822_299F_31D0, 0x9E37_79B9_7F4A_7C15);
-    lo ^= fold(hi ^ 0x082E_FA98_EC4E_6C89, 0xC2B2_AE3D_27D4_EB4F);
-    hi ^= fold(lo ^ 0x4528_21E6_38D0_1377, 0xFF51_AFD7_ED55_8CCD);
-    lo ^= fold(hi ^ 0xBE54_66CF_34E9_0C6C, 0xC4CE_B9FE_1A85_EC53);
+    for r in rounds {
+        let (k, m) = ROUNDS[r];
+        if r % 2 == 0 {
+            hi ^= fold(lo ^ k, m);
+        } else {
+            lo ^= fold(hi ^ k, m);
+        }
+    }
     ((hi as u128) << 64) | lo as u128
 }
 
