@@ -567,16 +567,15 @@ mod tests {
         score_answer(settings, response, a, c, s, Vec::new())
     }
 
+    /// [`answer`] of the countdown task of [`countdown_gt`].
+    fn countdown_answer<'a>(settings: &Settings, response: &'a str) -> AnswerScore<'a> {
+        answer(settings, VerifierKind::Countdown, response, &countdown_gt())
+    }
+
     #[test]
     fn rlcr_two_turn_rewards() {
         let s = Settings::default();
-        let gt = countdown_gt();
-        let good = answer(
-            &s,
-            VerifierKind::Countdown,
-            "r</think>\n<answer>3*7+2</answer>",
-            &gt,
-        );
+        let good = countdown_answer(&s, "r</think>\n<answer>3*7+2</answer>");
         assert_eq!(
             (good.format_ok, good.correct, good.accuracy, good.countdown),
             (true, 1.0, 1.0, Some(1.0))
@@ -584,7 +583,7 @@ mod tests {
         let comps = preset_components(&s, &RowScore::Answer(&good));
         assert_eq!(reward(&comps), 1.0);
         // correct but no </think>: gated to 0, the countdown score is kept for logging
-        let bad = answer(&s, VerifierKind::Countdown, "<answer>3*7+2</answer>", &gt);
+        let bad = countdown_answer(&s, "<answer>3*7+2</answer>");
         assert_eq!(
             (bad.format_ok, bad.correct, bad.accuracy),
             (false, 1.0, 0.0)
@@ -595,26 +594,12 @@ mod tests {
             format_weight: 0.25,
             ..Settings::default()
         };
-        let a = answer(
-            &ungated,
-            VerifierKind::Countdown,
-            "<answer>3*7+2</answer>",
-            &gt,
-        );
-        assert_eq!(
-            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
-            1.0
-        );
-        let a = answer(
-            &ungated,
-            VerifierKind::Countdown,
-            "x</think><answer>3*7+2</answer>",
-            &gt,
-        );
-        assert_eq!(
-            reward(&preset_components(&ungated, &RowScore::Answer(&a))),
-            1.25
-        );
+        let ungated_reward = |response: &str| {
+            let a = countdown_answer(&ungated, response);
+            reward(&preset_components(&ungated, &RowScore::Answer(&a)))
+        };
+        assert_eq!(ungated_reward("<answer>3*7+2</answer>"), 1.0);
+        assert_eq!(ungated_reward("x</think><answer>3*7+2</answer>"), 1.25);
         // confidences: Brier against the answer's accuracy (`docs/math.md` §2.3: acc 1, c 0.9 → 0.99)
         let c = score_confidence(
             &s,
@@ -756,13 +741,7 @@ mod tests {
             structured: Some(spec),
             ..Settings::default()
         };
-        let gt = countdown_gt();
-        let a = answer(
-            &s,
-            VerifierKind::Countdown,
-            "r</think><answer>3*7+2</answer>",
-            &gt,
-        );
+        let a = countdown_answer(&s, "r</think><answer>3*7+2</answer>");
         let comps = components(&s, &RowScore::Answer(&a), |_, name| {
             assert_eq!(name, "validity");
             Value::PerTurn(vec![Some(1.0), Some(0.0)])
