@@ -117,9 +117,9 @@ mod tests {
         let got: Vec<f64> = (0..5).map(|s| c.lr_at(s)).collect();
         assert_eq!(got, vec![0.0, 0.5, 1.0, 1.0, 1.0]);
 
-        let l = Schedule::new(1.0, 2.0, ScheduleKind::Linear, Some(10)).unwrap();
-        // After warmup: (10 − s) / 8.
-        for (s, want) in [
+        // Linear after warmup: (10 − s) / 8. Cosine: progress (s − 2)/8: s = 6 → ½(1 + cos(π/2))
+        // = 0.5; s = 4 → ½(1 + cos(π/4)) = 0.853553.
+        let linear: &[(u64, f64)] = &[
             (0, 0.0),
             (1, 0.5),
             (2, 1.0),
@@ -127,20 +127,23 @@ mod tests {
             (6, 0.5),
             (10, 0.0),
             (12, 0.0),
-        ] {
-            assert!(close(l.lr_at(s), want), "linear step {s}: {}", l.lr_at(s));
-        }
-
-        let k = Schedule::new(1.0, 2.0, ScheduleKind::Cosine, Some(10)).unwrap();
-        // progress (s − 2)/8: s = 6 → ½(1 + cos(π/2)) = 0.5; s = 4 → ½(1 + cos(π/4)) = 0.853553.
-        for (s, want) in [
+        ];
+        let cosine: &[(u64, f64)] = &[
             (1, 0.5),
             (2, 1.0),
             (4, 0.853_553_390_593_273_7),
             (6, 0.5),
             (10, 0.0),
+        ];
+        for (kind, cases) in [
+            (ScheduleKind::Linear, linear),
+            (ScheduleKind::Cosine, cosine),
         ] {
-            assert!(close(k.lr_at(s), want), "cosine step {s}: {}", k.lr_at(s));
+            let sched = Schedule::new(1.0, 2.0, kind, Some(10)).unwrap();
+            for &(s, want) in cases {
+                let got = sched.lr_at(s);
+                assert!(close(got, want), "{kind:?} step {s}: {got}");
+            }
         }
     }
 
