@@ -1116,32 +1116,22 @@ mod ground_truth_scan {
 #[cfg(test)]
 mod cpython_fixture {
     use super::*;
+    use crate::reward::pyexpr::cpython_fixture::assert_matches_fixture;
 
     #[test]
     fn matches_cpython_compute_score() {
         let text = include_str!("../../fixtures/score/tinyzero_cases.jsonl");
-        let mut bad = Vec::new();
-        let mut n = 0;
-        for line in text.lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            let task = Task::from_value(&v).unwrap();
+        assert_matches_fixture(text, 500, |v| {
+            let task = Task::from_value(v).unwrap();
             let s = v["s"].as_str().unwrap();
             let want = v["score"].as_f64().unwrap() as f32;
             let got = tinyzero_compute_score(s, &task).score();
-            if got != want {
-                bad.push(format!(
+            (got != want).then(|| {
+                format!(
                     "{s:?} target {} numbers {}: python {want} ours {got}",
                     v["target"], v["numbers"]
-                ));
-            }
-            n += 1;
-        }
-        assert!(n > 500);
-        assert!(
-            bad.is_empty(),
-            "{} of {n} differ:\n{}",
-            bad.len(),
-            bad.join("\n")
-        );
+                )
+            })
+        });
     }
 }

@@ -779,16 +779,37 @@ mod tests {
 /// Differential tests against CPython 3.11 itself: `fixtures/score/pyexpr_cases.jsonl` holds
 /// `eval` results on random strings (scripts/gen_countdown_fixtures.py).
 #[cfg(test)]
-mod cpython_fixture {
+pub(crate) mod cpython_fixture {
     use super::*;
 
-    #[test]
-    fn matches_cpython_on_random_expressions() {
-        let text = include_str!("../../fixtures/score/pyexpr_cases.jsonl");
+    /// Run `check` on every line of a JSON-lines fixture of CPython results; `Some(message)`
+    /// marks a line where rlcr differs. Fails listing every difference, or when the fixture has
+    /// `min_cases` lines or fewer.
+    pub(crate) fn assert_matches_fixture(
+        text: &str,
+        min_cases: usize,
+        mut check: impl FnMut(&serde_json::Value) -> Option<String>,
+    ) {
         let mut n = 0;
         let mut bad = Vec::new();
         for line in text.lines() {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            bad.extend(check(&v));
+            n += 1;
+        }
+        assert!(n > min_cases);
+        assert!(
+            bad.is_empty(),
+            "{} of {n} differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+    }
+
+    #[test]
+    fn matches_cpython_on_random_expressions() {
+        let text = include_str!("../../fixtures/score/pyexpr_cases.jsonl");
+        assert_matches_fixture(text, 1000, |v| {
             let expr = v["expr"].as_str().unwrap();
             let kind = v["kind"].as_str().unwrap();
             let got = eval(expr);
@@ -822,21 +843,8 @@ mod cpython_fixture {
                 }
                 _ => false,
             };
-            if !ok {
-                bad.push(format!(
-                    "{expr:?}: python {kind} {} vs ours {got:?}",
-                    v["value"]
-                ));
-            }
-            n += 1;
-        }
-        assert!(n > 1000);
-        assert!(
-            bad.is_empty(),
-            "{} of {n} differ:\n{}",
-            bad.len(),
-            bad.join("\n")
-        );
+            (!ok).then(|| format!("{expr:?}: python {kind} {} vs ours {got:?}", v["value"]))
+        });
     }
 
     fn py_repr_f64(s: &str) -> f64 {
