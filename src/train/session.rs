@@ -316,6 +316,13 @@ mod tests {
         }
     }
 
+    /// A temporary folder, the tiny model and 4 training rows of it drawn with `seed`.
+    fn setup(seed: u64) -> (tempfile::TempDir, Model, Vec<TrainRow>) {
+        let m = tiny();
+        let rows = rows(&m.transformer, 4, seed, 0.2);
+        (tempfile::tempdir().expect("tmp"), m, rows)
+    }
+
     /// The steps and scalars of an event file (the version record first).
     fn event_steps(path: &Path) -> Vec<(i64, Vec<(String, f32)>)> {
         let ev =
@@ -334,9 +341,7 @@ mod tests {
     /// bytes), and the folder carries the trainer state and one metrics line per step.
     #[test]
     fn lr_zero_writes_bit_identical_weights() {
-        let d = tempfile::tempdir().expect("tmp");
-        let m = tiny();
-        let rows = rows(&m.transformer, 4, 5, 0.2);
+        let (d, m, rows) = setup(5);
         let out = d.path().join("new");
         let steps = run(m, &rows, &session(&out, 0.0, ResumeMode::No, 2)).expect("run");
         assert_eq!(steps.len(), 2);
@@ -378,9 +383,7 @@ mod tests {
     /// same weights as one call of two epochs; the metrics file holds the whole run.
     #[test]
     fn resume_continues_exactly() {
-        let d = tempfile::tempdir().expect("tmp");
-        let m = tiny();
-        let rows = rows(&m.transformer, 4, 6, 0.2);
+        let (d, m, rows) = setup(6);
         let one = d.path().join("one");
         let two = d.path().join("two");
         let both = d.path().join("both");
@@ -475,9 +478,7 @@ mod tests {
     /// `rlcr logprobs` semantics on the written folder equal the in-memory trained model.
     #[test]
     fn written_folder_reproduces_the_in_memory_model() {
-        let d = tempfile::tempdir().expect("tmp");
-        let mut m = tiny();
-        let rows = rows(&m.transformer, 4, 7, 0.2);
+        let (d, mut m, rows) = setup(7);
         let cfg = session(&d.path().join("x"), 1e-2, ResumeMode::No, 3).train;
         let mut opt = AdamW::new(AdamWConfig::default());
         let (trained, _) =
