@@ -61,20 +61,9 @@ pub fn rms_norm(x: &BurnTensor<2>, w: &BurnTensor<1>, eps: f64) -> Option<BurnTe
         };
         return Some(BurnTensor::<2>::from_primitive::<Autodiff<Cube>>(y));
     }
-    let (xp, wp) = (plain(x)?, plain(w)?);
-    let client = xp.client.clone();
-    let out = output(&xp, &[n, h]);
-    let units = row_units(&client, h);
-    rms_norm_kernel::launch(
-        &client,
-        row_grid(&client, n),
-        CubeDim::new_1d(units),
-        xp.into_tensor_arg(),
-        wp.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        eps as f32,
-        units,
-    );
+    // Without autodiff the training kernel serves as it is: `r` is N floats more written, in
+    // the same launch, and one kernel fewer to compile.
+    let (out, _) = forward(&plain(x)?, &plain(w)?, eps as f32);
     Some(tensor(out))
 }
 
@@ -123,23 +112,8 @@ pub fn add_rms_norm(
         let ad = |t| BurnTensor::<2>::from_primitive::<Autodiff<Cube>>(t);
         return Some((ad(s), ad(y)));
     }
-    let (xp, ap, wp) = (plain(x)?, plain(a)?, plain(w)?);
-    let client = xp.client.clone();
-    let sum = output(&xp, &[n, h]);
-    let out = output(&xp, &[n, h]);
-    let units = row_units(&client, h);
-    add_rms_norm_kernel::launch(
-        &client,
-        row_grid(&client, n),
-        CubeDim::new_1d(units),
-        xp.into_tensor_arg(),
-        ap.into_tensor_arg(),
-        wp.into_tensor_arg(),
-        sum.clone().into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        eps as f32,
-        units,
-    );
+    // As in [`rms_norm`]: the training kernel, its `r` unused.
+    let (sum, out, _) = add_forward(&plain(x)?, &plain(a)?, &plain(w)?, eps as f32);
     Some((tensor(sum), tensor(out)))
 }
 
@@ -155,7 +129,7 @@ fn add_forward(
     let client = x.client.clone();
     let (sum, out, r) = (output(x, &[n, h]), output(x, &[n, h]), output(x, &[n]));
     let units = row_units(&client, h);
-    add_rms_norm_train_kernel::launch(
+    add_rms_norm_kernel::launch(
         &client,
         row_grid(&client, n),
         CubeDim::new_1d(units),
@@ -199,7 +173,7 @@ fn forward(x: &CubeTensor, w: &CubeTensor, eps: f32) -> (CubeTensor, CubeTensor)
     let out = output(x, &[n, h]);
     let r = output(x, &[n]);
     let units = row_units(&client, h);
-    rms_norm_train_kernel::launch(
+    rms_norm_kernel::launch(
         &client,
         row_grid(&client, n),
         CubeDim::new_1d(units),
@@ -300,24 +274,9 @@ fn normalise_row(
     rms
 }
 
+/// Row `row`'s RMSNorm ([`normalise_row`]), and its `1/sqrt(mean(x²) + eps)` into `r`.
 #[cube(launch)]
 fn rms_norm_kernel(
-    x: &Tensor<f32>,
-    w: &Tensor<f32>,
-    out: &mut Tensor<f32>,
-    eps: f32,
-    #[comptime] units: u32,
-) {
-    let row = cube_row();
-    if row >= x.shape(0) {
-        terminate!();
-    }
-    normalise_row(x, row, w, out, eps, units);
-}
-
-/// [`rms_norm_kernel`] that also writes the row's `1/sqrt(mean(x²) + eps)` into `r`.
-#[cube(launch)]
-fn rms_norm_train_kernel(
     x: &Tensor<f32>,
     w: &Tensor<f32>,
     out: &mut Tensor<f32>,
@@ -390,10 +349,11 @@ fn weight_grad_kernel(x: &Tensor<f32>, r: &Tensor<f32>, g: &Tensor<f32>, dw: &mu
     dw[at] = acc;
 }
 
-/// [`add_rms_norm_kernel`] that also writes the row's `1/sqrt(mean(s²) + eps)` into `r`.
+/// The residual sum into `sum`, then [`normalise_row`] of it, and the row's
+/// `1/sqrt(mean(s²) + eps)` into `r`.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
-fn add_rms_norm_train_kernel(
+fn add_rms_norm_kernel(
     x: &Tensor<f32>,
     a: &Tensor<f32>,
     w: &Tensor<f32>,
@@ -436,25 +396,6 @@ fn add_normalise_row(
         i += CUBE_DIM_X as usize;
     }
     normalise_row(&*sum, row, w, out, eps, units)
-}
-
-/// The residual sum into `sum`, then [`normalise_row`] of it.
-#[allow(clippy::too_many_arguments)]
-#[cube(launch)]
-fn add_rms_norm_kernel(
-    x: &Tensor<f32>,
-    a: &Tensor<f32>,
-    w: &Tensor<f32>,
-    sum: &mut Tensor<f32>,
-    out: &mut Tensor<f32>,
-    eps: f32,
-    #[comptime] units: u32,
-) {
-    let row = cube_row();
-    if row >= x.shape(0) {
-        terminate!();
-    }
-    add_normalise_row(x, a, w, sum, out, row, eps, units);
 }
 
 #[cfg(test)]
