@@ -66,6 +66,15 @@ pub fn attention_isa(
         keys,
         dim,
     };
+    // The kernel on contiguous q, k, v: the output `[b, kh, rows, dim]` and the weights.
+    let forward = |qc: &FlexTensor, kc: &FlexTensor, vc: &FlexTensor| {
+        let (out, probs) =
+            kernel::forward(slice(qc), slice(kc), slice(vc), hidden, shape, scale, isa)?;
+        Some((
+            FlexTensor::from_data(TensorData::new(out, [b, kh, rows, dim])),
+            probs,
+        ))
+    };
     if let Ok(qa) = q.clone().try_into_primitive::<Autodiff<Flex>>() {
         let ka = k.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
         let va = v.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
@@ -73,16 +82,7 @@ pub fn attention_isa(
         let (kp, kg) = ka.into_parts();
         let (vp, vg) = va.into_parts();
         let (qc, kc, vc) = (contiguous(qp)?, contiguous(kp)?, contiguous(vp)?);
-        let (out, probs) = kernel::forward(
-            slice(&qc),
-            slice(&kc),
-            slice(&vc),
-            hidden,
-            shape,
-            scale,
-            isa,
-        )?;
-        let out = FlexTensor::from_data(TensorData::new(out, [b, kh, rows, dim]));
+        let (out, probs) = forward(&qc, &kc, &vc)?;
         let out = match AttentionBackward
             .prepare::<NoCheckpointing>([qg, kg, vg])
             .compute_bound()
@@ -104,19 +104,8 @@ pub fn attention_isa(
         };
         return Some(Tensor::<4>::from_primitive::<Autodiff<Flex>>(out));
     }
-    let qc = contiguous(q.clone().try_into_primitive::<Flex>().ok()?)?;
-    let kc = contiguous(k.clone().try_into_primitive::<Flex>().ok()?)?;
-    let vc = contiguous(v.clone().try_into_primitive::<Flex>().ok()?)?;
-    let (out, _) = kernel::forward(
-        slice(&qc),
-        slice(&kc),
-        slice(&vc),
-        hidden,
-        shape,
-        scale,
-        isa,
-    )?;
-    let out = FlexTensor::from_data(TensorData::new(out, [b, kh, rows, dim]));
+    let flex = |t: &Tensor<4>| contiguous(t.clone().try_into_primitive::<Flex>().ok()?);
+    let (out, _) = forward(&flex(q)?, &flex(k)?, &flex(v)?)?;
     Some(Tensor::<4>::from_primitive::<Flex>(out))
 }
 
