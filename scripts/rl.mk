@@ -664,9 +664,15 @@ RLVR_CONF_TURN ?= 1
 $(DIR)/rlvr/report/metrics.json: $(START)/config.json $(ARM_POOL) FORCE
 	$(call arm_make,rlvr) LAMBDA_CONF=0 CONF_ENTROPY_COEF=0 CONF_VALUE_ENTROPY_COEF=0 \
 	  CONF_TURN=$(RLVR_CONF_TURN) summary
+# The RLCR arm's learning rate (LR by default). Adam moves each weight by about the learning
+# rate along the summed gradient, with its scale set by the larger of the two turns' parts: with
+# the confidence advantages weighted up (LAMBDA_CONF) the confidence part sets the scale, and the
+# answers then move by about LR times their share, so RLCR_LR above the RLVR arm's LR can give
+# the confidence a larger step while the answers keep about RLVR's.
+RLCR_LR ?= $(LR)
 $(DIR)/rlcr/report/metrics.json: $(START)/config.json $(ARM_POOL) FORCE
-	$(call arm_make,rlcr) LAMBDA_CONF=$(LAMBDA_CONF) CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) \
-	  CONF_VALUE_ENTROPY_COEF=$(CONF_VALUE_ENTROPY_COEF) summary
+	$(call arm_make,rlcr) LR=$(RLCR_LR) LAMBDA_CONF=$(LAMBDA_CONF) \
+	  CONF_ENTROPY_COEF=$(CONF_ENTROPY_COEF) CONF_VALUE_ENTROPY_COEF=$(CONF_VALUE_ENTROPY_COEF) summary
 
 $(DIR)/eval-prompts/0-train.parquet:
 	mkdir -p $(dir $@)

@@ -492,6 +492,62 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
     );
 }
 
+/// `RLCR_LR` sets the RLCR arm's learning rate alone: the RLVR arm keeps `LR`.
+#[test]
+fn compare_gives_the_rlcr_arm_its_own_learning_rate() {
+    let wd = Workdir::new();
+    let warm = crate::fixtures().join("tiny-qwen2");
+    let o = crate::support::rlmk::command(
+        &wd,
+        &[
+            "-n".to_string(),
+            "compare".into(),
+            "MODEL=smollm2".into(),
+            format!("SMOL_DIR={}", wd.path("smol").display()),
+            format!("WARM_START={}", warm.display()),
+            "RUN=c".into(),
+            "ITERS=1".into(),
+            "RLCR_LR=1e-5".into(),
+        ],
+    )
+    .output()
+    .expect("make runs");
+    let log = crate::support::rlmk::log(&o);
+    assert!(o.status.success(), "{log}");
+    // `make -n` prints the arms' sub-makes without running them: run each printed line with
+    // `-n` and read the update it would run (a variable given twice takes its last value).
+    for (arm, lr) in [("rlvr", "3e-6"), ("rlcr", "1e-5")] {
+        let lines: Vec<&str> = log.lines().collect();
+        let start = lines
+            .iter()
+            .position(|l| l.contains("rl.mk") && l.contains(&format!(" RUN={arm} ")))
+            .unwrap_or_else(|| panic!("no {arm} arm:\n{log}"));
+        // The command goes on over the lines its recipe continues with `\`.
+        let end = (start..lines.len())
+            .find(|&i| !lines[i].ends_with('\\'))
+            .unwrap_or(lines.len() - 1);
+        let line = lines[start..=end].join("\n");
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{line} -n"))
+            .current_dir(wd.path(""))
+            .output()
+            .expect("sh runs");
+        let sub = crate::support::rlmk::log(&o);
+        assert!(o.status.success(), "{arm}:\n{sub}");
+        let updates: Vec<&str> = sub
+            .lines()
+            .filter(|l| l.contains(" update ") && l.contains(&format!("/{arm}/iter-0001/model")))
+            .collect();
+        assert_eq!(updates.len(), 1, "{arm}:\n{sub}");
+        assert!(
+            updates[0].contains(&format!("--lr {lr} ")),
+            "{arm}: {}",
+            updates[0]
+        );
+    }
+}
+
 /// `compare` judges the pass-rate pool once, in its own run folder, and both arms draw their
 /// prompts from that one pool: they start from the same policy with the same seed, so a pool of
 /// their own would be the same answers sampled twice. A larger `ITERS` on the finished run goes
