@@ -447,6 +447,27 @@ fn pass_rate_filter_feeds_the_loop_learnable_prompts() {
     assert!(drawn.iter().all(|id| learnable.contains(id)), "{drawn:?}");
 }
 
+/// `make -n compare` for SmolLM2's settings from the tiny fixture as the warm start (run `c`),
+/// with `vars` besides: its printed commands, after checking that it succeeded.
+fn compare_dry_run(wd: &Workdir, vars: &[&str]) -> String {
+    let warm = crate::fixtures().join("tiny-qwen2");
+    let mut args = vec![
+        "-n".to_string(),
+        "compare".into(),
+        "MODEL=smollm2".into(),
+        format!("SMOL_DIR={}", wd.path("smol").display()),
+        format!("WARM_START={}", warm.display()),
+        "RUN=c".into(),
+    ];
+    args.extend(vars.iter().map(|v| v.to_string()));
+    let o = crate::support::rlmk::command(wd, &args)
+        .output()
+        .expect("make runs");
+    let log = crate::support::rlmk::log(&o);
+    assert!(o.status.success(), "{log}");
+    log
+}
+
 /// `compare` hands the pass-rate filter's settings to both arms, the model's defaults included
 /// (`MODEL=smollm2` sets `FILTER_G=8` in the makefile, which a sub-make would not see otherwise)
 /// and `FILTER_KEEP_DECIDED`: the arms' command lines, printed by `make -n`, carry them, and the
@@ -454,23 +475,7 @@ fn pass_rate_filter_feeds_the_loop_learnable_prompts() {
 #[test]
 fn compare_passes_the_pass_rate_filter_to_its_arms() {
     let wd = Workdir::new();
-    let warm = crate::fixtures().join("tiny-qwen2");
-    let o = crate::support::rlmk::command(
-        &wd,
-        &[
-            "-n".to_string(),
-            "compare".into(),
-            "MODEL=smollm2".into(),
-            format!("SMOL_DIR={}", wd.path("smol").display()),
-            format!("WARM_START={}", warm.display()),
-            "RUN=c".into(),
-            "FILTER_KEEP_DECIDED=0.25".into(),
-        ],
-    )
-    .output()
-    .expect("make runs");
-    let log = crate::support::rlmk::log(&o);
-    assert!(o.status.success(), "{log}");
+    let log = compare_dry_run(&wd, &["FILTER_KEEP_DECIDED=0.25"]);
     let arms: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("RUN=rlvr") || l.contains("RUN=rlcr"))
@@ -496,24 +501,7 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
 #[test]
 fn compare_gives_the_rlcr_arm_its_own_learning_rate() {
     let wd = Workdir::new();
-    let warm = crate::fixtures().join("tiny-qwen2");
-    let o = crate::support::rlmk::command(
-        &wd,
-        &[
-            "-n".to_string(),
-            "compare".into(),
-            "MODEL=smollm2".into(),
-            format!("SMOL_DIR={}", wd.path("smol").display()),
-            format!("WARM_START={}", warm.display()),
-            "RUN=c".into(),
-            "ITERS=1".into(),
-            "RLCR_LR=1e-5".into(),
-        ],
-    )
-    .output()
-    .expect("make runs");
-    let log = crate::support::rlmk::log(&o);
-    assert!(o.status.success(), "{log}");
+    let log = compare_dry_run(&wd, &["ITERS=1", "RLCR_LR=1e-5"]);
     // `make -n` prints the arms' sub-makes without running them: run each printed line with
     // `-n` and read the update it would run (a variable given twice takes its last value).
     for (arm, lr) in [("rlvr", "3e-6"), ("rlcr", "1e-5")] {
