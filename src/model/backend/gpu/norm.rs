@@ -117,8 +117,9 @@ pub fn add_rms_norm(
     Some((tensor(sum), tensor(out)))
 }
 
-/// The training forward pass of the residual add and RMSNorm: `(s, y, r)`, `s = x + a`, `y`
-/// its normalised rows, `r` (`[N]`) their `1/sqrt(mean(s²) + eps)`; one launch.
+/// The forward pass of the residual add and RMSNorm (training keeps `r`, sampling drops it):
+/// `(s, y, r)`, `s = x + a`, `y` its normalised rows, `r` (`[N]`) their
+/// `1/sqrt(mean(s²) + eps)`; one launch.
 fn add_forward(
     x: &CubeTensor,
     a: &CubeTensor,
@@ -166,7 +167,8 @@ impl Backward<Cube, 2> for SumBackward {
     }
 }
 
-/// The training forward pass: `(y, r)`, `r` (`[N]`) the rows' `1/sqrt(mean(x²) + eps)`.
+/// The forward pass (training keeps `r`, sampling drops it): `(y, r)`, `r` (`[N]`) the rows'
+/// `1/sqrt(mean(x²) + eps)`.
 fn forward(x: &CubeTensor, w: &CubeTensor, eps: f32) -> (CubeTensor, CubeTensor) {
     let (n, h) = (x.meta.shape()[0], x.meta.shape()[1]);
     let client = x.client.clone();
