@@ -469,30 +469,71 @@ fn compare_dry_run(wd: &Workdir, vars: &[&str]) -> String {
 }
 
 /// `compare` hands the pass-rate filter's settings to both arms, the model's defaults included
-/// (`MODEL=smollm2` sets `FILTER_G=8` in the makefile, which a sub-make would not see otherwise)
-/// and `FILTER_KEEP_DECIDED`: the arms' command lines, printed by `make -n`, carry them, and the
-/// pool's filter keeps the share of decided prompts.
+/// (`MODEL=smollm2` sets `FILTER_G=8`, `FILTER_POOL=1024`, `FILTER_KEEP_DECIDED=0.25` and
+/// `LAMBDA_CONF=10` in the makefile, which a sub-make would not see otherwise) or what the command
+/// line sets instead: the arms' command lines, printed by `make -n`, carry them, the pool's filter
+/// keeps the share of decided prompts, and the evaluation asks SmolLM2's 2 answers a problem.
 #[test]
 fn compare_passes_the_pass_rate_filter_to_its_arms() {
+    let arm_lines = |log: &str| -> Vec<String> {
+        let arms: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains("RUN=rlvr") || l.contains("RUN=rlcr"))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(arms.len(), 2, "{log}");
+        arms
+    };
     let wd = Workdir::new();
-    let log = compare_dry_run(&wd, &["FILTER_KEEP_DECIDED=0.25"]);
-    let arms: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("RUN=rlvr") || l.contains("RUN=rlcr"))
-        .collect();
-    assert_eq!(arms.len(), 2, "{log}");
-    for a in arms {
+    let log = compare_dry_run(&wd, &[]);
+    for a in arm_lines(&log) {
         assert!(
             a.contains("FILTER_G=8")
-                && a.contains("FILTER_POOL=256")
-                && a.contains("FILTER_KEEP_DECIDED=0.25"),
+                && a.contains("FILTER_POOL=1024")
+                && a.contains("FILTER_KEEP_DECIDED=0.25")
+                && a.contains("ITERS=12"),
             "{a}"
         );
+        let lambda = if a.contains("RUN=rlcr") {
+            "LAMBDA_CONF=10"
+        } else {
+            "LAMBDA_CONF=0"
+        };
+        assert!(a.contains(lambda), "{lambda}: {a}");
     }
-    // The pool is filtered with the share of decided prompts kept.
     assert!(
         log.lines()
             .any(|l| l.contains("--pass-rates") && l.contains("--keep-decided 0.25")),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("generate-answers")
+            && l.contains("eval-base")
+            && l.contains("--num-answers 2 ")),
+        "{log}"
+    );
+    let wd = Workdir::new();
+    let log = compare_dry_run(
+        &wd,
+        &[
+            "FILTER_POOL=512",
+            "FILTER_KEEP_DECIDED=0.5",
+            "LAMBDA_CONF=3",
+        ],
+    );
+    for a in arm_lines(&log) {
+        assert!(
+            a.contains("FILTER_POOL=512") && a.contains("FILTER_KEEP_DECIDED=0.5"),
+            "{a}"
+        );
+        assert!(
+            !a.contains("RUN=rlcr") || a.contains("LAMBDA_CONF=3"),
+            "{a}"
+        );
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.contains("--pass-rates") && l.contains("--keep-decided 0.5")),
         "{log}"
     );
 }
