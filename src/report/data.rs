@@ -290,7 +290,6 @@ pub fn f64s(a: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
     cast_values::<Float64Type>(a, name, "float64")
 }
 
-/// An integer column as optional i64.
 /// Column `name` of `batch` read by `read`; `None`, noted in `missing`, when the table lacks it.
 fn optional<'b, T>(
     batch: &'b RecordBatch,
@@ -307,7 +306,8 @@ fn optional<'b, T>(
     }
 }
 
-fn ints(a: &ArrayRef, name: &str) -> Result<Vec<Option<i64>>> {
+/// An integer column (any integer type) as optional i64.
+pub fn ints(a: &ArrayRef, name: &str) -> Result<Vec<Option<i64>>> {
     if !a.data_type().is_integer() {
         bail!(
             "column `{name}`: expected an integer, found {}",
@@ -334,7 +334,7 @@ fn cast_values<T: arrow::datatypes::ArrowPrimitiveType>(
 }
 
 /// A text column read in place (Utf8, LargeUtf8, Utf8View or a dictionary of strings).
-fn text<'a>(a: &'a ArrayRef, name: &str) -> Result<StrCol<'a>> {
+pub fn text<'a>(a: &'a ArrayRef, name: &str) -> Result<StrCol<'a>> {
     StrCol::of_array(a.as_ref())
         .with_context(|| format!("column `{name}`: expected text, found {}", a.data_type()))
 }

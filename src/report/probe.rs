@@ -19,13 +19,12 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Int64Type};
+use arrow::array::{ArrayRef, RecordBatch};
 use serde::{Deserialize, Serialize};
 
+use super::data::{f64s, ints, text};
 use super::metrics::{self, BinRule};
 use crate::table::intern::Interner;
-use crate::table::StrCol;
 
 /// One probe row.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,53 +67,26 @@ fn col<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
     })
 }
 
-fn as_f64(a: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
-    super::data::f64s(a, name)
-}
-
-fn as_i64(a: &ArrayRef, name: &str) -> Result<Vec<Option<i64>>> {
-    if !a.data_type().is_integer() {
-        bail!(
-            "column `{name}`: expected an integer, found {}",
-            a.data_type()
-        );
-    }
-    let c =
-        arrow::compute::cast(a, &DataType::Int64).with_context(|| format!("column `{name}`"))?;
-    let p = c
-        .as_primitive_opt::<Int64Type>()
-        .with_context(|| format!("column `{name}`"))?;
-    Ok((0..p.len())
-        .map(|i| p.is_valid(i).then(|| p.value(i)))
-        .collect())
-}
-
 impl ProbeRows {
     /// Append a batch, validating counts. Errors name the row (global, 0-based) and column.
     pub fn push_batch(&mut self, b: &RecordBatch) -> Result<()> {
         let base = self.rows.len();
-        let sid = col(b, "sample_id")?;
-        let sid = StrCol::of_array(sid.as_ref()).with_context(|| {
-            format!(
-                "column `sample_id`: expected text, found {}",
-                sid.data_type()
-            )
-        })?;
-        let cut_index = as_i64(col(b, "cut_index")?, "cut_index")?;
-        let frac = as_f64(col(b, "cut_fraction")?, "cut_fraction")?;
-        let n = as_i64(col(b, "num_samples")?, "num_samples")?;
-        let k = as_i64(col(b, "num_correct")?, "num_correct")?;
+        let sid = text(col(b, "sample_id")?, "sample_id")?;
+        let cut_index = ints(col(b, "cut_index")?, "cut_index")?;
+        let frac = f64s(col(b, "cut_fraction")?, "cut_fraction")?;
+        let n = ints(col(b, "num_samples")?, "num_samples")?;
+        let k = ints(col(b, "num_correct")?, "num_correct")?;
         let stored = b
             .column_by_name("probe_confidence")
-            .map(|a| as_f64(a, "probe_confidence"))
+            .map(|a| f64s(a, "probe_confidence"))
             .transpose()?;
         let verbal = b
             .column_by_name("verbal_confidence")
-            .map(|a| as_f64(a, "verbal_confidence"))
+            .map(|a| f64s(a, "verbal_confidence"))
             .transpose()?;
         let acc = b
             .column_by_name("acc_reward")
-            .map(|a| as_f64(a, "acc_reward"))
+            .map(|a| f64s(a, "acc_reward"))
             .transpose()?;
         for i in 0..b.num_rows() {
             let row = base + i;
@@ -338,7 +310,7 @@ pub fn scatter_points(p: &ProbeRows) -> Vec<(f64, f64, Option<bool>)> {
 pub(crate) mod tests {
     use super::*;
     use arrow::array::{Float32Array, Int32Array, StringArray};
-    use arrow::datatypes::{Field, Schema};
+    use arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
 
     /// (sample_id, cut_index, cut_fraction, N, correct, stored probe conf, verbal, acc)
