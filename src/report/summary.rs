@@ -256,26 +256,23 @@ fn rate(num: u64, den: u64) -> Option<f64> {
     (den > 0).then(|| num as f64 / den as f64)
 }
 
+/// The column a turn's rewards are read from, and its name: `reward` (what the advantage is
+/// computed from) when the table has it, else `acc_reward` for answers and `conf_reward` for
+/// confidences.
+fn reward_column(rows: &Rows, kind: SampleType) -> (&[Option<f64>], &'static str) {
+    if !rows.missing_columns.contains("reward") {
+        return (&rows.reward, "reward");
+    }
+    match kind {
+        SampleType::Answer => (&rows.acc, "acc_reward"),
+        SampleType::Confidence => (&rows.conf_reward, "conf_reward"),
+    }
+}
+
 /// Statistics of one turn over the rows selected by `keep`.
 #[allow(clippy::needless_range_loop)] // parallel columns, indexed by row
 pub fn turn_stats(rows: &Rows, kind: SampleType, keep: &dyn Fn(usize) -> bool) -> TurnStats {
-    let fallback = match kind {
-        SampleType::Answer => &rows.acc,
-        SampleType::Confidence => &rows.conf_reward,
-    };
-    let reward_present = !rows.missing_columns.contains("reward");
-    let (rcol, rname) = if reward_present {
-        (&rows.reward, "reward")
-    } else {
-        (
-            fallback,
-            if kind == SampleType::Answer {
-                "acc_reward"
-            } else {
-                "conf_reward"
-            },
-        )
-    };
+    let (rcol, rname) = reward_column(rows, kind);
     let mut rewards = Vec::new();
     let mut lengths: Vec<u32> = Vec::new();
     let mut n = 0u64;
@@ -570,19 +567,15 @@ pub struct TurnSamples {
 
 /// The histogram inputs of both turns: `(answers, confidences)`.
 pub fn turn_samples(rows: &Rows) -> (TurnSamples, TurnSamples) {
-    let reward_present = !rows.missing_columns.contains("reward");
+    let (answer_rewards, _) = reward_column(rows, SampleType::Answer);
+    let (confidence_rewards, _) = reward_column(rows, SampleType::Confidence);
     let mut out = (TurnSamples::default(), TurnSamples::default());
     for i in 0..rows.len() {
-        let (t, fallback) = match rows.kind[i] {
-            SampleType::Answer => (&mut out.0, rows.acc[i]),
-            SampleType::Confidence => (&mut out.1, rows.conf_reward[i]),
+        let (t, rewards) = match rows.kind[i] {
+            SampleType::Answer => (&mut out.0, answer_rewards),
+            SampleType::Confidence => (&mut out.1, confidence_rewards),
         };
-        let r = if reward_present {
-            rows.reward[i]
-        } else {
-            fallback
-        };
-        if let Some(r) = r {
+        if let Some(r) = rewards[i] {
             t.rewards.push(r);
         }
         if let Some(l) = rows.length[i] {
