@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::plot;
+use super::{metrics, plot};
 
 /// The metrics file inside a checkpoint folder.
 pub const METRICS_FILE: &str = "train_metrics.jsonl";
@@ -77,7 +77,7 @@ pub fn per_call(c: &TrainingCurves) -> Vec<CallDiagnostics> {
         let mean_of = |key: &str| -> Option<f64> {
             let v = col(key)?;
             let xs: Vec<f64> = idx.iter().filter_map(|&i| v[i]).collect();
-            (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+            metrics::mean(&xs)
         };
         out.push(CallDiagnostics {
             call: k + 1,
