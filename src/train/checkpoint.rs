@@ -91,6 +91,10 @@ impl Summary {
         } else {
             let n = done.len() as f64;
             let avg = |f: &dyn Fn(&StepMetrics) -> f64| done.iter().map(|m| f(m)).sum::<f64>() / n;
+            // Counts average in whole numbers (rounded down).
+            let avg_count = |f: &dyn Fn(&StepMetrics) -> usize| {
+                done.iter().map(|m| f(m)).sum::<usize>() / done.len()
+            };
             Some(StepMetrics {
                 step: done.last().map(|m| m.step).unwrap_or(0),
                 epoch: 0,
@@ -107,10 +111,10 @@ impl Summary {
                 clip_frac_high: avg(&|m| m.clip_frac_high),
                 clip_frac_dual: avg(&|m| m.clip_frac_dual),
                 grad_norm: avg(&|m| m.grad_norm),
-                tokens: done.iter().map(|m| m.tokens).sum::<usize>() / done.len(),
-                rows: done.iter().map(|m| m.rows).sum::<usize>() / done.len(),
-                confidence_rows: done.iter().map(|m| m.confidence_rows).sum::<usize>() / done.len(),
-                inert_rows: done.iter().map(|m| m.inert_rows).sum::<usize>() / done.len(),
+                tokens: avg_count(&|m| m.tokens),
+                rows: avg_count(&|m| m.rows),
+                confidence_rows: avg_count(&|m| m.confidence_rows),
+                inert_rows: avg_count(&|m| m.inert_rows),
                 seconds: avg(&|m| m.seconds),
                 skipped: false,
                 // Lengths averaged; the KL and mismatch are measured once, on the first step.
