@@ -465,36 +465,40 @@ mod tests {
         ];
         let logits =
             Tensor::<3>::from_data(TensorData::new(z.clone(), [2, 2, 3]), &d).require_grad();
-        let h = entropy_from_logits(logits.clone());
         let zeros = Tensor::<2>::zeros([2, 2], &d);
         let mask = t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d);
         let conf_mask = t2(&[0.0, 0.0, 1.0, 0.0], 2, 2, &d);
         let alpha_c = 0.6;
-        let out = micro_loss(
-            MicroInputs {
-                // logp only feeds the PPO term, whose advantages are 0.
-                logp: zeros.clone(),
-                old_logp: zeros.clone(),
-                adv: zeros.clone(),
-                mask: mask.clone(),
-                weight: mask.div_scalar(3.0),
-                ref_logp: None,
-                entropy: Some(h),
-                conf_mask,
-                value_entropy: None,
-            },
-            &ClipConfig::default(),
-            &LossCoefs {
-                kl_coef: 0.0,
-                kl_kind: KlEstimator::K3,
-                entropy_coef: 0.0,
-                batch_tokens: 3.0,
-                conf_entropy_coef: alpha_c,
-                conf_tokens: 1.0,
-                value_entropy_coef: 0.0,
-                value_tokens: 0.0,
-            },
-        );
+        // The micro-batch loss of `logits` with the bonus at `coef` over `n_c` confidence tokens
+        // (the whole update batch's), 3 valid tokens in all.
+        let bonus_loss = |logits: Tensor<3>, coef: f64, n_c: f64| {
+            micro_loss(
+                MicroInputs {
+                    // logp only feeds the PPO term, whose advantages are 0.
+                    logp: zeros.clone(),
+                    old_logp: zeros.clone(),
+                    adv: zeros.clone(),
+                    mask: mask.clone(),
+                    weight: mask.clone().div_scalar(3.0),
+                    ref_logp: None,
+                    entropy: Some(entropy_from_logits(logits)),
+                    conf_mask: conf_mask.clone(),
+                    value_entropy: None,
+                },
+                &ClipConfig::default(),
+                &LossCoefs {
+                    kl_coef: 0.0,
+                    kl_kind: KlEstimator::K3,
+                    entropy_coef: 0.0,
+                    batch_tokens: 3.0,
+                    conf_entropy_coef: coef,
+                    conf_tokens: n_c,
+                    value_entropy_coef: 0.0,
+                    value_tokens: 0.0,
+                },
+            )
+        };
+        let out = bonus_loss(logits.clone(), alpha_c, 1.0);
         let h_conf = 1.5 * ln2;
         let loss = scalar(out.loss.clone());
         assert!((loss - (-alpha_c * h_conf)).abs() < 1e-6, "loss {loss}");
@@ -533,33 +537,9 @@ mod tests {
         // The bonus is off with α_c = 0 (and with no confidence tokens in the batch): the same
         // inputs give a loss of exactly 0.
         for (coef, n_c) in [(0.0, 1.0), (alpha_c, 0.0)] {
-            let h = entropy_from_logits(
-                Tensor::<3>::from_data(TensorData::new(z.clone(), [2, 2, 3]), &d).require_grad(),
-            );
-            let off = micro_loss(
-                MicroInputs {
-                    logp: zeros.clone(),
-                    old_logp: zeros.clone(),
-                    adv: zeros.clone(),
-                    mask: t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d),
-                    weight: t2(&[1.0, 1.0, 1.0, 0.0], 2, 2, &d).div_scalar(3.0),
-                    ref_logp: None,
-                    entropy: Some(h),
-                    conf_mask: t2(&[0.0, 0.0, 1.0, 0.0], 2, 2, &d),
-                    value_entropy: None,
-                },
-                &ClipConfig::default(),
-                &LossCoefs {
-                    kl_coef: 0.0,
-                    kl_kind: KlEstimator::K3,
-                    entropy_coef: 0.0,
-                    batch_tokens: 3.0,
-                    conf_entropy_coef: coef,
-                    conf_tokens: n_c,
-                    value_entropy_coef: 0.0,
-                    value_tokens: 0.0,
-                },
-            );
+            let logits =
+                Tensor::<3>::from_data(TensorData::new(z.clone(), [2, 2, 3]), &d).require_grad();
+            let off = bonus_loss(logits, coef, n_c);
             assert_eq!(scalar(off.loss), 0.0, "α_c {coef}, N_c {n_c}");
         }
     }
