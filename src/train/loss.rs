@@ -290,6 +290,7 @@ pub fn approx_kl(logp: &[f64], old_logp: &[f64], mask: &[bool]) -> f64 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use clap::ValueEnum;
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol
@@ -388,8 +389,7 @@ pub(crate) mod tests {
         ) {
             let loss: Vec<Vec<f64>> = rows.iter().map(|r| r.iter().map(|x| x.0).collect()).collect();
             let mask: Vec<Vec<bool>> = rows.iter().map(|r| r.iter().map(|x| x.1).collect()).collect();
-            for mode in [LossAgg::TokenMean, LossAgg::SeqMeanTokenMean, LossAgg::SeqMeanTokenSum,
-                         LossAgg::SeqMeanTokenSumNorm] {
+            for &mode in LossAgg::value_variants() {
                 let want = agg_loss(&loss, &mask, mode, l_max);
                 let w = agg_weights(&mask, mode, l_max);
                 let got: f64 = w.iter().zip(&loss)

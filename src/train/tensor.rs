@@ -263,6 +263,7 @@ mod tests {
     use super::*;
     use crate::train::loss;
     use burn::tensor::{Device, TensorData};
+    use clap::ValueEnum;
     use rand::{Rng, SeedableRng};
 
     fn dev() -> Device {
@@ -617,12 +618,7 @@ mod tests {
             .map(|l| l + rng.random_range(-0.3f32..0.3))
             .collect();
         let clip = ClipConfig::default();
-        for mode in [
-            loss::LossAgg::TokenMean,
-            loss::LossAgg::SeqMeanTokenMean,
-            loss::LossAgg::SeqMeanTokenSum,
-            loss::LossAgg::SeqMeanTokenSumNorm,
-        ] {
+        for &mode in loss::LossAgg::value_variants() {
             let w = loss::agg_weights(&mask, mode, 6);
             let wf: Vec<f32> = w.iter().flatten().map(|&x| x as f32).collect();
             let mf: Vec<f32> = mask

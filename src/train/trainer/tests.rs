@@ -9,6 +9,7 @@ use crate::train::policy::{host_logprobs, response_logprobs};
 use crate::train::schedule::ScheduleKind;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Device;
+use clap::ValueEnum;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
@@ -143,12 +144,7 @@ fn inert_rows_are_skipped_without_changing_the_gradient() {
         }
         c
     };
-    for agg in [
-        LossAgg::TokenMean,
-        LossAgg::SeqMeanTokenMean,
-        LossAgg::SeqMeanTokenSum,
-        LossAgg::SeqMeanTokenSumNorm,
-    ] {
+    for &agg in LossAgg::value_variants() {
         let cfg = plain(agg, 2);
         assert!(cfg.row_is_inert(&base[1]) && !cfg.row_is_inert(&tiny_adv[1]));
         let a: Vec<&TrainRow> = base.iter().collect();
@@ -191,12 +187,7 @@ fn accumulation_over_micro_batches_equals_full_batch() {
     let m = tiny();
     let rows = rows(&m.transformer, 4, 1, 0.3);
     let refs: Vec<&TrainRow> = rows.iter().collect();
-    for agg in [
-        LossAgg::TokenMean,
-        LossAgg::SeqMeanTokenMean,
-        LossAgg::SeqMeanTokenSum,
-        LossAgg::SeqMeanTokenSumNorm,
-    ] {
+    for &agg in LossAgg::value_variants() {
         let (g4, s4) = batch_gradients(&m.transformer, &refs, &config(agg, 4)).expect("full");
         let (g1, s1) = batch_gradients(&m.transformer, &refs, &config(agg, 1)).expect("micro");
         let h4 = grads_to_host(&m.transformer, &g4);
