@@ -66,11 +66,6 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         a.system_prompt_file.as_deref(),
         a.sampling.plan(),
     )?;
-    let mut summary = answer_stage::run(&plan)?;
-    crate::info!("{}", summary.line("generate-answers", "answer_span"));
-    crate::info!("{}", summary.transfer_line("generate-answers"));
-    if let Some(line) = summary.memory_line("generate-answers") {
-        crate::info!("{line}");
-    }
+    answer_stage::run(&plan)?.log("generate-answers", "answer_span");
     Ok(())
 }

@@ -60,11 +60,6 @@ pub fn run(g: &Global, a: Args) -> Result<()> {
         a.system_prompt,
         a.sampling.plan(),
     )?;
-    let mut summary = confidence_stage::run(&plan)?;
-    crate::info!("{}", summary.line("generate-confidence", "confidence_span"));
-    crate::info!("{}", summary.transfer_line("generate-confidence"));
-    if let Some(line) = summary.memory_line("generate-confidence") {
-        crate::info!("{line}");
-    }
+    confidence_stage::run(&plan)?.log("generate-confidence", "confidence_span");
     Ok(())
 }

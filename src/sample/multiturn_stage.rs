@@ -231,10 +231,7 @@ pub fn run(plan: &Plan) -> Result<String> {
         memory: pool,
         ..Summary::default()
     };
-    crate::info!("{}", moves.transfer_line("generate-multiturn"));
-    if let Some(line) = moves.memory_line("generate-multiturn") {
-        crate::info!("{line}");
-    }
+    moves.log_costs("generate-multiturn");
 
     // Statistics (summary line and the `rlcr.multiturn_summary` metadata).
     let all: Vec<&Rollout> = results.iter().flatten().collect();

@@ -208,6 +208,21 @@ impl Summary {
     pub fn memory_line(&mut self, stage: &str) -> Option<String> {
         crate::model::memory::line(&mut self.memory, stage)
     }
+
+    /// Log what the sampling cost: the [`Self::transfer_line`], then on a GPU backend the
+    /// [`Self::memory_line`].
+    pub fn log_costs(&mut self, stage: &str) {
+        crate::info!("{}", self.transfer_line(stage));
+        if let Some(line) = self.memory_line(stage) {
+            crate::info!("{line}");
+        }
+    }
+
+    /// Log a finished stage: its [`Self::line`], then its [`Self::log_costs`].
+    pub fn log(&mut self, stage: &str, span_name: &str) {
+        crate::info!("{}", self.line(stage, span_name));
+        self.log_costs(stage);
+    }
 }
 
 /// Decode steps between two readings of the GPU memory pool while sampling.
