@@ -37,13 +37,11 @@ use anyhow::{ensure, Context, Result};
 use rayon::prelude::*;
 
 use super::env::{EnvReply, EnvRequest, Environment};
-use super::logits::Processor;
-use super::rng::sample_rng;
 use super::sampler::{
     draw_rows, in_waves, reselect, retire_finished, start_wave, step_logits, wave_results,
-    DrawState, GenConfig, Generated, Logits, Part, SampleId, StepModel, WaveGroup,
+    GenConfig, Generated, Logits, Part, RowResponse, SampleId, StepModel, WaveGroup, WaveRow,
 };
-use super::stop::{DecodeFn, Detokenizer, FinishReason};
+use super::stop::{DecodeFn, FinishReason};
 use crate::model::Message;
 
 /// Observation feeds are padded to at least this many slots (narrow forwards round differently
@@ -122,18 +120,13 @@ pub struct Report {
 }
 
 struct Row {
-    out: usize,
+    response: RowResponse,
     id: SampleId,
     /// Index of the episode (in the caller's order).
     episode: usize,
     ctx_len: usize,
-    rng: rand_chacha::ChaCha20Rng,
-    proc_: Processor,
-    ids: Vec<u32>,
-    logprobs: Vec<f32>,
     info: Vec<bool>,
     turn_ids: Vec<i32>,
-    detok: Detokenizer,
     turns: Vec<Turn>,
     turn_tokens: usize,
     turn_start_text: usize,
@@ -141,22 +134,22 @@ struct Row {
     held_eos: Option<u32>,
     /// How the current turn ended (set when it does).
     turn_end: Option<&'static str>,
-    finish: Option<FinishReason>,
     /// Observation tokens to feed after the last model token.
     obs: Vec<u32>,
 }
 
-impl DrawState for Row {
-    fn draw_state(&mut self) -> (&mut rand_chacha::ChaCha20Rng, &mut Processor) {
-        (&mut self.rng, &mut self.proc_)
+impl WaveRow for Row {
+    fn response(&mut self) -> &mut RowResponse {
+        &mut self.response
     }
 }
 
 impl Row {
     /// Room left in the response.
     fn room(&self, limits: &Limits, max_pos: usize) -> usize {
-        let by_budget = limits.max_response_tokens.saturating_sub(self.ids.len());
-        let by_model = max_pos.saturating_sub(self.ctx_len + self.ids.len());
+        let n = self.response.ids.len();
+        let by_budget = limits.max_response_tokens.saturating_sub(n);
+        let by_model = max_pos.saturating_sub(self.ctx_len + n);
         by_budget.min(by_model)
     }
 
@@ -170,19 +163,19 @@ impl Row {
         max_pos: usize,
         decode: &DecodeFn<'_>,
     ) -> Result<()> {
-        self.ids.push(tok);
-        self.logprobs.push(lp);
+        self.response.push(tok, lp);
         self.info.push(true);
         self.turn_ids.push(self.turns.len() as i32);
         self.turn_tokens += 1;
+        let detok = &mut self.response.detok;
         if cfg.stop.is_eos(tok) {
             self.held_eos = Some(tok);
-            self.detok.finish(decode)?;
+            detok.finish(decode)?;
             self.turn_end = Some("eos");
             return Ok(());
         }
-        let from = self.detok.push(tok, decode)?;
-        let text = self.detok.text();
+        let from = detok.push(tok, decode)?;
+        let text = detok.text();
         let mut start = self.turn_start_text.min(text.len());
         while !text.is_char_boundary(start) {
             start -= 1;
@@ -196,13 +189,13 @@ impl Row {
             self.turn_end = Some("length");
         }
         if self.turn_end.is_some() {
-            self.detok.finish(decode)?;
+            self.response.detok.finish(decode)?;
         }
         Ok(())
     }
 
     fn turn_text(&self) -> String {
-        let text = self.detok.text();
+        let text = self.response.detok.text();
         let mut start = self.turn_start_text.min(text.len());
         while !text.is_char_boundary(start) {
             start -= 1;
@@ -248,25 +241,24 @@ impl Row {
         }
         if let Some(eos) = self.held_eos.take() {
             if end.is_some() {
-                self.detok.push_silent();
+                self.response.detok.push_silent();
             } else {
-                self.detok.push(eos, decode)?;
+                self.response.detok.push(eos, decode)?;
             }
         }
         for &t in &obs {
-            self.ids.push(t);
-            self.logprobs.push(0.0);
+            self.response.push(t, 0.0);
             self.info.push(false);
             self.turn_ids.push(-1);
-            self.detok.push(t, decode)?;
+            self.response.detok.push(t, decode)?;
         }
-        self.detok.finish(decode)?;
+        self.response.detok.finish(decode)?;
         turn.observation_tokens = obs.len();
         self.turns.push(turn);
         self.turn_tokens = 0;
-        self.turn_start_text = self.detok.text().len();
+        self.turn_start_text = self.response.detok.text().len();
         self.obs = obs;
-        self.finish = end;
+        self.response.finish = end;
         Ok(())
     }
 
@@ -287,11 +279,7 @@ pub fn rollout<M: StepModel>(
     env: &mut dyn Environment,
     on_step: &mut dyn FnMut(Report),
 ) -> Result<Vec<Vec<Rollout>>> {
-    cfg.params.validate()?;
-    ensure!(
-        cfg.stop.max_new_tokens > 0,
-        "--max-new-tokens must be at least 1"
-    );
+    cfg.check()?;
     ensure!(limits.max_turns > 0, "--max-turns must be at least 1");
     ensure!(
         limits.max_response_tokens > 0,
@@ -347,23 +335,17 @@ fn run_wave<M: StepModel>(
         room,
         cfg.prefill_chunk,
         |e, id, out| Row {
-            out,
-            rng: sample_rng(cfg.seed, &id.key()),
+            response: RowResponse::new(cfg.seed, id, out),
             id: id.clone(),
             episode: e,
             ctx_len: episodes[e].context.len(),
-            proc_: Processor::new(),
-            ids: Vec::new(),
-            logprobs: Vec::new(),
             info: Vec::new(),
             turn_ids: Vec::new(),
-            detok: Detokenizer::new(),
             turns: Vec::new(),
             turn_tokens: 0,
             turn_start_text: 0,
             held_eos: None,
             turn_end: None,
-            finish: None,
             obs: Vec::new(),
         },
     )?;
@@ -396,7 +378,7 @@ fn run_wave<M: StepModel>(
                         sample_id: format!("{}/a{}", r.id.prompt_id, r.id.answer_idx),
                         turn: r.turns.len() as u32,
                         messages: ep.messages.clone(),
-                        response_so_far: r.detok.text().to_string(),
+                        response_so_far: r.response.detok.text().to_string(),
                         turn_text: r.turn_text(),
                         finish: r.turn_end.unwrap_or("length"),
                         data_source: ep.data_source.clone(),
@@ -423,23 +405,20 @@ fn run_wave<M: StepModel>(
         // Finished rows leave.
         let before = rows.len();
         let keep;
-        (rows, keep) = retire_finished(
-            rows,
-            |r| r.finish,
-            |row, f| {
-                let (text, ends) = row.detok.into_parts();
-                results[row.out] = Some(Rollout {
-                    ids: row.ids,
-                    logprobs: row.logprobs,
-                    info_mask: row.info,
-                    turn_ids: row.turn_ids,
-                    text,
-                    ends,
-                    turns: row.turns,
-                    finish: f,
-                });
-            },
-        );
+        (rows, keep) = retire_finished(rows, &mut results, |row, f| {
+            let (out, g) = row.response.into_generated(f);
+            let rollout = Rollout {
+                ids: g.ids,
+                logprobs: g.logprobs,
+                info_mask: row.info,
+                turn_ids: row.turn_ids,
+                text: g.text,
+                ends: g.ends,
+                turns: row.turns,
+                finish: g.finish,
+            };
+            (out, rollout)
+        });
         on_step(Report {
             tokens: before,
             finished: before - rows.len(),
@@ -469,7 +448,8 @@ fn run_wave<M: StepModel>(
                 let n = r.obs.len() + 1;
                 let at = i * w + (w - n);
                 // The last model token sits right before the observation in `ids`.
-                let last_model = r.ids[r.ids.len() - r.obs.len() - 1];
+                let response = &r.response.ids;
+                let last_model = response[response.len() - r.obs.len() - 1];
                 ids[at] = last_model;
                 ids[at + 1..(i + 1) * w].copy_from_slice(&r.obs);
                 valid[at..(i + 1) * w].fill(true);
@@ -489,7 +469,7 @@ fn run_wave<M: StepModel>(
             let mut ids = vec![0u32; b];
             let mut valid = vec![false; b];
             for &i in &dec_rows {
-                ids[i] = *rows[i].ids.last().unwrap_or(&0);
+                ids[i] = *rows[i].response.ids.last().unwrap_or(&0);
                 valid[i] = true;
             }
             let _t = crate::trace::span_with("decode step", || vec![("rows", b.into())]);

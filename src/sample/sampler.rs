@@ -148,16 +148,66 @@ impl Logits {
     }
 }
 
-/// A sample row's drawing state: its own ChaCha20 stream and the host sampler's scratch.
-pub(crate) trait DrawState {
-    fn draw_state(&mut self) -> (&mut rand_chacha::ChaCha20Rng, &mut Processor);
+/// What every sample row of a wave carries, single-turn or multi-turn: its place in the wave's
+/// output, its drawing state (its own ChaCha20 stream and the host sampler's scratch), the
+/// response so far (ids, behaviour log-probs, the incremental detokeniser) and how it ended.
+pub(crate) struct RowResponse {
+    /// Index into the wave's output.
+    pub(crate) out: usize,
+    pub(crate) rng: rand_chacha::ChaCha20Rng,
+    pub(crate) proc_: Processor,
+    pub(crate) ids: Vec<u32>,
+    pub(crate) logprobs: Vec<f32>,
+    pub(crate) detok: Detokenizer,
+    /// Set when the response has ended; [`retire_finished`] then takes the row out.
+    pub(crate) finish: Option<FinishReason>,
+}
+
+impl RowResponse {
+    /// The empty response of sample `id` (its stream drawn from `seed`), going to place `out`.
+    pub(crate) fn new(seed: u64, id: &SampleId, out: usize) -> Self {
+        RowResponse {
+            out,
+            rng: sample_rng(seed, &id.key()),
+            proc_: Processor::new(),
+            ids: Vec::new(),
+            logprobs: Vec::new(),
+            detok: Detokenizer::new(),
+            finish: None,
+        }
+    }
+
+    /// Append a token and its behaviour log-prob.
+    pub(crate) fn push(&mut self, tok: u32, lp: f32) {
+        self.ids.push(tok);
+        self.logprobs.push(lp);
+    }
+
+    /// The finished response, ended by `finish`, and its place in the wave's output.
+    pub(crate) fn into_generated(self, finish: FinishReason) -> (usize, Generated) {
+        let (text, ends) = self.detok.into_parts();
+        let g = Generated {
+            ids: self.ids,
+            logprobs: self.logprobs,
+            text,
+            ends,
+            finish,
+        };
+        (self.out, g)
+    }
+}
+
+/// A sample row of a wave, as [`draw_rows`] and [`retire_finished`] see it: its
+/// [`RowResponse`].
+pub(crate) trait WaveRow {
+    fn response(&mut self) -> &mut RowResponse;
 }
 
 /// One draw per sample row: row `r` takes the next uniform of its own stream and draws from
 /// logits row `src[r]` (each row's draw is the same on one path whatever the other rows). On the
 /// host [`Processor`] draws, rows in parallel; on the device [`super::draw::draw`] draws all
 /// rows at once (one upload, one read). Returns `(token, behaviour log-prob)` per row.
-pub(crate) fn draw_rows<R: DrawState + Send>(
+pub(crate) fn draw_rows<R: WaveRow + Send>(
     logits: &Logits,
     rows: &mut [R],
     src: &[usize],
@@ -178,14 +228,18 @@ pub(crate) fn draw_rows<R: DrawState + Send>(
                 let l = l
                     .get(k * vocab..(k + 1) * vocab)
                     .context("internal: a sample row reads beyond the logits")?;
-                let (rng, proc_) = row.draw_state();
-                let u = uniform(rng);
-                Ok(proc_.choose_with_logprob(l, cfg.allowed_vocab, &cfg.params, u))
+                let r = row.response();
+                let u = uniform(&mut r.rng);
+                Ok(r.proc_
+                    .choose_with_logprob(l, cfg.allowed_vocab, &cfg.params, u))
             })
             .collect(),
         Logits::Device(l) => {
             // Each row's next uniform from its own stream, as the host path draws it.
-            let u: Vec<f64> = rows.iter_mut().map(|r| uniform(r.draw_state().0)).collect();
+            let u: Vec<f64> = rows
+                .iter_mut()
+                .map(|r| uniform(&mut r.response().rng))
+                .collect();
             super::draw::draw(l, src, &u, &cfg.params, cfg.allowed_vocab)
         }
     }
@@ -276,6 +330,18 @@ pub struct GenConfig {
     pub prefill_chunk: usize,
 }
 
+impl GenConfig {
+    /// Check what every sampling run needs: valid sampling parameters, at least one new token.
+    pub fn check(&self) -> Result<()> {
+        self.params.validate()?;
+        ensure!(
+            self.stop.max_new_tokens > 0,
+            "--max-new-tokens must be at least 1"
+        );
+        Ok(())
+    }
+}
+
 /// One generated response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generated {
@@ -300,43 +366,36 @@ pub struct StepReport {
 
 /// A sample row in flight.
 struct Row {
-    /// Index into the wave's output.
-    out: usize,
-    rng: rand_chacha::ChaCha20Rng,
-    proc_: Processor,
-    ids: Vec<u32>,
-    logprobs: Vec<f32>,
-    detok: Detokenizer,
+    response: RowResponse,
     /// Max new tokens for this row (also bounded by the model's positions).
     limit: usize,
-    finish: Option<FinishReason>,
 }
 
-impl DrawState for Row {
-    fn draw_state(&mut self) -> (&mut rand_chacha::ChaCha20Rng, &mut Processor) {
-        (&mut self.rng, &mut self.proc_)
+impl WaveRow for Row {
+    fn response(&mut self) -> &mut RowResponse {
+        &mut self.response
     }
 }
 
 impl Row {
     /// Record a drawn token and its behaviour log-prob, check stop conditions.
     fn record(&mut self, tok: u32, lp: f32, cfg: &GenConfig, decode: &DecodeFn<'_>) -> Result<()> {
-        self.ids.push(tok);
-        self.logprobs.push(lp);
+        let r = &mut self.response;
+        r.push(tok, lp);
         if cfg.stop.is_eos(tok) {
-            self.detok.finish(decode)?;
-            self.detok.push_silent();
-            self.finish = Some(FinishReason::Stop);
+            r.detok.finish(decode)?;
+            r.detok.push_silent();
+            r.finish = Some(FinishReason::Stop);
             return Ok(());
         }
-        let from = self.detok.push(tok, decode)?;
-        if cfg.stop.stop_string_in(self.detok.text(), from) {
-            self.finish = Some(FinishReason::Stop);
-        } else if self.ids.len() >= self.limit {
-            self.finish = Some(FinishReason::Length);
+        let from = r.detok.push(tok, decode)?;
+        if cfg.stop.stop_string_in(r.detok.text(), from) {
+            r.finish = Some(FinishReason::Stop);
+        } else if r.ids.len() >= self.limit {
+            r.finish = Some(FinishReason::Length);
         }
-        if self.finish.is_some() {
-            self.detok.finish(decode)?;
+        if r.finish.is_some() {
+            r.detok.finish(decode)?;
         }
         Ok(())
     }
@@ -386,11 +445,7 @@ pub fn generate<M: StepModel>(
     cfg: &GenConfig,
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<Vec<Vec<Generated>>> {
-    cfg.params.validate()?;
-    ensure!(
-        cfg.stop.max_new_tokens > 0,
-        "--max-new-tokens must be at least 1"
-    );
+    cfg.check()?;
     in_waves(groups, model.max_positions(), cfg.batch_size, |parts| {
         run_wave(model, decode, groups, parts, cfg, on_step)
     })
@@ -563,18 +618,22 @@ pub(crate) fn reselect<M: StepModel>(
     Ok(())
 }
 
-/// After a decode step: hand every finished row (`finish` gives its reason) to `done` and keep
-/// the others in order. Returns the rows kept and their indices in `rows` (for [`reselect`]).
-pub(crate) fn retire_finished<R>(
+/// After a decode step: hand every finished row (its response ended) to `done`, which gives
+/// its result and its place in `results`, and keep the others in order. Returns the rows kept
+/// and their indices in `rows` (for [`reselect`]).
+pub(crate) fn retire_finished<R: WaveRow, T>(
     rows: Vec<R>,
-    finish: impl Fn(&R) -> Option<FinishReason>,
-    mut done: impl FnMut(R, FinishReason),
+    results: &mut [Option<T>],
+    mut done: impl FnMut(R, FinishReason) -> (usize, T),
 ) -> (Vec<R>, Vec<usize>) {
     let mut keep = Vec::with_capacity(rows.len());
     let mut next = Vec::with_capacity(rows.len());
-    for (i, row) in rows.into_iter().enumerate() {
-        match finish(&row) {
-            Some(f) => done(row, f),
+    for (i, mut row) in rows.into_iter().enumerate() {
+        match row.response().finish {
+            Some(f) => {
+                let (out, result) = done(row, f);
+                results[out] = Some(result);
+            }
             None => {
                 keep.push(i);
                 next.push(row);
@@ -667,17 +726,11 @@ fn run_wave<M: StepModel>(
         room,
         cfg.prefill_chunk,
         |g, id, out| Row {
-            out,
-            rng: sample_rng(cfg.seed, &id.key()),
-            proc_: Processor::new(),
-            ids: Vec::new(),
-            logprobs: Vec::new(),
-            detok: Detokenizer::new(),
+            response: RowResponse::new(cfg.seed, id, out),
             limit: cfg
                 .stop
                 .max_new_tokens
                 .min(max_pos - groups[g].context.len()),
-            finish: None,
         },
     )?;
     let n_rows = rows.len();
@@ -698,20 +751,7 @@ fn run_wave<M: StepModel>(
             .try_for_each(|(row, &(tok, lp))| row.record(tok, lp, cfg, decode))?;
         let before = rows.len();
         let keep;
-        (rows, keep) = retire_finished(
-            rows,
-            |r| r.finish,
-            |row, f| {
-                let (text, ends) = row.detok.into_parts();
-                results[row.out] = Some(Generated {
-                    ids: row.ids,
-                    logprobs: row.logprobs,
-                    text,
-                    ends,
-                    finish: f,
-                });
-            },
-        );
+        (rows, keep) = retire_finished(rows, &mut results, |row, f| row.response.into_generated(f));
         slot = keep.iter().map(|&i| slot[i]).collect();
         on_step(StepReport {
             tokens: before,
@@ -739,7 +779,7 @@ fn run_wave<M: StepModel>(
                 if replay {
                     let steps = rows
                         .iter()
-                        .map(|r| r.limit - r.ids.len())
+                        .map(|r| r.limit - r.response.ids.len())
                         .max()
                         .unwrap_or(1);
                     match model.decode_graph(cache, steps, cfg)? {
@@ -754,7 +794,7 @@ fn run_wave<M: StepModel>(
                 }
             }
         };
-        let next = |r: &Row| *r.ids.last().unwrap_or(&0);
+        let next = |r: &Row| *r.response.ids.last().unwrap_or(&0);
         drawn = match &mut dec {
             Decoder::Steps { cache, .. } => {
                 let ids: Vec<u32> = rows.iter().map(next).collect();
@@ -770,7 +810,7 @@ fn run_wave<M: StepModel>(
                 for (row, &s) in rows.iter_mut().zip(&slot) {
                     ids[s] = next(row);
                     live[s] = true;
-                    u[s] = uniform(&mut row.rng);
+                    u[s] = uniform(&mut row.response.rng);
                 }
                 let _t = crate::trace::span_with("replayed decode step", || {
                     vec![("rows", b.into()), ("live", slot.len().into())]
