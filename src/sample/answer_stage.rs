@@ -7,15 +7,18 @@
 //! messages + the response prefix as a partial assistant message, if any). The prompts are
 //! processed in order, in chunks, and written as they complete, so memory stays bounded.
 
+use std::collections::HashSet;
+
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, RecordBatch, UInt32Array};
 
+use super::policy::Policy;
 use super::prompts::{answer_messages, DEFAULT_SYSTEM_PROMPT};
-use super::sampler::SampleId;
-use super::spans::{answer_span, context_opens};
-use super::stage::{self, ModelJob, Sampler, SamplingPlan, Summary};
-use crate::model::Message;
-use crate::table::{cols, Writer, PROMPTS, TRAJECTORY};
+use super::spans::context_opens;
+use super::stage::{
+    self, InputBatch, Item, ItemKind, ModelJob, Sampled, SamplingPlan, Summary, TableStage,
+};
+use crate::table::{cols, TableSpec, PROMPTS, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-answers`' flags.
 #[derive(Debug, Clone)]
@@ -59,66 +62,53 @@ impl Plan {
     }
 }
 
-/// One prompt ready to sample from.
-struct Prepared {
-    /// Row in its input batch.
-    row: usize,
-    prompt_id: String,
-    messages: Vec<Message>,
-    context_ids: Vec<u32>,
-    think_prefilled: bool,
+/// What one run has seen: the prompt ids so far (each must be new).
+pub(crate) struct Run {
+    seen: HashSet<String>,
 }
 
-/// Sample the answers of `plan` into its output; the sampler's totals.
-pub fn run(plan: &Plan) -> Result<Summary> {
-    let shard = plan.job.shard;
-    let system = &plan.system_prompt;
-    let device = plan.job.device.open()?;
-    let (reader, name) = stage::open_input(&plan.job, &PROMPTS, &["prompt_id", "messages"])?;
-    let total_prompts = reader.num_rows();
-    if total_prompts == 0 {
-        bail!("{name}: the table has no rows; nothing was written");
-    }
-    let s = &plan.sampling;
-    let (policy, cfg, mut config) = s.load(&plan.job, &device, "generate-answers")?;
-    config["num_answers"] = plan.num_answers.into();
-    config["system_prompt"] = match &system {
-        Some(s) => s.clone().into(),
-        None => serde_json::json!({"default": DEFAULT_SYSTEM_PROMPT}),
-    };
-    let meta = stage::output_meta(&plan.job, s, "generate-answers", config)?;
+impl TableStage for Plan {
+    type Run = Run;
+    type Report = ();
+    const NAME: &'static str = "generate-answers";
+    const INPUT: &'static TableSpec = &PROMPTS;
+    const REQUIRED: &'static [&'static str] = &["prompt_id", "messages"];
+    const NOTHING: &'static str = "prompts to sample from";
 
-    let mut sampler = Sampler::new(
-        &policy,
-        &cfg,
-        "generate-answers",
-        total_prompts * plan.num_answers,
-    );
-    let mut writer: Option<Writer> = None;
-    let mut seen = std::collections::HashSet::new();
-    let mut base_row = 0usize;
-    for batch in reader {
-        let batch = batch?;
-        let pid = cols::str_col(&batch, &name, "prompt_id")?;
-        let msg = cols::messages(&batch, &name)?;
-        let mut prepared = Vec::new();
-        for i in 0..batch.num_rows() {
-            let loc = || format!("{name}, row {}", base_row + i);
+    fn config(&self, config: &mut serde_json::Value) {
+        config["num_answers"] = self.num_answers.into();
+        config["system_prompt"] = match &self.system_prompt {
+            Some(s) => s.clone().into(),
+            None => serde_json::json!({"default": DEFAULT_SYSTEM_PROMPT}),
+        };
+    }
+
+    fn start(&self, _name: &str) -> Run {
+        Run {
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Every prompt of the shard, its context checked against the model's positions.
+    fn items(&self, run: &mut Run, policy: &Policy, batch: &InputBatch) -> Result<Vec<Item>> {
+        let pid = cols::str_col(batch.rows, batch.name, "prompt_id")?;
+        let msg = cols::messages(batch.rows, batch.name)?;
+        let prefix = self.sampling.response_prefix.as_deref();
+        batch.items(|i, loc| {
             stage::require_values(
-                &loc,
+                loc,
                 "null where a value is required",
                 &[("prompt_id", pid.is_null(i)), ("messages", msg.is_null(i))],
             )?;
             let id = pid.value(i).to_string();
-            if !seen.insert(id.clone()) {
+            if !run.seen.insert(id.clone()) {
                 bail!("{}, column `prompt_id`: duplicate prompt_id {id:?}", loc());
             }
-            if shard.is_some_and(|s| !s.contains(&id)) {
-                continue;
+            if self.job.shard.is_some_and(|s| !s.contains(&id)) {
+                return Ok(None);
             }
-            let prompt = stage::messages_cell(msg.value(i), &loc)?;
-            let messages =
-                answer_messages(&prompt, system.as_deref(), s.response_prefix.as_deref());
+            let prompt = stage::messages_cell(msg.value(i), loc)?;
+            let messages = answer_messages(&prompt, self.system_prompt.as_deref(), prefix);
             let (text, context_ids) = policy
                 .encode_context(&messages)
                 .with_context(|| format!("{}: building the context", loc()))?;
@@ -131,74 +121,38 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                     context_ids.len()
                 );
             }
-            prepared.push(Prepared {
+            Ok(Some(Item {
                 row: i,
                 prompt_id: id,
+                kind: ItemKind::Prompt,
                 messages,
                 context_ids,
-                think_prefilled: context_opens(&text, "<think>", &["</think>"]),
-            });
-        }
-        let g_a = plan.num_answers;
-        sampler.write_chunks(
-            &prepared,
-            g_a,
-            &mut writer,
-            &plan.job.out,
-            &meta,
-            |sm, chunk| sample_chunk(sm, &batch, chunk, g_a),
-        )?;
-        base_row += batch.num_rows();
+                opened: context_opens(&text, "<think>", &["</think>"]),
+            }))
+        })
     }
-    sampler.progress.finish();
-    stage::finish_output(writer, &name, "prompts to sample from", shard.is_some())?;
-    Ok(sampler.summary)
+
+    /// Each answer row: its prompt row with the sampled columns set.
+    fn rows(&self, batch: &RecordBatch, _chunk: &[Item], sampled: Sampled) -> Result<RecordBatch> {
+        let take = UInt32Array::from(sampled.input_rows);
+        let base = arrow::compute::take_record_batch(batch, &take)?;
+        // Answers carry no confidence_span (generate-confidence adds it).
+        let arrays: Vec<_> = sampled
+            .columns
+            .into_arrays()
+            .into_iter()
+            .filter(|(n, _)| *n != "confidence_span")
+            .collect();
+        cols::set_columns(&base, &TRAJECTORY, arrays)
+    }
+
+    fn end(&self, _run: Run) -> Result<()> {
+        Ok(())
+    }
 }
 
-/// Sample `g_a` answers for each prompt of `chunk` and build their rows.
-fn sample_chunk(
-    sm: &mut Sampler,
-    batch: &RecordBatch,
-    chunk: &[Prepared],
-    g_a: usize,
-) -> Result<RecordBatch> {
-    let results = sm.sample(
-        chunk,
-        g_a,
-        |p| p.context_ids.clone(),
-        |p, k| SampleId {
-            prompt_id: p.prompt_id.clone(),
-            answer_idx: k,
-            confidence_idx: None,
-        },
-    )?;
-    let mut take = Vec::with_capacity(chunk.len() * g_a);
-    let mut c = stage::SampledColumns::default();
-    for (p, res) in chunk.iter().zip(&results) {
-        for (k, gen) in res.iter().enumerate() {
-            let span = answer_span(&gen.text, &gen.ends, p.think_prefilled);
-            sm.summary.add(gen, span);
-            take.push(p.row as u32);
-            c.push(
-                "answer",
-                stage::to_i32(k, "answer_idx")?,
-                None,
-                format!("{}/a{k}", p.prompt_id),
-                &p.messages,
-                &p.context_ids,
-                gen,
-                span,
-                None,
-            )?;
-        }
-    }
-    let idx = UInt32Array::from(take);
-    let base = arrow::compute::take_record_batch(batch, &idx)?;
-    let arrays = c.into_arrays();
-    // Answers carry no confidence_span (generate-confidence adds it).
-    let arrays: Vec<_> = arrays
-        .into_iter()
-        .filter(|(n, _)| *n != "confidence_span")
-        .collect();
-    cols::set_columns(&base, &TRAJECTORY, arrays)
+/// Sample the answers of `plan` into its output; the sampler's totals.
+pub fn run(plan: &Plan) -> Result<Summary> {
+    let (summary, _) = stage::run_table(plan, &plan.job, &plan.sampling, plan.num_answers)?;
+    Ok(summary)
 }

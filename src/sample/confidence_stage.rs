@@ -9,15 +9,18 @@
 //! **sampled ids** spliced in (see [`crate::sample::policy`]); the G_c samples of one answer share
 //! that context, prefilled once.
 
+use std::collections::HashSet;
+
 use anyhow::{bail, Context, Result};
 use arrow::array::{Array, RecordBatch, UInt32Array};
 
+use super::policy::Policy;
 use super::prompts::{answer_turn, confidence_messages, confidence_query};
-use super::sampler::SampleId;
-use super::spans::{confidence_span, context_opens_confidence};
-use super::stage::{self, ModelJob, Sampler, SamplingPlan, Summary};
-use crate::model::Message;
-use crate::table::{self, cols, SampleType, Writer, TRAJECTORY};
+use super::spans::context_opens_confidence;
+use super::stage::{
+    self, InputBatch, Item, ItemKind, ModelJob, Sampled, SamplingPlan, Summary, TableStage,
+};
+use crate::table::{self, cols, Reader, SampleType, TableSpec, TRAJECTORY};
 
 /// What to sample: the validated form of `rlcr generate-confidence`'s flags.
 #[derive(Debug, Clone)]
@@ -70,86 +73,86 @@ const LATER_COLUMNS: &[&str] = &[
     "loss_mask",
 ];
 
-/// One answer ready for its confidences.
-struct Prepared {
-    row: usize,
-    prompt_id: String,
-    answer_idx: u32,
-    messages: Vec<Message>,
-    context_ids: Vec<u32>,
-    opened: bool,
+/// What one run has seen: the answers so far (each must be new), how many of their contexts
+/// reuse the sampled ids, and the input's rows checked against the schema's rules.
+pub(crate) struct Run {
+    name: String,
+    seen: HashSet<(String, u32)>,
+    spliced: usize,
+    validator: table::Validator,
 }
 
-/// Sample the confidences of `plan` into its output; the sampler's totals.
-pub fn run(plan: &Plan) -> Result<Summary> {
-    let shard = plan.job.shard;
-    let query = &plan.confidence_prompt;
-    let device = plan.job.device.open()?;
-    let (reader, name) = stage::open_input(
-        &plan.job,
-        &TRAJECTORY,
-        &[
-            "prompt_id",
-            "sample_type",
-            "answer_idx",
-            "messages",
-            "response_ids",
-            "response_text",
-            "finish_reason",
-        ],
-    )?;
-    for c in LATER_COLUMNS {
-        if reader.has_column(c) {
-            bail!(
-                "{name}: has the column `{c}` of a later stage; generate-confidence reads the \
-                 answers table written by generate-answers"
-            );
+impl TableStage for Plan {
+    type Run = Run;
+    type Report = usize;
+    const NAME: &'static str = "generate-confidence";
+    const INPUT: &'static TableSpec = &TRAJECTORY;
+    const REQUIRED: &'static [&'static str] = &[
+        "prompt_id",
+        "sample_type",
+        "answer_idx",
+        "messages",
+        "response_ids",
+        "response_text",
+        "finish_reason",
+    ];
+    const NOTHING: &'static str = "answers to sample confidences for";
+
+    fn check_input(&self, reader: &Reader, name: &str) -> Result<()> {
+        for c in LATER_COLUMNS {
+            if reader.has_column(c) {
+                bail!(
+                    "{name}: has the column `{c}` of a later stage; generate-confidence reads the \
+                     answers table written by generate-answers"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn config(&self, config: &mut serde_json::Value) {
+        config["num_confidences"] = self.num_confidences.into();
+        config["confidence_prompt"] = self.confidence_prompt.clone().into();
+        config["system_prompt"] = match &self.system_prompt {
+            Some(s) => s.clone().into(),
+            None => "as recorded in the answers' messages".into(),
+        };
+    }
+
+    fn start(&self, name: &str) -> Run {
+        Run {
+            name: name.to_string(),
+            seen: HashSet::new(),
+            spliced: 0,
+            validator: table::Validator::new(name, &TRAJECTORY),
         }
     }
-    let total_answers = reader.num_rows();
-    if total_answers == 0 {
-        bail!("{name}: the table has no rows; nothing was written");
-    }
-    let s = &plan.sampling;
-    let (policy, cfg, mut config) = s.load(&plan.job, &device, "generate-confidence")?;
-    config["num_confidences"] = plan.num_confidences.into();
-    config["confidence_prompt"] = query.clone().into();
-    config["system_prompt"] = match &plan.system_prompt {
-        Some(s) => s.clone().into(),
-        None => "as recorded in the answers' messages".into(),
-    };
-    let meta = stage::output_meta(&plan.job, s, "generate-confidence", config)?;
 
-    let stop_ids = policy.model.tokenizer.stop_ids.clone();
-    let mut sampler = Sampler::new(
-        &policy,
-        &cfg,
-        "generate-confidence",
-        total_answers * plan.num_confidences,
-    );
-    let mut writer: Option<Writer> = None;
-    let mut spliced = 0usize;
-    let mut seen = std::collections::HashSet::new();
-    let mut base_row = 0usize;
-    let vocab = policy.model.config.vocab_size;
-    let mut validator = table::Validator::new(&name, &TRAJECTORY);
-    for batch in reader {
-        let batch = batch?;
-        validator.check_batch(&batch)?;
-        // rlcr's types and nullability for the documented columns, whatever wrote the table (the
-        // confidence rows built below carry rlcr's; the answer rows are copied beside them).
-        let batch = cols::conform(&batch, &TRAJECTORY, &name)?;
-        let pid = cols::str_col(&batch, &name, "prompt_id")?;
-        let st = cols::str_col(&batch, &name, "sample_type")?;
-        let aidx = cols::i32_col(&batch, &name, "answer_idx")?;
-        let msg = cols::messages(&batch, &name)?;
-        let text = cols::str_col(&batch, &name, "response_text")?;
-        let rids = cols::list_i32(&batch, &name, "response_ids")?;
-        let mut prepared = Vec::new();
-        for i in 0..batch.num_rows() {
-            let loc = || format!("{name}, row {}", base_row + i);
+    /// The batch checked against the schema's rules, with rlcr's types and nullability for the
+    /// documented columns whatever wrote the table (the confidence rows built from it carry
+    /// rlcr's; the answer rows are copied beside them).
+    fn conform(&self, run: &mut Run, batch: RecordBatch) -> Result<RecordBatch> {
+        run.validator.check_batch(&batch)?;
+        cols::conform(&batch, &TRAJECTORY, &run.name)
+    }
+
+    /// Every answer of the shard (the input must hold answer rows only), its confidence context
+    /// built and checked against the model's positions.
+    fn items(&self, run: &mut Run, policy: &Policy, batch: &InputBatch) -> Result<Vec<Item>> {
+        let (b, name) = (batch.rows, batch.name);
+        let pid = cols::str_col(b, name, "prompt_id")?;
+        let st = cols::str_col(b, name, "sample_type")?;
+        let aidx = cols::i32_col(b, name, "answer_idx")?;
+        let msg = cols::messages(b, name)?;
+        let text = cols::str_col(b, name, "response_text")?;
+        let rids = cols::list_i32(b, name, "response_ids")?;
+        let stop_ids = &policy.model.tokenizer.stop_ids;
+        let vocab = policy.model.config.vocab_size;
+        let query = &self.confidence_prompt;
+        let prefix = self.sampling.response_prefix.as_deref();
+        batch.items(|i, loc| {
             stage::require_values(
-                &loc,
+                loc,
                 "null",
                 &[
                     ("prompt_id", pid.is_null(i)),
@@ -171,25 +174,25 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             let k = aidx.value(i);
             let answer_idx = u32::try_from(k)
                 .with_context(|| format!("{}, column `answer_idx`: negative ({k})", loc()))?;
-            if !seen.insert((id.clone(), answer_idx)) {
+            if !run.seen.insert((id.clone(), answer_idx)) {
                 bail!("{}: duplicate answer ({id:?}, answer_idx {k})", loc());
             }
-            if shard.is_some_and(|s| !s.contains(&id)) {
-                continue;
+            if self.job.shard.is_some_and(|s| !s.contains(&id)) {
+                return Ok(None);
             }
-            let conv = stage::messages_cell(msg.value(i), &loc)?;
-            let (before, answer_prefix) = answer_turn(conv, plan.system_prompt.as_deref());
-            let mut answer_ids = stage::token_ids(&rids, i, &loc, "response_ids", vocab)?;
+            let conv = stage::messages_cell(msg.value(i), loc)?;
+            let (before, answer_prefix) = answer_turn(conv, self.system_prompt.as_deref());
+            let mut answer_ids = stage::token_ids(&rids, i, loc, "response_ids", vocab)?;
             // The end-of-turn is the template's: a final EOS token is not part of the answer.
             if answer_ids.last().is_some_and(|t| stop_ids.contains(t)) {
                 answer_ids.pop();
             }
-            let after = confidence_query(query, s.response_prefix.as_deref());
+            let after = confidence_query(query, prefix);
             let answer_text = text.value(i);
             let (ctx_text, context_ids, ok) = policy
                 .encode_with_answer(&before, &answer_prefix, answer_text, &answer_ids, &after)
                 .with_context(|| format!("{}: building the confidence context", loc()))?;
-            spliced += ok as usize;
+            run.spliced += ok as usize;
             let max_pos = policy.model.config.max_position_embeddings;
             if context_ids.len() >= max_pos {
                 bail!(
@@ -202,35 +205,69 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             }
             let messages =
                 confidence_messages(&before, &format!("{answer_prefix}{answer_text}"), &after);
-            prepared.push(Prepared {
+            Ok(Some(Item {
                 row: i,
                 prompt_id: id,
-                answer_idx,
+                kind: ItemKind::Answer(answer_idx),
                 messages,
                 context_ids,
                 opened: context_opens_confidence(&ctx_text),
-            });
-        }
-        let g_c = plan.num_confidences;
-        sampler.write_chunks(
-            &prepared,
-            g_c,
-            &mut writer,
-            &plan.job.out,
-            &meta,
-            |sm, chunk| sample_chunk(sm, &batch, chunk, g_c),
-        )?;
-        base_row += batch.num_rows();
+            }))
+        })
     }
-    sampler.progress.finish();
-    let summary = sampler.summary;
-    validator.finish()?;
-    stage::finish_output(
-        writer,
-        &name,
-        "answers to sample confidences for",
-        shard.is_some(),
-    )?;
+
+    /// Each answer of the chunk, unchanged but for the two confidence columns (added null if
+    /// absent), followed by its confidence rows: the answer row taken again with the sampled
+    /// columns set.
+    fn rows(&self, batch: &RecordBatch, chunk: &[Item], sampled: Sampled) -> Result<RecordBatch> {
+        let g_c = self.num_confidences;
+        let take = UInt32Array::from(sampled.input_rows);
+        let n_conf = take.len();
+        let conf_base = arrow::compute::take_record_batch(batch, &take)?;
+        let conf = cols::set_columns(&conf_base, &TRAJECTORY, sampled.columns.into_arrays())?;
+        let rows: Vec<u32> = chunk.iter().map(|p| p.row as u32).collect();
+        let ans_base = arrow::compute::take_record_batch(batch, &UInt32Array::from(rows))?;
+        let n_ans = ans_base.num_rows();
+        let mut add = Vec::new();
+        if ans_base.column_by_name("confidence_idx").is_none() {
+            add.push((
+                "confidence_idx",
+                std::sync::Arc::new(arrow::array::Int32Array::from(vec![None::<i32>; n_ans]))
+                    as arrow::array::ArrayRef,
+            ));
+        }
+        if ans_base.column_by_name("confidence_span").is_none() {
+            add.push(("confidence_span", cols::build_spans(&vec![None; n_ans])));
+        }
+        let answers = cols::set_columns(&ans_base, &TRAJECTORY, add)?;
+        let answers = RecordBatch::try_new(conf.schema(), answers.columns().to_vec())
+            .context("internal: answer and confidence rows have different columns")?;
+        let both = arrow::compute::concat_batches(&conf.schema(), &[answers, conf])?;
+        // Interleave: answer j, then its g_c confidences.
+        let mut order = Vec::with_capacity(n_ans + n_conf);
+        for j in 0..n_ans {
+            order.push(j as u32);
+            for h in 0..g_c {
+                order.push((n_ans + j * g_c + h) as u32);
+            }
+        }
+        Ok(arrow::compute::take_record_batch(
+            &both,
+            &UInt32Array::from(order),
+        )?)
+    }
+
+    /// The input's rows checked to the end; how many contexts reuse the answers' sampled ids.
+    fn end(&self, run: Run) -> Result<usize> {
+        run.validator.finish()?;
+        Ok(run.spliced)
+    }
+}
+
+/// Sample the confidences of `plan` into its output; the sampler's totals.
+pub fn run(plan: &Plan) -> Result<Summary> {
+    let (summary, spliced) =
+        stage::run_table(plan, &plan.job, &plan.sampling, plan.num_confidences)?;
     let answers = summary.rows / plan.num_confidences;
     if spliced < answers {
         crate::info!(
@@ -240,78 +277,4 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         );
     }
     Ok(summary)
-}
-
-/// Sample `g_c` confidences for each answer of `chunk`; rows: each answer followed by its
-/// confidences.
-fn sample_chunk(
-    sm: &mut Sampler,
-    batch: &RecordBatch,
-    chunk: &[Prepared],
-    g_c: usize,
-) -> Result<RecordBatch> {
-    let results = sm.sample(
-        chunk,
-        g_c,
-        |p| p.context_ids.clone(),
-        |p, h| SampleId {
-            prompt_id: p.prompt_id.clone(),
-            answer_idx: p.answer_idx,
-            confidence_idx: Some(h),
-        },
-    )?;
-    let mut take = Vec::with_capacity(chunk.len() * g_c);
-    let mut c = stage::SampledColumns::default();
-    for (p, res) in chunk.iter().zip(&results) {
-        for (h, gen) in res.iter().enumerate() {
-            let span = confidence_span(&gen.text, &gen.ends, p.opened);
-            sm.summary.add(gen, span);
-            take.push(p.row as u32);
-            c.push(
-                SampleType::Confidence.as_str(),
-                stage::to_i32(p.answer_idx as usize, "answer_idx")?,
-                Some(stage::to_i32(h, "confidence_idx")?),
-                format!("{}/a{}/c{h}", p.prompt_id, p.answer_idx),
-                &p.messages,
-                &p.context_ids,
-                gen,
-                None,
-                span,
-            )?;
-        }
-    }
-    let n_conf = take.len();
-    let conf_base = arrow::compute::take_record_batch(batch, &UInt32Array::from(take))?;
-    let conf = cols::set_columns(&conf_base, &TRAJECTORY, c.into_arrays())?;
-    // The answers themselves, unchanged but for the two confidence columns (added null if absent).
-    let rows: Vec<u32> = chunk.iter().map(|p| p.row as u32).collect();
-    let ans_base = arrow::compute::take_record_batch(batch, &UInt32Array::from(rows))?;
-    let n_ans = ans_base.num_rows();
-    let mut add = Vec::new();
-    if ans_base.column_by_name("confidence_idx").is_none() {
-        add.push((
-            "confidence_idx",
-            std::sync::Arc::new(arrow::array::Int32Array::from(vec![None::<i32>; n_ans]))
-                as arrow::array::ArrayRef,
-        ));
-    }
-    if ans_base.column_by_name("confidence_span").is_none() {
-        add.push(("confidence_span", cols::build_spans(&vec![None; n_ans])));
-    }
-    let answers = cols::set_columns(&ans_base, &TRAJECTORY, add)?;
-    let answers = RecordBatch::try_new(conf.schema(), answers.columns().to_vec())
-        .context("internal: answer and confidence rows have different columns")?;
-    let both = arrow::compute::concat_batches(&conf.schema(), &[answers, conf])?;
-    // Interleave: answer j, then its g_c confidences.
-    let mut order = Vec::with_capacity(n_ans + n_conf);
-    for j in 0..n_ans {
-        order.push(j as u32);
-        for h in 0..g_c {
-            order.push((n_ans + j * g_c + h) as u32);
-        }
-    }
-    Ok(arrow::compute::take_record_batch(
-        &both,
-        &UInt32Array::from(order),
-    )?)
 }

@@ -1,7 +1,8 @@
 //! What `generate-answers` and `generate-confidence` share (and `probe`, which samples from cut
 //! responses): settings, sharding, opening the input, running the sampler with a progress bar and
 //! a summary, sampling and writing in chunks, building the sampled rows' columns and the output's
-//! metadata.
+//! metadata; and the engine that runs either of the first two over its input table
+//! ([`TableStage`], [`run_table`]).
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -11,13 +12,13 @@ use arrow::array::{ArrayRef, Int32Array, StringArray};
 use super::logits::SamplingParams;
 use super::policy::Policy;
 use super::sampler::{generate, GenConfig, Generated, Group, SampleId};
-use super::spans::Span;
+use super::spans::{answer_span, confidence_span, Span};
 use super::stop::StopCriteria;
 use crate::model::memory::PoolWatch;
 use crate::model::transfer::Transfers;
 use crate::model::Message;
 use crate::progress::Progress;
-use crate::table::{self, cols, Meta, Reader, TableSpec, Writer, TRAJECTORY};
+use crate::table::{self, cols, Meta, Reader, SampleType, TableSpec, Writer, TRAJECTORY};
 
 /// Slots prefilled per forward call. Bounds the attention scores' memory to
 /// `rows · heads · chunk · context`, and keeps the CPU backend on its plain (not tiled) attention
@@ -399,6 +400,219 @@ impl<'a> Sampler<'a> {
         }
         Ok(())
     }
+
+    /// Sample `g` responses for each of `items` ([`Self::sample`]) and build their rows: answer
+    /// rows with their `answer_span` for prompts, confidence rows with their `confidence_span`
+    /// for answers.
+    pub(crate) fn sample_rows(&mut self, items: &[Item], g: usize) -> Result<Sampled> {
+        let results = self.sample(items, g, |p| p.context_ids.clone(), Item::sample_id)?;
+        let mut take = Vec::with_capacity(items.len() * g);
+        let mut c = SampledColumns::default();
+        for (p, res) in items.iter().zip(&results) {
+            for (k, gen) in res.iter().enumerate() {
+                let span = match p.kind {
+                    ItemKind::Prompt => answer_span(&gen.text, &gen.ends, p.opened),
+                    ItemKind::Answer(_) => confidence_span(&gen.text, &gen.ends, p.opened),
+                };
+                self.summary.add(gen, span);
+                take.push(p.row as u32);
+                let (sample_type, answer_idx, confidence_idx, sample_id, spans) = match p.kind {
+                    ItemKind::Prompt => (
+                        SampleType::Answer,
+                        k,
+                        None,
+                        format!("{}/a{k}", p.prompt_id),
+                        (span, None),
+                    ),
+                    ItemKind::Answer(a) => (
+                        SampleType::Confidence,
+                        a as usize,
+                        Some(to_i32(k, "confidence_idx")?),
+                        format!("{}/a{a}/c{k}", p.prompt_id),
+                        (None, span),
+                    ),
+                };
+                c.push(
+                    sample_type.as_str(),
+                    to_i32(answer_idx, "answer_idx")?,
+                    confidence_idx,
+                    sample_id,
+                    &p.messages,
+                    &p.context_ids,
+                    gen,
+                    spans.0,
+                    spans.1,
+                )?;
+            }
+        }
+        Ok(Sampled {
+            columns: c,
+            input_rows: take,
+        })
+    }
+}
+
+/// What an [`Item`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ItemKind {
+    /// A prompt: its `k`-th sample is answer `k`.
+    Prompt,
+    /// Answer `a` of its prompt: its `k`-th sample is the answer's confidence `k`.
+    Answer(u32),
+}
+
+/// One input row ready to sample from: a prompt for its answers, or an answer for its
+/// confidences.
+pub(crate) struct Item {
+    /// Row in its input batch.
+    pub(crate) row: usize,
+    pub(crate) prompt_id: String,
+    pub(crate) kind: ItemKind,
+    /// The conversation the samples respond to, and its token ids.
+    pub(crate) messages: Vec<Message>,
+    pub(crate) context_ids: Vec<u32>,
+    /// Whether the context already opened the samples' span (see [`super::spans`]).
+    pub(crate) opened: bool,
+}
+
+impl Item {
+    /// The identity of the item's `k`-th sample.
+    pub(crate) fn sample_id(&self, k: u32) -> SampleId {
+        let prompt_id = self.prompt_id.clone();
+        match self.kind {
+            ItemKind::Prompt => SampleId {
+                prompt_id,
+                answer_idx: k,
+                confidence_idx: None,
+            },
+            ItemKind::Answer(a) => SampleId {
+                prompt_id,
+                answer_idx: a,
+                confidence_idx: Some(k),
+            },
+        }
+    }
+}
+
+/// One batch of a stage's input: its rows, the input row of its first row, and the input's name
+/// in errors.
+pub(crate) struct InputBatch<'a> {
+    pub(crate) rows: &'a arrow::array::RecordBatch,
+    pub(crate) first_row: usize,
+    pub(crate) name: &'a str,
+}
+
+impl InputBatch<'_> {
+    /// The items `item(i, loc)` makes of the batch's rows, in order: row `i`, `loc` naming it in
+    /// errors (`{name}, row N`); `None` skips the row.
+    pub(crate) fn items(
+        &self,
+        mut item: impl FnMut(usize, &dyn Fn() -> String) -> Result<Option<Item>>,
+    ) -> Result<Vec<Item>> {
+        let mut items = Vec::new();
+        for i in 0..self.rows.num_rows() {
+            let loc = || format!("{}, row {}", self.name, self.first_row + i);
+            if let Some(p) = item(i, &loc)? {
+                items.push(p);
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// The rows [`Sampler::sample_rows`] sampled: their columns, and the input row of each.
+pub(crate) struct Sampled {
+    pub(crate) columns: SampledColumns,
+    pub(crate) input_rows: Vec<u32>,
+}
+
+/// A stage that samples from the rows of one input table (`generate-answers`: G_a answers per
+/// prompt; `generate-confidence`: G_c confidences per answer), run by [`run_table`]: what the
+/// stages do differently.
+pub(crate) trait TableStage {
+    /// A run's state (what it has read so far).
+    type Run;
+    /// What a run reports back to the stage ([`Self::end`]).
+    type Report;
+    /// The stage's name: the progress bar's title and the metadata's `stage`.
+    const NAME: &'static str;
+    /// The input's schema, and the columns it must have.
+    const INPUT: &'static TableSpec;
+    const REQUIRED: &'static [&'static str];
+    /// The input rows to sample from, as the error names them when none is: `no {NOTHING}`.
+    const NOTHING: &'static str;
+
+    /// Check the opened input (`name` in errors) before any of its rows is read.
+    fn check_input(&self, _reader: &Reader, _name: &str) -> Result<()> {
+        Ok(())
+    }
+    /// Add the stage's own settings to the output's metadata `config`.
+    fn config(&self, config: &mut serde_json::Value);
+    /// A run's state at its start, over the input `name`.
+    fn start(&self, name: &str) -> Self::Run;
+    /// An input batch as the stage reads it and takes its output rows from (default: as read).
+    fn conform(
+        &self,
+        _run: &mut Self::Run,
+        batch: arrow::array::RecordBatch,
+    ) -> Result<arrow::array::RecordBatch> {
+        Ok(batch)
+    }
+    /// The items of one input batch.
+    fn items(&self, run: &mut Self::Run, policy: &Policy, batch: &InputBatch) -> Result<Vec<Item>>;
+    /// The output rows of a chunk of the items of `batch`, sampled.
+    fn rows(
+        &self,
+        batch: &arrow::array::RecordBatch,
+        chunk: &[Item],
+        sampled: Sampled,
+    ) -> Result<arrow::array::RecordBatch>;
+    /// After the last row is sampled, before the output is closed.
+    fn end(&self, run: Self::Run) -> Result<Self::Report>;
+}
+
+/// Run a [`TableStage`]: open the device and the input of `job` (schema checked, and then
+/// [`TableStage::check_input`]; an input without rows is an error), load the policy, then per
+/// input batch sample `g` responses for each of its items and write their rows chunk by chunk
+/// ([`Sampler::write_chunks`]). The sampler's totals and the stage's [`TableStage::end`].
+pub(crate) fn run_table<S: TableStage>(
+    stage: &S,
+    job: &ModelJob,
+    sampling: &SamplingPlan,
+    g: usize,
+) -> Result<(Summary, S::Report)> {
+    let device = job.device.open()?;
+    let (reader, name) = open_input(job, S::INPUT, S::REQUIRED)?;
+    stage.check_input(&reader, &name)?;
+    let total = reader.num_rows();
+    if total == 0 {
+        bail!("{name}: the table has no rows; nothing was written");
+    }
+    let (policy, cfg, mut config) = sampling.load(job, &device, S::NAME)?;
+    stage.config(&mut config);
+    let meta = output_meta(job, sampling, S::NAME, config)?;
+    let mut run = stage.start(&name);
+    let mut sampler = Sampler::new(&policy, &cfg, S::NAME, total * g);
+    let mut writer: Option<Writer> = None;
+    let mut first_row = 0usize;
+    for batch in reader {
+        let batch = stage.conform(&mut run, batch?)?;
+        let input = InputBatch {
+            rows: &batch,
+            first_row,
+            name: &name,
+        };
+        let items = stage.items(&mut run, &policy, &input)?;
+        sampler.write_chunks(&items, g, &mut writer, &job.out, &meta, |sm, chunk| {
+            let sampled = sm.sample_rows(chunk, g)?;
+            stage.rows(&batch, chunk, sampled)
+        })?;
+        first_row += batch.num_rows();
+    }
+    sampler.progress.finish();
+    let report = stage.end(run)?;
+    finish_output(writer, &name, S::NOTHING, job.shard.is_some())?;
+    Ok((sampler.summary, report))
 }
 
 /// Fail on the first of `cols` (a column name and whether the row's value is null) that is
