@@ -32,7 +32,7 @@ use super::sampler::SampleId;
 use super::spans::{answer_span, context_opens};
 use super::stage::{self, ModelJob, SamplingPlan, Summary};
 use crate::model::Message;
-use crate::table::{self, cols, Meta, Reader, Writer, PROMPTS, TRAJECTORY};
+use crate::table::{self, cols, Meta, Writer, PROMPTS, TRAJECTORY};
 
 /// Everything the stage needs (validated by [`run`]).
 #[derive(Debug, Clone)]
@@ -90,11 +90,8 @@ pub fn run(plan: &Plan) -> Result<String> {
         bail!("--env-cmd is empty");
     }
     let device = plan.job.device.open()?;
-    let name = plan.job.input.display().to_string();
-    let reader = Reader::open(&plan.job.input)?;
-    table::check_schema(
-        &name,
-        &reader.schema(),
+    let (reader, name) = stage::open_input(
+        &plan.job,
         &PROMPTS,
         &["prompt_id", "messages", "data_source", "ground_truth"],
     )?;
@@ -102,15 +99,9 @@ pub fn run(plan: &Plan) -> Result<String> {
     if batches.iter().all(|b| b.num_rows() == 0) {
         bail!("{name}: the table has no rows; nothing was written");
     }
-    let policy = plan.job.open_policy(&device)?;
-    let cfg = stage::gen_config(
-        &policy,
-        plan.sampling.params,
-        plan.sampling.max_new_tokens,
-        plan.sampling.stop.clone(),
-        plan.job.seed,
-        plan.sampling.batch_size,
-    )?;
+    let (policy, cfg, mut config) = plan
+        .sampling
+        .load(&plan.job, &device, "generate-multiturn")?;
 
     // Prompts.
     let mut prompts: Vec<Prompt> = Vec::new();
@@ -171,8 +162,6 @@ pub fn run(plan: &Plan) -> Result<String> {
     }
 
     // Rollouts.
-    let mut config = stage::sampling_meta(&cfg, &policy, &plan.job.model);
-    config["stage"] = "generate-multiturn".into();
     config["num_answers"] = plan.num_answers.into();
     config["env_cmd"] = plan.env_cmd.clone().into();
     config["env_timeout_s"] = plan.env_timeout.as_secs_f64().into();
