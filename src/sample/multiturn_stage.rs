@@ -182,13 +182,11 @@ pub fn run(plan: &Plan) -> Result<String> {
     let episodes: Vec<Episode> = prompts.iter().map(|p| p.episode.clone()).collect();
     let decode = |ids: &[u32]| policy.decode(ids);
     let encode = |text: &str| policy.model.tokenizer.encode(text, false);
-    let start = std::time::Instant::now();
     let mut tokens = 0usize;
     let mut requests = 0usize;
-    let mut steps = 0usize;
-    let moved = crate::model::transfer::thread_counts();
-    let launched = crate::model::transfer::thread_launches();
-    let mut pool = crate::model::memory::PoolWatch::new(&policy.model.transformer.device());
+    let mut meter = stage::Meter::start(|| {
+        crate::model::memory::PoolWatch::new(&policy.model.transformer.device())
+    });
     let results = rollout(
         &policy,
         &decode,
@@ -200,26 +198,16 @@ pub fn run(plan: &Plan) -> Result<String> {
         &mut |r| {
             tokens += r.tokens;
             requests += r.env_requests;
-            steps += 1;
-            if steps.is_multiple_of(super::stage::POOL_SAMPLE_EVERY) {
-                if let Some(w) = pool.as_mut() {
-                    w.sample();
-                }
-            }
+            meter.step();
             progress.inc(r.finished as u64);
         },
     )?;
     env.finish()?;
     progress.finish();
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = meter.seconds();
     // Host transfers and kernel launches per step, as generate-answers reports them.
-    let mut moves = Summary {
-        transfers: crate::model::transfer::thread_counts() - moved,
-        launches: crate::model::transfer::thread_launches() - launched,
-        steps,
-        memory: pool,
-        ..Summary::default()
-    };
+    let mut moves = Summary::default();
+    meter.add_to(&mut moves);
     moves.log_costs("generate-multiturn");
 
     // Statistics (summary line and the `rlcr.multiturn_summary` metadata).

@@ -227,7 +227,63 @@ impl Summary {
 }
 
 /// Decode steps between two readings of the GPU memory pool while sampling.
-pub(crate) const POOL_SAMPLE_EVERY: usize = 16;
+const POOL_SAMPLE_EVERY: usize = 16;
+
+/// What a sampling run costs, measured from its start: the wall time, the decode steps, this
+/// thread's host transfers and kernel launches, and the GPU memory pool's peaks (read every
+/// `POOL_SAMPLE_EVERY` steps).
+pub struct Meter {
+    start: std::time::Instant,
+    moved: Transfers,
+    launched: u64,
+    steps: usize,
+    pool: Option<PoolWatch>,
+}
+
+impl Meter {
+    /// Start measuring; `pool` then gives the watch of the GPU memory pool (`None` on the CPU).
+    pub fn start(pool: impl FnOnce() -> Option<PoolWatch>) -> Self {
+        let start = std::time::Instant::now();
+        let moved = crate::model::transfer::thread_counts();
+        let launched = crate::model::transfer::thread_launches();
+        Meter {
+            start,
+            moved,
+            launched,
+            steps: 0,
+            pool: pool(),
+        }
+    }
+
+    /// Count a decode step.
+    pub fn step(&mut self) {
+        self.steps += 1;
+        if self.steps.is_multiple_of(POOL_SAMPLE_EVERY) {
+            if let Some(w) = self.pool.as_mut() {
+                w.sample();
+            }
+        }
+    }
+
+    /// Seconds since the start.
+    pub fn seconds(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Add the run's costs so far to `summary` (its memory watch replaced by the run's).
+    pub fn add_to(self, summary: &mut Summary) {
+        summary.memory = self.pool;
+        summary.seconds += self.start.elapsed().as_secs_f64();
+        summary.steps += self.steps;
+        summary.launches += crate::model::transfer::thread_launches() - self.launched;
+        let moved = crate::model::transfer::thread_counts() - self.moved;
+        let t = &mut summary.transfers;
+        t.reads += moved.reads;
+        t.read_bytes += moved.read_bytes;
+        t.uploads += moved.uploads;
+        t.upload_bytes += moved.upload_bytes;
+    }
+}
 
 /// The sampler's groups for `items`: per item, its context (`context`) and `g` samples, the
 /// `k`-th identified by `id(item, k)`.
@@ -256,43 +312,27 @@ pub fn run_groups(
     summary: &mut Summary,
 ) -> Result<Vec<Vec<Generated>>> {
     let decode = |ids: &[u32]| policy.decode(ids);
-    let start = std::time::Instant::now();
     let base_tokens = summary.tokens;
     let base_secs = summary.seconds;
     let mut tokens = 0usize;
-    let mut steps = 0usize;
-    let moved = crate::model::transfer::thread_counts();
-    let launched = crate::model::transfer::thread_launches();
-    let mut pool = summary
-        .memory
-        .take()
-        .or_else(|| PoolWatch::new(&policy.model.transformer.device()));
+    let mut meter = Meter::start(|| {
+        summary
+            .memory
+            .take()
+            .or_else(|| PoolWatch::new(&policy.model.transformer.device()))
+    });
     let out = generate(policy, &decode, groups, cfg, &mut |r| {
         tokens += r.tokens;
-        steps += 1;
-        if steps.is_multiple_of(POOL_SAMPLE_EVERY) {
-            if let Some(w) = pool.as_mut() {
-                w.sample();
-            }
-        }
+        meter.step();
         progress.inc(r.finished as u64);
-        let secs = base_secs + start.elapsed().as_secs_f64();
+        let secs = base_secs + meter.seconds();
         progress.message(&format!(
             "{:.1} tok/s",
             (base_tokens + tokens) as f64 / secs.max(1e-9)
         ));
     })?;
-    summary.memory = pool;
     summary.tokens += tokens;
-    summary.seconds += start.elapsed().as_secs_f64();
-    summary.steps += steps;
-    summary.launches += crate::model::transfer::thread_launches() - launched;
-    let moved = crate::model::transfer::thread_counts() - moved;
-    let t = &mut summary.transfers;
-    t.reads += moved.reads;
-    t.read_bytes += moved.read_bytes;
-    t.uploads += moved.uploads;
-    t.upload_bytes += moved.upload_bytes;
+    meter.add_to(summary);
     Ok(out)
 }
 
