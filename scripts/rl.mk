@@ -361,7 +361,7 @@ else
 START := $(MODEL)
 endif
 
-.PHONY: all loop summary clean smollm2 probe multiturn compare
+.PHONY: all loop summary clean smollm2 probe multiturn compare seeds
 all: summary
 loop: $(DIR)/iter-$(lastword $(ITER_IDS))/model/$(POLICY_FILE)
 
@@ -735,6 +735,19 @@ $(DIR)/compare/metrics.json: $(foreach a,$(COMPARE_INPUTS),$(DIR)/eval-$(a)/scor
 	  $(if $(COMPARE_PROBE_FILE),--probe $(COMPARE_PROBE_FILE)) -o $(DIR)/compare
 	@echo "rl.mk: comparison in $(DIR)/compare/comparison.md"
 compare: $(DIR)/compare/metrics.json
+
+# --- `compare` for several seeds: `make -f scripts/rl.mk seeds SEEDS="0 1 2"` runs `compare` with
+# each seed S in $(RUNS)/$(RUN)-sS (the same settings, resumable like compare), then reports the
+# arms across the seeds into $(DIR)/seeds/ (`report` with each arm labelled once per seed): every
+# seed's figures, each arm's mean over the seeds ± the standard error from their spread, and each
+# arm minus base, seed by seed.
+SEEDS ?= 0 1 2
+SEED_RUNS := $(foreach s,$(SEEDS),$(RUNS)/$(RUN)-s$(s))
+seeds:
+	@for s in $(SEEDS); do $(MAKE) -f $(ROOT)/scripts/rl.mk compare SEED=$$s RUN=$(RUN)-s$$s || exit 1; done
+	$(RLCR) $(G) report $(foreach d,$(SEED_RUNS),$(foreach a,$(COMPARE_INPUTS),--input $(a)=$(d)/eval-$(a)/scored.parquet)) \
+	  -o $(DIR)/seeds
+	@echo "rl.mk: comparison across seeds in $(DIR)/seeds/comparison.md"
 
 clean:
 	rm -rf $(DIR)

@@ -29,7 +29,10 @@ training iteration (default 1, 2, …), e.g. `--iterations 0,5,10` for evaluatio
 table (accuracy, ECE, Brier, AUROC, mean confidence, format and parse rates, each with its
 standard error; all rows, then per data_source, e.g. held-out `countdown-heldout` vs the out-of-domain
 `countdown-hard` bucket) and the arms' reliability diagrams side by side replace the iteration
-curves. With --probe, the faithfulness probe's
+curves. An arm labelled more than once has one input per run (seed): every arm as many times,
+run i of each belonging together; a table across the runs then gives each figure's mean ± the
+standard error from the runs' spread, and each arm minus the first, run by run (metrics.json:
+`across_runs`). With --probe, the faithfulness probe's
 curves (probe confidence against cut fraction; probe vs verbal confidence vs correctness). With
 --held-in NAME=PATH (one per input), the accuracy of each iteration's policy on a fixed probe set
 beside the sampled batch's. With --train-metrics, the training curves and, per update call, the
@@ -57,7 +60,8 @@ Example:
 #[derive(clap::Args, Debug, serde::Serialize)]
 pub struct Args {
     /// Scored table(s): several = one per iteration, in order; `LABEL=PATH` (every input
-    /// labelled) = arms to compare (e.g. `--input base=b.parquet --input rlcr=c.parquet`).
+    /// labelled) = arms to compare (e.g. `--input base=b.parquet --input rlcr=c.parquet`), a
+    /// label repeated = that arm's next run (seed).
     #[arg(long, required = true)]
     pub input: Vec<String>,
     /// Probe table (`rlcr probe` output).

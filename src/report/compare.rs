@@ -1,14 +1,19 @@
 //! Comparison of labelled inputs (arms, e.g. `base`, `rlvr`, `rlcr` evaluated on the same prompts):
 //! one table with every figure and its standard error, per bucket (all rows, then each
 //! `data_source`, e.g. held-out `countdown-heldout` and out-of-domain `countdown-hard`), and the arms'
-//! reliability diagrams side by side (one row of panels per bucket).
+//! reliability diagrams side by side (one row of panels per bucket). An arm given several times
+//! (one input per run, e.g. per seed) also gets its figures across the runs: each one's mean and
+//! the standard error of that mean, and its difference to the first arm run by run
+//! ([`across_runs`]).
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use serde::Serialize;
 
+use super::metrics::{mean, std_unbiased};
 use super::plot::{self, Figure, Reliability};
 use super::{Bin, Metrics, Report};
 
@@ -100,18 +105,216 @@ missing-confidence policy says); ECE with {rule}. `±` is one standard error wit
 independent (several samples of one prompt are not, so these are lower bounds): binomial for \
 accuracy and rates, the mean's for Brier and mean confidence, Hanley–McNeil for AUROC, the delta \
 method over the bins for ECE.\n",
-        labels
+        arms(labels)
             .iter()
             .map(|l| format!("`{l}`"))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    out.push_str(&table(labels, reports));
+    let shown = display_labels(labels);
+    out.push_str(&table(&shown, reports));
+    let runs = across_runs(labels, reports);
+    if !runs.is_empty() {
+        let first = runs.first().map_or("", |r| r.arm.as_str());
+        let _ = writeln!(
+            out,
+            "\n### Across runs\n\nEach arm's inputs are its runs (`#2` is an arm's second input, e.g. \
+its second seed; run `i` of every arm belongs together). Per figure: the mean over the runs and \
+`±` the standard error of that mean from the runs' spread, `sqrt(Σ(x − x̄)² / (n − 1) / n)`; \
+the last columns take each run's figure minus run `i` of `{first}` and give the same mean and \
+standard error of those differences.\n"
+        );
+        out.push_str(&runs_table(&runs));
+    }
     if let Some(f) = figure {
         let _ = writeln!(out, "\n![Reliability diagrams, arms side by side]({f})");
     }
     out.push('\n');
     out
+}
+
+/// The labels as the per-input table and figure show them: as given when every arm is given
+/// once, else each with its run, `rlcr #2` for the second input labelled `rlcr`.
+pub fn display_labels(labels: &[String]) -> Vec<String> {
+    if arms(labels).len() == labels.len() {
+        return labels.to_vec();
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    labels
+        .iter()
+        .map(|l| {
+            seen.push(l);
+            let run = seen.iter().filter(|s| **s == l.as_str()).count();
+            format!("{l} #{run}")
+        })
+        .collect()
+}
+
+/// The arms in order of first appearance.
+fn arms(labels: &[String]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for l in labels {
+        if !out.contains(&l.as_str()) {
+            out.push(l);
+        }
+    }
+    out
+}
+
+/// A figure over runs: the mean over the runs that have it, `x̄ = Σx / n`, and the standard error
+/// of that mean, `sqrt(Σ(x − x̄)² / (n − 1)) / sqrt(n)` (none below two runs).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Spread {
+    pub mean: Option<f64>,
+    pub se: Option<f64>,
+    /// Runs that have the figure.
+    pub runs: usize,
+}
+
+impl Spread {
+    pub fn of(values: &[Option<f64>]) -> Spread {
+        let xs: Vec<f64> = values.iter().flatten().copied().collect();
+        Spread {
+            mean: mean(&xs),
+            se: std_unbiased(&xs).map(|s| s / (xs.len() as f64).sqrt()),
+            runs: xs.len(),
+        }
+    }
+
+    fn cell(&self) -> String {
+        pm(self.mean, self.se)
+    }
+}
+
+/// One arm in one bucket across its runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AcrossRuns {
+    pub bucket: String,
+    pub arm: String,
+    /// Inputs of this arm.
+    pub runs: usize,
+    pub accuracy: Spread,
+    pub ece: Spread,
+    pub brier: Spread,
+    pub auroc: Spread,
+    pub mean_confidence: Spread,
+    /// This arm's figures minus the first arm's, run by run (run `i` of each), over the runs
+    /// where both have the figure; `None` for the first arm.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minus_first: Option<Differences>,
+}
+
+/// Run-by-run differences to the first arm.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Differences {
+    /// The arm they are taken against.
+    pub first: String,
+    pub accuracy: Spread,
+    pub ece: Spread,
+    pub brier: Spread,
+    pub auroc: Spread,
+}
+
+/// Every (bucket, arm) across its runs, when some arm is given more than once: run `i` of an
+/// arm is its `i`-th input. Empty when every arm is given once.
+pub fn across_runs(labels: &[String], reports: &[Report]) -> Vec<AcrossRuns> {
+    let arms = arms(labels);
+    if arms.len() == labels.len() {
+        return vec![];
+    }
+    let runs_of = |arm: &str| -> Vec<&Report> {
+        labels
+            .iter()
+            .zip(reports)
+            .filter(|(l, _)| l.as_str() == arm)
+            .map(|(_, r)| r)
+            .collect()
+    };
+    type Get = fn(&Metrics) -> Option<f64>;
+    let figure = |runs: &[&Report], bucket: &str, get: Get| -> Vec<Option<f64>> {
+        runs.iter()
+            .map(|r| metrics_of(r, bucket).and_then(get))
+            .collect()
+    };
+    let difference = |a: &[Option<f64>], b: &[Option<f64>]| -> Spread {
+        let d: Vec<Option<f64>> = a.iter().zip(b).map(|(x, y)| Some((*x)? - (*y)?)).collect();
+        Spread::of(&d)
+    };
+    let (accuracy, ece, brier, auroc): (Get, Get, Get, Get) =
+        (|m| m.accuracy, |m| m.ece, |m| m.brier, |m| m.auroc);
+    let mut out = Vec::new();
+    for b in buckets(reports) {
+        let first = runs_of(arms[0]);
+        for arm in &arms {
+            let runs = runs_of(arm);
+            let minus_first = (*arm != arms[0]).then(|| {
+                let d = |get: Get| difference(&figure(&runs, &b, get), &figure(&first, &b, get));
+                Differences {
+                    first: arms[0].to_string(),
+                    accuracy: d(accuracy),
+                    ece: d(ece),
+                    brier: d(brier),
+                    auroc: d(auroc),
+                }
+            });
+            out.push(AcrossRuns {
+                bucket: b.clone(),
+                arm: arm.to_string(),
+                runs: runs.len(),
+                accuracy: Spread::of(&figure(&runs, &b, accuracy)),
+                ece: Spread::of(&figure(&runs, &b, ece)),
+                brier: Spread::of(&figure(&runs, &b, brier)),
+                auroc: Spread::of(&figure(&runs, &b, auroc)),
+                mean_confidence: Spread::of(&figure(&runs, &b, |m| m.mean_confidence)),
+                minus_first,
+            });
+        }
+    }
+    out
+}
+
+/// The across-runs table (Markdown): one row per (bucket, arm).
+pub fn runs_table(rows: &[AcrossRuns]) -> String {
+    let first = rows
+        .iter()
+        .find_map(|r| r.minus_first.as_ref().map(|d| d.first.clone()))
+        .unwrap_or_default();
+    let mut out = format!(
+        "| bucket | arm | runs | accuracy | ECE | Brier | AUROC | mean confidence | accuracy − {first} | ECE − {first} | Brier − {first} | AUROC − {first} |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for r in rows {
+        let d = |f: fn(&Differences) -> &Spread| {
+            r.minus_first
+                .as_ref()
+                .map_or(String::new(), |d| signed(f(d)))
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.bucket,
+            r.arm,
+            r.runs,
+            r.accuracy.cell(),
+            r.ece.cell(),
+            r.brier.cell(),
+            r.auroc.cell(),
+            r.mean_confidence.cell(),
+            d(|d| &d.accuracy),
+            d(|d| &d.ece),
+            d(|d| &d.brier),
+            d(|d| &d.auroc),
+        );
+    }
+    out
+}
+
+/// `+0.012 ± 0.008`, `-` when missing.
+fn signed(s: &Spread) -> String {
+    match (s.mean, s.se) {
+        (Some(v), Some(e)) => format!("{v:+.3} ± {e:.3}"),
+        (Some(v), None) => format!("{v:+.3}"),
+        _ => "-".to_string(),
+    }
 }
 
 /// Reliability diagrams in a grid: one row per bucket, one column per arm.
@@ -240,6 +443,79 @@ mod tests {
                 .any(|&(x, y)| (720.0..1440.0).contains(&x) && (1400.0..2100.0).contains(&y)),
             "{counts:?}"
         );
+    }
+
+    /// An arm given three times: its figures across the runs, and the second arm's differences
+    /// to the first run by run, against numpy (`x.mean()`, `x.std(ddof=1) / sqrt(n)`): base
+    /// accuracy 0.40, 0.45, 0.50 → 0.45 ± 0.028868; rlcr 0.42, 0.50, 0.51 → 0.476667 ± 0.028480,
+    /// minus base +0.026667 ± 0.012019; rlcr's AUROC missing in run 2: 0.6, 0.7 → 0.65 ± 0.05 over
+    /// two runs, minus base's 0.5 and 0.45 → +0.175 ± 0.075.
+    #[test]
+    fn across_runs_against_numpy() {
+        let rows = Rows::from_batches([&batch(&[(
+            "answer",
+            "p0",
+            0,
+            "countdown",
+            5,
+            true,
+            1.0,
+            None,
+            None,
+            1.0,
+            "a",
+        )])])
+        .unwrap();
+        let mut r = summary::build("a.parquet", &rows, &Options::default());
+        r.per_source.clear();
+        let run = |acc: f64, auroc: Option<f64>| {
+            let mut r = r.clone();
+            r.overall.accuracy = Some(acc);
+            r.overall.auroc = auroc;
+            r
+        };
+        let labels: Vec<String> = ["base", "rlcr", "base", "rlcr", "base", "rlcr"]
+            .map(String::from)
+            .to_vec();
+        let reports = vec![
+            run(0.40, Some(0.5)),
+            run(0.42, Some(0.6)),
+            run(0.45, Some(0.55)),
+            run(0.50, None),
+            run(0.50, Some(0.45)),
+            run(0.51, Some(0.7)),
+        ];
+        let a = across_runs(&labels, &reports);
+        assert_eq!(a.len(), 2);
+        let close = |s: &Spread, mean: f64, se: f64, runs: usize| {
+            assert!((s.mean.unwrap() - mean).abs() < 1e-12, "{s:?}");
+            assert!((s.se.unwrap() - se).abs() < 1e-12, "{s:?}");
+            assert_eq!(s.runs, runs, "{s:?}");
+        };
+        assert_eq!((a[0].arm.as_str(), a[0].runs), ("base", 3));
+        close(&a[0].accuracy, 0.45, 0.028867513459481284, 3);
+        assert!(a[0].minus_first.is_none());
+        close(&a[1].accuracy, 0.4766666666666666, 0.02848001248439178, 3);
+        close(&a[1].auroc, 0.6499999999999999, 0.04999999999999999, 2);
+        let d = a[1].minus_first.as_ref().unwrap();
+        assert_eq!(d.first, "base");
+        close(&d.accuracy, 0.026666666666666655, 0.01201850425154663, 3);
+        close(&d.auroc, 0.17499999999999996, 0.07499999999999997, 2);
+        let md = runs_table(&a);
+        assert!(
+            md.contains("| all | rlcr | 3 | 0.477 ± 0.028 |")
+                && md.contains("| +0.027 ± 0.012 |")
+                && md.contains("| +0.175 ± 0.075 |"),
+            "{md}"
+        );
+        assert_eq!(
+            display_labels(&labels),
+            ["base #1", "rlcr #1", "base #2", "rlcr #2", "base #3", "rlcr #3"]
+        );
+        // Every arm once: no runs, labels as given.
+        let once = &labels[..2];
+        assert!(across_runs(once, &reports[..2]).is_empty());
+        assert_eq!(display_labels(once), once);
     }
 
     /// `(x, y, rest of the element)` of every `<text>` of an SVG.

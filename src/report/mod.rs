@@ -323,6 +323,9 @@ pub struct MetricsFile<'a> {
     pub rlcr_version: &'a str,
     /// One report per input, in input order.
     pub reports: Vec<&'a Report>,
+    /// With an arm given more than once: every (bucket, arm) across its runs.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub across_runs: &'a [compare::AcrossRuns],
     /// Probe summary, when a probe table was given.
     pub probe: Option<&'a ProbeSummary>,
     /// What each `update` call of `--train-metrics` reported (KL to the reference, rollout/trainer
@@ -412,7 +415,7 @@ pub fn write_outputs(
     }
     let mut comparison = None;
     if !labels.is_empty() {
-        let g = compare::Grid::new(labels, &reports);
+        let g = compare::Grid::new(&compare::display_labels(labels), &reports);
         let png = both("comparison", &|p| plot::write_svg(&g, p), &|p| {
             plot::write_png(&g, p)
         })?;
@@ -459,9 +462,11 @@ pub fn write_outputs(
         }
     }
     let calls = training.map(training::per_call).unwrap_or_default();
+    let across_runs = compare::across_runs(labels, &reports);
     let mf = MetricsFile {
         rlcr_version: crate::VERSION,
         reports: reports.iter().collect(),
+        across_runs: &across_runs,
         probe: probe.map(|p| p.1),
         update_calls: &calls,
     };

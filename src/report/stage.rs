@@ -185,7 +185,7 @@ pub fn split_label(s: &str) -> (Option<String>, PathBuf) {
 }
 
 /// The inputs' paths and labels (empty when none is labelled); usage error when only some are
-/// labelled or a label repeats.
+/// labelled, or when labels repeat (an arm's runs) but not every arm is given as many times.
 fn inputs(given: &[String]) -> Result<(Vec<PathBuf>, Vec<String>)> {
     let parsed: Vec<(Option<String>, PathBuf)> = given.iter().map(|s| split_label(s)).collect();
     let n_labelled = parsed.iter().filter(|p| p.0.is_some()).count();
@@ -197,16 +197,26 @@ fn inputs(given: &[String]) -> Result<(Vec<PathBuf>, Vec<String>)> {
             UsageError("--input: label every input (LABEL=PATH) or none".to_string()).into(),
         );
     }
-    let mut seen = std::collections::HashSet::new();
-    let mut paths = vec![];
-    let mut labels = vec![];
-    for (l, p) in parsed {
-        let l = l.unwrap_or_default();
-        if !seen.insert(l.clone()) {
-            return Err(UsageError(format!("--input: label {l:?} is used twice")).into());
+    let (labels, paths): (Vec<String>, Vec<PathBuf>) = parsed
+        .into_iter()
+        .map(|(l, p)| (l.unwrap_or_default(), p))
+        .unzip();
+    // Arms in order of first appearance, with their counts.
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for l in &labels {
+        match counts.iter_mut().find(|c| c.0 == l.as_str()) {
+            Some(c) => c.1 += 1,
+            None => counts.push((l, 1)),
         }
-        labels.push(l);
-        paths.push(p);
+    }
+    if counts.iter().any(|c| c.1 != counts[0].1) {
+        let said: Vec<String> = counts.iter().map(|(l, n)| format!("{l:?} × {n}")).collect();
+        return Err(UsageError(format!(
+            "--input: give every arm once per run (an arm's runs are its inputs, in order); \
+             labels given: {}",
+            said.join(", ")
+        ))
+        .into());
     }
     Ok((paths, labels))
 }

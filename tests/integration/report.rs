@@ -618,12 +618,63 @@ fn report_compares_labelled_inputs() {
             "--input",
             "a=scored.parquet",
             "--input",
+            "b=scored.parquet",
+            "--input",
             "a=scored.parquet",
             "-o",
             "x",
         ],
         2,
-        "used twice",
+        "labels given: \"a\" × 2, \"b\" × 1",
         "x",
+    );
+}
+
+/// An arm given once per run (e.g. per seed): the per-input table names each run (`rlcr #2`),
+/// and a table across the runs gives each figure's mean over the runs ± the standard error of
+/// that mean and each arm's difference to the first run by run. Two identical runs of the
+/// worked vector above: the anchor's figures, a spread of 0 and differences of 0; metrics.json
+/// holds the same per (bucket, arm).
+#[test]
+fn report_gives_an_arms_figures_across_its_runs() {
+    let wd = Workdir::new();
+    write_scored(&wd.path("scored.parquet"), &anchor_rows());
+    let mut args = vec!["report".to_string()];
+    for _ in 0..2 {
+        for arm in ["rlvr", "rlcr"] {
+            args.push("--input".into());
+            args.push(format!("{arm}=scored.parquet"));
+        }
+    }
+    args.extend(["--ece-rule", "rlcr", "-o", "cmp"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    wd.run(&args);
+    let md = std::fs::read_to_string(wd.path("cmp/comparison.md")).unwrap();
+    assert!(md.contains("Arms: `rlvr`, `rlcr`."), "{md}");
+    assert!(md.contains("| all | rlcr #2 | 8 | 0.625 ± 0.171 |"), "{md}");
+    assert!(md.contains("### Across runs"), "{md}");
+    assert!(
+        md.contains(
+            "| all | rlvr | 2 | 0.625 ± 0.000 | 0.331 ± 0.000 | 0.288 ± 0.000 | 0.633 ± 0.000 |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("| +0.000 ± 0.000 | +0.000 ± 0.000 | +0.000 ± 0.000 | +0.000 ± 0.000 |"),
+        "{md}"
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(wd.path("cmp/metrics.json")).unwrap())
+            .unwrap();
+    assert_eq!(m["reports"].as_array().map(Vec::len), Some(4));
+    let runs = m["across_runs"].as_array().expect("across_runs");
+    assert_eq!(runs.len(), 2, "one bucket, two arms");
+    assert_eq!(runs[1]["arm"], "rlcr");
+    assert_eq!(runs[1]["runs"], 2);
+    assert!((runs[1]["ece"]["mean"].as_f64().unwrap() - 0.33125).abs() < 1e-9);
+    assert_eq!(runs[1]["minus_first"]["first"], "rlvr");
+    assert_eq!(
+        runs[1]["minus_first"]["accuracy"]["mean"].as_f64(),
+        Some(0.0)
     );
 }

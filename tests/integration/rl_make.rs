@@ -538,6 +538,60 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
     );
 }
 
+/// `seeds` runs `compare` once per seed, each in its own run folder with its own `--seed`, then
+/// one `report` over all of them with every arm labelled once per seed, in seed order (what
+/// `report` reads as runs), into the run's `seeds/` folder.
+#[test]
+fn seeds_runs_compare_per_seed_and_reports_across_them() {
+    let wd = Workdir::new();
+    let warm = crate::fixtures().join("tiny-qwen2");
+    let args: Vec<String> = vec![
+        "-n".into(),
+        "seeds".into(),
+        "SEEDS=3 5".into(),
+        "MODEL=smollm2".into(),
+        format!("SMOL_DIR={}", wd.path("smol").display()),
+        format!("WARM_START={}", warm.display()),
+        "RUN=c".into(),
+    ];
+    let o = crate::support::rlmk::command(&wd, &args)
+        .output()
+        .expect("make runs");
+    let log = crate::support::rlmk::log(&o);
+    assert!(o.status.success(), "{log}");
+    let runs = wd.root();
+    for s in [3, 5] {
+        let d = runs.join(format!("c-s{s}"));
+        assert!(
+            log.lines().any(|l| l.contains(&format!("--seed {s} "))
+                && l.contains("report")
+                && l.contains(&format!("{}/eval-base/scored.parquet", d.display()))),
+            "seed {s}: {log}"
+        );
+    }
+    let across = log
+        .lines()
+        .find(|l| l.contains(" report ") && l.matches("--input ").count() == 6)
+        .unwrap_or_else(|| panic!("no report over both seeds: {log}"));
+    let inputs: Vec<&str> = across
+        .split("--input ")
+        .skip(1)
+        .map(|x| x.split_whitespace().next().unwrap_or(""))
+        .collect();
+    let want: Vec<String> = [3, 5]
+        .iter()
+        .flat_map(|s| {
+            ["base", "rlvr", "rlcr"]
+                .map(|a| format!("{a}={}/c-s{s}/eval-{a}/scored.parquet", runs.display()))
+        })
+        .collect();
+    assert_eq!(inputs, want, "{across}");
+    assert!(
+        log.contains(&format!("-o {}/c/seeds", runs.display())),
+        "{log}"
+    );
+}
+
 /// `RLCR_LR` sets the RLCR arm's learning rate alone: the RLVR arm keeps `LR`.
 #[test]
 fn compare_gives_the_rlcr_arm_its_own_learning_rate() {
