@@ -447,13 +447,13 @@ fn pass_rate_filter_feeds_the_loop_learnable_prompts() {
     assert!(drawn.iter().all(|id| learnable.contains(id)), "{drawn:?}");
 }
 
-/// `make -n compare` for SmolLM2's settings from the tiny fixture as the warm start (run `c`),
+/// `make -n TARGET` for SmolLM2's settings from the tiny fixture as the warm start (run `c`),
 /// with `vars` besides: its printed commands, after checking that it succeeded.
-fn compare_dry_run(wd: &Workdir, vars: &[&str]) -> String {
+fn smollm2_dry_run(wd: &Workdir, target: &str, vars: &[&str]) -> String {
     let warm = crate::fixtures().join("tiny-qwen2");
     let mut args = vec![
         "-n".to_string(),
-        "compare".into(),
+        target.into(),
         "MODEL=smollm2".into(),
         format!("SMOL_DIR={}", wd.path("smol").display()),
         format!("WARM_START={}", warm.display()),
@@ -466,6 +466,11 @@ fn compare_dry_run(wd: &Workdir, vars: &[&str]) -> String {
     let log = crate::support::rlmk::log(&o);
     assert!(o.status.success(), "{log}");
     log
+}
+
+/// [`smollm2_dry_run`] of `compare`.
+fn compare_dry_run(wd: &Workdir, vars: &[&str]) -> String {
+    smollm2_dry_run(wd, "compare", vars)
 }
 
 /// `compare` hands the pass-rate filter's settings to both arms, the model's defaults included
@@ -544,21 +549,7 @@ fn compare_passes_the_pass_rate_filter_to_its_arms() {
 #[test]
 fn seeds_runs_compare_per_seed_and_reports_across_them() {
     let wd = Workdir::new();
-    let warm = crate::fixtures().join("tiny-qwen2");
-    let args: Vec<String> = vec![
-        "-n".into(),
-        "seeds".into(),
-        "SEEDS=3 5".into(),
-        "MODEL=smollm2".into(),
-        format!("SMOL_DIR={}", wd.path("smol").display()),
-        format!("WARM_START={}", warm.display()),
-        "RUN=c".into(),
-    ];
-    let o = crate::support::rlmk::command(&wd, &args)
-        .output()
-        .expect("make runs");
-    let log = crate::support::rlmk::log(&o);
-    assert!(o.status.success(), "{log}");
+    let log = smollm2_dry_run(&wd, "seeds", &["SEEDS=3 5"]);
     let runs = wd.root();
     for s in [3, 5] {
         let d = runs.join(format!("c-s{s}"));
