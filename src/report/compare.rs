@@ -151,7 +151,7 @@ pub fn display_labels(labels: &[String]) -> Vec<String> {
 }
 
 /// The arms in order of first appearance.
-fn arms(labels: &[String]) -> Vec<&str> {
+pub(crate) fn arms(labels: &[String]) -> Vec<&str> {
     let mut out: Vec<&str> = Vec::new();
     for l in labels {
         if !out.contains(&l.as_str()) {

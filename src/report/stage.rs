@@ -202,13 +202,10 @@ fn inputs(given: &[String]) -> Result<(Vec<PathBuf>, Vec<String>)> {
         .map(|(l, p)| (l.unwrap_or_default(), p))
         .unzip();
     // Arms in order of first appearance, with their counts.
-    let mut counts: Vec<(&str, usize)> = Vec::new();
-    for l in &labels {
-        match counts.iter_mut().find(|c| c.0 == l.as_str()) {
-            Some(c) => c.1 += 1,
-            None => counts.push((l, 1)),
-        }
-    }
+    let counts: Vec<(&str, usize)> = super::compare::arms(&labels)
+        .into_iter()
+        .map(|a| (a, labels.iter().filter(|l| l.as_str() == a).count()))
+        .collect();
     if counts.iter().any(|c| c.1 != counts[0].1) {
         let said: Vec<String> = counts.iter().map(|(l, n)| format!("{l:?} × {n}")).collect();
         return Err(UsageError(format!(
