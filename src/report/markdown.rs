@@ -113,6 +113,17 @@ pub fn fenced(s: &str) -> String {
     format!("{fence}text\n{s}\n{fence}\n")
 }
 
+/// The calibration cells that the per-source, per-iteration and probe tables share: mean
+/// confidence, Brier, ECE and AUROC at four decimals, joined by the column separator.
+fn calibration_cells(
+    mean: Option<f64>,
+    brier: Option<f64>,
+    ece: Option<f64>,
+    auroc: Option<f64>,
+) -> String {
+    [mean, brier, ece, auroc].map(|v| fmt_opt(v, 4)).join(" | ")
+}
+
 fn mean_pm(mean: Option<f64>, std: Option<f64>, d: usize) -> String {
     match (mean, std) {
         (Some(m), Some(s)) => format!("{m:.d$} ± {s:.d$}"),
@@ -439,13 +450,10 @@ pub fn render(
             };
             let _ = writeln!(
                 out,
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {name} | {} | {} | {} | {} | {} |",
                 pm.answers,
                 fmt_opt(pm.accuracy, 4),
-                fmt_opt(pm.mean_confidence, 4),
-                fmt_opt(pm.brier, 4),
-                fmt_opt(pm.ece, 4),
-                fmt_opt(pm.auroc, 4),
+                calibration_cells(pm.mean_confidence, pm.brier, pm.ece, pm.auroc),
                 pct(pm.format_rate_answers),
                 pct(pm.parse_rate_strict)
             );
@@ -517,14 +525,11 @@ pub fn render(
             };
             let _ = writeln!(
                 out,
-                "| {} | `{}` | {} |{extra} {} | {} | {} | {} | {} | {} | {} | {} |{tail}",
+                "| {} | `{}` | {} |{extra} {} | {} | {} | {} | {} |{tail}",
                 r.iteration,
                 cell(&r.input).replace('`', "'"),
                 fmt_opt(m.accuracy, 4),
-                fmt_opt(m.mean_confidence, 4),
-                fmt_opt(m.brier, 4),
-                fmt_opt(m.ece, 4),
-                fmt_opt(m.auroc, 4),
+                calibration_cells(m.mean_confidence, m.brier, m.ece, m.auroc),
                 pct(m.answer_turn.signal_fraction),
                 pct(m.confidence_turn.signal_fraction),
                 fmt_opt(m.answer_turn.length_mean, 1),
@@ -586,12 +591,9 @@ pub fn render(
         ] {
             let _ = writeln!(
                 out,
-                "| {name} | {} | {} | {} | {} | {} |",
+                "| {name} | {} | {} |",
                 s.n,
-                fmt_opt(s.mean, 4),
-                fmt_opt(s.brier, 4),
-                fmt_opt(s.ece, 4),
-                fmt_opt(s.auroc, 4)
+                calibration_cells(s.mean, s.brier, s.ece, s.auroc)
             );
         }
         let _ = writeln!(
