@@ -478,26 +478,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn lenient_parse_cases() {
-        let t = |s: &str| lenient_confidence(s);
-        assert_eq!(t("<confidence>0.8</confidence>"), Some(0.8));
-        assert_eq!(
-            t("<analysis>x 0.1</analysis><confidence> 85 </confidence>"),
-            Some(0.85)
-        );
-        assert_eq!(t("<confidence>about 70%</confidence>"), Some(0.7));
-        assert_eq!(t("<confidence>1</confidence>"), Some(1.0));
-        assert_eq!(t("<confidence>150</confidence>"), None);
-        assert_eq!(t("<confidence>high</confidence>"), None);
-        assert_eq!(t("<confidence>-0.5</confidence>"), None);
-        assert_eq!(t("no tag 0.5"), None);
-        assert_eq!(
-            t("<confidence>0.2</confidence> <confidence>0.9</confidence>"),
-            Some(0.9)
-        );
-    }
-
-    #[test]
     fn rows_from_batch() {
         let b = batch(&[
             (

@@ -459,15 +459,33 @@ mod tests {
     #[test]
     fn lenient_like_rlcr_eval() {
         let c = |x: &str| parse_confidence_lenient(&format!("<confidence>{x}</confidence>"));
-        assert_eq!(c("0.8"), Some(0.8));
-        assert_eq!(c("80"), Some(0.8));
-        assert_eq!(c("80%"), Some(0.8));
-        assert_eq!(c("about 0.3 maybe"), Some(0.3));
-        assert_eq!(c("150"), None);
-        assert_eq!(c("-0.5"), None);
-        assert_eq!(c("nan"), None);
-        assert_eq!(c(""), None);
+        for (x, want) in [
+            ("0.8", Some(0.8)),
+            ("80", Some(0.8)),
+            (" 85 ", Some(0.85)),
+            ("80%", Some(0.8)),
+            ("about 70%", Some(0.7)),
+            ("about 0.3 maybe", Some(0.3)),
+            ("1", Some(1.0)),
+            ("150", None),
+            ("-0.5", None),
+            ("high", None),
+            ("nan", None),
+            ("", None),
+        ] {
+            assert_eq!(c(x), want, "{x:?}");
+        }
         assert_eq!(parse_confidence_lenient("no tag"), None);
+        assert_eq!(parse_confidence_lenient("no tag 0.5"), None);
+        // the last tag counts; numbers outside it do not
+        assert_eq!(
+            parse_confidence_lenient("<analysis>x 0.1</analysis><confidence> 85 </confidence>"),
+            Some(0.85)
+        );
+        assert_eq!(
+            parse_confidence_lenient("<confidence>0.2</confidence> <confidence>0.9</confidence>"),
+            Some(0.9)
+        );
         // strict refuses what lenient accepts
         assert_eq!(
             parse_confidence_strict("<confidence>80%</confidence>"),
