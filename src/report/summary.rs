@@ -427,9 +427,9 @@ pub fn diagnostics(rows: &Rows) -> Diagnostics {
         if rows.kind[i] != SampleType::Confidence {
             continue;
         }
-        match answers.get(&(rows.prompt[i], rows.answer_idx[i])) {
+        match answer_row_of(rows, &answers, i) {
             None => orphans += 1,
-            Some(&a) => {
+            Some(a) => {
                 if let (Some(x), Some(y)) = (rows.acc[i], rows.acc[a]) {
                     if x != y {
                         mismatches += 1;
@@ -446,6 +446,12 @@ pub fn diagnostics(rows: &Rows) -> Diagnostics {
     }
 }
 
+/// The reliability table of the rows selected by `keep` (bins and rule of `opts`).
+fn reliability(rows: &Rows, keep: &dyn Fn(usize) -> bool, opts: &Options) -> Vec<Bin> {
+    let (c, y, _, _) = calibration_pairs(rows, keep, opts.missing_confidence);
+    metrics::reliability_bins(&c, &y, opts.bins, opts.ece_rule)
+}
+
 /// The whole report of one table.
 pub fn build(input: &str, rows: &Rows, opts: &Options) -> Report {
     let all = |_: usize| true;
@@ -454,24 +460,17 @@ pub fn build(input: &str, rows: &Rows, opts: &Options) -> Report {
     let mut per_source_reliability = BTreeMap::new();
     for s in 0..rows.sources.len() as u32 {
         let keep = |i: usize| rows.source[i] == s;
-        per_source.insert(
-            rows.sources.name(s).to_string(),
-            metrics_for(rows, &keep, opts),
-        );
-        let (c, y, _, _) = calibration_pairs(rows, &keep, opts.missing_confidence);
-        per_source_reliability.insert(
-            rows.sources.name(s).to_string(),
-            metrics::reliability_bins(&c, &y, opts.bins, opts.ece_rule),
-        );
+        let name = rows.sources.name(s).to_string();
+        per_source.insert(name.clone(), metrics_for(rows, &keep, opts));
+        per_source_reliability.insert(name, reliability(rows, &keep, opts));
     }
-    let (c, y, _, _) = calibration_pairs(rows, &all, opts.missing_confidence);
     Report {
         input: input.to_string(),
         iteration: 1,
         options: *opts,
         overall,
         per_source,
-        reliability: metrics::reliability_bins(&c, &y, opts.bins, opts.ece_rule),
+        reliability: reliability(rows, &all, opts),
         per_source_reliability,
         diagnostics: diagnostics(rows),
         held_in: BTreeMap::new(),
@@ -505,7 +504,7 @@ impl Examples {
         {
             w.insert(i);
             if rows.kind[i] == SampleType::Confidence {
-                if let Some(&a) = answers.get(&(rows.prompt[i], rows.answer_idx[i])) {
+                if let Some(a) = answer_row_of(rows, &answers, i) {
                     w.insert(a);
                 }
             }
@@ -585,7 +584,8 @@ pub fn turn_samples(rows: &Rows) -> (TurnSamples, TurnSamples) {
     out
 }
 
-/// Lookup of answer rows, re-exported for the markdown renderer.
+/// The answer row of row `i`: its `(prompt, answer_idx)` looked up in `answers`
+/// ([`Rows::answer_rows`]).
 pub fn answer_row_of(rows: &Rows, answers: &HashMap<(u32, i32), usize>, i: usize) -> Option<usize> {
     answers.get(&(rows.prompt[i], rows.answer_idx[i])).copied()
 }
@@ -699,32 +699,22 @@ mod tests {
     #[test]
     fn examples_and_diagnostics() {
         let mut t = table();
-        t.push((
-            "confidence",
-            "p9",
-            0,
-            "math",
-            1,
-            true,
-            1.0,
-            Some(0.5),
-            Some(0.75),
-            0.75,
-            "",
-        ));
-        t.push((
-            "confidence",
-            "p0",
-            1,
-            "countdown",
-            1,
-            true,
-            1.0,
-            Some(0.5),
-            Some(0.75),
-            0.75,
-            "",
-        ));
+        // A confidence row without its answer, and one whose label differs from its answer's.
+        for (prompt, answer, source) in [("p9", 0, "math"), ("p0", 1, "countdown")] {
+            t.push((
+                "confidence",
+                prompt,
+                answer,
+                source,
+                1,
+                true,
+                1.0,
+                Some(0.5),
+                Some(0.75),
+                0.75,
+                "",
+            ));
+        }
         let rows = Rows::from_batches([&batch(&t)]).expect("rows");
         let d = diagnostics(&rows);
         assert_eq!(d.confidences_without_answer, 1);
