@@ -915,19 +915,13 @@ mod tests {
         let p = d.path().join("w.parquet");
         let n = READ_BATCH_ROWS + 100;
         let write = |vals: Vec<i64>| {
-            let schema = Arc::new(Schema::new(vec![
-                Field::new("answer_idx", DataType::Int64, true),
-                Field::new("mine", DataType::Int64, true),
-            ]));
-            let b = RecordBatch::try_new(
-                schema.clone(),
-                vec![
-                    Arc::new(Int64Array::from(vals.clone())),
-                    Arc::new(Int64Array::from(vals)),
-                ],
-            )
+            let col: ArrayRef = Arc::new(Int64Array::from(vals));
+            let b = RecordBatch::try_from_iter_with_nullable([
+                ("answer_idx", col.clone(), true),
+                ("mine", col, true),
+            ])
             .unwrap();
-            let mut w = ArrowWriter::try_new(File::create(&p).unwrap(), schema, None).unwrap();
+            let mut w = ArrowWriter::try_new(File::create(&p).unwrap(), b.schema(), None).unwrap();
             w.write(&b).unwrap();
             w.close().unwrap();
         };

@@ -96,22 +96,20 @@ mod tests {
 
     #[test]
     fn filter_keeps_the_shard_rows_in_order() {
-        use arrow::array::{Int32Array, StringArray};
-        use arrow::datatypes::{DataType, Field, Schema};
+        use arrow::array::{ArrayRef, Int32Array, StringArray};
         use std::sync::Arc;
         let ids: Vec<String> = (0..40).map(|k| format!("p{}", k / 4)).collect();
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("prompt_id", DataType::Utf8, true),
-            Field::new("k", DataType::Int32, false),
-        ]));
-        let b = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(StringArray::from(ids.clone())),
-                Arc::new(Int32Array::from((0..40).collect::<Vec<i32>>())),
-            ],
-        )
-        .unwrap();
+        let batch = |prompt_id: ArrayRef, k: ArrayRef| {
+            RecordBatch::try_from_iter_with_nullable([
+                ("prompt_id", prompt_id, true),
+                ("k", k, false),
+            ])
+            .unwrap()
+        };
+        let b = batch(
+            Arc::new(StringArray::from(ids.clone())),
+            Arc::new(Int32Array::from((0..40).collect::<Vec<i32>>())),
+        );
         let mut seen = Vec::new();
         for i in 0..3 {
             let s = Shard { index: i, count: 3 };
@@ -129,14 +127,10 @@ mod tests {
         seen.sort();
         assert_eq!(seen, (0..40).collect::<Vec<i32>>());
         // a null prompt_id is an error naming the row
-        let b = RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(StringArray::from(vec![Some("a"), None])),
-                Arc::new(Int32Array::from(vec![0, 1])),
-            ],
-        )
-        .unwrap();
+        let b = batch(
+            Arc::new(StringArray::from(vec![Some("a"), None])),
+            Arc::new(Int32Array::from(vec![0, 1])),
+        );
         let e = Shard { index: 0, count: 2 }
             .filter(&b, "t.parquet", 10)
             .unwrap_err();
