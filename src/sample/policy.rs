@@ -189,9 +189,7 @@ impl StepModel for Policy {
         ids: &[u32],
         valid: &[bool],
     ) -> Result<Vec<f32>> {
-        let input = TokenBatch::new(batch, len, ids.to_vec(), valid.to_vec())?;
-        let logits = self.model.transformer.step(cache, &input)?;
-        model::read_f32(logits)
+        model::read_f32(self.step_device(cache, batch, len, ids, valid)?)
     }
 
     fn select_rows(&self, cache: &mut KvCache, rows: &[usize]) -> Result<()> {
