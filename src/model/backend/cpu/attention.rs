@@ -12,10 +12,11 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use rlcr_kernels::attention::{self as kernel, Shape};
 
 use super::decode::{self as cpu, Isa};
+use super::{contiguous, flex_f32, slice};
 
 /// `softmax(scale · q·kᵀ, hidden keys excluded) · v` for `q: [B, K, R, d]`, `k`, `v`: `[B, K, S,
 /// d]` and the host mask `hidden: [B, R, S]` (true = hidden; shared by the K heads of a row), as
@@ -104,29 +105,8 @@ pub fn attention_isa(
         };
         return Some(Tensor::<4>::from_primitive::<Autodiff<Flex>>(out));
     }
-    let flex = |t: &Tensor<4>| contiguous(t.clone().try_into_primitive::<Flex>().ok()?);
-    let (out, _) = forward(&flex(q)?, &flex(k)?, &flex(v)?)?;
+    let (out, _) = forward(&flex_f32(q)?, &flex_f32(k)?, &flex_f32(v)?)?;
     Some(Tensor::<4>::from_primitive::<Flex>(out))
-}
-
-/// A contiguous f32 copy (or the tensor itself when it already is one); `None` for another dtype.
-/// Shared with the other fused ops (`model::fused`).
-pub(super) fn contiguous(t: FlexTensor) -> Option<FlexTensor> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    Some(if t.is_contiguous() {
-        t
-    } else {
-        t.to_contiguous()
-    })
-}
-
-/// The values of a contiguous f32 tensor.
-pub(super) fn slice(t: &FlexTensor) -> &[f32] {
-    let off = t.layout().start_offset();
-    let n = t.layout().shape().num_elements();
-    &t.storage::<f32>()[off..off + n]
 }
 
 #[derive(Debug)]

@@ -33,6 +33,8 @@ use burn::backend::Flex;
 use burn::tensor::{DType, Tensor, TensorData};
 use rlcr_kernels::decode::{self, AttentionShape, PackedPanels};
 
+use super::{contiguous, flex_f32, slice};
+
 pub use rlcr_kernels::decode::PackPrecision;
 pub use rlcr_kernels::Isa;
 
@@ -57,16 +59,11 @@ pub fn small_matmul(x: &Tensor<2>, w: &Tensor<2>) -> Option<Tensor<2>> {
     }
     let xf: FlexTensor = x.clone().try_into_primitive::<Flex>().ok()?;
     let wf: FlexTensor = w.clone().try_into_primitive::<Flex>().ok()?;
-    if xf.dtype() != DType::F32 || wf.dtype() != DType::F32 || !wf.is_contiguous() {
+    if wf.dtype() != DType::F32 || !wf.is_contiguous() {
         return None;
     }
-    let w_data = f32_slice(&wf, k * n);
-    let xc = if xf.is_contiguous() {
-        xf
-    } else {
-        xf.to_contiguous()
-    };
-    let out = decode::matmul_rows(f32_slice(&xc, m * k), m, k, w_data, n, isa())?;
+    let xc = contiguous(xf)?;
+    let out = decode::matmul_rows(slice(&xc), m, k, slice(&wf), n, isa())?;
     let t = FlexTensor::from_data(TensorData::new(out, [m, n]));
     Some(Tensor::<2>::from_primitive::<Flex>(t))
 }
@@ -110,7 +107,7 @@ impl PackedMatrix {
             return None;
         }
         let panels = match wf.dtype() {
-            DType::F32 => PackedPanels::pack(f32_slice(&wf, k * n), k, n, precision),
+            DType::F32 => PackedPanels::pack(slice(&wf), k, n, precision),
             DType::BF16 => {
                 let off = wf.layout().start_offset();
                 let wide: Vec<f32> = wf.storage::<half::bf16>()[off..off + k * n]
@@ -171,28 +168,10 @@ pub fn packed_matmul_isa(
     if !p.packs(&wf) {
         return None;
     }
-    let xc = f32_view(x)?;
-    let out = decode::packed_matmul(f32_slice(&xc, m * k), m, &p.panels, isa)?;
+    let xc = flex_f32(x)?;
+    let out = decode::packed_matmul(slice(&xc), m, &p.panels, isa)?;
     let t = FlexTensor::from_data(TensorData::new(out, [m, p.panels.n()]));
     Some(Tensor::<2>::from_primitive::<Flex>(t))
-}
-
-/// A Flex f32 tensor's values as a contiguous slice (copying only when it is a strided view).
-fn f32_view<const D: usize>(t: &Tensor<D>) -> Option<FlexTensor> {
-    let f: FlexTensor = t.clone().try_into_primitive::<Flex>().ok()?;
-    if f.dtype() != DType::F32 {
-        return None;
-    }
-    Some(if f.is_contiguous() {
-        f
-    } else {
-        f.to_contiguous()
-    })
-}
-
-fn f32_slice(f: &FlexTensor, len: usize) -> &[f32] {
-    let off = f.layout().start_offset();
-    &f.storage::<f32>()[off..off + len]
 }
 
 /// Attention of one new token per row against a KV cache, on the host (decode steps):
@@ -220,7 +199,7 @@ pub fn decode_attention(
     if keys_ok.len() != b * len {
         return None;
     }
-    let (qf, kf, vf) = (f32_view(q)?, f32_view(k)?, f32_view(v)?);
+    let (qf, kf, vf) = (flex_f32(q)?, flex_f32(k)?, flex_f32(v)?);
     let shape = AttentionShape {
         batch: b,
         kv_heads: kh,
@@ -229,14 +208,7 @@ pub fn decode_attention(
         cap,
         len,
     };
-    let out = decode::decode_attention(
-        f32_slice(&qf, b * kh * g * d),
-        f32_slice(&kf, b * kh * cap * d),
-        f32_slice(&vf, b * kh * cap * d),
-        shape,
-        keys_ok,
-        scale,
-    );
+    let out = decode::decode_attention(slice(&qf), slice(&kf), slice(&vf), shape, keys_ok, scale);
     let t = FlexTensor::from_data(TensorData::new(out, [b, kh, g, d]));
     Some(Tensor::<4>::from_primitive::<Flex>(t))
 }

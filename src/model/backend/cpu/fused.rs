@@ -35,7 +35,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::attention::{contiguous, slice};
+use super::{contiguous, flex_f32, slice};
 use rlcr_kernels::norm as kernel;
 use rlcr_kernels::rope as rope_kernel;
 
@@ -218,8 +218,7 @@ pub fn rms_norm_fused(x: &Tensor<2>, w: &Tensor<1>, eps: f64, isa: Isa) -> Optio
         };
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(y));
     }
-    let xc = contiguous(x.clone().try_into_primitive::<Flex>().ok()?)?;
-    let wc = contiguous(w.clone().try_into_primitive::<Flex>().ok()?)?;
+    let (xc, wc) = (flex_f32(x)?, flex_f32(w)?);
     let (y, _) = kernel::rms_norm_forward(slice(&xc), slice(&wc), eps, isa);
     let y = FlexTensor::from_data(TensorData::new(y, [n, h]));
     Some(Tensor::<2>::from_primitive::<Flex>(y))
@@ -248,7 +247,7 @@ pub fn swiglu_fused(gu: &Tensor<2>) -> Option<Tensor<2>> {
         };
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(y));
     }
-    let gc = contiguous(gu.clone().try_into_primitive::<Flex>().ok()?)?;
+    let gc = flex_f32(gu)?;
     let y = kernel::swiglu_forward(slice(&gc), i);
     let y = FlexTensor::from_data(TensorData::new(y, [n, i]));
     Some(Tensor::<2>::from_primitive::<Flex>(y))

@@ -41,11 +41,12 @@ use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 
 use rlcr_kernels::head::{self as kernel, HeadRows};
 
 use super::decode::{self as cpu, Isa};
+use super::{contiguous, flex_f32, slice};
 
 /// Log-probs of `targets` and (when `entropy`) entropies of the rows of `logits: [n, V]` divided
 /// by `temperature`: `([n], Some([n]))`. Differentiable on an autodiff device.
@@ -112,8 +113,8 @@ fn fused(logits: &Tensor<2>, targets: &[u32], scale: f32, isa: Isa) -> Option<Te
     let [n, v] = logits.dims();
     if let Ok(ad) = logits.clone().try_into_primitive::<Autodiff<Flex>>() {
         let (prim, guard) = ad.into_parts();
-        let z = contiguous_f32(prim)?;
-        let (out, rows) = kernel::forward(f32_slice(&z, n * v), n, v, targets, scale, isa);
+        let z = contiguous(prim)?;
+        let (out, rows) = kernel::forward(slice(&z), n, v, targets, scale, isa);
         let out = FlexTensor::from_data(TensorData::new(out, [n, 2]));
         let out = match HeadBackward
             .prepare::<NoCheckpointing>([guard])
@@ -131,27 +132,10 @@ fn fused(logits: &Tensor<2>, targets: &[u32], scale: f32, isa: Isa) -> Option<Te
         };
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(out));
     }
-    let prim: FlexTensor = logits.clone().try_into_primitive::<Flex>().ok()?;
-    let z = contiguous_f32(prim)?;
-    let (out, _) = kernel::forward(f32_slice(&z, n * v), n, v, targets, scale, isa);
+    let z = flex_f32(logits)?;
+    let (out, _) = kernel::forward(slice(&z), n, v, targets, scale, isa);
     let out = FlexTensor::from_data(TensorData::new(out, [n, 2]));
     Some(Tensor::<2>::from_primitive::<Flex>(out))
-}
-
-fn contiguous_f32(t: FlexTensor) -> Option<FlexTensor> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    Some(if t.is_contiguous() {
-        t
-    } else {
-        t.to_contiguous()
-    })
-}
-
-fn f32_slice(t: &FlexTensor, len: usize) -> &[f32] {
-    let off = t.layout().start_offset();
-    &t.storage::<f32>()[off..off + len]
 }
 
 #[derive(Debug)]
@@ -171,8 +155,8 @@ impl Backward<Flex, 1> for HeadBackward {
         unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
             let [n, v] = [rows.len(), logits.layout().shape()[1]];
             // An f32 gradient, as the forward's output was f32.
-            let g = contiguous_f32(grad).unwrap_or_else(|| unreachable!("f32 head gradient"));
-            let dz = kernel::backward(f32_slice(&logits, n * v), f32_slice(&g, n * 2), v, &rows);
+            let g = contiguous(grad).unwrap_or_else(|| unreachable!("f32 head gradient"));
+            let dz = kernel::backward(slice(&logits), slice(&g), v, &rows);
             FlexTensor::from_data(TensorData::new(dz, [n, v]))
         });
     }
