@@ -235,6 +235,34 @@ mod tests {
         out
     }
 
+    /// `len` test values `((i·mul mod modulus) − centre) / scale`.
+    fn pattern(len: usize, mul: usize, modulus: usize, centre: f32, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * mul % modulus) as f32 - centre) / scale)
+            .collect()
+    }
+
+    /// `values` plus `1e-3·(i mod period)` (most of them off the bf16 grid).
+    fn off_grid(values: Vec<f32>, period: usize) -> Vec<f32> {
+        let wobble = |(i, v): (usize, f32)| v + 1e-3 * (i % period) as f32;
+        values.into_iter().enumerate().map(wobble).collect()
+    }
+
+    /// The `[rows, cols]` Flex tensor of `values`.
+    fn matrix(values: &[f32], rows: usize, cols: usize, dev: &Device) -> Tensor<2> {
+        Tensor::<2>::from_data(TensorData::new(values.to_vec(), [rows, cols]), dev)
+    }
+
+    /// `got` is `x · w` (`[m, k]·[k, n]`) within 1e-4 relative of the f64 product.
+    fn assert_product(got: &[f32], x: &[f32], m: usize, k: usize, w: &[f32], n: usize) {
+        for (g, w) in got.iter().zip(&naive(x, m, k, w, n)) {
+            assert!(
+                (*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()),
+                "{m}x{k}x{n}: {g} vs {w}"
+            );
+        }
+    }
+
     #[test]
     fn matches_a_plain_product_for_every_shape() {
         if !supported() {
@@ -248,23 +276,12 @@ mod tests {
             (16, 576, 1000),
             (13, 5, 31),
         ] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-                .collect();
-            let w: Vec<f32> = (0..k * n)
-                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 40.0)
-                .collect();
-            let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
-            let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
+            let x = pattern(m * k, 37, 101, 50.0, 50.0);
+            let w = pattern(k * n, 53, 97, 48.0, 40.0);
+            let (xt, wt) = (matrix(&x, m, k, &dev), matrix(&w, k, n, &dev));
             let got = small_matmul(&xt, &wt).expect("fast path applies");
             let got = crate::model::read_f32(got).unwrap();
-            let want = naive(&x, m, k, &w, n);
-            for (g, w) in got.iter().zip(&want) {
-                assert!(
-                    (*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()),
-                    "{m}x{k}x{n}: {g} vs {w}"
-                );
-            }
+            assert_product(&got, &x, m, k, &w, n);
         }
     }
 
@@ -281,25 +298,14 @@ mod tests {
             (9, 7, 13),
             (40, 33, 24),
         ] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 29 % 89) as f32 - 44.0) / 30.0)
-                .collect();
-            let w: Vec<f32> = (0..k * n)
-                .map(|i| ((i * 31 % 83) as f32 - 41.0) / 25.0)
-                .collect();
-            let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
-            let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
+            let x = pattern(m * k, 29, 89, 44.0, 30.0);
+            let w = pattern(k * n, 31, 83, 41.0, 25.0);
+            let (xt, wt) = (matrix(&x, m, k, &dev), matrix(&w, k, n, &dev));
             let p = PackedMatrix::pack(&wt, PackPrecision::F32).expect("packable");
             let got = crate::model::read_f32(packed_matmul(&xt, &wt, &p).unwrap()).unwrap();
-            let want = naive(&x, m, k, &w, n);
-            for (g, w) in got.iter().zip(&want) {
-                assert!(
-                    (*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()),
-                    "{m}x{k}x{n}: {g} vs {w}"
-                );
-            }
+            assert_product(&got, &x, m, k, &w, n);
             // A different tensor with the same values and shape is not the packed one.
-            let other = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
+            let other = matrix(&w, k, n, &dev);
             assert!(packed_matmul(&xt, &other, &p).is_none());
             // A clone shares the buffer: still valid.
             assert!(packed_matmul(&xt, &wt.clone(), &p).is_some());
@@ -315,12 +321,8 @@ mod tests {
         }
         let dev = Device::flex();
         for &(m, k, n) in &[(1, 3, 8), (8, 64, 389), (13, 576, 40), (64, 17, 16)] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 29 % 89) as f32 - 44.0) / 30.0)
-                .collect();
-            let w: Vec<f32> = (0..k * n)
-                .map(|i| ((i * 31 % 83) as f32 - 41.0) / 25.0 + 1e-3 * (i % 7) as f32)
-                .collect();
+            let x = pattern(m * k, 29, 89, 44.0, 30.0);
+            let w = off_grid(pattern(k * n, 31, 83, 41.0, 25.0), 7);
             let wb: Vec<f32> = w
                 .iter()
                 .map(|&v| half::bf16::from_f32(v).to_f32())
@@ -329,9 +331,8 @@ mod tests {
                 wb.iter().zip(&w).any(|(a, b)| a != b),
                 "test needs inexact weights"
             );
-            let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
-            let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
-            let wbt = Tensor::<2>::from_data(TensorData::new(wb.clone(), [k, n]), &dev);
+            let (xt, wt) = (matrix(&x, m, k, &dev), matrix(&w, k, n, &dev));
+            let wbt = matrix(&wb, k, n, &dev);
             let run = |w: &Tensor<2>, p: &PackedMatrix| {
                 crate::model::read_f32(packed_matmul(&xt, w, p).unwrap()).unwrap()
             };
@@ -344,10 +345,7 @@ mod tests {
             // Inexact weights: auto mode keeps f32.
             let keep = PackedMatrix::pack(&wt, PackPrecision::Bf16IfExact).unwrap();
             assert!(!keep.is_bf16());
-            let want = naive(&x, m, k, &w, n);
-            for (g, w) in run(&wt, &keep).iter().zip(&want) {
-                assert!((*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()));
-            }
+            assert_product(&run(&wt, &keep), &x, m, k, &w, n);
             // Opt-in rounding: the product with the rounded weights, bit for bit.
             let rounded = PackedMatrix::pack(&wt, PackPrecision::Bf16Rounded).unwrap();
             assert!(rounded.is_bf16());
@@ -366,18 +364,13 @@ mod tests {
         }
         let dev = Device::flex();
         for &(k, n) in &[(37, 13), (64, 48), (29, 85), (576, 200)] {
-            let w: Vec<f32> = (0..k * n)
-                .map(|i| ((i * 43 % 107) as f32 - 53.0) / 31.0 + 1e-3 * (i % 5) as f32)
-                .collect();
-            let x: Vec<f32> = (0..MAX_PACKED_ROWS * k)
-                .map(|i| ((i * 41 % 113) as f32 - 56.0) / 37.0)
-                .collect();
-            let wt = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
+            let w = off_grid(pattern(k * n, 43, 107, 53.0, 31.0), 5);
+            let x = pattern(MAX_PACKED_ROWS * k, 41, 113, 56.0, 37.0);
+            let wt = matrix(&w, k, n, &dev);
             for precision in [PackPrecision::F32, PackPrecision::Bf16Rounded] {
                 let p = PackedMatrix::pack(&wt, precision).unwrap();
                 for m in (1..=MAX_PACKED_ROWS).filter(|m| m % 7 < 3 || *m == MAX_PACKED_ROWS) {
-                    let xt =
-                        Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &dev);
+                    let xt = matrix(&x[..m * k], m, k, &dev);
                     let run = |isa| {
                         crate::model::read_f32(packed_matmul_isa(&xt, &wt, &p, isa).unwrap())
                             .unwrap()
@@ -386,10 +379,7 @@ mod tests {
                     assert_eq!(a512, a2, "{m}x{k}x{n} {precision:?}");
                     assert!(packed_matmul_isa(&xt, &wt, &p, Isa::Scalar).is_none());
                     if precision == PackPrecision::F32 {
-                        let want = naive(&x[..m * k], m, k, &w, n);
-                        for (g, w) in a512.iter().zip(&want) {
-                            assert!((*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()));
-                        }
+                        assert_product(&a512, &x[..m * k], m, k, &w, n);
                     }
                 }
             }
@@ -404,16 +394,11 @@ mod tests {
         }
         let dev = Device::flex();
         let (k, n) = (97, 45);
-        let x: Vec<f32> = (0..MAX_PACKED_ROWS * k)
-            .map(|i| ((i * 41 % 113) as f32 - 56.0) / 37.0)
-            .collect();
-        let w: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 43 % 107) as f32 - 53.0) / 31.0)
-            .collect();
-        let wt = Tensor::<2>::from_data(TensorData::new(w, [k, n]), &dev);
+        let x = pattern(MAX_PACKED_ROWS * k, 41, 113, 56.0, 37.0);
+        let wt = matrix(&pattern(k * n, 43, 107, 53.0, 31.0), k, n, &dev);
         let p = PackedMatrix::pack(&wt, PackPrecision::F32).unwrap();
         let first_rows = |m: usize, isa: Isa| {
-            let xt = Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &dev);
+            let xt = matrix(&x[..m * k], m, k, &dev);
             crate::model::read_f32(packed_matmul_isa(&xt, &wt, &p, isa).unwrap()).unwrap()
         };
         let all = first_rows(MAX_PACKED_ROWS, Isa::Avx512);
@@ -424,7 +409,7 @@ mod tests {
         }
         // And the row-major kernel rounds the same way.
         for m in [1, 5, MAX_ROWS] {
-            let xt = Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &dev);
+            let xt = matrix(&x[..m * k], m, k, &dev);
             let got = crate::model::read_f32(small_matmul(&xt, &wt).unwrap()).unwrap();
             assert_eq!(got, all[..m * n], "row-major kernel, {m} rows");
         }
@@ -439,11 +424,7 @@ mod tests {
         use burn::tensor::Bool;
         let dev = Device::flex();
         let (b, kh, g, d, cap, len) = (3, 2, 3, 8, 16, 11);
-        let val = |n: usize, m: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i * m % 97) as f32 - 48.0) / 23.0)
-                .collect()
-        };
+        let val = |n: usize, m: usize| pattern(n, m, 97, 48.0, 23.0);
         let q = Tensor::<4>::from_data(
             TensorData::new(val(b * kh * g * d, 13), [b, kh, g, d]),
             &dev,
