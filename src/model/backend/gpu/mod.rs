@@ -59,6 +59,39 @@ pub(crate) fn loss_backward<const D: usize>(
     (y, grads, l1 - l0, l3 - l2)
 }
 
+/// Every value of `got` within `1e-5·max|want|` of its value in `want` (`what` names them in a
+/// failure). For the training kernels' tests.
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+pub(crate) fn assert_near(got: &[f32], want: &[f64], what: &str) {
+    let size = want.iter().fold(0f64, |a, b| a.max(b.abs()));
+    for (k, (&a, &b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a as f64 - b).abs() <= 1e-5 * size,
+            "{what}[{k}]: {a} vs {b} (largest {size})"
+        );
+    }
+}
+
+/// `v` in f64 (to compare with [`assert_near`]).
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+pub(crate) fn wide(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&a| a as f64).collect()
+}
+
+/// A kernel's value `got` within 1e-5 of the `exact` one and of the CPU's `cpu` (`what` names
+/// it in a failure).
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+pub(crate) fn assert_close(got: f32, exact: f64, cpu: f32, what: std::fmt::Arguments) {
+    assert!(
+        (got as f64 - exact).abs() < 1e-5,
+        "{what}: {got} vs {exact}"
+    );
+    assert!((got - cpu).abs() < 1e-5, "{what}: {got} vs cpu {cpu}");
+}
+
 /// RMSNorm in six kernels (square, mean, `+ eps`, sqrt, divide, `· w`; where [`norm`]'s kernels
 /// do not apply: another dtype) instead of burn's composite's seven: `x / sqrt(mean(x²) + eps)` divides where the composite multiplies by a
 /// reciprocal (the two differ by a rounding; transformers' `rsqrt` is a third way, within the

@@ -409,6 +409,7 @@ mod tests {
     use burn::tensor::{Device, TensorData};
 
     use super::super::test_device as wgpu;
+    use super::super::{assert_near, wide};
 
     fn read(t: BurnTensor<2>) -> Vec<f32> {
         crate::model::read_f32(t).unwrap()
@@ -570,15 +571,8 @@ mod tests {
                 }
             }
             let near = |got: &[f32], want: &[f64], what: &str| {
-                let scale = want.iter().fold(0f64, |a, b| a.max(b.abs()));
-                for (k, (&a, &b)) in got.iter().zip(want).enumerate() {
-                    assert!(
-                        (a as f64 - b).abs() <= 1e-5 * scale,
-                        "[{n}, {h}] {what}[{k}]: {a} vs {b} (scale {scale})"
-                    );
-                }
+                assert_near(got, want, &format!("[{n}, {h}] {what}"));
             };
-            let wide = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
             near(&y, &ey, "y");
             near(&dx, &edx, "dx");
             near(&dw, &edw, "dw");

@@ -340,6 +340,8 @@ mod tests {
     use crate::model::transformer::tests::{ids, load};
     use crate::model::{read_f32, KvCache, TokenBatch};
 
+    use super::super::assert_close;
+
     /// RoPE and the cache write on a strided `qkv` with a bias, two rows of three tokens at slots
     /// 4..7 of an 8-slot cache, one of them padding: the queries and the written keys within
     /// 1e-5 of f64's rotation of the same f32 angles (padding at position 0), the values equal
@@ -665,17 +667,7 @@ mod tests {
                             at(i) * c + at(i - half) * s
                         };
                         let k = ((bi * n + h) * t + ti) * d + i;
-                        assert!(
-                            (got[k] as f64 - exact).abs() < 1e-5,
-                            "{k}: {} vs {exact}",
-                            got[k]
-                        );
-                        assert!(
-                            (got[k] - want[k]).abs() < 1e-5,
-                            "{k}: {} vs cpu {}",
-                            got[k],
-                            want[k]
-                        );
+                        assert_close(got[k], exact, want[k], format_args!("{k}"));
                     }
                 }
             }

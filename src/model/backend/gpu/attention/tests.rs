@@ -5,6 +5,57 @@
 use super::*;
 use burn::tensor::{Device, TensorData};
 
+use super::super::{assert_close, assert_near, wide};
+use crate::model::backend::composite_attention;
+
+/// `len` test values `2·sin(0.731·k + shift)`.
+fn wave(len: usize, shift: f32) -> Vec<f32> {
+    (0..len)
+        .map(|k| (k as f32 * 0.731 + shift).sin() * 2.0)
+        .collect()
+}
+
+/// A `[b, 1, rows, keys]` mask: row `r` of batch `bi` hides the keys `s` with
+/// `(s + r + bi) % 3 == 0`, never its own slot `s = r`; `alone`: the last row of the last batch
+/// sees only its own slot.
+fn hidden(b: usize, rows: usize, keys: usize, alone: bool) -> Vec<bool> {
+    (0..b * rows * keys)
+        .map(|k| {
+            let (bi, r, s) = (k / (rows * keys), (k / keys) % rows, k % keys);
+            let only_own = alone && bi == b - 1 && r == rows - 1;
+            s != r && (only_own || (s + r + bi) % 3 == 0)
+        })
+        .collect()
+}
+
+/// In f64, the softmax's numerators `exp(x − max)` over the scores `x = scale·(q·k_s)` of the
+/// query `q(i)` against the keys `s` of `visible` (`key(s, i)`, `i < d`), and their sum.
+fn weights(
+    q: impl Fn(usize) -> f64,
+    key: impl Fn(usize, usize) -> f64,
+    visible: &[usize],
+    d: usize,
+    scale: f64,
+) -> (Vec<f64>, f64) {
+    let sc: Vec<f64> = visible
+        .iter()
+        .map(|&s| (0..d).map(|i| q(i) * key(s, i)).sum::<f64>() * scale)
+        .collect();
+    let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+    let total = w.iter().sum();
+    (w, total)
+}
+
+/// The options of [`composite_attention`] for `scale` (the masks say which keys a row sees).
+fn options(scale: f64) -> burn::tensor::ops::AttentionModuleOptions {
+    burn::tensor::ops::AttentionModuleOptions {
+        scale: Some(scale),
+        softcap: None,
+        is_causal: false,
+    }
+}
+
 /// Attention over a cache described by slot flags: two rows of three tokens at slots 5..8 of
 /// a 300-slot cache (more keys than a cube's units), query heads grouped two to a key/value
 /// head, flags with holes (padding slots) before and inside the call, one padding query;
@@ -16,10 +67,8 @@ fn slot_attention_matches_f64() {
     let dev = super::super::test_device();
     let (b, kv, g, t, d, cap, start) = (2usize, 2usize, 2usize, 3usize, 8usize, 300usize, 5);
     let rows = g * t;
-    let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
-    let qs: Vec<f32> = (0..b * kv * rows * d).map(|k| val(k, 0.3)).collect();
-    let ks: Vec<f32> = (0..b * kv * cap * d).map(|k| val(k, 1.1)).collect();
-    let vs: Vec<f32> = (0..b * kv * cap * d).map(|k| val(k, 2.7)).collect();
+    let qs = wave(b * kv * rows * d, 0.3);
+    let (ks, vs) = (wave(b * kv * cap * d, 1.1), wave(b * kv * cap * d, 2.7));
     // Row 0: slot 2 is padding, the call's second token (slot 6) too; row 1: slot 0.
     let real = |bi: usize, s: usize| !matches!((bi, s), (0, 2) | (0, 6) | (1, 0));
     let flags: Vec<f32> = (0..b * cap)
@@ -48,14 +97,8 @@ fn slot_attention_matches_f64() {
                     .collect();
                 let at = |x: &[f32], s: usize, i: usize| x[((bi * kv + h) * cap + s) * d + i];
                 let qrow = |i: usize| qs[((bi * kv + h) * rows + r) * d + i] as f64;
-                let sc: Vec<f64> = visible
-                    .iter()
-                    .map(|&s| (0..d).map(|i| qrow(i) * at(&ks, s, i) as f64).sum::<f64>())
-                    .map(|x| x * scale)
-                    .collect();
-                let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
-                let total: f64 = w.iter().sum();
+                let key = |s: usize, i: usize| at(&ks, s, i) as f64;
+                let (w, total) = weights(qrow, key, &visible, d, scale);
                 for i in 0..d {
                     let exact: f64 = visible
                         .iter()
@@ -81,19 +124,12 @@ fn attention_kernel_matches_the_cpu() {
     for (b, heads, rows, keys, d) in [(2usize, 2usize, 3usize, 300usize, 16usize), (1, 3, 5, 7, 8)]
     {
         let scale = 1.0 / (d as f64).sqrt();
-        let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
-        let qs: Vec<f32> = (0..b * (heads + 1) * rows * d)
-            .map(|k| val(k, 0.3))
-            .collect();
-        let ks: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 1.1)).collect();
-        let vs: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 2.7)).collect();
-        // Row r of batch bi hides keys s with (s + r + bi) % 3 == 0, except its own slot.
-        let ms: Vec<bool> = (0..b * rows * keys)
-            .map(|k| {
-                let (bi, r, s) = (k / (rows * keys), (k / keys) % rows, k % keys);
-                (s + r + bi) % 3 == 0 && s != r
-            })
-            .collect();
+        let qs = wave(b * (heads + 1) * rows * d, 0.3);
+        let (ks, vs) = (
+            wave(b * heads * keys * d, 1.1),
+            wave(b * heads * keys * d, 2.7),
+        );
+        let ms = hidden(b, rows, keys, false);
         let on = |dv: &Device| {
             let q = BurnTensor::<4>::from_data(
                 TensorData::new(qs.clone(), [b, heads + 1, rows, d]),
@@ -116,15 +152,8 @@ fn attention_kernel_matches_the_cpu() {
         )
         .unwrap();
         let (q, k, v, m) = on(&cpu);
-        let options = burn::tensor::ops::AttentionModuleOptions {
-            scale: Some(scale),
-            softcap: None,
-            is_causal: false,
-        };
-        let want = crate::model::read_f32(crate::model::backend::composite_attention(
-            q, k, v, &m, options, false,
-        ))
-        .unwrap();
+        let want = crate::model::read_f32(composite_attention(q, k, v, &m, options(scale), false))
+            .unwrap();
         for bi in 0..b {
             for h in 0..heads {
                 for r in 0..rows {
@@ -137,13 +166,7 @@ fn attention_kernel_matches_the_cpu() {
                     let visible: Vec<usize> = (0..keys)
                         .filter(|&s| !ms[(bi * rows + r) * keys + s])
                         .collect();
-                    let sc: Vec<f64> = visible
-                        .iter()
-                        .map(|&s| (0..d).map(|i| qrow[i] * kv(&ks, s, i)).sum::<f64>() * scale)
-                        .collect();
-                    let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
-                    let total: f64 = w.iter().sum();
+                    let (w, total) = weights(|i| qrow[i], |s, i| kv(&ks, s, i), &visible, d, scale);
                     for i in 0..d {
                         let exact: f64 = visible
                             .iter()
@@ -152,16 +175,12 @@ fn attention_kernel_matches_the_cpu() {
                             .sum::<f64>()
                             / total;
                         let at = ((bi * heads + h) * rows + r) * d + i;
-                        assert!(
-                            (got[at] as f64 - exact).abs() < 1e-5,
-                            "[{b},{heads},{rows},{keys},{d}] {at}: {} vs {exact}",
-                            got[at]
-                        );
-                        assert!(
-                            (got[at] - want[at]).abs() < 1e-5,
-                            "{at}: {} vs cpu {}",
-                            got[at],
-                            want[at]
+                        let (g, e) = (got[at], want[at]);
+                        assert_close(
+                            g,
+                            exact,
+                            e,
+                            format_args!("[{b},{heads},{rows},{keys},{d}] {at}"),
                         );
                     }
                 }
@@ -201,21 +220,7 @@ fn train(
     let scale = 1.0 / (d as f64).sqrt();
     let run = || match fused {
         true => attention(&q, &k, &v, &m, scale as f32).expect("runs on autodiff wgpu"),
-        false => {
-            let options = burn::tensor::ops::AttentionModuleOptions {
-                scale: Some(scale),
-                softcap: None,
-                is_causal: false,
-            };
-            crate::model::backend::composite_attention(
-                q.clone(),
-                k.clone(),
-                v.clone(),
-                &m,
-                options,
-                false,
-            )
-        }
+        false => composite_attention(q.clone(), k.clone(), v.clone(), &m, options(scale), false),
     };
     let (y, grads, fwd, bwd) = super::super::loss_backward(run, c);
     let read = |t: BurnTensor<4>| crate::model::read_f32(t).unwrap();
@@ -242,22 +247,13 @@ fn training_attention_matches_float64_and_the_composite() {
     for dims in [[2usize, 2, 3, 300, 16], [1, 3, 5, 7, 8]] {
         let [b, heads, rows, keys, d] = dims;
         let scale = 1.0 / (d as f64).sqrt();
-        let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
-        let qs: Vec<f32> = (0..b * (heads + 1) * rows * d)
-            .map(|k| val(k, 0.3))
-            .collect();
-        let ks: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 1.1)).collect();
-        let vs: Vec<f32> = (0..b * heads * keys * d).map(|k| val(k, 2.7)).collect();
-        let cs: Vec<f32> = (0..b * heads * rows * d).map(|k| val(k, 0.9)).collect();
-        // Row r of batch bi hides keys s with (s + r + bi) % 3 == 0 except its own slot;
-        // the last row of the last batch sees only its own slot.
-        let ms: Vec<bool> = (0..b * rows * keys)
-            .map(|k| {
-                let (bi, r, s) = (k / (rows * keys), (k / keys) % rows, k % keys);
-                let alone = bi == b - 1 && r == rows - 1;
-                s != r && (alone || (s + r + bi) % 3 == 0)
-            })
-            .collect();
+        let qs = wave(b * (heads + 1) * rows * d, 0.3);
+        let (ks, vs) = (
+            wave(b * heads * keys * d, 1.1),
+            wave(b * heads * keys * d, 2.7),
+        );
+        let cs = wave(b * heads * rows * d, 0.9);
+        let ms = hidden(b, rows, keys, true);
         let inputs = (&qs[..], &ks[..], &vs[..], &ms[..], &cs[..]);
         let (y, dq, dk, dv, fwd, bwd) = train(inputs, dims, true);
         let (cy, cdq, cdk, cdv, cfwd, cbwd) = train(inputs, dims, false);
@@ -277,13 +273,7 @@ fn training_attention_matches_float64_and_the_composite() {
                     let visible: Vec<usize> = (0..keys)
                         .filter(|&s| !ms[(bi * rows + r) * keys + s])
                         .collect();
-                    let sc: Vec<f64> = visible
-                        .iter()
-                        .map(|&s| (0..d).map(|i| qrow[i] * kv(&ks, s, i)).sum::<f64>() * scale)
-                        .collect();
-                    let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
-                    let total: f64 = w.iter().sum();
+                    let (w, total) = weights(|i| qrow[i], |s, i| kv(&ks, s, i), &visible, d, scale);
                     let p: Vec<f64> = w.iter().map(|x| x / total).collect();
                     let dp: Vec<f64> = visible
                         .iter()
@@ -303,24 +293,15 @@ fn training_attention_matches_float64_and_the_composite() {
                 }
             }
         }
-        let near = |got: &[f32], want: &[f64], what: &str| {
-            let size = want.iter().fold(0f64, |a, b| a.max(b.abs()));
-            for (k, (&a, &b)) in got.iter().zip(want).enumerate() {
-                assert!(
-                    (a as f64 - b).abs() <= 1e-5 * size,
-                    "{dims:?} {what}[{k}]: {a} vs {b} (largest {size})"
-                );
-            }
-        };
-        let wide = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
         for (got, exact, composite, what) in [
             (&y, &ey, &cy, "y"),
             (&dq, &edq, &cdq, "dq"),
             (&dk, &edk, &cdk, "dk"),
             (&dv, &edv, &cdv, "dv"),
         ] {
-            near(got, exact, what);
-            near(got, &wide(composite), what);
+            let what = format!("{dims:?} {what}");
+            assert_near(got, exact, &what);
+            assert_near(got, &wide(composite), &what);
         }
         eprintln!(
             "{dims:?} launches forward / backward (with the loss's): \
@@ -350,10 +331,9 @@ fn qkv_attention_matches_the_split_path() {
     let _pool = crate::model::memory::pool_test_lock();
     let (b, t, heads, kv, d) = (2usize, 5usize, 6usize, 2usize, 8usize);
     let (n, g) = (heads + 2 * kv, heads / kv);
-    let val = |k: usize, s: f32| (k as f32 * 0.731 + s).sin() * 2.0;
-    let xs: Vec<f32> = (0..b * t * (n + 1) * d).map(|k| val(k, 0.3)).collect();
+    let xs = wave(b * t * (n + 1) * d, 0.3);
     let xs0: Vec<f32> = xs[..b * t * n * d].to_vec();
-    let cs: Vec<f32> = (0..b * t * heads * d).map(|k| val(k, 0.9)).collect();
+    let cs = wave(b * t * heads * d, 0.9);
     // Tables in the GPU layout: cos = [c, c], sin = [−s, s] per position.
     let (mut cos, mut sin) = (Vec::new(), Vec::new());
     for _ in 0..b {
@@ -412,12 +392,7 @@ fn qkv_attention_matches_the_split_path() {
                     .reshape([b, kv, g * t, d]);
                 let k = qk.slice([0..b, heads..heads + kv]);
                 let v = x.slice([0..b, heads + kv..n]);
-                let options = burn::tensor::ops::AttentionModuleOptions {
-                    scale: Some(scale),
-                    softcap: None,
-                    is_causal: false,
-                };
-                crate::model::backend::composite_attention(q, k, v, &m, options, false)
+                composite_attention(q, k, v, &m, options(scale), false)
                     .reshape([b, heads, t, d])
                     .swap_dims(1, 2)
             }
