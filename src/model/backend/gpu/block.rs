@@ -43,11 +43,15 @@ pub fn row_grid(client: &Client, n: usize) -> CubeCount {
     CubeCount::Static(x as u32, n.div_ceil(x) as u32, 1)
 }
 
-/// The row of this cube in a [`row_grid`] (at least the row count in the grid's last cubes:
-/// those return at once).
+/// The row of this cube in a [`row_grid`] of `rows` rows. The grid's last cubes, past the
+/// rows, stop here (all their units: a barrier after this never waits for a stopped unit).
 #[cube]
-pub fn cube_row() -> usize {
-    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
+pub fn cube_row(rows: usize) -> usize {
+    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    if row >= rows {
+        terminate!();
+    }
+    row
 }
 
 /// The coordinates `(i, j, k)` of row `row = (i·n + j)·m + k` of a grid of rows laid out

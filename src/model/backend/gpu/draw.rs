@@ -145,10 +145,7 @@ fn draw_kernel(
     #[comptime] cut_p: bool,
     #[comptime] cut_min_p: bool,
 ) {
-    let row = cube_row();
-    if row >= rows.shape(1) {
-        terminate!();
-    }
+    let row = cube_row(rows.shape(1));
     let tid = UNIT_POS_X as usize;
     let nt = CUBE_DIM_X as usize;
     let mut red = Shared::<[f32]>::new_slice(units as usize);

@@ -310,10 +310,7 @@ fn forward_kernel(
     scale: f32,
     #[comptime] units: u32,
 ) {
-    let row = cube_row();
-    if row >= z.shape(0) {
-        terminate!();
-    }
+    let row = cube_row(z.shape(0));
     let v = z.shape(1);
     let (off, step) = (row * z.stride(0), z.stride(1));
     let mut red = Shared::<[f32]>::new_slice(units as usize);
@@ -363,10 +360,7 @@ fn backward_kernel(
     base: u32,
     scale: f32,
 ) {
-    let row = cube_row();
-    if row >= z.shape(0) {
-        terminate!();
-    }
+    let row = cube_row(z.shape(0));
     let r = row + base as usize;
     let v = z.shape(1);
     let (off, step) = (row * z.stride(0), z.stride(1));

@@ -286,10 +286,7 @@ fn rms_norm_kernel(
     eps: f32,
     #[comptime] units: u32,
 ) {
-    let row = cube_row();
-    if row >= x.shape(0) {
-        terminate!();
-    }
+    let row = cube_row(x.shape(0));
     let rms = normalise_row(x, row, w, out, eps, units);
     if UNIT_POS_X == 0 {
         let at = row * r.stride(0);
@@ -307,10 +304,7 @@ fn rms_norm_backward_kernel(
     dx: &mut Tensor<f32>,
     #[comptime] units: u32,
 ) {
-    let row = cube_row();
-    if row >= x.shape(0) {
-        terminate!();
-    }
+    let row = cube_row(x.shape(0));
     let h = x.shape(1);
     let (x0, x1) = (row * x.stride(0), x.stride(1));
     let (g0, g1) = (row * g.stride(0), g.stride(1));
@@ -365,10 +359,7 @@ fn add_rms_norm_kernel(
     eps: f32,
     #[comptime] units: u32,
 ) {
-    let row = cube_row();
-    if row >= x.shape(0) {
-        terminate!();
-    }
+    let row = cube_row(x.shape(0));
     let rms = add_normalise_row(x, a, w, sum, out, row, eps, units);
     if UNIT_POS_X == 0 {
         let at = row * r.stride(0);

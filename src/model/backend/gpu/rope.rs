@@ -150,11 +150,8 @@ fn rope_kernel(
     rotated: usize,
     #[comptime] backward: bool,
 ) {
-    let row = cube_row();
     let (heads, slots, d) = (out.shape(1), out.shape(2), out.shape(3));
-    if row >= out.shape(0) * heads * slots {
-        terminate!();
-    }
+    let row = cube_row(out.shape(0) * heads * slots);
     let (batch, head, slot) = unravel(row, heads, slots);
     let half = d / 2;
     let xb = offset3(x, batch, head, slot);
@@ -282,11 +279,8 @@ fn rope_cache_kernel(
     flags: &mut Tensor<f32>,
     #[comptime] has_bias: bool,
 ) {
-    let row = cube_row();
     let (slots, n, d) = (qkv.shape(1), qkv.shape(2), qkv.shape(3));
-    if row >= qkv.shape(0) * slots * n {
-        terminate!();
-    }
+    let row = cube_row(qkv.shape(0) * slots * n);
     let (batch, t, head) = unravel(row, slots, n);
     let (heads, kv) = (q.shape(1), kc.shape(1));
     let pos = step[(1 + batch * slots + t) * step.stride(0)];

@@ -91,10 +91,7 @@ impl Backward<Cube, 1> for SwigluBackward {
 
 #[cube(launch)]
 fn swiglu_kernel(gu: &Tensor<f32>, out: &mut Tensor<f32>) {
-    let row = cube_row();
-    if row >= out.shape(0) {
-        terminate!();
-    }
+    let row = cube_row(out.shape(0));
     let width = out.shape(1);
     let (o0, o1) = (out.stride(0), out.stride(1));
     let (g0, g1) = (gu.stride(0), gu.stride(1));
@@ -110,10 +107,7 @@ fn swiglu_kernel(gu: &Tensor<f32>, out: &mut Tensor<f32>) {
 /// `∂L/∂[gate | up]` of row `row` from the upstream gradient `d` (`[N, I]`).
 #[cube(launch)]
 fn swiglu_backward_kernel(gu: &Tensor<f32>, d: &Tensor<f32>, dgu: &mut Tensor<f32>) {
-    let row = cube_row();
-    if row >= d.shape(0) {
-        terminate!();
-    }
+    let row = cube_row(d.shape(0));
     let width = d.shape(1);
     let (g0, g1) = (gu.stride(0), gu.stride(1));
     let (d0, d1) = (d.stride(0), d.stride(1));

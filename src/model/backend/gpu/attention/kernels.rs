@@ -228,10 +228,7 @@ pub(super) fn attention_kernel<M: Int>(
     #[comptime] combined: bool,
     #[define(M)] _mask_store: ElemType,
 ) {
-    let row = cube_row();
-    if row >= query_rows(q, heads, combined) {
-        terminate!();
-    }
+    let row = cube_row(query_rows(q, heads, combined));
     let (batch, h, r, qh, t, qb, kb, vb, mb) = row_inputs(q, k, v, mask, heads, row, combined);
     let at = (batch, h, r, qh, t);
     let mut scores = Shared::<[f32]>::new_slice(capacity);
@@ -264,10 +261,7 @@ pub(super) fn attention_rows_backward_kernel<M: Int>(
     #[comptime] combined: bool,
     #[define(M)] _mask_store: ElemType,
 ) {
-    let row = cube_row();
-    if row >= query_rows(q, heads, combined) {
-        terminate!();
-    }
+    let row = cube_row(query_rows(q, heads, combined));
     let (batch, h, r, qh, t, qb, kb, vb, mb) = row_inputs(q, k, v, mask, heads, row, combined);
     let at = (batch, h, r, qh, t);
     let tid = UNIT_POS_X as usize;
@@ -337,11 +331,8 @@ pub(super) fn attention_keys_backward_kernel(
     scale: f32,
     #[comptime] combined: bool,
 ) {
-    let row = cube_row();
     let (kv, keys) = (p.shape(1), p.shape(3));
-    if row >= p.shape(0) * kv * keys {
-        terminate!();
-    }
+    let row = cube_row(p.shape(0) * kv * keys);
     let (batch, h, j) = unravel(row, kv, keys);
     // (first row's offset, step to the next query head, step to the next token) of q and g.
     let mut group = 1usize;
@@ -391,11 +382,8 @@ pub(super) fn slot_attention_kernel(
     #[comptime] capacity: usize,
     #[comptime] units: u32,
 ) {
-    let row = cube_row();
     let (kv, rows) = (q.shape(1), q.shape(2));
-    if row >= q.shape(0) * kv * rows {
-        terminate!();
-    }
+    let row = cube_row(q.shape(0) * kv * rows);
     let (batch, h, r) = unravel(row, kv, rows);
     let slots = out.shape(1);
     let t = r % slots;
