@@ -267,6 +267,7 @@ pub fn save(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::transformer::tests::max_diff;
     use crate::model::{Model, TokenBatch};
 
     /// A critic started from a LoRA adapter folder has the body of base + adapter (the bits of
@@ -289,11 +290,7 @@ mod tests {
         let base = Model::load(&root.join("tiny-qwen2"), &dev).unwrap();
         let got = hidden(&critic.model.body);
         assert_eq!(bits(got.clone()), bits(hidden(&merged.transformer)));
-        let apart = got
-            .iter()
-            .zip(hidden(&base.transformer))
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let apart = max_diff(&got, &hidden(&base.transformer));
         assert!(apart > 1e-3, "the adapter changed nothing ({apart})");
     }
 }

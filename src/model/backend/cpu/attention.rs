@@ -166,6 +166,8 @@ mod tests {
     use burn::tensor::ops::AttentionModuleOptions;
     use burn::tensor::{Bool, Device};
 
+    use crate::model::transformer::tests::max_diff;
+
     fn vals(len: usize, m: usize) -> Vec<f32> {
         (0..len)
             .map(|i| ((i * m % 97) as f32 - 48.0) / 41.0)
@@ -233,11 +235,7 @@ mod tests {
             ]);
         }
         for (i, what) in ["out", "dq", "dk", "dv"].iter().enumerate() {
-            let worst = res[0][i]
-                .iter()
-                .zip(&res[1][i])
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let worst = max_diff(&res[0][i], &res[1][i]);
             assert!(worst < 2e-6, "{what}: off by {worst}");
             assert!(res[0][i].iter().any(|&x| x != 0.0), "{what} is all zeros");
         }

@@ -339,6 +339,8 @@ mod tests {
     use burn::tensor::Device;
     use rlcr_kernels::testing::{bits, data};
 
+    use crate::model::transformer::tests::max_diff;
+
     fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().try_into_vec::<f32>().unwrap()
     }
@@ -480,11 +482,7 @@ mod tests {
             let theirs = norm_run(false, &x, &w, &c, h);
             for (k, what) in ["y", "dx", "dw"].iter().enumerate() {
                 let scale = theirs[k].iter().fold(0f32, |a, b| a.max(b.abs()));
-                let worst = ours[k]
-                    .iter()
-                    .zip(&theirs[k])
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
+                let worst = max_diff(&ours[k], &theirs[k]);
                 assert!(
                     worst <= 2e-6 * scale,
                     "{what}: off by {worst} (scale {scale})"

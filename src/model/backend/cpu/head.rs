@@ -169,6 +169,8 @@ mod tests {
 
     use rlcr_kernels::testing::{head_reference as reference, logits, targets};
 
+    use crate::model::transformer::tests::max_diff;
+
     fn values(t: Tensor<1>) -> Vec<f32> {
         t.into_data().try_into_vec::<f32>().unwrap()
     }
@@ -224,11 +226,7 @@ mod tests {
                     c.1[i]
                 );
             }
-            let worst =
-                f.2.iter()
-                    .zip(&c.2)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
+            let worst = max_diff(&f.2, &c.2);
             assert!(worst < 2e-6, "gradient differs by {worst}");
         }
         // The gradient is not trivially zero: the target column carries ≈ s·wl.

@@ -437,6 +437,8 @@ mod tests {
 
     use rlcr_kernels::testing::{bits, data, isas};
 
+    use crate::model::transformer::tests::max_diff;
+
     /// The custom autodiff op against burn's matmul on `Autodiff<Flex>`: forward values and
     /// both gradients (through a loss that weights every output differently), and the
     /// gradients' bits against the FMA chain of `dy · wᵀ` and `xᵀ · dy`.
@@ -472,11 +474,7 @@ mod tests {
         }
         let close = |a: &[f32], b: &[f32], what: &str| {
             let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
-            let worst = a
-                .iter()
-                .zip(b)
-                .map(|(p, q)| (p - q).abs())
-                .fold(0f32, f32::max);
+            let worst = max_diff(a, b);
             assert!(
                 worst <= 1e-5 * scale,
                 "{what}: off by {worst} (scale {scale})"

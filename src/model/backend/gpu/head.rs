@@ -390,6 +390,7 @@ mod tests {
     use crate::model::backend::cpu::head as cpu_head;
     use crate::model::memory::PoolWatch;
     use crate::model::transfer::thread_launches;
+    use crate::model::transformer::tests::max_diff;
     use crate::model::{read_f32, ResponseBatch, Transformer};
     use burn::tensor::Device;
 
@@ -655,11 +656,7 @@ mod tests {
                 total(after)
             );
             let scale = dw_composite.iter().fold(0f32, |a, b| a.max(b.abs()));
-            let worst = dw
-                .iter()
-                .zip(&dw_composite)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let worst = max_diff(&dw, &dw_composite);
             eprintln!(
                 "{name}: head weight gradient, chunked − composite {worst:.1e} of {scale:.1e}"
             );

@@ -331,7 +331,7 @@ mod tests {
 
     use crate::model::cache::tests::{decode_and_grow, select_chunk_truncate};
     use crate::model::transfer::{thread_counts, thread_launches};
-    use crate::model::transformer::tests::{ids, load};
+    use crate::model::transformer::tests::{ids, load, max_diff};
     use crate::model::{read_f32, KvCache, TokenBatch};
 
     use super::super::assert_close;
@@ -497,11 +497,7 @@ mod tests {
         assert_eq!(ups, 2, "uploads of a cached step: the ids and the slots");
         assert!(thread_launches() > before.1);
         let want = read_f32(cpu_model.step(&mut cpu_cache, &next).unwrap()).unwrap();
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let worst = max_diff(&got, &want);
         assert!(worst < 1e-4, "wgpu vs CPU logits: {worst}");
         // The clone still continues from the prompts alone.
         let mut host = kept.clone();
@@ -518,11 +514,7 @@ mod tests {
             4,
             "ids, cos, sin and the mask"
         );
-        let worst = got
-            .iter()
-            .zip(&on_host)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let worst = max_diff(&got, &on_host);
         assert!(worst < 1e-5, "slots on the device vs on the host: {worst}");
         assert!(!host.slots_on_device());
     }
