@@ -409,81 +409,55 @@ pub fn build_with(
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}.");
-        let qkv_bias = if c.qkv_bias {
-            let mut b = take_t(&format!("{p}self_attn.q_proj.bias"))?.data;
-            b.extend(take_t(&format!("{p}self_attn.k_proj.bias"))?.data);
-            b.extend(take_t(&format!("{p}self_attn.v_proj.bias"))?.data);
-            Some(param1(b, device))
-        } else {
-            None
+        // The vector of the layer's tensors `names` (after `p`), concatenated in that order.
+        let mut vector = |names: &[&str]| -> Result<Param<Tensor<1>>> {
+            let mut data = Vec::new();
+            for n in names {
+                data.extend(take_t(&format!("{p}{n}"))?.data);
+            }
+            Ok(param1(data, device))
         };
-        let o_bias = if c.o_bias {
-            Some(param1(
-                take_t(&format!("{p}self_attn.o_proj.bias"))?.data,
-                device,
-            ))
-        } else {
-            None
-        };
+        let qkv_bias = c
+            .qkv_bias
+            .then(|| {
+                vector(&[
+                    "self_attn.q_proj.bias",
+                    "self_attn.k_proj.bias",
+                    "self_attn.v_proj.bias",
+                ])
+            })
+            .transpose()?;
+        let o_bias = c
+            .o_bias
+            .then(|| vector(&["self_attn.o_proj.bias"]))
+            .transpose()?;
         let (q_norm, k_norm) = if c.qk_norm {
             (
-                Some(param1(
-                    take_t(&format!("{p}self_attn.q_norm.weight"))?.data,
-                    device,
-                )),
-                Some(param1(
-                    take_t(&format!("{p}self_attn.k_norm.weight"))?.data,
-                    device,
-                )),
+                Some(vector(&["self_attn.q_norm.weight"])?),
+                Some(vector(&["self_attn.k_norm.weight"])?),
             )
         } else {
             (None, None)
         };
         let (gate_up_bias, down_bias) = if c.mlp_bias {
-            let mut b = take_t(&format!("{p}mlp.gate_proj.bias"))?.data;
-            b.extend(take_t(&format!("{p}mlp.up_proj.bias"))?.data);
             (
-                Some(param1(b, device)),
-                Some(param1(
-                    take_t(&format!("{p}mlp.down_proj.bias"))?.data,
-                    device,
-                )),
+                Some(vector(&["mlp.gate_proj.bias", "mlp.up_proj.bias"])?),
+                Some(vector(&["mlp.down_proj.bias"])?),
             )
         } else {
             (None, None)
         };
-        let input_norm = param1(take_t(&format!("{p}input_layernorm.weight"))?.data, device);
-        let post_norm = param1(
-            take_t(&format!("{p}post_attention_layernorm.weight"))?.data,
-            device,
-        );
-        let qkv = matrix(
-            &mut take_t,
-            &[
-                format!("{p}self_attn.q_proj.weight"),
-                format!("{p}self_attn.k_proj.weight"),
-                format!("{p}self_attn.v_proj.weight"),
-            ],
-            keep_bf16,
-        )?;
-        let o = matrix(
-            &mut take_t,
-            &[format!("{p}self_attn.o_proj.weight")],
-            keep_bf16,
-        )?;
-        let gate_up = matrix(
-            &mut take_t,
-            &[
-                format!("{p}mlp.gate_proj.weight"),
-                format!("{p}mlp.up_proj.weight"),
-            ],
-            keep_bf16,
-        )?;
-        let down = matrix(
-            &mut take_t,
-            &[format!("{p}mlp.down_proj.weight")],
-            keep_bf16,
-        )?;
+        let input_norm = vector(&["input_layernorm.weight"])?;
+        let post_norm = vector(&["post_attention_layernorm.weight"])?;
+        // The matrix of the layer's projections `names` (after `p`), stacked in that order.
+        let mut projections = |names: &[&str]| {
+            let names: Vec<String> = names.iter().map(|n| format!("{p}{n}.weight")).collect();
+            matrix(&mut take_t, &names, keep_bf16)
+        };
+        let qkv = projections(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?;
+        let o = projections(&["self_attn.o_proj"])?;
+        let gate_up = projections(&["mlp.gate_proj", "mlp.up_proj"])?;
+        let down = projections(&["mlp.down_proj"])?;
         layers.push(Layer {
             input_norm,
             attn: Attention {
