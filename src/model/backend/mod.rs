@@ -13,6 +13,10 @@
 //! The composites in this file are burn ops that any device runs: the fallbacks of the CPU paths
 //! (a switch off, a CPU without the kernels) and the GPU's products.
 use anyhow::{bail, Result};
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::ops::{Backward, NodeGuard, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::Autodiff;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Tensor};
 
@@ -21,6 +25,29 @@ pub mod cpu;
 pub mod cuda;
 pub mod draw;
 pub mod gpu;
+
+/// `out` on the autodiff graph as the output of `op` (a compute-bound step, never
+/// checkpointed) from the inputs whose `parents` are given; `state`, what `op`'s backward pass
+/// keeps, is made only when a parent is tracked.
+pub(crate) fn record<B, O, const N: usize>(
+    op: O,
+    parents: [NodeGuard; N],
+    out: FloatTensor<B>,
+    state: impl FnOnce() -> O::State,
+) -> FloatTensor<Autodiff<B>>
+where
+    B: burn::backend::Backend,
+    O: Backward<B, N>,
+{
+    match op
+        .prepare::<NoCheckpointing>(parents)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(state(), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
 
 /// The inputs of an LM head's per-token log-probs, checked alike on every backend: one target
 /// id per row of `n`, each inside the vocabulary of `v` ids, and a finite temperature above 0.

@@ -7,9 +7,8 @@
 //! learning loop's trajectories (`docs/results.md` gives the learning figures of both).
 //! Every other device keeps burn's attention.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData};
@@ -17,6 +16,7 @@ use rlcr_kernels::attention::{self as kernel, Shape};
 
 use super::decode::{self as cpu, Isa};
 use super::{contiguous, flex_f32, slice};
+use crate::model::backend::record;
 
 /// `softmax(scale · q·kᵀ, hidden keys excluded) · v` for `q: [B, K, R, d]`, `k`, `v`: `[B, K, S,
 /// d]` and the host mask `hidden: [B, R, S]` (true = hidden; shared by the K heads of a row), as
@@ -84,25 +84,15 @@ pub fn attention_isa(
         let (vp, vg) = va.into_parts();
         let (qc, kc, vc) = (contiguous(qp)?, contiguous(kp)?, contiguous(vp)?);
         let (out, probs) = forward(&qc, &kc, &vc)?;
-        let out = match AttentionBackward
-            .prepare::<NoCheckpointing>([qg, kg, vg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(
-                AttentionState {
-                    q: qc,
-                    k: kc,
-                    v: vc,
-                    probs: std::sync::Arc::new(probs),
-                    shape,
-                    scale,
-                    isa,
-                },
-                out,
-            ),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
+        let out = record(AttentionBackward, [qg, kg, vg], out, || AttentionState {
+            q: qc,
+            k: kc,
+            v: vc,
+            probs: std::sync::Arc::new(probs),
+            shape,
+            scale,
+            isa,
+        });
         return Some(Tensor::<4>::from_primitive::<Autodiff<Flex>>(out));
     }
     let (out, _) = forward(&flex_f32(q)?, &flex_f32(k)?, &flex_f32(v)?)?;

@@ -27,9 +27,8 @@
 use std::sync::Arc;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{unary, Backward, Ops};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::sigmoid;
@@ -40,6 +39,7 @@ use rlcr_kernels::norm as kernel;
 use rlcr_kernels::rope as rope_kernel;
 
 use super::decode::{self as cpu, Isa};
+use crate::model::backend::record;
 
 /// Whether [`rms_norm`] runs rlcr's fused op on Flex (read once per process): `RLCR_NORM=rlcr`;
 /// unset, empty or `burn` keeps burn's composite. Opt-in, like the fused LM head: its rounding
@@ -117,14 +117,7 @@ pub fn rope_fused(x: &Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Option<Ten
     if let Ok(xa) = x.clone().try_into_primitive::<Autodiff<Flex>>() {
         let (xp, xg) = xa.into_parts();
         let y = forward(xp)?;
-        let y = match RopeBackward
-            .prepare::<NoCheckpointing>([xg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(RopeState { cos: ct, sin: st }, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let y = record(RopeBackward, [xg], y, || RopeState { cos: ct, sin: st });
         return Some(Tensor::<4>::from_primitive::<Autodiff<Flex>>(y));
     }
     let y = forward(x.clone().try_into_primitive::<Flex>().ok()?)?;
@@ -200,22 +193,12 @@ pub fn rms_norm_fused(x: &Tensor<2>, w: &Tensor<1>, eps: f64, isa: Isa) -> Optio
         let (xc, wc) = (contiguous(xp)?, contiguous(wp)?);
         let (y, r) = kernel::rms_norm_forward(slice(&xc), slice(&wc), eps, isa);
         let y = FlexTensor::from_data(TensorData::new(y, [n, h]));
-        let y = match NormBackward
-            .prepare::<NoCheckpointing>([xg, wg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(
-                NormState {
-                    x: xc,
-                    w: wc,
-                    r: Arc::new(r),
-                    isa,
-                },
-                y,
-            ),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let y = record(NormBackward, [xg, wg], y, || NormState {
+            x: xc,
+            w: wc,
+            r: Arc::new(r),
+            isa,
+        });
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(y));
     }
     let (xc, wc) = (flex_f32(x)?, flex_f32(w)?);
@@ -237,14 +220,7 @@ pub fn swiglu_fused(gu: &Tensor<2>) -> Option<Tensor<2>> {
         let gc = contiguous(gp)?;
         let y = kernel::swiglu_forward(slice(&gc), i);
         let y = FlexTensor::from_data(TensorData::new(y, [n, i]));
-        let y = match SwigluBackward
-            .prepare::<NoCheckpointing>([gg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(SwigluState { gu: gc }, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let y = record(SwigluBackward, [gg], y, || SwigluState { gu: gc });
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(y));
     }
     let gc = flex_f32(gu)?;

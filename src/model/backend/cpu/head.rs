@@ -35,9 +35,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{unary, Backward, Ops};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::log_softmax;
@@ -47,6 +46,7 @@ use rlcr_kernels::head::{self as kernel, HeadRows};
 
 use super::decode::{self as cpu, Isa};
 use super::{contiguous, flex_f32, slice};
+use crate::model::backend::record;
 
 /// Log-probs of `targets` and (when `entropy`) entropies of the rows of `logits: [n, V]` divided
 /// by `temperature`: `([n], Some([n]))`. Differentiable on an autodiff device.
@@ -116,20 +116,10 @@ fn fused(logits: &Tensor<2>, targets: &[u32], scale: f32, isa: Isa) -> Option<Te
         let z = contiguous(prim)?;
         let (out, rows) = kernel::forward(slice(&z), n, v, targets, scale, isa);
         let out = FlexTensor::from_data(TensorData::new(out, [n, 2]));
-        let out = match HeadBackward
-            .prepare::<NoCheckpointing>([guard])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(
-                HeadState {
-                    logits: z,
-                    rows: Arc::new(rows),
-                },
-                out,
-            ),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
+        let out = record(HeadBackward, [guard], out, || HeadState {
+            logits: z,
+            rows: Arc::new(rows),
+        });
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(out));
     }
     let z = flex_f32(logits)?;

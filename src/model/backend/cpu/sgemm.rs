@@ -6,9 +6,8 @@
 //! the thread count nor the ISA, and equal the decode kernels') lives in the `rlcr-kernels`
 //! crate, which every build compiles optimised; this module converts tensors and wires autodiff.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{binary, Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{binary, Backward, Ops};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, Tensor, TensorData};
@@ -96,6 +95,7 @@ impl Drop for Autocast {
 }
 
 use super::decode::{self as cpu, Isa};
+use crate::model::backend::record;
 
 /// Whether [`matmul`] runs (read once per process): the default, and `RLCR_GEMM=rlcr`;
 /// `RLCR_GEMM=burn` sends every product to burn's matmul (the gemm crate) instead, e.g. to
@@ -145,21 +145,11 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
             let wv = positive_strides(wp);
             let bf16 = precision() == Precision::Bf16;
             let y = held_product(m, n, k, &xv, bf16_view(&wv), bf16, isa)?;
-            let out = match MatmulBackward
-                .prepare::<NoCheckpointing>([xg, wg])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish(
-                    MatmulState {
-                        x: None,
-                        w: Some(Saved::Held { w: wv, bf16 }),
-                        isa,
-                    },
-                    y,
-                ),
-                OpsKind::UnTracked(prep) => prep.finish(y),
-            };
+            let out = record(MatmulBackward, [xg, wg], y, || MatmulState {
+                x: None,
+                w: Some(Saved::Held { w: wv, bf16 }),
+                isa,
+            });
             return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(out));
         }
         let wv = f32_tensor(wp)?;
@@ -174,21 +164,11 @@ pub fn matmul_isa(x: &Tensor<2>, w: &Tensor<2>, isa: Isa) -> Option<Tensor<2>> {
                 (y, Saved::Bf16(xb), Saved::Bf16(wb))
             }
         };
-        let out = match MatmulBackward
-            .prepare::<NoCheckpointing>([xg, wg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(
-                MatmulState {
-                    x: w_tracked.then_some(xs),
-                    w: x_tracked.then_some(ws),
-                    isa,
-                },
-                y,
-            ),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let out = record(MatmulBackward, [xg, wg], y, || MatmulState {
+            x: w_tracked.then_some(xs),
+            w: x_tracked.then_some(ws),
+            isa,
+        });
         return Some(Tensor::<2>::from_primitive::<Autodiff<Flex>>(out));
     }
     let xp = f32_tensor(x.clone().try_into_primitive::<Flex>().ok()?)?;

@@ -34,9 +34,8 @@
 //! Ids travel as f32 (exact below 2²⁴).
 use anyhow::{ensure, Result};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::Autodiff;
 use burn::cubecl;
 use burn::tensor::{DType, Tensor as BurnTensor, TensorData};
@@ -47,7 +46,7 @@ use cubecl::prelude::*;
 use super::block::{
     block_max, block_sum, cube_row, in_place, output, plain, row_grid, row_units, tensor,
 };
-use crate::model::backend::burn_matmul;
+use crate::model::backend::{burn_matmul, record};
 use crate::model::transfer::upload;
 
 /// The most bytes of logits one chunk holds: 128 MiB (SmolLM2's 49,152 columns: 682 rows a
@@ -126,26 +125,16 @@ fn head(
         let ids = plain(&upload::<1, _>(TensorData::new(ids, [n]), &xt.device()))?;
         let chunk = chunk_rows(n, wt.dims()[1], chunk_bytes);
         let (out, stats) = forward(&xt, &wt, &ids, scale, split, chunk)?;
-        let out_p = match HeadBackward
-            .prepare::<NoCheckpointing>([xg, wg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(
-                HeadState {
-                    x: xp,
-                    w: wp,
-                    ids,
-                    out: out.clone(),
-                    stats,
-                    scale,
-                    split,
-                    chunk,
-                },
-                out,
-            ),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
+        let out_p = record(HeadBackward, [xg, wg], out.clone(), || HeadState {
+            x: xp,
+            w: wp,
+            ids,
+            out,
+            stats,
+            scale,
+            split,
+            chunk,
+        });
         return Some(BurnTensor::<2>::from_primitive::<Autodiff<Cube>>(out_p));
     }
     // Plain tensors on a GPU (log-probs without a graph).

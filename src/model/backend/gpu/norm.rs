@@ -22,7 +22,7 @@
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::Autodiff;
 use burn::cubecl;
 use burn::tensor::{DType, Tensor as BurnTensor};
@@ -31,6 +31,7 @@ use burn_cubecl::Cube;
 use cubecl::prelude::*;
 
 use super::block::{block_sum, cube_row, output, plain, row_grid, row_units, tensor};
+use crate::model::backend::record;
 
 /// `x` (`[N, h]`) normalised with gains `w` (`[h]`), in one launch; on autodiff tensors
 /// differentiable in both (two launches backward). `None` on the CPU or for another dtype.
@@ -51,14 +52,7 @@ pub fn rms_norm(x: &BurnTensor<2>, w: &BurnTensor<1>, eps: f64) -> Option<BurnTe
         );
         let eps = eps as f32;
         let (y, r) = forward(&xp, &wp, eps);
-        let y = match NormBackward
-            .prepare::<NoCheckpointing>([xg, wg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(NormState { x: xp, w: wp, r }, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let y = record(NormBackward, [xg, wg], y, || NormState { x: xp, w: wp, r });
         return Some(BurnTensor::<2>::from_primitive::<Autodiff<Cube>>(y));
     }
     // Without autodiff the training kernel serves as it is: `r` is N floats more written, in
@@ -101,14 +95,7 @@ pub fn add_rms_norm(
             .compute_bound()
             .stateless(sum.clone());
         let sg = s.clone().into_parts().1;
-        let y = match NormBackward
-            .prepare::<NoCheckpointing>([sg, wg])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(NormState { x: sum, w: wp, r }, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let y = record(NormBackward, [sg, wg], y, || NormState { x: sum, w: wp, r });
         let ad = |t| BurnTensor::<2>::from_primitive::<Autodiff<Cube>>(t);
         return Some((ad(s), ad(y)));
     }

@@ -13,9 +13,8 @@
 //! attention reads. In place of the bias add, the rotation, the queries' copy and burn's three
 //! launches of the cache write.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::Autodiff;
 use burn::cubecl;
 use burn::tensor::{DType, Tensor as BurnTensor};
@@ -26,6 +25,7 @@ use cubecl::prelude::*;
 use super::block::{
     cube_row, in_place, offset3, output, plain, row_grid, row_units, tensor, unravel,
 };
+use crate::model::backend::record;
 
 /// RoPE on `x: [B, n, T, d]` (any strides) with `cos = [c, c]` and `sin = [−s, s]`
 /// (`[B, 1, T, d]`), in one launch; on autodiff tensors differentiable in `x` (one launch
@@ -66,14 +66,7 @@ pub fn rope_heads(
         // laid out the same way, so that the product's backward needs no copy.
         let s = xp.meta.strides();
         let swapped = s[..] == [t * n * d, d, n * d, 1];
-        let y = match RopeBackward
-            .prepare::<NoCheckpointing>([node])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish((cp, sp, rotated, swapped), y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let y = record(RopeBackward, [node], y, || (cp, sp, rotated, swapped));
         return Some(BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(y));
     }
     let (xp, cp, sp) = (plain(x)?, plain(cos)?, plain(sin)?);

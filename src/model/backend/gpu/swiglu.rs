@@ -11,9 +11,8 @@
 //!
 //! written into one `[N, 2I]` gradient (large negative gates: `s = 0`, both 0, never a NaN).
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::Autodiff;
 use burn::cubecl;
 use burn::tensor::{DType, Tensor as BurnTensor};
@@ -22,6 +21,7 @@ use burn_cubecl::Cube;
 use cubecl::prelude::*;
 
 use super::block::{cube_row, output, plain, row_grid, row_units, tensor};
+use crate::model::backend::record;
 
 /// `silu(gate) · up` for `gu = [gate | up]` (`[N, 2I]`), `[N, I]`, in one launch; on autodiff
 /// tensors differentiable (one launch backward). `None` on the CPU or for another dtype.
@@ -34,14 +34,7 @@ pub fn swiglu(gu: &BurnTensor<2>) -> Option<BurnTensor<2>> {
         let (gp, node) = ga.into_parts();
         let gp = burn_cubecl::kernel::untile(gp);
         let y = forward(&gp);
-        let y = match SwigluBackward
-            .prepare::<NoCheckpointing>([node])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(gp, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        };
+        let y = record(SwigluBackward, [node], y, || gp);
         return Some(BurnTensor::<2>::from_primitive::<Autodiff<Cube>>(y));
     }
     Some(tensor(forward(&plain(gu)?)))

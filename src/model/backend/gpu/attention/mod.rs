@@ -31,9 +31,8 @@
 //! device), the keys after its own are not read, and the output is written in the layout of the
 //! output projection.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops};
 use burn::backend::Autodiff;
 use burn::cubecl;
 use burn::tensor::{Bool, DType, Tensor as BurnTensor};
@@ -49,6 +48,7 @@ mod kernels;
 #[cfg(feature = "wgpu")]
 mod tests;
 
+use crate::model::backend::record;
 use kernels::*;
 
 /// The most keys a row may have: its scores, 4 bytes each, fill 32 KiB of shared memory.
@@ -144,14 +144,7 @@ where
     O: Backward<Cube, N, State = AttentionState>,
 {
     let out = s.forward();
-    let out = match op
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(s, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
+    let out = record(op, nodes, out, || s);
     BurnTensor::<4>::from_primitive::<Autodiff<Cube>>(out)
 }
 
