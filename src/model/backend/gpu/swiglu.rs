@@ -82,16 +82,22 @@ impl Backward<Cube, 1> for SwigluBackward {
     }
 }
 
+/// The gate and the up value of column `i < width` of row `row` of `gu` (`[N, 2·width]`: the
+/// gates, then the up values).
+#[cube]
+fn gate_up(gu: &Tensor<f32>, row: usize, i: usize, width: usize) -> (f32, f32) {
+    let (g0, g1) = (gu.stride(0), gu.stride(1));
+    (gu[row * g0 + i * g1], gu[row * g0 + (i + width) * g1])
+}
+
 #[cube(launch)]
 fn swiglu_kernel(gu: &Tensor<f32>, out: &mut Tensor<f32>) {
     let row = cube_row(out.shape(0));
     let width = out.shape(1);
     let (o0, o1) = (out.stride(0), out.stride(1));
-    let (g0, g1) = (gu.stride(0), gu.stride(1));
     let mut i = UNIT_POS_X as usize;
     while i < width {
-        let gate = gu[row * g0 + i * g1];
-        let up = gu[row * g0 + (i + width) * g1];
+        let (gate, up) = gate_up(gu, row, i, width);
         out[row * o0 + i * o1] = gate / ((-gate).exp() + f32::new(1.0)) * up;
         i += CUBE_DIM_X as usize;
     }
@@ -102,13 +108,11 @@ fn swiglu_kernel(gu: &Tensor<f32>, out: &mut Tensor<f32>) {
 fn swiglu_backward_kernel(gu: &Tensor<f32>, d: &Tensor<f32>, dgu: &mut Tensor<f32>) {
     let row = cube_row(d.shape(0));
     let width = d.shape(1);
-    let (g0, g1) = (gu.stride(0), gu.stride(1));
     let (d0, d1) = (d.stride(0), d.stride(1));
     let (o0, o1) = (dgu.stride(0), dgu.stride(1));
     let mut i = UNIT_POS_X as usize;
     while i < width {
-        let gate = gu[row * g0 + i * g1];
-        let up = gu[row * g0 + (i + width) * g1];
+        let (gate, up) = gate_up(gu, row, i, width);
         let dy = d[row * d0 + i * d1];
         let s = f32::new(1.0) / ((-gate).exp() + f32::new(1.0));
         let gs = gate * s;
