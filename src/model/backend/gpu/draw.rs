@@ -125,6 +125,48 @@ fn key(z: f32) -> u32 {
     )
 }
 
+/// The largest key `c`, decided bit by bit from the top, at which the ids `i < a` of the row at
+/// `logits[base..]` (`z` its logit divided by `temperature`) sum to at least `goal` over the
+/// cube: each id with `key(z) ≥ c` counts 1, or (`mass`) each id with `key(z) ≥ k_cut` and
+/// `key(z) > c` counts its weight `exp(z − m)`. Called by every unit of the cube together.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn largest_key(
+    red: &mut Shared<[f32]>,
+    logits: &Tensor<f32>,
+    base: usize,
+    a: usize,
+    temperature: f32,
+    m: f32,
+    k_cut: u32,
+    goal: f32,
+    #[comptime] mass: bool,
+) -> u32 {
+    let step = logits.stride(1);
+    let mut found = 0u32;
+    for b in 0..32u32 {
+        let cand = found | (0x8000_0000u32 >> b);
+        let mut acc = f32::new(0.0);
+        let mut i = UNIT_POS_X as usize;
+        while i < a {
+            let z = load(logits, base + i * step) / temperature;
+            if mass {
+                let kz = key(z);
+                if kz >= k_cut && kz > cand {
+                    acc += (z - m).exp();
+                }
+            } else if key(z) >= cand {
+                acc += f32::new(1.0);
+            }
+            i += CUBE_DIM_X as usize;
+        }
+        if block_sum(red, acc) >= goal {
+            found = cand;
+        }
+    }
+    found
+}
+
 /// One cube per sample row; writes `out[row] = (token, log-prob)`. `top_k` is a count (exact in
 /// f32); ids are handled as f32 (exact below 2²⁴).
 // `div_ceil` is not a cube function: the chunk size is written out.
@@ -202,22 +244,17 @@ fn draw_kernel(
         let mut k_cut = 0u32;
         if cut_k {
             // The largest key with at least k ids at or above it: the k-th largest value.
-            let mut found = 0u32;
-            for b in 0..32u32 {
-                let cand = found | (0x8000_0000u32 >> b);
-                let mut c = f32::new(0.0);
-                i = tid;
-                while i < a {
-                    if key(load(logits, base + i * step) / temperature) >= cand {
-                        c += f32::new(1.0);
-                    }
-                    i += nt;
-                }
-                if block_sum(&mut red, c) >= top_k {
-                    found = cand;
-                }
-            }
-            k_cut = found;
+            k_cut = largest_key(
+                &mut red,
+                logits,
+                base,
+                a,
+                temperature,
+                m,
+                0u32,
+                top_k,
+                false,
+            );
         }
         let mut p_cut = 0u32;
         if cut_p {
@@ -234,23 +271,17 @@ fn draw_kernel(
             let target = block_sum(&mut red, s) * top_p;
             // The largest key whose strictly-greater kept mass is at least the target (key 0:
             // all the kept mass, which is more than p of it).
-            let mut found = 0u32;
-            for b in 0..32u32 {
-                let cand = found | (0x8000_0000u32 >> b);
-                let mut above = f32::new(0.0);
-                i = tid;
-                while i < a {
-                    let z = load(logits, base + i * step) / temperature;
-                    let kz = key(z);
-                    if kz >= k_cut && kz > cand {
-                        above += (z - m).exp();
-                    }
-                    i += nt;
-                }
-                if block_sum(&mut red, above) >= target {
-                    found = cand;
-                }
-            }
+            let found = largest_key(
+                &mut red,
+                logits,
+                base,
+                a,
+                temperature,
+                m,
+                k_cut,
+                target,
+                true,
+            );
             // The cut-off is the next key (an id's own: the first ranked past p), never above
             // the maximum's (p = 0 keeps the maximum and its ties).
             let top = key(m);
