@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use rlcr::model::{self, weights, ModelConfig};
 use rlcr::sample::policy::Policy;
-use rlcr::sample::sampler::{generate, GenConfig, Group, SampleId, StepModel};
+use rlcr::sample::sampler::{generate, GenConfig, Group, SampleId, Slots, StepModel};
 use rlcr::sample::{SamplingParams, StopCriteria};
 
 const SMOLLM2: &str = r#"{"architectures":["LlamaForCausalLM"],"model_type":"llama",
@@ -41,16 +41,8 @@ impl StepModel for Bare {
     fn new_cache(&self, batch: usize, capacity: usize) -> anyhow::Result<model::KvCache> {
         Ok(model::KvCache::new(&self.t, batch, capacity))
     }
-    fn step(
-        &self,
-        cache: &mut model::KvCache,
-        batch: usize,
-        len: usize,
-        ids: &[u32],
-        valid: &[bool],
-    ) -> anyhow::Result<Vec<f32>> {
-        let input = model::TokenBatch::new(batch, len, ids.to_vec(), valid.to_vec())?;
-        model::read_f32(self.t.step(cache, &input)?)
+    fn step(&self, cache: &mut model::KvCache, slots: Slots<'_>) -> anyhow::Result<Vec<f32>> {
+        model::read_f32(self.t.step(cache, &slots.to_batch()?)?)
     }
     fn select_rows(&self, cache: &mut model::KvCache, rows: &[usize]) -> anyhow::Result<()> {
         cache.select_rows(rows)
@@ -81,16 +73,9 @@ impl<M: StepModel> StepModel for Timed<'_, M> {
     fn new_cache(&self, batch: usize, capacity: usize) -> anyhow::Result<M::Cache> {
         self.inner.new_cache(batch, capacity)
     }
-    fn step(
-        &self,
-        cache: &mut M::Cache,
-        batch: usize,
-        len: usize,
-        ids: &[u32],
-        valid: &[bool],
-    ) -> anyhow::Result<Vec<f32>> {
+    fn step(&self, cache: &mut M::Cache, slots: Slots<'_>) -> anyhow::Result<Vec<f32>> {
         let t = Instant::now();
-        let r = self.inner.step(cache, batch, len, ids, valid);
+        let r = self.inner.step(cache, slots);
         self.add(t);
         r
     }

@@ -188,7 +188,7 @@ mod transfer_counts {
     use crate::model::Model;
     use crate::sample::logits::SamplingParams;
     use crate::sample::policy::Policy;
-    use crate::sample::sampler::{generate, GenConfig, Group, SampleId, StepModel};
+    use crate::sample::sampler::{generate, GenConfig, Group, SampleId, Slots, StepModel};
     use crate::sample::stop::StopCriteria;
 
     fn devices() -> Vec<String> {
@@ -385,9 +385,13 @@ mod transfer_counts {
             // The cached step itself, without the sampler: no read at all.
             let mut cache = p.new_cache(2, 16).unwrap();
             let before = thread_counts();
-            let l = p
-                .step_device(&mut cache, 2, 3, &[1, 2, 3, 4, 5, 6], &[true; 6])
-                .unwrap();
+            let slots = Slots {
+                batch: 2,
+                len: 3,
+                ids: &[1, 2, 3, 4, 5, 6],
+                valid: &[true; 6],
+            };
+            let l = p.step_device(&mut cache, slots).unwrap();
             let d = thread_counts() - before;
             let uploads = if on_device { 2 } else { 4 };
             assert_eq!((d.reads, d.uploads), (0, uploads), "{spec}: a cached step");

@@ -39,7 +39,8 @@ use rayon::prelude::*;
 use super::env::{EnvReply, EnvRequest, Environment};
 use super::sampler::{
     draw_rows, in_waves, reselect, retire_finished, start_wave, step_logits, wave_results,
-    GenConfig, Generated, Logits, Part, RowResponse, SampleId, StepModel, WaveGroup, WaveRow,
+    GenConfig, Generated, Logits, Part, RowResponse, SampleId, Slots, StepModel, WaveGroup,
+    WaveRow,
 };
 use super::stop::{DecodeFn, FinishReason};
 use crate::model::Message;
@@ -458,7 +459,13 @@ fn run_wave<M: StepModel>(
                 vec![("rows", b.into()), ("tokens", w.into())]
             });
             let at = parts.len() * b;
-            parts.push(step_logits(model, &mut cache, b, w, &ids, &valid)?);
+            let slots = Slots {
+                batch: b,
+                len: w,
+                ids: &ids,
+                valid: &valid,
+            };
+            parts.push(step_logits(model, &mut cache, slots)?);
             for &i in &obs_rows {
                 src[i] = at + i;
             }
@@ -474,7 +481,13 @@ fn run_wave<M: StepModel>(
             }
             let _t = crate::trace::span_with("decode step", || vec![("rows", b.into())]);
             let at = parts.len() * b;
-            parts.push(step_logits(model, &mut cache, b, 1, &ids, &valid)?);
+            let slots = Slots {
+                batch: b,
+                len: 1,
+                ids: &ids,
+                valid: &valid,
+            };
+            parts.push(step_logits(model, &mut cache, slots)?);
             for &i in &dec_rows {
                 src[i] = at + i;
             }
@@ -490,7 +503,7 @@ fn run_wave<M: StepModel>(
 #[cfg(test)]
 mod tests {
     use super::super::logits::{logprob_of, SamplingParams};
-    use super::super::sampler::tests::{sample_ids, toy};
+    use super::super::sampler::tests::{sample_ids, step_row, toy};
     use super::super::stop::tests::toy_decode;
     use super::super::stop::StopCriteria;
     use super::*;
@@ -660,9 +673,7 @@ mod tests {
                     let mut seq = e.context.clone();
                     seq.extend_from_slice(&r.ids[..t]);
                     let mut c = m.new_cache(1, 0).unwrap();
-                    let l = m
-                        .step(&mut c, 1, seq.len(), &seq, &vec![true; seq.len()])
-                        .unwrap();
+                    let l = step_row(&m, &mut c, &seq);
                     assert_eq!(r.logprobs[t], logprob_of(&l, r.ids[t] as usize));
                 }
             }

@@ -24,11 +24,11 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-use super::sampler::{GenConfig, ReplayedStep, StepModel};
+use super::sampler::{GenConfig, ReplayedStep, Slots, StepModel};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use crate::model::graph::DecodeGraph;
 use crate::model::graph::GraphMode;
-use crate::model::{self, ChatOptions, KvCache, Message, Model, TokenBatch};
+use crate::model::{self, ChatOptions, KvCache, Message, Model};
 
 /// A model ready to sample from.
 pub struct Policy {
@@ -181,15 +181,8 @@ impl StepModel for Policy {
         Ok(KvCache::new(&self.model.transformer, batch, capacity))
     }
 
-    fn step(
-        &self,
-        cache: &mut KvCache,
-        batch: usize,
-        len: usize,
-        ids: &[u32],
-        valid: &[bool],
-    ) -> Result<Vec<f32>> {
-        model::read_f32(self.step_device(cache, batch, len, ids, valid)?)
+    fn step(&self, cache: &mut KvCache, slots: Slots<'_>) -> Result<Vec<f32>> {
+        model::read_f32(self.step_device(cache, slots)?)
     }
 
     fn select_rows(&self, cache: &mut KvCache, rows: &[usize]) -> Result<()> {
@@ -203,13 +196,9 @@ impl StepModel for Policy {
     fn step_device(
         &self,
         cache: &mut KvCache,
-        batch: usize,
-        len: usize,
-        ids: &[u32],
-        valid: &[bool],
+        slots: Slots<'_>,
     ) -> Result<burn::tensor::Tensor<2>> {
-        let input = TokenBatch::new(batch, len, ids.to_vec(), valid.to_vec())?;
-        self.model.transformer.step(cache, &input)
+        self.model.transformer.step(cache, &slots.to_batch()?)
     }
 
     fn replays(&self) -> bool {
@@ -284,6 +273,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::model::TokenBatch;
     use crate::sample::logits::SamplingParams;
     use crate::sample::sampler::tests::groups_of;
     use crate::sample::sampler::{generate, GenConfig, Generated, Group};
@@ -579,20 +569,13 @@ mod tests {
         fn new_cache(&self, batch: usize, capacity: usize) -> Result<Self::Cache> {
             Ok((self.p.new_cache(batch, capacity)?, 0))
         }
-        fn step(
-            &self,
-            cache: &mut Self::Cache,
-            batch: usize,
-            len: usize,
-            ids: &[u32],
-            valid: &[bool],
-        ) -> Result<Vec<f32>> {
-            let mut l = self.p.step(&mut cache.0, batch, len, ids, valid)?;
+        fn step(&self, cache: &mut Self::Cache, slots: Slots<'_>) -> Result<Vec<f32>> {
+            let mut l = self.p.step(&mut cache.0, slots)?;
             // Prefill calls have len > 1 (contexts are long); each decode call is one position.
-            cache.1 = if len > 1 { 0 } else { cache.1 + 1 };
+            cache.1 = if slots.len > 1 { 0 } else { cache.1 + 1 };
             if let Some(Some(t)) = self.script.get(cache.1) {
                 let v = self.vocab();
-                for r in 0..batch {
+                for r in 0..slots.batch {
                     l[r * v + *t as usize] += 100.0;
                 }
             }
@@ -743,7 +726,13 @@ mod backend_rounding {
             let mut l = Vec::new();
             for (ids, valid) in chunks {
                 let w = ids.len() / rows;
-                l = p.step(&mut c, rows, w, ids, valid).unwrap();
+                let slots = Slots {
+                    batch: rows,
+                    len: w,
+                    ids,
+                    valid,
+                };
+                l = p.step(&mut c, slots).unwrap();
             }
             l[..v].to_vec()
         };

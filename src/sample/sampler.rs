@@ -46,6 +46,24 @@ use rayon::prelude::*;
 use super::logits::{Processor, SamplingParams};
 use super::rng::{sample_rng, uniform, SampleKey};
 use super::stop::{DecodeFn, Detokenizer, FinishReason, StopCriteria};
+use crate::model::TokenBatch;
+
+/// The slots one model call appends: `batch` rows of `len` slots each, `ids`/`valid` holding
+/// `batch·len` entries row-major (`false` = padding).
+#[derive(Debug, Clone, Copy)]
+pub struct Slots<'a> {
+    pub batch: usize,
+    pub len: usize,
+    pub ids: &'a [u32],
+    pub valid: &'a [bool],
+}
+
+impl Slots<'_> {
+    /// The slots as the model's owned input (checked for `batch·len` ids and flags).
+    pub fn to_batch(self) -> Result<TokenBatch> {
+        TokenBatch::new(self.batch, self.len, self.ids.to_vec(), self.valid.to_vec())
+    }
+}
 
 /// What the sampler needs from a model: a KV cache it can grow by any number of slots per call,
 /// whose rows can be selected/duplicated, and next-token logits on the host.
@@ -57,16 +75,9 @@ pub trait StepModel: Sync {
     fn max_positions(&self) -> usize;
     /// An empty cache for `batch` rows with room for `capacity` slots.
     fn new_cache(&self, batch: usize, capacity: usize) -> Result<Self::Cache>;
-    /// Append `len` slots per row (`ids`/`valid` are `batch·len`, row-major; `false` = padding)
-    /// and return the logits of every row's last slot, `batch·vocab` on the host.
-    fn step(
-        &self,
-        cache: &mut Self::Cache,
-        batch: usize,
-        len: usize,
-        ids: &[u32],
-        valid: &[bool],
-    ) -> Result<Vec<f32>>;
+    /// Append `slots` to every row and return the logits of every row's last slot,
+    /// `batch·vocab` on the host.
+    fn step(&self, cache: &mut Self::Cache, slots: Slots<'_>) -> Result<Vec<f32>>;
     /// Keep rows `rows` in that order (indices may repeat).
     fn select_rows(&self, cache: &mut Self::Cache, rows: &[usize]) -> Result<()>;
     /// Whether the sampler draws on the model's device: [`Self::step_device`] then
@@ -92,14 +103,7 @@ pub trait StepModel: Sync {
         Ok(Err(cache))
     }
     /// [`Self::step`] with the logits `[batch, vocab]` left on the model's device.
-    fn step_device(
-        &self,
-        _cache: &mut Self::Cache,
-        _batch: usize,
-        _len: usize,
-        _ids: &[u32],
-        _valid: &[bool],
-    ) -> Result<Tensor<2>> {
+    fn step_device(&self, _cache: &mut Self::Cache, _slots: Slots<'_>) -> Result<Tensor<2>> {
         bail!("internal: this model samples on the host")
     }
 }
@@ -251,18 +255,13 @@ pub(crate) fn draw_rows<R: WaveRow + Send>(
 pub(crate) fn step_logits<M: StepModel>(
     model: &M,
     cache: &mut M::Cache,
-    batch: usize,
-    len: usize,
-    ids: &[u32],
-    valid: &[bool],
+    slots: Slots<'_>,
 ) -> Result<Logits> {
     if model.draws_on_device() {
-        return Ok(Logits::Device(Box::new(
-            model.step_device(cache, batch, len, ids, valid)?,
-        )));
+        return Ok(Logits::Device(Box::new(model.step_device(cache, slots)?)));
     }
-    let vocab = model.vocab();
-    let l = model.step(cache, batch, len, ids, valid)?;
+    let (batch, vocab) = (slots.batch, model.vocab());
+    let l = model.step(cache, slots)?;
     ensure!(
         l.len() == batch * vocab,
         "model returned {} logits for {batch} rows of {vocab}",
@@ -279,9 +278,7 @@ pub(crate) fn prefill_logits<M: StepModel>(
     chunk: usize,
 ) -> Result<Logits> {
     if model.draws_on_device() {
-        let l = prefill_with(cache, contexts, chunk, |c, n, w, ids, v| {
-            model.step_device(c, n, w, ids, v)
-        })?;
+        let l = prefill_with(cache, contexts, chunk, |c, s| model.step_device(c, s))?;
         Ok(Logits::Device(Box::new(
             l.context("internal: an empty wave")?,
         )))
@@ -653,10 +650,7 @@ pub(crate) fn prefill<M: StepModel>(
     chunk: usize,
 ) -> Result<Vec<f32>> {
     let (vocab, n_ctx) = (model.vocab(), contexts.len());
-    let logits = prefill_with(cache, contexts, chunk, |c, n, w, ids, valid| {
-        model.step(c, n, w, ids, valid)
-    })?
-    .unwrap_or_default();
+    let logits = prefill_with(cache, contexts, chunk, |c, s| model.step(c, s))?.unwrap_or_default();
     ensure!(
         logits.len() == n_ctx * vocab,
         "model returned {} logits for {n_ctx} rows of {vocab}",
@@ -671,7 +665,7 @@ fn prefill_with<C, T>(
     cache: &mut C,
     contexts: &[&[u32]],
     chunk: usize,
-    mut step: impl FnMut(&mut C, usize, usize, &[u32], &[bool]) -> Result<T>,
+    mut step: impl FnMut(&mut C, Slots<'_>) -> Result<T>,
 ) -> Result<Option<T>> {
     let n_ctx = contexts.len();
     let longest = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
@@ -691,7 +685,13 @@ fn prefill_with<C, T>(
         let _t = crate::trace::span_with("prefill", || {
             vec![("rows", n_ctx.into()), ("tokens", w.into())]
         });
-        logits = Some(step(cache, n_ctx, w, &ids, &valid)?);
+        let slots = Slots {
+            batch: n_ctx,
+            len: w,
+            ids: &ids,
+            valid: &valid,
+        };
+        logits = Some(step(cache, slots)?);
     }
     Ok(logits)
 }
@@ -801,7 +801,13 @@ fn run_wave<M: StepModel>(
                 let valid = vec![true; ids.len()];
                 let _t =
                     crate::trace::span_with("decode step", || vec![("rows", ids.len().into())]);
-                let logits = step_logits(model, cache, ids.len(), 1, &ids, &valid)?;
+                let slots = Slots {
+                    batch: ids.len(),
+                    len: 1,
+                    ids: &ids,
+                    valid: &valid,
+                };
+                let logits = step_logits(model, cache, slots)?;
                 draw_rows(&logits, &mut rows, &slot, vocab, cfg)?
             }
             Decoder::Replay(g) => {
@@ -868,14 +874,13 @@ pub(crate) mod tests {
                 slots: 0,
             })
         }
-        fn step(
-            &self,
-            cache: &mut ToyCache,
-            batch: usize,
-            len: usize,
-            ids: &[u32],
-            valid: &[bool],
-        ) -> Result<Vec<f32>> {
+        fn step(&self, cache: &mut ToyCache, slots: Slots<'_>) -> Result<Vec<f32>> {
+            let Slots {
+                batch,
+                len,
+                ids,
+                valid,
+            } = slots;
             assert_eq!(batch, cache.rows.len());
             let mut out = Vec::with_capacity(batch * self.vocab);
             for r in 0..batch {
@@ -901,6 +906,18 @@ pub(crate) mod tests {
             cache.rows = rows.iter().map(|&r| cache.rows[r].clone()).collect();
             Ok(())
         }
+    }
+
+    /// One row of `ids` (no padding) appended to `cache`; the host logits of its last slot.
+    pub(crate) fn step_row<M: StepModel>(model: &M, cache: &mut M::Cache, ids: &[u32]) -> Vec<f32> {
+        let valid = vec![true; ids.len()];
+        let slots = Slots {
+            batch: 1,
+            len: ids.len(),
+            ids,
+            valid: &valid,
+        };
+        model.step(cache, slots).unwrap()
     }
 
     pub(crate) fn toy() -> Toy {
@@ -962,9 +979,7 @@ pub(crate) mod tests {
     /// The same sample generated alone, without the sampler (reference).
     fn alone(model: &Toy, ctx: &[u32], id: &SampleId, cfg: &GenConfig) -> Generated {
         let mut c = model.new_cache(1, 0).unwrap();
-        let mut logits = model
-            .step(&mut c, 1, ctx.len(), ctx, &vec![true; ctx.len()])
-            .unwrap();
+        let mut logits = step_row(model, &mut c, ctx);
         let mut rng = sample_rng(cfg.seed, &id.key());
         let mut pr = Processor::new();
         let mut ids = Vec::new();
@@ -979,7 +994,7 @@ pub(crate) mod tests {
             if ids.len() == cfg.stop.max_new_tokens.min(model.max_pos - ctx.len()) {
                 break FinishReason::Length;
             }
-            logits = model.step(&mut c, 1, 1, &[t], &[true]).unwrap();
+            logits = step_row(model, &mut c, &[t]);
         };
         let text_ids: Vec<u32> = ids.iter().copied().filter(|&t| t != 0).collect();
         Generated {
@@ -1137,18 +1152,10 @@ pub(crate) mod tests {
             // every sample of a group is the same greedy continuation
             assert!(res.iter().all(|r| r.ids == res[0].ids));
             let mut cache = m.new_cache(1, 0).unwrap();
-            let mut l = m
-                .step(
-                    &mut cache,
-                    1,
-                    g.context.len(),
-                    &g.context,
-                    &vec![true; g.context.len()],
-                )
-                .unwrap();
+            let mut l = step_row(&m, &mut cache, &g.context);
             for &t in &res[0].ids {
                 assert_eq!(t as usize, super::super::logits::argmax(&l, 256));
-                l = m.step(&mut cache, 1, 1, &[t], &[true]).unwrap();
+                l = step_row(&m, &mut cache, &[t]);
             }
         }
     }
