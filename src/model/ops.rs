@@ -54,6 +54,37 @@ pub fn draws_on_device(device: &Device) -> bool {
     !plain_host(device)
 }
 
+/// The longest run of elements one thread adds in [`sum`] on a GPU.
+const SUM_ROW: usize = 4096;
+
+/// `Σ t`, one element, added in the same order every run on every backend.
+///
+/// On the CPU it is burn's sum. On a GPU burn's `Tensor::sum` adds its cubes' partial sums with
+/// atomics wherever the device has float atomic adds (CUDA, and lavapipe), so its last bits
+/// depend on which cube finishes first, and a loss or gradient norm would differ between two
+/// runs of the same step. Here the elements are added as rows of at most [`SUM_ROW`] (the
+/// largest divisor of the count up to it; one thread a row, in order), then the rows' sums in
+/// order: two reductions, the same bits every run.
+pub fn sum<const D: usize>(t: Tensor<D>) -> Tensor<1> {
+    if on_host(&t.device()) {
+        return t.sum();
+    }
+    let n = t.shape().num_elements();
+    if n == 0 {
+        return Tensor::zeros([1], &t.device());
+    }
+    let cols = (1..=n.min(SUM_ROW))
+        .rev()
+        .find(|&c| n.is_multiple_of(c))
+        .unwrap_or(1);
+    let rows = n / cols;
+    t.reshape([rows, cols])
+        .sum_dim(1)
+        .reshape([1, rows])
+        .sum_dim(1)
+        .reshape([1])
+}
+
 /// Whether the sampler records its decode step on `device` once per batch width and replays it
 /// ([`super::graph`]; `RLCR_CUDA_GRAPH`): `auto` on a CUDA device (a process opens one device,
 /// so "a CUDA device was opened and `device` is not the CPU" identifies it), `on` on any GPU

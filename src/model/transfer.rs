@@ -85,6 +85,8 @@ fn count(read: bool, bytes: u64) {
 
 thread_local! {
     static THREAD_LAUNCHES: Cell<u64> = const { Cell::new(0) };
+    /// The names of the kernels the thread launches while [`kernels_launched`] runs.
+    static THREAD_KERNELS: std::cell::RefCell<Option<Vec<&'static str>>> = const { std::cell::RefCell::new(None) };
 }
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
@@ -112,8 +114,13 @@ pub fn count_launches() {
         use burn::cubecl::logging::{LaunchObservation, LaunchObserver};
         struct Counter;
         impl LaunchObserver for Counter {
-            fn launched(&self, _kernel: &'static str) {
+            fn launched(&self, kernel: &'static str) {
                 THREAD_LAUNCHES.with(|c| c.set(c.get() + 1));
+                THREAD_KERNELS.with(|k| {
+                    if let Some(names) = k.borrow_mut().as_mut() {
+                        names.push(kernel);
+                    }
+                });
                 LAUNCHES.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -121,6 +128,17 @@ pub fn count_launches() {
         // The observation stays installed for the process: dropping it would uninstall it.
         ONCE.call_once(|| std::mem::forget(LaunchObservation::new(std::sync::Arc::new(Counter))));
     }
+}
+
+/// Runs `f` and returns what it returns with the names of the kernels the calling thread launched
+/// meanwhile, in order (empty on the CPU). Tests use it to check which kernels a step runs: no
+/// sum may add with atomics (their order, and so the sum's last bits, would vary run to run).
+pub fn kernels_launched<R>(f: impl FnOnce() -> R) -> (R, Vec<&'static str>) {
+    count_launches();
+    let outer = THREAD_KERNELS.with(|k| k.borrow_mut().replace(Vec::new()));
+    let r = f();
+    let names = THREAD_KERNELS.with(|k| std::mem::replace(&mut *k.borrow_mut(), outer));
+    (r, names.unwrap_or_default())
 }
 
 /// A tensor on `device` from host data (counted as one upload of the data's bytes).

@@ -24,6 +24,7 @@ use serde::Serialize;
 use super::loss::{self, LossAgg};
 use super::optim::{clip_coef, global_grad_norm, AdamW, AdamWConfig};
 use crate::logprobs::token_ids;
+use crate::model::ops;
 use crate::model::value::{Critic, ValueModel};
 use crate::model::ResponseBatch;
 use crate::table::{self, cols, Meta, Reader};
@@ -188,11 +189,11 @@ pub fn value_gradients(
         let l2 = (v_clip - ret).powi_scalar(2);
         let clip_on = l2.clone().greater(l1.clone()).float() * mask.clone();
         let l = l1.max_pair(l2);
-        let loss_t = (l * weight).sum().mul_scalar(0.5 * cfg.vf_coef);
+        let loss_t = ops::sum(l * weight).mul_scalar(0.5 * cfg.vf_coef);
         loss_sum += scalar(loss_t.clone().detach())? / cfg.vf_coef;
-        clipped += scalar(clip_on.sum())?;
-        tokens += scalar(mask.clone().sum())?;
-        vsum += scalar((v_pred.detach() * mask).sum())?;
+        clipped += scalar(ops::sum(clip_on))?;
+        tokens += scalar(ops::sum(mask.clone()))?;
+        vsum += scalar(ops::sum(v_pred.detach() * mask))?;
         let grads = GradientsParams::from_grads(loss_t.backward(), model);
         acc.accumulate(model, grads);
     }

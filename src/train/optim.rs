@@ -21,6 +21,8 @@ use anyhow::{bail, Context, Result};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
+
+use crate::model::ops;
 use serde::{Deserialize, Serialize};
 
 /// AdamW hyper-parameters (PyTorch names and defaults, weight decay 0.01 as verl).
@@ -278,7 +280,7 @@ pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
     impl ModuleVisitor for V<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(param.id) {
-                self.sums.push(g.square().sum());
+                self.sums.push(ops::sum(g.square()));
             }
         }
     }
@@ -308,10 +310,10 @@ pub fn grad_products<M: Module>(
             let Some(g) = self.g.get::<D>(param.id) else {
                 return;
             };
-            self.sums[0].push(g.clone().square().sum());
+            self.sums[0].push(ops::sum(g.clone().square()));
             if let Some(c) = self.c.get::<D>(param.id) {
-                self.sums[1].push((g * c.clone()).sum());
-                self.sums[2].push(c.square().sum());
+                self.sums[1].push(ops::sum(g * c.clone()));
+                self.sums[2].push(ops::sum(c.square()));
             }
         }
     }

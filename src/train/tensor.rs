@@ -17,6 +17,8 @@ use anyhow::{ensure, Result};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
+use crate::model::ops;
+
 use super::loss::{ClipConfig, KlEstimator, K3_LOG_CLAMP, K3_VALUE_CLAMP, LOG_RATIO_CLAMP};
 
 /// Per-token PPO loss and the clip indicators, all `[B, T]`.
@@ -206,11 +208,11 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
     let device = x.logp.device();
     let zero = || Tensor::<1>::zeros([1], &device);
     let ppo = ppo_token_loss(x.logp.clone(), x.old_logp, x.adv, clip);
-    let pg_loss = (ppo.loss * x.weight.clone()).sum();
+    let pg_loss = ops::sum(ppo.loss * x.weight.clone());
     let mut loss = pg_loss.clone();
     let kl_loss = match x.ref_logp {
         Some(r) => {
-            let kl = (kl_estimate(x.logp, r, c.kl_kind) * x.weight).sum();
+            let kl = ops::sum(kl_estimate(x.logp, r, c.kl_kind) * x.weight);
             loss = loss + kl.clone().mul_scalar(c.kl_coef);
             kl
         }
@@ -218,8 +220,8 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
     };
     let (entropy_sum, conf_entropy_sum) = match x.entropy {
         Some(h) => {
-            let s = (h.clone() * x.mask.clone()).sum();
-            let sc = (h * x.conf_mask).sum();
+            let s = ops::sum(h.clone() * x.mask.clone());
+            let sc = ops::sum(h * x.conf_mask);
             if c.entropy_coef != 0.0 && c.batch_tokens > 0.0 {
                 loss = loss - s.clone().mul_scalar(c.entropy_coef / c.batch_tokens);
             }
@@ -232,7 +234,7 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
     };
     let value_entropy_sum = match x.value_entropy {
         Some((hs, mv)) => {
-            let s = (hs * mv).sum();
+            let s = ops::sum(hs * mv);
             if c.value_entropy_coef != 0.0 && c.value_tokens > 0.0 {
                 loss = loss - s.clone().mul_scalar(c.value_entropy_coef / c.value_tokens);
             }
@@ -240,8 +242,8 @@ pub fn micro_loss(x: MicroInputs, clip: &ClipConfig, c: &LossCoefs) -> MicroLoss
         }
         None => zero(),
     };
-    let count = |b: Tensor<2, Bool>| (b.float() * x.mask.clone()).sum();
-    let neg_log_ratio_sum = (ppo.log_ratio.neg() * x.mask.clone()).sum();
+    let count = |b: Tensor<2, Bool>| ops::sum(b.float() * x.mask.clone());
+    let neg_log_ratio_sum = ops::sum(ppo.log_ratio.neg() * x.mask.clone());
     MicroLoss {
         loss,
         pg_loss: pg_loss.detach(),

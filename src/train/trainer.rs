@@ -22,6 +22,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use crate::model::ops;
 use crate::model::sgemm::Precision;
 use crate::model::transfer::{read, upload};
 use crate::model::Transformer;
@@ -593,11 +594,11 @@ fn batch_gradients_of(
                 m.loss
             }
             Objective::Sft => {
-                let nll = (out.logp.neg() * weight).sum();
+                let nll = ops::sum(out.logp.neg() * weight);
                 let mut read = vec![nll.clone().detach()];
                 if let Some(h) = out.entropy {
-                    read.push((h.clone() * mask).sum().detach());
-                    read.push((h * conf_mask).sum().detach());
+                    read.push(ops::sum(h.clone() * mask).detach());
+                    read.push(ops::sum(h * conf_mask).detach());
                 }
                 let v = scalars(read)?;
                 sums.loss += v[0];

@@ -7,7 +7,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Gradients, Tensor};
 
 use super::{FreshBatch, KvSource, Transformer};
-use crate::model::TokenBatch;
+use crate::model::{ops, TokenBatch};
 
 impl Transformer {
     /// [`Self::hidden`] with activation checkpointing, for training on an autodiff device: the
@@ -89,7 +89,7 @@ impl LayerCheckpoints {
         for (layer, x) in model.layers.iter().zip(self.inputs).rev() {
             let x = Tensor::from_inner(x).require_grad();
             let y = layer.forward(x.clone(), &step, KvSource::Fresh, None);
-            let part = (y * Tensor::from_inner(g)).sum().backward();
+            let part = ops::sum(y * Tensor::from_inner(g)).backward();
             g = x
                 .grad(&part)
                 .context("checkpointed backward: no gradient at a layer's input")?;
@@ -97,7 +97,7 @@ impl LayerCheckpoints {
         }
         // A frozen embedding (a LoRA adapter trains alone) has no graph to carry `g` into.
         if self.embedded.is_tracked() {
-            let part = (self.embedded * Tensor::from_inner(g)).sum().backward();
+            let part = ops::sum(self.embedded * Tensor::from_inner(g)).backward();
             acc.accumulate(model, GradientsParams::from_grads(part, model));
         }
         Ok(acc.grads())

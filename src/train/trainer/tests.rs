@@ -476,3 +476,57 @@ fn epoch_batches_split_and_shuffle() {
     cfg.mini_batches = 8;
     assert!(epoch_batches(7, &cfg, 0).is_err());
 }
+
+/// Two optimizer steps on a GPU (lavapipe in CI) add every sum in a fixed order: no kernel that
+/// adds with atomics runs (burn's `Tensor::sum` launches one wherever the device has float
+/// atomic adds, lavapipe as CUDA), and two runs of the same steps give the same loss, gradient
+/// norm and log-probs after, bit for bit; with the activations checkpointed too.
+#[cfg(feature = "wgpu")]
+#[test]
+fn gpu_update_steps_sum_without_atomics() {
+    use crate::model::transfer::kernels_launched;
+    let _pool = crate::model::memory::pool_test_lock();
+    let dev = crate::model::backend::gpu::test_device().autodiff();
+    let run = |checkpoint_activations: bool| {
+        let m = Model::load(&tiny_dir(), &dev).expect("tiny-qwen2 on the GPU");
+        let rows = rows(&m.transformer, 4, 1, 0.3);
+        let cfg = TrainConfig {
+            checkpoint_activations,
+            ..config(LossAgg::TokenMean, 2)
+        };
+        let mut opt = AdamW::new(AdamWConfig::default());
+        let ((model, steps), names) = kernels_launched(|| {
+            let (m1, mut s1) =
+                train(m.transformer, &mut opt, &rows, &cfg, |_| Ok(())).expect("step 1");
+            let (m2, s2) = train(m1, &mut opt, &rows, &cfg, |_| Ok(())).expect("step 2");
+            s1.extend(s2);
+            (m2, s1)
+        });
+        let figures: Vec<[f64; 4]> = steps
+            .iter()
+            .map(|s| [s.loss, s.grad_norm, s.entropy, s.approx_kl])
+            .collect();
+        (figures, current_logprobs(&model, &rows), names)
+    };
+    for checkpointed in [false, true] {
+        let (f1, lp1, names) = run(checkpointed);
+        let atomic = names.iter().filter(|n| n.contains("SharedSum")).count();
+        assert!(
+            atomic == 0,
+            "checkpointed {checkpointed}: {atomic} atomic sums launched (`SharedSumKernel`)"
+        );
+        assert!(
+            names.iter().any(|n| n.contains("ReduceKernel")),
+            "checkpointed {checkpointed}: the steps' sums ran as reductions: {names:?}"
+        );
+        let (f2, lp2, _) = run(checkpointed);
+        assert_eq!(
+            f1, f2,
+            "checkpointed {checkpointed}: the steps' figures differ"
+        );
+        assert_eq!(
+            lp1, lp2,
+            "checkpointed {checkpointed}: the log-probs after differ"
+        );
+    }
+}
