@@ -43,7 +43,7 @@ if [ "${RLCR_TEST_GPU:-0}" = 1 ]; then
   # No NVIDIA device here (CI): the no-driver test must see no driver.
   [ -e /dev/nvidiactl ] || export RLCR_TEST_NO_CUDA_DRIVER=1
   cargo test --features wgpu,cuda --lib --test integration -- \
-    devices device_strings transfer_counts sample::draw cuda backend::gpu:: graph \
+    devices device_strings transfer_counts sample::draw cuda backend::gpu:: graph without_atomics \
     --skip model::graph:: --skip decode_graph_replays
   # The recorded decode steps alone, one test at a time: a capture window takes every buffer
   # from what the pool already holds, and another test thread allocating on the same device
