@@ -480,7 +480,8 @@ fn epoch_batches_split_and_shuffle() {
 /// Two optimizer steps on a GPU (lavapipe in CI) add every sum in a fixed order: no kernel that
 /// adds with atomics runs (burn's `Tensor::sum` launches one wherever the device has float
 /// atomic adds, lavapipe as CUDA), and two runs of the same steps give the same loss, gradient
-/// norm and log-probs after, bit for bit; with the activations checkpointed too.
+/// norm and log-probs after, bit for bit; with the activations checkpointed too, and for a
+/// critic's steps.
 #[cfg(feature = "wgpu")]
 #[test]
 fn gpu_update_steps_sum_without_atomics() {
@@ -529,4 +530,49 @@ fn gpu_update_steps_sum_without_atomics() {
             "checkpointed {checkpointed}: the log-probs after differ"
         );
     }
+    // The critic's two steps (its loss, clip fraction, token count and gradient norm).
+    let critic = || {
+        use crate::train::critic::{train_critic, CriticConfig, CriticRow};
+        let c = crate::model::value::Critic::load(&tiny_dir(), &dev).expect("tiny critic");
+        let crows: Vec<CriticRow> = rows(&c.model.body, 4, 1, 0.3)
+            .into_iter()
+            .map(|r| {
+                let n = r.response.len();
+                CriticRow {
+                    returns: (0..n).map(|i| 0.25 * (i % 5) as f32 - 0.5).collect(),
+                    old_values: (0..n).map(|i| 0.1 * (i % 3) as f32).collect(),
+                    context: r.context,
+                    response: r.response,
+                    mask: r.mask,
+                }
+            })
+            .collect();
+        let cfg = CriticConfig {
+            vf_coef: 0.5,
+            cliprange_value: 0.2,
+            loss_agg: LossAgg::TokenMean,
+            agg_len: 8,
+            lr: 1e-3,
+            grad_clip: 1.0,
+            micro_batch: 2,
+            mini_batches: 2,
+            epochs: 1,
+            adam: AdamWConfig::default(),
+            precision: Precision::F32,
+        };
+        let ((_, steps), names) =
+            kernels_launched(|| train_critic(c.model, &crows, &cfg, &mut |_| {}).expect("critic"));
+        let figures: Vec<[f64; 4]> = steps
+            .iter()
+            .map(|s| [s.vf_loss, s.vf_clipfrac, s.grad_norm, s.vpred_mean])
+            .collect();
+        (figures, names)
+    };
+    let (c1, names) = critic();
+    let atomic = names.iter().filter(|n| n.contains("SharedSum")).count();
+    assert!(
+        atomic == 0,
+        "critic: {atomic} atomic sums launched (`SharedSumKernel`)"
+    );
+    assert_eq!(c1, critic().0, "the critic's steps differ between two runs");
 }
