@@ -104,6 +104,25 @@ impl ModelTable {
     }
 }
 
+/// The sampling flags and the shard of a stage that samples the model over a table, one row group
+/// per prompt (`generate-answers`, `generate-confidence`), after the stage's own flags in its help.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SampledShard {
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Only the prompts of shard I of N (`--shard 0/4`), split by prompt_id.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
+}
+
+impl SampledShard {
+    /// The shared part of the stage's plan (the model and table flags of `stage`) and its
+    /// sampling plan.
+    pub fn job(&self, g: &Global, stage: &ModelTable) -> Result<(ModelJob, SamplingPlan)> {
+        Ok((stage.job(g, self.shard)?, self.sampling.plan()))
+    }
+}
+
 /// How the next token is drawn from the logits: the flags of every stage that samples
 /// (`generate-*`, `probe`).
 #[derive(clap::Args, Debug, Clone, Serialize)]

@@ -5,9 +5,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::common::Global;
-use super::flags::{ModelTable, SamplingArgs};
+use super::flags::{ModelTable, SampledShard};
 use crate::sample::answer_stage::{self, Plan};
-use crate::table::Shard;
 
 pub const ABOUT: &str = "Sample G_a answers per prompt with the policy (turn 1)";
 pub const LONG_ABOUT: &str = "\
@@ -52,20 +51,13 @@ pub struct Args {
     #[arg(long, conflicts_with = "system_prompt")]
     pub system_prompt_file: Option<PathBuf>,
     #[command(flatten)]
-    pub sampling: SamplingArgs,
-    /// Only the prompts of shard I of N (`--shard 0/4`), split by prompt_id.
-    #[arg(long, value_name = "I/N")]
-    pub shard: Option<Shard>,
+    pub sampled: SampledShard,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let plan = Plan::new(
-        a.stage.job(g, a.shard)?,
-        a.num_answers,
-        a.system_prompt,
-        a.system_prompt_file.as_deref(),
-        a.sampling.plan(),
-    )?;
+    let (job, sampling) = a.sampled.job(g, &a.stage)?;
+    let prompt_file = a.system_prompt_file.as_deref();
+    let plan = Plan::new(job, a.num_answers, a.system_prompt, prompt_file, sampling)?;
     answer_stage::run(&plan)?.log("generate-answers", "answer_span");
     Ok(())
 }

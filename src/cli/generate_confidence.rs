@@ -4,9 +4,8 @@
 use anyhow::Result;
 
 use super::common::Global;
-use super::flags::{ModelTable, SamplingArgs};
+use super::flags::{ModelTable, SampledShard};
 use crate::sample::confidence_stage::{self, Plan};
-use crate::table::Shard;
 
 pub const ABOUT: &str =
     "Sample G_c confidences per answer, each for exactly one fixed answer (turn 2)";
@@ -46,20 +45,13 @@ pub struct Args {
     #[arg(long)]
     pub system_prompt: Option<String>,
     #[command(flatten)]
-    pub sampling: SamplingArgs,
-    /// Only the prompts of shard I of N (`--shard 0/4`).
-    #[arg(long, value_name = "I/N")]
-    pub shard: Option<Shard>,
+    pub sampled: SampledShard,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<()> {
-    let plan = Plan::new(
-        a.stage.job(g, a.shard)?,
-        a.num_confidences,
-        a.confidence_prompt,
-        a.system_prompt,
-        a.sampling.plan(),
-    )?;
+    let (job, sampling) = a.sampled.job(g, &a.stage)?;
+    let query = a.confidence_prompt;
+    let plan = Plan::new(job, a.num_confidences, query, a.system_prompt, sampling)?;
     confidence_stage::run(&plan)?.log("generate-confidence", "confidence_span");
     Ok(())
 }
