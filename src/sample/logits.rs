@@ -442,6 +442,13 @@ mod tests {
         p.iter().map(|&x| x.ln() as f32).collect()
     }
 
+    /// The default parameters with `set` applied.
+    fn params(set: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        set(&mut p);
+        p
+    }
+
     /// All ids drawable for some u, found by scanning u over a fine grid.
     fn support(logits: &[f32], params: &SamplingParams) -> Vec<u32> {
         let mut pr = Processor::new();
@@ -496,17 +503,11 @@ mod tests {
         // p = [0.2, 0.8] at T = 1; at T = 2 weights sqrt(p): [0.4472, 0.8944] → p0 = 1/3.
         let l = from_probs(&[0.2, 0.8]);
         let mut pr = Processor::new();
-        let p = SamplingParams {
-            temperature: 2.0,
-            ..Default::default()
-        };
+        let p = params(|p| p.temperature = 2.0);
         assert_eq!(pr.choose(&l, 2, &p, 0.333), 0);
         assert_eq!(pr.choose(&l, 2, &p, 0.334), 1);
         // T = 0.5: weights p²: [0.04, 0.64] → p0 = 0.04/0.68 = 0.0588235
-        let p = SamplingParams {
-            temperature: 0.5,
-            ..Default::default()
-        };
+        let p = params(|p| p.temperature = 0.5);
         assert_eq!(pr.choose(&l, 2, &p, 0.0588), 0);
         assert_eq!(pr.choose(&l, 2, &p, 0.0589), 1);
     }
@@ -515,10 +516,7 @@ mod tests {
     fn top_p_on_a_known_distribution() {
         // p = [0.05, 0.5, 0.15, 0.3] → descending 0.5 (id1), 0.3 (id3), 0.15 (id2), 0.05 (id0).
         let l = from_probs(&[0.05, 0.5, 0.15, 0.3]);
-        let with_p = |p: f32| SamplingParams {
-            top_p: p,
-            ..Default::default()
-        };
+        let with_p = |top_p: f32| params(|p| p.top_p = top_p);
         // p = 0.5: {id1} alone has mass 0.5 >= 0.5.
         assert_eq!(support(&l, &with_p(0.5)), vec![1]);
         // p = 0.6: mass before id3 is 0.5 < 0.6 → keep {1, 3} (0.8).
@@ -537,10 +535,7 @@ mod tests {
     #[test]
     fn top_k_and_ties() {
         let l = from_probs(&[0.05, 0.5, 0.15, 0.3]);
-        let k = |k| SamplingParams {
-            top_k: k,
-            ..Default::default()
-        };
+        let k = |k| params(|p| p.top_k = k);
         assert_eq!(support(&l, &k(1)), vec![1]);
         assert_eq!(support(&l, &k(2)), vec![1, 3]);
         assert_eq!(support(&l, &k(3)), vec![1, 2, 3]);
@@ -554,10 +549,7 @@ mod tests {
     fn min_p_on_a_known_distribution() {
         // p = [0.05, 0.5, 0.15, 0.3]; min_p 0.3 → threshold 0.15: keep {1, 3, 2} (0.15 >= 0.15).
         let l = from_probs(&[0.05, 0.5, 0.15, 0.3]);
-        let m = |m| SamplingParams {
-            min_p: m,
-            ..Default::default()
-        };
+        let m = |m| params(|p| p.min_p = m);
         assert_eq!(support(&l, &m(0.29)), vec![1, 2, 3]);
         // 0.31 → threshold 0.155: drop id2.
         assert_eq!(support(&l, &m(0.31)), vec![1, 3]);
@@ -580,10 +572,7 @@ mod tests {
         };
         assert_eq!(support(&l, &p), vec![1, 3]);
         // without top-k the same top-p keeps {1, 3} too (0.8 >= 0.8 stops before id2)
-        let p = SamplingParams {
-            top_p: 0.85,
-            ..Default::default()
-        };
+        let p = params(|p| p.top_p = 0.85);
         assert_eq!(support(&l, &p), vec![1, 2, 3]);
     }
 
@@ -591,26 +580,11 @@ mod tests {
     fn validate_rejects_bad_ranges() {
         assert!(SamplingParams::default().validate().is_ok());
         for bad in [
-            SamplingParams {
-                temperature: -1.0,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: f32::NAN,
-                ..Default::default()
-            },
-            SamplingParams {
-                top_p: 0.0,
-                ..Default::default()
-            },
-            SamplingParams {
-                top_p: 1.5,
-                ..Default::default()
-            },
-            SamplingParams {
-                min_p: -0.1,
-                ..Default::default()
-            },
+            params(|p| p.temperature = -1.0),
+            params(|p| p.temperature = f32::NAN),
+            params(|p| p.top_p = 0.0),
+            params(|p| p.top_p = 1.5),
+            params(|p| p.min_p = -0.1),
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -620,10 +594,7 @@ mod tests {
     fn large_vocab_top_p_grows_the_sorted_head() {
         // 1000 ids with equal logits: top_p 0.5 needs 500 tokens (> the 64 first sorted).
         let l = vec![0.0f32; 1000];
-        let p = SamplingParams {
-            top_p: 0.5,
-            ..Default::default()
-        };
+        let p = params(|p| p.top_p = 0.5);
         let mut pr = Processor::new();
         // kept ids 0..500 (ties → lower ids first); u just below 1 picks id 499.
         assert_eq!(pr.choose(&l, 1000, &p, 0.999_999), 499);
