@@ -296,6 +296,22 @@ pub(crate) mod tests {
         (a - b).abs() <= tol
     }
 
+    /// The clip rules of [`PPO_TABLE`]'s three loss columns: verl's defaults, TRL's (no dual
+    /// clip), and ε_high = 0.28 with the dual clip (DAPO's clip-higher).
+    pub(crate) fn ppo_table_rules() -> [ClipConfig; 3] {
+        let [verl, mut trl, mut dapo] = [ClipConfig::default(); 3];
+        trl.clip_dual = f64::INFINITY;
+        dapo.clip_high = 0.28;
+        [verl, trl, dapo]
+    }
+
+    /// The default clip rule with `set` applied.
+    fn clip(set: impl FnOnce(&mut ClipConfig)) -> ClipConfig {
+        let mut c = ClipConfig::default();
+        set(&mut c);
+        c
+    }
+
     /// `docs/math.md` §3.1: (ratio, A, verl dual clip, TRL no dual clip, ε_high = 0.28 with dual clip).
     pub(crate) const PPO_TABLE: [(f64, f64, f64, f64, f64); 8] = [
         (1.00, 1.0, -1.0, -1.0, -1.0),
@@ -310,15 +326,7 @@ pub(crate) mod tests {
 
     #[test]
     fn ppo_loss_matches_worked_table() {
-        let verl = ClipConfig::default();
-        let trl = ClipConfig {
-            clip_dual: f64::INFINITY,
-            ..verl
-        };
-        let dapo = ClipConfig {
-            clip_high: 0.28,
-            ..verl
-        };
+        let [verl, trl, dapo] = ppo_table_rules();
         for &(r, a, want_verl, want_trl, want_dapo) in &PPO_TABLE {
             let got = ppo_token_loss_ratio(r, a, &verl).loss;
             assert!(close(got, want_verl, 1e-12), "verl r={r} A={a}: {got}");
@@ -510,28 +518,12 @@ pub(crate) mod tests {
     #[test]
     fn clip_config_validation() {
         assert!(ClipConfig::default().validate().is_ok());
-        let inf = ClipConfig {
-            clip_dual: f64::INFINITY,
-            ..Default::default()
-        };
-        assert!(inf.validate().is_ok());
+        assert!(clip(|c| c.clip_dual = f64::INFINITY).validate().is_ok());
         for bad in [
-            ClipConfig {
-                clip_dual: 1.0,
-                ..Default::default()
-            },
-            ClipConfig {
-                clip_low: 1.0,
-                ..Default::default()
-            },
-            ClipConfig {
-                clip_high: -0.1,
-                ..Default::default()
-            },
-            ClipConfig {
-                clip_low: f64::NAN,
-                ..Default::default()
-            },
+            clip(|c| c.clip_dual = 1.0),
+            clip(|c| c.clip_low = 1.0),
+            clip(|c| c.clip_high = -0.1),
+            clip(|c| c.clip_low = f64::NAN),
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }

@@ -297,23 +297,7 @@ mod tests {
     #[test]
     fn tensor_ppo_matches_worked_table() {
         let d = dev();
-        for (cfg, col) in [
-            (ClipConfig::default(), 2),
-            (
-                ClipConfig {
-                    clip_dual: f64::INFINITY,
-                    ..Default::default()
-                },
-                3,
-            ),
-            (
-                ClipConfig {
-                    clip_high: 0.28,
-                    ..Default::default()
-                },
-                4,
-            ),
-        ] {
+        for (cfg, col) in loss::tests::ppo_table_rules().into_iter().zip(2..) {
             let rows = &loss::tests::PPO_TABLE;
             let n = rows.len();
             let logp: Vec<f32> = rows.iter().map(|r| (r.0 as f32).ln()).collect();
