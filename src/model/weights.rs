@@ -191,34 +191,29 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let qd = c.num_attention_heads * c.head_dim;
     let kd = c.num_key_value_heads * c.head_dim;
     let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+    // (projection, output rows, input columns); a bias has the output rows.
+    let qkv = [("q", qd, h), ("k", kd, h), ("v", kd, h)];
+    let mlp = [("gate", i, h), ("up", i, h), ("down", h, i)];
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}.");
+        let projections = |part: &str, set: &[(&str, usize, usize)], bias: bool| {
+            let weights = set
+                .iter()
+                .map(|&(n, rows, cols)| (format!("{p}{part}.{n}_proj.weight"), vec![rows, cols]));
+            let biases = set.iter().filter(|_| bias);
+            let biases =
+                biases.map(|&(n, rows, _)| (format!("{p}{part}.{n}_proj.bias"), vec![rows]));
+            weights.chain(biases).collect::<Vec<_>>()
+        };
         out.push((format!("{p}input_layernorm.weight"), vec![h]));
-        out.push((format!("{p}self_attn.q_proj.weight"), vec![qd, h]));
-        out.push((format!("{p}self_attn.k_proj.weight"), vec![kd, h]));
-        out.push((format!("{p}self_attn.v_proj.weight"), vec![kd, h]));
-        if c.qkv_bias {
-            out.push((format!("{p}self_attn.q_proj.bias"), vec![qd]));
-            out.push((format!("{p}self_attn.k_proj.bias"), vec![kd]));
-            out.push((format!("{p}self_attn.v_proj.bias"), vec![kd]));
-        }
-        out.push((format!("{p}self_attn.o_proj.weight"), vec![h, qd]));
-        if c.o_bias {
-            out.push((format!("{p}self_attn.o_proj.bias"), vec![h]));
-        }
+        out.extend(projections("self_attn", &qkv, c.qkv_bias));
+        out.extend(projections("self_attn", &[("o", h, qd)], c.o_bias));
         if c.qk_norm {
             out.push((format!("{p}self_attn.q_norm.weight"), vec![c.head_dim]));
             out.push((format!("{p}self_attn.k_norm.weight"), vec![c.head_dim]));
         }
         out.push((format!("{p}post_attention_layernorm.weight"), vec![h]));
-        out.push((format!("{p}mlp.gate_proj.weight"), vec![i, h]));
-        out.push((format!("{p}mlp.up_proj.weight"), vec![i, h]));
-        out.push((format!("{p}mlp.down_proj.weight"), vec![h, i]));
-        if c.mlp_bias {
-            out.push((format!("{p}mlp.gate_proj.bias"), vec![i]));
-            out.push((format!("{p}mlp.up_proj.bias"), vec![i]));
-            out.push((format!("{p}mlp.down_proj.bias"), vec![h]));
-        }
+        out.extend(projections("mlp", &mlp, c.mlp_bias));
     }
     out.push(("model.norm.weight".to_string(), vec![h]));
     if !c.tie_word_embeddings {
