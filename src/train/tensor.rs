@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn tensor_ppo_matches_worked_table() {
         let d = dev();
-        for (cfg, col) in loss::tests::ppo_table_rules().into_iter().zip(2..) {
+        for (rule, cfg) in loss::tests::ppo_table_rules().into_iter().enumerate() {
             let rows = &loss::tests::PPO_TABLE;
             let n = rows.len();
             let logp: Vec<f32> = rows.iter().map(|r| (r.0 as f32).ln()).collect();
@@ -310,11 +310,7 @@ mod tests {
             );
             let got = host(out.loss);
             for (i, r) in rows.iter().enumerate() {
-                let want = match col {
-                    2 => r.2,
-                    3 => r.3,
-                    _ => r.4,
-                };
+                let want = [r.2, r.3, r.4][rule];
                 assert!(
                     (got[i] as f64 - want).abs() < 1e-5,
                     "{cfg:?} row {i}: {}",
