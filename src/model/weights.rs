@@ -200,9 +200,10 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             let weights = set
                 .iter()
                 .map(|&(n, rows, cols)| (format!("{p}{part}.{n}_proj.weight"), vec![rows, cols]));
-            let biases = set.iter().filter(|_| bias);
-            let biases =
-                biases.map(|&(n, rows, _)| (format!("{p}{part}.{n}_proj.bias"), vec![rows]));
+            let biased: &[(&str, usize, usize)] = if bias { set } else { &[] };
+            let biases = biased
+                .iter()
+                .map(|&(n, rows, _)| (format!("{p}{part}.{n}_proj.bias"), vec![rows]));
             weights.chain(biases).collect::<Vec<_>>()
         };
         out.push((format!("{p}input_layernorm.weight"), vec![h]));
